@@ -1,0 +1,595 @@
+/* graph.c — the OP-DAG: builder, planner, executor (see graph.h).
+ *
+ * Nodes are appended in creation order; since every input must exist before
+ * it is used, creation order is already a topological order. The planner keeps
+ * the nodes the outputs depend on, in that order, and lays every tensor out in
+ * its family's slab. Forward walks the order; backward walks it in reverse.
+ * Kernels live in kernels.c; this file only dispatches.
+ */
+#include "graph.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "rng.h"
+#include "util.h"
+
+typedef enum { OP_EMBED, OP_LINEAR, OP_LAYERNORM, OP_GELU, OP_ADD, OP_ATTENTION, OP_XENT } op_kind;
+
+static const char *op_names[] = {"embed", "linear", "layernorm", "gelu", "add", "attention", "cross_entropy"};
+
+typedef struct {
+  char name[GRAPH_NAME_MAX];
+  tensor_kind kind;
+  tensor_dtype dtype;
+  int ndim;
+  int64_t dim[GRAPH_MAX_DIMS];
+  int64_t size;
+  int64_t off;  /* into the family slab */
+  int64_t goff; /* into the gradient slab of its family; -1: no gradient */
+  int aux;      /* op-private activation (saved stats): never has a gradient */
+  param_init init;
+  float std;
+  int decay;
+} tensor;
+
+typedef struct {
+  op_kind op;
+  int in[3]; /* tensor ids, -1 when unused */
+  int out;
+  int aux[2]; /* op-private activations, -1 when unused */
+  int iattr;  /* attention: heads */
+} node;
+
+typedef struct {
+  char name[GRAPH_NAME_MAX];
+  int t;
+} output;
+
+struct graph {
+  tensor *tensors;
+  int nt, capt;
+  node *nodes;
+  int nn, capn;
+  output *outputs;
+  int no, capo;
+  /* plan */
+  int planned, with_grad;
+  int *order; /* node ids, topological */
+  int norder;
+  graph_sizes sz;
+  float *params, *grads, *acts, *act_grads;
+  uint32_t *inputs; /* int32 or float32 inputs, 4 bytes each */
+};
+
+#define ALIGN_ELEMS 16 /* 64 bytes */
+
+static int64_t align_up(int64_t n) { return (n + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS; }
+
+graph *graph_create(void) {
+  graph *g = calloc(1, sizeof *g);
+  if (!g) tr_fail(TR_ENOMEM, "out of memory creating a graph");
+  return g;
+}
+
+void graph_free(graph *g) {
+  if (!g) return;
+  free(g->tensors);
+  free(g->nodes);
+  free(g->outputs);
+  free(g->order);
+  tr_free_aligned(g->params);
+  tr_free_aligned(g->grads);
+  tr_free_aligned(g->acts);
+  tr_free_aligned(g->act_grads);
+  tr_free_aligned(g->inputs);
+  free(g);
+}
+
+/* --- builder helpers --- */
+
+static int grow(void **p, int *cap, int n, size_t elem) {
+  if (n < *cap) return TR_OK;
+  int ncap = *cap ? *cap * 2 : 64;
+  void *np = realloc(*p, (size_t)ncap * elem);
+  if (!np) return tr_fail(TR_ENOMEM, "out of memory growing the graph");
+  *p = np;
+  *cap = ncap;
+  return TR_OK;
+}
+
+static int check_building(graph *g) {
+  if (g->planned) return tr_fail(TR_ESTATE, "the graph is already planned; it cannot change");
+  return TR_OK;
+}
+
+static int check_tensor(const graph *g, int t, const char *what) {
+  if (t < 0 || t >= g->nt) return tr_fail(TR_EINVAL, "%s: no such tensor (id %d)", what, t);
+  return TR_OK;
+}
+
+static void shape_str(const tensor *t, char *buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "(");
+  for (int i = 0; i < t->ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, i ? ",%lld" : "%lld", (long long)t->dim[i]);
+  if (k < n) snprintf(buf + k, n - k, ")");
+}
+
+/* "'name' (2,3)" for error messages; rotates among 4 buffers */
+static const char *describe(const graph *g, int t) {
+  static _Thread_local char bufs[4][160];
+  static _Thread_local int i;
+  char *b = bufs[i++ & 3];
+  char s[96];
+  shape_str(&g->tensors[t], s, sizeof s);
+  snprintf(b, 160, "'%s' %s", g->tensors[t].name, s);
+  return b;
+}
+
+static int add_tensor(graph *g, const char *name, tensor_kind kind, tensor_dtype dt, int ndim, const int64_t *dim) {
+  int rc = grow((void **)&g->tensors, &g->capt, g->nt, sizeof(tensor));
+  if (rc) return rc;
+  if (ndim < 0 || ndim > GRAPH_MAX_DIMS) return tr_fail(TR_EINVAL, "'%s': %d dimensions (at most %d)", name, ndim, GRAPH_MAX_DIMS);
+  if (strlen(name) >= GRAPH_NAME_MAX) return tr_fail(TR_EINVAL, "tensor name too long: '%s'", name);
+  tensor *t = &g->tensors[g->nt];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->kind = kind;
+  t->dtype = dt;
+  t->ndim = ndim;
+  t->size = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (dim[i] < 1 || dim[i] > ((int64_t)1 << 31))
+      return tr_fail(TR_EINVAL, "'%s': dimension %d is %lld (must be 1..2^31)", name, i + 1, (long long)dim[i]);
+    t->dim[i] = dim[i];
+    t->size *= dim[i];
+  }
+  if (t->size > ((int64_t)1 << 34)) return tr_fail(TR_EINVAL, "'%s': %lld elements is too large", name, (long long)t->size);
+  t->goff = -1;
+  return g->nt++;
+}
+
+static int name_taken(const graph *g, const char *name) {
+  for (int i = 0; i < g->nt; i++)
+    if (strcmp(g->tensors[i].name, name) == 0) return 1;
+  return 0;
+}
+
+/* Adds a node with output shape (ndim, dim); returns the output tensor id. */
+static int add_node(graph *g, op_kind op, int a, int b, int c, int ndim, const int64_t *dim) {
+  int rc = grow((void **)&g->nodes, &g->capn, g->nn, sizeof(node));
+  if (rc) return rc;
+  char name[GRAPH_NAME_MAX];
+  snprintf(name, sizeof name, "%s_%d", op_names[op], g->nn);
+  int out = add_tensor(g, name, TK_ACT, DT_F32, ndim, dim);
+  if (out < 0) return out;
+  node *n = &g->nodes[g->nn++];
+  n->op = op;
+  n->in[0] = a;
+  n->in[1] = b;
+  n->in[2] = c;
+  n->out = out;
+  n->aux[0] = n->aux[1] = -1;
+  n->iattr = 0;
+  return out;
+}
+
+/* Adds an op-private activation to the last node. */
+static int add_aux(graph *g, int slot, const char *suffix, int ndim, const int64_t *dim) {
+  node *n = &g->nodes[g->nn - 1];
+  char name[GRAPH_NAME_MAX];
+  snprintf(name, sizeof name, "%s_%d.%s", op_names[n->op], g->nn - 1, suffix);
+  int t = add_tensor(g, name, TK_ACT, DT_F32, ndim, dim);
+  if (t < 0) return t;
+  g->tensors[t].aux = 1;
+  g->nodes[g->nn - 1].aux[slot] = t;
+  return t;
+}
+
+static int64_t rows_of(const tensor *t) { /* product of all but the last dim */
+  int64_t r = 1;
+  for (int i = 0; i + 1 < t->ndim; i++) r *= t->dim[i];
+  return r;
+}
+
+static int need_f32(const graph *g, int t, const char *op) {
+  if (g->tensors[t].dtype != DT_F32) return tr_fail(TR_EINVAL, "%s: %s must be float32", op, describe(g, t));
+  return TR_OK;
+}
+
+/* --- builder API --- */
+
+int graph_input(graph *g, const char *name, int ndim, const int64_t *dim, tensor_dtype dt) {
+  int rc = check_building(g);
+  if (rc) return rc;
+  if (name_taken(g, name)) return tr_fail(TR_EINVAL, "input: a tensor named '%s' already exists", name);
+  return add_tensor(g, name, TK_INPUT, dt, ndim, dim);
+}
+
+int graph_param(graph *g, const char *name, int ndim, const int64_t *dim, param_init init, float std, int decay) {
+  int rc = check_building(g);
+  if (rc) return rc;
+  if (name_taken(g, name)) return tr_fail(TR_EINVAL, "param: a tensor named '%s' already exists", name);
+  if (ndim < 1) return tr_fail(TR_EINVAL, "param '%s': needs at least one dimension", name);
+  if (init == INIT_NORMAL && !(std > 0.0f && isfinite(std)))
+    return tr_fail(TR_EINVAL, "param '%s': std must be a positive number", name);
+  int t = add_tensor(g, name, TK_PARAM, DT_F32, ndim, dim);
+  if (t < 0) return t;
+  g->tensors[t].init = init;
+  g->tensors[t].std = std;
+  g->tensors[t].decay = decay < 0 ? ndim >= 2 : decay != 0;
+  return t;
+}
+
+int graph_embed(graph *g, int tokens, int wte, int wpe) {
+  int rc;
+  if ((rc = check_building(g)) || (rc = check_tensor(g, tokens, "embed")) || (rc = check_tensor(g, wte, "embed")))
+    return rc;
+  if (wpe >= 0 && (rc = check_tensor(g, wpe, "embed"))) return rc;
+  const tensor *tk = &g->tensors[tokens], *te = &g->tensors[wte];
+  if (tk->dtype != DT_I32 || tk->ndim != 2)
+    return tr_fail(TR_EINVAL, "embed: tokens %s must be int32 of shape (B,T)", describe(g, tokens));
+  if (te->ndim != 2 || te->kind != TK_PARAM)
+    return tr_fail(TR_EINVAL, "embed: token table %s must be a (V,C) parameter", describe(g, wte));
+  if (wpe >= 0) {
+    const tensor *tp = &g->tensors[wpe];
+    if (tp->ndim != 2 || tp->kind != TK_PARAM || tp->dim[1] != te->dim[1])
+      return tr_fail(TR_EINVAL, "embed: position table %s must be a (T,%lld) parameter", describe(g, wpe),
+                     (long long)te->dim[1]);
+    if (tp->dim[0] < tk->dim[1])
+      return tr_fail(TR_EINVAL, "embed: position table %s has fewer rows than the sequence length %lld",
+                     describe(g, wpe), (long long)tk->dim[1]);
+  }
+  int64_t dim[3] = {tk->dim[0], tk->dim[1], te->dim[1]};
+  return add_node(g, OP_EMBED, tokens, wte, wpe, 3, dim);
+}
+
+int graph_linear(graph *g, int x, int w, int bias) {
+  int rc;
+  if ((rc = check_building(g)) || (rc = check_tensor(g, x, "linear")) || (rc = check_tensor(g, w, "linear"))) return rc;
+  if (bias >= 0 && (rc = check_tensor(g, bias, "linear"))) return rc;
+  if ((rc = need_f32(g, x, "linear")) || (rc = need_f32(g, w, "linear"))) return rc;
+  const tensor *tx = &g->tensors[x], *tw = &g->tensors[w];
+  if (tw->ndim != 2) return tr_fail(TR_EINVAL, "linear: weight %s must be 2-D (out,in)", describe(g, w));
+  if (tx->ndim < 1 || tx->dim[tx->ndim - 1] != tw->dim[1])
+    return tr_fail(TR_EINVAL, "linear: input %s has %lld features but weight %s expects %lld", describe(g, x),
+                   (long long)(tx->ndim ? tx->dim[tx->ndim - 1] : 0), describe(g, w), (long long)tw->dim[1]);
+  if (bias >= 0) {
+    const tensor *tb = &g->tensors[bias];
+    if (tb->ndim != 1 || tb->dim[0] != tw->dim[0])
+      return tr_fail(TR_EINVAL, "linear: bias %s must be (%lld)", describe(g, bias), (long long)tw->dim[0]);
+  }
+  int64_t dim[GRAPH_MAX_DIMS];
+  memcpy(dim, tx->dim, sizeof dim);
+  dim[tx->ndim - 1] = tw->dim[0];
+  return add_node(g, OP_LINEAR, x, w, bias, tx->ndim, dim);
+}
+
+int graph_layernorm(graph *g, int x, int w, int b) {
+  int rc;
+  if ((rc = check_building(g)) || (rc = check_tensor(g, x, "layernorm")) || (rc = check_tensor(g, w, "layernorm")) ||
+      (rc = check_tensor(g, b, "layernorm")) || (rc = need_f32(g, x, "layernorm")))
+    return rc;
+  const tensor *tx = &g->tensors[x];
+  int64_t C = tx->dim[tx->ndim - 1];
+  if (tx->ndim < 1) return tr_fail(TR_EINVAL, "layernorm: input %s has no dimensions", describe(g, x));
+  for (int p = 1; p <= 2; p++) {
+    int id = p == 1 ? w : b;
+    const tensor *tp = &g->tensors[id];
+    if (tp->ndim != 1 || tp->dim[0] != C || tp->kind != TK_PARAM)
+      return tr_fail(TR_EINVAL, "layernorm: %s %s must be a (%lld) parameter", p == 1 ? "weight" : "bias",
+                     describe(g, id), (long long)C);
+  }
+  int out = add_node(g, OP_LAYERNORM, x, w, b, tx->ndim, tx->dim);
+  if (out < 0) return out;
+  int64_t n = rows_of(&g->tensors[x]);
+  if ((rc = add_aux(g, 0, "mean", 1, &n)) < 0 || (rc = add_aux(g, 1, "rstd", 1, &n)) < 0) return rc;
+  return out;
+}
+
+int graph_gelu(graph *g, int x) {
+  int rc;
+  if ((rc = check_building(g)) || (rc = check_tensor(g, x, "gelu")) || (rc = need_f32(g, x, "gelu"))) return rc;
+  return add_node(g, OP_GELU, x, -1, -1, g->tensors[x].ndim, g->tensors[x].dim);
+}
+
+int graph_add(graph *g, int a, int b) {
+  int rc;
+  if ((rc = check_building(g)) || (rc = check_tensor(g, a, "add")) || (rc = check_tensor(g, b, "add")) ||
+      (rc = need_f32(g, a, "add")) || (rc = need_f32(g, b, "add")))
+    return rc;
+  const tensor *ta = &g->tensors[a], *tb = &g->tensors[b];
+  int same = ta->ndim == tb->ndim;
+  for (int i = 0; same && i < ta->ndim; i++) same = ta->dim[i] == tb->dim[i];
+  if (!same) return tr_fail(TR_EINVAL, "add: shapes differ: %s and %s", describe(g, a), describe(g, b));
+  return add_node(g, OP_ADD, a, b, -1, ta->ndim, ta->dim);
+}
+
+int graph_attention(graph *g, int qkv, int n_head) {
+  int rc;
+  if ((rc = check_building(g)) || (rc = check_tensor(g, qkv, "attention")) || (rc = need_f32(g, qkv, "attention")))
+    return rc;
+  const tensor *t = &g->tensors[qkv];
+  if (t->ndim != 3 || t->dim[2] % 3 != 0)
+    return tr_fail(TR_EINVAL, "attention: qkv %s must be (B,T,3C)", describe(g, qkv));
+  int64_t B = t->dim[0], T = t->dim[1], C = t->dim[2] / 3;
+  if (n_head < 1 || C % n_head != 0)
+    return tr_fail(TR_EINVAL, "attention: %lld channels do not split into %d heads", (long long)C, n_head);
+  int64_t dim[3] = {B, T, C};
+  int out = add_node(g, OP_ATTENTION, qkv, -1, -1, 3, dim);
+  if (out < 0) return out;
+  g->nodes[g->nn - 1].iattr = n_head;
+  int64_t adim[4] = {B, n_head, T, T};
+  if ((rc = add_aux(g, 0, "att", 4, adim)) < 0 || (rc = add_aux(g, 1, "scratch", 4, adim)) < 0) return rc;
+  return out;
+}
+
+int graph_cross_entropy(graph *g, int logits, int targets) {
+  int rc;
+  if ((rc = check_building(g)) || (rc = check_tensor(g, logits, "cross_entropy")) ||
+      (rc = check_tensor(g, targets, "cross_entropy")) || (rc = need_f32(g, logits, "cross_entropy")))
+    return rc;
+  const tensor *tl = &g->tensors[logits], *tt = &g->tensors[targets];
+  int ok = tt->dtype == DT_I32 && tt->ndim == tl->ndim - 1;
+  for (int i = 0; ok && i < tt->ndim; i++) ok = tt->dim[i] == tl->dim[i];
+  if (!ok)
+    return tr_fail(TR_EINVAL, "cross_entropy: targets %s must be int32 with the leading dimensions of logits %s",
+                   describe(g, targets), describe(g, logits));
+  int out = add_node(g, OP_XENT, logits, targets, -1, 0, NULL);
+  if (out < 0) return out;
+  if ((rc = add_aux(g, 0, "probs", tl->ndim, tl->dim)) < 0) return rc;
+  return out;
+}
+
+int graph_output(graph *g, const char *name, int t) {
+  int rc;
+  if ((rc = check_building(g)) || (rc = check_tensor(g, t, "output"))) return rc;
+  if (strlen(name) >= GRAPH_NAME_MAX) return tr_fail(TR_EINVAL, "output name too long: '%s'", name);
+  for (int i = 0; i < g->no; i++)
+    if (strcmp(g->outputs[i].name, name) == 0) return tr_fail(TR_EINVAL, "output '%s' is already set", name);
+  if ((rc = grow((void **)&g->outputs, &g->capo, g->no, sizeof(output)))) return rc;
+  snprintf(g->outputs[g->no].name, GRAPH_NAME_MAX, "%s", name);
+  g->outputs[g->no++].t = t;
+  return t;
+}
+
+/* --- inspection --- */
+
+int graph_ntensors(const graph *g) { return g->nt; }
+int graph_nnodes(const graph *g) { return g->nn; }
+const char *graph_op_name(const graph *g, int n) { return n >= 0 && n < g->nn ? op_names[g->nodes[n].op] : "?"; }
+
+int graph_tensor(const graph *g, int t, tensor_desc *out) {
+  int rc = check_tensor(g, t, "graph_tensor");
+  if (rc) return rc;
+  const tensor *x = &g->tensors[t];
+  out->name = x->name;
+  out->kind = x->kind;
+  out->dtype = x->dtype;
+  out->ndim = x->ndim;
+  memcpy(out->dim, x->dim, sizeof out->dim);
+  out->size = x->size;
+  out->offset = x->off;
+  out->decay = x->decay;
+  return TR_OK;
+}
+
+int graph_find(const graph *g, const char *name) {
+  for (int i = 0; i < g->no; i++)
+    if (strcmp(g->outputs[i].name, name) == 0) return g->outputs[i].t;
+  for (int i = 0; i < g->nt; i++)
+    if (strcmp(g->tensors[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* --- planning --- */
+
+int graph_plan(graph *g, int with_grad) {
+  if (g->planned) return tr_fail(TR_ESTATE, "the graph is already planned");
+  if (g->nn == 0) return tr_fail(TR_EINVAL, "the graph has no operations");
+  /* Keep the nodes that the outputs depend on (all nodes if none is named).
+   * Reverse creation order visits consumers before producers. */
+  char *need_t = calloc((size_t)g->nt, 1);
+  int *producer = malloc(sizeof(int) * (size_t)g->nt);
+  g->order = malloc(sizeof(int) * (size_t)g->nn);
+  if (!need_t || !producer || !g->order) {
+    free(need_t);
+    free(producer);
+    return tr_fail(TR_ENOMEM, "out of memory planning the graph");
+  }
+  for (int i = 0; i < g->nt; i++) producer[i] = -1;
+  for (int n = 0; n < g->nn; n++) producer[g->nodes[n].out] = n;
+  if (g->no == 0)
+    for (int n = 0; n < g->nn; n++) need_t[g->nodes[n].out] = 1;
+  for (int i = 0; i < g->no; i++) need_t[g->outputs[i].t] = 1;
+  char *keep = calloc((size_t)g->nn, 1);
+  if (!keep) {
+    free(need_t);
+    free(producer);
+    return tr_fail(TR_ENOMEM, "out of memory planning the graph");
+  }
+  for (int n = g->nn - 1; n >= 0; n--) {
+    if (!need_t[g->nodes[n].out]) continue;
+    keep[n] = 1;
+    for (int k = 0; k < 3; k++)
+      if (g->nodes[n].in[k] >= 0) need_t[g->nodes[n].in[k]] = 1;
+  }
+  g->norder = 0;
+  for (int n = 0; n < g->nn; n++)
+    if (keep[n]) g->order[g->norder++] = n;
+  free(keep);
+  free(producer);
+
+  /* Lay out every family. Parameters are laid out even when unused, so the
+   * slab layout depends only on the parameter declarations. */
+  memset(&g->sz, 0, sizeof g->sz);
+  for (int i = 0; i < g->nt; i++) {
+    tensor *t = &g->tensors[i];
+    switch (t->kind) {
+      case TK_PARAM:
+        t->off = g->sz.params;
+        t->goff = with_grad ? t->off : -1;
+        g->sz.params += align_up(t->size);
+        break;
+      case TK_INPUT:
+        t->off = g->sz.inputs;
+        g->sz.inputs += align_up(t->size);
+        break;
+      case TK_ACT:
+        if (!need_t[i] && !t->aux) { /* dead activation: no storage */
+          t->off = -1;
+          break;
+        }
+        t->off = g->sz.acts;
+        g->sz.acts += align_up(t->size);
+        if (with_grad && !t->aux) {
+          t->goff = g->sz.act_grads;
+          g->sz.act_grads += align_up(t->size);
+        }
+        break;
+    }
+  }
+  free(need_t);
+  g->sz.grads = with_grad ? g->sz.params : 0;
+  g->params = tr_alloc_aligned(sizeof(float) * (size_t)g->sz.params);
+  g->acts = tr_alloc_aligned(sizeof(float) * (size_t)g->sz.acts);
+  g->inputs = tr_alloc_aligned(4 * (size_t)g->sz.inputs);
+  if (with_grad) {
+    g->grads = tr_alloc_aligned(sizeof(float) * (size_t)g->sz.grads);
+    g->act_grads = tr_alloc_aligned(sizeof(float) * (size_t)g->sz.act_grads);
+  }
+  if (!g->params || !g->acts || !g->inputs || (with_grad && (!g->grads || !g->act_grads)))
+    return tr_fail(TR_ENOMEM, "out of memory allocating the graph's slabs (%lld parameters, %lld activations)",
+                   (long long)g->sz.params, (long long)g->sz.acts);
+  g->planned = 1;
+  g->with_grad = with_grad;
+  return TR_OK;
+}
+
+int graph_planned(const graph *g) { return g->planned; }
+void graph_sizes_get(const graph *g, graph_sizes *out) { *out = g->sz; }
+int64_t graph_nparams(const graph *g) { return g->sz.params; }
+float *graph_params(graph *g) { return g->params; }
+float *graph_grads(graph *g) { return g->grads; }
+
+void *graph_data(graph *g, int t) {
+  if (!g->planned || t < 0 || t >= g->nt) return NULL;
+  tensor *x = &g->tensors[t];
+  switch (x->kind) {
+    case TK_PARAM: return g->params + x->off;
+    case TK_INPUT: return g->inputs + x->off;
+    case TK_ACT: return x->off < 0 ? NULL : g->acts + x->off;
+  }
+  return NULL;
+}
+
+float *graph_grad(graph *g, int t) {
+  if (!g->planned || !g->with_grad || t < 0 || t >= g->nt) return NULL;
+  tensor *x = &g->tensors[t];
+  if (x->goff < 0) return NULL;
+  return x->kind == TK_PARAM ? g->grads + x->goff : g->act_grads + x->goff;
+}
+
+void graph_init_params(graph *g, uint64_t seed) {
+  rng_t r;
+  rng_seed(&r, seed);
+  for (int i = 0; i < g->nt; i++) {
+    tensor *t = &g->tensors[i];
+    if (t->kind != TK_PARAM) continue;
+    float *p = g->params + t->off;
+    for (int64_t k = 0; k < t->size; k++)
+      p[k] = t->init == INIT_ZEROS ? 0.0f : t->init == INIT_ONES ? 1.0f : t->std * rng_normal(&r);
+  }
+}
+
+void graph_zero_grad(graph *g) {
+  if (g->grads) memset(g->grads, 0, sizeof(float) * (size_t)g->sz.grads);
+}
+
+/* --- execution --- */
+
+#define F(t) ((float *)graph_data(g, (t)))
+#define I(t) ((int32_t *)graph_data(g, (t)))
+#define G(t) ((t) >= 0 ? graph_grad(g, (t)) : NULL)
+#define DIM(t, i) ((int)g->tensors[t].dim[i])
+#define LAST(t) ((int)g->tensors[t].dim[g->tensors[t].ndim - 1])
+
+static int check_tokens(graph *g, int tok, int64_t V, const char *what) {
+  const int32_t *p = I(tok);
+  int64_t n = g->tensors[tok].size;
+  for (int64_t i = 0; i < n; i++)
+    if (p[i] < 0 || p[i] >= V)
+      return tr_fail(TR_EINVAL, "%s: '%s'[%lld] = %d is outside the vocabulary [0,%lld)", what, g->tensors[tok].name,
+                     (long long)i, p[i], (long long)V);
+  return TR_OK;
+}
+
+int graph_forward(graph *g) {
+  if (!g->planned) return tr_fail(TR_ESTATE, "graph_forward: plan the graph first");
+  for (int k = 0; k < g->norder; k++) {
+    const node *n = &g->nodes[g->order[k]];
+    int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
+    switch (n->op) {
+      case OP_EMBED: {
+        int rc = check_tokens(g, a, g->tensors[b].dim[0], "embed");
+        if (rc) return rc;
+        embed_forward(F(o), I(a), F(b), c >= 0 ? F(c) : NULL, DIM(a, 0), DIM(a, 1), DIM(b, 1));
+        break;
+      }
+      case OP_LINEAR:
+        linear_forward(F(o), F(a), F(b), c >= 0 ? F(c) : NULL, (int)rows_of(&g->tensors[a]), LAST(a), DIM(b, 0));
+        break;
+      case OP_LAYERNORM:
+        layernorm_forward(F(o), F(n->aux[0]), F(n->aux[1]), F(a), F(b), F(c), (int)rows_of(&g->tensors[a]), LAST(a));
+        break;
+      case OP_GELU: gelu_forward(F(o), F(a), g->tensors[a].size); break;
+      case OP_ADD: add_forward(F(o), F(a), F(b), g->tensors[a].size); break;
+      case OP_ATTENTION:
+        attention_forward(F(o), F(n->aux[0]), F(a), DIM(a, 0), DIM(a, 1), DIM(a, 2) / 3, n->iattr);
+        break;
+      case OP_XENT: {
+        int rc = check_tokens(g, b, LAST(a), "cross_entropy");
+        if (rc) return rc;
+        F(o)[0] = crossentropy_forward(F(n->aux[0]), F(a), I(b), (int)rows_of(&g->tensors[a]), LAST(a));
+        break;
+      }
+    }
+  }
+  return TR_OK;
+}
+
+int graph_backward(graph *g, int loss) {
+  if (!g->planned || !g->with_grad) return tr_fail(TR_ESTATE, "graph_backward: graph not planned for training");
+  if (loss < 0 || loss >= g->nt || g->tensors[loss].size != 1 || g->tensors[loss].goff < 0)
+    return tr_fail(TR_EINVAL, "graph_backward: loss must be a scalar activation");
+  memset(g->act_grads, 0, sizeof(float) * (size_t)g->sz.act_grads);
+  G(loss)[0] = 1.0f;
+  for (int k = g->norder - 1; k >= 0; k--) {
+    const node *n = &g->nodes[g->order[k]];
+    int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
+    float *dout = G(o);
+    switch (n->op) {
+      case OP_EMBED: embed_backward(G(b), G(c), dout, I(a), DIM(a, 0), DIM(a, 1), DIM(b, 1)); break;
+      case OP_LINEAR:
+        linear_backward(G(a), G(b), G(c), dout, F(a), F(b), (int)rows_of(&g->tensors[a]), LAST(a), DIM(b, 0));
+        break;
+      case OP_LAYERNORM:
+        layernorm_backward(G(a), G(b), G(c), dout, F(a), F(b), F(n->aux[0]), F(n->aux[1]),
+                           (int)rows_of(&g->tensors[a]), LAST(a));
+        break;
+      case OP_GELU: gelu_backward(G(a), F(a), dout, g->tensors[a].size); break;
+      case OP_ADD: add_backward(G(a), G(b), dout, g->tensors[a].size); break;
+      case OP_ATTENTION:
+        attention_backward(G(a), F(n->aux[1]), dout, F(a), F(n->aux[0]), DIM(a, 0), DIM(a, 1), DIM(a, 2) / 3,
+                           n->iattr);
+        break;
+      case OP_XENT:
+        crossentropy_backward(G(a), F(n->aux[0]), I(b), dout[0], (int)rows_of(&g->tensors[a]), LAST(a));
+        break;
+    }
+  }
+  return TR_OK;
+}

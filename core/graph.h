@@ -1,0 +1,95 @@
+/* graph.h — the operator DAG (the model) and its executor.
+ *
+ * A graph is built once (usually from Lua, see lua_graph.c), then planned:
+ * planning fixes a topological order and allocates one slab per tensor family
+ * (parameters, parameter gradients, activations, activation gradients, int
+ * inputs), with named views into them. After that, forward/backward run C
+ * kernels in that order; nothing is allocated per step.
+ *
+ * Tensors are named by small integer ids returned by the builder calls.
+ * Builder calls check shapes and return a negative TR_E* code with tr_error()
+ * set on misuse; the graph is left unchanged. A graph is used by one thread
+ * at a time.
+ */
+#ifndef TRANSOM_GRAPH_H
+#define TRANSOM_GRAPH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define GRAPH_MAX_DIMS 4
+#define GRAPH_NAME_MAX 64
+
+typedef struct graph graph;
+
+typedef enum { TK_INPUT, TK_PARAM, TK_ACT } tensor_kind;
+typedef enum { DT_F32, DT_I32 } tensor_dtype;
+typedef enum { INIT_ZEROS, INIT_ONES, INIT_NORMAL } param_init;
+
+/* A read-only description of a tensor (graph_tensor). */
+typedef struct {
+  const char *name;
+  tensor_kind kind;
+  tensor_dtype dtype;
+  int ndim;
+  int64_t dim[GRAPH_MAX_DIMS];
+  int64_t size;   /* elements */
+  int64_t offset; /* elements into its slab (params: the parameter slab) */
+  int decay;      /* params: weight decay applies */
+} tensor_desc;
+
+graph *graph_create(void);
+void graph_free(graph *g);
+
+/* --- building (returns a tensor id >= 0, or a negative error) --- */
+int graph_input(graph *g, const char *name, int ndim, const int64_t *dim, tensor_dtype dt);
+/* std is used by INIT_NORMAL. decay < 0 means "default": decay iff ndim >= 2. */
+int graph_param(graph *g, const char *name, int ndim, const int64_t *dim, param_init init, float std, int decay);
+int graph_embed(graph *g, int tokens, int wte, int wpe /* or -1 */);
+int graph_linear(graph *g, int x, int w, int bias /* or -1 */);
+int graph_layernorm(graph *g, int x, int w, int b);
+int graph_gelu(graph *g, int x);
+int graph_add(graph *g, int a, int b);
+int graph_attention(graph *g, int qkv, int n_head);
+int graph_cross_entropy(graph *g, int logits, int targets); /* a scalar: mean loss */
+/* Names a tensor as an output (e.g. "loss", "logits"); outputs are what the
+ * planner keeps alive. */
+int graph_output(graph *g, const char *name, int t);
+
+/* --- inspection --- */
+int graph_ntensors(const graph *g);
+int graph_nnodes(const graph *g);
+int graph_tensor(const graph *g, int t, tensor_desc *out);
+int graph_find(const graph *g, const char *name); /* tensors and outputs; -1 if absent */
+const char *graph_op_name(const graph *g, int node);
+
+/* --- planning and memory --- */
+/* with_grad = 0 plans an inference-only graph (no gradient slabs). */
+int graph_plan(graph *g, int with_grad);
+int graph_planned(const graph *g);
+typedef struct {
+  int64_t params, grads, acts, act_grads, inputs; /* elements per family */
+} graph_sizes;
+void graph_sizes_get(const graph *g, graph_sizes *out);
+
+int64_t graph_nparams(const graph *g);
+float *graph_params(graph *g);
+float *graph_grads(graph *g); /* NULL for an inference graph */
+/* Pointer to a tensor's storage after planning (f32 or i32 by dtype). */
+void *graph_data(graph *g, int t);
+/* Gradient of an activation or parameter, NULL if none. */
+float *graph_grad(graph *g, int t);
+
+/* Fills parameters from their init specs with a seeded generator; parameters
+ * are visited in creation order, so the same graph and seed give the same
+ * bits. */
+void graph_init_params(graph *g, uint64_t seed);
+
+/* --- execution --- */
+int graph_forward(graph *g);
+/* Backward from the scalar tensor `loss`: d(loss)=1. Parameter gradients are
+ * accumulated (+=); call graph_zero_grad between steps. */
+int graph_backward(graph *g, int loss);
+void graph_zero_grad(graph *g);
+
+#endif

@@ -1,0 +1,105 @@
+/* job.c — runs the Lua job checker and reads the result into C (job.h). */
+#include "job.h"
+
+#include <lauxlib.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lua_host.h"
+#include "util.h"
+
+/* Every field C reads, once: key, kind ('s' string, 'i' integer, 'n'
+ * number), offset, capacity (strings). */
+#define S(k) {#k, 's', offsetof(job_config, k), sizeof(((job_config *)0)->k)}
+#define I(k) {#k, 'i', offsetof(job_config, k), 0}
+#define N(k) {#k, 'n', offsetof(job_config, k), 0}
+static const struct {
+  const char *key;
+  char kind;
+  size_t off, cap;
+} fields[] = {
+    S(name), S(model), S(data), S(run_dir), S(sample_prompt),
+    I(n_layer), I(n_head), I(n_embd), I(block_size), I(batch_size),
+    I(max_steps), I(warmup_steps), I(lr_decay_steps), I(eval_interval), I(eval_steps),
+    I(log_interval), I(sample_tokens), I(seed), I(threads),
+    N(lr), N(min_lr), N(weight_decay), N(beta1), N(beta2), N(eps), N(grad_clip), N(temperature),
+};
+#undef S
+#undef I
+#undef N
+
+static int require_job_module(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "transom.job");
+  return lua_host_pcall(L, 1, 1); /* [job] */
+}
+
+int job_load(lua_State *L, const char *path, const char *const *sets, int nsets, job_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->lua_ref = LUA_NOREF;
+  int top = lua_gettop(L);
+  int rc = require_job_module(L);
+  if (rc) return rc;
+  lua_getfield(L, -1, "load");      /* [job, load] */
+  lua_pushstring(L, path);
+  lua_createtable(L, nsets, 0);
+  for (int i = 0; i < nsets; i++) {
+    lua_pushstring(L, sets[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  rc = lua_host_pcall(L, 2, 1);     /* [job, cfg] */
+  if (rc) {
+    lua_settop(L, top);
+    return rc;
+  }
+  snprintf(cfg->path, sizeof cfg->path, "%s", path);
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    lua_getfield(L, -1, fields[i].key);
+    char *dst = (char *)cfg + fields[i].off;
+    if (fields[i].kind == 's') {
+      const char *s = lua_tostring(L, -1);
+      if (s && strlen(s) >= fields[i].cap) {
+        lua_settop(L, top);
+        return tr_fail(TR_EINVAL, "%s: key '%s' is too long (at most %zu bytes)", path, fields[i].key,
+                       fields[i].cap - 1);
+      }
+      snprintf(dst, fields[i].cap, "%s", s ? s : "");
+    } else if (fields[i].kind == 'i') {
+      *(int64_t *)dst = lua_tointeger(L, -1);
+    } else {
+      *(double *)dst = lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+  }
+  cfg->lua_ref = luaL_ref(L, LUA_REGISTRYINDEX); /* [job] */
+  lua_settop(L, top);
+  return TR_OK;
+}
+
+char *job_dump(lua_State *L, const job_config *cfg) {
+  int top = lua_gettop(L);
+  if (require_job_module(L)) return NULL;
+  lua_getfield(L, -1, "dump");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, cfg->lua_ref);
+  if (lua_host_pcall(L, 1, 1)) {
+    lua_settop(L, top);
+    return NULL;
+  }
+  char *s = strdup(lua_tostring(L, -1));
+  lua_settop(L, top);
+  if (!s) tr_fail(TR_ENOMEM, "out of memory");
+  return s;
+}
+
+int job_help(lua_State *L) {
+  int top = lua_gettop(L);
+  int rc = require_job_module(L);
+  if (rc) return rc;
+  lua_getfield(L, -1, "help");
+  rc = lua_host_pcall(L, 0, 1);
+  if (!rc) printf("%s\n", lua_tostring(L, -1));
+  lua_settop(L, top);
+  return rc;
+}

@@ -1,0 +1,37 @@
+/* job.h — the checked job configuration, as C reads it.
+ *
+ * The schema, defaults and checks live in lua/transom/job.lua; job_load runs
+ * them and copies the fields C needs into a job_config. The checked Lua table
+ * stays in the registry (cfg->lua_ref) for the model builder. Nothing is
+ * written to disk here.
+ */
+#ifndef TRANSOM_JOB_H
+#define TRANSOM_JOB_H
+
+#include <lua.h>
+#include <stdint.h>
+
+typedef struct {
+  char path[1024];   /* the job file */
+  char name[128];
+  char model[256];
+  char data[1024];
+  char run_dir[1024]; /* "" = default */
+  char sample_prompt[256];
+  int64_t n_layer, n_head, n_embd, block_size, batch_size;
+  int64_t max_steps, warmup_steps, lr_decay_steps, eval_interval, eval_steps, log_interval, sample_tokens;
+  int64_t seed, threads;
+  double lr, min_lr, weight_decay, beta1, beta2, eps, grad_clip, temperature;
+  int lua_ref; /* registry ref of the checked table */
+} job_config;
+
+/* Loads and checks path with --set overrides (sets[0..nsets)). On error
+ * returns a negative code with tr_error() = "file:line: message". */
+int job_load(lua_State *L, const char *path, const char *const *sets, int nsets, job_config *cfg);
+
+/* Lua text of the resolved job (for RUN/job.lua); caller frees. */
+char *job_dump(lua_State *L, const job_config *cfg);
+/* Prints the schema (for --help). */
+int job_help(lua_State *L);
+
+#endif

@@ -1,0 +1,31 @@
+/* lua_host.h — the embedded Lua 5.4 VM: creation, the one protected-call
+ * helper every C->Lua call goes through, and where transom's Lua files live.
+ *
+ * A host state has the standard libraries, package.path pointing at
+ * transom's lua/ folder (lua/?.lua, lua/?/init.lua) ahead of the system
+ * paths, and `require "transom"` (the graph API, lua_graph.c). Job files and
+ * policies run in sandboxed environments built in Lua on top of it.
+ */
+#ifndef TRANSOM_LUA_HOST_H
+#define TRANSOM_LUA_HOST_H
+
+#include <lua.h>
+
+/* New VM; NULL with tr_error() set on failure. */
+lua_State *lua_host_new(void);
+void lua_host_close(lua_State *L);
+
+/* The folder holding transom's Lua files: $TRANSOM_LUA_DIR, else the source
+ * tree's lua/ folder compiled in. */
+const char *lua_host_dir(void);
+
+/* lua_pcall with a message handler. On error: pops the error, sets tr_error()
+ * to its text ("file:line: message"; a table error's .msg field), keeps a
+ * traceback in lua_host_traceback(), and returns TR_ELUA. */
+int lua_host_pcall(lua_State *L, int nargs, int nresults);
+const char *lua_host_traceback(void);
+
+/* Registers the `transom` module (package.preload). lua_graph.c. */
+int luaopen_transom(lua_State *L);
+
+#endif

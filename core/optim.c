@@ -1,0 +1,99 @@
+/* optim.c — AdamW, clipping, LR schedule (see optim.h). */
+#include "optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "util.h"
+
+typedef struct {
+  int64_t off, size;
+  int decay;
+} prange;
+
+struct adamw {
+  adamw_config cfg;
+  int64_t n; /* parameter slab size */
+  float *state;
+  prange *ranges;
+  int nranges;
+  int64_t t;
+};
+
+adamw *adamw_create(const graph *g, const adamw_config *cfg) {
+  adamw *o = calloc(1, sizeof *o);
+  if (!o) goto nomem;
+  o->cfg = *cfg;
+  o->n = graph_nparams(g);
+  o->state = tr_alloc_aligned(sizeof(float) * 2 * (size_t)o->n);
+  o->ranges = malloc(sizeof(prange) * (size_t)(graph_ntensors(g) + 1));
+  if (!o->state || !o->ranges) goto nomem;
+  for (int i = 0; i < graph_ntensors(g); i++) {
+    tensor_desc d;
+    graph_tensor(g, i, &d);
+    if (d.kind != TK_PARAM) continue;
+    o->ranges[o->nranges++] = (prange){d.offset, d.size, d.decay};
+  }
+  return o;
+nomem:
+  adamw_free(o);
+  tr_fail(TR_ENOMEM, "out of memory creating the optimizer");
+  return NULL;
+}
+
+void adamw_free(adamw *o) {
+  if (!o) return;
+  tr_free_aligned(o->state);
+  free(o->ranges);
+  free(o);
+}
+
+float *adamw_state(adamw *o) { return o->state; }
+int64_t adamw_state_size(const adamw *o) { return 2 * o->n; }
+int64_t adamw_steps(const adamw *o) { return o->t; }
+void adamw_set_steps(adamw *o, int64_t t) { o->t = t; }
+
+void adamw_step(adamw *o, float *params, const float *grads, float lr) {
+  o->t++;
+  const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
+  const float c1 = 1.0f - powf(b1, (float)o->t), c2 = 1.0f - powf(b2, (float)o->t);
+  float *m = o->state, *v = o->state + o->n;
+  for (int r = 0; r < o->nranges; r++) {
+    const int64_t off = o->ranges[r].off, end = off + o->ranges[r].size;
+    const float wd = o->ranges[r].decay ? o->cfg.weight_decay : 0.0f;
+#pragma omp parallel for schedule(static) if (end - off > 16384)
+    for (int64_t i = off; i < end; i++) {
+      float gr = grads[i];
+      float mi = b1 * m[i] + (1.0f - b1) * gr;
+      float vi = b2 * v[i] + (1.0f - b2) * gr * gr;
+      m[i] = mi;
+      v[i] = vi;
+      float mhat = mi / c1, vhat = vi / c2;
+      params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
+    }
+  }
+}
+
+float grad_norm(const float *g, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+  return (float)sqrt(s);
+}
+
+float grad_clip(float *g, int64_t n, float max_norm) {
+  float norm = grad_norm(g, n);
+  if (max_norm > 0.0f && norm > max_norm && isfinite(norm)) {
+    float s = max_norm / (norm + 1e-6f);
+    for (int64_t i = 0; i < n; i++) g[i] *= s;
+  }
+  return norm;
+}
+
+float lr_at(const lr_schedule *s, int64_t step) {
+  if (step < s->warmup_steps) return s->lr * (float)(step + 1) / (float)s->warmup_steps;
+  if (step >= s->decay_steps) return s->min_lr;
+  double span = (double)(s->decay_steps - s->warmup_steps);
+  double frac = span > 0 ? (double)(step - s->warmup_steps) / span : 1.0;
+  double coeff = 0.5 * (1.0 + cos(3.141592653589793 * frac));
+  return (float)(s->min_lr + coeff * (s->lr - s->min_lr));
+}

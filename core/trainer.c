@@ -1,0 +1,303 @@
+/* trainer.c — the replica's step loop pieces (see trainer.h).
+ *
+ * One step: draw a batch (data RNG) -> graph_forward -> graph_backward ->
+ * clip the global gradient norm -> AdamW with the scheduled LR -> zero grads.
+ * The model graph comes from Lua (lua/transom/model.lua) exactly once.
+ */
+#include "trainer.h"
+
+#include <lauxlib.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels.h"
+#include "lua_graph.h"
+#include "lua_host.h"
+#include "optim.h"
+#include "rng.h"
+#include "safetensors.h"
+#include "util.h"
+
+struct trainer {
+  lua_State *L;
+  job_config cfg;
+  dataset data;
+  graph *g;
+  graph *infer; /* B=1 graph for sampling, built on first use */
+  adamw *opt;
+  lr_schedule sched;
+  int tok, tgt, loss; /* tensor ids */
+  rng_t data_rng;
+  int64_t step;
+};
+
+/* --- model building (shared with `transom sample`) --- */
+
+int model_build(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, graph **out) {
+  int top = lua_gettop(L);
+  *out = NULL;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, cfg_ref); /* [cfg] */
+  lua_pushinteger(L, V);
+  lua_setfield(L, -2, "vocab_size");
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "transom.model");
+  int rc = lua_host_pcall(L, 1, 1);          /* [cfg, model] */
+  if (rc) goto done;
+  lua_getfield(L, -1, "build");              /* [cfg, model, build] */
+  lua_pushvalue(L, -3);
+  lua_pushinteger(L, B);
+  rc = lua_host_pcall(L, 2, 1);              /* [cfg, model, g] */
+  if (rc) goto done;
+  graph *g = lua_graph_take(L, -1);
+  if (!g) {
+    rc = tr_fail(TR_ELUA, "model build did not return a graph");
+    goto done;
+  }
+  rc = graph_plan(g, with_grad);
+  if (rc) {
+    graph_free(g);
+    goto done;
+  }
+  *out = g;
+done:
+  lua_settop(L, top);
+  return rc;
+}
+
+int model_load_params(graph *g, const char *path) {
+  st_file f;
+  int rc = safetensors_open(&f, path);
+  if (rc) return rc;
+  for (int i = 0; i < graph_ntensors(g) && !rc; i++) {
+    tensor_desc d;
+    graph_tensor(g, i, &d);
+    if (d.kind != TK_PARAM) continue;
+    const st_entry *e = safetensors_find(&f, d.name);
+    if (!e) {
+      rc = tr_fail(TR_EFORMAT, "'%s' has no tensor '%s'", path, d.name);
+      break;
+    }
+    int same = e->ndim == d.ndim;
+    for (int k = 0; same && k < d.ndim; k++) same = e->dim[k] == d.dim[k];
+    if (!same) {
+      rc = tr_fail(TR_EFORMAT, "'%s': tensor '%s' has a different shape than the model's", path, d.name);
+      break;
+    }
+    memcpy(graph_data(g, i), f.data + e->begin, e->end - e->begin);
+  }
+  safetensors_close(&f);
+  return rc;
+}
+
+int model_generate(graph *g, const vocab *v, const char *prompt, int64_t ntokens, float temperature, uint64_t seed,
+                   FILE *out) {
+  int tok = graph_find(g, "tokens"), logits = graph_find(g, "logits");
+  if (tok < 0 || logits < 0) return tr_fail(TR_EINVAL, "the model has no tokens input or logits output");
+  tensor_desc dt, dl;
+  graph_tensor(g, tok, &dt);
+  graph_tensor(g, logits, &dl);
+  const int T = (int)dt.dim[1], V = (int)dl.dim[dl.ndim - 1];
+  size_t plen = strlen(prompt);
+  int64_t cap = (int64_t)plen + ntokens + 1;
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
+  double *p = malloc(sizeof(double) * (size_t)V);
+  if (!ids || !p) {
+    free(ids);
+    free(p);
+    return tr_fail(TR_ENOMEM, "out of memory sampling");
+  }
+  int rc = vocab_encode(v, prompt, plen, ids);
+  if (rc) goto done;
+  int64_t n = (int64_t)plen;
+  if (n == 0) ids[n++] = v->id_of['\n'] >= 0 ? v->id_of['\n'] : 0;
+  fwrite(prompt, 1, plen, out);
+  rng_t r;
+  rng_seed(&r, seed);
+  int32_t *in = graph_data(g, tok);
+  for (int64_t i = 0; i < ntokens; i++) {
+    int k = n < T ? (int)n : T; /* context: the last k ids */
+    memset(in, 0, sizeof(int32_t) * (size_t)dt.size);
+    memcpy(in, ids + n - k, sizeof(int32_t) * (size_t)k);
+    if ((rc = graph_forward(g))) goto done;
+    const float *row = (const float *)graph_data(g, logits) + (int64_t)(k - 1) * V;
+    double mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j < V; j++)
+      if (row[j] > mx) mx = row[j];
+    for (int j = 0; j < V; j++) sum += (p[j] = exp((row[j] - mx) / temperature));
+    double u = rng_uniform(&r) * sum, c = 0.0;
+    int pick = V - 1;
+    for (int j = 0; j < V; j++) {
+      c += p[j];
+      if (u < c) {
+        pick = j;
+        break;
+      }
+    }
+    ids[n++] = pick;
+    fputc(v->byte_of[pick], out);
+  }
+  fputc('\n', out);
+  fflush(out);
+done:
+  free(ids);
+  free(p);
+  return rc;
+}
+
+/* --- trainer --- */
+
+trainer *trainer_create(lua_State *L, const job_config *cfg) {
+  trainer *t = calloc(1, sizeof *t);
+  if (!t) {
+    tr_fail(TR_ENOMEM, "out of memory");
+    return NULL;
+  }
+  t->L = L;
+  t->cfg = *cfg;
+  int threads = cfg->threads > 0 ? (int)cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  kernels_set_threads(threads > 0 ? threads : 1);
+  if (dataset_load(&t->data, cfg->data, (int)cfg->block_size)) {
+    tr_fail_prefix(TR_EINVAL, "%s: key 'data'", cfg->path);
+    goto fail;
+  }
+  if (model_build(L, cfg->lua_ref, t->data.voc.size, (int)cfg->batch_size, 1, &t->g)) goto fail;
+  t->tok = graph_find(t->g, "tokens");
+  t->tgt = graph_find(t->g, "targets");
+  t->loss = graph_find(t->g, "loss");
+  graph_init_params(t->g, (uint64_t)cfg->seed);
+  adamw_config oc = {(float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps, (float)cfg->weight_decay};
+  t->opt = adamw_create(t->g, &oc);
+  if (!t->opt) goto fail;
+  t->sched = (lr_schedule){(float)cfg->lr, (float)cfg->min_lr, cfg->warmup_steps, cfg->lr_decay_steps};
+  rng_seed(&t->data_rng, (uint64_t)cfg->seed * 2654435761u + 1);
+  return t;
+fail:
+  trainer_free(t);
+  return NULL;
+}
+
+void trainer_free(trainer *t) {
+  if (!t) return;
+  dataset_free(&t->data);
+  graph_free(t->g);
+  graph_free(t->infer);
+  adamw_free(t->opt);
+  free(t);
+}
+
+int trainer_step(trainer *t, step_stats *st) {
+  const int B = (int)t->cfg.batch_size, T = (int)t->cfg.block_size;
+  double t0 = tr_now();
+  dataset_batch(&t->data, SPLIT_TRAIN, &t->data_rng, B, T, graph_data(t->g, t->tok), graph_data(t->g, t->tgt));
+  double t1 = tr_now();
+  int rc = graph_forward(t->g);
+  if (rc) return rc;
+  double t2 = tr_now();
+  rc = graph_backward(t->g, t->loss);
+  if (rc) return rc;
+  double t3 = tr_now();
+  float *grads = graph_grads(t->g);
+  int64_t n = graph_nparams(t->g);
+  float norm = grad_clip(grads, n, (float)t->cfg.grad_clip);
+  float lr = lr_at(&t->sched, t->step);
+  adamw_step(t->opt, graph_params(t->g), grads, lr);
+  graph_zero_grad(t->g);
+  double t4 = tr_now();
+  t->step++;
+  st->step = t->step;
+  st->loss = *(float *)graph_data(t->g, t->loss);
+  st->lr = lr;
+  st->grad_norm = norm;
+  st->tokens = (int64_t)B * T;
+  st->t_data = t1 - t0;
+  st->t_fwd = t2 - t1;
+  st->t_bwd = t3 - t2;
+  st->t_opt = t4 - t3;
+  st->t_total = t4 - t0;
+  return TR_OK;
+}
+
+int trainer_eval(trainer *t, float *val_loss) {
+  const int B = (int)t->cfg.batch_size, T = (int)t->cfg.block_size;
+  rng_t r; /* same batches every evaluation: comparable numbers */
+  rng_seed(&r, (uint64_t)t->cfg.seed * 2654435761u + 2);
+  double sum = 0.0;
+  for (int64_t i = 0; i < t->cfg.eval_steps; i++) {
+    dataset_batch(&t->data, SPLIT_VAL, &r, B, T, graph_data(t->g, t->tok), graph_data(t->g, t->tgt));
+    int rc = graph_forward(t->g);
+    if (rc) return rc;
+    sum += *(float *)graph_data(t->g, t->loss);
+  }
+  *val_loss = (float)(sum / (double)t->cfg.eval_steps);
+  return TR_OK;
+}
+
+int trainer_sample(trainer *t, const char *prompt, int64_t ntokens, float temperature, uint64_t seed, FILE *out) {
+  if (!t->infer) {
+    int rc = model_build(t->L, t->cfg.lua_ref, t->data.voc.size, 1, 0, &t->infer);
+    if (rc) return rc;
+    if (graph_nparams(t->infer) != graph_nparams(t->g))
+      return tr_fail(TR_ESTATE, "the inference graph's parameters differ from the training graph's");
+  }
+  memcpy(graph_params(t->infer), graph_params(t->g), sizeof(float) * (size_t)graph_nparams(t->g));
+  return model_generate(t->infer, &t->data.voc, prompt, ntokens, temperature, seed, out);
+}
+
+int trainer_save(trainer *t, const char *dir) {
+  char path[4096];
+  int np = 0, nt = graph_ntensors(t->g);
+  st_tensor *ts = malloc(sizeof(st_tensor) * (size_t)nt);
+  tensor_desc *ds = malloc(sizeof(tensor_desc) * (size_t)nt);
+  if (!ts || !ds) {
+    free(ts);
+    free(ds);
+    return tr_fail(TR_ENOMEM, "out of memory saving");
+  }
+  for (int i = 0; i < nt; i++) {
+    graph_tensor(t->g, i, &ds[np]);
+    if (ds[np].kind != TK_PARAM) continue;
+    ts[np] = (st_tensor){ds[np].name, graph_data(t->g, i), ds[np].ndim, ds[np].dim};
+    np++;
+  }
+  char step[32];
+  snprintf(step, sizeof step, "%lld", (long long)t->step);
+  const char *meta[] = {"transom.step", step, "transom.model", t->cfg.model, NULL};
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  int rc = safetensors_write(path, ts, np, meta);
+  free(ts);
+  free(ds);
+  if (rc) return rc;
+  snprintf(path, sizeof path, "%s/vocab.json", dir);
+  return vocab_save(&t->data.voc, path);
+}
+
+graph *trainer_graph(trainer *t) { return t->g; }
+const dataset *trainer_data(trainer *t) { return &t->data; }
+
+void trainer_get_state(const trainer *t, trainer_state *s) {
+  s->step = t->step;
+  s->data_rng = t->data_rng.state;
+}
+
+size_t trainer_planned_bytes(const trainer *t) {
+  graph_sizes sz;
+  graph_sizes_get(t->g, &sz);
+  int64_t elems = sz.params + sz.grads + adamw_state_size(t->opt) + sz.acts + sz.act_grads + sz.inputs;
+  return 4 * (size_t)elems;
+}
+
+double trainer_flops_per_step(const trainer *t) {
+  /* 6 * N * tokens for the matmuls (forward 2, backward 4) plus attention:
+   * per layer 2 * B * T * T * C forward (QK^T and AV), x3 with backward. */
+  const job_config *c = &t->cfg;
+  double N = 0;
+  for (int i = 0; i < graph_ntensors(t->g); i++) {
+    tensor_desc d;
+    graph_tensor(t->g, i, &d);
+    if (d.kind == TK_PARAM && d.ndim == 2 && strstr(d.name, "wpe") == NULL) N += (double)d.size;
+  }
+  double tokens = (double)c->batch_size * (double)c->block_size;
+  return 6.0 * N * tokens + 6.0 * (double)c->n_layer * tokens * (double)c->block_size * (double)c->n_embd;
+}

@@ -1,0 +1,71 @@
+/* trainer.h — one data-parallel replica's training state and step.
+ *
+ * A trainer owns the corpus, the model graph (built by the Lua model file
+ * once, then executed by C), the optimizer and the explicit training state
+ * (step counter, data RNG) that a checkpoint must capture. trainer_step runs
+ * batch -> forward -> backward -> clip -> AdamW. The CLI's `run` drives it;
+ * the operator and the checkpoint engine plug in around trainer_step.
+ * One thread at a time.
+ */
+#ifndef TRANSOM_TRAINER_H
+#define TRANSOM_TRAINER_H
+
+#include <lua.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "data.h"
+#include "graph.h"
+#include "job.h"
+
+typedef struct {
+  int64_t step;  /* steps completed after this one */
+  float loss, lr, grad_norm;
+  int64_t tokens;
+  double t_data, t_fwd, t_bwd, t_opt, t_total; /* seconds */
+} step_stats;
+
+/* The state beside parameters and optimizer moments that defines where
+ * training is: what a checkpoint saves. */
+typedef struct {
+  int64_t step;
+  uint64_t data_rng;
+} trainer_state;
+
+typedef struct trainer trainer;
+
+/* Loads cfg->data, builds and plans the model, initialises parameters from
+ * cfg->seed. NULL with tr_error() set on failure. L must outlive the trainer. */
+trainer *trainer_create(lua_State *L, const job_config *cfg);
+void trainer_free(trainer *t);
+
+int trainer_step(trainer *t, step_stats *st);
+/* Mean loss over cfg->eval_steps validation batches (the same batches every
+ * call). */
+int trainer_eval(trainer *t, float *val_loss);
+/* Writes a sample of ntokens after prompt to out. */
+int trainer_sample(trainer *t, const char *prompt, int64_t ntokens, float temperature, uint64_t seed, FILE *out);
+/* Writes dir/model.safetensors (parameters) and dir/vocab.json. */
+int trainer_save(trainer *t, const char *dir);
+
+graph *trainer_graph(trainer *t);
+const dataset *trainer_data(trainer *t);
+void trainer_get_state(const trainer *t, trainer_state *s);
+/* Bytes the planner predicts: parameters, gradients, Adam moments,
+ * activations and their gradients, inputs. */
+size_t trainer_planned_bytes(const trainer *t);
+/* Model FLOPs per step (forward+backward), for GFLOP/s figures. */
+double trainer_flops_per_step(const trainer *t);
+
+/* --- shared with `transom sample` --- */
+
+/* Builds the model of the checked job at lua ref cfg_ref for batch size B and
+ * vocabulary size V, planned (with_grad) and ready. */
+int model_build(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, graph **out);
+/* Copies parameters by name from a safetensors file into a planned graph. */
+int model_load_params(graph *g, const char *path);
+/* Autoregressive sampling with an inference graph (B=1). */
+int model_generate(graph *g, const vocab *v, const char *prompt, int64_t ntokens, float temperature, uint64_t seed,
+                   FILE *out);
+
+#endif

@@ -1,0 +1,172 @@
+/* util.c — error buffer, clocks, file helpers. See util.h. */
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* --- errors --- */
+
+static _Thread_local char err_buf[1024];
+
+int tr_fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int tr_fail_prefix(int code, const char *fmt, ...) {
+  char old[sizeof err_buf];
+  memcpy(old, err_buf, sizeof old);
+  va_list ap;
+  va_start(ap, fmt);
+  int k = vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+  va_end(ap);
+  if (k >= 0 && (size_t)k < sizeof err_buf - 2) {
+    err_buf[k] = ':';
+    err_buf[k + 1] = ' ';
+    size_t room = sizeof err_buf - (size_t)k - 2;
+    size_t n = strnlen(old, room - 1);
+    memcpy(err_buf + k + 2, old, n);
+    err_buf[k + 2 + n] = 0;
+  }
+  return code;
+}
+
+const char *tr_error(void) { return err_buf; }
+
+/* --- clocks and memory --- */
+
+double tr_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+size_t tr_peak_rss(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, "VmHWM:", 6) == 0) {
+      kb = (size_t)strtoull(line + 6, NULL, 10);
+      break;
+    }
+  }
+  fclose(f);
+  return kb * 1024;
+}
+
+void *tr_alloc_aligned(size_t bytes) {
+  void *p = NULL;
+  if (bytes == 0) bytes = 64;
+  bytes = (bytes + 63) & ~(size_t)63;
+  if (posix_memalign(&p, 64, bytes) != 0) return NULL;
+  memset(p, 0, bytes);
+  return p;
+}
+
+void tr_free_aligned(void *p) { free(p); }
+
+/* --- files --- */
+
+char *tr_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
+    return NULL;
+  }
+  char *buf = NULL;
+  size_t cap = 0, n = 0;
+  for (;;) {
+    if (n + 65536 + 1 > cap) {
+      size_t ncap = cap ? cap * 2 : 1 << 20;
+      char *nb = realloc(buf, ncap);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        tr_fail(TR_ENOMEM, "out of memory reading '%s'", path);
+        return NULL;
+      }
+      buf = nb;
+      cap = ncap;
+    }
+    size_t got = fread(buf + n, 1, cap - n - 1, f);
+    n += got;
+    if (got == 0) break;
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    tr_fail(TR_EIO, "error reading '%s'", path);
+    return NULL;
+  }
+  buf[n] = 0;
+  if (len) *len = n;
+  return buf;
+}
+
+int tr_write_file_atomic(const char *path, const void *buf, size_t len) {
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+    return tr_fail(TR_EINVAL, "path too long: %s", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return tr_fail(TR_EIO, "cannot create '%s': %s", tmp, strerror(errno));
+  const char *p = buf;
+  size_t left = len;
+  while (left > 0) {
+    ssize_t w = write(fd, p, left);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      close(fd);
+      unlink(tmp);
+      return tr_fail(TR_EIO, "cannot write '%s': %s", tmp, strerror(e));
+    }
+    p += w;
+    left -= (size_t)w;
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return tr_fail(TR_EIO, "cannot sync '%s': %s", tmp, strerror(e));
+  }
+  if (rename(tmp, path) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return tr_fail(TR_EIO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
+  }
+  return TR_OK;
+}
+
+int tr_mkdirs(const char *path) {
+  char buf[4096];
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof buf) return tr_fail(TR_EINVAL, "bad directory path '%s'", path);
+  memcpy(buf, path, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (buf[i] == '/' || buf[i] == 0) {
+      char c = buf[i];
+      buf[i] = 0;
+      if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return tr_fail(TR_EIO, "cannot create directory '%s': %s", buf, strerror(errno));
+      buf[i] = c;
+    }
+  }
+  struct stat st;
+  if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+    return tr_fail(TR_EIO, "'%s' is not a directory", path);
+  if (access(path, W_OK) != 0)
+    return tr_fail(TR_EIO, "directory '%s' is not writable: %s", path, strerror(errno));
+  return TR_OK;
+}

@@ -1,0 +1,50 @@
+/* util.h — error codes, the per-thread error message, clocks, small file helpers.
+ *
+ * Every library function in transom returns an int: 0 on success, a negative
+ * TR_E* code on failure, with a human-readable message left in a thread-local
+ * buffer (tr_error()). Constructors return NULL and leave the message the same
+ * way. Nothing here ever ends the process.
+ */
+#ifndef TRANSOM_UTIL_H
+#define TRANSOM_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+  TR_OK = 0,
+  TR_ENOMEM = -1,   /* allocation failed */
+  TR_EINVAL = -2,   /* bad argument or bad input (shape, config, data) */
+  TR_EIO = -3,      /* file or socket error */
+  TR_ELUA = -4,     /* a Lua script raised an error */
+  TR_EFORMAT = -5,  /* malformed file contents */
+  TR_ESTATE = -6,   /* call not allowed in the object's current state */
+};
+
+/* Sets the calling thread's error message (printf-style) and returns code,
+ * so that `return tr_fail(TR_EINVAL, "...")` reads naturally. */
+int tr_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The calling thread's last error message ("" if none). Valid until the next
+ * tr_fail on the same thread. */
+const char *tr_error(void);
+/* Prefixes the current message with "prefix: ". Returns code. */
+int tr_fail_prefix(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Monotonic time in seconds. */
+double tr_now(void);
+/* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
+size_t tr_peak_rss(void);
+
+/* Reads a whole file into a malloc'd buffer (NUL-terminated; *len excludes the
+ * NUL). Caller frees. Returns NULL with tr_error() set on failure. */
+char *tr_read_file(const char *path, size_t *len);
+/* Writes buf to path atomically: path.tmp, fsync, rename. */
+int tr_write_file_atomic(const char *path, const void *buf, size_t len);
+/* mkdir -p. */
+int tr_mkdirs(const char *path);
+
+/* 64-byte aligned, zeroed allocation; free with tr_free_aligned. */
+void *tr_alloc_aligned(size_t bytes);
+void tr_free_aligned(void *p);
+
+#endif

@@ -1,0 +1,250 @@
+-- transom.job — the job file: schema, loading, checking, --set overrides.
+--
+-- A job file is a Lua chunk that returns one declarative table:
+--
+--     return { model = "gpt", data = "data/fortunes.txt", n_layer = 4 }
+--
+-- It runs in a sandbox (no io, no os.execute, no require; reading an
+-- undefined global is an error). Every key is checked against SCHEMA: an
+-- unknown key, a wrong type or an out-of-range value is an error naming the
+-- file, the line and the key. Called from C (core/job.c) before anything is
+-- written; `transom run --help` prints the schema.
+
+local M = {}
+
+-- type: "string" | "integer" | "number" | "boolean"; min/max inclusive;
+-- gt: strictly greater than; default nil means "required" unless optional.
+local SCHEMA = {
+  { "name", "string", nil, "job name (default: the job file's name)", optional = true },
+  { "model", "string", "gpt", "model: a file in lua/models/ (gpt, mlp) or a path to a .lua file" },
+  { "data", "string", nil, "path of the training text (any file; byte-level tokens)" },
+  { "n_layer", "integer", 4, "transformer blocks", min = 1, max = 256 },
+  { "n_head", "integer", 4, "attention heads (must divide n_embd)", min = 1, max = 1024 },
+  { "n_embd", "integer", 128, "embedding width", min = 1, max = 65536 },
+  { "block_size", "integer", 64, "context length in tokens", min = 1, max = 65536 },
+  { "batch_size", "integer", 12, "sequences per step", min = 1, max = 65536 },
+  { "max_steps", "integer", 1000, "optimizer steps", min = 1 },
+  { "lr", "number", 1e-3, "peak learning rate", gt = 0 },
+  { "min_lr", "number", 1e-4, "learning rate at the end of the cosine decay", min = 0 },
+  { "warmup_steps", "integer", 100, "linear warm-up steps", min = 0 },
+  { "lr_decay_steps", "integer", nil, "step where the cosine decay reaches min_lr (default: max_steps)", min = 1,
+    optional = true },
+  { "weight_decay", "number", 0.1, "AdamW decoupled weight decay (matrices only)", min = 0 },
+  { "beta1", "number", 0.9, "AdamW beta1", min = 0, lt = 1 },
+  { "beta2", "number", 0.99, "AdamW beta2", min = 0, lt = 1 },
+  { "eps", "number", 1e-8, "AdamW epsilon", gt = 0 },
+  { "grad_clip", "number", 1.0, "clip the global gradient norm to this (0 = off)", min = 0 },
+  { "eval_interval", "integer", 250, "steps between validation runs (0 = only at the end)", min = 0 },
+  { "eval_steps", "integer", 20, "batches per validation run", min = 1 },
+  { "seed", "integer", 1337, "seed for init, batches and sampling", min = 0 },
+  { "threads", "integer", 0, "compute threads (0 = all cores)", min = 0, max = 1024 },
+  { "run_dir", "string", nil, "run directory (default runs/<name>-<time>)", optional = true },
+  { "log_interval", "integer", 1, "print a line every this many steps", min = 1 },
+  { "sample_tokens", "integer", 200, "tokens generated at the end (0 = none)", min = 0 },
+  { "sample_prompt", "string", "\n", "prompt for the final sample" },
+  { "temperature", "number", 1.0, "sampling temperature", gt = 0 },
+}
+
+M.SCHEMA = SCHEMA
+local BY_KEY = {}
+for _, f in ipairs(SCHEMA) do BY_KEY[f[1]] = f end
+
+-- --- errors ---------------------------------------------------------------
+
+-- Structured error: {msg = "file:line: text", source = file, line = n}
+local function fail(source, line, fmt, ...)
+  local where = source
+  if line then where = source .. ":" .. line end
+  error({ msg = where .. ": " .. string.format(fmt, ...), source = source, line = line }, 0)
+end
+
+-- Line of `key =` in the source text (first occurrence), or nil.
+local function line_of(src, key)
+  if not src then return nil end
+  local n = 0
+  for line in (src .. "\n"):gmatch("([^\n]*)\n") do
+    n = n + 1
+    local code = line:gsub("%-%-.*$", "")
+    if code:find("%f[%w_]" .. key .. "%s*=[^=]") or code:find("%f[%w_]" .. key .. "%s*=$")
+      or code:find("%[%s*[\"']" .. key .. "[\"']%s*%]%s*=") then
+      return n
+    end
+  end
+  return nil
+end
+
+local function distance(a, b) -- Levenshtein, for "did you mean"
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+local function suggest(key)
+  local best, bd = nil, 4
+  for _, f in ipairs(SCHEMA) do
+    local d = distance(key, f[1])
+    if d < bd then best, bd = f[1], d end
+  end
+  return best and string.format(" (did you mean '%s'?)", best) or ""
+end
+
+-- --- checking -------------------------------------------------------------
+
+local function type_ok(ty, v)
+  if ty == "integer" then return math.type(v) == "integer" end
+  if ty == "number" then return type(v) == "number" and v == v end
+  return type(v) == ty
+end
+
+local function describe(v)
+  if type(v) == "string" then return string.format("the string %q", v) end
+  if math.type(v) == "float" then return "the number " .. tostring(v) end
+  return type(v) .. " " .. tostring(v)
+end
+
+local function check_value(f, v, where)
+  local key, ty = f[1], f[2]
+  if not type_ok(ty, v) then
+    where("key '%s' must be %s %s, got %s", key, ty == "integer" and "an" or "a", ty, describe(v))
+  end
+  if f.min and v < f.min then where("key '%s' must be >= %s, got %s", key, tostring(f.min), tostring(v)) end
+  if f.max and v > f.max then where("key '%s' must be <= %s, got %s", key, tostring(f.max), tostring(v)) end
+  if f.gt and not (v > f.gt) then where("key '%s' must be > %s, got %s", key, tostring(f.gt), tostring(v)) end
+  if f.lt and not (v < f.lt) then where("key '%s' must be < %s, got %s", key, tostring(f.lt), tostring(v)) end
+end
+
+-- Checks a raw job table in place: fills defaults, validates every key.
+-- origin(key) returns (source, line) for error messages.
+function M.check(job, origin)
+  local function at(key)
+    local source, line = origin(key)
+    return function(fmt, ...) fail(source, line, fmt, ...) end
+  end
+  for k in pairs(job) do
+    if type(k) ~= "string" then
+      local source = origin(nil)
+      fail(source, nil, "job keys must be names, found %s key %s", type(k), tostring(k))
+    end
+    if not BY_KEY[k] then at(k)("key '%s' is not a job field%s", k, suggest(k)) end
+  end
+  for _, f in ipairs(SCHEMA) do
+    local key = f[1]
+    if job[key] == nil then
+      if f[3] ~= nil then
+        job[key] = f[3]
+      elseif not f.optional then
+        local source = origin(nil)
+        fail(source, nil, "required key '%s' is missing (%s)", key, f[4])
+      end
+    end
+    if job[key] ~= nil then check_value(f, job[key], at(key)) end
+  end
+  -- fields that constrain each other
+  if job.n_embd % job.n_head ~= 0 then
+    at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)
+  end
+  if job.min_lr > job.lr then at("min_lr")("min_lr = %g is above lr = %g", job.min_lr, job.lr) end
+  job.lr_decay_steps = job.lr_decay_steps or job.max_steps
+  if job.warmup_steps > job.lr_decay_steps then
+    at("warmup_steps")("warmup_steps = %d is past lr_decay_steps = %d", job.warmup_steps, job.lr_decay_steps)
+  end
+  return job
+end
+
+-- Converts a --set value by the key's type.
+local function parse_set(item)
+  local key, text = item:match("^([%w_]+)=(.*)$")
+  if not key then fail("--set " .. item, nil, "expected key=value") end
+  local f = BY_KEY[key]
+  if not f then fail("--set " .. item, nil, "key '%s' is not a job field%s", key, suggest(key)) end
+  local v
+  if f[2] == "integer" then
+    v = math.tointeger(tonumber(text))
+  elseif f[2] == "number" then
+    v = tonumber(text)
+  elseif f[2] == "boolean" then
+    if text == "true" then v = true elseif text == "false" then v = false end
+  else
+    v = text
+  end
+  if v == nil then fail("--set " .. item, nil, "key '%s' must be %s %s", key, f[2] == "integer" and "an" or "a", f[2]) end
+  return key, v
+end
+
+-- The job file's sandbox: pure functions only; undefined globals raise.
+local function sandbox(path)
+  local env = {
+    math = math, string = string, table = table, utf8 = utf8,
+    ipairs = ipairs, pairs = pairs, next = next, select = select, type = type,
+    tostring = tostring, tonumber = tonumber, error = error, assert = assert,
+    pcall = pcall, print = print,
+    os = { getenv = os.getenv, time = os.time, date = os.date },
+  }
+  return setmetatable(env, {
+    __index = function(_, k) error(string.format("%s: undefined global '%s'", path, tostring(k)), 2) end,
+  })
+end
+
+-- Loads, overrides and checks a job file. Returns the checked table, or
+-- raises a structured error {msg, source, line}.
+function M.load(path, sets)
+  local f, err = io.open(path, "rb")
+  if not f then fail(path, nil, "cannot open the job file: %s", err) end
+  local src = f:read("a")
+  f:close()
+  local chunk, cerr = load(src, "@" .. path, "t", sandbox(path))
+  if not chunk then error({ msg = cerr, source = path }, 0) end
+  local ok, job = pcall(chunk)
+  if not ok then
+    error({ msg = type(job) == "table" and job.msg or tostring(job), source = path }, 0)
+  end
+  if type(job) ~= "table" then fail(path, nil, "a job file must return a table, got %s", type(job)) end
+  local overridden = {}
+  for _, item in ipairs(sets or {}) do
+    local k, v = parse_set(item)
+    job[k] = v
+    overridden[k] = item
+  end
+  if job.name == nil then job.name = path:match("([^/]+)%.lua$") or path:match("([^/]+)$") end
+  M.check(job, function(key)
+    if key and overridden[key] then return "--set " .. overridden[key], nil end
+    return path, line_of(src, key)
+  end)
+  return job
+end
+
+-- Serializes a checked job as a Lua chunk (written to RUN/job.lua).
+function M.dump(job)
+  local out = { "-- resolved job, written by transom\nreturn {\n" }
+  for _, f in ipairs(SCHEMA) do
+    local v = job[f[1]]
+    if v ~= nil then
+      local s = type(v) == "string" and string.format("%q", v) or tostring(v)
+      if math.type(v) == "float" then s = string.format("%.17g", v) if not s:find("[%.eEn]") then s = s .. ".0" end end
+      out[#out + 1] = string.format("  %s = %s,\n", f[1], s)
+    end
+  end
+  out[#out + 1] = "}\n"
+  return table.concat(out)
+end
+
+-- Text for `transom run --help`.
+function M.help()
+  local lines = {}
+  for _, f in ipairs(SCHEMA) do
+    local d = f[3] ~= nil and string.format("%q", f[3]):gsub("\\\n", "\\n") or (f.optional and "-" or "required")
+    if type(f[3]) ~= "string" and f[3] ~= nil then d = tostring(f[3]) end
+    lines[#lines + 1] = string.format("  %-15s %-8s %-10s %s", f[1], f[2], d, f[4])
+  end
+  return table.concat(lines, "\n")
+end
+
+return M
