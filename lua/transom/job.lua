@@ -60,13 +60,16 @@ end
 
 -- Line of `key =` in the source text (first occurrence), or nil.
 local function line_of(src, key)
-  if not src then return nil end
+  if not src or not key then return nil end
+  local k = key:gsub("%p", "%%%0") -- a literal in patterns
   local n = 0
   for line in (src .. "\n"):gmatch("([^\n]*)\n") do
     n = n + 1
-    local code = line:gsub("%-%-.*$", "")
-    if code:find("%f[%w_]" .. key .. "%s*=[^=]") or code:find("%f[%w_]" .. key .. "%s*=$")
-      or code:find("%[%s*[\"']" .. key .. "[\"']%s*%]%s*=") then
+    -- blank out short strings, then drop the comment: a key named inside a
+    -- string value or a comment is not the key
+    local code = line:gsub('"[^"]*"', '""'):gsub("'[^']*'", "''"):gsub("%-%-.*$", "")
+    if code:find("%f[%w_]" .. k .. "%s*=[^=]") or code:find("%f[%w_]" .. k .. "%s*=$")
+      or line:gsub("%-%-[^\"']*$", ""):find("%[%s*[\"']" .. k .. "[\"']%s*%]%s*=") then
       return n
     end
   end
@@ -87,11 +90,23 @@ local function distance(a, b) -- Levenshtein, for "did you mean"
   return prev[#b]
 end
 
+-- nanoGPT's names for job fields, so that "learning_rate" (or a misspelling
+-- of it) suggests the field it means.
+local ALIASES = {
+  learning_rate = "lr", max_iters = "max_steps", warmup_iters = "warmup_steps",
+  lr_decay_iters = "lr_decay_steps", eval_iters = "eval_steps", out_dir = "run_dir",
+  dataset = "data", batch = "batch_size", context_length = "block_size", n_embed = "n_embd",
+}
+
 local function suggest(key)
   local best, bd = nil, 4
   for _, f in ipairs(SCHEMA) do
     local d = distance(key, f[1])
     if d < bd then best, bd = f[1], d end
+  end
+  for alias, field in pairs(ALIASES) do
+    local d = distance(key, alias)
+    if d < bd or (d == bd and best and field < best) then best, bd = field, d end
   end
   return best and string.format(" (did you mean '%s'?)", best) or ""
 end
@@ -100,7 +115,7 @@ end
 
 local function type_ok(ty, v)
   if ty == "integer" then return math.type(v) == "integer" end
-  if ty == "number" then return type(v) == "number" and v == v end
+  if ty == "number" then return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge end
   return type(v) == ty
 end
 
@@ -112,6 +127,9 @@ end
 
 local function check_value(f, v, where)
   local key, ty = f[1], f[2]
+  if ty == "number" and type(v) == "number" and (v == math.huge or v == -math.huge) then
+    where("key '%s' must be a finite number, got %s", key, tostring(v))
+  end
   if not type_ok(ty, v) then
     where("key '%s' must be %s %s, got %s", key, ty == "integer" and "an" or "a", ty, describe(v))
   end
@@ -180,16 +198,22 @@ local function parse_set(item)
 end
 
 -- The job file's sandbox: pure functions only; undefined globals raise.
-local function sandbox(path)
-  local env = {
-    math = math, string = string, table = table, utf8 = utf8,
+local function copy(t)
+  local c = {}
+  for k, v in pairs(t) do c[k] = v end
+  return c
+end
+
+local function sandbox()
+  local env = { -- copies: a job file must not change the host's libraries
+    math = copy(math), string = copy(string), table = copy(table), utf8 = copy(utf8),
     ipairs = ipairs, pairs = pairs, next = next, select = select, type = type,
     tostring = tostring, tonumber = tonumber, error = error, assert = assert,
     pcall = pcall, print = print,
     os = { getenv = os.getenv, time = os.time, date = os.date },
   }
   return setmetatable(env, {
-    __index = function(_, k) error(string.format("%s: undefined global '%s'", path, tostring(k)), 2) end,
+    __index = function(_, k) error(string.format("undefined global '%s'", tostring(k)), 2) end,
   })
 end
 
@@ -200,11 +224,20 @@ function M.load(path, sets)
   if not f then fail(path, nil, "cannot open the job file: %s", err) end
   local src = f:read("a")
   f:close()
-  local chunk, cerr = load(src, "@" .. path, "t", sandbox(path))
-  if not chunk then error({ msg = cerr, source = path }, 0) end
+  -- Lua's messages start "path:line:" (a long path shortened to "...tail");
+  -- restore the full path and keep the line as a field too.
+  local function lua_error(msg)
+    local where, line, rest = msg:match("^(.-):(%d+):(.*)$")
+    if where and (where == path or (where:sub(1, 3) == "..." and path:sub(-(#where - 3)) == where:sub(4))) then
+      error({ msg = path .. ":" .. line .. ":" .. rest, source = path, line = tonumber(line) }, 0)
+    end
+    error({ msg = path .. ": " .. msg, source = path }, 0)
+  end
+  local chunk, cerr = load(src, "@" .. path, "t", sandbox())
+  if not chunk then lua_error(cerr) end
   local ok, job = pcall(chunk)
   if not ok then
-    error({ msg = type(job) == "table" and job.msg or tostring(job), source = path }, 0)
+    lua_error(type(job) == "table" and tostring(job.msg) or tostring(job))
   end
   if type(job) ~= "table" then fail(path, nil, "a job file must return a table, got %s", type(job)) end
   local overridden = {}

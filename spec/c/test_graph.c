@@ -1,0 +1,282 @@
+/* test_graph.c — the graph as a whole: a tiny GPT built by lua/models/gpt.lua
+ * gradient-checked end to end, plus the planner, the optimizer, the LR
+ * schedule, safetensors and the data pipeline.
+ *
+ * GPT check: loss L(params) on fixed tokens; for a seeded sample of
+ * parameters across every tensor, (L(p+h) - L(p-h)) / 2h must match the
+ * backward pass within 1e-4 + 2e-2 * |g| (h = 1e-2, float32 throughout).
+ */
+#include <lauxlib.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "data.h"
+#include "graph.h"
+#include "kernels.h"
+#include "lua_host.h"
+#include "optim.h"
+#include "rng.h"
+#include "safetensors.h"
+#include "trainer.h"
+#include "util.h"
+
+static int make_cfg(lua_State *L, const char *model, int layers, int heads, int embd, int block) {
+  lua_createtable(L, 0, 8);
+  lua_pushstring(L, model);
+  lua_setfield(L, -2, "model");
+  lua_pushinteger(L, layers);
+  lua_setfield(L, -2, "n_layer");
+  lua_pushinteger(L, heads);
+  lua_setfield(L, -2, "n_head");
+  lua_pushinteger(L, embd);
+  lua_setfield(L, -2, "n_embd");
+  lua_pushinteger(L, block);
+  lua_setfield(L, -2, "block_size");
+  return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+static double loss_now(graph *g, int loss) {
+  graph_forward(g);
+  return *(float *)graph_data(g, loss);
+}
+
+static void gpt_gradcheck(lua_State *L, const char *model) {
+  const int B = 2, T = 5, V = 7;
+  graph *g = NULL;
+  int ref = make_cfg(L, model, 2, 2, 8, T);
+  int rc = model_build(L, ref, V, B, 1, &g);
+  CHECK(rc == 0, "model_build(%s): %s", model, tr_error());
+  if (rc) return;
+  graph_init_params(g, 7);
+  /* larger init than GPT-2's so every path carries signal */
+  float *p = graph_params(g);
+  rng_t r;
+  rng_seed(&r, 99);
+  for (int i = 0; i < graph_ntensors(g); i++) {
+    tensor_desc d;
+    graph_tensor(g, i, &d);
+    if (d.kind == TK_PARAM)
+      for (int64_t k = 0; k < d.size; k++) p[d.offset + k] += 0.3f * rng_normal(&r);
+  }
+  int32_t *tok = graph_data(g, graph_find(g, "tokens")), *tgt = graph_data(g, graph_find(g, "targets"));
+  for (int i = 0; i < B * T; i++) {
+    tok[i] = (int32_t)rng_below(&r, V);
+    tgt[i] = (int32_t)rng_below(&r, V);
+  }
+  int loss = graph_find(g, "loss");
+  graph_zero_grad(g);
+  CHECK(graph_forward(g) == 0 && graph_backward(g, loss) == 0, "forward/backward: %s", tr_error());
+  const float *grad = graph_grads(g);
+  /* sample up to 12 entries of every parameter tensor */
+  int total = 0, bad = 0;
+  for (int i = 0; i < graph_ntensors(g); i++) {
+    tensor_desc d;
+    graph_tensor(g, i, &d);
+    if (d.kind != TK_PARAM) continue;
+    for (int s = 0; s < 12 && s < d.size; s++) {
+      int64_t k = d.offset + (int64_t)rng_below(&r, (uint64_t)d.size);
+      float keep = p[k];
+      p[k] = keep + 1e-2f;
+      double lp = loss_now(g, loss);
+      p[k] = keep - 1e-2f;
+      double lm = loss_now(g, loss);
+      p[k] = keep;
+      double num = (lp - lm) / 2e-2, an = grad[k];
+      total++;
+      if (fabs(num - an) > 1e-4 + 2e-2 * fmax(fabs(num), fabs(an))) {
+        if (bad++ < 5) fprintf(stderr, "  %s %s[%lld]: analytic %.6g numeric %.6g\n", model, d.name,
+                               (long long)(k - d.offset), an, num);
+      }
+    }
+  }
+  CHECK(bad == 0, "%s: %d of %d sampled parameter gradients off", model, bad, total);
+  CHECK(total > 100, "%s: only %d gradients sampled", model, total);
+  /* weight tying: the token table's gradient has both the embedding and the
+   * head contributions, so it is non-zero for tokens that never appear */
+  graph_free(g);
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+}
+
+static void test_planner(lua_State *L) {
+  graph *g = NULL;
+  int ref = make_cfg(L, "gpt", 1, 2, 8, 4);
+  CHECK(model_build(L, ref, 5, 3, 1, &g) == 0, "build: %s", tr_error());
+  if (!g) return;
+  /* parameter count of GPT-2 for L=1, C=8, T=4, V=5 (biases, norms, tied head) */
+  int64_t expect = 5 * 8 + 4 * 8 + (8 + 8) + (24 * 8 + 24) + (8 * 8 + 8) + (8 + 8) + (32 * 8 + 32) + (8 * 32 + 8) + 16;
+  int64_t n = 0;
+  for (int i = 0; i < graph_ntensors(g); i++) {
+    tensor_desc d;
+    graph_tensor(g, i, &d);
+    if (d.kind == TK_PARAM) {
+      n += d.size;
+      CHECK(d.offset % 16 == 0, "parameter '%s' offset %lld is not 64-byte aligned", d.name, (long long)d.offset);
+      CHECK(d.decay == (d.ndim >= 2), "'%s': decay %d for a %d-D parameter", d.name, d.decay, d.ndim);
+    }
+  }
+  CHECK(n == expect, "GPT parameter count %lld, expected %lld", (long long)n, (long long)expect);
+  /* same seed, same bits; other seed, other bits */
+  graph_init_params(g, 5);
+  float *a = malloc(sizeof(float) * (size_t)graph_nparams(g));
+  memcpy(a, graph_params(g), sizeof(float) * (size_t)graph_nparams(g));
+  graph_init_params(g, 5);
+  CHECK(memcmp(a, graph_params(g), sizeof(float) * (size_t)graph_nparams(g)) == 0, "init is not deterministic");
+  graph_init_params(g, 6);
+  CHECK(memcmp(a, graph_params(g), sizeof(float) * (size_t)graph_nparams(g)) != 0, "seed has no effect");
+  free(a);
+  /* the residual projections use the smaller std */
+  int cp = graph_find(g, "transformer.h.0.attn.c_proj.weight"), fc = graph_find(g, "transformer.h.0.mlp.c_fc.weight");
+  CHECK(cp >= 0 && fc >= 0, "nanoGPT parameter names");
+  /* a planned graph refuses changes; bad shapes are errors, not crashes */
+  int64_t dim[2] = {2, 2};
+  CHECK(graph_param(g, "late", 2, dim, INIT_ZEROS, 0, -1) < 0, "planned graph accepted a new parameter");
+  CHECK(graph_backward(g, graph_find(g, "logits")) < 0, "backward from a non-scalar must fail");
+  graph_free(g);
+  /* inference graph: no gradient slabs, same parameter layout */
+  graph *gi = NULL;
+  CHECK(model_build(L, ref, 5, 1, 0, &gi) == 0, "build inference: %s", tr_error());
+  if (gi) {
+    CHECK(graph_grads(gi) == NULL, "inference graph has gradients");
+    CHECK(graph_backward(gi, graph_find(gi, "loss")) < 0, "inference backward must fail");
+    graph_free(gi);
+  }
+  luaL_unref(L, LUA_REGISTRYINDEX, ref);
+}
+
+static void test_builder_errors(void) {
+  graph *g = graph_create();
+  int64_t d23[2] = {2, 3}, d45[2] = {4, 5}, d4[1] = {4};
+  int x = graph_input(g, "x", 2, d23, DT_F32);
+  int w = graph_param(g, "w", 2, d45, INIT_NORMAL, 0.02f, -1);
+  int b = graph_param(g, "b", 1, d4, INIT_ZEROS, 0, -1);
+  CHECK(graph_linear(g, x, w, b) < 0 && strstr(tr_error(), "features"), "linear shape error: %s", tr_error());
+  CHECK(graph_add(g, x, w) < 0 && strstr(tr_error(), "shapes differ"), "add shape error: %s", tr_error());
+  CHECK(graph_attention(g, x, 2) < 0, "attention on a 2-D input must fail");
+  CHECK(graph_param(g, "w", 1, d4, INIT_ZEROS, 0, -1) < 0, "duplicate name must fail");
+  CHECK(graph_linear(g, 99, w, -1) < 0, "unknown tensor id must fail");
+  CHECK(graph_plan(g, 1) < 0, "a graph without ops must not plan");
+  graph_free(g);
+}
+
+static void test_optim(void) {
+  /* one AdamW step by hand: m = (1-b1) g, v = (1-b2) g^2, bias-corrected
+   * mhat = g, vhat = g^2, so p -= lr * (g/(|g|+eps) + wd p) */
+  graph *g = graph_create();
+  int64_t d[2] = {2, 2}, d1[1] = {2};
+  graph_param(g, "w", 2, d, INIT_ONES, 0, -1);
+  graph_param(g, "b", 1, d1, INIT_ONES, 0, -1);
+  int64_t dt[2] = {1, 1};
+  int tok = graph_input(g, "t", 2, dt, DT_I32);
+  int e = graph_embed(g, tok, 0, -1);
+  (void)e;
+  CHECK(graph_plan(g, 1) == 0, "plan: %s", tr_error());
+  graph_init_params(g, 1);
+  adamw_config c = {0.9f, 0.95f, 1e-8f, 0.5f};
+  adamw *o = adamw_create(g, &c);
+  float *p = graph_params(g), *gr = graph_grads(g);
+  tensor_desc dw, db;
+  graph_tensor(g, 0, &dw);
+  graph_tensor(g, 1, &db);
+  gr[dw.offset] = 2.0f;
+  gr[db.offset] = -3.0f;
+  adamw_step(o, p, gr, 0.1f);
+  CHECK(fabsf(p[dw.offset] - (1.0f - 0.1f * (1.0f + 0.5f))) < 1e-6f, "decayed weight: %g", p[dw.offset]);
+  CHECK(fabsf(p[dw.offset + 1] - (1.0f - 0.1f * 0.5f)) < 1e-6f, "zero-grad weight only decays: %g", p[dw.offset + 1]);
+  CHECK(fabsf(p[db.offset] - (1.0f + 0.1f)) < 1e-6f, "bias is not decayed: %g", p[db.offset]);
+  CHECK(adamw_steps(o) == 1, "step counter");
+  adamw_free(o);
+  graph_free(g);
+  /* clipping */
+  float v[2] = {3, 4};
+  float n = grad_clip(v, 2, 1.0f);
+  CHECK(fabsf(n - 5) < 1e-6f && fabsf(v[0] - 0.6f) < 1e-5f && fabsf(v[1] - 0.8f) < 1e-5f, "clip: %g %g %g", n, v[0], v[1]);
+  /* schedule: warm-up, cosine, floor */
+  lr_schedule s = {1e-3f, 1e-4f, 10, 110};
+  CHECK(fabsf(lr_at(&s, 0) - 1e-4f) < 1e-9f, "warm-up start %g", lr_at(&s, 0));
+  CHECK(fabsf(lr_at(&s, 9) - 1e-3f) < 1e-9f, "warm-up end %g", lr_at(&s, 9));
+  CHECK(fabsf(lr_at(&s, 60) - 5.5e-4f) < 1e-7f, "cosine midpoint %g", lr_at(&s, 60));
+  CHECK(fabsf(lr_at(&s, 500) - 1e-4f) < 1e-9f, "floor %g", lr_at(&s, 500));
+}
+
+static void test_safetensors(void) {
+  char dir[] = "/tmp/transom-st-XXXXXX", path[256];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(path, sizeof path, "%s/m.safetensors", dir);
+  float a[6] = {1, 2, 3, 4, 5, 6}, b[3] = {-1, 0.5f, 7};
+  int64_t da[2] = {2, 3}, db[1] = {3};
+  st_tensor ts[2] = {{"a.weight", a, 2, da}, {"b", b, 1, db}};
+  const char *meta[] = {"k", "v\"q", NULL};
+  CHECK(safetensors_write(path, ts, 2, meta) == 0, "write: %s", tr_error());
+  st_file f;
+  CHECK(safetensors_open(&f, path) == 0, "open: %s", tr_error());
+  const st_entry *e = safetensors_find(&f, "a.weight");
+  CHECK(e && e->ndim == 2 && e->dim[0] == 2 && e->dim[1] == 3, "a.weight entry");
+  CHECK(e && memcmp(f.data + e->begin, a, sizeof a) == 0, "a.weight data");
+  e = safetensors_find(&f, "b");
+  CHECK(e && memcmp(f.data + e->begin, b, sizeof b) == 0, "b data");
+  CHECK((8 + (f.data - (const uint8_t *)f.buf - 8)) % 8 == 0, "data is 8-byte aligned");
+  safetensors_close(&f);
+  /* truncated and corrupted headers are refused, not trusted */
+  FILE *fp = fopen(path, "r+b");
+  uint8_t huge[8] = {0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0};
+  fwrite(huge, 1, 8, fp);
+  fclose(fp);
+  CHECK(safetensors_open(&f, path) != 0, "a header length past the end must be refused");
+  unlink(path);
+  rmdir(dir);
+}
+
+static void test_data(void) {
+  char dir[] = "/tmp/transom-data-XXXXXX", path[256];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(path, sizeof path, "%s/c.txt", dir);
+  FILE *f = fopen(path, "w");
+  for (int i = 0; i < 400; i++) fputs("abcab\n", f);
+  fclose(f);
+  dataset d;
+  CHECK(dataset_load(&d, path, 8) == 0, "load: %s", tr_error());
+  CHECK(d.voc.size == 4, "vocab size %d (expected a b c \\n)", d.voc.size);
+  CHECK(d.n_train == d.n * 9 / 10, "90/10 split");
+  int32_t x[16], y[16], x2[16], y2[16];
+  rng_t r1, r2;
+  rng_seed(&r1, 3);
+  rng_seed(&r2, 3);
+  dataset_batch(&d, SPLIT_TRAIN, &r1, 2, 8, x, y);
+  dataset_batch(&d, SPLIT_TRAIN, &r2, 2, 8, x2, y2);
+  CHECK(memcmp(x, x2, sizeof x) == 0 && memcmp(y, y2, sizeof y) == 0, "same seed, same batch");
+  int shifted = 1;
+  for (int b = 0; b < 2; b++)
+    for (int t = 0; t + 1 < 8; t++) shifted &= y[b * 8 + t] == x[b * 8 + t + 1];
+  CHECK(shifted, "targets are the inputs shifted by one");
+  int32_t ids[3];
+  CHECK(vocab_encode(&d.voc, "abz", 3, ids) != 0 && strstr(tr_error(), "'z'"), "unknown char: %s", tr_error());
+  snprintf(path, sizeof path, "%s/v.json", dir);
+  CHECK(vocab_save(&d.voc, path) == 0, "vocab save");
+  vocab v;
+  CHECK(vocab_load(&v, path) == 0 && v.size == 4 && memcmp(v.byte_of, d.voc.byte_of, 4) == 0, "vocab round trip");
+  unlink(path);
+  dataset_free(&d);
+  snprintf(path, sizeof path, "%s/c.txt", dir);
+  CHECK(dataset_load(&d, path, 4000) != 0 && strstr(tr_error(), "too small"), "small corpus: %s", tr_error());
+  unlink(path);
+  rmdir(dir);
+}
+
+int main(void) {
+  lua_State *L = lua_host_new();
+  if (!L) return 1;
+  kernels_set_threads(1);
+  gpt_gradcheck(L, "gpt");
+  gpt_gradcheck(L, "mlp");
+  kernels_set_threads(2);
+  gpt_gradcheck(L, "gpt");
+  test_planner(L);
+  test_builder_errors();
+  test_optim();
+  test_safetensors();
+  test_data();
+  lua_host_close(L);
+  return check_report("test_graph");
+}

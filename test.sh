@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# test.sh — the whole test suite: set-up, a release build with the C tests
+# and the Lua specs (ctest), then the same C tests and specs again under
+# AddressSanitizer + UndefinedBehaviorSanitizer.
+#
+#   ./test.sh           everything (what CI runs)
+#   ./test.sh --quick   release build only, no sanitizer pass
+#   ./test.sh --long    also the long soak scenarios (TRANSOM_LONG=1)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+quick=0
+for a in "$@"; do
+  case "$a" in
+    --quick) quick=1 ;;
+    --long) export TRANSOM_LONG=1 ;;
+    *) echo "test.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+./setup.sh
+jobs=$(nproc)
+
+echo "=== release build: C tests + Lua specs"
+(cd build && ctest --output-on-failure -j1)
+
+if [ "$quick" = 0 ]; then
+  echo "=== sanitizer build (ASan + UBSan)"
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=ON >/dev/null
+  cmake --build build-asan -j"$jobs"
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  export LSAN_OPTIONS=suppressions=$PWD/spec/lsan.supp:print_suppressions=0
+  (cd build-asan && ctest --output-on-failure -j1)
+fi
+echo "=== all tests passed"
