@@ -15,6 +15,7 @@
 #define S(k) {#k, 's', offsetof(job_config, k), sizeof(((job_config *)0)->k)}
 #define I(k) {#k, 'i', offsetof(job_config, k), 0}
 #define N(k) {#k, 'n', offsetof(job_config, k), 0}
+#define SUB(path, kind, k, cap) {path, kind, offsetof(job_config, k), cap}
 static const struct {
   const char *key;
   char kind;
@@ -25,10 +26,29 @@ static const struct {
     I(max_steps), I(warmup_steps), I(lr_decay_steps), I(eval_interval), I(eval_steps),
     I(log_interval), I(sample_tokens), I(seed), I(threads),
     N(lr), N(min_lr), N(weight_decay), N(beta1), N(beta2), N(eps), N(grad_clip), N(temperature),
+    SUB("checkpoint.every_steps", 'i', ckpt_every_steps, 0), SUB("checkpoint.keep_last", 'i', ckpt_keep_last, 0),
+    SUB("checkpoint.keep_every", 'i', ckpt_keep_every, 0), SUB("checkpoint.map_mb", 'i', ckpt_map_mb, 0),
+    SUB("checkpoint.every_seconds", 'n', ckpt_every_seconds, 0),
+    SUB("checkpoint.when_busy", 's', ckpt_when_busy, sizeof(((job_config *)0)->ckpt_when_busy)),
 };
 #undef S
 #undef I
 #undef N
+#undef SUB
+
+/* Pushes cfg[path] where path is "key" or "table.key"; [cfg] -> [cfg, value] */
+static void get_path(lua_State *L, const char *path) {
+  const char *dot = strchr(path, '.');
+  if (!dot) {
+    lua_getfield(L, -1, path);
+    return;
+  }
+  lua_pushlstring(L, path, (size_t)(dot - path)); /* [cfg, top] */
+  lua_gettable(L, -2);                              /* [cfg, sub] */
+  if (lua_istable(L, -1)) lua_getfield(L, -1, dot + 1);
+  else lua_pushnil(L);                              /* [cfg, sub, value] */
+  lua_remove(L, -2);                                /* [cfg, value] */
+}
 
 static int require_job_module(lua_State *L) {
   lua_getglobal(L, "require");
@@ -56,7 +76,7 @@ int job_load(lua_State *L, const char *path, const char *const *sets, int nsets,
   }
   snprintf(cfg->path, sizeof cfg->path, "%s", path);
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-    lua_getfield(L, -1, fields[i].key);
+    get_path(L, fields[i].key);
     char *dst = (char *)cfg + fields[i].off;
     if (fields[i].kind == 's') {
       const char *s = lua_tostring(L, -1);

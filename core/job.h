@@ -22,6 +22,10 @@ typedef struct {
   int64_t max_steps, warmup_steps, lr_decay_steps, eval_interval, eval_steps, log_interval, sample_tokens;
   int64_t seed, threads;
   double lr, min_lr, weight_decay, beta1, beta2, eps, grad_clip, temperature;
+  /* checkpoint policy (lua/policies/checkpoint.lua + the job's overrides) */
+  int64_t ckpt_every_steps, ckpt_keep_last, ckpt_keep_every, ckpt_map_mb;
+  double ckpt_every_seconds;
+  char ckpt_when_busy[16];
   int lua_ref; /* registry ref of the checked table */
 } job_config;
 

@@ -1,6 +1,7 @@
 /* main.c — the `transom` command line: subcommands and their --help.
  *
- *   transom run JOB.lua [--set key=value]...   train (one replica)
+ *   transom run JOB.lua [--set key=value]...   train (one replica; run.c)
+ *   transom run --resume RUN                   continue from the newest checkpoint
  *   transom sample RUN [--prompt S] [--tokens N] [--temperature X] [--seed N]
  *   transom test [busted options] [spec dir]   Lua specs inside this binary
  *   transom lua SCRIPT [args]                  run a Lua script with `transom`
@@ -13,17 +14,16 @@
 #include <lauxlib.h>
 #include <limits.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "job.h"
 #include "kernels.h"
 #include "lua_graph.h"
 #include "lua_host.h"
+#include "run.h"
 #include "trainer.h"
 #include "util.h"
 
@@ -33,173 +33,6 @@ static void die_usage(const char *msg) {
 }
 
 static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
-
-/* --- transom run --- */
-
-static volatile sig_atomic_t stop_requested;
-static void on_stop(int sig) {
-  (void)sig;
-  stop_requested = 1;
-}
-
-static const char run_usage[] =
-    "usage: transom run JOB.lua [--set key=value]...\n"
-    "\n"
-    "Trains the model the job file describes. The job file returns a table;\n"
-    "every key is checked. --set overrides any key (repeatable). Output goes\n"
-    "to the run directory: job.lua (resolved job), vocab.json, metrics.jsonl,\n"
-    "model.safetensors. Ctrl-C stops early and still saves the weights.\n"
-    "\n"
-    "Job keys (name, type, default, meaning):\n";
-
-static int default_run_dir(const job_config *cfg, char *out, size_t n) {
-  if (cfg->run_dir[0]) {
-    snprintf(out, n, "%s", cfg->run_dir);
-    return 0;
-  }
-  char stamp[32];
-  time_t now = time(NULL);
-  struct tm tm;
-  localtime_r(&now, &tm);
-  strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-  snprintf(out, n, "runs/%s-%s", cfg->name, stamp);
-  for (int i = 2; access(out, F_OK) == 0 && i < 1000; i++) snprintf(out, n, "runs/%s-%s-%d", cfg->name, stamp, i);
-  return 0;
-}
-
-static int write_text(const char *dir, const char *file, const char *text) {
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s", dir, file);
-  return tr_write_file_atomic(path, text, strlen(text));
-}
-
-static int cmd_run(int argc, char **argv) {
-  const char *job_path = NULL;
-  const char **sets = calloc((size_t)argc + 1, sizeof(char *));
-  int nsets = 0;
-  lua_State *L = lua_host_new();
-  if (!sets || !L) die_usage(tr_error());
-  for (int i = 0; i < argc; i++) {
-    if (is_help(argv[i])) {
-      fputs(run_usage, stdout);
-      job_help(L);
-      return 0;
-    } else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
-      sets[nsets++] = argv[++i];
-    } else if (strncmp(argv[i], "--set=", 6) == 0) {
-      sets[nsets++] = argv[i] + 6;
-    } else if (argv[i][0] == '-') {
-      fprintf(stderr, "transom run: unknown option '%s' (see transom run --help)\n", argv[i]);
-      return 2;
-    } else if (!job_path) {
-      job_path = argv[i];
-    } else {
-      fprintf(stderr, "transom run: one job file only ('%s' and '%s')\n", job_path, argv[i]);
-      return 2;
-    }
-  }
-  if (!job_path) {
-    fputs(run_usage, stderr);
-    return 2;
-  }
-  job_config cfg;
-  if (job_load(L, job_path, sets, nsets, &cfg)) {
-    fprintf(stderr, "transom: %s\n", tr_error());
-    return 2;
-  }
-  free(sets);
-  trainer *t = trainer_create(L, &cfg);
-  if (!t) {
-    fprintf(stderr, "transom: %s\n", tr_error());
-    return 2;
-  }
-  char dir[PATH_MAX - 64];
-  default_run_dir(&cfg, dir, sizeof dir);
-  char *dump = job_dump(L, &cfg);
-  if (tr_mkdirs(dir) || !dump || write_text(dir, "job.lua", dump) || trainer_save(t, dir)) {
-    fprintf(stderr, "transom: run directory: %s\n", tr_error());
-    free(dump);
-    trainer_free(t);
-    return 1;
-  }
-  free(dump);
-  char mpath[PATH_MAX];
-  snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", dir);
-  FILE *metrics = fopen(mpath, "w");
-  if (!metrics) {
-    fprintf(stderr, "transom: cannot create %s\n", mpath);
-    trainer_free(t);
-    return 1;
-  }
-  graph_sizes sz;
-  graph_sizes_get(trainer_graph(t), &sz);
-  printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, cfg.path, dir);
-  printf("model %s: %lld parameters, vocab %d, %lld threads | data %s: %lld tokens (%lld train, %lld val)\n", cfg.model,
-         (long long)sz.params, trainer_data(t)->voc.size, (long long)kernels_threads(), cfg.data,
-         (long long)trainer_data(t)->n, (long long)trainer_data(t)->n_train,
-         (long long)(trainer_data(t)->n - trainer_data(t)->n_train));
-  signal(SIGINT, on_stop);
-  signal(SIGTERM, on_stop);
-
-  int rc = 0;
-  double sum_time = 0, sum_tokens = 0;
-  int64_t timed = 0;
-  float val = NAN;
-  int width = snprintf(NULL, 0, "%lld", (long long)cfg.max_steps);
-  step_stats st = {0};
-  while (st.step < cfg.max_steps && !stop_requested) {
-    if ((rc = trainer_step(t, &st))) break;
-    if (st.step > 1) { /* the first step warms caches and thread pools */
-      sum_time += st.t_total;
-      sum_tokens += (double)st.tokens;
-      timed++;
-    }
-    if (st.step % cfg.log_interval == 0 || st.step == cfg.max_steps)
-      printf("step %*lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s\n", width, (long long)st.step,
-             (long long)cfg.max_steps, st.loss, st.lr, st.grad_norm, st.t_total * 1e3, st.tokens / st.t_total);
-    fprintf(metrics,
-            "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tok_s\":%.1f,"
-            "\"data_ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f}\n",
-            (long long)st.step, st.loss, st.lr, st.grad_norm, st.t_total * 1e3, st.tokens / st.t_total,
-            st.t_data * 1e3, st.t_fwd * 1e3, st.t_bwd * 1e3, st.t_opt * 1e3);
-    fflush(metrics);
-    int last = st.step == cfg.max_steps;
-    if ((cfg.eval_interval > 0 && st.step % cfg.eval_interval == 0) || last) {
-      if ((rc = trainer_eval(t, &val))) break;
-      printf("step %*lld/%lld | val loss %.4f\n", width, (long long)st.step, (long long)cfg.max_steps, val);
-      fprintf(metrics, "{\"step\":%lld,\"val_loss\":%.9g}\n", (long long)st.step, val);
-      fflush(metrics);
-    }
-    fflush(stdout);
-  }
-  fclose(metrics);
-  if (rc) {
-    fprintf(stderr, "transom: step %lld: %s\n", (long long)st.step + 1, tr_error());
-  } else if (trainer_save(t, dir)) {
-    fprintf(stderr, "transom: saving weights: %s\n", tr_error());
-    rc = 1;
-  }
-  if (stop_requested) printf("stopped at step %lld; weights saved in %s\n", (long long)st.step, dir);
-  if (timed > 0) {
-    double ms = sum_time / (double)timed * 1e3;
-    printf("done: %lld steps | %.1f ms/step | %.0f tok/s | %.2f GFLOP/s (steps 2..%lld)\n", (long long)st.step, ms,
-           sum_tokens / sum_time, trainer_flops_per_step(t) / (ms * 1e-3) * 1e-9, (long long)st.step);
-  }
-  double rss = (double)tr_peak_rss(), plan = (double)trainer_planned_bytes(t);
-  printf("memory: peak RSS %.1f MiB | planned %.1f MiB (params, grads, AdamW, activations) | ratio %.2f\n",
-         rss / 1048576.0, plan / 1048576.0, rss / plan);
-  if (!rc && cfg.sample_tokens > 0 && !stop_requested) {
-    printf("--- sample (%lld tokens, temperature %.2f) ---\n", (long long)cfg.sample_tokens, cfg.temperature);
-    if (trainer_sample(t, cfg.sample_prompt, cfg.sample_tokens, (float)cfg.temperature, (uint64_t)cfg.seed, stdout)) {
-      fprintf(stderr, "transom: sample: %s\n", tr_error());
-      rc = 1;
-    }
-  }
-  printf("run directory: %s\n", dir);
-  trainer_free(t);
-  lua_host_close(L);
-  return rc ? 1 : 0;
-}
 
 /* --- transom sample --- */
 
@@ -355,7 +188,7 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   const char *cmd = argv[1];
-  if (strcmp(cmd, "run") == 0) return cmd_run(argc - 2, argv + 2);
+  if (strcmp(cmd, "run") == 0) return run_main(argc - 2, argv + 2);
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
   if (strcmp(cmd, "test") == 0) return cmd_test(argc - 2, argv + 2);
   if (strcmp(cmd, "lua") == 0) return cmd_lua(argc - 2, argv + 2);

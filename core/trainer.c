@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels.h"
@@ -31,6 +32,7 @@ struct trainer {
   int tok, tgt, loss; /* tensor ids */
   rng_t data_rng;
   int64_t step;
+  ckpt_engine *ckpt; /* not owned */
 };
 
 /* --- model building (shared with `transom sample`) --- */
@@ -202,6 +204,7 @@ int trainer_step(trainer *t, step_stats *st) {
   int64_t n = graph_nparams(t->g);
   float norm = grad_clip(grads, n, (float)t->cfg.grad_clip);
   float lr = lr_at(&t->sched, t->step);
+  st->t_ckpt_wait = ckpt_wait_copy(t->ckpt); /* parameters are about to change */
   adamw_step(t->opt, graph_params(t->g), grads, lr);
   graph_zero_grad(t->g);
   double t4 = tr_now();
@@ -271,6 +274,105 @@ int trainer_save(trainer *t, const char *dir) {
   if (rc) return rc;
   snprintf(path, sizeof path, "%s/vocab.json", dir);
   return vocab_save(&t->data.voc, path);
+}
+
+/* --- checkpoints --- */
+
+/* Calls fn for every saved tensor: name, pointer, shape. */
+typedef int (*state_fn)(void *ctx, const char *name, float *p, int ndim, const int64_t *dim);
+
+static int for_each_state(trainer *t, state_fn fn, void *ctx) {
+  float *m = adamw_state(t->opt), *v = m + graph_nparams(t->g);
+  for (int i = 0; i < graph_ntensors(t->g); i++) {
+    tensor_desc d;
+    graph_tensor(t->g, i, &d);
+    if (d.kind != TK_PARAM) continue;
+    char name[256];
+    int rc;
+    snprintf(name, sizeof name, "param/%s", d.name);
+    if ((rc = fn(ctx, name, graph_params(t->g) + d.offset, d.ndim, d.dim))) return rc;
+    snprintf(name, sizeof name, "adam.m/%s", d.name);
+    if ((rc = fn(ctx, name, m + d.offset, d.ndim, d.dim))) return rc;
+    snprintf(name, sizeof name, "adam.v/%s", d.name);
+    if ((rc = fn(ctx, name, v + d.offset, d.ndim, d.dim))) return rc;
+  }
+  return TR_OK;
+}
+
+static int reg_one(void *ctx, const char *name, float *p, int ndim, const int64_t *dim) {
+  return ckpt_register(ctx, name, CKPT_F32, ndim, dim, p);
+}
+
+int trainer_ckpt_attach(trainer *t, ckpt_engine *e) {
+  int rc = for_each_state(t, reg_one, e);
+  if (!rc) t->ckpt = e;
+  return rc;
+}
+
+uint64_t trainer_config_hash(const trainer *t) {
+  char buf[1024];
+  int n = snprintf(buf, sizeof buf, "%s|%lld|%lld|%lld|%lld|", t->cfg.model, (long long)t->cfg.n_layer,
+                   (long long)t->cfg.n_head, (long long)t->cfg.n_embd, (long long)t->cfg.block_size);
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (int i = 0; i < n; i++) h = (h ^ (uint8_t)buf[i]) * 1099511628211ull;
+  for (int i = 0; i < t->data.voc.size; i++) h = (h ^ t->data.voc.byte_of[i]) * 1099511628211ull;
+  return h;
+}
+
+void trainer_ckpt_state(const trainer *t, ckpt_state *s) {
+  s->step = t->step;
+  s->data_rng = t->data_rng.state;
+  s->opt_steps = adamw_steps(t->opt);
+  s->config_hash = trainer_config_hash(t);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  s->wall_time = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+  ckpt_target *t;
+  int n;
+} targets;
+
+static int add_target(void *ctx, const char *name, float *p, int ndim, const int64_t *dim) {
+  targets *ts = ctx;
+  uint64_t bytes = 4;
+  for (int i = 0; i < ndim; i++) bytes *= (uint64_t)dim[i];
+  char *copy = strdup(name);
+  if (!copy) return tr_fail(TR_ENOMEM, "out of memory");
+  ts->t[ts->n++] = (ckpt_target){copy, p, bytes};
+  return TR_OK;
+}
+
+int trainer_ckpt_load(trainer *t, ckpt_reader *r, int64_t step, char *report, size_t report_len) {
+  targets ts = {calloc(3 * (size_t)graph_ntensors(t->g) + 1, sizeof(ckpt_target)), 0};
+  if (!ts.t) return tr_fail(TR_ENOMEM, "out of memory");
+  /* load into scratch copies, so a failed load leaves the trainer as it was */
+  int64_t np = graph_nparams(t->g);
+  float *scratch = tr_alloc_aligned(sizeof(float) * 3 * (size_t)np);
+  int rc = scratch ? for_each_state(t, add_target, &ts) : tr_fail(TR_ENOMEM, "out of memory");
+  float *params = graph_params(t->g), *mv = adamw_state(t->opt);
+  for (int i = 0; i < ts.n && !rc; i++) { /* redirect into scratch at the same offsets */
+    float *p = ts.t[i].ptr;
+    if (p >= params && p < params + np) ts.t[i].ptr = scratch + (p - params);
+    else ts.t[i].ptr = scratch + np + (p - mv);
+  }
+  ckpt_state st;
+  if (!rc) rc = ckpt_load(r, step, ts.t, ts.n, &st, report, report_len);
+  if (!rc && st.config_hash != trainer_config_hash(t))
+    rc = tr_fail(TR_EINVAL, "checkpoint step %lld is of a different model (model, sizes or vocabulary changed)",
+                 (long long)st.step);
+  if (!rc) {
+    memcpy(params, scratch, sizeof(float) * (size_t)np);
+    memcpy(mv, scratch + np, sizeof(float) * 2 * (size_t)np);
+    t->step = st.step;
+    t->data_rng.state = st.data_rng;
+    adamw_set_steps(t->opt, st.opt_steps);
+  }
+  for (int i = 0; i < ts.n; i++) free((char *)ts.t[i].name);
+  free(ts.t);
+  tr_free_aligned(scratch);
+  return rc;
 }
 
 graph *trainer_graph(trainer *t) { return t->g; }

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ckpt.h"
 #include "data.h"
 #include "graph.h"
 #include "job.h"
@@ -23,6 +24,7 @@ typedef struct {
   float loss, lr, grad_norm;
   int64_t tokens;
   double t_data, t_fwd, t_bwd, t_opt, t_total; /* seconds */
+  double t_ckpt_wait; /* waiting for a level-1 checkpoint copy (inside t_opt) */
 } step_stats;
 
 /* The state beside parameters and optimizer moments that defines where
@@ -56,6 +58,23 @@ void trainer_get_state(const trainer *t, trainer_state *s);
 size_t trainer_planned_bytes(const trainer *t);
 /* Model FLOPs per step (forward+backward), for GFLOP/s figures. */
 double trainer_flops_per_step(const trainer *t);
+
+/* --- checkpoints --- */
+
+/* Registers the training state with a checkpoint engine: every parameter as
+ * "param/<name>", the AdamW moments as "adam.m/<name>" and "adam.v/<name>".
+ * From then on trainer_step waits for a running level-1 copy before it
+ * updates the parameters. */
+int trainer_ckpt_attach(trainer *t, ckpt_engine *e);
+/* The state to save with a snapshot (step, data RNG, optimizer steps, config
+ * hash, wall time). */
+void trainer_ckpt_state(const trainer *t, ckpt_state *s);
+/* Loads the newest intact checkpoint (or `step` >= 0) from r into the
+ * trainer, all or nothing; fails if its config hash is not this model's.
+ * Skipped checkpoints are described in report. */
+int trainer_ckpt_load(trainer *t, ckpt_reader *r, int64_t step, char *report, size_t report_len);
+/* Hash of what defines the model's tensors: model, sizes, vocabulary. */
+uint64_t trainer_config_hash(const trainer *t);
 
 /* --- shared with `transom sample` --- */
 

@@ -12,8 +12,19 @@
 
 local M = {}
 
--- type: "string" | "integer" | "number" | "boolean"; min/max inclusive;
--- gt: strictly greater than; default nil means "required" unless optional.
+-- type: "string" | "integer" | "number" | "boolean" | "table"; min/max
+-- inclusive; gt/lt strict; enum: allowed strings; default nil means
+-- "required" unless optional. A "table" field has its own `fields` schema and
+-- takes its defaults from the policy file lua/policies/<policy>.lua.
+local CHECKPOINT = {
+  { "every_steps", "integer", nil, "snapshot every N steps (0 = not by count)", min = 0 },
+  { "every_seconds", "number", nil, "snapshot every T seconds (0 = not by time)", min = 0 },
+  { "keep_last", "integer", nil, "keep the newest K checkpoints", min = 1 },
+  { "keep_every", "integer", nil, "also keep steps divisible by M (0 = none)", min = 0 },
+  { "when_busy", "string", nil, "when the disk is still writing: skip or coalesce", enum = { "skip", "coalesce" } },
+  { "map_mb", "integer", nil, "LMDB map size in MiB (0 = automatic)", min = 0 },
+}
+
 local SCHEMA = {
   { "name", "string", nil, "job name (default: the job file's name)", optional = true },
   { "model", "string", "gpt", "model: a file in lua/models/ (gpt, mlp) or a path to a .lua file" },
@@ -43,6 +54,8 @@ local SCHEMA = {
   { "sample_tokens", "integer", 200, "tokens generated at the end (0 = none)", min = 0 },
   { "sample_prompt", "string", "\n", "prompt for the final sample" },
   { "temperature", "number", 1.0, "sampling temperature", gt = 0 },
+  { "checkpoint", "table", nil, "checkpoint policy overrides (defaults: lua/policies/checkpoint.lua)",
+    fields = CHECKPOINT, policy = "checkpoint" },
 }
 
 M.SCHEMA = SCHEMA
@@ -137,6 +150,60 @@ local function check_value(f, v, where)
   if f.max and v > f.max then where("key '%s' must be <= %s, got %s", key, tostring(f.max), tostring(v)) end
   if f.gt and not (v > f.gt) then where("key '%s' must be > %s, got %s", key, tostring(f.gt), tostring(v)) end
   if f.lt and not (v < f.lt) then where("key '%s' must be < %s, got %s", key, tostring(f.lt), tostring(v)) end
+  if f.enum then
+    local ok = false
+    for _, e in ipairs(f.enum) do ok = ok or v == e end
+    if not ok then where("key '%s' must be one of %s, got %q", key, table.concat(f.enum, ", "), v) end
+  end
+end
+
+local function by_key(fields)
+  local t = {}
+  for _, f in ipairs(fields) do t[f[1]] = f end
+  return t
+end
+
+-- A policy file: a sandboxed chunk returning a table of defaults.
+local function load_policy(name)
+  local dir = os.getenv("TRANSOM_LUA_DIR") or package.path:match("^([^;]*)/%?%.lua")
+  local path = dir .. "/policies/" .. name .. ".lua"
+  local f, err = io.open(path, "rb")
+  if not f then fail(path, nil, "cannot open policy file: %s", err) end
+  local src = f:read("a")
+  f:close()
+  local chunk, cerr = load(src, "@" .. path, "t", {})
+  if not chunk then error({ msg = cerr, source = path }, 0) end
+  local ok, t = pcall(chunk)
+  if not ok then error({ msg = type(t) == "table" and t.msg or tostring(t), source = path }, 0) end
+  if type(t) ~= "table" then fail(path, nil, "a policy file must return a table") end
+  return t, path, src
+end
+
+-- Checks a table-valued field: policy defaults, then the job's overrides.
+local function check_table(f, v, at)
+  local key = f[1]
+  local fields = by_key(f.fields)
+  if v ~= nil and type(v) ~= "table" then at(key)("key '%s' must be a table, got %s", key, describe(v)) end
+  local defaults, ppath, psrc = load_policy(f.policy)
+  for k in pairs(defaults) do
+    if not fields[k] then fail(ppath, line_of(psrc, k), "key '%s' is not a %s field", tostring(k), key) end
+  end
+  local out = {}
+  for k, dv in pairs(defaults) do out[k] = dv end
+  for k, ov in pairs(v or {}) do
+    if type(k) ~= "string" or not fields[k] then
+      at(k)("key '%s.%s' is not a %s field (known: %s)", key, tostring(k), key,
+        table.concat((function() local n = {} for _, x in ipairs(f.fields) do n[#n + 1] = x[1] end return n end)(), ", "))
+    end
+    out[k] = ov
+  end
+  for _, sf in ipairs(f.fields) do
+    local sk = sf[1]
+    if out[sk] == nil then fail(ppath, nil, "policy key '%s' is missing", sk) end
+    local origin = (v and v[sk] ~= nil) and at(sk) or function(fmt, ...) fail(ppath, line_of(psrc, sk), fmt, ...) end
+    check_value(setmetatable({ key .. "." .. sk }, { __index = sf }), out[sk], origin)
+  end
+  return out
 end
 
 -- Checks a raw job table in place: fills defaults, validates every key.
@@ -163,7 +230,11 @@ function M.check(job, origin)
         fail(source, nil, "required key '%s' is missing (%s)", key, f[4])
       end
     end
-    if job[key] ~= nil then check_value(f, job[key], at(key)) end
+    if f[2] == "table" then
+      job[key] = check_table(f, job[key], at)
+    elseif job[key] ~= nil then
+      check_value(f, job[key], at(key))
+    end
   end
   -- fields that constrain each other
   if job.n_embd % job.n_head ~= 0 then
@@ -179,10 +250,17 @@ end
 
 -- Converts a --set value by the key's type.
 local function parse_set(item)
-  local key, text = item:match("^([%w_]+)=(.*)$")
+  local key, text = item:match("^([%w_%.]+)=(.*)$")
   if not key then fail("--set " .. item, nil, "expected key=value") end
-  local f = BY_KEY[key]
-  if not f then fail("--set " .. item, nil, "key '%s' is not a job field%s", key, suggest(key)) end
+  local top, sub = key:match("^([%w_]+)%.([%w_]+)$")
+  local f = BY_KEY[top or key]
+  if not f then fail("--set " .. item, nil, "key '%s' is not a job field%s", top or key, suggest(top or key)) end
+  if sub then
+    f = f.fields and by_key(f.fields)[sub]
+    if not f then fail("--set " .. item, nil, "key '%s' is not a job field", key) end
+  elseif f[2] == "table" then
+    fail("--set " .. item, nil, "key '%s' is a table: set its fields as %s.FIELD=VALUE", key, key)
+  end
   local v
   if f[2] == "integer" then
     v = math.tointeger(tonumber(text))
@@ -194,7 +272,7 @@ local function parse_set(item)
     v = text
   end
   if v == nil then fail("--set " .. item, nil, "key '%s' must be %s %s", key, f[2] == "integer" and "an" or "a", f[2]) end
-  return key, v
+  return top or key, v, sub
 end
 
 -- The job file's sandbox: pure functions only; undefined globals raise.
@@ -242,9 +320,16 @@ function M.load(path, sets)
   if type(job) ~= "table" then fail(path, nil, "a job file must return a table, got %s", type(job)) end
   local overridden = {}
   for _, item in ipairs(sets or {}) do
-    local k, v = parse_set(item)
-    job[k] = v
-    overridden[k] = item
+    local k, v, sub = parse_set(item)
+    if sub then
+      if job[k] ~= nil and type(job[k]) ~= "table" then fail(path, line_of(src, k), "key '%s' must be a table", k) end
+      job[k] = job[k] or {}
+      job[k][sub] = v
+      overridden[sub] = item
+    else
+      job[k] = v
+      overridden[k] = item
+    end
   end
   if job.name == nil then job.name = path:match("([^/]+)%.lua$") or path:match("([^/]+)$") end
   M.check(job, function(key)
@@ -259,10 +344,23 @@ function M.dump(job)
   local out = { "-- resolved job, written by transom\nreturn {\n" }
   for _, f in ipairs(SCHEMA) do
     local v = job[f[1]]
-    if v ~= nil then
-      local s = type(v) == "string" and string.format("%q", v) or tostring(v)
-      if math.type(v) == "float" then s = string.format("%.17g", v) if not s:find("[%.eEn]") then s = s .. ".0" end end
-      out[#out + 1] = string.format("  %s = %s,\n", f[1], s)
+    local function lit(x)
+      if type(x) == "string" then return (string.format("%q", x):gsub("\\\n", "\\n")) end
+      if math.type(x) == "float" then
+        local s = string.format("%.17g", x)
+        if not s:find("[%.eEn]") then s = s .. ".0" end
+        return s
+      end
+      return tostring(x)
+    end
+    if type(v) == "table" then
+      local parts = {}
+      for _, sf in ipairs(f.fields) do
+        if v[sf[1]] ~= nil then parts[#parts + 1] = string.format("%s = %s", sf[1], lit(v[sf[1]])) end
+      end
+      out[#out + 1] = string.format("  %s = { %s },\n", f[1], table.concat(parts, ", "))
+    elseif v ~= nil then
+      out[#out + 1] = string.format("  %s = %s,\n", f[1], lit(v))
     end
   end
   out[#out + 1] = "}\n"
@@ -275,7 +373,11 @@ function M.help()
   for _, f in ipairs(SCHEMA) do
     local d = f[3] ~= nil and string.format("%q", f[3]):gsub("\\\n", "\\n") or (f.optional and "-" or "required")
     if type(f[3]) ~= "string" and f[3] ~= nil then d = tostring(f[3]) end
+    if f[2] == "table" then d = "policy" end
     lines[#lines + 1] = string.format("  %-15s %-8s %-10s %s", f[1], f[2], d, f[4])
+    for _, sf in ipairs(f.fields or {}) do
+      lines[#lines + 1] = string.format("    .%-13s %-8s %-10s %s", sf[1], sf[2], "", sf[4])
+    end
   end
   return table.concat(lines, "\n")
 end

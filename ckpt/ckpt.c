@@ -1,0 +1,827 @@
+/* ckpt.c — the checkpoint engine (see ckpt.h for the design).
+ *
+ * Sections: CRC32C, manifest encoding, the engine (snapshot, copy thread,
+ * writer thread, retention), the reader (verify, load).
+ *
+ * LMDB layout, one environment per run (RUN/ckpt/):
+ *   db "manifest": key = step (8 bytes big-endian, so keys sort by step)
+ *                  value = manifest (see encode_manifest)
+ *   db "data":     key = step (8 BE) | tensor index (4 BE) | chunk (4 BE)
+ *                  value = at most CHUNK bytes of the tensor
+ */
+#include "ckpt.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include "util.h"
+
+#define CHUNK ((uint64_t)16 << 20)
+#define MANIFEST_MAGIC 0x4b435254u /* "TRCK" little-endian */
+#define MANIFEST_VERSION 1u
+#define MAX_EVENTS 64
+
+/* --- CRC32C (Castagnoli) --- */
+
+#if defined(__SSE4_2__)
+#include <nmmintrin.h>
+uint32_t ckpt_crc32c(uint32_t crc, const void *buf, size_t len) {
+  const uint8_t *p = buf;
+  uint64_t c = ~crc;
+  for (; len >= 8; p += 8, len -= 8) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    c = _mm_crc32_u64(c, v);
+  }
+  uint32_t c32 = (uint32_t)c;
+  for (; len > 0; p++, len--) c32 = _mm_crc32_u8(c32, *p);
+  return ~c32;
+}
+#else
+static uint32_t crc_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+static void crc_init(void) {
+  for (uint32_t i = 0; i < 256; i++) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    crc_table[i] = c;
+  }
+}
+uint32_t ckpt_crc32c(uint32_t crc, const void *buf, size_t len) {
+  pthread_once(&crc_once, crc_init);
+  const uint8_t *p = buf;
+  uint32_t c = ~crc;
+  while (len--) c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+  return ~c;
+}
+#endif
+
+/* --- keys --- */
+
+static void put_be64(uint8_t *p, uint64_t v) {
+  for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
+}
+static void put_be32(uint8_t *p, uint32_t v) {
+  for (int i = 3; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
+}
+static uint64_t get_be64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = v << 8 | p[i];
+  return v;
+}
+
+/* --- manifest encoding (little-endian, bounds-checked on read) --- */
+
+typedef struct {
+  uint8_t *p;
+  size_t n, cap;
+  int oom;
+} wbuf;
+
+static void wb_put(wbuf *b, const void *src, size_t len) {
+  if (b->oom) return;
+  if (b->n + len > b->cap) {
+    size_t ncap = (b->cap ? b->cap * 2 : 1024) + len;
+    uint8_t *np = realloc(b->p, ncap);
+    if (!np) {
+      b->oom = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = ncap;
+  }
+  memcpy(b->p + b->n, src, len);
+  b->n += len;
+}
+#define WB(b, v)                     \
+  do {                               \
+    __typeof__(v) tmp_ = (v);        \
+    wb_put((b), &tmp_, sizeof tmp_); \
+  } while (0)
+
+typedef struct {
+  const uint8_t *p;
+  size_t n, off;
+  int bad;
+} rbuf;
+
+static void rb_get(rbuf *r, void *dst, size_t len) {
+  if (r->bad || len > r->n - r->off) {
+    r->bad = 1;
+    memset(dst, 0, len);
+    return;
+  }
+  memcpy(dst, r->p + r->off, len);
+  r->off += len;
+}
+
+static int encode_manifest(wbuf *b, const ckpt_state *s, const ckpt_tensor_info *t, int nt) {
+  WB(b, (uint32_t)MANIFEST_MAGIC);
+  WB(b, (uint32_t)MANIFEST_VERSION);
+  WB(b, s->step);
+  WB(b, s->data_rng);
+  WB(b, s->opt_steps);
+  WB(b, s->config_hash);
+  WB(b, s->wall_time);
+  WB(b, (uint32_t)nt);
+  WB(b, (uint64_t)CHUNK);
+  for (int i = 0; i < nt; i++) {
+    uint16_t len = (uint16_t)strlen(t[i].name);
+    WB(b, len);
+    wb_put(b, t[i].name, len);
+    WB(b, (uint8_t)t[i].dtype);
+    WB(b, (uint8_t)t[i].ndim);
+    for (int d = 0; d < t[i].ndim; d++) WB(b, t[i].dim[d]);
+    WB(b, t[i].bytes);
+    WB(b, t[i].crc);
+  }
+  if (!b->oom) WB(b, ckpt_crc32c(0, b->p, b->n));
+  return b->oom ? tr_fail(TR_ENOMEM, "out of memory encoding a manifest") : TR_OK;
+}
+
+/* Decodes into m (tensors malloc'd into *tensors). */
+static int decode_manifest(const void *data, size_t len, ckpt_manifest *m, ckpt_tensor_info **tensors,
+                           uint64_t *chunk) {
+  rbuf r = {data, len, 0, 0};
+  uint32_t magic, version, nt, crc;
+  if (len < 8 + 4) return tr_fail(TR_EFORMAT, "manifest too short (%zu bytes)", len);
+  memcpy(&crc, (const uint8_t *)data + len - 4, 4);
+  if (ckpt_crc32c(0, data, len - 4) != crc) return tr_fail(TR_EFORMAT, "manifest checksum mismatch");
+  r.n = len - 4;
+  rb_get(&r, &magic, 4);
+  rb_get(&r, &version, 4);
+  if (magic != MANIFEST_MAGIC) return tr_fail(TR_EFORMAT, "bad manifest magic 0x%08x", magic);
+  if (version != MANIFEST_VERSION) return tr_fail(TR_EFORMAT, "manifest version %u (this build reads %u)", version,
+                                                  MANIFEST_VERSION);
+  memset(m, 0, sizeof *m);
+  rb_get(&r, &m->state.step, 8);
+  rb_get(&r, &m->state.data_rng, 8);
+  rb_get(&r, &m->state.opt_steps, 8);
+  rb_get(&r, &m->state.config_hash, 8);
+  rb_get(&r, &m->state.wall_time, 8);
+  rb_get(&r, &nt, 4);
+  rb_get(&r, chunk, 8);
+  if (r.bad || nt > 1000000 || *chunk == 0) return tr_fail(TR_EFORMAT, "malformed manifest header");
+  ckpt_tensor_info *t = calloc(nt ? nt : 1, sizeof *t);
+  if (!t) return tr_fail(TR_ENOMEM, "out of memory reading a manifest");
+  for (uint32_t i = 0; i < nt && !r.bad; i++) {
+    uint16_t nlen;
+    uint8_t dt, nd;
+    rb_get(&r, &nlen, 2);
+    if (nlen >= CKPT_NAME_MAX) r.bad = 1;
+    rb_get(&r, t[i].name, r.bad ? 0 : nlen);
+    rb_get(&r, &dt, 1);
+    rb_get(&r, &nd, 1);
+    if (nd > CKPT_MAX_DIMS) r.bad = 1;
+    t[i].dtype = dt;
+    t[i].ndim = nd;
+    for (int d = 0; d < nd && !r.bad; d++) rb_get(&r, &t[i].dim[d], 8);
+    rb_get(&r, &t[i].bytes, 8);
+    rb_get(&r, &t[i].crc, 4);
+    m->bytes += t[i].bytes;
+  }
+  if (r.bad || r.off != r.n) {
+    free(t);
+    return tr_fail(TR_EFORMAT, "malformed manifest tensor table");
+  }
+  m->ntensors = (int)nt;
+  m->tensors = t;
+  *tensors = t;
+  return TR_OK;
+}
+
+/* --- LMDB helpers --- */
+
+static int mdb_fail(int rc, const char *what) {
+  if (rc == MDB_MAP_FULL)
+    return tr_fail(TR_EIO, "%s: the checkpoint store is full (LMDB map size reached; raise checkpoint.map_mb)", what);
+  return tr_fail(TR_EIO, "%s: %s", what, mdb_strerror(rc));
+}
+
+/* Deletes every data chunk and the manifest of `step` inside txn. */
+static int delete_step(MDB_txn *txn, MDB_dbi man, MDB_dbi data, int64_t step) {
+  uint8_t k[16];
+  put_be64(k, (uint64_t)step);
+  memset(k + 8, 0, 8);
+  MDB_cursor *c;
+  int rc = mdb_cursor_open(txn, data, &c);
+  if (rc) return mdb_fail(rc, "cursor");
+  MDB_val key = {16, k}, val;
+  rc = mdb_cursor_get(c, &key, &val, MDB_SET_RANGE);
+  while (rc == 0 && key.mv_size == 16 && get_be64(key.mv_data) == (uint64_t)step) {
+    if ((rc = mdb_cursor_del(c, 0))) break;
+    rc = mdb_cursor_get(c, &key, &val, MDB_GET_CURRENT);
+    if (rc == EINVAL) rc = mdb_cursor_get(c, &key, &val, MDB_NEXT); /* deleted the last item */
+  }
+  mdb_cursor_close(c);
+  if (rc && rc != MDB_NOTFOUND) return mdb_fail(rc, "deleting checkpoint data");
+  MDB_val mk = {8, k};
+  rc = mdb_del(txn, man, &mk, NULL);
+  if (rc && rc != MDB_NOTFOUND) return mdb_fail(rc, "deleting a manifest");
+  return TR_OK;
+}
+
+/* --- the engine --- */
+
+typedef struct {
+  ckpt_tensor_info info;
+  const void *ptr;
+  uint64_t off; /* in a staging buffer */
+} reg_tensor;
+
+enum { BUF_FREE, BUF_COPYING, BUF_STAGED, BUF_WRITING };
+
+typedef struct {
+  int state;
+  ckpt_state st;
+  uint8_t *data;
+  double copy_s;
+  uint64_t seq; /* order of snapshots */
+} stage_buf;
+
+struct ckpt_engine {
+  ckpt_opts o;
+  char dir[1024];
+  MDB_env *env;
+  MDB_dbi man, data;
+  reg_tensor *t;
+  int nt, capt;
+  uint64_t total;
+  stage_buf buf[2];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_t copier, writer;
+  int threads_started, stop;
+  int copy_req; /* buffer index to copy, -1 = none */
+  ckpt_event events[MAX_EVENTS];
+  int ev_head, ev_count;
+  ckpt_stats stats;
+  uint64_t seq;
+};
+
+static void push_event(ckpt_engine *e, const ckpt_event *ev) { /* with e->mu held */
+  if (e->ev_count == MAX_EVENTS) {
+    e->ev_head = (e->ev_head + 1) % MAX_EVENTS;
+    e->ev_count--;
+  }
+  e->events[(e->ev_head + e->ev_count) % MAX_EVENTS] = *ev;
+  e->ev_count++;
+}
+
+static void *copy_main(void *arg) {
+  ckpt_engine *e = arg;
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    while (e->copy_req < 0 && !e->stop) pthread_cond_wait(&e->cv, &e->mu);
+    if (e->copy_req < 0) break;
+    stage_buf *b = &e->buf[e->copy_req];
+    pthread_mutex_unlock(&e->mu);
+    double t0 = tr_now();
+    for (int i = 0; i < e->nt; i++) memcpy(b->data + e->t[i].off, e->t[i].ptr, e->t[i].info.bytes);
+    double dt = tr_now() - t0;
+    pthread_mutex_lock(&e->mu);
+    b->copy_s = dt;
+    b->state = BUF_STAGED;
+    e->copy_req = -1;
+    e->stats.copy_s += dt;
+    pthread_cond_broadcast(&e->cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+/* Level 2: one write transaction for the whole checkpoint plus retention. */
+static int commit(ckpt_engine *e, stage_buf *b) {
+  ckpt_tensor_info *info = malloc(sizeof *info * (size_t)(e->nt ? e->nt : 1));
+  if (!info) return tr_fail(TR_ENOMEM, "out of memory committing a checkpoint");
+  for (int i = 0; i < e->nt; i++) {
+    info[i] = e->t[i].info;
+    info[i].crc = ckpt_crc32c(0, b->data + e->t[i].off, info[i].bytes);
+  }
+  wbuf mb = {0};
+  int rc = encode_manifest(&mb, &b->st, info, e->nt);
+  free(info);
+  if (rc) {
+    free(mb.p);
+    return rc;
+  }
+  MDB_txn *txn = NULL;
+  int mrc = mdb_txn_begin(e->env, NULL, 0, &txn);
+  if (mrc) {
+    free(mb.p);
+    return mdb_fail(mrc, "beginning a checkpoint transaction");
+  }
+  int64_t step = b->st.step;
+  if ((rc = delete_step(txn, e->man, e->data, step))) goto abort; /* a re-taken step replaces the old one */
+  for (int i = 0; i < e->nt; i++) {
+    uint64_t bytes = e->t[i].info.bytes;
+    for (uint64_t c = 0, off = 0; off < bytes || (bytes == 0 && c == 0); c++, off += CHUNK) {
+      uint8_t k[16];
+      put_be64(k, (uint64_t)step);
+      put_be32(k + 8, (uint32_t)i);
+      put_be32(k + 12, (uint32_t)c);
+      MDB_val key = {16, k}, val = {bytes - off < CHUNK ? bytes - off : CHUNK, b->data + e->t[i].off + off};
+      if ((mrc = mdb_put(txn, e->data, &key, &val, 0))) {
+        rc = mdb_fail(mrc, "writing checkpoint data");
+        goto abort;
+      }
+      if (bytes == 0) break;
+    }
+  }
+  uint8_t mk[8];
+  put_be64(mk, (uint64_t)step);
+  MDB_val key = {8, mk}, val = {mb.n, mb.p};
+  if ((mrc = mdb_put(txn, e->man, &key, &val, 0))) {
+    rc = mdb_fail(mrc, "writing the manifest");
+    goto abort;
+  }
+  /* retention: keep the newest keep_last, and every keep_every-th step */
+  {
+    MDB_cursor *c;
+    if ((mrc = mdb_cursor_open(txn, e->man, &c))) {
+      rc = mdb_fail(mrc, "cursor");
+      goto abort;
+    }
+    int64_t *steps = NULL;
+    int n = 0, cap = 0;
+    MDB_val k2, v2;
+    for (mrc = mdb_cursor_get(c, &k2, &v2, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(c, &k2, &v2, MDB_NEXT)) {
+      if (k2.mv_size != 8) continue;
+      if (n == cap) {
+        cap = cap ? cap * 2 : 64;
+        int64_t *ns = realloc(steps, sizeof *ns * (size_t)cap);
+        if (!ns) break;
+        steps = ns;
+      }
+      steps[n++] = (int64_t)get_be64(k2.mv_data);
+    }
+    mdb_cursor_close(c);
+    for (int i = 0; i < n - e->o.keep_last && !rc; i++) {
+      if (e->o.keep_every > 0 && steps[i] % e->o.keep_every == 0) continue;
+      rc = delete_step(txn, e->man, e->data, steps[i]);
+    }
+    free(steps);
+    if (rc) goto abort;
+  }
+  free(mb.p);
+  mb.p = NULL;
+  if ((mrc = mdb_txn_commit(txn))) return mdb_fail(mrc, "committing the checkpoint");
+  return TR_OK;
+abort:
+  free(mb.p);
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+static void *writer_main(void *arg) {
+  ckpt_engine *e = arg;
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    int pick = -1;
+    for (;;) {
+      for (int i = 0; i < 2; i++)
+        if (e->buf[i].state == BUF_STAGED && (pick < 0 || e->buf[i].seq < e->buf[pick].seq)) pick = i;
+      if (pick >= 0 || e->stop) break;
+      pthread_cond_wait(&e->cv, &e->mu);
+    }
+    if (pick < 0) break; /* stopping and nothing staged */
+    stage_buf *b = &e->buf[pick];
+    b->state = BUF_WRITING;
+    pthread_mutex_unlock(&e->mu);
+    double t0 = tr_now();
+    int rc = commit(e, b);
+    double dt = tr_now() - t0;
+    ckpt_event ev = {.step = b->st.step, .ok = rc == 0, .copy_s = b->copy_s, .commit_s = dt, .bytes = e->total};
+    if (rc) snprintf(ev.what, sizeof ev.what, "%s", tr_error());
+    pthread_mutex_lock(&e->mu);
+    b->state = BUF_FREE;
+    if (rc) e->stats.failed++;
+    else e->stats.committed++;
+    e->stats.commit_s += dt;
+    push_event(e, &ev);
+    pthread_cond_broadcast(&e->cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+ckpt_engine *ckpt_open(const ckpt_opts *o) {
+  if (o->keep_last < 1) {
+    tr_fail(TR_EINVAL, "checkpoint keep_last must be >= 1");
+    return NULL;
+  }
+  ckpt_engine *e = calloc(1, sizeof *e);
+  if (!e) {
+    tr_fail(TR_ENOMEM, "out of memory");
+    return NULL;
+  }
+  e->o = *o;
+  e->copy_req = -1;
+  snprintf(e->dir, sizeof e->dir, "%s", o->dir);
+  e->o.dir = e->dir;
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  if (tr_mkdirs(e->dir)) goto fail;
+  int rc = mdb_env_create(&e->env);
+  if (rc) {
+    mdb_fail(rc, "creating the LMDB environment");
+    goto fail;
+  }
+  mdb_env_set_maxdbs(e->env, 4);
+  if ((rc = mdb_env_open(e->env, e->dir, 0, 0644))) {
+    mdb_fail(rc, e->dir);
+    mdb_env_close(e->env);
+    e->env = NULL;
+    goto fail;
+  }
+  MDB_txn *txn;
+  if ((rc = mdb_txn_begin(e->env, NULL, 0, &txn)) || (rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &e->man)) ||
+      (rc = mdb_dbi_open(txn, "data", MDB_CREATE, &e->data)) || (rc = mdb_txn_commit(txn))) {
+    mdb_fail(rc, "opening the checkpoint databases");
+    goto fail;
+  }
+  return e;
+fail:
+  ckpt_close(e);
+  return NULL;
+}
+
+int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const int64_t *dim, const void *ptr) {
+  if (e->buf[0].data) return tr_fail(TR_ESTATE, "ckpt_register after the first snapshot");
+  if (strlen(name) >= CKPT_NAME_MAX) return tr_fail(TR_EINVAL, "checkpoint tensor name too long: '%s'", name);
+  if (ndim < 0 || ndim > CKPT_MAX_DIMS) return tr_fail(TR_EINVAL, "'%s': %d dimensions", name, ndim);
+  for (int i = 0; i < e->nt; i++)
+    if (strcmp(e->t[i].info.name, name) == 0) return tr_fail(TR_EINVAL, "'%s' is registered twice", name);
+  if (e->nt == e->capt) {
+    int ncap = e->capt ? e->capt * 2 : 64;
+    reg_tensor *nt = realloc(e->t, sizeof *nt * (size_t)ncap);
+    if (!nt) return tr_fail(TR_ENOMEM, "out of memory");
+    e->t = nt;
+    e->capt = ncap;
+  }
+  reg_tensor *r = &e->t[e->nt];
+  memset(r, 0, sizeof *r);
+  snprintf(r->info.name, sizeof r->info.name, "%s", name);
+  r->info.dtype = dtype;
+  r->info.ndim = ndim;
+  uint64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    r->info.dim[i] = dim[i];
+    n *= (uint64_t)dim[i];
+  }
+  r->info.bytes = n * (dtype == CKPT_F32 ? 4 : 1);
+  r->ptr = ptr;
+  r->off = e->total;
+  e->total += (r->info.bytes + 63) & ~(uint64_t)63;
+  e->nt++;
+  return TR_OK;
+}
+
+static int start(ckpt_engine *e) { /* staging buffers, map size, threads */
+  for (int i = 0; i < 2; i++) {
+    e->buf[i].data = tr_alloc_aligned(e->total ? e->total : 64);
+    if (!e->buf[i].data) return tr_fail(TR_ENOMEM, "out of memory for checkpoint staging (%llu bytes)",
+                                        (unsigned long long)e->total);
+  }
+  size_t map = e->o.map_bytes;
+  if (map == 0) map = (size_t)(e->total + (e->total >> 3) + (1 << 20)) * (size_t)(e->o.keep_last + 2) + (16u << 20);
+  int rc = mdb_env_set_mapsize(e->env, map);
+  if (rc) return mdb_fail(rc, "setting the LMDB map size");
+  e->stats.bytes_per_snapshot = e->total;
+  if (pthread_create(&e->copier, NULL, copy_main, e) != 0) return tr_fail(TR_ENOMEM, "cannot start the copy thread");
+  if (pthread_create(&e->writer, NULL, writer_main, e) != 0) {
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->copier, NULL);
+    return tr_fail(TR_ENOMEM, "cannot start the writer thread");
+  }
+  e->threads_started = 1;
+  return TR_OK;
+}
+
+int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s) {
+  if (!e->threads_started) {
+    int rc = start(e);
+    if (rc) return rc;
+  }
+  pthread_mutex_lock(&e->mu);
+  while (e->copy_req >= 0) pthread_cond_wait(&e->cv, &e->mu); /* only if the caller skipped wait_copy */
+  int pick = -1, result = 0;
+  for (int i = 0; i < 2 && pick < 0; i++)
+    if (e->buf[i].state == BUF_FREE) pick = i;
+  if (pick < 0) { /* one is being written, the other staged: the busy policy */
+    if (e->o.busy == CKPT_COALESCE) {
+      for (int i = 0; i < 2; i++)
+        if (e->buf[i].state == BUF_STAGED) pick = i;
+      result = CKPT_COALESCED;
+    }
+    if (pick < 0) {
+      e->stats.skipped++;
+      pthread_mutex_unlock(&e->mu);
+      return CKPT_SKIPPED;
+    }
+    e->stats.coalesced++;
+  }
+  stage_buf *b = &e->buf[pick];
+  b->state = BUF_COPYING;
+  b->st = *s;
+  b->seq = ++e->seq;
+  e->copy_req = pick;
+  e->stats.snapshots++;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  return result;
+}
+
+double ckpt_wait_copy(ckpt_engine *e) {
+  if (!e || !e->threads_started) return 0.0;
+  pthread_mutex_lock(&e->mu);
+  double waited = 0.0;
+  if (e->copy_req >= 0) {
+    double t0 = tr_now();
+    while (e->copy_req >= 0) pthread_cond_wait(&e->cv, &e->mu);
+    waited = tr_now() - t0;
+    e->stats.stall_s += waited;
+  }
+  pthread_mutex_unlock(&e->mu);
+  return waited;
+}
+
+int ckpt_flush(ckpt_engine *e) {
+  if (!e || !e->threads_started) return TR_OK;
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    int busy = e->copy_req >= 0;
+    for (int i = 0; i < 2; i++) busy |= e->buf[i].state != BUF_FREE;
+    if (!busy) break;
+    pthread_cond_wait(&e->cv, &e->mu);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return TR_OK;
+}
+
+int ckpt_poll(ckpt_engine *e, ckpt_event *ev) {
+  if (!e) return 0;
+  pthread_mutex_lock(&e->mu);
+  int got = e->ev_count > 0;
+  if (got) {
+    *ev = e->events[e->ev_head];
+    e->ev_head = (e->ev_head + 1) % MAX_EVENTS;
+    e->ev_count--;
+  }
+  pthread_mutex_unlock(&e->mu);
+  return got;
+}
+
+void ckpt_get_stats(ckpt_engine *e, ckpt_stats *st) {
+  pthread_mutex_lock(&e->mu);
+  *st = e->stats;
+  pthread_mutex_unlock(&e->mu);
+}
+
+void ckpt_close(ckpt_engine *e) {
+  if (!e) return;
+  if (e->threads_started) {
+    ckpt_flush(e);
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->copier, NULL);
+    pthread_join(e->writer, NULL);
+  }
+  if (e->env) mdb_env_close(e->env);
+  for (int i = 0; i < 2; i++) tr_free_aligned(e->buf[i].data);
+  free(e->t);
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  free(e);
+}
+
+/* --- reading --- */
+
+struct ckpt_reader {
+  MDB_env *env;
+  int borrowed; /* env belongs to an engine (LMDB allows one env per file per process) */
+  MDB_dbi man, data;
+  ckpt_tensor_info *tensors; /* last decoded manifest's table */
+  char dir[1024];
+};
+
+ckpt_reader *ckpt_reader_open(const char *dir) {
+  ckpt_reader *r = calloc(1, sizeof *r);
+  if (!r) {
+    tr_fail(TR_ENOMEM, "out of memory");
+    return NULL;
+  }
+  snprintf(r->dir, sizeof r->dir, "%s", dir);
+  char path[1100];
+  snprintf(path, sizeof path, "%s/data.mdb", dir);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    tr_fail(TR_EIO, "no checkpoint store at '%s' (%s)", dir, strerror(errno));
+    free(r);
+    return NULL;
+  }
+  fclose(f);
+  MDB_txn *txn = NULL;
+  int rc = mdb_env_create(&r->env);
+  if (!rc) mdb_env_set_maxdbs(r->env, 4);
+  if (!rc) rc = mdb_env_open(r->env, dir, MDB_RDONLY, 0644);
+  if (!rc) rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  if (!rc) rc = mdb_dbi_open(txn, "manifest", 0, &r->man);
+  if (!rc) rc = mdb_dbi_open(txn, "data", 0, &r->data);
+  if (txn) mdb_txn_abort(txn);
+  if (rc) {
+    mdb_fail(rc, dir);
+    ckpt_reader_close(r);
+    return NULL;
+  }
+  return r;
+}
+
+ckpt_reader *ckpt_engine_reader(ckpt_engine *e) {
+  ckpt_reader *r = calloc(1, sizeof *r);
+  if (!r) {
+    tr_fail(TR_ENOMEM, "out of memory");
+    return NULL;
+  }
+  r->env = e->env;
+  r->borrowed = 1;
+  r->man = e->man;
+  r->data = e->data;
+  snprintf(r->dir, sizeof r->dir, "%s", e->dir);
+  return r;
+}
+
+void ckpt_reader_close(ckpt_reader *r) {
+  if (!r) return;
+  if (r->env && !r->borrowed) mdb_env_close(r->env);
+  free(r->tensors);
+  free(r);
+}
+
+int ckpt_reader_steps(ckpt_reader *r, int64_t *steps, int cap) {
+  MDB_txn *txn;
+  MDB_cursor *c;
+  int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return mdb_fail(rc, "reading checkpoints");
+  if ((rc = mdb_cursor_open(txn, r->man, &c))) {
+    mdb_txn_abort(txn);
+    return mdb_fail(rc, "reading checkpoints");
+  }
+  int n = 0;
+  MDB_val k, v;
+  for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0 && n < cap; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT))
+    if (k.mv_size == 8) steps[n++] = (int64_t)get_be64(k.mv_data);
+  mdb_cursor_close(c);
+  mdb_txn_abort(txn);
+  return n;
+}
+
+/* Reads the manifest of step inside txn. */
+static int read_manifest(ckpt_reader *r, MDB_txn *txn, int64_t step, ckpt_manifest *m, uint64_t *chunk) {
+  uint8_t kb[8];
+  put_be64(kb, (uint64_t)step);
+  MDB_val k = {8, kb}, v;
+  int rc = mdb_get(txn, r->man, &k, &v);
+  if (rc == MDB_NOTFOUND) return tr_fail(TR_EINVAL, "no checkpoint at step %lld", (long long)step);
+  if (rc) return mdb_fail(rc, "reading a manifest");
+  free(r->tensors);
+  r->tensors = NULL;
+  rc = decode_manifest(v.mv_data, v.mv_size, m, &r->tensors, chunk);
+  if (rc) return tr_fail_prefix(rc, "step %lld", (long long)step);
+  if (m->state.step != step) return tr_fail(TR_EFORMAT, "step %lld: manifest says step %lld", (long long)step,
+                                            (long long)m->state.step);
+  return TR_OK;
+}
+
+int ckpt_reader_manifest(ckpt_reader *r, int64_t step, ckpt_manifest *m) {
+  MDB_txn *txn;
+  uint64_t chunk;
+  int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return mdb_fail(rc, "reading checkpoints");
+  rc = read_manifest(r, txn, step, m, &chunk);
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+/* Streams tensor i of step through its chunks: checks sizes and the CRC; if
+ * out is given, copies the bytes there. */
+static int read_tensor(ckpt_reader *r, MDB_txn *txn, int64_t step, int i, const ckpt_tensor_info *t, uint64_t chunk,
+                       void *out) {
+  uint32_t crc = 0;
+  uint64_t got = 0;
+  for (uint32_t c = 0;; c++) {
+    uint8_t kb[16];
+    put_be64(kb, (uint64_t)step);
+    put_be32(kb + 8, (uint32_t)i);
+    put_be32(kb + 12, c);
+    MDB_val k = {16, kb}, v;
+    int rc = mdb_get(txn, r->data, &k, &v);
+    if (rc == MDB_NOTFOUND) break;
+    if (rc) return mdb_fail(rc, "reading checkpoint data");
+    if (v.mv_size > chunk || got + v.mv_size > t->bytes)
+      return tr_fail(TR_EFORMAT, "step %lld: tensor '%s' has more data than its manifest says", (long long)step,
+                     t->name);
+    crc = ckpt_crc32c(crc, v.mv_data, v.mv_size);
+    if (out) memcpy((uint8_t *)out + got, v.mv_data, v.mv_size);
+    got += v.mv_size;
+    if (got == t->bytes) break;
+  }
+  if (got != t->bytes)
+    return tr_fail(TR_EFORMAT, "step %lld: tensor '%s' is truncated (%llu of %llu bytes)", (long long)step, t->name,
+                   (unsigned long long)got, (unsigned long long)t->bytes);
+  if (crc != t->crc)
+    return tr_fail(TR_EFORMAT, "step %lld: tensor '%s' fails its checksum (crc32c %08x, manifest %08x)",
+                   (long long)step, t->name, crc, t->crc);
+  return TR_OK;
+}
+
+int ckpt_reader_verify(ckpt_reader *r, int64_t step) {
+  MDB_txn *txn;
+  ckpt_manifest m;
+  uint64_t chunk;
+  int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return mdb_fail(rc, "reading checkpoints");
+  rc = read_manifest(r, txn, step, &m, &chunk);
+  for (int i = 0; i < m.ntensors && !rc; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL);
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, uint64_t bytes) {
+  MDB_txn *txn;
+  ckpt_manifest m;
+  uint64_t chunk;
+  int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  if (rc) return mdb_fail(rc, "reading checkpoints");
+  rc = read_manifest(r, txn, step, &m, &chunk);
+  int found = -1;
+  for (int i = 0; i < m.ntensors && !rc && found < 0; i++)
+    if (strcmp(m.tensors[i].name, name) == 0) found = i;
+  if (!rc && found < 0) rc = tr_fail(TR_EINVAL, "step %lld has no tensor '%s'", (long long)step, name);
+  if (!rc && m.tensors[found].bytes != bytes)
+    rc = tr_fail(TR_EINVAL, "step %lld: tensor '%s' is %llu bytes, expected %llu", (long long)step, name,
+                 (unsigned long long)m.tensors[found].bytes, (unsigned long long)bytes);
+  if (!rc) rc = read_tensor(r, txn, step, found, &m.tensors[found], chunk, out);
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_state *state, char *report,
+              size_t report_len) {
+  size_t rl = 0;
+  const char *dir = r->dir;
+  if (report && report_len) report[0] = 0;
+  int64_t steps[4096];
+  int ns = ckpt_reader_steps(r, steps, 4096);
+  int rc = ns < 0 ? ns : tr_fail(TR_EINVAL, "no committed checkpoint in '%s'", dir);
+  for (int k = ns - 1; k >= 0; k--) {
+    if (want >= 0 && steps[k] != want) continue;
+    MDB_txn *txn;
+    ckpt_manifest m;
+    uint64_t chunk;
+    rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+    if (rc) {
+      rc = mdb_fail(rc, "reading checkpoints");
+      break;
+    }
+    rc = read_manifest(r, txn, steps[k], &m, &chunk);
+    for (int i = 0; i < m.ntensors && !rc; i++) rc = read_tensor(r, txn, steps[k], i, &m.tensors[i], chunk, NULL);
+    /* every target must be present with its size; only then copy */
+    for (int j = 0; j < n && !rc; j++) {
+      int found = -1;
+      for (int i = 0; i < m.ntensors && found < 0; i++)
+        if (strcmp(m.tensors[i].name, t[j].name) == 0) found = i;
+      if (found < 0) rc = tr_fail(TR_EINVAL, "step %lld has no tensor '%s'", (long long)steps[k], t[j].name);
+      else if (m.tensors[found].bytes != t[j].bytes)
+        rc = tr_fail(TR_EINVAL, "step %lld: tensor '%s' is %llu bytes, the model's is %llu", (long long)steps[k],
+                     t[j].name, (unsigned long long)m.tensors[found].bytes, (unsigned long long)t[j].bytes);
+    }
+    for (int j = 0; j < n && !rc; j++)
+      for (int i = 0; i < m.ntensors; i++)
+        if (strcmp(m.tensors[i].name, t[j].name) == 0) {
+          rc = read_tensor(r, txn, steps[k], i, &m.tensors[i], chunk, t[j].ptr);
+          break;
+        }
+    mdb_txn_abort(txn);
+    if (!rc) {
+      *state = m.state;
+      break;
+    }
+    if (report && rl + 2 < report_len)
+      rl += (size_t)snprintf(report + rl, report_len - rl, "skipped step %lld: %s\n", (long long)steps[k], tr_error());
+    if (want >= 0) break;
+    rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'", dir);
+  }
+  return rc;
+}

@@ -1,0 +1,146 @@
+/* ckpt.h — TCE: the lazy, asynchronous, two-level checkpoint engine.
+ *
+ * Level 1 (memory): at a step boundary the training thread calls
+ * ckpt_snapshot(), which returns at once; a copy thread copies every
+ * registered tensor into a staging buffer while the next forward/backward
+ * run (parameters and optimizer state do not change until the next optimizer
+ * step). Before the optimizer touches them again the training thread calls
+ * ckpt_wait_copy(), which blocks only if that copy is still running.
+ *
+ * Level 2 (LMDB): a writer thread commits each staged snapshot in ONE write
+ * transaction: the tensors (in chunks of at most 16 MiB) and a manifest
+ * (magic, version, step, tensor table with name/shape/dtype/bytes/CRC32C,
+ * trainer state, config hash), and applies retention in the same
+ * transaction. A checkpoint exists only once its transaction committed, so a
+ * kill -9 at any moment leaves the previous ones intact.
+ *
+ * Two staging buffers: one can be committing while the next snapshot is
+ * staged. When a snapshot is due and no buffer is free, the busy policy says
+ * what happens: CKPT_SKIP drops the new snapshot, CKPT_COALESCE replaces the
+ * staged one that the writer has not started yet. Training never waits on
+ * the disk.
+ *
+ * Threads: ckpt_register/snapshot/wait_copy/poll/flush/close from the one
+ * training thread; the engine runs its own copy and writer threads. The
+ * reading side (ckpt_reader_*) is independent and may run in another process
+ * while a trainer writes.
+ */
+#ifndef TRANSOM_CKPT_H
+#define TRANSOM_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPT_NAME_MAX 128
+#define CKPT_MAX_DIMS 4
+
+enum { CKPT_F32 = 0, CKPT_U8 = 1 };
+enum { CKPT_SKIP = 0, CKPT_COALESCE = 1 };
+enum { CKPT_SKIPPED = 1, CKPT_COALESCED = 2 }; /* ckpt_snapshot's positive results */
+
+/* Where training is, beside the tensors. */
+typedef struct {
+  int64_t step;        /* steps completed */
+  uint64_t data_rng;   /* data position: the batch generator's state */
+  int64_t opt_steps;   /* optimizer updates so far */
+  uint64_t config_hash;/* hash of the model-defining configuration */
+  double wall_time;    /* seconds since the epoch when snapshotted */
+} ckpt_state;
+
+typedef struct {
+  const char *dir;     /* LMDB environment directory (created) */
+  size_t map_bytes;    /* LMDB map size; 0 = room for keep_last+2 snapshots */
+  int keep_last;       /* keep the newest K (>= 1) */
+  int keep_every;      /* also keep steps divisible by M (0 = none) */
+  int busy;            /* CKPT_SKIP or CKPT_COALESCE */
+} ckpt_opts;
+
+typedef struct ckpt_engine ckpt_engine;
+
+/* Opens (creating) the LMDB environment at o->dir and starts the threads.
+ * NULL with tr_error() set on failure (unwritable directory, bad options). */
+ckpt_engine *ckpt_open(const ckpt_opts *o);
+/* Registers a tensor before the first snapshot: the engine copies `bytes`
+ * from ptr at every snapshot. The memory must stay valid until close. */
+int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const int64_t *dim, const void *ptr);
+/* Starts a snapshot; returns 0, CKPT_SKIPPED (busy policy skip),
+ * CKPT_COALESCED (replaced a staged snapshot), or a negative error. */
+int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s);
+/* Blocks until no level-1 copy is running; returns the seconds waited. */
+double ckpt_wait_copy(ckpt_engine *e);
+/* Waits until every staged snapshot is committed (or failed). */
+int ckpt_flush(ckpt_engine *e);
+/* Flushes, stops the threads, closes LMDB. NULL is a no-op. */
+void ckpt_close(ckpt_engine *e);
+
+/* Outcome of a level-2 commit, for the run's event log. */
+typedef struct {
+  int64_t step;
+  int ok;              /* 1 committed, 0 failed */
+  char what[256];      /* failure reason, or "" */
+  double copy_s, commit_s;
+  uint64_t bytes;
+} ckpt_event;
+/* Pops the oldest unread commit outcome; returns 1 if one was written. */
+int ckpt_poll(ckpt_engine *e, ckpt_event *ev);
+
+typedef struct {
+  uint64_t snapshots, skipped, coalesced, committed, failed;
+  double stall_s;      /* total time the training thread waited in wait_copy */
+  double copy_s, commit_s;
+  uint64_t bytes_per_snapshot;
+} ckpt_stats;
+void ckpt_get_stats(ckpt_engine *e, ckpt_stats *st);
+
+/* --- reading (verify, load, list, export) --- */
+
+typedef struct {
+  char name[CKPT_NAME_MAX];
+  int dtype, ndim;
+  int64_t dim[CKPT_MAX_DIMS];
+  uint64_t bytes;
+  uint32_t crc;
+} ckpt_tensor_info;
+
+typedef struct {
+  ckpt_state state;
+  int ntensors;
+  ckpt_tensor_info *tensors; /* owned by the reader; valid until the next call */
+  uint64_t bytes;
+} ckpt_manifest;
+
+typedef struct ckpt_reader ckpt_reader;
+
+/* Opens an existing checkpoint directory read-only (another process may be
+ * writing it). Not for a directory this process has open as an engine: use
+ * ckpt_engine_reader then (LMDB allows one environment per file per
+ * process). */
+ckpt_reader *ckpt_reader_open(const char *dir);
+/* A reader over an open engine's store; close it before the engine. */
+ckpt_reader *ckpt_engine_reader(ckpt_engine *e);
+void ckpt_reader_close(ckpt_reader *r);
+/* Steps of the committed checkpoints, ascending; returns the count (<= cap),
+ * or a negative error. */
+int ckpt_reader_steps(ckpt_reader *r, int64_t *steps, int cap);
+int ckpt_reader_manifest(ckpt_reader *r, int64_t step, ckpt_manifest *m);
+/* Verifies every tensor's checksum; on failure tr_error() names the tensor. */
+int ckpt_reader_verify(ckpt_reader *r, int64_t step);
+/* Copies a verified tensor into out (bytes must match). */
+int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, uint64_t bytes);
+
+/* Loads the newest checkpoint (or `step` if >= 0) that verifies into the
+ * tensors registered under the same names (ckpt_target list). Skipped
+ * (corrupt, unreadable) checkpoints are described in report (one line each,
+ * "step N: reason"). Returns 0 and fills *state, or a negative error when no
+ * checkpoint loads. */
+typedef struct {
+  const char *name;
+  void *ptr;
+  uint64_t bytes;
+} ckpt_target;
+int ckpt_load(ckpt_reader *r, int64_t step, const ckpt_target *t, int n, ckpt_state *state, char *report,
+              size_t report_len);
+
+uint32_t ckpt_crc32c(uint32_t crc, const void *buf, size_t len);
+
+#endif

@@ -1,0 +1,392 @@
+/* run.c — `transom run`: one replica's training loop around the trainer,
+ * with the checkpoint engine, resume, the run directory and its logs.
+ *
+ *   transom run JOB.lua [--set key=value]...
+ *   transom run --resume RUN [--set key=value]...
+ *
+ * Errors before training (bad job, bad data, unwritable run directory) exit
+ * 2 with nothing written; SIGINT/SIGTERM checkpoint now and exit 0, so
+ * `--resume` carries on exactly where the run stopped.
+ */
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "job.h"
+#include "kernels.h"
+#include "lua_graph.h"
+#include "lua_host.h"
+#include "run.h"
+#include "trainer.h"
+#include "util.h"
+
+static volatile sig_atomic_t stop_requested;
+static void on_stop(int sig) {
+  (void)sig;
+  stop_requested = 1;
+}
+
+static const char run_usage[] =
+    "usage: transom run JOB.lua [--set key=value]...\n"
+    "       transom run --resume RUN [--set key=value]...\n"
+    "\n"
+    "Trains the model the job file describes. The job file returns a table;\n"
+    "every key is checked. --set overrides any key (repeatable; nested keys\n"
+    "as checkpoint.every_steps=1). Output goes to the run directory: job.lua\n"
+    "(resolved job), vocab.json, metrics.jsonl, events.jsonl, ckpt/ (LMDB\n"
+    "checkpoints), model.safetensors. SIGINT/SIGTERM checkpoint and stop;\n"
+    "--resume RUN continues from the newest intact checkpoint.\n"
+    "\n"
+    "Job keys (name, type, default, meaning):\n";
+
+typedef struct {
+  job_config cfg;
+  trainer *t;
+  ckpt_engine *ck;
+  char dir[PATH_MAX - 64];
+  FILE *metrics, *events;
+  int64_t last_snap_step;
+  double last_snap_time;
+} run_ctx;
+
+/* --- the run directory's logs --- */
+
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+/* One line of events.jsonl: {"time", "step", "kind", "detail"} */
+static void event(run_ctx *r, int64_t step, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void event(run_ctx *r, int64_t step, const char *kind, const char *fmt, ...) {
+  if (!r->events) return;
+  char detail[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  fprintf(r->events, "{\"time\":%.3f,\"step\":%lld,\"worker\":0,\"kind\":", ts.tv_sec + ts.tv_nsec * 1e-9,
+          (long long)step);
+  json_str(r->events, kind);
+  fprintf(r->events, ",\"detail\":");
+  json_str(r->events, detail);
+  fprintf(r->events, "}\n");
+  fflush(r->events);
+}
+
+static int path_in(const run_ctx *r, const char *file, char *out, size_t n) {
+  return snprintf(out, n, "%s/%s", r->dir, file) < (int)n ? 0 : tr_fail(TR_EINVAL, "path too long");
+}
+
+/* Keeps the metrics of steps <= step (a resumed run re-does the rest). */
+static int truncate_metrics(run_ctx *r, int64_t step) {
+  char path[PATH_MAX];
+  path_in(r, "metrics.jsonl", path, sizeof path);
+  size_t len;
+  char *text = tr_read_file(path, &len);
+  if (!text) return TR_OK; /* none yet */
+  char *out = malloc(len + 1);
+  size_t k = 0;
+  int dropped = 0;
+  for (char *line = text; out && *line;) {
+    char *nl = strchr(line, '\n');
+    size_t n = nl ? (size_t)(nl - line + 1) : strlen(line);
+    long long s = -1;
+    sscanf(line, "{\"step\":%lld", &s);
+    if (s >= 0 && s <= step && nl) {
+      memcpy(out + k, line, n);
+      k += n;
+    } else {
+      dropped++;
+    }
+    line += n;
+  }
+  int rc = out ? tr_write_file_atomic(path, out, k) : tr_fail(TR_ENOMEM, "out of memory");
+  free(out);
+  free(text);
+  if (!rc && dropped) event(r, step, "resume_truncated_metrics", "dropped %d metric lines after step %lld", dropped,
+                            (long long)step);
+  return rc;
+}
+
+/* --- checkpoints --- */
+
+static void drain_ckpt_events(run_ctx *r) {
+  ckpt_event ev;
+  while (ckpt_poll(r->ck, &ev)) {
+    if (ev.ok) {
+      event(r, ev.step, "checkpoint", "committed %.1f MiB: copy %.1f ms, commit %.1f ms", ev.bytes / 1048576.0,
+            ev.copy_s * 1e3, ev.commit_s * 1e3);
+    } else {
+      event(r, ev.step, "checkpoint_failed", "%s", ev.what);
+      fprintf(stderr, "transom: checkpoint of step %lld failed: %s (training continues; older checkpoints stay)\n",
+              (long long)ev.step, ev.what);
+    }
+  }
+}
+
+static void snapshot(run_ctx *r, int64_t step) {
+  ckpt_state s;
+  trainer_ckpt_state(r->t, &s);
+  int rc = ckpt_snapshot(r->ck, &s);
+  if (rc < 0) {
+    event(r, step, "checkpoint_failed", "%s", tr_error());
+    fprintf(stderr, "transom: checkpoint of step %lld failed: %s\n", (long long)step, tr_error());
+  }
+  r->last_snap_step = step;
+  r->last_snap_time = tr_now();
+}
+
+static int snapshot_due(const run_ctx *r, int64_t step) {
+  if (!r->ck) return 0;
+  const job_config *c = &r->cfg;
+  if (c->ckpt_every_steps > 0 && step % c->ckpt_every_steps == 0) return 1;
+  return c->ckpt_every_seconds > 0 && tr_now() - r->last_snap_time >= c->ckpt_every_seconds;
+}
+
+static int open_ckpt(run_ctx *r) {
+  const job_config *c = &r->cfg;
+  if (c->ckpt_every_steps == 0 && c->ckpt_every_seconds == 0) return TR_OK;
+  char path[PATH_MAX];
+  path_in(r, "ckpt", path, sizeof path);
+  ckpt_opts o = {path, (size_t)c->ckpt_map_mb << 20, (int)c->ckpt_keep_last, (int)c->ckpt_keep_every,
+                 strcmp(c->ckpt_when_busy, "skip") == 0 ? CKPT_SKIP : CKPT_COALESCE};
+  r->ck = ckpt_open(&o);
+  if (!r->ck) return tr_fail_prefix(TR_EIO, "checkpoints");
+  int rc = trainer_ckpt_attach(r->t, r->ck);
+  r->last_snap_time = tr_now();
+  return rc;
+}
+
+/* --- the command --- */
+
+static void close_run(run_ctx *r) {
+  ckpt_close(r->ck);
+  if (r->metrics) fclose(r->metrics);
+  if (r->events) fclose(r->events);
+  trainer_free(r->t);
+}
+
+int run_main(int argc, char **argv) {
+  const char *job_path = NULL, *resume = NULL;
+  const char **sets = calloc((size_t)argc + 2, sizeof(char *));
+  int nsets = 0;
+  lua_State *L = lua_host_new();
+  if (!sets || !L) {
+    fprintf(stderr, "transom: %s\n", tr_error());
+    return 1;
+  }
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(run_usage, stdout);
+      job_help(L);
+      return 0;
+    } else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
+      sets[nsets++] = argv[++i];
+    } else if (strncmp(argv[i], "--set=", 6) == 0) {
+      sets[nsets++] = argv[i] + 6;
+    } else if (strcmp(argv[i], "--resume") == 0 && i + 1 < argc) {
+      resume = argv[++i];
+    } else if (argv[i][0] == '-') {
+      fprintf(stderr, "transom run: unknown option '%s' (see transom run --help)\n", argv[i]);
+      return 2;
+    } else if (!job_path) {
+      job_path = argv[i];
+    } else {
+      fprintf(stderr, "transom run: one job file only ('%s' and '%s')\n", job_path, argv[i]);
+      return 2;
+    }
+  }
+  char resume_job[PATH_MAX], resume_dir[PATH_MAX + 16];
+  if (resume) {
+    if (job_path) {
+      fprintf(stderr, "transom run: --resume takes the job from %s/job.lua; give no job file\n", resume);
+      return 2;
+    }
+    snprintf(resume_job, sizeof resume_job, "%s/job.lua", resume);
+    snprintf(resume_dir, sizeof resume_dir, "run_dir=%s", resume);
+    if (access(resume_job, R_OK) != 0) {
+      fprintf(stderr, "transom run: --resume %s: no %s (not a run directory?)\n", resume, resume_job);
+      return 2;
+    }
+    job_path = resume_job;
+    sets[nsets++] = resume_dir;
+  }
+  if (!job_path) {
+    fputs(run_usage, stderr);
+    return 2;
+  }
+
+  run_ctx r = {0};
+  if (job_load(L, job_path, sets, nsets, &r.cfg)) {
+    fprintf(stderr, "transom: %s\n", tr_error());
+    return 2;
+  }
+  free(sets);
+  r.t = trainer_create(L, &r.cfg);
+  if (!r.t) {
+    fprintf(stderr, "transom: %s\n", tr_error());
+    return 2;
+  }
+  if (r.cfg.run_dir[0]) {
+    snprintf(r.dir, sizeof r.dir, "%s", r.cfg.run_dir);
+  } else {
+    char stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(r.dir, sizeof r.dir, "runs/%s-%s", r.cfg.name, stamp);
+    for (int i = 2; access(r.dir, F_OK) == 0 && i < 1000; i++)
+      snprintf(r.dir, sizeof r.dir, "runs/%s-%s-%d", r.cfg.name, stamp, i);
+  }
+  /* everything that can fail before training, before anything is written */
+  char path[PATH_MAX];
+  char *dump = job_dump(L, &r.cfg);
+  int rc = dump ? tr_mkdirs(r.dir) : TR_ENOMEM;
+  if (!rc) rc = open_ckpt(&r);
+  if (!rc && resume) {
+    char report[4096] = "";
+    ckpt_reader *rd = r.ck ? ckpt_engine_reader(r.ck) : NULL;
+    rc = rd ? trainer_ckpt_load(r.t, rd, -1, report, sizeof report)
+            : tr_fail(TR_EINVAL, "checkpoints are off in this job (checkpoint.every_steps = 0)");
+    ckpt_reader_close(rd);
+    if (report[0]) fputs(report, stderr);
+  }
+  if (rc) {
+    fprintf(stderr, "transom: %s: %s\n", resume ? "resume" : "run directory", tr_error());
+    free(dump);
+    close_run(&r);
+    return resume ? 1 : 2;
+  }
+  trainer_state ts;
+  trainer_get_state(r.t, &ts);
+  r.last_snap_step = ts.step;
+  path_in(&r, "job.lua", path, sizeof path);
+  rc = tr_write_file_atomic(path, dump, strlen(dump));
+  free(dump);
+  if (!rc && !resume) rc = trainer_save(r.t, r.dir);
+  if (!rc) {
+    path_in(&r, "events.jsonl", path, sizeof path);
+    r.events = fopen(path, "a");
+    if (resume) {
+      event(&r, ts.step, "resume", "resumed from the checkpoint of step %lld", (long long)ts.step);
+      rc = truncate_metrics(&r, ts.step);
+    }
+    path_in(&r, "metrics.jsonl", path, sizeof path);
+    r.metrics = fopen(path, resume ? "a" : "w");
+    if (!r.metrics || !r.events) rc = tr_fail(TR_EIO, "cannot open the logs in %s", r.dir);
+  }
+  if (rc) {
+    fprintf(stderr, "transom: run directory: %s\n", tr_error());
+    close_run(&r);
+    return 1;
+  }
+
+  const job_config *cfg = &r.cfg;
+  graph_sizes sz;
+  graph_sizes_get(trainer_graph(r.t), &sz);
+  const dataset *d = trainer_data(r.t);
+  printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, cfg->path, r.dir);
+  printf("model %s: %lld parameters, vocab %d, %d threads | data %s: %lld tokens (%lld train, %lld val)\n", cfg->model,
+         (long long)sz.params, d->voc.size, kernels_threads(), cfg->data, (long long)d->n, (long long)d->n_train,
+         (long long)(d->n - d->n_train));
+  if (r.ck)
+    printf("checkpoints: every %lld steps%s, keep %lld, in %s/ckpt\n", (long long)cfg->ckpt_every_steps,
+           cfg->ckpt_every_seconds > 0 ? " or by time" : "", (long long)cfg->ckpt_keep_last, r.dir);
+  if (resume) printf("resumed from step %lld\n", (long long)ts.step);
+  signal(SIGINT, on_stop);
+  signal(SIGTERM, on_stop);
+
+  double sum_time = 0, sum_tokens = 0;
+  int64_t timed = 0, first = ts.step;
+  int width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
+  step_stats st = {.step = ts.step};
+  float val = NAN;
+  while (st.step < cfg->max_steps && !stop_requested) {
+    if ((rc = trainer_step(r.t, &st))) break;
+    if (st.step > first + 1) { /* the first step warms caches and thread pools */
+      sum_time += st.t_total;
+      sum_tokens += (double)st.tokens;
+      timed++;
+    }
+    if (st.step % cfg->log_interval == 0 || st.step == cfg->max_steps)
+      printf("step %*lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s\n", width, (long long)st.step,
+             (long long)cfg->max_steps, st.loss, st.lr, st.grad_norm, st.t_total * 1e3, st.tokens / st.t_total);
+    fprintf(r.metrics,
+            "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tok_s\":%.1f,"
+            "\"data_ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"ckpt_wait_ms\":%.3f}\n",
+            (long long)st.step, st.loss, st.lr, st.grad_norm, st.t_total * 1e3, st.tokens / st.t_total,
+            st.t_data * 1e3, st.t_fwd * 1e3, st.t_bwd * 1e3, st.t_opt * 1e3, st.t_ckpt_wait * 1e3);
+    fflush(r.metrics);
+    if (snapshot_due(&r, st.step)) snapshot(&r, st.step);
+    drain_ckpt_events(&r);
+    if ((cfg->eval_interval > 0 && st.step % cfg->eval_interval == 0) || st.step == cfg->max_steps) {
+      if ((rc = trainer_eval(r.t, &val))) break;
+      printf("step %*lld/%lld | val loss %.4f\n", width, (long long)st.step, (long long)cfg->max_steps, val);
+      fprintf(r.metrics, "{\"step\":%lld,\"val_loss\":%.9g}\n", (long long)st.step, val);
+      fflush(r.metrics);
+    }
+    fflush(stdout);
+  }
+  if (rc) fprintf(stderr, "transom: step %lld: %s\n", (long long)st.step + 1, tr_error());
+  /* the last state is always checkpointed: a stop or the end resumes exactly */
+  if (r.ck && r.last_snap_step != st.step) snapshot(&r, st.step);
+  ckpt_flush(r.ck);
+  drain_ckpt_events(&r);
+  if (!rc && trainer_save(r.t, r.dir)) {
+    fprintf(stderr, "transom: saving weights: %s\n", tr_error());
+    rc = 1;
+  }
+  if (stop_requested) {
+    event(&r, st.step, "stopped", "stopped by a signal");
+    printf("stopped at step %lld%s; resume with: transom run --resume %s\n", (long long)st.step,
+           r.ck ? " (checkpointed)" : "", r.dir);
+  }
+  if (timed > 0) {
+    double ms = sum_time / (double)timed * 1e3;
+    printf("done: %lld steps | %.1f ms/step | %.0f tok/s | %.2f GFLOP/s (steps %lld..%lld)\n", (long long)st.step, ms,
+           sum_tokens / sum_time, trainer_flops_per_step(r.t) / (ms * 1e-3) * 1e-9, (long long)first + 2,
+           (long long)st.step);
+  }
+  if (r.ck) {
+    ckpt_stats cs;
+    ckpt_get_stats(r.ck, &cs);
+    printf("checkpoints: %llu committed, %llu failed, %llu skipped, %llu coalesced | %.1f MiB each | training waited "
+           "%.2f ms in all\n",
+           (unsigned long long)cs.committed, (unsigned long long)cs.failed, (unsigned long long)cs.skipped,
+           (unsigned long long)cs.coalesced, cs.bytes_per_snapshot / 1048576.0, cs.stall_s * 1e3);
+  }
+  double rss = (double)tr_peak_rss(), plan = (double)trainer_planned_bytes(r.t);
+  printf("memory: peak RSS %.1f MiB | planned %.1f MiB (params, grads, AdamW, activations) | ratio %.2f\n",
+         rss / 1048576.0, plan / 1048576.0, rss / plan);
+  if (!rc && cfg->sample_tokens > 0 && !stop_requested) {
+    printf("--- sample (%lld tokens, temperature %.2f) ---\n", (long long)cfg->sample_tokens, cfg->temperature);
+    if (trainer_sample(r.t, cfg->sample_prompt, cfg->sample_tokens, (float)cfg->temperature, (uint64_t)cfg->seed,
+                       stdout)) {
+      fprintf(stderr, "transom: sample: %s\n", tr_error());
+      rc = 1;
+    }
+  }
+  printf("run directory: %s\n", r.dir);
+  close_run(&r);
+  lua_host_close(L);
+  return rc ? 1 : 0;
+}
