@@ -639,7 +639,10 @@ ckpt_reader *ckpt_reader_open(const char *dir) {
   if (!rc) rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
   if (!rc) rc = mdb_dbi_open(txn, "manifest", 0, &r->man);
   if (!rc) rc = mdb_dbi_open(txn, "data", 0, &r->data);
-  if (txn) mdb_txn_abort(txn);
+  if (txn) { /* commit, not abort: handles opened in an aborted txn are discarded */
+    int crc = rc ? (mdb_txn_abort(txn), 0) : mdb_txn_commit(txn);
+    if (!rc) rc = crc;
+  }
   if (rc) {
     mdb_fail(rc, dir);
     ckpt_reader_close(r);

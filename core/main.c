@@ -3,6 +3,7 @@
  *   transom run JOB.lua [--set key=value]...   train (one replica; run.c)
  *   transom run --resume RUN                   continue from the newest checkpoint
  *   transom sample RUN [--prompt S] [--tokens N] [--temperature X] [--seed N]
+ *   transom ckpt ls|verify|export RUN          checkpoints (ckpt/ckpt_cli.c)
  *   transom test [busted options] [spec dir]   Lua specs inside this binary
  *   transom lua SCRIPT [args]                  run a Lua script with `transom`
  *   transom version
@@ -24,6 +25,8 @@
 #include "lua_graph.h"
 #include "lua_host.h"
 #include "run.h"
+
+int ckpt_main(int argc, char **argv); /* ckpt/ckpt_cli.c */
 #include "trainer.h"
 #include "util.h"
 
@@ -178,6 +181,7 @@ static const char main_usage[] =
     "\n"
     "  run JOB.lua      train the model a job file describes\n"
     "  sample RUN       generate text from a finished run's weights\n"
+    "  ckpt ls|verify|export RUN   inspect, check and export checkpoints\n"
     "  test [DIR]       run the Lua specs inside this binary\n"
     "  lua SCRIPT       run a Lua script with the transom module\n"
     "  version          print the version\n";
@@ -190,6 +194,7 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "run") == 0) return run_main(argc - 2, argv + 2);
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
+  if (strcmp(cmd, "ckpt") == 0) return ckpt_main(argc - 2, argv + 2);
   if (strcmp(cmd, "test") == 0) return cmd_test(argc - 2, argv + 2);
   if (strcmp(cmd, "lua") == 0) return cmd_lua(argc - 2, argv + 2);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

@@ -1,0 +1,323 @@
+/* test_ckpt.c — the checkpoint engine under real faults.
+ *
+ * - laziness: the snapshot holds the values of snapshot time even though the
+ *   "optimizer" overwrites the tensors right after ckpt_wait_copy;
+ * - retention (keep_last, keep_every) and the busy policies;
+ * - bytes flipped on disk inside the newest checkpoint's data (located
+ *   through LMDB's memory map): verify names the tensor, load falls back;
+ * - a flipped manifest byte;
+ * - a full store (LMDB map size): the commit fails cleanly, older
+ *   checkpoints stay loadable, the engine keeps working;
+ * - kill -9 of a writing process at 20 random moments: the newest committed
+ *   checkpoint always verifies and holds exactly its step's data;
+ * - unwritable directories: a clear error, no crash.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <fcntl.h>
+#include <lmdb.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ckpt.h"
+#include "util.h"
+
+static char root[] = "/tmp/transom-ckpt-XXXXXX";
+
+static void store_path(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", root, name); }
+
+static void fill(float *p, int64_t n, int64_t step) {
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(step * 1000 + i % 1000);
+}
+
+static int holds_step(const float *p, int64_t n, int64_t step) {
+  for (int64_t i = 0; i < n; i++)
+    if (p[i] != (float)(step * 1000 + i % 1000)) return 0;
+  return 1;
+}
+
+static ckpt_engine *open_engine(const char *dir, int keep_last, int keep_every, int busy, size_t map) {
+  ckpt_opts o = {dir, map, keep_last, keep_every, busy};
+  ckpt_engine *e = ckpt_open(&o);
+  CHECK(e != NULL, "ckpt_open(%s): %s", dir, tr_error());
+  return e;
+}
+
+static int64_t newest(const char *dir) {
+  ckpt_reader *r = ckpt_reader_open(dir);
+  if (!r) return -1;
+  int64_t steps[256];
+  int n = ckpt_reader_steps(r, steps, 256);
+  ckpt_reader_close(r);
+  return n > 0 ? steps[n - 1] : -1;
+}
+
+static void test_lazy_copy_and_retention(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "lazy");
+  ckpt_engine *e = open_engine(dir, 2, 5, CKPT_COALESCE, 0);
+  if (!e) return;
+  enum { N = 300000 };
+  float *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * 7);
+  int64_t da[2] = {1000, 300}, db[1] = {7};
+  CHECK(ckpt_register(e, "param/a", CKPT_F32, 2, da, a) == 0, "register: %s", tr_error());
+  CHECK(ckpt_register(e, "param/b", CKPT_F32, 1, db, b) == 0, "register: %s", tr_error());
+  CHECK(ckpt_register(e, "param/b", CKPT_F32, 1, db, b) != 0, "a duplicate name must be refused");
+  for (int64_t step = 1; step <= 12; step++) {
+    fill(a, N, step);
+    fill(b, 7, step);
+    ckpt_state s = {.step = step, .data_rng = 0xabc0 + (uint64_t)step, .opt_steps = step, .config_hash = 42};
+    int rc = ckpt_snapshot(e, &s);
+    CHECK(rc >= 0, "snapshot %lld: %s", (long long)step, tr_error());
+    ckpt_wait_copy(e);
+    fill(a, N, -step); /* the optimizer changes the parameters right away */
+    ckpt_flush(e);     /* one commit at a time: retention below is exact */
+  }
+  ckpt_event ev;
+  int events = 0, failed = 0;
+  while (ckpt_poll(e, &ev)) events++, failed += !ev.ok;
+  CHECK(events == 12 && failed == 0, "12 commit events expected, got %d (%d failed)", events, failed);
+  CHECK(ckpt_register(e, "late", CKPT_F32, 1, db, b) != 0, "register after the first snapshot must be refused");
+  ckpt_close(e);
+
+  ckpt_reader *r = ckpt_reader_open(dir);
+  CHECK(r != NULL, "reader: %s", tr_error());
+  if (!r) return;
+  int64_t steps[32];
+  int n = ckpt_reader_steps(r, steps, 32);
+  CHECK(n == 4 && steps[0] == 5 && steps[1] == 10 && steps[2] == 11 && steps[3] == 12,
+        "retention keep_last=2 keep_every=5 must leave 5 10 11 12; got %d steps", n);
+  for (int i = 0; i < n; i++) {
+    CHECK(ckpt_reader_verify(r, steps[i]) == 0, "verify %lld: %s", (long long)steps[i], tr_error());
+    CHECK(ckpt_reader_read(r, steps[i], "param/a", a, sizeof(float) * N) == 0, "read: %s", tr_error());
+    CHECK(holds_step(a, N, steps[i]), "step %lld holds the values of snapshot time", (long long)steps[i]);
+  }
+  ckpt_manifest m;
+  CHECK(ckpt_reader_manifest(r, 11, &m) == 0 && m.state.data_rng == 0xabc0 + 11 && m.state.opt_steps == 11 &&
+            m.state.config_hash == 42 && m.ntensors == 2 && m.tensors[0].dim[1] == 300,
+        "manifest of step 11 carries the state and the tensor table");
+  ckpt_reader_close(r);
+  free(a);
+  free(b);
+}
+
+/* Flips one byte of `name` in checkpoint `step` of the store, on disk. */
+static int flip_tensor_byte(const char *dir, int64_t step, uint32_t tensor, size_t at, int manifest) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi dbi;
+  mdb_env_create(&env);
+  mdb_env_set_maxdbs(env, 4);
+  int rc = mdb_env_open(env, dir, MDB_RDONLY, 0644);
+  if (!rc) rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
+  if (!rc) rc = mdb_dbi_open(txn, manifest ? "manifest" : "data", 0, &dbi);
+  if (rc) {
+    fprintf(stderr, "flip: %s: %s\n", dir, mdb_strerror(rc));
+    return -1;
+  }
+  uint8_t kb[16] = {0};
+  for (int i = 0; i < 8; i++) kb[7 - i] = (uint8_t)((uint64_t)step >> (8 * i));
+  for (int i = 0; i < 4; i++) kb[11 - i] = (uint8_t)(tensor >> (8 * i));
+  MDB_val k = {manifest ? 8 : 16, kb}, v;
+  rc = mdb_get(txn, dbi, &k, &v);
+  if (rc) fprintf(stderr, "flip: get: %s\n", mdb_strerror(rc));
+  /* the file offset of the value: its address minus the map's base, which
+   * /proc/self/maps shows beside the file's name */
+  uintptr_t base = 0;
+  char line[1024], want[300];
+  snprintf(want, sizeof want, "%s/data.mdb", dir);
+  FILE *maps = fopen("/proc/self/maps", "r");
+  while (maps && fgets(line, sizeof line, maps)) {
+    unsigned long lo, hi, foff;
+    if (strstr(line, want) && sscanf(line, "%lx-%lx %*s %lx", &lo, &hi, &foff) == 3 && foff == 0 &&
+        (uintptr_t)v.mv_data >= lo && (uintptr_t)v.mv_data < hi)
+      base = lo;
+  }
+  if (maps) fclose(maps);
+  off_t off = (off_t)((uintptr_t)v.mv_data - base) + (off_t)at;
+  if (!base) rc = -1;
+  mdb_txn_abort(txn);
+  mdb_env_close(env);
+  if (rc) return -1;
+  char path[300];
+  snprintf(path, sizeof path, "%s/data.mdb", dir);
+  int fd = open(path, O_RDWR);
+  uint8_t c;
+  if (fd < 0 || pread(fd, &c, 1, off) != 1) return -1;
+  c ^= 0x5a;
+  int ok = pwrite(fd, &c, 1, off) == 1;
+  fsync(fd);
+  close(fd);
+  return ok ? 0 : -1;
+}
+
+static void test_corruption(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "corrupt");
+  ckpt_engine *e = open_engine(dir, 5, 0, CKPT_COALESCE, 0);
+  if (!e) return;
+  enum { N = 50000 };
+  float *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N);
+  int64_t d[1] = {N};
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  ckpt_register(e, "adam.m/a", CKPT_F32, 1, d, b);
+  for (int64_t step = 10; step <= 30; step += 10) {
+    fill(a, N, step);
+    fill(b, N, step + 1);
+    ckpt_state s = {.step = step, .config_hash = 7};
+    ckpt_snapshot(e, &s);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+  }
+  ckpt_close(e);
+  /* data bytes of the newest checkpoint's second tensor */
+  CHECK(flip_tensor_byte(dir, 30, 1, 12345, 0) == 0, "could not flip a byte on disk");
+  ckpt_reader *r = ckpt_reader_open(dir);
+  if (!r) return;
+  CHECK(ckpt_reader_verify(r, 30) != 0 && strstr(tr_error(), "adam.m/a") && strstr(tr_error(), "checksum"),
+        "verify must name the corrupted tensor: %s", tr_error());
+  CHECK(ckpt_reader_verify(r, 20) == 0, "step 20 is intact: %s", tr_error());
+  ckpt_target t[2] = {{"param/a", a, sizeof(float) * N}, {"adam.m/a", b, sizeof(float) * N}};
+  ckpt_state st;
+  char report[1024];
+  memset(a, 0, sizeof(float) * N);
+  int rc = ckpt_load(r, -1, t, 2, &st, report, sizeof report);
+  CHECK(rc == 0 && st.step == 20, "load falls back to step 20 (rc %d, step %lld): %s", rc, (long long)st.step,
+        tr_error());
+  CHECK(strstr(report, "skipped step 30") && strstr(report, "adam.m/a"), "the report says why: %s", report);
+  CHECK(holds_step(a, N, 20) && holds_step(b, N, 21), "the fallback's data is step 20's");
+  ckpt_reader_close(r);
+  /* a flipped manifest byte */
+  CHECK(flip_tensor_byte(dir, 20, 0, 9, 1) == 0, "could not flip a manifest byte");
+  r = ckpt_reader_open(dir);
+  CHECK(ckpt_reader_verify(r, 20) != 0 && strstr(tr_error(), "manifest"), "manifest damage: %s", tr_error());
+  rc = ckpt_load(r, -1, t, 2, &st, report, sizeof report);
+  CHECK(rc == 0 && st.step == 10, "load falls back to step 10: %s", tr_error());
+  ckpt_reader_close(r);
+  free(a);
+  free(b);
+}
+
+static void test_full_store(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "full");
+  enum { N = 1 << 20 }; /* 4 MiB a checkpoint */
+  ckpt_engine *e = open_engine(dir, 10, 0, CKPT_COALESCE, 11u << 20); /* room for about two */
+  if (!e) return;
+  float *a = malloc(sizeof(float) * N);
+  int64_t d[1] = {N};
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  int ok = 0, failed = 0;
+  char why[256] = "";
+  for (int64_t step = 1; step <= 5; step++) {
+    fill(a, N, step);
+    ckpt_state s = {.step = step};
+    CHECK(ckpt_snapshot(e, &s) >= 0, "snapshot: %s", tr_error());
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+    ckpt_event ev;
+    while (ckpt_poll(e, &ev)) {
+      if (ev.ok) ok++;
+      else failed++, snprintf(why, sizeof why, "%s", ev.what);
+    }
+  }
+  ckpt_close(e);
+  CHECK(ok >= 1 && failed >= 1, "a small store must take some and refuse some (ok %d, failed %d)", ok, failed);
+  CHECK(strstr(why, "full") != NULL, "the failure says the store is full: %s", why);
+  int64_t last = newest(dir);
+  CHECK(last == ok, "the newest committed checkpoint is step %d (found %lld)", ok, (long long)last);
+  ckpt_reader *r = ckpt_reader_open(dir);
+  for (int64_t s = 1; r && s <= ok; s++) {
+    CHECK(ckpt_reader_verify(r, s) == 0, "step %lld stays intact after the failures: %s", (long long)s, tr_error());
+    ckpt_reader_read(r, s, "param/a", a, sizeof(float) * N);
+    CHECK(holds_step(a, N, s), "step %lld data", (long long)s);
+  }
+  ckpt_reader_close(r);
+  free(a);
+}
+
+/* The child: snapshots forever, a new step every iteration. */
+static void writer_child(const char *dir, int64_t first) {
+  enum { N = 3 << 20 }; /* 12 MiB: commits take a while */
+  ckpt_opts o = {dir, 0, 3, 0, CKPT_COALESCE};
+  ckpt_engine *e = ckpt_open(&o);
+  if (!e) _exit(3);
+  float *a = malloc(sizeof(float) * N);
+  int64_t d[1] = {N};
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  for (int64_t step = first;; step++) {
+    fill(a, N, step);
+    ckpt_state s = {.step = step};
+    ckpt_snapshot(e, &s);
+    ckpt_wait_copy(e);
+  }
+}
+
+static void test_kill9(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "kill");
+  enum { N = 3 << 20 };
+  float *a = malloc(sizeof(float) * N);
+  unsigned seed = (unsigned)time(NULL);
+  srand(seed);
+  int kills = 0, verified = 0;
+  int64_t first = 1;
+  for (int round = 0; round < 20; round++) {
+    pid_t pid = fork();
+    if (pid == 0) writer_child(dir, first);
+    usleep(50000 + (useconds_t)(rand() % 400000)); /* 50..450 ms: mid-commit most of the time */
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    kills += WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    int64_t last = newest(dir);
+    if (last < 0) continue; /* killed before its first commit */
+    ckpt_reader *r = ckpt_reader_open(dir);
+    int rc = r ? ckpt_reader_verify(r, last) : -1;
+    CHECK(rc == 0, "round %d (seed %u): newest step %lld must verify: %s", round, seed, (long long)last, tr_error());
+    if (r && rc == 0 && ckpt_reader_read(r, last, "param/a", a, sizeof(float) * N) == 0) {
+      CHECK(holds_step(a, N, last), "round %d: step %lld holds its own data", round, (long long)last);
+      verified++;
+    }
+    ckpt_reader_close(r);
+    first = last + 1000; /* the next writer's steps follow on */
+  }
+  CHECK(kills == 20, "20 kill -9 expected, %d", kills);
+  CHECK(verified >= 15, "most rounds must have a committed checkpoint to check (%d of 20)", verified);
+  printf("kill -9: %d rounds, %d newest checkpoints verified (seed %u)\n", kills, verified, seed);
+  free(a);
+}
+
+static void test_unwritable(void) {
+  ckpt_opts o = {"/proc/transom-no-such/ckpt", 0, 3, 0, CKPT_COALESCE};
+  ckpt_engine *e = ckpt_open(&o);
+  CHECK(e == NULL && strlen(tr_error()) > 0, "an unwritable directory must fail clearly");
+  char file[300];
+  store_path(file, sizeof file, "plainfile");
+  FILE *f = fopen(file, "w");
+  fclose(f);
+  char under[320];
+  snprintf(under, sizeof under, "%s/ckpt", file);
+  o.dir = under;
+  e = ckpt_open(&o);
+  CHECK(e == NULL && strstr(tr_error(), "plainfile"), "a path under a file must fail naming it: %s", tr_error());
+  CHECK(ckpt_reader_open("/nonexistent-transom") == NULL, "reader of a missing store must fail");
+}
+
+int main(void) {
+  if (!mkdtemp(root)) return 1;
+  test_lazy_copy_and_retention();
+  test_corruption();
+  test_full_store();
+  test_kill9();
+  test_unwritable();
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+  return check_report("test_ckpt");
+}
