@@ -21,6 +21,13 @@ done
 ./setup.sh
 jobs=$(nproc)
 
+# Python with safetensors + numpy, for the export test (from the package index)
+if ! build/pyvenv/bin/python -c 'import safetensors, numpy' 2>/dev/null; then
+  python3 -m venv build/pyvenv
+  build/pyvenv/bin/pip install -q safetensors numpy
+fi
+export TRANSOM_PYTHON=$PWD/build/pyvenv/bin/python TRANSOM_REQUIRE_PYTHON=1
+
 echo "=== release build: C tests + Lua specs"
 (cd build && ctest --output-on-failure -j1)
 

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <sys/time.h>
 #include <time.h>
 
@@ -371,7 +372,13 @@ static int commit(ckpt_engine *e, stage_buf *b) {
   }
   free(mb.p);
   mb.p = NULL;
-  if ((mrc = mdb_txn_commit(txn))) return mdb_fail(mrc, "committing the checkpoint");
+  if ((mrc = mdb_txn_commit(txn))) {
+    struct statvfs vfs;
+    if (statvfs(e->dir, &vfs) == 0)
+      return tr_fail(TR_EIO, "committing the checkpoint: %s (%.1f MiB free on the device, %.1f MiB needed)",
+                     mdb_strerror(mrc), (double)vfs.f_bavail * vfs.f_frsize / 1048576.0, e->total / 1048576.0);
+    return mdb_fail(mrc, "committing the checkpoint");
+  }
   return TR_OK;
 abort:
   free(mb.p);

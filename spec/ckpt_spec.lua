@@ -1,0 +1,261 @@
+-- ckpt_spec.lua — checkpoints through the CLI, with real faults: kill -9 and
+-- resume (bit-identical losses), SIGTERM and resume, bytes flipped inside a
+-- stored checkpoint, a full store (LMDB map limit and a real 3 MB tmpfs), an
+-- unwritable run directory, and the safetensors export read back by Python.
+-- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
+
+local BIN = assert(os.getenv("TRANSOM_BIN"), "run through `transom test`")
+local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$")) or "."
+local CORPUS = ROOT .. "/../shared/data/tinyshakespeare.txt"
+
+local function sh(cmd)
+  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
+  local out = p:read("a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+  return out:gsub("__rc=%d+%s*$", ""), rc
+end
+
+local function sleep(s) os.execute("sleep " .. s) end
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function losses(run)
+  local t = {}
+  for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+    local step, loss = line:match('^{"step":(%d+),"loss":([^,]+),')
+    if step then t[#t + 1] = step .. "=" .. loss end
+  end
+  return t
+end
+
+local function count_lines(path)
+  local n = 0
+  for _ in (read(path) or ""):gmatch("[^\n]+") do n = n + 1 end
+  return n
+end
+
+local tmp = os.tmpname()
+os.remove(tmp)
+assert(os.execute("mkdir -p " .. tmp))
+local data = tmp .. "/corpus.txt"
+local have_corpus = read(CORPUS) ~= nil
+if have_corpus then
+  local f = io.open(data, "wb")
+  f:write(read(CORPUS):sub(1, 200000))
+  f:close()
+end
+
+-- a small GPT: 1.2 MiB of state per checkpoint, a few ms per step
+local function args(run, extra)
+  return table.concat({
+    BIN, "run", ROOT .. "/examples/shakespeare.lua", "--set data=" .. data, "--set run_dir=" .. run,
+    "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
+    "--set threads=1 --set eval_interval=0 --set eval_steps=2 --set sample_tokens=0 --set log_interval=50",
+    extra or "" }, " ")
+end
+
+-- starts a run in the background; returns its pid
+local function spawn(cmd, log)
+  local out = sh(cmd .. " > " .. log .. " 2>&1 & echo $!")
+  return assert(tonumber(out:match("(%d+)")), out)
+end
+
+-- waits (bounded) until the run's metrics have at least n lines
+local function wait_metrics(run, n)
+  for _ = 1, 300 do
+    if count_lines(run .. "/metrics.jsonl") >= n then return true end
+    sleep(0.05)
+  end
+  return false
+end
+
+describe("checkpoints", function()
+  before_each(function()
+    if not have_corpus then pending("no ../shared/data/tinyshakespeare.txt: checkpoint specs skipped") end
+  end)
+
+  it("resume after kill -9 gives the same loss sequence as an uninterrupted run", function()
+    if not have_corpus then return end
+    local a, b = tmp .. "/plain", tmp .. "/killed"
+    local opts = "--set max_steps=300 --set checkpoint.every_steps=10"
+    local _, rc = sh(args(a, opts))
+    assert.equal(0, rc)
+    local pid = spawn(args(b, opts), tmp .. "/killed.log")
+    assert.is_true(wait_metrics(b, 120), "the run never got to step 120")
+    sh("kill -9 " .. pid)
+    sleep(0.2)
+    local killed_at = #losses(b)
+    assert.is_true(killed_at < 300, "killed too late to test anything")
+    local out, rc2 = sh(BIN .. " run --resume " .. b)
+    assert.equal(0, rc2, out)
+    local resumed = tonumber(out:match("resumed from step (%d+)"))
+    assert.is_truthy(resumed, out)
+    assert.is_true(resumed <= killed_at and resumed % 10 == 0)
+    assert.same(losses(a), losses(b))
+    assert.equal(300, #losses(b))
+    assert.matches('"kind":"resume"', read(b .. "/events.jsonl"))
+  end)
+
+  it("SIGTERM checkpoints and exits 0; --resume finishes at the same step", function()
+    if not have_corpus then return end
+    local a, b = tmp .. "/plain2", tmp .. "/termed"
+    local opts = "--set max_steps=250 --set checkpoint.every_steps=100"
+    sh(args(a, opts))
+    local pid = spawn(args(b, opts), tmp .. "/termed.log")
+    assert.is_true(wait_metrics(b, 60))
+    sh("kill -TERM " .. pid)
+    local status
+    for _ = 1, 100 do
+      local out = sh("kill -0 " .. pid .. " 2>/dev/null && echo alive || echo gone")
+      if out:match("gone") then status = "gone" break end
+      sleep(0.05)
+    end
+    assert.equal("gone", status)
+    local log = read(tmp .. "/termed.log")
+    local stopped = tonumber(log:match("stopped at step (%d+)"))
+    assert.is_truthy(stopped, log)
+    assert.is_true(stopped < 250)
+    -- the stop was checkpointed even though it is not a multiple of every_steps
+    local ls = sh(BIN .. " ckpt ls " .. b)
+    assert.matches("\n%s*" .. stopped .. "%s", ls)
+    local out, rc = sh(BIN .. " run --resume " .. b)
+    assert.equal(0, rc, out)
+    assert.matches("resumed from step " .. stopped, out)
+    assert.same(losses(a), losses(b))
+  end)
+
+  it("verify names a tensor whose stored bytes were flipped; resume falls back", function()
+    if not have_corpus then return end
+    local run = tmp .. "/flipped"
+    local _, rc = sh(args(run, "--set max_steps=30 --set checkpoint.every_steps=10"))
+    assert.equal(0, rc)
+    local out, vrc = sh(BIN .. " ckpt verify " .. run)
+    assert.equal(0, vrc, out)
+    assert.matches("step 30: ok", out)
+    -- find a parameter's bytes of step 30 inside the LMDB file and flip one
+    local st = tmp .. "/step30.safetensors"
+    assert.equal(0, select(2, sh(BIN .. " ckpt export " .. run .. " --step 30 -o " .. st)))
+    local blob = read(st)
+    local hlen = string.unpack("<I8", blob)
+    local header = blob:sub(9, 8 + hlen)
+    local b0, b1 = header:match('"transformer%.h%.1%.mlp%.c_fc%.weight":{[^}]*"data_offsets":%[(%d+),(%d+)%]')
+    assert.is_truthy(b0, "tensor not in the export")
+    local mid = 8 + hlen + math.tointeger(tonumber(b0) + (tonumber(b1) - tonumber(b0)) // 2)
+    local needle = blob:sub(mid + 1, mid + 64)
+    local db = read(run .. "/ckpt/data.mdb")
+    local at = db:find(needle, 1, true)
+    assert.is_truthy(at, "the tensor's bytes are not in data.mdb")
+    local f = assert(io.open(run .. "/ckpt/data.mdb", "r+b"))
+    f:seek("set", at + 10)
+    local c = f:read(1)
+    f:seek("set", at + 10)
+    f:write(string.char(c:byte() ~ 0xff))
+    f:close()
+    out, vrc = sh(BIN .. " ckpt verify " .. run)
+    assert.equal(1, vrc, out)
+    assert.matches("step 30: CORRUPT: step 30: tensor 'param/transformer.h.1.mlp.c_fc.weight' fails its checksum", out,
+      1, true)
+    assert.matches("step 20: ok", out)
+    out, rc = sh(BIN .. " run --resume " .. run .. " --set max_steps=40")
+    assert.equal(0, rc, out)
+    assert.matches("skipped step 30", out)
+    assert.matches("resumed from step 20", out)
+  end)
+
+  it("a full store (LMDB map size) fails commits cleanly while training goes on", function()
+    if not have_corpus then return end
+    local run = tmp .. "/mapfull"
+    local out, rc = sh(args(run, "--set max_steps=60 --set checkpoint.every_steps=10 --set checkpoint.keep_last=10"
+      .. " --set checkpoint.map_mb=4"))
+    assert.equal(0, rc, out)
+    assert.matches("step 60/60", out)
+    local ev = read(run .. "/events.jsonl")
+    assert.matches('"kind":"checkpoint_failed"', ev)
+    assert.matches("full", ev)
+    assert.matches('"kind":"checkpoint"', ev) -- some fitted
+    local v, vrc = sh(BIN .. " ckpt verify " .. run)
+    assert.equal(0, vrc, v)
+    assert.matches("step 10: ok", v)
+  end)
+
+  it("a full disk (3 MB tmpfs) fails commits cleanly while training goes on", function()
+    if not have_corpus then return end
+    local mnt = tmp .. "/small"
+    os.execute("mkdir -p " .. mnt)
+    local _, mrc = sh("mount -t tmpfs -o size=3m tmpfs " .. mnt)
+    if mrc ~= 0 then
+      pending("cannot mount a tmpfs here (needs root): the LMDB map-size case above covers a full store")
+      return
+    end
+    finally(function() sh("umount " .. mnt) end)
+    local run = mnt .. "/run"
+    local out, rc = sh(args(run, "--set max_steps=60 --set checkpoint.every_steps=10 --set checkpoint.keep_last=10"))
+    assert.matches("step 60/60 | val loss", out, 1, true) -- trained to the end
+    assert.matches("free on the device", out)           -- the failure says why
+    -- the final weights may not fit either: then the exit status says so
+    if rc ~= 0 then assert.matches("saving weights", out) end
+    local ev = read(run .. "/events.jsonl")
+    assert.matches('"kind":"checkpoint_failed"', ev)
+    assert.matches('"kind":"checkpoint"', ev)
+    local v = sh(BIN .. " ckpt verify " .. run)
+    assert.matches("step 10: ok", v)
+    assert.not_matches("CORRUPT", v)
+  end)
+
+  it("an unwritable run directory is a clear error before training", function()
+    if not have_corpus then return end
+    local file = tmp .. "/plain-file"
+    io.open(file, "w"):close()
+    local out, rc = sh(args(file .. "/run", "--set max_steps=5"))
+    assert.equal(2, rc, out)
+    assert.matches("plain%-file", out)
+    assert.not_matches("step%s+1/", out)
+  end)
+
+  it("exports safetensors that Python's safetensors package reads back equal", function()
+    if not have_corpus then return end
+    local py = os.getenv("TRANSOM_PYTHON") or (ROOT .. "/build/pyvenv/bin/python")
+    local _, prc = sh(py .. " -c 'import safetensors, numpy'")
+    if prc ~= 0 then
+      if os.getenv("TRANSOM_REQUIRE_PYTHON") then error("no Python with safetensors at " .. py) end
+      pending("no Python with safetensors+numpy (./test.sh makes build/pyvenv)")
+      return
+    end
+    local run = tmp .. "/export"
+    local _, rc = sh(args(run, "--set max_steps=20 --set checkpoint.every_steps=10"))
+    assert.equal(0, rc)
+    local st = tmp .. "/exported.safetensors"
+    local out, erc = sh(BIN .. " ckpt export " .. run .. " -o " .. st)
+    assert.equal(0, erc, out)
+    assert.matches("exported step 20: 28 tensors", out)
+    -- the final weights (model.safetensors, written by the trainer at step 20)
+    -- and the checkpoint export must hold the same tensors, bit for bit
+    local script = [[
+import sys
+import numpy as np
+from safetensors.numpy import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+for k in a:
+    assert a[k].dtype == np.float32 and a[k].shape == b[k].shape, k
+    assert np.array_equal(a[k], b[k]), k
+assert a["transformer.wte.weight"].shape == (int(sys.argv[3]), 64)
+print("compared", len(a), "tensors")
+]]
+    local f = io.open(tmp .. "/cmp.py", "w")
+    f:write(script)
+    f:close()
+    local vocab = 0
+    for _ in read(run .. "/vocab.json"):match("%[(.*)%]"):gmatch("%d+") do vocab = vocab + 1 end
+    local pout, pyrc = sh(py .. " " .. tmp .. "/cmp.py " .. st .. " " .. run .. "/model.safetensors " .. vocab)
+    assert.equal(0, pyrc, pout)
+    assert.matches("compared 28 tensors", pout)
+  end)
+end)
