@@ -30,7 +30,7 @@ struct trainer {
   adamw *opt;
   lr_schedule sched;
   int tok, tgt, loss; /* tensor ids */
-  rng_t data_rng;
+  int slot; /* replica slot: selects the data stream */
   int64_t step;
   ckpt_engine *ckpt; /* not owned */
 };
@@ -173,7 +173,6 @@ trainer *trainer_create(lua_State *L, const job_config *cfg) {
   t->opt = adamw_create(t->g, &oc);
   if (!t->opt) goto fail;
   t->sched = (lr_schedule){(float)cfg->lr, (float)cfg->min_lr, cfg->warmup_steps, cfg->lr_decay_steps};
-  rng_seed(&t->data_rng, (uint64_t)cfg->seed * 2654435761u + 1);
   return t;
 fail:
   trainer_free(t);
@@ -189,10 +188,21 @@ void trainer_free(trainer *t) {
   free(t);
 }
 
-int trainer_step(trainer *t, step_stats *st) {
+/* The batch generator of (seed, slot, step): the data position is a pure
+ * function of where training is, so any replica's stream can be recomputed
+ * after a failure, a resume or a replacement without extra state. */
+static void batch_rng(const trainer *t, int64_t step, rng_t *r) {
+  rng_seed(r, (uint64_t)t->cfg.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t)(t->slot + 1) * 0xD1B54A32D192ED03ull ^
+                  (uint64_t)step * 0x94D049BB133111EBull);
+  rng_u64(r);
+}
+
+int trainer_compute_grads(trainer *t, step_stats *st) {
   const int B = (int)t->cfg.batch_size, T = (int)t->cfg.block_size;
   double t0 = tr_now();
-  dataset_batch(&t->data, SPLIT_TRAIN, &t->data_rng, B, T, graph_data(t->g, t->tok), graph_data(t->g, t->tgt));
+  rng_t r;
+  batch_rng(t, t->step, &r);
+  dataset_batch(&t->data, SPLIT_TRAIN, &r, B, T, graph_data(t->g, t->tok), graph_data(t->g, t->tgt));
   double t1 = tr_now();
   int rc = graph_forward(t->g);
   if (rc) return rc;
@@ -200,6 +210,18 @@ int trainer_step(trainer *t, step_stats *st) {
   rc = graph_backward(t->g, t->loss);
   if (rc) return rc;
   double t3 = tr_now();
+  memset(st, 0, sizeof *st);
+  st->loss = *(float *)graph_data(t->g, t->loss);
+  st->tokens = (int64_t)B * T;
+  st->t_data = t1 - t0;
+  st->t_fwd = t2 - t1;
+  st->t_bwd = t3 - t2;
+  st->t_total = t3 - t0;
+  return TR_OK;
+}
+
+int trainer_apply_grads(trainer *t, step_stats *st) {
+  double t0 = tr_now();
   float *grads = graph_grads(t->g);
   int64_t n = graph_nparams(t->g);
   float norm = grad_clip(grads, n, (float)t->cfg.grad_clip);
@@ -207,19 +229,19 @@ int trainer_step(trainer *t, step_stats *st) {
   st->t_ckpt_wait = ckpt_wait_copy(t->ckpt); /* parameters are about to change */
   adamw_step(t->opt, graph_params(t->g), grads, lr);
   graph_zero_grad(t->g);
-  double t4 = tr_now();
   t->step++;
+  double dt = tr_now() - t0;
   st->step = t->step;
-  st->loss = *(float *)graph_data(t->g, t->loss);
   st->lr = lr;
   st->grad_norm = norm;
-  st->tokens = (int64_t)B * T;
-  st->t_data = t1 - t0;
-  st->t_fwd = t2 - t1;
-  st->t_bwd = t3 - t2;
-  st->t_opt = t4 - t3;
-  st->t_total = t4 - t0;
+  st->t_opt = dt;
+  st->t_total += dt;
   return TR_OK;
+}
+
+int trainer_step(trainer *t, step_stats *st) {
+  int rc = trainer_compute_grads(t, st);
+  return rc ? rc : trainer_apply_grads(t, st);
 }
 
 int trainer_eval(trainer *t, float *val_loss) {
@@ -320,8 +342,10 @@ uint64_t trainer_config_hash(const trainer *t) {
 }
 
 void trainer_ckpt_state(const trainer *t, ckpt_state *s) {
+  rng_t r;
+  batch_rng(t, t->step, &r);
   s->step = t->step;
-  s->data_rng = t->data_rng.state;
+  s->data_rng = r.state;
   s->opt_steps = adamw_steps(t->opt);
   s->config_hash = trainer_config_hash(t);
   struct timespec ts;
@@ -366,7 +390,6 @@ int trainer_ckpt_load(trainer *t, ckpt_reader *r, int64_t step, char *report, si
     memcpy(params, scratch, sizeof(float) * (size_t)np);
     memcpy(mv, scratch + np, sizeof(float) * 2 * (size_t)np);
     t->step = st.step;
-    t->data_rng.state = st.data_rng;
     adamw_set_steps(t->opt, st.opt_steps);
   }
   for (int i = 0; i < ts.n; i++) free((char *)ts.t[i].name);
@@ -379,9 +402,15 @@ graph *trainer_graph(trainer *t) { return t->g; }
 const dataset *trainer_data(trainer *t) { return &t->data; }
 
 void trainer_get_state(const trainer *t, trainer_state *s) {
+  rng_t r;
+  batch_rng(t, t->step, &r);
   s->step = t->step;
-  s->data_rng = t->data_rng.state;
+  s->data_rng = r.state;
 }
+
+void trainer_set_slot(trainer *t, int slot) { t->slot = slot; }
+float *trainer_grads(trainer *t) { return graph_grads(t->g); }
+int64_t trainer_grads_size(const trainer *t) { return graph_nparams(t->g); }
 
 size_t trainer_planned_bytes(const trainer *t) {
   graph_sizes sz;

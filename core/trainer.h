@@ -31,7 +31,7 @@ typedef struct {
  * training is: what a checkpoint saves. */
 typedef struct {
   int64_t step;
-  uint64_t data_rng;
+  uint64_t data_rng; /* the batch generator's state for this step (derived from seed, slot, step) */
 } trainer_state;
 
 typedef struct trainer trainer;
@@ -41,7 +41,16 @@ typedef struct trainer trainer;
 trainer *trainer_create(lua_State *L, const job_config *cfg);
 void trainer_free(trainer *t);
 
+/* One step = trainer_compute_grads (batch, forward, backward) then
+ * trainer_apply_grads (clip, AdamW, step+1). A data-parallel worker
+ * all-reduces trainer_grads() between the two. */
 int trainer_step(trainer *t, step_stats *st);
+int trainer_compute_grads(trainer *t, step_stats *st);
+int trainer_apply_grads(trainer *t, step_stats *st);
+float *trainer_grads(trainer *t);
+int64_t trainer_grads_size(const trainer *t);
+/* Replica slot (default 0): each slot draws its own batches. */
+void trainer_set_slot(trainer *t, int slot);
 /* Mean loss over cfg->eval_steps validation batches (the same batches every
  * call). */
 int trainer_eval(trainer *t, float *val_loss);
