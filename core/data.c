@@ -96,8 +96,8 @@ int vocab_encode(const vocab *v, const char *text, size_t len, int32_t *out) {
     if (id < 0) {
       uint8_t c = (uint8_t)text[i];
       if (c >= 32 && c < 127)
-        return tr_fail(TR_EINVAL, "character '%c' (byte %zu of the prompt) is not in the model's vocabulary", c, i);
-      return tr_fail(TR_EINVAL, "byte 0x%02x (byte %zu of the prompt) is not in the model's vocabulary", c, i);
+        return tr_fail(TR_EINVAL, "character '%c' (byte %zu of the prompt) is not in the model's vocabulary", c, i + 1);
+      return tr_fail(TR_EINVAL, "byte 0x%02x (byte %zu of the prompt) is not in the model's vocabulary", c, i + 1);
     }
     out[i] = id;
   }

@@ -177,6 +177,13 @@ static int add_node(graph *g, op_kind op, int a, int b, int c, int ndim, const i
   return out;
 }
 
+/* Undoes a half-built node (its output and aux tensors) after a failure. */
+static int rollback(graph *g, int nt0, int nn0, int rc) {
+  g->nt = nt0;
+  g->nn = nn0;
+  return rc;
+}
+
 /* Adds an op-private activation to the last node. */
 static int add_aux(graph *g, int slot, const char *suffix, int ndim, const int64_t *dim) {
   node *n = &g->nodes[g->nn - 1];
@@ -274,8 +281,8 @@ int graph_layernorm(graph *g, int x, int w, int b) {
       (rc = check_tensor(g, b, "layernorm")) || (rc = need_f32(g, x, "layernorm")))
     return rc;
   const tensor *tx = &g->tensors[x];
-  int64_t C = tx->dim[tx->ndim - 1];
   if (tx->ndim < 1) return tr_fail(TR_EINVAL, "layernorm: input %s has no dimensions", describe(g, x));
+  int64_t C = tx->dim[tx->ndim - 1];
   for (int p = 1; p <= 2; p++) {
     int id = p == 1 ? w : b;
     const tensor *tp = &g->tensors[id];
@@ -283,10 +290,12 @@ int graph_layernorm(graph *g, int x, int w, int b) {
       return tr_fail(TR_EINVAL, "layernorm: %s %s must be a (%lld) parameter", p == 1 ? "weight" : "bias",
                      describe(g, id), (long long)C);
   }
+  int nt0 = g->nt, nn0 = g->nn;
   int out = add_node(g, OP_LAYERNORM, x, w, b, tx->ndim, tx->dim);
-  if (out < 0) return out;
+  if (out < 0) return rollback(g, nt0, nn0, out);
   int64_t n = rows_of(&g->tensors[x]);
-  if ((rc = add_aux(g, 0, "mean", 1, &n)) < 0 || (rc = add_aux(g, 1, "rstd", 1, &n)) < 0) return rc;
+  if ((rc = add_aux(g, 0, "mean", 1, &n)) < 0 || (rc = add_aux(g, 1, "rstd", 1, &n)) < 0)
+    return rollback(g, nt0, nn0, rc);
   return out;
 }
 
@@ -319,11 +328,13 @@ int graph_attention(graph *g, int qkv, int n_head) {
   if (n_head < 1 || C % n_head != 0)
     return tr_fail(TR_EINVAL, "attention: %lld channels do not split into %d heads", (long long)C, n_head);
   int64_t dim[3] = {B, T, C};
+  int nt0 = g->nt, nn0 = g->nn;
   int out = add_node(g, OP_ATTENTION, qkv, -1, -1, 3, dim);
-  if (out < 0) return out;
+  if (out < 0) return rollback(g, nt0, nn0, out);
   g->nodes[g->nn - 1].iattr = n_head;
   int64_t adim[4] = {B, n_head, T, T};
-  if ((rc = add_aux(g, 0, "att", 4, adim)) < 0 || (rc = add_aux(g, 1, "scratch", 4, adim)) < 0) return rc;
+  if ((rc = add_aux(g, 0, "att", 4, adim)) < 0 || (rc = add_aux(g, 1, "scratch", 4, adim)) < 0)
+    return rollback(g, nt0, nn0, rc);
   return out;
 }
 
@@ -338,9 +349,10 @@ int graph_cross_entropy(graph *g, int logits, int targets) {
   if (!ok)
     return tr_fail(TR_EINVAL, "cross_entropy: targets %s must be int32 with the leading dimensions of logits %s",
                    describe(g, targets), describe(g, logits));
+  int nt0 = g->nt, nn0 = g->nn;
   int out = add_node(g, OP_XENT, logits, targets, -1, 0, NULL);
-  if (out < 0) return out;
-  if ((rc = add_aux(g, 0, "probs", tl->ndim, tl->dim)) < 0) return rc;
+  if (out < 0) return rollback(g, nt0, nn0, out);
+  if ((rc = add_aux(g, 0, "probs", tl->ndim, tl->dim)) < 0) return rollback(g, nt0, nn0, rc);
   return out;
 }
 

@@ -16,6 +16,7 @@
  */
 #include <lauxlib.h>
 #include <lua.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "graph.h"
@@ -241,8 +242,16 @@ static int l_set(lua_State *L) {
   for (int64_t i = 0; i < d.size; i++) {
     lua_rawgeti(L, 3, i + 1);
     if (!lua_isnumber(L, -1)) return luaL_error(L, "set: value %d is not a number", (int)i + 1);
-    if (d.dtype == DT_I32) ((int32_t *)p)[i] = (int32_t)lua_tointeger(L, -1);
-    else ((float *)p)[i] = (float)lua_tonumber(L, -1);
+    if (d.dtype == DT_I32) {
+      int ok;
+      lua_Integer v = lua_tointegerx(L, -1, &ok); /* floats only when integral */
+      if (!ok || v < INT32_MIN || v > INT32_MAX)
+        return luaL_error(L, "set: value %d (%s) of int32 '%s' is not a 32-bit integer", (int)i + 1,
+                          lua_tostring(L, -1), d.name);
+      ((int32_t *)p)[i] = (int32_t)v;
+    } else {
+      ((float *)p)[i] = (float)lua_tonumber(L, -1);
+    }
     lua_pop(L, 1);
   }
   return 0;

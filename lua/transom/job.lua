@@ -165,8 +165,12 @@ end
 
 -- A policy file: a sandboxed chunk returning a table of defaults.
 local function load_policy(name)
-  local dir = os.getenv("TRANSOM_LUA_DIR") or package.path:match("^([^;]*)/%?%.lua")
-  local path = dir .. "/policies/" .. name .. ".lua"
+  -- TRANSOM_LUA_DIR as in lua_host.c (empty = unset), else search
+  -- package.path: its first entry is not always transom's (busted prepends)
+  local dir = os.getenv("TRANSOM_LUA_DIR")
+  local path = dir and dir ~= "" and dir .. "/policies/" .. name .. ".lua"
+    or package.searchpath("policies." .. name, package.path)
+  if not path then fail("policies/" .. name .. ".lua", nil, "cannot find the policy file on package.path") end
   local f, err = io.open(path, "rb")
   if not f then fail(path, nil, "cannot open policy file: %s", err) end
   local src = f:read("a")
@@ -225,7 +229,7 @@ function M.check(job, origin)
     if job[key] == nil then
       if f[3] ~= nil then
         job[key] = f[3]
-      elseif not f.optional then
+      elseif not f.optional and f[2] ~= "table" then -- a table field defaults to its policy file
         local source = origin(nil)
         fail(source, nil, "required key '%s' is missing (%s)", key, f[4])
       end

@@ -1,0 +1,303 @@
+-- e2e_spec.lua — end to end through the CLI: `transom run` trains a tiny GPT
+-- on 200 KB of Tiny Shakespeare, `transom sample` generates from the saved
+-- run. About 5 seconds on 2 cores (four 200-step runs at ~1 s each).
+--
+-- The corpus is ../shared/data/tinyshakespeare.txt relative to the repository
+-- root; without it every test here is pending, not failed.
+
+local job = require("transom.job")
+
+local BIN = assert(os.getenv("TRANSOM_BIN"), "TRANSOM_BIN is not set: run the specs with `transom test spec`")
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function exists(path)
+  local ok, _, code = os.rename(path, path)
+  return ok or code == 13
+end
+
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- The repository root: this file's directory's parent, made absolute.
+local function repo_root()
+  local src = debug.getinfo(1, "S").source:gsub("^@", "")
+  local dir = src:match("^(.*)/[^/]*$") or "."
+  if dir:sub(1, 1) ~= "/" then
+    local p = io.popen("pwd")
+    dir = p:read("l") .. "/" .. dir
+    p:close()
+  end
+  return dir .. "/.."
+end
+
+local CORPUS = repo_root() .. "/../shared/data/tinyshakespeare.txt"
+local SLICE = 200 * 1024
+
+-- The tiny GPT every run here uses (plus data and run_dir).
+local BASE = {
+  model = "gpt", n_layer = 2, n_head = 2, n_embd = 64, block_size = 32, batch_size = 8,
+  threads = 1, max_steps = 200, eval_interval = 100, sample_tokens = 50, log_interval = 50,
+}
+
+describe("end to end", function()
+  local dir, data, corpus_text
+  local runs = {} -- name -> {code, out, err, dir}
+
+  setup(function()
+    local f = io.open(CORPUS, "rb")
+    if f then
+      corpus_text = f:read(SLICE)
+      f:close()
+    end
+    dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. q(dir)))
+    if corpus_text then
+      data = dir .. "/shakespeare-200k.txt"
+      write(data, corpus_text)
+    end
+  end)
+
+  teardown(function()
+    if dir then os.execute("rm -rf " .. q(dir)) end
+  end)
+
+  local function need_corpus()
+    if not corpus_text then pending("no corpus at " .. CORPUS .. ": end-to-end tests skipped") end
+    assert.are.equal(SLICE, #corpus_text)
+  end
+
+  -- Runs the binary; returns exit status, stdout, stderr.
+  local function transom(...)
+    local args = {}
+    for i, a in ipairs({ ... }) do args[i] = q(a) end
+    local out, err = dir .. "/stdout", dir .. "/stderr"
+    local _, how, code = os.execute(string.format("%s %s >%s 2>%s", q(BIN), table.concat(args, " "), q(out), q(err)))
+    assert(how == "exit", "transom was killed by signal " .. tostring(code))
+    return code, read(out), read(err)
+  end
+
+  -- Writes a job file of BASE + over and runs it once per name (memoized).
+  local function run(name, over)
+    if runs[name] then return runs[name] end
+    local cfg = { data = data, run_dir = dir .. "/" .. name }
+    for k, v in pairs(BASE) do cfg[k] = v end
+    for k, v in pairs(over or {}) do cfg[k] = v end
+    local lines = { "return {" }
+    for k, v in pairs(cfg) do lines[#lines + 1] = string.format("  %s = %q,", k, v) end
+    lines[#lines + 1] = "}"
+    local path = dir .. "/" .. name .. ".lua"
+    write(path, table.concat(lines, "\n") .. "\n")
+    local code, out, err = transom("run", path)
+    runs[name] = { code = code, out = out, err = err, dir = cfg.run_dir, job = path }
+    return runs[name]
+  end
+
+  -- metrics.jsonl: step lines {step, loss (string)} and val lines {step, val}
+  local function metrics(r)
+    local steps, vals = {}, {}
+    for line in io.lines(r.dir .. "/metrics.jsonl") do
+      local step = tonumber(line:match('^{"step":(%d+),'))
+      local loss = line:match('"loss":([^,}]+)')
+      local val = line:match('"val_loss":([^,}]+)')
+      assert(step and (loss or val), "bad metrics line: " .. line)
+      if loss then steps[#steps + 1] = { step = step, loss = loss } end
+      if val then vals[#vals + 1] = { step = step, val = tonumber(val) } end
+    end
+    return steps, vals
+  end
+
+  local function mean_loss(steps, from, to)
+    local s = 0
+    for i = from, to do s = s + tonumber(steps[i].loss) end
+    return s / (to - from + 1)
+  end
+
+  local function loss_strings(steps)
+    local t = {}
+    for i, s in ipairs(steps) do t[i] = s.loss end
+    return t
+  end
+
+  -- The entropy of the corpus slice's byte frequencies: the loss of the best
+  -- model that ignores context. A model that learned anything beats it.
+  local function unigram_entropy()
+    local count = {}
+    for i = 1, #corpus_text do
+      local b = corpus_text:byte(i)
+      count[b] = (count[b] or 0) + 1
+    end
+    local h = 0
+    for _, c in pairs(count) do
+      local p = c / #corpus_text
+      h = h - p * math.log(p)
+    end
+    return h
+  end
+
+  it("trains: exits 0, logs 200 steps, and the loss falls", function()
+    need_corpus()
+    local r = run("a")
+    assert.are.equal(0, r.code, r.err .. r.out)
+    assert.is_truthy(r.out:find("step 200/200", 1, true), r.out)
+    local steps, vals = metrics(r)
+    assert.are.equal(200, #steps)
+    for i, s in ipairs(steps) do assert.are.equal(i, s.step) end
+    -- validation after steps 100 and 200 (eval_interval = 100)
+    assert.are.equal(2, #vals)
+    assert.are.same({ 100, 200 }, { vals[1].step, vals[2].step })
+
+    local first, last = mean_loss(steps, 1, 10), mean_loss(steps, 181, 200)
+    -- at init the model is near uniform over the vocabulary
+    local V = tonumber(r.out:match("vocab (%d+)"))
+    assert.is_true(math.abs(first - math.log(V)) < 0.2, string.format("first 10 steps: %.3f, log V = %.3f", first,
+      math.log(V)))
+    -- A real run drops ~1.5 nats (4.1 -> 2.6). Learning only the byte
+    -- frequencies would drop ~0.8 and end at the unigram entropy (~3.3).
+    local H = unigram_entropy()
+    assert.is_true(first - last >= 1.1, string.format("loss fell only %.3f (%.3f -> %.3f)", first - last, first, last))
+    assert.is_true(last < H - 0.3, string.format("last 20 steps %.3f, unigram entropy %.3f", last, H))
+    assert.is_true(vals[2].val < H - 0.3, string.format("val loss %.3f, unigram entropy %.3f", vals[2].val, H))
+    assert.is_true(vals[2].val < vals[1].val, "val loss did not fall from step 100 to 200")
+  end)
+
+  it("writes job.lua, vocab.json and model.safetensors", function()
+    need_corpus()
+    local r = run("a")
+    assert.are.equal(0, r.code, r.err)
+    for _, f in ipairs({ "job.lua", "vocab.json", "model.safetensors", "metrics.jsonl" }) do
+      assert.is_true(exists(r.dir .. "/" .. f), "missing " .. f)
+    end
+
+    -- job.lua: the resolved job, loadable, equal to the job file's
+    assert.are.same(job.load(r.job), job.load(r.dir .. "/job.lua"))
+
+    -- vocab.json: the slice's distinct bytes, in order
+    local seen, want = {}, {}
+    for i = 1, #corpus_text do seen[corpus_text:byte(i)] = true end
+    for b = 0, 255 do if seen[b] then want[#want + 1] = b end end
+    local got = {}
+    for b in read(r.dir .. "/vocab.json"):match('"tokens":%[([%d,]*)%]'):gmatch("%d+") do got[#got + 1] = tonumber(b) end
+    assert.are.same(want, got)
+    local V, C, T, L = #want, BASE.n_embd, BASE.block_size, BASE.n_layer
+
+    -- model.safetensors: a header naming every GPT parameter, then the data
+    local st = read(r.dir .. "/model.safetensors")
+    local hlen = string.unpack("<I8", st)
+    local header = st:sub(9, 8 + hlen)
+    assert.is_truthy(header:find('"transom.step":"200"', 1, true), header:sub(1, 200))
+    local n, elems, ends = 0, 0, {}
+    for name, shape, b, e in header:gmatch('"([^"]+)":{"dtype":"F32","shape":%[([%d,]+)%],"data_offsets":%[(%d+),(%d+)%]}') do
+      local size = 1
+      for d in shape:gmatch("%d+") do size = size * tonumber(d) end
+      assert.are.equal(4 * size, tonumber(e) - tonumber(b), name)
+      n, elems = n + 1, elems + size
+      ends[#ends + 1] = tonumber(e)
+    end
+    assert.are.equal(2 + 12 * L + 2, n)
+    assert.is_truthy(header:find('"transformer.wte.weight":{"dtype":"F32","shape":[' .. V .. ',' .. C .. ']', 1, true))
+    local nparams = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+    assert.are.equal(nparams, elems)
+    assert.is_truthy(r.out:find(nparams .. " parameters", 1, true), r.out)
+    assert.are.equal(8 + hlen + 4 * nparams, #st)
+    assert.are.equal(4 * nparams, math.max(table.unpack(ends)))
+  end)
+
+  it("is bit-reproducible for a seed (threads=1), and a new seed changes it", function()
+    need_corpus()
+    local a, b, c = run("a"), run("b"), run("c", { seed = 7 })
+    assert.are.equal(0, a.code, a.err)
+    assert.are.equal(0, b.code, b.err)
+    assert.are.equal(0, c.code, c.err)
+    local la, lb, lc = loss_strings((metrics(a))), loss_strings((metrics(b))), loss_strings((metrics(c)))
+    assert.are.equal(200, #lb)
+    assert.are.same(la, lb)
+    assert.are.equal(read(a.dir .. "/model.safetensors"), read(b.dir .. "/model.safetensors"))
+    assert.are.equal(200, #lc)
+    assert.are_not.same(la, lc)
+    assert.are_not.equal(la[1], lc[1]) -- a new seed: new init and batches from step 1
+  end)
+
+  it("samples from a saved run", function()
+    need_corpus()
+    local r = run("a")
+    assert.are.equal(0, r.code, r.err)
+    local code, out, err = transom("sample", r.dir, "--prompt", "ROMEO:", "--tokens", "40")
+    assert.are.equal(0, code, err)
+    assert.are.equal("ROMEO:", out:sub(1, 6))
+    assert.are.equal(6 + 40 + 1, #out) -- byte tokens, then a newline
+    local vocab = {}
+    for i = 1, #corpus_text do vocab[corpus_text:sub(i, i)] = true end
+    for i = 7, 46 do assert.is_true(vocab[out:sub(i, i)], "sampled a byte outside the vocabulary") end
+
+    -- the same seed gives the same text; another seed another text
+    local _, again = transom("sample", r.dir, "--prompt", "ROMEO:", "--tokens", "40")
+    assert.are.equal(out, again)
+    local _, other = transom("sample", r.dir, "--prompt", "ROMEO:", "--tokens", "40", "--seed", "99")
+    assert.are_not.equal(out, other)
+  end)
+
+  it("saves the final weights: `transom sample` repeats the run's own sample", function()
+    need_corpus()
+    local r = run("a")
+    assert.are.equal(0, r.code, r.err)
+    -- the run ends with its job's sample (prompt "\n", 50 tokens, seed, T=1)
+    local in_run = r.out:match("%-%-%- sample %(50 tokens, temperature 1%.00%) %-%-%-\n(.-)run directory:")
+    assert.is_truthy(in_run, r.out)
+    local code, out, err = transom("sample", r.dir, "--tokens", "50")
+    assert.are.equal(0, code, err)
+    assert.are.equal(1 + 50 + 1, #out)
+    assert.are.equal(in_run, out)
+  end)
+
+  it("refuses a prompt character outside the vocabulary, naming it", function()
+    need_corpus()
+    local r = run("a")
+    assert.are.equal(0, r.code, r.err)
+    local missing
+    for c in ("~#@%^{}<>|"):gmatch(".") do
+      if not corpus_text:find(c, 1, true) then missing = c break end
+    end
+    assert(missing, "every candidate character is in the corpus slice")
+    local code, out, err = transom("sample", r.dir, "--prompt", "ROMEO" .. missing, "--tokens", "10")
+    assert.are_not.equal(0, code)
+    assert.are.equal("", out)
+    assert.is_truthy(err:find("'" .. missing .. "'", 1, true), err)
+    assert.is_truthy(err:find("vocabulary", 1, true), err)
+  end)
+
+  it("rejects a data file smaller than the block size, writing nothing", function()
+    -- needs no corpus
+    local tiny = dir .. "/tiny.txt"
+    write(tiny, "First Citizen:\nBefore we\n") -- 25 bytes < block_size 32
+    local run_dir = dir .. "/tiny-run"
+    local path = dir .. "/tiny.lua"
+    write(path, string.format("return { data = %q, run_dir = %q, block_size = 32, n_layer = 1, n_head = 1, n_embd = 8 }\n",
+      tiny, run_dir))
+    local code, out, err = transom("run", path)
+    assert.are.equal(2, code, err)
+    assert.are.equal("", out)
+    assert.is_truthy(err:find("'data'", 1, true), err)
+    assert.is_truthy(err:find(tiny, 1, true), err)
+    assert.is_truthy(err:find("too small", 1, true), err)
+    assert.is_false(exists(run_dir), "a rejected job created " .. run_dir)
+
+    -- and a missing one
+    write(path, string.format("return { data = %q, run_dir = %q }\n", dir .. "/absent.txt", run_dir))
+    code, out, err = transom("run", path)
+    assert.are.equal(2, code, err)
+    assert.is_truthy(err:find("'data'", 1, true), err)
+    assert.is_false(exists(run_dir))
+  end)
+end)

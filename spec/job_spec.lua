@@ -1,0 +1,401 @@
+-- job_spec.lua — the job-file checker (lua/transom/job.lua), through the CLI
+-- (`transom run FILE`, as a subprocess) and in-process (transom.job.load).
+--
+-- Every error case points run_dir at a fresh path and asserts that the
+-- directory was not created: a bad job must write nothing.
+
+local job = require("transom.job")
+
+local BIN = assert(os.getenv("TRANSOM_BIN"), "TRANSOM_BIN is not set: run the specs with `transom test spec`")
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function exists(path)
+  local ok, _, code = os.rename(path, path)
+  return ok or code == 13 -- EACCES still means it exists
+end
+
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- Runs the binary with shell-quoted args; returns exit status, stdout, stderr.
+local function transom(dir, ...)
+  local args = {}
+  for i, a in ipairs({ ... }) do args[i] = q(a) end
+  local out, err = dir .. "/stdout", dir .. "/stderr"
+  local ok, how, code = os.execute(string.format("%s %s >%s 2>%s", q(BIN), table.concat(args, " "), q(out), q(err)))
+  assert(how == "exit", "transom was killed by signal " .. tostring(code))
+  return code, read(out), read(err)
+end
+
+describe("job files", function()
+  local dir, data, n = nil, nil, 0
+
+  setup(function()
+    dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. q(dir)))
+    data = dir .. "/data.txt"
+    write(data, string.rep("To be, or not to be, that is the question.\n", 100))
+  end)
+
+  teardown(function()
+    if dir then os.execute("rm -rf " .. q(dir)) end
+  end)
+
+  -- Writes a job file whose text is `body` with DATA and RUN_DIR replaced by
+  -- quoted paths; returns the job path and the (fresh, absent) run dir.
+  local function job_file(body, name)
+    n = n + 1
+    local path = string.format("%s/%s%d.lua", dir, name or "job", n)
+    local run_dir = string.format("%s/run%d", dir, n)
+    write(path, (body:gsub("DATA", string.format("%q", data)):gsub("RUN_DIR", string.format("%q", run_dir))))
+    return path, run_dir
+  end
+
+  -- Runs a job expected to be rejected; checks status 2, no output, no run
+  -- dir; returns stderr.
+  local function rejected(path, run_dir, ...)
+    local code, out, err = transom(dir, "run", path, ...)
+    assert.are.equal(2, code, "exit status; stderr: " .. err)
+    assert.are.equal("", out)
+    assert.is_false(exists(run_dir), "a rejected job created its run dir " .. run_dir)
+    return err
+  end
+
+  local function has(text, ...)
+    for _, s in ipairs({ ... }) do
+      assert.is_truthy(text:find(s, 1, true), string.format("expected %q in:\n%s", s, text))
+    end
+  end
+
+  it("accepts a valid job (the baseline the error cases differ from)", function()
+    -- a tiny model, one step: proves DATA/RUN_DIR substitution and the
+    -- no-run-dir assertions below are meaningful
+    local path, run_dir = job_file([[
+return {
+  data = DATA, run_dir = RUN_DIR,
+  n_layer = 1, n_head = 1, n_embd = 8, block_size = 8, batch_size = 2,
+  max_steps = 1, warmup_steps = 0, eval_interval = 0, eval_steps = 1,
+  sample_tokens = 0, threads = 1,
+}
+]])
+    local code, out, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    assert.is_truthy(out:find("step 1/1", 1, true), out)
+    assert.is_true(exists(run_dir .. "/job.lua"))
+  end)
+
+  it("rejects an unknown key with file:line:key and suggests 'lr'", function()
+    local path, run_dir = job_file([[
+-- lerning_rate = 1 in a comment does not count
+local steps = 10
+return {
+  data = DATA,
+  run_dir = RUN_DIR,
+  max_steps = steps,
+
+  lerning_rate = 1,
+}
+]])
+    local err = rejected(path, run_dir)
+    has(err, path .. ":8:", "'lerning_rate'", "did you mean 'lr'")
+  end)
+
+  it("suggests the closest field for a near miss, and nothing for a far one", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  n_layers = 2,\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "'n_layers'", "did you mean 'n_layer'")
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  xyzzy_quux_plugh = 2,\n}\n")
+    local err = rejected(path, run_dir)
+    has(err, path .. ":3:", "'xyzzy_quux_plugh'")
+    assert.is_falsy(err:find("did you mean", 1, true), err)
+  end)
+
+  it("rejects a wrong type with file:line:key", function()
+    local path, run_dir = job_file([[
+return {
+  data = DATA,
+  run_dir = RUN_DIR,
+  n_layer = "four",
+}
+]])
+    has(rejected(path, run_dir), path .. ":4:", "'n_layer'", "integer", '"four"')
+  end)
+
+  it("rejects a float where an integer is required", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  batch_size = 2.5,\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "'batch_size'", "integer")
+  end)
+
+  it("rejects out-of-range values with file:line:key", function()
+    local path, run_dir = job_file([[
+return {
+  data = DATA, run_dir = RUN_DIR,
+  sample_prompt = "n_layer = 4 would be fine",
+  n_layer = 0,
+}
+]])
+    has(rejected(path, run_dir), path .. ":4:", "'n_layer'", ">= 1", "got 0")
+
+    path, run_dir = job_file([[
+return {
+  data = DATA, run_dir = RUN_DIR,
+  beta1 = 0.9,
+  beta2 = 1.5,
+}
+]])
+    has(rejected(path, run_dir), path .. ":4:", "'beta2'", "< 1", "1.5")
+
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  lr = 0,\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "'lr'", "> 0")
+
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  lr = math.huge,\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "'lr'", "finite")
+  end)
+
+  it("rejects n_embd not divisible by n_head", function()
+    local path, run_dir = job_file([[
+return {
+  data = DATA, run_dir = RUN_DIR,
+  n_embd = 30,
+  n_head = 4,
+}
+]])
+    has(rejected(path, run_dir), path .. ":4:", "n_embd = 30", "n_head = 4")
+  end)
+
+  it("rejects fields that contradict each other", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  lr = 1e-3,\n  min_lr = 1e-2,\n}\n")
+    has(rejected(path, run_dir), path .. ":4:", "min_lr")
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  max_steps = 10,\n  warmup_steps = 50,\n}\n")
+    has(rejected(path, run_dir), path .. ":4:", "warmup_steps")
+  end)
+
+  it("requires the data key", function()
+    local path, run_dir = job_file("return {\n  run_dir = RUN_DIR,\n  n_layer = 2,\n}\n")
+    local err = rejected(path, run_dir)
+    has(err, path, "'data'", "missing")
+    assert.is_falsy(err:find("job.lua", 1, true), "an internal error leaked: " .. err)
+  end)
+
+  it("rejects a non-string key", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  'oops',\n}\n")
+    has(rejected(path, run_dir), path, "keys must be names")
+  end)
+
+  it("reports a Lua syntax error with file:line", function()
+    local path, run_dir = job_file([[
+return {
+  data = DATA, run_dir = RUN_DIR,
+  n_layer = 2
+  n_head = 2,
+}
+]])
+    has(rejected(path, run_dir), path .. ":4:")
+  end)
+
+  it("rejects reading an undefined global, naming it and the line", function()
+    local path, run_dir = job_file([[
+local layers = 2
+return {
+  data = DATA, run_dir = RUN_DIR,
+  n_layer = layers,
+  n_head = heads,
+}
+]])
+    local err = rejected(path, run_dir)
+    has(err, path .. ":5:", "undefined global 'heads'")
+  end)
+
+  it("runs in a sandbox: no io, no os.execute, no require", function()
+    local marker = dir .. "/sandbox-escaped"
+    for _, code in ipairs({
+      string.format("os.execute('touch %s')", marker),
+      string.format("io.open(%q, 'w'):close()", marker),
+      "require('os')",
+    }) do
+      local path, run_dir = job_file(code .. "\nreturn { data = DATA, run_dir = RUN_DIR }\n")
+      has(rejected(path, run_dir), path .. ":1:")
+      assert.is_false(exists(marker), code)
+    end
+  end)
+
+  it("does not let a job file change the host's libraries", function()
+    -- string.format is what the checker formats its messages with
+    local path, run_dir = job_file("string.format = nil\nreturn {\n  data = DATA, run_dir = RUN_DIR,\n  n_layer = 0,\n}\n")
+    has(rejected(path, run_dir), path .. ":4:", "'n_layer'")
+  end)
+
+  it("rejects a job file that does not return a table", function()
+    local path, run_dir = job_file("return 42\n")
+    has(rejected(path, run_dir), path, "must return a table")
+  end)
+
+  it("rejects a missing job file", function()
+    local path = dir .. "/no-such-job.lua"
+    local code, _, err = transom(dir, "run", path)
+    assert.are.equal(2, code)
+    has(err, path, "cannot open")
+  end)
+
+  it("rejects a bad --set naming the item", function()
+    local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
+    has(rejected(path, run_dir, "--set", "lerning_rate=1"), "--set lerning_rate=1", "'lerning_rate'", "'lr'")
+    has(rejected(path, run_dir, "--set", "n_layer=abc"), "--set n_layer=abc", "'n_layer'", "integer")
+    has(rejected(path, run_dir, "--set=n_layer=0"), "--set n_layer=0", ">= 1")
+    has(rejected(path, run_dir, "--set", "n_layer"), "--set n_layer", "key=value")
+  end)
+
+  it("lets --set override the file, checked by the same rules", function()
+    -- the file's bad value is replaced; the override's own error names --set
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  n_layer = 0,\n}\n")
+    local err = rejected(path, run_dir, "--set", "n_head=3")
+    has(err, path .. ":3:", "'n_layer'")
+    err = rejected(path, run_dir, "--set", "n_layer=2", "--set", "n_head=5")
+    has(err, "--set n_head=5", "n_embd = 128")
+  end)
+
+  it("checks the checkpoint table's fields with file:line", function()
+    local path, run_dir = job_file([[
+return {
+  data = DATA, run_dir = RUN_DIR,
+  checkpoint = {
+    keep_last = 2,
+    every_stepz = 5,
+  },
+}
+]])
+    has(rejected(path, run_dir), path .. ":5:", "'checkpoint.every_stepz'", "every_steps")
+
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { when_busy = 'wait' },\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "'checkpoint.when_busy'", "skip", "coalesce", '"wait"')
+
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { keep_last = 0 },\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "'checkpoint.keep_last'", ">= 1")
+
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = 100,\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "'checkpoint'", "table")
+  end)
+
+  it("checks --set checkpoint.FIELD=VALUE", function()
+    local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
+    has(rejected(path, run_dir, "--set", "checkpoint.every_steps=abc"), "--set checkpoint.every_steps=abc",
+      "'checkpoint.every_steps'", "integer")
+    has(rejected(path, run_dir, "--set", "checkpoint.nope=1"), "--set checkpoint.nope=1", "'checkpoint.nope'")
+    has(rejected(path, run_dir, "--set", "checkpoint=1"), "--set checkpoint=1", "checkpoint.FIELD=VALUE")
+    has(rejected(path, run_dir, "--set", "checkpoint.keep_last=0"), "--set checkpoint.keep_last=0", ">= 1")
+  end)
+
+  describe("transom.job in-process", function()
+    local function load_err(path, sets)
+      local ok, e = pcall(job.load, path, sets)
+      assert.is_false(ok, "expected an error")
+      assert.are.equal("table", type(e), "error should be a table, got " .. tostring(e))
+      assert.are.equal("string", type(e.msg))
+      return e
+    end
+
+    it("raises {msg, source, line} for a bad key", function()
+      local path = job_file("return {\n  data = DATA,\n\n  lerning_rate = 1,\n}\n")
+      local e = load_err(path)
+      assert.are.equal(path, e.source)
+      assert.are.equal(4, e.line)
+      assert.are.equal(path .. ":4: key 'lerning_rate' is not a job field (did you mean 'lr'?)", e.msg)
+    end)
+
+    it("raises {msg, source, line} for syntax and runtime errors", function()
+      local e = load_err(job_file("return {\n  data = DATA,\n  n_layer = = 2,\n}\n"))
+      assert.are.equal(3, e.line)
+      e = load_err(job_file("local x = 1\nlocal y = undefined_thing\nreturn { data = DATA }\n"))
+      assert.are.equal(2, e.line)
+      assert.is_truthy(e.msg:find("undefined global 'undefined_thing'", 1, true), e.msg)
+    end)
+
+    it("keeps the full path and line for a long job path", function()
+      local long = dir .. "/" .. string.rep("d", 80)
+      assert(os.execute("mkdir -p " .. q(long)))
+      local path = long .. "/job.lua"
+      write(path, "return {\n  data = nope,\n}\n")
+      local e = load_err(path)
+      assert.are.equal(2, e.line)
+      assert.are.equal(path .. ":2: undefined global 'nope'", e.msg)
+    end)
+
+    it("names the --set item as the source, with no line", function()
+      local path = job_file("return { data = DATA }\n")
+      local e = load_err(path, { "n_layer=abc" })
+      assert.are.equal("--set n_layer=abc", e.source)
+      assert.is_nil(e.line)
+      assert.is_truthy(e.msg:find("'n_layer'", 1, true), e.msg)
+    end)
+
+    it("fills defaults and applies --set with the key's type", function()
+      local path = job_file("return { data = DATA, n_layer = 3 }\n", "myjob")
+      local j = job.load(path, { "lr=0.01", "n_head=8", "sample_prompt=x=y" })
+      assert.are.equal(3, j.n_layer)
+      assert.are.equal(0.01, j.lr)
+      assert.are.equal(8, j.n_head)
+      assert.are.equal("integer", math.type(j.n_head))
+      assert.are.equal("x=y", j.sample_prompt)
+      assert.are.equal(128, j.n_embd)         -- default
+      assert.are.equal(j.max_steps, j.lr_decay_steps)
+      assert.is_truthy(j.name:match("^myjob%d+$"), j.name)
+    end)
+
+    it("fills the checkpoint table from the policy file, under the job's overrides", function()
+      local policy_path = assert(package.searchpath("policies.checkpoint", package.path))
+      local policy = assert(loadfile(policy_path, "t", {}))()
+      local j = job.load(job_file("return { data = DATA }\n"))
+      assert.are.same(policy, j.checkpoint)
+
+      j = job.load(job_file("return { data = DATA, checkpoint = { keep_last = 9 } }\n"), { "checkpoint.every_steps=7" })
+      local want = {}
+      for k, v in pairs(policy) do want[k] = v end
+      want.keep_last, want.every_steps = 9, 7
+      assert.are.same(want, j.checkpoint)
+      assert.are.equal("integer", math.type(j.checkpoint.every_steps))
+    end)
+
+    it("dump() output loads back to an equal table", function()
+      local path = job_file([[
+return {
+  data = DATA,
+  name = "round trip",
+  lr = 3e-4,
+  min_lr = 0.1 + 0.2 - 0.3,
+  temperature = 0.1 + 0.2,
+  grad_clip = 1,
+  eps = 1e-12,
+  sample_prompt = "a\"b\\c\0d\r\n\t\255 ]] .. "]]" .. [[",
+  lr_decay_steps = 777,
+  checkpoint = { every_seconds = 0.1 + 0.2, when_busy = "skip", keep_every = 1000 },
+}
+]])
+      local a = job.load(path)
+      local text = job.dump(a)
+      local again = dir .. "/dumped.lua"
+      write(again, text)
+      local b = job.load(again)
+      assert.are.same(a, b)
+      for k, v in pairs(a) do
+        assert.are.equal(math.type(v), math.type(b[k]), "type of " .. k)
+      end
+      for k, v in pairs(a.checkpoint) do
+        assert.are.equal(math.type(v), math.type(b.checkpoint[k]), "type of checkpoint." .. k)
+      end
+      assert.are.equal(0.1 + 0.2, b.checkpoint.every_seconds)
+      -- and the dump is stable
+      assert.are.equal(text, job.dump(b))
+    end)
+  end)
+end)
