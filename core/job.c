@@ -30,6 +30,7 @@ static const struct {
     SUB("checkpoint.keep_every", 'i', ckpt_keep_every, 0), SUB("checkpoint.map_mb", 'i', ckpt_map_mb, 0),
     SUB("checkpoint.every_seconds", 'n', ckpt_every_seconds, 0),
     SUB("checkpoint.when_busy", 's', ckpt_when_busy, sizeof(((job_config *)0)->ckpt_when_busy)),
+    I(replicas), I(min_replicas), I(max_replicas), S(on_failure), S(policies), N(deadline),
 };
 #undef S
 #undef I
@@ -93,6 +94,27 @@ int job_load(lua_State *L, const char *path, const char *const *sets, int nsets,
     }
     lua_pop(L, 1);
   }
+  lua_getfield(L, -1, "chaos"); /* [job, cfg, chaos] */
+  for (int i = 1; lua_istable(L, -1) && i <= (int)lua_rawlen(L, -1); i++) {
+    if (cfg->nchaos == JOB_MAX_CHAOS) {
+      lua_settop(L, top);
+      return tr_fail(TR_EINVAL, "%s: key 'chaos' has more than %d entries", path, JOB_MAX_CHAOS);
+    }
+    job_chaos *c = &cfg->chaos[cfg->nchaos++];
+    lua_rawgeti(L, -1, i); /* [.., chaos, item] */
+    lua_getfield(L, -1, "at_step");
+    c->at_step = lua_tointeger(L, -1);
+    lua_getfield(L, -2, "replica");
+    c->replica = lua_tointeger(L, -1);
+    lua_getfield(L, -3, "ms");
+    c->ms = lua_tointeger(L, -1);
+    lua_getfield(L, -4, "steps");
+    c->steps = lua_tointeger(L, -1);
+    lua_getfield(L, -5, "fault");
+    snprintf(c->fault, sizeof c->fault, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "");
+    lua_pop(L, 6);
+  }
+  lua_pop(L, 1);                                /* [job, cfg] */
   cfg->lua_ref = luaL_ref(L, LUA_REGISTRYINDEX); /* [job] */
   lua_settop(L, top);
   return TR_OK;

@@ -11,6 +11,13 @@
 #include <lua.h>
 #include <stdint.h>
 
+#define JOB_MAX_CHAOS 64
+
+typedef struct { /* one entry of the job's chaos list */
+  int64_t at_step, replica, ms, steps;
+  char fault[8];
+} job_chaos;
+
 typedef struct {
   char path[1024];   /* the job file */
   char name[128];
@@ -26,6 +33,13 @@ typedef struct {
   int64_t ckpt_every_steps, ckpt_keep_last, ckpt_keep_every, ckpt_map_mb;
   double ckpt_every_seconds;
   char ckpt_when_busy[16];
+  /* replicas and failures (the operator) */
+  int64_t replicas, min_replicas, max_replicas;
+  char on_failure[16];
+  char policies[1024];
+  double deadline;
+  job_chaos chaos[JOB_MAX_CHAOS];
+  int nchaos;
   int lua_ref; /* registry ref of the checked table */
 } job_config;
 

@@ -12,21 +12,27 @@
  * errors, main prints them and picks the exit status (0 ok, 1 runtime error,
  * 2 bad usage or bad job file).
  */
+#define _GNU_SOURCE /* memmem */
 #include <lauxlib.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include "ftar_bench.h"
 #include "job.h"
 #include "kernels.h"
 #include "lua_graph.h"
 #include "lua_host.h"
 #include "run.h"
 
-int ckpt_main(int argc, char **argv); /* ckpt/ckpt_cli.c */
+int ckpt_main(int argc, char **argv);   /* ckpt/ckpt_cli.c */
+int worker_main(int argc, char **argv); /* core/worker.c */
+int chaos_main(int argc, char **argv);  /* below */
 #include "trainer.h"
 #include "util.h"
 
@@ -172,6 +178,48 @@ static int cmd_lua(int argc, char **argv) {
   return run_lua_main(argv[0], argc - 1, argv + 1, argv[0], 1);
 }
 
+/* --- transom chaos --- */
+
+static const char chaos_usage[] =
+    "usage: transom chaos RUN FAULT SLOT     (FAULT: kill, hang, slow, nan)\n"
+    "       transom chaos RUN status\n"
+    "\n"
+    "Injects a fault into replica SLOT of the live job in RUN, through the\n"
+    "operator's control socket RUN/control.sock: kill (SIGKILL), hang\n"
+    "(SIGSTOP), slow (200 ms more per step), nan (a NaN gradient once).\n";
+
+int chaos_main(int argc, char **argv) {
+  if (argc >= 1 && is_help(argv[0])) {
+    fputs(chaos_usage, stdout);
+    return 0;
+  }
+  if (argc != 3 && !(argc == 2 && strcmp(argv[1], "status") == 0)) {
+    fputs(chaos_usage, stderr);
+    return 2;
+  }
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control.sock", argv[0]);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    fprintf(stderr, "transom chaos: cannot reach %s (is the job running?)\n", sa.sun_path);
+    return 1;
+  }
+  char line[256];
+  int n = argc == 3 ? snprintf(line, sizeof line, "chaos %s %s\n", argv[1], argv[2])
+                    : snprintf(line, sizeof line, "status\n");
+  if (write(fd, line, (size_t)n) != n) return 1;
+  shutdown(fd, SHUT_WR);
+  char buf[4096];
+  ssize_t got;
+  int err = 0;
+  while ((got = read(fd, buf, sizeof buf)) > 0) {
+    fwrite(buf, 1, (size_t)got, stdout);
+    err |= memmem(buf, (size_t)got, "error", 5) != NULL;
+  }
+  close(fd);
+  return err ? 1 : 0;
+}
+
 /* --- dispatch --- */
 
 static const char main_usage[] =
@@ -182,8 +230,11 @@ static const char main_usage[] =
     "  run JOB.lua      train the model a job file describes\n"
     "  sample RUN       generate text from a finished run's weights\n"
     "  ckpt ls|verify|export RUN   inspect, check and export checkpoints\n"
+    "  chaos RUN FAULT SLOT   inject a fault into a live job (kill, hang, slow, nan)\n"
+    "  worker           one replica (started by `run`, or by srun/torchrun)\n"
     "  test [DIR]       run the Lua specs inside this binary\n"
     "  lua SCRIPT       run a Lua script with the transom module\n"
+    "  ftar-bench       fault-tolerant all-reduce: benchmark and test driver\n"
     "  version          print the version\n";
 
 int main(int argc, char **argv) {
@@ -195,8 +246,11 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "run") == 0) return run_main(argc - 2, argv + 2);
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
   if (strcmp(cmd, "ckpt") == 0) return ckpt_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "worker") == 0) return worker_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "chaos") == 0) return chaos_main(argc - 2, argv + 2);
   if (strcmp(cmd, "test") == 0) return cmd_test(argc - 2, argv + 2);
   if (strcmp(cmd, "lua") == 0) return cmd_lua(argc - 2, argv + 2);
+  if (strcmp(cmd, "ftar-bench") == 0) return ftar_bench_main(argc - 2, argv + 2);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     printf("transom %s\n", TRANSOM_VERSION);
     return 0;

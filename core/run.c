@@ -24,6 +24,7 @@
 #include "kernels.h"
 #include "lua_graph.h"
 #include "lua_host.h"
+#include "operator.h"
 #include "run.h"
 #include "trainer.h"
 #include "util.h"
@@ -37,6 +38,7 @@ static void on_stop(int sig) {
 static const char run_usage[] =
     "usage: transom run JOB.lua [--set key=value]...\n"
     "       transom run --resume RUN [--set key=value]...\n"
+    "       transom run JOB.lua --replicas N   (same as --set replicas=N)\n"
     "\n"
     "Trains the model the job file describes. The job file returns a table;\n"
     "every key is checked. --set overrides any key (repeatable; nested keys\n"
@@ -175,6 +177,36 @@ static int open_ckpt(run_ctx *r) {
   return rc;
 }
 
+/* --- several replicas: the operator --- */
+
+static int run_replicas(lua_State *L, run_ctx *r, int resume) {
+  char path[PATH_MAX];
+  char *dump = job_dump(L, &r->cfg);
+  int rc = dump ? tr_mkdirs(r->dir) : TR_ENOMEM;
+  if (!rc && resume) {
+    path_in(r, "ckpt/data.mdb", path, sizeof path);
+    if (access(path, R_OK) != 0) rc = tr_fail(TR_EINVAL, "resume: no checkpoint store in %s/ckpt", r->dir);
+  }
+  if (!rc) {
+    path_in(r, "job.lua", path, sizeof path);
+    rc = tr_write_file_atomic(path, dump, strlen(dump));
+  }
+  if (!rc && !resume) rc = trainer_save(r->t, r->dir); /* vocabulary, initial weights */
+  free(dump);
+  trainer_free(r->t); /* the operator does not train: the workers do */
+  r->t = NULL;
+  if (rc) {
+    fprintf(stderr, "transom: run directory: %s\n", tr_error());
+    return 2;
+  }
+  printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, r->cfg.path, r->dir);
+  rc = operator_run(L, &r->cfg, r->dir, resume);
+  if (rc) fprintf(stderr, "transom: %s\n", tr_error());
+  printf("run directory: %s\n", r->dir);
+  lua_host_close(L);
+  return rc ? 1 : 0;
+}
+
 /* --- the command --- */
 
 static void close_run(run_ctx *r) {
@@ -202,6 +234,10 @@ int run_main(int argc, char **argv) {
       sets[nsets++] = argv[++i];
     } else if (strncmp(argv[i], "--set=", 6) == 0) {
       sets[nsets++] = argv[i] + 6;
+    } else if (strcmp(argv[i], "--replicas") == 0 && i + 1 < argc) {
+      static char rep[64];
+      snprintf(rep, sizeof rep, "replicas=%s", argv[++i]);
+      sets[nsets++] = rep;
     } else if (strcmp(argv[i], "--resume") == 0 && i + 1 < argc) {
       resume = argv[++i];
     } else if (argv[i][0] == '-') {
@@ -257,6 +293,7 @@ int run_main(int argc, char **argv) {
     for (int i = 2; access(r.dir, F_OK) == 0 && i < 1000; i++)
       snprintf(r.dir, sizeof r.dir, "runs/%s-%s-%d", r.cfg.name, stamp, i);
   }
+  if (r.cfg.replicas > 1) return run_replicas(L, &r, resume != NULL);
   /* everything that can fail before training, before anything is written */
   char path[PATH_MAX];
   char *dump = job_dump(L, &r.cfg);

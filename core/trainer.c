@@ -409,6 +409,24 @@ void trainer_get_state(const trainer *t, trainer_state *s) {
 }
 
 void trainer_set_slot(trainer *t, int slot) { t->slot = slot; }
+
+void trainer_buffers_get(trainer *t, trainer_buffers *b) {
+  b->n = graph_nparams(t->g);
+  b->params = graph_params(t->g);
+  b->m = adamw_state(t->opt);
+  b->v = b->m + b->n;
+  b->step = t->step;
+  b->opt_steps = adamw_steps(t->opt);
+}
+
+void trainer_set_progress(trainer *t, int64_t step, int64_t opt_steps) {
+  t->step = step;
+  adamw_set_steps(t->opt, opt_steps);
+}
+
+uint32_t trainer_param_crc(trainer *t) {
+  return ckpt_crc32c(0, graph_params(t->g), sizeof(float) * (size_t)graph_nparams(t->g));
+}
 float *trainer_grads(trainer *t) { return graph_grads(t->g); }
 int64_t trainer_grads_size(const trainer *t) { return graph_nparams(t->g); }
 

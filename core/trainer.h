@@ -49,6 +49,15 @@ int trainer_compute_grads(trainer *t, step_stats *st);
 int trainer_apply_grads(trainer *t, step_stats *st);
 float *trainer_grads(trainer *t);
 int64_t trainer_grads_size(const trainer *t);
+/* Direct access to the training state (catch-up of a joining replica). */
+typedef struct {
+  float *params, *m, *v; /* n floats each */
+  int64_t n, step, opt_steps;
+} trainer_buffers;
+void trainer_buffers_get(trainer *t, trainer_buffers *b);
+void trainer_set_progress(trainer *t, int64_t step, int64_t opt_steps);
+/* CRC32C of the parameters (replicas must agree bit for bit). */
+uint32_t trainer_param_crc(trainer *t);
 /* Replica slot (default 0): each slot draws its own batches. */
 void trainer_set_slot(trainer *t, int slot);
 /* Mean loss over cfg->eval_steps validation batches (the same batches every

@@ -25,6 +25,16 @@ local CHECKPOINT = {
   { "map_mb", "integer", nil, "LMDB map size in MiB (0 = automatic)", min = 0 },
 }
 
+local CHAOS = {
+  { "at_step", "integer", nil, "inject when the replica reaches this step", min = 1 },
+  { "replica", "integer", nil, "replica slot", min = 0 },
+  { "fault", "string", nil, "kill | hang | slow | nan", enum = { "kill", "hang", "slow", "nan" } },
+  { "ms", "integer", 200, "slow: extra milliseconds per step", min = 0 },
+  { "steps", "integer", 0, "slow, nan: for how many steps (0 = slow: until the end, nan: once)", min = 0 },
+}
+
+local check_list
+
 local SCHEMA = {
   { "name", "string", nil, "job name (default: the job file's name)", optional = true },
   { "model", "string", "gpt", "model: a file in lua/models/ (gpt, mlp) or a path to a .lua file" },
@@ -56,6 +66,16 @@ local SCHEMA = {
   { "temperature", "number", 1.0, "sampling temperature", gt = 0 },
   { "checkpoint", "table", nil, "checkpoint policy overrides (defaults: lua/policies/checkpoint.lua)",
     fields = CHECKPOINT, policy = "checkpoint" },
+  { "replicas", "integer", 1, "data-parallel replicas (worker processes) on this host", min = 1, max = 256 },
+  { "min_replicas", "integer", 1, "below this many live replicas training pauses for replacements", min = 1,
+    max = 256 },
+  { "max_replicas", "integer", nil, "most replicas at once (default: replicas)", min = 1, max = 256, optional = true },
+  { "on_failure", "string", "replace", "replace (only the failed replica) or restart_all (stop everything, reload "
+    .. "the last checkpoint: what torchrun does)", enum = { "replace", "restart_all" } },
+  { "deadline", "number", 3.0, "seconds a silent or stalled replica is tolerated before it is dropped", gt = 0 },
+  { "policies", "string", nil, "directory of policy files (default: transom's lua/policies)", optional = true },
+  { "chaos", "list", nil, "faults to inject: { {at_step = 50, replica = 1, fault = \"kill\"}, ... }",
+    optional = true, fields = CHAOS },
 }
 
 M.SCHEMA = SCHEMA
@@ -183,6 +203,37 @@ local function load_policy(name)
   return t, path, src
 end
 
+-- Checks a list of tables (chaos): every item against the field's schema.
+check_list = function(f, v, at)
+  local key = f[1]
+  if type(v) ~= "table" then at(key)("key '%s' must be a list of tables, got %s", key, describe(v)) end
+  local fields = by_key(f.fields)
+  local out = {}
+  for k in pairs(v) do
+    if math.type(k) ~= "integer" or k < 1 or k > #v then at(key)("key '%s' must be a list (1..n), found key %s", key,
+        tostring(k)) end
+  end
+  for i, item in ipairs(v) do
+    if type(item) ~= "table" then at(key)("%s[%d] must be a table, got %s", key, i, describe(item)) end
+    local o = {}
+    for k, x in pairs(item) do
+      if type(k) ~= "string" or not fields[k] then
+        at(type(k) == "string" and k or key)("%s[%d]: '%s' is not a %s field", key, i, tostring(k), key)
+      end
+      o[k] = x
+    end
+    for _, sf in ipairs(f.fields) do
+      if o[sf[1]] == nil then
+        if sf[3] == nil then at(key)("%s[%d]: '%s' is missing (%s)", key, i, sf[1], sf[4]) end
+        o[sf[1]] = sf[3]
+      end
+      check_value(setmetatable({ key .. "[" .. i .. "]." .. sf[1] }, { __index = sf }), o[sf[1]], at(sf[1]))
+    end
+    out[i] = o
+  end
+  return out
+end
+
 -- Checks a table-valued field: policy defaults, then the job's overrides.
 local function check_table(f, v, at)
   local key = f[1]
@@ -236,11 +287,25 @@ function M.check(job, origin)
     end
     if f[2] == "table" then
       job[key] = check_table(f, job[key], at)
+    elseif f[2] == "list" and job[key] ~= nil then
+      job[key] = check_list(f, job[key], at)
     elseif job[key] ~= nil then
       check_value(f, job[key], at(key))
     end
   end
   -- fields that constrain each other
+  job.max_replicas = job.max_replicas or job.replicas
+  if job.replicas > job.max_replicas then
+    at("max_replicas")("max_replicas = %d is below replicas = %d", job.max_replicas, job.replicas)
+  end
+  if job.min_replicas > job.replicas then
+    at("min_replicas")("min_replicas = %d is above replicas = %d", job.min_replicas, job.replicas)
+  end
+  for i, c in ipairs(job.chaos or {}) do
+    if c.replica >= job.max_replicas then
+      at("replica")("chaos[%d]: replica %d does not exist (slots 0..%d)", i, c.replica, job.max_replicas - 1)
+    end
+  end
   if job.n_embd % job.n_head ~= 0 then
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)
   end
@@ -357,7 +422,15 @@ function M.dump(job)
       end
       return tostring(x)
     end
-    if type(v) == "table" then
+    if type(v) == "table" and f[2] == "list" then
+      local items = {}
+      for _, item in ipairs(v) do
+        local parts = {}
+        for _, sf in ipairs(f.fields) do parts[#parts + 1] = string.format("%s = %s", sf[1], lit(item[sf[1]])) end
+        items[#items + 1] = "{ " .. table.concat(parts, ", ") .. " }"
+      end
+      out[#out + 1] = string.format("  %s = { %s },\n", f[1], table.concat(items, ", "))
+    elseif type(v) == "table" then
       local parts = {}
       for _, sf in ipairs(f.fields) do
         if v[sf[1]] ~= nil then parts[#parts + 1] = string.format("%s = %s", sf[1], lit(v[sf[1]])) end

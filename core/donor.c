@@ -1,0 +1,274 @@
+/* donor.c — state snapshot + gradient history for joining replicas (see
+ * donor.h). */
+#include "donor.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "util.h"
+
+struct donor {
+  trainer *t;
+  int64_t n; /* parameters */
+  int lfd;
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stop;
+  /* snapshot */
+  int snap_req, snap_ready;
+  float *snap; /* params | m | v: 3n */
+  int64_t snap_step, snap_opt;
+  /* history of reduced gradients: ring of cap entries */
+  int hist_on, cap;
+  float **ring;
+  int64_t *ring_step;
+  int64_t first, last; /* steps held: first..last (last < first: none) */
+};
+
+void donor_record(donor *d, int64_t step, const float *grads) {
+  if (!d) return;
+  pthread_mutex_lock(&d->mu);
+  if (d->hist_on && step == d->last + 1) {
+    int slot = (int)(step % d->cap);
+    if (!d->ring[slot]) d->ring[slot] = malloc(sizeof(float) * (size_t)d->n);
+    if (d->ring[slot]) {
+      memcpy(d->ring[slot], grads, sizeof(float) * (size_t)d->n);
+      d->ring_step[slot] = step;
+      d->last = step;
+      if (d->last - d->first >= d->cap) d->first = d->last - d->cap + 1;
+      pthread_cond_broadcast(&d->cv);
+    }
+  }
+  pthread_mutex_unlock(&d->mu);
+}
+
+void donor_boundary(donor *d) {
+  if (!d) return;
+  pthread_mutex_lock(&d->mu);
+  if (d->snap_req && !d->snap_ready) {
+    trainer_buffers b;
+    trainer_buffers_get(d->t, &b);
+    memcpy(d->snap, b.params, sizeof(float) * (size_t)d->n);
+    memcpy(d->snap + d->n, b.m, sizeof(float) * (size_t)d->n);
+    memcpy(d->snap + 2 * d->n, b.v, sizeof(float) * (size_t)d->n);
+    d->snap_step = b.step;
+    d->snap_opt = b.opt_steps;
+    d->snap_ready = 1;
+    d->hist_on = 1;
+    d->first = b.step + 1;
+    d->last = b.step;
+    pthread_cond_broadcast(&d->cv);
+  }
+  pthread_mutex_unlock(&d->mu);
+}
+
+static void end_session(donor *d) {
+  pthread_mutex_lock(&d->mu);
+  d->snap_req = d->snap_ready = 0;
+  d->hist_on = 0;
+  pthread_mutex_unlock(&d->mu);
+}
+
+/* Serves one joiner connection until it leaves. */
+static void serve(donor *d, int fd) {
+  proto_reader r = {.fd = fd};
+  char line[PROTO_LINE_MAX];
+  while (!d->stop && proto_read(&r, line, sizeof line, 1000) >= 0) {
+    if (line[0] == 0 && r.len == 0) continue;
+    if (proto_is(line, "SNAP")) {
+      pthread_mutex_lock(&d->mu);
+      d->snap_req = 1;
+      d->snap_ready = 0;
+      while (!d->snap_ready && !d->stop) pthread_cond_wait(&d->cv, &d->mu);
+      pthread_mutex_unlock(&d->mu);
+      if (d->stop) break;
+      if (proto_send(fd, "SNAP step=%lld opt_steps=%lld n=%lld", (long long)d->snap_step, (long long)d->snap_opt,
+                     (long long)d->n) ||
+          net_send_all(fd, d->snap, sizeof(float) * 3 * (size_t)d->n))
+        break;
+    } else if (proto_is(line, "GRADS")) {
+      int64_t from = proto_int(line, "from", -1);
+      pthread_mutex_lock(&d->mu);
+      /* wait briefly for the step to be recorded: the group may be mid-step */
+      double t_end = tr_now() + 0.2;
+      while (d->hist_on && from > d->last && tr_now() < t_end && !d->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10 * 1000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+      }
+      int gone = !d->hist_on || from < d->first;
+      int64_t last = d->last;
+      pthread_mutex_unlock(&d->mu);
+      if (gone) {
+        if (proto_send(fd, "GONE first=%lld", (long long)d->first)) break;
+        continue;
+      }
+      int64_t count = from <= last ? last - from + 1 : 0;
+      if (proto_send(fd, "GRADS first=%lld count=%lld", (long long)from, (long long)count)) break;
+      int bad = 0;
+      for (int64_t s = from; s <= last && !bad; s++) {
+        /* the ring slot of s is not rewritten while s >= first (the writer
+         * only advances after wrapping cap steps past it) */
+        bad = net_send_all(fd, d->ring[s % d->cap], sizeof(float) * (size_t)d->n) != 0;
+      }
+      if (bad) break;
+    } else if (proto_is(line, "BYE")) {
+      break;
+    }
+  }
+  end_session(d);
+}
+
+static void *donor_main(void *arg) {
+  donor *d = arg;
+  while (!d->stop) {
+    struct pollfd p = {d->lfd, POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    int fd = accept(d->lfd, NULL, NULL);
+    if (fd < 0) continue;
+    serve(d, fd);
+    close(fd);
+  }
+  return NULL;
+}
+
+donor *donor_start(const char *host, trainer *t, int history, int *port) {
+  donor *d = calloc(1, sizeof *d);
+  if (!d) {
+    tr_fail(TR_ENOMEM, "out of memory");
+    return NULL;
+  }
+  d->t = t;
+  d->n = trainer_grads_size(t);
+  d->cap = history < 2 ? 2 : history;
+  d->snap = tr_alloc_aligned(sizeof(float) * 3 * (size_t)d->n);
+  d->ring = calloc((size_t)d->cap, sizeof(float *));
+  d->ring_step = calloc((size_t)d->cap, sizeof(int64_t));
+  pthread_mutex_init(&d->mu, NULL);
+  pthread_cond_init(&d->cv, NULL);
+  d->lfd = -1;
+  if (!d->snap || !d->ring || !d->ring_step) {
+    tr_fail(TR_ENOMEM, "out of memory for the donor's buffers");
+    goto fail;
+  }
+  d->lfd = net_listen(host, 0, port);
+  if (d->lfd < 0) goto fail;
+  if (pthread_create(&d->th, NULL, donor_main, d) != 0) {
+    tr_fail(TR_ENOMEM, "cannot start the donor thread");
+    close(d->lfd);
+    d->lfd = -1;
+    goto fail;
+  }
+  return d;
+fail:
+  tr_free_aligned(d->snap);
+  free(d->ring);
+  free(d->ring_step);
+  free(d);
+  return NULL;
+}
+
+void donor_stop(donor *d) {
+  if (!d) return;
+  pthread_mutex_lock(&d->mu);
+  d->stop = 1;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+  pthread_join(d->th, NULL);
+  close(d->lfd);
+  for (int i = 0; i < d->cap; i++) free(d->ring[i]);
+  free(d->ring);
+  free(d->ring_step);
+  tr_free_aligned(d->snap);
+  pthread_mutex_destroy(&d->mu);
+  pthread_cond_destroy(&d->cv);
+  free(d);
+}
+
+/* --- joiner side --- */
+
+int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fdp) {
+  int fd = net_connect(host, port, 10.0);
+  if (fd < 0) return fd;
+  proto_reader r = {.fd = fd};
+  char line[PROTO_LINE_MAX];
+  trainer_buffers b;
+  trainer_buffers_get(t, &b);
+  int rc = proto_send(fd, "SNAP");
+  if (!rc) rc = proto_read(&r, line, sizeof line, 60000) == 1 ? 0 : tr_fail(TR_EIO, "donor: no snapshot");
+  if (!rc && (!proto_is(line, "SNAP") || proto_int(line, "n", -1) != b.n))
+    rc = tr_fail(TR_EFORMAT, "donor: unexpected reply '%.80s' (model size %lld)", line, (long long)b.n);
+  /* the reader may hold the first bytes of the payload */
+  size_t bytes = sizeof(float) * 3 * (size_t)b.n, have = rc ? 0 : r.len;
+  float *tmp = rc ? NULL : tr_alloc_aligned(bytes);
+  if (!rc && !tmp) rc = tr_fail(TR_ENOMEM, "out of memory");
+  if (!rc) {
+    memcpy(tmp, r.buf, have);
+    rc = net_recv_all(fd, (char *)tmp + have, bytes - have);
+  }
+  if (!rc) {
+    memcpy(b.params, tmp, sizeof(float) * (size_t)b.n);
+    memcpy(b.m, tmp + b.n, sizeof(float) * (size_t)b.n);
+    memcpy(b.v, tmp + 2 * b.n, sizeof(float) * (size_t)b.n);
+    trainer_set_progress(t, proto_int(line, "step", 0), proto_int(line, "opt_steps", 0));
+  }
+  tr_free_aligned(tmp);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  *fdp = fd;
+  return TR_OK;
+}
+
+int donor_catch_up(int fd, trainer *t, int64_t until) {
+  int applied = 0;
+  trainer_buffers b;
+  char line[PROTO_LINE_MAX];
+  for (;;) {
+    trainer_buffers_get(t, &b);
+    if (until > 0 && b.step >= until) return applied;
+    int rc = proto_send(fd, "GRADS from=%lld", (long long)b.step + 1);
+    proto_reader r = {.fd = fd};
+    if (!rc) rc = proto_read(&r, line, sizeof line, 60000) == 1 ? 0 : tr_fail(TR_EIO, "donor: no reply");
+    if (rc) return rc;
+    if (proto_is(line, "GONE")) return tr_fail(TR_ESTATE, "donor: history starts at step %lld, after ours",
+                                                (long long)proto_int(line, "first", -1));
+    int64_t count = proto_int(line, "count", -1);
+    if (!proto_is(line, "GRADS") || count < 0) return tr_fail(TR_EFORMAT, "donor: unexpected reply");
+    if (count == 0) return applied;
+    float *g = trainer_grads(t);
+    size_t have = r.len; /* payload bytes already buffered */
+    for (int64_t k = 0; k < count; k++) {
+      size_t bytes = sizeof(float) * (size_t)b.n, take = have < bytes ? have : bytes;
+      memcpy(g, r.buf + (r.len - have), take);
+      have -= take;
+      if ((rc = net_recv_all(fd, (char *)g + take, bytes - take))) return rc;
+      step_stats st = {0};
+      if ((rc = trainer_apply_grads(t, &st))) return rc;
+      applied++;
+      if (until > 0 && st.step >= until) {
+        /* drain the rest of this reply so the stream stays in step */
+        for (int64_t j = k + 1; j < count; j++)
+          if ((rc = net_recv_all(fd, g, bytes))) return rc;
+        return applied;
+      }
+    }
+  }
+}
+
+void donor_close(int fd) {
+  if (fd < 0) return;
+  proto_send(fd, "BYE");
+  close(fd);
+}

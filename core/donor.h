@@ -1,0 +1,48 @@
+/* donor.h — catch-up for a joining replica, served by a healthy one.
+ *
+ * Every worker runs a donor: a listener thread that a replacement connects
+ * to. On "SNAP" the donor's training thread copies its state (parameters,
+ * AdamW moments, step) into a side buffer at the next step boundary — one
+ * memcpy, the only work the training thread does for the joiner — and from
+ * then on records each step's all-reduced gradient in a bounded history. The
+ * listener thread streams the snapshot and then, on "GRADS from=S", the
+ * recorded gradients from step S on. The joiner replays them (clip + AdamW
+ * are deterministic), so it reaches the group's parameters bit for bit
+ * without the others ever waiting for it. "BYE" (or a closed connection)
+ * ends the recording.
+ *
+ * Wire format (after a text header line): raw little-endian float32 arrays.
+ * Threads: donor_record/donor_boundary from the training thread only; the
+ * rest runs on the donor's own thread.
+ */
+#ifndef TRANSOM_DONOR_H
+#define TRANSOM_DONOR_H
+
+#include <stdint.h>
+
+#include "trainer.h"
+
+typedef struct donor donor;
+
+/* Starts listening on host (port 0 = any). history = most steps kept. */
+donor *donor_start(const char *host, trainer *t, int history, int *port);
+void donor_stop(donor *d);
+
+/* Training thread: the all-reduced gradient of `step` (before clipping). */
+void donor_record(donor *d, int64_t step, const float *grads);
+/* Training thread, after the optimizer: serve a pending snapshot request. */
+void donor_boundary(donor *d);
+
+/* --- the joiner's side --- */
+
+/* Loads a snapshot from the donor at host:port into t. Keeps the connection
+ * open in *fd for donor_fetch. */
+int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fd);
+/* Replays the donor's recorded gradients after t's step until none is newer
+ * (or until `until` steps are reached if until > 0); returns the number of
+ * steps applied, or a negative error (TR_ESTATE if the donor's history no
+ * longer reaches back to t's step: fetch a new snapshot). */
+int donor_catch_up(int fd, trainer *t, int64_t until);
+void donor_close(int fd);
+
+#endif

@@ -1,0 +1,761 @@
+/* operator.c — `transom run` with replicas > 1: the operator (after
+ * TRANSOM's TOL and FT-HSDP). It hosts the FTAR coordinator on its libevent
+ * loop, spawns one `transom worker` per replica slot, supervises them, and
+ * keeps the job training through failures:
+ *
+ *   - a replica that exits, crashes or is killed: the survivors go on (FTAR
+ *     drops it and redoes the step among them); the restart policy
+ *     (lua/policies/restart.lua) decides on a replacement, which catches up
+ *     from a healthy donor and joins at a step boundary;
+ *   - every replica gone: all restart from the newest committed checkpoint;
+ *   - on_failure = "restart_all": the torchrun baseline (stop everything,
+ *     reload the last checkpoint), for comparison;
+ *   - SIGTERM/SIGINT: every replica finishes the same step, the leader
+ *     checkpoints it, exit 0; `--resume` carries on;
+ *   - chaos: the job's fault list, and `transom chaos RUN FAULT SLOT` over
+ *     RUN/control.sock.
+ *
+ * Logs: metrics.jsonl (one line per replica per step), events.jsonl (every
+ * failure, decision and membership change), worker-K.log (each replica's
+ * stderr). Single-threaded: everything runs on the event loop.
+ */
+#define _GNU_SOURCE /* struct ucred, SO_PEERCRED */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <fcntl.h>
+#include <lauxlib.h>
+#include <limits.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ftar.h"
+#include "job.h"
+#include "lua_host.h"
+#include "operator.h"
+#include "proto.h"
+#include "util.h"
+
+#define MAX_SLOTS 256
+#define STEP_RING 256
+
+typedef enum { SLOT_EMPTY, SLOT_STARTING, SLOT_RUNNING, SLOT_DONE, SLOT_DEAD, SLOT_WAITING } slot_state;
+static const char *slot_names[] = {"empty", "starting", "running", "done", "dead", "waiting"};
+
+typedef struct op op;
+
+typedef struct {
+  op *o;
+  int slot;
+  slot_state state;
+  pid_t pid;
+  struct bufferevent *bev;
+  char mode[16];        /* start | resume | join */
+  char donor[64];       /* its donor service, host:port */
+  int64_t step;
+  int restarts;
+  struct event *timer;  /* pending replacement */
+  double started, ready_at;
+  uint32_t crc;
+  int done;
+} slot;
+
+typedef struct {
+  int64_t step;
+  int count, expect;
+  double loss, ms, tok_s;
+} step_acc;
+
+struct op {
+  job_config *cfg;
+  lua_State *L;
+  const char *dir, *self;
+  struct event_base *base;
+  ftar_coord *coord;
+  struct evconnlistener *lis, *ctl;
+  int port, threads, nslots;
+  slot slots[MAX_SLOTS];
+  FILE *metrics, *events, *coord_log;
+  int policy_ref, state_ref; /* restart policy module and its state table */
+  int restarts_total, restart_all_pending, stopping, finished, exit_code;
+  int64_t best_step, stop_at;
+  int *chaos_fired;
+  step_acc acc[STEP_RING];
+  double t0, lost_s;
+  int width;
+};
+
+/* --- logs --- */
+
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+static void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...) {
+  char detail[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  fprintf(o->events, "{\"time\":%.3f,\"step\":%lld,\"worker\":%d,\"kind\":", ts.tv_sec + ts.tv_nsec * 1e-9,
+          (long long)step, worker);
+  json_str(o->events, kind);
+  fprintf(o->events, ",\"detail\":");
+  json_str(o->events, detail);
+  fprintf(o->events, "}\n");
+  fflush(o->events);
+  if (strcmp(kind, "checkpoint") != 0 && strcmp(kind, "membership") != 0)
+    printf("[operator] %s: %s (step %lld)\n", kind, detail, (long long)step);
+  fflush(stdout);
+}
+
+static int live_count(op *o) {
+  int n = 0;
+  for (int i = 0; i < o->nslots; i++) n += o->slots[i].state == SLOT_STARTING || o->slots[i].state == SLOT_RUNNING;
+  return n;
+}
+
+/* --- the restart policy (Lua) --- */
+
+static int load_policy(op *o) {
+  char path[PATH_MAX];
+  const char *dir = o->cfg->policies[0] ? o->cfg->policies : NULL;
+  if (dir) snprintf(path, sizeof path, "%s/restart.lua", dir);
+  else snprintf(path, sizeof path, "%s/policies/restart.lua", lua_host_dir());
+  lua_State *L = o->L;
+  /* sandbox: pure functions only */
+  if (luaL_loadfile(L, path) != LUA_OK) {
+    int rc = tr_fail(TR_ELUA, "restart policy: %s", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    return rc;
+  }
+  lua_newtable(L); /* [chunk, env] */
+  static const char *const allowed[] = {"math", "string", "table", "ipairs", "pairs", "type", "tostring", "tonumber",
+                                        "error", "assert", "pcall", "select", "next", NULL};
+  for (int i = 0; allowed[i]; i++) {
+    lua_getglobal(L, allowed[i]);
+    lua_setfield(L, -2, allowed[i]);
+  }
+  lua_setupvalue(L, -2, 1); /* _ENV of the chunk: [chunk] */
+  int rc = lua_host_pcall(L, 0, 1);
+  if (rc) return tr_fail_prefix(rc, "restart policy %s", path);
+  if (!lua_istable(L, -1)) {
+    lua_pop(L, 1);
+    return tr_fail(TR_ELUA, "restart policy %s must return a table", path);
+  }
+  o->policy_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  o->state_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return TR_OK;
+}
+
+/* Calls policy[fn](ev, state); returns action in out ("none" on error). */
+static void call_policy(op *o, const char *fn, const slot *s, const char *reason, int sig, int code, char *action,
+                        size_t n, double *delay, char *detail, size_t dn) {
+  lua_State *L = o->L;
+  snprintf(action, n, "none");
+  *delay = 0;
+  detail[0] = 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, o->policy_ref);
+  lua_getfield(L, -1, fn);
+  if (!lua_isfunction(L, -1)) {
+    lua_pop(L, 2);
+    snprintf(detail, dn, "the restart policy has no %s", fn);
+    return;
+  }
+  lua_newtable(L);
+  lua_pushinteger(L, s ? s->slot : -1);
+  lua_setfield(L, -2, "slot");
+  lua_pushstring(L, reason);
+  lua_setfield(L, -2, "reason");
+  lua_pushinteger(L, sig);
+  lua_setfield(L, -2, "signal");
+  lua_pushinteger(L, code);
+  lua_setfield(L, -2, "code");
+  lua_pushinteger(L, s ? s->step : o->best_step);
+  lua_setfield(L, -2, "step");
+  lua_pushinteger(L, live_count(o));
+  lua_setfield(L, -2, "live");
+  lua_pushinteger(L, o->nslots);
+  lua_setfield(L, -2, "replicas");
+  lua_pushinteger(L, s ? s->restarts : 0);
+  lua_setfield(L, -2, "restarts_slot");
+  lua_pushinteger(L, o->restarts_total);
+  lua_setfield(L, -2, "restarts_total");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, o->state_ref);
+  if (lua_host_pcall(L, 2, 1)) {
+    snprintf(detail, dn, "restart policy %s failed: %s", fn, tr_error());
+    lua_pop(L, 1);
+    return;
+  }
+  if (lua_istable(L, -1)) {
+    lua_getfield(L, -1, "action");
+    if (lua_isstring(L, -1)) snprintf(action, n, "%s", lua_tostring(L, -1));
+    lua_getfield(L, -2, "delay");
+    if (lua_isnumber(L, -1)) *delay = lua_tonumber(L, -1);
+    lua_getfield(L, -3, "detail");
+    if (lua_isstring(L, -1)) snprintf(detail, dn, "%s", lua_tostring(L, -1));
+    lua_pop(L, 3);
+  }
+  lua_pop(L, 2);
+}
+
+/* --- spawning --- */
+
+static void spawn(op *o, int k, const char *mode) {
+  slot *s = &o->slots[k];
+  char log[PATH_MAX], addr[64], slotstr[16], threads[16];
+  snprintf(log, sizeof log, "%s/worker-%d.log", o->dir, k);
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", o->port);
+  snprintf(slotstr, sizeof slotstr, "%d", k);
+  snprintf(threads, sizeof threads, "%d", o->threads);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    signal(SIGINT, SIG_IGN); /* Ctrl-C goes to the operator, which stops the workers in order */
+    execl(o->self, "transom", "worker", "--operator", addr, "--slot", slotstr, "--threads", threads, (char *)NULL);
+    _exit(127); /* ok-exit: exec failed in the child */
+  }
+  if (pid < 0) {
+    event_log(o, o->best_step, k, "spawn_failed", "fork: %s", strerror(errno));
+    s->state = SLOT_DEAD;
+    return;
+  }
+  s->pid = pid;
+  s->state = SLOT_STARTING;
+  s->started = tr_now();
+  s->done = 0;
+  snprintf(s->mode, sizeof s->mode, "%s", mode);
+  event_log(o, o->best_step, k, "spawn", "replica %d started (pid %d, %s)", k, (int)pid, mode);
+}
+
+/* A running replica to catch up from: the one furthest ahead. */
+static const slot *pick_donor(op *o, int except) {
+  const slot *best = NULL;
+  for (int i = 0; i < o->nslots; i++) {
+    const slot *s = &o->slots[i];
+    if (i == except || s->state != SLOT_RUNNING || !s->donor[0]) continue;
+    if (!best || s->step > best->step) best = s;
+  }
+  return best;
+}
+
+static void replace_cb(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  slot *s = arg;
+  op *o = s->o;
+  if (o->stopping || o->finished) return;
+  s->restarts++;
+  o->restarts_total++;
+  spawn(o, s->slot, pick_donor(o, s->slot) ? "join" : "resume");
+}
+
+static void schedule(op *o, slot *s, double delay) {
+  if (!s->timer) s->timer = evtimer_new(o->base, replace_cb, s);
+  struct timeval tv = {(time_t)delay, (suseconds_t)((delay - (time_t)delay) * 1e6)};
+  s->state = SLOT_WAITING;
+  evtimer_add(s->timer, &tv);
+}
+
+static void restart_everything(op *o, double delay) {
+  for (int i = 0; i < o->nslots; i++) schedule(o, &o->slots[i], delay);
+}
+
+/* --- failures --- */
+
+static void check_finished(op *o) {
+  for (int i = 0; i < o->nslots; i++) {
+    slot_state st = o->slots[i].state;
+    if (st == SLOT_STARTING || st == SLOT_RUNNING || st == SLOT_WAITING) return;
+  }
+  o->finished = 1;
+  event_base_loopexit(o->base, NULL);
+}
+
+static void on_exit_slot(op *o, slot *s, int status) {
+  int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0, code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (s->bev) {
+    bufferevent_free(s->bev);
+    s->bev = NULL;
+  }
+  s->pid = 0;
+  s->donor[0] = 0;
+  if (s->done && code == 0) {
+    s->state = SLOT_DONE;
+    check_finished(o);
+    return;
+  }
+  s->state = SLOT_DEAD;
+  const char *reason = sig ? "killed" : code == 3 ? "evicted" : "exited";
+  if (o->stopping) {
+    check_finished(o);
+    return;
+  }
+  event_log(o, s->step, s->slot, "replica_failed", "replica %d %s (%s %d) at step %lld; %d live", s->slot, reason,
+            sig ? "signal" : "exit code", sig ? sig : code, (long long)s->step, live_count(o));
+  if (strcmp(o->cfg->on_failure, "restart_all") == 0) {
+    /* the torchrun way: everything stops and reloads the last checkpoint */
+    if (!o->restart_all_pending) {
+      o->restart_all_pending = 1;
+      o->restarts_total++;
+      event_log(o, s->step, -1, "restart_all", "stopping every replica to restart from the newest checkpoint");
+      for (int i = 0; i < o->nslots; i++)
+        if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
+    }
+    if (live_count(o) == 0) {
+      o->restart_all_pending = 0;
+      for (int i = 0; i < o->nslots; i++) o->slots[i].state = SLOT_DEAD;
+      restart_everything(o, 0.0);
+    }
+    return;
+  }
+  char action[32], detail[256];
+  double delay;
+  if (live_count(o) == 0) {
+    call_policy(o, "on_all_dead", s, reason, sig, code, action, sizeof action, &delay, detail, sizeof detail);
+    event_log(o, s->step, -1, "all_replicas_dead", "policy: %s%s%s", action, detail[0] ? ": " : "", detail);
+    if (strcmp(action, "restart") == 0) {
+      o->restarts_total++;
+      restart_everything(o, delay);
+    } else {
+      o->exit_code = 1;
+      check_finished(o);
+    }
+    return;
+  }
+  call_policy(o, "on_failure", s, reason, sig, code, action, sizeof action, &delay, detail, sizeof detail);
+  event_log(o, s->step, s->slot, "policy", "on_failure -> %s%s%s (delay %.2f s)", action, detail[0] ? ": " : "",
+            detail, delay);
+  if (strcmp(action, "replace") == 0) schedule(o, s, delay);
+  else check_finished(o);
+}
+
+static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  op *o = arg;
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+    for (int i = 0; i < o->nslots; i++)
+      if (o->slots[i].pid == pid) on_exit_slot(o, &o->slots[i], status);
+}
+
+static void kill_stragglers(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  op *o = arg;
+  for (int i = 0; i < o->nslots; i++)
+    if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
+}
+
+static void stop_all(op *o, const char *why) {
+  if (o->stopping) return;
+  o->stopping = 1;
+  o->stop_at = o->best_step + 1;
+  event_log(o, o->best_step, -1, "stopping", "%s: every replica finishes step %lld, the leader checkpoints it", why,
+            (long long)o->stop_at);
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    if (s->timer) evtimer_del(s->timer);
+    if (s->state == SLOT_WAITING) s->state = SLOT_DEAD;
+    if (s->bev) evbuffer_add_printf(bufferevent_get_output(s->bev), "STOP at=%lld\n", (long long)o->stop_at);
+  }
+  struct timeval tv = {60, 0};
+  event_base_once(o->base, -1, EV_TIMEOUT, kill_stragglers, o, &tv);
+  check_finished(o);
+}
+
+static void sigterm_cb(evutil_socket_t fd, short what, void *arg) {
+  (void)what;
+  stop_all(arg, fd == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+/* --- worker connections --- */
+
+static void send_chaos(op *o, slot *s) {
+  for (int i = 0; o->cfg->nchaos > 0 && i < o->cfg->nchaos; i++) {
+    const job_chaos *c = &o->cfg->chaos[i];
+    if (o->chaos_fired[i] || c->replica != s->slot || c->at_step <= s->step) continue;
+    o->chaos_fired[i] = 1;
+    evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=%lld fault=%s ms=%lld steps=%lld\n",
+                        (long long)c->at_step, c->fault, (long long)c->ms, (long long)c->steps);
+  }
+}
+
+static void on_step(op *o, slot *s, const char *line) {
+  int64_t step = proto_int(line, "step", 0);
+  s->step = step;
+  if (step > o->best_step) o->best_step = step;
+  double loss = proto_num(line, "loss", NAN), ms = proto_num(line, "ms", 0), tok_s = proto_num(line, "tok_s", 0);
+  int n = (int)proto_int(line, "n", 1);
+  fprintf(o->metrics,
+          "{\"step\":%lld,\"worker\":%d,\"loss\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,\"ms\":%.3f,\"tok_s\":%.1f,"
+          "\"allreduce_ms\":%.3f,\"ckpt_wait_ms\":%.3f,\"replicas\":%d,\"epoch\":%lld,\"redos\":%d}\n",
+          (long long)step, s->slot, loss, proto_num(line, "norm", NAN), proto_num(line, "lr", NAN), ms, tok_s,
+          proto_num(line, "ar_ms", 0), proto_num(line, "ckpt_ms", 0), n, (long long)proto_int(line, "epoch", 0),
+          (int)proto_int(line, "redos", 0));
+  step_acc *a = &o->acc[step % STEP_RING];
+  if (a->step != step) memset(a, 0, sizeof *a), a->step = step;
+  a->count++;
+  a->loss += loss;
+  a->ms = ms > a->ms ? ms : a->ms;
+  a->tok_s += tok_s;
+  a->expect = n;
+  if (a->count == a->expect && (step % o->cfg->log_interval == 0 || step == o->cfg->max_steps)) {
+    printf("step %*lld/%lld | loss %.4f | replicas %d | %.1f ms | %.0f tok/s\n", o->width, (long long)step,
+           (long long)o->cfg->max_steps, a->loss / a->count, a->count, a->ms, a->tok_s);
+    fflush(stdout);
+  }
+  fflush(o->metrics);
+}
+
+static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *line) {
+  slot *s = *sp;
+  if (proto_is(line, "HELLO")) {
+    int k = (int)proto_int(line, "slot", -1);
+    if (k < 0 || k >= o->nslots) {
+      evbuffer_add_printf(bufferevent_get_output(bev), "REFUSE why=no%%20such%%20slot\n");
+      return;
+    }
+    s = &o->slots[k];
+    if (s->bev && s->bev != bev) {
+      evbuffer_add_printf(bufferevent_get_output(bev), "REFUSE why=slot%%20in%%20use\n");
+      return;
+    }
+    *sp = s;
+    s->bev = bev;
+    if (s->pid <= 0) { /* started by an external launcher */
+      s->pid = (pid_t)proto_int(line, "pid", 0) * 0;
+      s->state = SLOT_STARTING;
+      const slot *d = pick_donor(o, k);
+      snprintf(s->mode, sizeof s->mode, "%s", d ? "join" : o->best_step > 0 ? "resume" : "start");
+    }
+    const slot *d = strcmp(s->mode, "join") == 0 ? pick_donor(o, k) : NULL;
+    if (strcmp(s->mode, "join") == 0 && !d) snprintf(s->mode, sizeof s->mode, "resume");
+    evbuffer_add_printf(bufferevent_get_output(bev), "WELCOME run=%s coord=127.0.0.1:%d mode=%s donor=%s threads=%d\n",
+                        o->dir, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads);
+  } else if (!s) {
+    return; /* nothing else before HELLO */
+  } else if (proto_is(line, "READY")) {
+    proto_get(line, "donor", s->donor, sizeof s->donor);
+    s->step = proto_int(line, "step", 0);
+    s->state = SLOT_RUNNING;
+    s->ready_at = tr_now();
+    event_log(o, s->step, s->slot, "replica_ready", "replica %d ready at step %lld (%s, state in %.2f s, %.2f s since spawn)",
+              s->slot, (long long)s->step, s->mode, proto_num(line, "state_s", 0), s->ready_at - s->started);
+    send_chaos(o, s);
+    if (o->stopping) evbuffer_add_printf(bufferevent_get_output(bev), "STOP at=%lld\n", (long long)o->stop_at);
+  } else if (proto_is(line, "STEP")) {
+    on_step(o, s, line);
+  } else if (proto_is(line, "CKPT")) {
+    char what[600];
+    proto_get(line, "what", what, sizeof what);
+    if (proto_int(line, "ok", 0))
+      event_log(o, proto_int(line, "step", 0), s->slot, "checkpoint", "committed by replica %d in %.1f ms", s->slot,
+                proto_num(line, "commit_ms", 0));
+    else
+      event_log(o, proto_int(line, "step", 0), s->slot, "checkpoint_failed", "%s", what);
+  } else if (proto_is(line, "DONE")) {
+    char crc[16];
+    proto_get(line, "crc", crc, sizeof crc);
+    s->crc = (uint32_t)strtoul(crc, NULL, 16);
+    s->done = 1;
+    s->step = proto_int(line, "step", s->step);
+  } else if (proto_is(line, "FAIL")) {
+    char why[600];
+    proto_get(line, "why", why, sizeof why);
+    event_log(o, s->step, s->slot, "replica_error", "%s", why);
+  }
+}
+
+typedef struct {
+  op *o;
+  slot *s;
+} conn;
+
+static void conn_read(struct bufferevent *bev, void *arg) {
+  conn *c = arg;
+  struct evbuffer *in = bufferevent_get_input(bev);
+  char *line;
+  size_t n;
+  while ((line = evbuffer_readln(in, &n, EVBUFFER_EOL_LF))) {
+    handle_line(c->o, &c->s, bev, line);
+    free(line);
+  }
+  if (evbuffer_get_length(in) > PROTO_LINE_MAX) { /* a line that never ends */
+    event_log(c->o, c->o->best_step, c->s ? c->s->slot : -1, "protocol_error", "control line too long; closing");
+    if (c->s && c->s->bev == bev) c->s->bev = NULL;
+    bufferevent_free(bev);
+    free(c);
+  }
+}
+
+static void conn_event(struct bufferevent *bev, short what, void *arg) {
+  conn *c = arg;
+  if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+  slot *s = c->s;
+  if (s && s->bev == bev) {
+    s->bev = NULL;
+    if (s->pid == 0 && s->state == SLOT_RUNNING) { /* external worker: the connection is its life */
+      s->state = s->done ? SLOT_DONE : SLOT_DEAD;
+      if (!s->done) on_exit_slot(c->o, s, 0x100 /* exit code 1 */);
+      else check_finished(c->o);
+    }
+  }
+  bufferevent_free(bev);
+  free(c);
+}
+
+static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg) {
+  (void)l;
+  (void)sa;
+  (void)len;
+  op *o = arg;
+  struct bufferevent *bev = bufferevent_socket_new(o->base, fd, BEV_OPT_CLOSE_ON_FREE);
+  conn *c = calloc(1, sizeof *c);
+  if (!bev || !c) {
+    if (bev) bufferevent_free(bev);
+    free(c);
+    return;
+  }
+  c->o = o;
+  bufferevent_setcb(bev, conn_read, NULL, conn_event, c);
+  bufferevent_enable(bev, EV_READ | EV_WRITE);
+}
+
+/* --- the control socket (RUN/control.sock): `transom chaos` --- */
+
+static void ctl_read(struct bufferevent *bev, void *arg) {
+  op *o = arg;
+  char *line;
+  size_t n;
+  struct evbuffer *out = bufferevent_get_output(bev);
+  while ((line = evbuffer_readln(bufferevent_get_input(bev), &n, EVBUFFER_EOL_LF))) {
+    char fault[16] = "";
+    int k = -1;
+    if (sscanf(line, "chaos %15s %d", fault, &k) == 2 && k >= 0 && k < o->nslots) {
+      slot *s = &o->slots[k];
+      if (s->pid <= 0 && !s->bev) {
+        evbuffer_add_printf(out, "error: replica %d is not running\n", k);
+      } else if (strcmp(fault, "kill") == 0 || strcmp(fault, "hang") == 0) {
+        event_log(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
+        if (s->pid > 0) kill(s->pid, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
+        evbuffer_add_printf(out, "ok\n");
+      } else if ((strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0) && s->bev) {
+        event_log(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
+        evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=%lld fault=%s ms=200 steps=0\n",
+                            (long long)s->step + 2, fault);
+        evbuffer_add_printf(out, "ok\n");
+      } else {
+        evbuffer_add_printf(out, "error: unknown fault '%s' (kill, hang, slow, nan)\n", fault);
+      }
+    } else if (strcmp(line, "status") == 0) {
+      for (int i = 0; i < o->nslots; i++)
+        evbuffer_add_printf(out, "replica %d: %s pid %d step %lld restarts %d\n", i, slot_names[o->slots[i].state],
+                            (int)o->slots[i].pid, (long long)o->slots[i].step, o->slots[i].restarts);
+    } else {
+      evbuffer_add_printf(out, "error: expected 'chaos FAULT SLOT' or 'status'\n");
+    }
+    free(line);
+  }
+}
+
+static void ctl_event(struct bufferevent *bev, short what, void *arg) {
+  (void)arg;
+  if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) bufferevent_free(bev);
+}
+
+static void ctl_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg) {
+  (void)l;
+  (void)sa;
+  (void)len;
+  op *o = arg;
+  struct ucred cred;
+  socklen_t cl = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
+    close(fd); /* only the job's own user */
+    return;
+  }
+  struct bufferevent *bev = bufferevent_socket_new(o->base, fd, BEV_OPT_CLOSE_ON_FREE);
+  if (!bev) return;
+  bufferevent_setcb(bev, ctl_read, NULL, ctl_event, o);
+  bufferevent_enable(bev, EV_READ | EV_WRITE);
+}
+
+static struct evconnlistener *ctl_listen(op *o) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control.sock", o->dir) >= (int)sizeof sa.sun_path) return NULL;
+  unlink(sa.sun_path);
+  mode_t old = umask(0177); /* the socket is created 0600 */
+  struct evconnlistener *l = evconnlistener_new_bind(o->base, ctl_accept, o, LEV_OPT_CLOSE_ON_FREE, 16,
+                                                     (struct sockaddr *)&sa, sizeof sa);
+  umask(old);
+  return l;
+}
+
+/* --- FTAR membership --- */
+
+static void on_change(void *ud, const ftar_change *c) {
+  op *o = ud;
+  static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted"};
+  char list[512] = "";
+  size_t k = 0;
+  for (int i = 0; i < c->n_members && k + 8 < sizeof list; i++)
+    k += (size_t)snprintf(list + k, sizeof list - k, i ? ",%d" : "%d", c->slots[i]);
+  event_log(o, o->best_step, c->slot, "membership", "epoch %llu: %s slot %d; members [%s]",
+            (unsigned long long)c->epoch, kinds[c->kind], c->slot, list);
+  int finishing = 0;
+  for (int i = 0; i < o->nslots; i++) finishing |= o->slots[i].done;
+  if (c->n_members < (int)o->cfg->min_replicas && !o->stopping && !finishing)
+    event_log(o, o->best_step, -1, "paused", "%d live replicas < min_replicas %lld: waiting for replacements",
+              c->n_members, (long long)o->cfg->min_replicas);
+}
+
+static void coord_log(void *ud, const char *msg) {
+  op *o = ud;
+  if (o->coord_log) {
+    fprintf(o->coord_log, "%.3f %s\n", tr_now() - o->t0, msg);
+    fflush(o->coord_log);
+  }
+}
+
+/* --- entry --- */
+
+int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
+  op o = {.cfg = cfg, .L = L, .dir = dir, .exit_code = 0};
+  char self[PATH_MAX], path[PATH_MAX];
+  ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (sn <= 0) return tr_fail(TR_EIO, "cannot find the transom executable");
+  self[sn] = 0;
+  o.self = self;
+  o.nslots = (int)cfg->replicas;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  o.threads = cfg->threads > 0 ? (int)cfg->threads : (int)(cores / o.nslots > 1 ? cores / o.nslots : 1);
+  o.width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
+  o.chaos_fired = calloc((size_t)cfg->nchaos + 1, sizeof(int));
+  int rc = load_policy(&o);
+  if (rc) return rc;
+  snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+  o.metrics = fopen(path, resume ? "a" : "w");
+  snprintf(path, sizeof path, "%s/events.jsonl", dir);
+  o.events = fopen(path, "a");
+  snprintf(path, sizeof path, "%s/coordinator.log", dir);
+  o.coord_log = fopen(path, "a");
+  if (!o.metrics || !o.events) return tr_fail(TR_EIO, "cannot open the logs in %s", dir);
+  o.base = event_base_new();
+  if (!o.base) return tr_fail(TR_ENOMEM, "cannot create the event loop");
+  ftar_coord_opts co;
+  ftar_coord_opts_default(&co);
+  co.deadline = cfg->deadline;
+  co.on_change = on_change;
+  co.ud = &o;
+  co.log = coord_log;
+  co.log_ud = &o;
+  o.coord = ftar_coord_create(o.base, "127.0.0.1", 0, &co);
+  if (!o.coord) return tr_fail_prefix(TR_EIO, "coordinator");
+  /* the workers' control port: MASTER_PORT if set (external launchers) */
+  const char *mp = getenv("MASTER_PORT");
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(mp ? atoi(mp) : 0))};
+  sa.sin_addr.s_addr = htonl(mp ? INADDR_ANY : INADDR_LOOPBACK);
+  o.lis = evconnlistener_new_bind(o.base, accept_cb, &o, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 64,
+                                  (struct sockaddr *)&sa, sizeof sa);
+  if (!o.lis) return tr_fail(TR_EIO, "cannot listen for workers: %s", strerror(errno));
+  socklen_t sl = sizeof sa;
+  getsockname(evconnlistener_get_fd(o.lis), (struct sockaddr *)&sa, &sl);
+  o.port = ntohs(sa.sin_port);
+  o.ctl = ctl_listen(&o);
+  struct event *ev_chld = evsignal_new(o.base, SIGCHLD, sigchld_cb, &o);
+  struct event *ev_term = evsignal_new(o.base, SIGTERM, sigterm_cb, &o);
+  struct event *ev_int = evsignal_new(o.base, SIGINT, sigterm_cb, &o);
+  evsignal_add(ev_chld, NULL);
+  evsignal_add(ev_term, NULL);
+  evsignal_add(ev_int, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  printf("operator: %d replicas x %d threads | on_failure %s | min_replicas %lld | workers at 127.0.0.1:%d | control "
+         "%s/control.sock\n",
+         o.nslots, o.threads, cfg->on_failure, (long long)cfg->min_replicas, o.port, dir);
+  fflush(stdout);
+  event_log(&o, 0, -1, resume ? "resume" : "start", "%d replicas", o.nslots);
+  o.t0 = tr_now();
+  int external = getenv("TRANSOM_EXTERNAL_WORKERS") != NULL;
+  for (int i = 0; i < o.nslots; i++) {
+    o.slots[i].o = &o;
+    o.slots[i].slot = i;
+    snprintf(o.slots[i].mode, sizeof o.slots[i].mode, "%s", resume ? "resume" : "start");
+    if (!external) spawn(&o, i, resume ? "resume" : "start");
+  }
+  event_base_dispatch(o.base);
+
+  /* the verdict */
+  double wall = tr_now() - o.t0;
+  int done = 0, agree = 1;
+  uint32_t crc0 = 0;
+  for (int i = 0; i < o.nslots; i++) {
+    slot *s = &o.slots[i];
+    if (s->state != SLOT_DONE) continue;
+    if (!done++) crc0 = s->crc;
+    else if (s->crc != crc0) agree = 0;
+  }
+  if (done > 1) {
+    if (agree) event_log(&o, o.best_step, -1, "replicas_agree", "%d replicas finished with parameter crc32c %08x", done, crc0);
+    else event_log(&o, o.best_step, -1, "replicas_differ", "replicas finished with different parameters");
+  }
+  printf("operator: %s at step %lld | %d replicas finished | %d restarts | %.1f s\n",
+         o.stopping ? "stopped" : "finished", (long long)o.best_step, done, o.restarts_total, wall);
+  if (o.stopping) printf("resume with: transom run --resume %s\n", dir);
+  for (int i = 0; i < o.nslots; i++)
+    if (o.slots[i].timer) event_free(o.slots[i].timer);
+  event_free(ev_chld);
+  event_free(ev_term);
+  event_free(ev_int);
+  if (o.ctl) evconnlistener_free(o.ctl);
+  evconnlistener_free(o.lis);
+  ftar_coord_free(o.coord);
+  event_base_free(o.base);
+  snprintf(path, sizeof path, "%s/control.sock", dir);
+  unlink(path);
+  fclose(o.metrics);
+  fclose(o.events);
+  if (o.coord_log) fclose(o.coord_log);
+  free(o.chaos_fired);
+  luaL_unref(L, LUA_REGISTRYINDEX, o.policy_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, o.state_ref);
+  if (!o.stopping && o.best_step < cfg->max_steps && o.exit_code == 0) o.exit_code = 1;
+  return o.exit_code ? tr_fail(TR_ESTATE, "the job did not finish (step %lld of %lld)", (long long)o.best_step,
+                               (long long)cfg->max_steps)
+                     : TR_OK;
+}

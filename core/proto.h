@@ -1,0 +1,52 @@
+/* proto.h — the operator <-> worker control protocol: newline-terminated
+ * text lines "VERB key=value key=value ...", values without spaces (%XX
+ * escapes for space, %, newline). Small, greppable, and nothing in it is
+ * sized by an unchecked length: a line longer than PROTO_LINE_MAX closes the
+ * connection.
+ *
+ * Used by the operator (operator.c, on libevent bufferevents) and by workers
+ * (worker.c, blocking sockets). Binary payloads (state snapshots, gradients)
+ * travel on the donor connection (donor.c), not here.
+ */
+#ifndef TRANSOM_PROTO_H
+#define TRANSOM_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PROTO_LINE_MAX 4096
+
+/* Formats and sends one line on a blocking socket (adds '\n'). */
+int proto_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Value of key in a line ("STEP slot=1 step=5"), unescaped into out.
+ * Returns 1 if found. */
+int proto_get(const char *line, const char *key, char *out, size_t n);
+int64_t proto_int(const char *line, const char *key, int64_t dflt);
+double proto_num(const char *line, const char *key, double dflt);
+/* 1 if the line's verb is verb. */
+int proto_is(const char *line, const char *verb);
+/* Escapes s for a value (spaces, %, newlines). */
+void proto_escape(const char *s, char *out, size_t n);
+
+/* Blocking line reader over a socket. */
+typedef struct {
+  int fd;
+  char buf[PROTO_LINE_MAX * 2];
+  size_t len;
+} proto_reader;
+/* Reads the next line (without '\n') into out. Returns 1 for a line, 0 at
+ * EOF, negative on error or an over-long line. timeout_ms < 0 waits forever. */
+int proto_read(proto_reader *r, char *out, size_t n, int timeout_ms);
+
+/* TCP helpers: connect to host:port (blocking, with a timeout), listen on
+ * host:port (0 = any) and report the port. */
+int net_connect(const char *host, int port, double timeout_s);
+int net_listen(const char *host, int port, int *bound_port);
+/* Sends or receives exactly n bytes (blocking). */
+int net_send_all(int fd, const void *buf, size_t n);
+int net_recv_all(int fd, void *buf, size_t n);
+/* Splits "host:port". */
+int net_split(const char *hostport, char *host, size_t n, int *port);
+
+#endif
