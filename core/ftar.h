@@ -1,0 +1,178 @@
+/* ftar.h — FTAR: fault-tolerant ring all-reduce of float32 buffers over TCP,
+ * with dynamic membership kept by a coordinator.
+ *
+ * Two roles:
+ *   - the coordinator (ftar_coord) owns (epoch, ordered member list). Members
+ *     register with a stable identity (a replica slot number), heartbeat on
+ *     their control connection and learn every new epoch. It publishes
+ *     epoch+1 when a member joins, when a member's control connection closes,
+ *     when its heartbeats lapse past the deadline, when the host evicts it,
+ *     and when a member reports an aborted collective. It runs on a libevent
+ *     loop: the host's (ftar_coord_create) or its own thread (ftar_coord_start).
+ *   - a member (ftar_member) is one replica. ftar_allreduce reduces a buffer
+ *     in place with the other members over direct TCP links (ring
+ *     reduce-scatter then all-gather, chunked and pipelined). It keeps the
+ *     caller's input: when a peer dies or stalls past the deadline, the
+ *     collective is aborted on every survivor, buf is restored, and the same
+ *     collective is redone in the next epoch, automatically. Survivors agree
+ *     on the outcome through the coordinator, so a collective is either
+ *     returned by all of them with the same contributors or redone by all.
+ *
+ * A collective is tagged (epoch, seq): seq is the caller's step number and
+ * must increase from call to call on a member; every member passes the same
+ * seq. A member that joins adopts the group's seq on its first collective
+ * (res->seq). Data frames of a stale epoch are refused.
+ *
+ * Not here: the NCCL data plane (ext/), state catch-up of a joiner (the
+ * operator streams it a snapshot), Lua bindings.
+ *
+ * Errors: functions return 0 / FTAR_RESHAPED or a negative code (TR_* of
+ * util.h or FTAR_E* below) with the message in tr_error() of the calling
+ * thread; constructors return NULL the same way. Nothing here ends the
+ * process. SIGPIPE is never raised (sends use MSG_NOSIGNAL).
+ */
+#ifndef TRANSOM_FTAR_H
+#define TRANSOM_FTAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct event_base;
+
+#define FTAR_MAX_MEMBERS 256
+#define FTAR_HOST_MAX 47 /* longest host string (numeric address or name) */
+
+/* Return codes beyond util.h's TR_E*. */
+enum {
+  FTAR_OK = 0,        /* completed in the same epoch as this member's previous collective */
+  FTAR_RESHAPED = 1,  /* completed, but the membership changed (new epoch, or a redo) */
+  FTAR_ETIMEOUT = -20, /* no quorum, no decision or no peer within opts.timeout */
+  FTAR_ECOORD = -21,   /* the coordinator refused us or its connection was lost */
+  FTAR_EEVICTED = -22, /* the coordinator removed this member (lapse, evict) */
+  FTAR_ESEQ = -23,     /* seq out of step with the group (res->seq = the group's) */
+};
+
+typedef enum { FTAR_SUM = 0, FTAR_MEAN = 1 } ftar_op;
+
+typedef struct {
+  uint64_t epoch;      /* epoch the result was computed in */
+  uint64_t seq;        /* the collective's seq (a fresh joiner's is the group's) */
+  int contributors;    /* members whose input is in the result; MEAN divided by it */
+  int redos;           /* times this collective was aborted and started again */
+  int slots[FTAR_MAX_MEMBERS]; /* the contributors' slots, ascending */
+} ftar_result;
+
+typedef struct {
+  uint64_t collectives, redos, epochs; /* completed calls, restarts, epochs seen */
+  uint64_t bytes_sent, bytes_recv;     /* data plane payload + headers */
+  uint64_t conns_rejected;             /* data connections closed as malformed/stale */
+} ftar_stats;
+
+typedef void (*ftar_log_fn)(void *ud, const char *msg);
+
+/* --- coordinator --- */
+
+typedef enum {
+  FTAR_CHANGE_JOIN,    /* slot registered */
+  FTAR_CHANGE_CLOSED,  /* slot's control connection closed */
+  FTAR_CHANGE_LAPSED,  /* slot's heartbeats lapsed past the deadline */
+  FTAR_CHANGE_EVICTED, /* the host evicted slot (ftar_coord_evict) */
+  FTAR_CHANGE_ABORTED, /* slot reported an aborted collective: same members, new epoch */
+} ftar_change_kind;
+
+typedef struct {
+  ftar_change_kind kind;
+  int slot;            /* the member the change is about */
+  uint64_t epoch;      /* the epoch just published */
+  int n_members;
+  const int *slots;    /* the new ordered member list (valid during the callback) */
+} ftar_change;
+
+typedef struct ftar_coord ftar_coord;
+
+typedef struct {
+  double deadline;  /* seconds without a heartbeat before a member is dropped (default 3) */
+  double heartbeat; /* seconds between member heartbeats (default deadline / 6) */
+  /* Called on the loop thread after every published epoch. */
+  void (*on_change)(void *ud, const ftar_change *c);
+  void *ud;
+  ftar_log_fn log;  /* default: stderr, "ftar-coord: ..." */
+  void *log_ud;
+} ftar_coord_opts;
+
+void ftar_coord_opts_default(ftar_coord_opts *o);
+
+/* Listens on host:port (port 0 = any; see ftar_coord_port) inside the
+ * caller's event loop. o may be NULL (defaults). Returns NULL on error. The
+ * coordinator lives until ftar_coord_free; base must outlive it. Call from
+ * the thread that runs base (or before it runs). */
+ftar_coord *ftar_coord_create(struct event_base *base, const char *host, int port, const ftar_coord_opts *o);
+/* The same on a private event_base run by a private thread (the standalone
+ * driver, tests). */
+ftar_coord *ftar_coord_start(const char *host, int port, const ftar_coord_opts *o);
+/* Closes every member connection and the listener. For an embedded
+ * coordinator: call on the loop thread (or with the loop stopped). For a
+ * started one: any thread; it stops and joins the private thread. NULL ok. */
+void ftar_coord_free(ftar_coord *c);
+
+/* The port actually bound. Any thread. */
+int ftar_coord_port(const ftar_coord *c);
+/* Current epoch and member slots (ascending; at most max written). Returns
+ * the number of members. Any thread (a consistent snapshot). */
+int ftar_coord_members(ftar_coord *c, uint64_t *epoch, int *slots, int max);
+/* Closes slot's connection (it gets FTAR_EEVICTED) and publishes epoch+1.
+ * Asynchronous: done on the loop thread shortly after. Any thread. Returns
+ * TR_EIO if the request could not be queued. */
+int ftar_coord_evict(ftar_coord *c, int slot);
+
+/* --- member --- */
+
+typedef struct ftar_member ftar_member;
+
+typedef struct {
+  const char *data_host; /* address to listen on and advertise (default "127.0.0.1") */
+  int data_port;         /* 0 = any */
+  double timeout;        /* longest wait inside one call for quorum/peers/decision (default 60 s) */
+  double deadline;       /* data-plane stall limit; 0 = the coordinator's deadline */
+  int min_members;       /* quorum: wait (up to timeout) for at least this many (default 1) */
+  size_t chunk_bytes;    /* frame payload size (default 256 KiB, rounded to floats) */
+  int sockbuf;           /* SO_SNDBUF/SO_RCVBUF bytes (default 4 MiB; 0 = kernel autotuning) */
+  ftar_log_fn log;       /* default: stderr, "ftar[slot N]: ..." */
+  void *log_ud;
+} ftar_member_opts;
+
+void ftar_member_opts_default(ftar_member_opts *o);
+
+/* Opens the data listener, connects to the coordinator at coord_host:
+ * coord_port, registers as slot (>= 0) and starts a background thread for
+ * control traffic and heartbeats. Blocks until the coordinator accepted (up
+ * to o->timeout). NULL on error (FTAR-coded message in tr_error(): refused,
+ * slot in use, unreachable). o may be NULL. */
+ftar_member *ftar_member_create(const char *coord_host, int coord_port, int slot, const ftar_member_opts *o);
+/* Leaves the group (the others see epoch+1) and frees everything. Not while
+ * another thread is inside ftar_allreduce on m. NULL ok. */
+void ftar_member_free(ftar_member *m);
+
+/* All-reduces buf[0..n) in place across the current members. op: FTAR_SUM or
+ * FTAR_MEAN (sum / contributors). seq: this collective's step number,
+ * greater than the previous call's. res (may be NULL) gets epoch, seq,
+ * contributors, redos and slots.
+ * Returns FTAR_OK, FTAR_RESHAPED (done, but the epoch differs from the
+ * previous collective's or it had to be redone), or negative: FTAR_ETIMEOUT,
+ * FTAR_ECOORD, FTAR_EEVICTED, FTAR_ESEQ, TR_EINVAL, TR_ENOMEM. On a negative
+ * return buf holds the caller's input again.
+ * With one member it returns at once, contributors = 1, buf untouched.
+ * One thread at a time per member; buf must not be touched meanwhile. */
+int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, ftar_result *res);
+
+/* Waits until the latest epoch has at least n members including this one
+ * (startup). 0, FTAR_ETIMEOUT, FTAR_ECOORD or FTAR_EEVICTED. Any thread. */
+int ftar_member_wait(ftar_member *m, int n, double timeout);
+/* Latest epoch known and its member count. Any thread. */
+uint64_t ftar_member_epoch(ftar_member *m, int *n_members);
+/* Port of the data listener. Any thread. */
+int ftar_member_data_port(const ftar_member *m);
+/* Counters. Call from the thread that calls ftar_allreduce. */
+void ftar_member_stats(ftar_member *m, ftar_stats *s);
+
+#endif

@@ -1,0 +1,813 @@
+/* ftar_bench.c — `transom ftar-bench`: the standalone FTAR driver.
+ *
+ * Modes (all on 127.0.0.1):
+ *   sweep (default)  a coordinator thread + N rank processes (this binary,
+ *                    re-executed as `ftar-bench rank`); every rank all-reduces
+ *                    each size warmup+iters times; prints time, algbw and
+ *                    busbw = algbw * 2(n-1)/n per size (the slowest rank's
+ *                    time, nccl-tests' convention).
+ *   recovery         N ranks loop over a large all-reduce; one is killed
+ *                    (kill -9) or stopped (SIGSTOP) mid-collective; prints the
+ *                    time from the signal to the survivors' completed redo.
+ *   coord            a coordinator alone; prints "ftar-coord port=P" and runs
+ *                    until stdin closes or SIGTERM.
+ *   rank             one member; the building block of the others and of
+ *                    spec/c/test_ftar.c. Prints machine-readable lines:
+ *     ftar-ready  slot=S port=P pid=PID
+ *     ftar-result slot=S seq=Q count=N rc=R epoch=E contrib=C redos=D
+ *                 slots=a,b ok=1 t0=T t1=T      (t: CLOCK_MONOTONIC seconds)
+ *     ftar-time   slot=S count=N iters=K sec=T  (with --quiet, per size)
+ *     ftar-error  slot=S seq=Q rc=R msg=...
+ *     ftar-done   slot=S collectives=N redos=R epochs=E rejected=J
+ *   Inputs are small integers, (slot+1) * (1 + (i + seq) % 5) (or without
+ *   seq: --pattern static, for joiners that cannot know the group's seq
+ *   before their first collective), so --verify checks exact sums element by
+ *   element against the contributors the result reports.
+ *
+ * Not library code in spirit: it prints and spawns processes, but it still
+ * returns exit statuses to main() instead of exiting.
+ */
+#include "ftar_bench.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ftar.h"
+#include "util.h"
+
+extern char **environ;
+
+#define MAX_SIZES 64
+#define MAX_RANKS 64
+
+static volatile sig_atomic_t stop_flag;
+static void on_term(int sig) {
+  (void)sig;
+  stop_flag = 1;
+}
+
+/* --- argument helpers --- */
+
+static int parse_u64(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end == s || errno) return -1;
+  uint64_t mul = 1;
+  if (*end == 'K' || *end == 'k') mul = 1024, end++;
+  else if (*end == 'M' || *end == 'm') mul = 1024 * 1024, end++;
+  else if (*end == 'G' || *end == 'g') mul = 1024ull * 1024 * 1024, end++;
+  if (*end) return -1;
+  *out = (uint64_t)v * mul;
+  return 0;
+}
+
+static int parse_list(const char *s, uint64_t *out, int max) {
+  char tmp[1024];
+  snprintf(tmp, sizeof tmp, "%s", s);
+  int n = 0;
+  for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    if (n == max || parse_u64(t, &out[n])) return -1;
+    n++;
+  }
+  return n;
+}
+
+static int parse_double(const char *s, double *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || !(v >= 0)) return -1;
+  *out = v;
+  return 0;
+}
+
+static const char *human(uint64_t bytes, char *buf, size_t n) {
+  if (bytes >= (1u << 30) && bytes % (1u << 30) == 0) snprintf(buf, n, "%llu GiB", (unsigned long long)(bytes >> 30));
+  else if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) snprintf(buf, n, "%llu MiB", (unsigned long long)(bytes >> 20));
+  else if (bytes >= 1024 && bytes % 1024 == 0) snprintf(buf, n, "%llu KiB", (unsigned long long)(bytes >> 10));
+  else snprintf(buf, n, "%llu B", (unsigned long long)bytes);
+  return buf;
+}
+
+/* Measured iterations for a size when --iters auto: ~512 MiB of payload. */
+static int auto_iters(uint64_t bytes) {
+  uint64_t k = ((uint64_t)512 << 20) / (bytes ? bytes : 1);
+  return k < 5 ? 5 : k > 1000 ? 1000 : (int)k;
+}
+
+/* --- the rank --- */
+
+typedef struct {
+  const char *coord;
+  int slot, wait, min_members, warmup, iters, verify, quiet, loop, static_pattern, until_contrib, tail;
+  ftar_op op;
+  double timeout, deadline, max_sec;
+  uint64_t chunk, seq0;
+  int64_t sockbuf;
+  uint64_t counts[MAX_SIZES];
+  int ncounts;
+} rank_opts;
+
+static inline float pattern(int slot, size_t i, uint64_t seq, int stat) {
+  return (float)((slot + 1) * (int)(1 + (stat ? i : i + seq) % 5));
+}
+
+static void fill(float *buf, size_t n, int slot, uint64_t seq, int stat) {
+  for (size_t i = 0; i < n; i++) buf[i] = pattern(slot, i, seq, stat);
+}
+
+/* Exact check: sum over contributors of (s+1) * f(i), divided once by the
+ * contributor count for MEAN (as the owner of each segment does). */
+static long verify(const float *buf, size_t n, const ftar_result *r, ftar_op op, int stat, size_t *first_bad,
+                   float *got, float *want) {
+  long sum_w = 0, bad = 0;
+  for (int k = 0; k < r->contributors; k++) sum_w += r->slots[k] + 1;
+  for (size_t i = 0; i < n; i++) {
+    float e = (float)(sum_w * (long)(1 + (stat ? i : i + r->seq) % 5));
+    if (op == FTAR_MEAN) e = e / (float)r->contributors;
+    if (buf[i] != e) {
+      if (!bad) {
+        *first_bad = i;
+        *got = buf[i];
+        *want = e;
+      }
+      bad++;
+    }
+  }
+  return bad;
+}
+
+static int rank_run(const rank_opts *ro) {
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = ro->timeout;
+  mo.deadline = ro->deadline;
+  mo.min_members = ro->min_members;
+  if (ro->chunk) mo.chunk_bytes = ro->chunk;
+  if (ro->sockbuf >= 0) mo.sockbuf = (int)ro->sockbuf;
+  char host[64];
+  int port = 0;
+  const char *colon = strrchr(ro->coord, ':');
+  if (!colon || (size_t)(colon - ro->coord) >= sizeof host || (port = atoi(colon + 1)) <= 0) {
+    fprintf(stderr, "ftar-bench rank: --coord HOST:PORT required\n");
+    return 2;
+  }
+  memcpy(host, ro->coord, (size_t)(colon - ro->coord));
+  host[colon - ro->coord] = 0;
+
+  ftar_member *m = NULL;
+  double t_start = tr_now();
+  while (!m) { /* a replacement may race the coordinator noticing the old one's death */
+    m = ftar_member_create(host, port, ro->slot, &mo);
+    if (!m) {
+      if (strstr(tr_error(), "in use") && tr_now() - t_start < ro->timeout) {
+        usleep(20000);
+        continue;
+      }
+      printf("ftar-error slot=%d seq=0 rc=-1 msg=%s\n", ro->slot, tr_error());
+      return 1;
+    }
+  }
+  printf("ftar-ready slot=%d port=%d pid=%d\n", ro->slot, ftar_member_data_port(m), (int)getpid());
+  int rc = 0, fail = 0;
+  float *buf = NULL;
+  if (ro->wait > 1 && (rc = ftar_member_wait(m, ro->wait, ro->timeout))) {
+    printf("ftar-error slot=%d seq=0 rc=%d msg=%s\n", ro->slot, rc, tr_error());
+    fail = 1;
+    goto done;
+  }
+  uint64_t maxc = 1;
+  for (int i = 0; i < ro->ncounts; i++)
+    if (ro->counts[i] > maxc) maxc = ro->counts[i];
+  buf = malloc(maxc * sizeof(float));
+  if (!buf) {
+    printf("ftar-error slot=%d seq=0 rc=-1 msg=out of memory\n", ro->slot);
+    fail = 1;
+    goto done;
+  }
+  uint64_t seq = ro->seq0;
+  int tail_seen = 0, stop = 0;
+  while (!stop) {
+    for (int ci = 0; ci < ro->ncounts && !stop; ci++) {
+      size_t n = (size_t)ro->counts[ci];
+      int iters = ro->iters > 0 ? ro->iters : auto_iters(n * 4);
+      int total = ro->warmup + iters;
+      double t_first = 0, t_last = 0;
+      if (!ro->verify) fill(buf, n, ro->slot, seq, ro->static_pattern);
+      for (int it = 0; it < total; it++) {
+        if (stop_flag || (ro->max_sec > 0 && tr_now() - t_start > ro->max_sec)) {
+          stop = 1;
+          break;
+        }
+        if (ro->verify) fill(buf, n, ro->slot, seq, ro->static_pattern);
+        ftar_result res;
+        double t0 = tr_now();
+        rc = ftar_allreduce(m, buf, n, ro->op, seq, &res);
+        double t1 = tr_now();
+        if (rc < 0) {
+          printf("ftar-error slot=%d seq=%llu rc=%d msg=%s\n", ro->slot, (unsigned long long)seq, rc, tr_error());
+          fail = 1;
+          stop = 1;
+          break;
+        }
+        int ok = 1;
+        if (ro->verify) {
+          size_t at = 0;
+          float got = 0, want = 0;
+          long bad = verify(buf, n, &res, ro->op, ro->static_pattern, &at, &got, &want);
+          if (bad) {
+            ok = 0;
+            fail = 1;
+            fprintf(stderr, "ftar-bench rank %d: seq %llu: %ld of %zu elements wrong, first [%zu] = %g, want %g\n",
+                    ro->slot, (unsigned long long)res.seq, bad, n, at, (double)got, (double)want);
+          }
+        }
+        if (!ro->quiet) {
+          char sl[FTAR_MAX_MEMBERS * 8];
+          size_t off = 0;
+          sl[0] = 0;
+          for (int k = 0; k < res.contributors && off + 12 < sizeof sl; k++)
+            off += (size_t)snprintf(sl + off, sizeof sl - off, "%s%d", k ? "," : "", res.slots[k]);
+          printf("ftar-result slot=%d seq=%llu count=%zu rc=%d epoch=%llu contrib=%d redos=%d slots=%s ok=%d "
+                 "t0=%.6f t1=%.6f\n",
+                 ro->slot, (unsigned long long)res.seq, n, rc, (unsigned long long)res.epoch, res.contributors,
+                 res.redos, sl, ok, t0, t1);
+        }
+        if (it == ro->warmup) t_first = t0;
+        t_last = t1;
+        seq = res.seq + 1;
+        if (ro->until_contrib > 0 && res.contributors >= ro->until_contrib && ++tail_seen >= ro->tail) stop = 1;
+        if (stop) break;
+      }
+      if (ro->quiet && t_last > t_first && t_first > 0)
+        printf("ftar-time slot=%d count=%zu iters=%d sec=%.9f\n", ro->slot, n, iters, t_last - t_first);
+    }
+    if (!ro->loop) break;
+  }
+done:;
+  ftar_stats st;
+  ftar_member_stats(m, &st);
+  printf("ftar-done slot=%d collectives=%llu redos=%llu epochs=%llu rejected=%llu\n", ro->slot,
+         (unsigned long long)st.collectives, (unsigned long long)st.redos, (unsigned long long)st.epochs,
+         (unsigned long long)st.conns_rejected);
+  fflush(stdout);
+  free(buf);
+  ftar_member_free(m);
+  return fail ? 1 : 0;
+}
+
+/* --- child processes --- */
+
+typedef struct {
+  pid_t pid;
+  int fd, slot, eof, exited, status;
+  char buf[8192];
+  size_t len;
+} child;
+
+static int spawn_rank(child *c, char **argv) {
+  int p[2];
+  if (pipe(p) != 0) return tr_fail(TR_EIO, "pipe: %s", strerror(errno));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+  posix_spawn_file_actions_addclose(&fa, p[0]);
+  posix_spawn_file_actions_addclose(&fa, p[1]);
+  int rc = posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(p[1]);
+  if (rc != 0) {
+    close(p[0]);
+    return tr_fail(TR_EIO, "posix_spawn: %s", strerror(rc));
+  }
+  c->fd = p[0];
+  c->eof = c->exited = 0;
+  c->len = 0;
+  return 0;
+}
+
+/* Waits up to timeout_ms for output; calls on_line for every complete line.
+ * Returns the number of children still open. */
+static int pump_children(child *cs, int n, int timeout_ms, void (*on_line)(void *, child *, const char *), void *ud) {
+  struct pollfd pf[MAX_RANKS + 1];
+  int idx[MAX_RANKS + 1], np = 0;
+  for (int i = 0; i < n; i++)
+    if (!cs[i].eof) {
+      pf[np] = (struct pollfd){.fd = cs[i].fd, .events = POLLIN};
+      idx[np++] = i;
+    }
+  if (np == 0) return 0;
+  if (poll(pf, (nfds_t)np, timeout_ms) <= 0) return np;
+  for (int k = 0; k < np; k++) {
+    if (!pf[k].revents) continue;
+    child *c = &cs[idx[k]];
+    ssize_t r = read(c->fd, c->buf + c->len, sizeof c->buf - 1 - c->len);
+    if (r <= 0) {
+      c->eof = 1;
+      close(c->fd);
+      c->fd = -1;
+      continue;
+    }
+    c->len += (size_t)r;
+    c->buf[c->len] = 0;
+    char *start = c->buf, *nl;
+    while ((nl = strchr(start, '\n'))) {
+      *nl = 0;
+      on_line(ud, c, start);
+      start = nl + 1;
+    }
+    c->len = strlen(start);
+    memmove(c->buf, start, c->len + 1);
+    if (c->len == sizeof c->buf - 1) c->len = 0; /* an absurd line: drop it */
+  }
+  int open = 0;
+  for (int i = 0; i < n; i++) open += !cs[i].eof;
+  return open;
+}
+
+static void reap(child *cs, int n) {
+  for (int i = 0; i < n; i++) {
+    if (cs[i].pid > 0 && !cs[i].exited) {
+      waitpid(cs[i].pid, &cs[i].status, 0);
+      cs[i].exited = 1;
+    }
+    if (cs[i].fd >= 0) close(cs[i].fd);
+    cs[i].fd = -1;
+  }
+}
+
+static void common_rank_args(char **argv, int *k, char bufs[][64], int *b, const char *coord, int slot) {
+  argv[(*k)++] = "transom";
+  argv[(*k)++] = "ftar-bench";
+  argv[(*k)++] = "rank";
+  argv[(*k)++] = "--coord";
+  argv[(*k)++] = (char *)coord;
+  argv[(*k)++] = "--slot";
+  snprintf(bufs[*b], 64, "%d", slot);
+  argv[(*k)++] = bufs[(*b)++];
+}
+
+/* --- sweep --- */
+
+typedef struct {
+  int nranks, nsizes;
+  uint64_t sizes[MAX_SIZES];
+  double sec[MAX_SIZES][MAX_RANKS];
+  int iters[MAX_SIZES];
+  int errors;
+} sweep_state;
+
+static void sweep_line(void *ud, child *c, const char *line) {
+  sweep_state *s = ud;
+  int slot, iters;
+  size_t count;
+  double sec;
+  if (sscanf(line, "ftar-time slot=%d count=%zu iters=%d sec=%lf", &slot, &count, &iters, &sec) == 4) {
+    for (int i = 0; i < s->nsizes; i++)
+      if (s->sizes[i] == count * 4 && slot >= 0 && slot < MAX_RANKS) {
+        s->sec[i][slot] = sec;
+        s->iters[i] = iters;
+      }
+  } else if (strncmp(line, "ftar-error", 10) == 0) {
+    fprintf(stderr, "rank %d: %s\n", c->slot, line);
+    s->errors++;
+  }
+}
+
+typedef struct {
+  int ranks, warmup, iters, verify;
+  ftar_op op;
+  double deadline;
+  uint64_t chunk;
+  int64_t sockbuf;
+  uint64_t sizes[MAX_SIZES];
+  int nsizes;
+} sweep_opts;
+
+static int run_sweep(const sweep_opts *so) {
+  ftar_coord_opts co;
+  ftar_coord_opts_default(&co);
+  co.deadline = so->deadline;
+  ftar_coord *coord = ftar_coord_start("127.0.0.1", 0, &co);
+  if (!coord) {
+    fprintf(stderr, "ftar-bench: %s\n", tr_error());
+    return 1;
+  }
+  char coordaddr[64], sizes[1024], bufs[16][64];
+  snprintf(coordaddr, sizeof coordaddr, "127.0.0.1:%d", ftar_coord_port(coord));
+  size_t off = 0;
+  for (int i = 0; i < so->nsizes; i++)
+    off += (size_t)snprintf(sizes + off, sizeof sizes - off, "%s%llu", i ? "," : "",
+                            (unsigned long long)(so->sizes[i] / 4));
+  static sweep_state st;
+  memset(&st, 0, sizeof st);
+  st.nranks = so->ranks;
+  st.nsizes = so->nsizes;
+  memcpy(st.sizes, so->sizes, sizeof st.sizes);
+  child cs[MAX_RANKS];
+  memset(cs, 0, sizeof cs);
+  int rc = 0;
+  for (int r = 0; r < so->ranks; r++) {
+    char *argv[40];
+    int k = 0, b = 0;
+    common_rank_args(argv, &k, bufs, &b, coordaddr, r);
+    argv[k++] = "--counts";
+    argv[k++] = sizes;
+    argv[k++] = "--wait";
+    snprintf(bufs[b], 64, "%d", so->ranks);
+    argv[k++] = bufs[b++];
+    argv[k++] = "--warmup";
+    snprintf(bufs[b], 64, "%d", so->warmup);
+    argv[k++] = bufs[b++];
+    argv[k++] = "--iters";
+    snprintf(bufs[b], 64, "%d", so->iters);
+    argv[k++] = so->iters > 0 ? bufs[b++] : "auto";
+    argv[k++] = "--op";
+    argv[k++] = so->op == FTAR_MEAN ? "mean" : "sum";
+    if (so->chunk) {
+      argv[k++] = "--chunk";
+      snprintf(bufs[b], 64, "%llu", (unsigned long long)so->chunk);
+      argv[k++] = bufs[b++];
+    }
+    if (so->sockbuf >= 0) {
+      argv[k++] = "--sockbuf";
+      snprintf(bufs[b], 64, "%lld", (long long)so->sockbuf);
+      argv[k++] = bufs[b++];
+    }
+    argv[k++] = "--quiet";
+    if (so->verify) argv[k++] = "--verify";
+    argv[k] = NULL;
+    cs[r].slot = r;
+    cs[r].fd = -1;
+    if (spawn_rank(&cs[r], argv)) {
+      fprintf(stderr, "ftar-bench: %s\n", tr_error());
+      rc = 1;
+      for (int i = 0; i < r; i++) kill(cs[i].pid, SIGTERM);
+      reap(cs, r);
+      ftar_coord_free(coord);
+      return rc;
+    }
+  }
+  while (pump_children(cs, so->ranks, 200, sweep_line, &st) > 0) {
+  }
+  reap(cs, so->ranks);
+  ftar_coord_free(coord);
+  for (int r = 0; r < so->ranks; r++)
+    if (!WIFEXITED(cs[r].status) || WEXITSTATUS(cs[r].status) != 0) rc = 1;
+  if (st.errors) rc = 1;
+  printf("ftar-bench: %d ranks on 127.0.0.1 | op %s | chunk %llu B | sockbuf %lld | deadline %.2f s%s\n", so->ranks,
+         so->op == FTAR_MEAN ? "mean" : "sum", (unsigned long long)(so->chunk ? so->chunk : 256 * 1024),
+         (long long)(so->sockbuf >= 0 ? so->sockbuf : 4 << 20), so->deadline, so->verify ? " | verified" : "");
+  printf("%12s %12s %7s %12s %12s %12s\n", "size", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+  for (int i = 0; i < so->nsizes; i++) {
+    double worst = 0;
+    for (int r = 0; r < so->ranks; r++)
+      if (st.sec[i][r] > worst) worst = st.sec[i][r];
+    char h[32];
+    if (worst <= 0 || st.iters[i] <= 0) {
+      printf("%12s %12llu %7s %12s %12s %12s\n", human(so->sizes[i], h, sizeof h),
+             (unsigned long long)(so->sizes[i] / 4), "-", "failed", "-", "-");
+      rc = 1;
+      continue;
+    }
+    double t = worst / st.iters[i];
+    double alg = (double)so->sizes[i] / t / 1e9, bus = alg * 2.0 * (so->ranks - 1) / so->ranks;
+    printf("%12s %12llu %7d %12.1f %12.3f %12.3f\n", human(so->sizes[i], h, sizeof h),
+           (unsigned long long)(so->sizes[i] / 4), st.iters[i], t * 1e6, alg, bus);
+    printf("ftar-bw ranks=%d bytes=%llu iters=%d us=%.3f algbw=%.4f busbw=%.4f\n", so->ranks,
+           (unsigned long long)so->sizes[i], st.iters[i], t * 1e6, alg, bus);
+  }
+  fflush(stdout);
+  return rc;
+}
+
+/* --- recovery --- */
+
+typedef struct {
+  int nranks, victim;
+  int results[MAX_RANKS];
+  double dur_sum;
+  int dur_n;
+  double t_sig;
+  double done_at[MAX_RANKS]; /* t1 of the first collective ending after t_sig */
+  int redos[MAX_RANKS], contrib[MAX_RANKS], bad;
+} rec_state;
+
+static void rec_line(void *ud, child *c, const char *line) {
+  rec_state *s = ud;
+  int slot, rcv, contrib, redos, ok;
+  unsigned long long seq, epoch;
+  size_t count;
+  double t0, t1;
+  char slots[1024];
+  if (sscanf(line,
+             "ftar-result slot=%d seq=%llu count=%zu rc=%d epoch=%llu contrib=%d redos=%d slots=%1023s ok=%d t0=%lf "
+             "t1=%lf",
+             &slot, &seq, &count, &rcv, &epoch, &contrib, &redos, slots, &ok, &t0, &t1) == 11) {
+    if (slot < 0 || slot >= MAX_RANKS) return;
+    s->results[slot]++;
+    s->dur_sum += t1 - t0;
+    s->dur_n++;
+    if (!ok) s->bad++;
+    if (s->t_sig > 0 && slot != s->victim && t1 > s->t_sig && s->done_at[slot] == 0) {
+      s->done_at[slot] = t1;
+      s->redos[slot] = redos;
+      s->contrib[slot] = contrib;
+    }
+  } else if (strncmp(line, "ftar-error", 10) == 0 && c->slot != s->victim) {
+    fprintf(stderr, "rank %d: %s\n", c->slot, line);
+    s->bad++;
+  }
+}
+
+static int run_recovery(int ranks, uint64_t count, double deadline, int use_stop, int trials, uint64_t chunk,
+                        int64_t sockbuf) {
+  int rc = 0;
+  double ms[16];
+  if (trials > 16) trials = 16;
+  srand((unsigned)time(NULL));
+  for (int trial = 0; trial < trials; trial++) {
+    ftar_coord_opts co;
+    ftar_coord_opts_default(&co);
+    co.deadline = deadline;
+    ftar_coord *coord = ftar_coord_start("127.0.0.1", 0, &co);
+    if (!coord) {
+      fprintf(stderr, "ftar-bench: %s\n", tr_error());
+      return 1;
+    }
+    char coordaddr[64], bufs[16][64];
+    snprintf(coordaddr, sizeof coordaddr, "127.0.0.1:%d", ftar_coord_port(coord));
+    child cs[MAX_RANKS];
+    memset(cs, 0, sizeof cs);
+    rec_state st;
+    memset(&st, 0, sizeof st);
+    st.nranks = ranks;
+    st.victim = ranks - 1;
+    int spawned = 0;
+    for (int r = 0; r < ranks; r++) {
+      char *argv[40];
+      int k = 0, b = 0;
+      common_rank_args(argv, &k, bufs, &b, coordaddr, r);
+      argv[k++] = "--counts";
+      snprintf(bufs[b], 64, "%llu", (unsigned long long)count);
+      argv[k++] = bufs[b++];
+      argv[k++] = "--wait";
+      snprintf(bufs[b], 64, "%d", ranks);
+      argv[k++] = bufs[b++];
+      argv[k++] = "--iters";
+      argv[k++] = "1000000";
+      argv[k++] = "--max-sec";
+      argv[k++] = "60";
+      argv[k++] = "--verify";
+      if (chunk) {
+        argv[k++] = "--chunk";
+        snprintf(bufs[b], 64, "%llu", (unsigned long long)chunk);
+        argv[k++] = bufs[b++];
+      }
+      if (sockbuf >= 0) {
+        argv[k++] = "--sockbuf";
+        snprintf(bufs[b], 64, "%lld", (long long)sockbuf);
+        argv[k++] = bufs[b++];
+      }
+      argv[k] = NULL;
+      cs[r].slot = r;
+      if (spawn_rank(&cs[r], argv)) {
+        fprintf(stderr, "ftar-bench: %s\n", tr_error());
+        rc = 1;
+        break;
+      }
+      spawned++;
+    }
+    double t_lim = tr_now() + 30;
+    while (rc == 0 && tr_now() < t_lim) { /* everyone has done two collectives */
+      pump_children(cs, spawned, 100, rec_line, &st);
+      int ready = 1;
+      for (int r = 0; r < ranks; r++) ready &= st.results[r] >= 2;
+      if (ready) break;
+    }
+    if (rc == 0 && st.dur_n > 0) {
+      double avg = st.dur_sum / st.dur_n;
+      usleep((useconds_t)(avg * (0.2 + 0.6 * rand() / (double)RAND_MAX) * 1e6));
+      st.t_sig = tr_now();
+      kill(cs[st.victim].pid, use_stop ? SIGSTOP : SIGKILL);
+      t_lim = st.t_sig + deadline + 10;
+      for (;;) {
+        pump_children(cs, spawned, 50, rec_line, &st);
+        int all = 1;
+        for (int r = 0; r < ranks; r++)
+          if (r != st.victim) all &= st.done_at[r] > 0;
+        if (all || tr_now() > t_lim) break;
+      }
+      double worst = 0;
+      int got = 1;
+      for (int r = 0; r < ranks; r++)
+        if (r != st.victim) {
+          if (st.done_at[r] == 0) got = 0;
+          else if (st.done_at[r] - st.t_sig > worst) worst = st.done_at[r] - st.t_sig;
+        }
+      if (!got || st.bad) {
+        printf("ftar-recovery trial=%d signal=%s failed (%s)\n", trial + 1, use_stop ? "stop" : "kill",
+               got ? "wrong results" : "no redo in time");
+        rc = 1;
+      } else {
+        ms[trial] = worst * 1e3;
+        printf("ftar-recovery trial=%d signal=%s ranks=%d bytes=%llu deadline=%.2f ms=%.1f redos=%d contrib=%d\n",
+               trial + 1, use_stop ? "stop" : "kill", ranks, (unsigned long long)count * 4, deadline, worst * 1e3,
+               st.redos[0], st.contrib[0]);
+      }
+    } else if (rc == 0) {
+      printf("ftar-recovery trial=%d failed (ranks did not start)\n", trial + 1);
+      rc = 1;
+    }
+    for (int r = 0; r < spawned; r++) kill(cs[r].pid, SIGKILL);
+    reap(cs, spawned);
+    ftar_coord_free(coord);
+    fflush(stdout);
+    if (rc) return rc;
+  }
+  /* median */
+  for (int i = 1; i < trials; i++)
+    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+      double t = ms[j];
+      ms[j] = ms[j - 1];
+      ms[j - 1] = t;
+    }
+  char h[32];
+  printf("recovery (%s, %d ranks, %s all-reduce, deadline %.2f s): survivors completed the redo %.1f ms after the "
+         "signal (median of %d; min %.1f, max %.1f)\n",
+         use_stop ? "SIGSTOP" : "kill -9", ranks, human(count * 4, h, sizeof h), deadline, ms[trials / 2], trials,
+         ms[0], ms[trials - 1]);
+  return 0;
+}
+
+/* --- coordinator alone --- */
+
+static int run_coord(const char *host, int port, double deadline, double heartbeat) {
+  ftar_coord_opts co;
+  ftar_coord_opts_default(&co);
+  co.deadline = deadline;
+  co.heartbeat = heartbeat;
+  ftar_coord *c = ftar_coord_start(host, port, &co);
+  if (!c) {
+    fprintf(stderr, "ftar-bench coord: %s\n", tr_error());
+    return 1;
+  }
+  printf("ftar-coord port=%d pid=%d\n", ftar_coord_port(c), (int)getpid());
+  fflush(stdout);
+  while (!stop_flag) {
+    struct pollfd p = {.fd = 0, .events = POLLIN};
+    int r = poll(&p, 1, 200);
+    if (r > 0) {
+      char b[256];
+      if (read(0, b, sizeof b) <= 0) break;
+    }
+  }
+  ftar_coord_free(c);
+  return 0;
+}
+
+/* --- dispatch --- */
+
+static const char usage[] =
+    "usage: transom ftar-bench [--ranks N] [--sizes LIST] [--iters N|auto] [--warmup N] [--op sum|mean]\n"
+    "                          [--verify] [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES]\n"
+    "       transom ftar-bench recovery [--ranks N] [--count FLOATS] [--signal kill|stop] [--trials N]\n"
+    "                          [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES]\n"
+    "       transom ftar-bench coord [--host H] [--port P] [--deadline SEC] [--heartbeat SEC]\n"
+    "       transom ftar-bench rank --coord HOST:PORT --slot S [--counts LIST | --sizes LIST] [--iters N|auto]\n"
+    "                          [--warmup N] [--op sum|mean] [--verify] [--pattern seq|static] [--wait N]\n"
+    "                          [--min-members N] [--timeout SEC] [--deadline SEC] [--chunk BYTES]\n"
+    "                          [--sockbuf BYTES] [--seq0 N] [--loop] [--until-contrib C --tail T]\n"
+    "                          [--max-sec SEC] [--quiet]\n"
+    "\n"
+    "FTAR, the fault-tolerant ring all-reduce, on 127.0.0.1: a coordinator and N rank processes.\n"
+    "The default mode prints time, algbw and busbw = algbw*2(n-1)/n per size (sizes in bytes with\n"
+    "K/M/G suffixes; default 4K,64K,1M,16M,256M; --iters auto = 512 MiB of payload per size, 5..1000).\n"
+    "recovery kills (or stops) the last rank in the middle of an all-reduce and prints the time until\n"
+    "the survivors finished the redo. coord and rank are the building blocks (tests use them); ranks\n"
+    "print machine-readable ftar-ready/ftar-result/ftar-time/ftar-error/ftar-done lines.\n";
+
+int ftar_bench_main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN);
+  signal(SIGTERM, on_term);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  const char *mode = "sweep";
+  int i = 0;
+  if (argc > 0 && argv[0][0] != '-') {
+    mode = argv[0];
+    i = 1;
+  }
+  rank_opts ro = {.slot = -1, .wait = 1, .min_members = 1, .iters = 1, .timeout = 60, .sockbuf = -1, .seq0 = 1,
+                  .tail = 1};
+  sweep_opts so = {.ranks = 2, .warmup = 2, .iters = 0, .deadline = 3, .sockbuf = -1};
+  uint64_t dsizes[] = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
+  memcpy(so.sizes, dsizes, sizeof dsizes);
+  so.nsizes = 5;
+  const char *host = "127.0.0.1";
+  int port = 0, ranks = -1, use_stop = 0, trials = 3;
+  double deadline = -1, heartbeat = 0;
+  uint64_t count = 4 << 20;
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    uint64_t u;
+    int bad = 0;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(usage, stdout);
+      return 0;
+    } else if (strcmp(a, "--verify") == 0) ro.verify = so.verify = 1;
+    else if (strcmp(a, "--quiet") == 0) ro.quiet = 1;
+    else if (strcmp(a, "--loop") == 0) ro.loop = 1;
+    else if (!v) bad = 1;
+    else if (strcmp(a, "--ranks") == 0) bad = parse_u64(v, &u) || u < 1 || u > MAX_RANKS || !(ranks = (int)u);
+    else if (strcmp(a, "--sizes") == 0) {
+      int n = parse_list(v, so.sizes, MAX_SIZES);
+      bad = n <= 0;
+      for (int k = 0; k < n && !bad; k++) bad = so.sizes[k] == 0 || so.sizes[k] % 4 != 0;
+      if (!bad) {
+        so.nsizes = n;
+        ro.ncounts = n;
+        for (int k = 0; k < n; k++) ro.counts[k] = so.sizes[k] / 4;
+      }
+    } else if (strcmp(a, "--counts") == 0) {
+      int n = parse_list(v, ro.counts, MAX_SIZES);
+      bad = n <= 0;
+      ro.ncounts = n;
+    } else if (strcmp(a, "--iters") == 0) {
+      if (strcmp(v, "auto") == 0) ro.iters = so.iters = 0;
+      else bad = parse_u64(v, &u) || u < 1 || u > 100000000 || !(ro.iters = so.iters = (int)u);
+    } else if (strcmp(a, "--warmup") == 0) {
+      bad = parse_u64(v, &u) || u > 1000000;
+      ro.warmup = so.warmup = (int)u;
+    } else if (strcmp(a, "--op") == 0) {
+      if (strcmp(v, "sum") == 0) ro.op = so.op = FTAR_SUM;
+      else if (strcmp(v, "mean") == 0) ro.op = so.op = FTAR_MEAN;
+      else bad = 1;
+    } else if (strcmp(a, "--pattern") == 0) {
+      if (strcmp(v, "seq") == 0) ro.static_pattern = 0;
+      else if (strcmp(v, "static") == 0) ro.static_pattern = 1;
+      else bad = 1;
+    } else if (strcmp(a, "--deadline") == 0) bad = parse_double(v, &deadline);
+    else if (strcmp(a, "--heartbeat") == 0) bad = parse_double(v, &heartbeat);
+    else if (strcmp(a, "--timeout") == 0) bad = parse_double(v, &ro.timeout) || ro.timeout <= 0;
+    else if (strcmp(a, "--max-sec") == 0) bad = parse_double(v, &ro.max_sec);
+    else if (strcmp(a, "--chunk") == 0) bad = parse_u64(v, &u) || u < 64 || !(ro.chunk = so.chunk = u);
+    else if (strcmp(a, "--sockbuf") == 0) {
+      bad = parse_u64(v, &u) || u > (1u << 30);
+      ro.sockbuf = so.sockbuf = (int64_t)u;
+    } else if (strcmp(a, "--coord") == 0) ro.coord = v;
+    else if (strcmp(a, "--slot") == 0) bad = parse_u64(v, &u) || u >= (1u << 30) || ((ro.slot = (int)u), 0);
+    else if (strcmp(a, "--wait") == 0) bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro.wait = (int)u), 0);
+    else if (strcmp(a, "--min-members") == 0)
+      bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro.min_members = (int)u), 0);
+    else if (strcmp(a, "--seq0") == 0) bad = parse_u64(v, &ro.seq0);
+    else if (strcmp(a, "--until-contrib") == 0)
+      bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro.until_contrib = (int)u), 0);
+    else if (strcmp(a, "--tail") == 0) bad = parse_u64(v, &u) || u < 1 || u > 1000000 || ((ro.tail = (int)u), 0);
+    else if (strcmp(a, "--host") == 0) host = v;
+    else if (strcmp(a, "--port") == 0) bad = parse_u64(v, &u) || u > 65535 || ((port = (int)u), 0);
+    else if (strcmp(a, "--count") == 0) bad = parse_u64(v, &count) || count == 0;
+    else if (strcmp(a, "--signal") == 0) {
+      if (strcmp(v, "kill") == 0) use_stop = 0;
+      else if (strcmp(v, "stop") == 0) use_stop = 1;
+      else bad = 1;
+    } else if (strcmp(a, "--trials") == 0) bad = parse_u64(v, &u) || u < 1 || u > 16 || ((trials = (int)u), 0);
+    else {
+      fprintf(stderr, "transom ftar-bench: unknown option '%s' (see --help)\n", a);
+      return 2;
+    }
+    if (bad) {
+      fprintf(stderr, "transom ftar-bench: bad or missing value for %s\n", a);
+      return 2;
+    }
+    if (v && a[0] == '-' && a[1] == '-' && strcmp(a, "--verify") && strcmp(a, "--quiet") && strcmp(a, "--loop")) i++;
+  }
+  if (strcmp(mode, "rank") == 0) {
+    if (!ro.coord || ro.slot < 0 || ro.ncounts == 0) {
+      fprintf(stderr, "transom ftar-bench rank: --coord, --slot and --counts (or --sizes) are required\n");
+      return 2;
+    }
+    ro.deadline = deadline > 0 ? deadline : 0;
+    return rank_run(&ro);
+  }
+  if (strcmp(mode, "coord") == 0) return run_coord(host, port, deadline > 0 ? deadline : 3, heartbeat);
+  if (strcmp(mode, "recovery") == 0)
+    return run_recovery(ranks > 0 ? ranks : 3, count, deadline > 0 ? deadline : 1, use_stop, trials, so.chunk,
+                        so.sockbuf);
+  if (strcmp(mode, "sweep") == 0) {
+    so.ranks = ranks > 0 ? ranks : 2;
+    if (deadline > 0) so.deadline = deadline;
+    return run_sweep(&so);
+  }
+  fprintf(stderr, "transom ftar-bench: unknown mode '%s' (see --help)\n", mode);
+  return 2;
+}

@@ -1,0 +1,631 @@
+/* ftar_coord.c — the FTAR coordinator: membership epochs on a libevent loop.
+ *
+ * State: the epoch number and the member list ordered by slot (the ring
+ * order). Every change publishes epoch+1 to all members (EPOCH frame):
+ *   join                      -> members finish the collective in flight,
+ *                                then switch (no FTF_ABORT_PREV)
+ *   close / lapse / evict     -> FTF_ABORT_PREV: every member aborts the
+ *   / a member's ABORT           collective in flight and resynchronises
+ * Before a member runs a collective in a new epoch it sends SYNC (the seq it
+ * is in, whether it already holds that collective's full result, whether it
+ * never completed one). When every member of the current epoch has synced,
+ * the coordinator decides for each (GO frame):
+ *   COMMIT  it holds the full result of a collective that some survivor has
+ *           already returned, or that every survivor holds: return it as is;
+ *   RUN     (re)run the group's collective in this epoch (a fresh joiner
+ *           adopts the group's seq);
+ *   ESEQ    its seq is not the group's: the caller is out of step.
+ * Heartbeat lapse is libevent's read timeout on the member's connection:
+ * any frame from it re-arms it.
+ *
+ * Not here: the data plane (ftar.c); any notion of training steps beyond the
+ * seq numbers members report. Called by: the standalone driver
+ * (ftar_bench.c), later the operator, which embeds it in its own loop.
+ * Malformed input (bad magic, oversized length, bad checksum, unexpected
+ * frame) closes that connection with a logged reason.
+ */
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ftar.h"
+#include "ftar_wire.h"
+#include "util.h"
+
+#define CONN_MAX 1024
+#define MAX_SLOT (1 << 30)
+
+enum { CS_NEW = 0, CS_MEMBER = 1, CS_CLOSING = 2 };
+enum { CMD_QUIT = 1, CMD_EVICT = 2 };
+
+typedef struct cconn cconn;
+struct cconn {
+  ftar_coord *c;
+  struct bufferevent *bev;
+  int state;
+  int slot;
+  uint64_t uid;
+  uint16_t port;
+  char host[FTAR_HOST_MAX + 1];
+  char peer[64]; /* remote address, for logs */
+  int synced;
+  uint16_t sync_flags;
+  uint64_t sync_seq;
+  cconn *prev, *next;
+};
+
+struct ftar_coord {
+  struct event_base *base;
+  int own_base, has_thread;
+  pthread_t th;
+  struct evconnlistener *lis;
+  int port;
+  int cmd[2];
+  struct event *cmd_ev;
+  ftar_coord_opts o;
+  struct timeval deadline_tv;
+  cconn *conns;
+  int nconns;
+  cconn *mem[FTAR_MAX_MEMBERS]; /* members, ascending slot */
+  int n;
+  uint64_t epoch, next_uid;
+  int go_sent;
+  uint8_t epoch_buf[4 + FTAR_ENTRY_LEN * FTAR_MAX_MEMBERS];
+  pthread_mutex_t mu; /* guards the snapshot below (read by any thread) */
+  uint64_t snap_epoch;
+  int snap_n;
+  int snap_slots[FTAR_MAX_MEMBERS];
+};
+
+/* --- logging --- */
+
+__attribute__((format(printf, 2, 3))) static void clog_(ftar_coord *c, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (c->o.log) c->o.log(c->o.log_ud, msg);
+  else fprintf(stderr, "ftar-coord: %s\n", msg);
+}
+
+void ftar_coord_opts_default(ftar_coord_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->deadline = 3.0;
+}
+
+/* --- connections --- */
+
+static void conn_send(cconn *k, ftar_hdr *h, const void *payload) {
+  uint8_t hb[FTAR_HDR];
+  ftar_frame_build(hb, h, payload);
+  bufferevent_write(k->bev, hb, FTAR_HDR);
+  if (h->len) bufferevent_write(k->bev, payload, h->len);
+}
+
+static void conn_drop(cconn *k) {
+  ftar_coord *c = k->c;
+  if (k->prev) k->prev->next = k->next;
+  else c->conns = k->next;
+  if (k->next) k->next->prev = k->prev;
+  c->nconns--;
+  bufferevent_free(k->bev);
+  free(k);
+}
+
+static void closing_write_cb(struct bufferevent *bev, void *arg) {
+  (void)bev;
+  conn_drop(arg);
+}
+
+static void closing_event_cb(struct bufferevent *bev, short what, void *arg) {
+  (void)bev;
+  (void)what;
+  conn_drop(arg);
+}
+
+/* Sends REJECT or BYE with a reason, then closes once it is flushed (or after
+ * the deadline if the peer does not read). */
+static void conn_close_with(cconn *k, int type, int code, const char *reason) {
+  ftar_hdr h = {.type = (uint16_t)type, .index = (uint32_t)code};
+  size_t n = strlen(reason);
+  h.len = (uint32_t)(n < FTAR_REASON_MAX ? n : FTAR_REASON_MAX);
+  conn_send(k, &h, reason);
+  k->state = CS_CLOSING;
+  bufferevent_disable(k->bev, EV_READ);
+  bufferevent_setcb(k->bev, NULL, closing_write_cb, closing_event_cb, k);
+  bufferevent_set_timeouts(k->bev, NULL, &k->c->deadline_tv);
+}
+
+/* --- epochs --- */
+
+static void snapshot(ftar_coord *c) {
+  pthread_mutex_lock(&c->mu);
+  c->snap_epoch = c->epoch;
+  c->snap_n = c->n;
+  for (int i = 0; i < c->n; i++) c->snap_slots[i] = c->mem[i]->slot;
+  pthread_mutex_unlock(&c->mu);
+}
+
+static const char *change_name(ftar_change_kind k) {
+  switch (k) {
+  case FTAR_CHANGE_JOIN: return "join";
+  case FTAR_CHANGE_CLOSED: return "closed";
+  case FTAR_CHANGE_LAPSED: return "lapsed";
+  case FTAR_CHANGE_EVICTED: return "evicted";
+  case FTAR_CHANGE_ABORTED: return "aborted";
+  }
+  return "?";
+}
+
+static void publish(ftar_coord *c, ftar_change_kind kind, int slot) {
+  c->epoch++;
+  c->go_sent = 0;
+  uint8_t *p = c->epoch_buf;
+  ftw_put32(p, (uint32_t)c->n);
+  for (int i = 0; i < c->n; i++) {
+    cconn *k = c->mem[i];
+    uint8_t *e = p + 4 + (size_t)i * FTAR_ENTRY_LEN;
+    memset(e, 0, FTAR_ENTRY_LEN);
+    size_t hl = strlen(k->host);
+    ftw_put32(e, (uint32_t)k->slot);
+    ftw_put16(e + 4, k->port);
+    ftw_put16(e + 6, (uint16_t)hl);
+    ftw_put64(e + 8, k->uid);
+    memcpy(e + 16, k->host, hl);
+    k->synced = 0;
+  }
+  ftar_hdr h = {.type = FT_EPOCH, .flags = kind == FTAR_CHANGE_JOIN ? 0 : FTF_ABORT_PREV, .epoch = c->epoch};
+  h.len = (uint32_t)(4 + (size_t)c->n * FTAR_ENTRY_LEN);
+  for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &h, p);
+  snapshot(c);
+  char list[256];
+  size_t off = 0;
+  list[0] = 0;
+  for (int i = 0; i < c->n && off + 16 < sizeof list; i++)
+    off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", i ? "," : "", c->mem[i]->slot);
+  clog_(c, "epoch %llu: %s slot %d -> %d member(s) [%s]", (unsigned long long)c->epoch, change_name(kind), slot, c->n,
+        list);
+  if (c->o.on_change) {
+    int slots[FTAR_MAX_MEMBERS];
+    for (int i = 0; i < c->n; i++) slots[i] = c->mem[i]->slot;
+    ftar_change ch = {.kind = kind, .slot = slot, .epoch = c->epoch, .n_members = c->n, .slots = slots};
+    c->o.on_change(c->o.ud, &ch);
+  }
+}
+
+static void member_remove(cconn *k) {
+  ftar_coord *c = k->c;
+  int i = 0;
+  while (i < c->n && c->mem[i] != k) i++;
+  if (i == c->n) return;
+  memmove(c->mem + i, c->mem + i + 1, (size_t)(c->n - i - 1) * sizeof c->mem[0]);
+  c->n--;
+  k->state = CS_NEW;
+}
+
+/* Removes a member for `kind` and publishes; then closes its connection
+ * (with a BYE when it may still be listening). */
+static void member_drop(cconn *k, ftar_change_kind kind, const char *why) {
+  int slot = k->slot;
+  ftar_coord *c = k->c;
+  member_remove(k);
+  if (kind == FTAR_CHANGE_CLOSED) conn_drop(k);
+  else conn_close_with(k, FT_BYE, FTAR_EEVICTED, why);
+  publish(c, kind, slot);
+}
+
+/* Every member synced: decide COMMIT / RUN / ESEQ for each (see the file
+ * comment) and send GO. "old" members are those that completed a collective
+ * before or hold a full result; a fresh joiner adopts the group's seq. */
+static void maybe_go(ftar_coord *c) {
+  if (c->go_sent || c->n == 0) return;
+  for (int i = 0; i < c->n; i++)
+    if (!c->mem[i]->synced) return;
+  int have_old = 0;
+  uint64_t smax = 0;
+  for (int i = 0; i < c->n; i++) {
+    cconn *k = c->mem[i];
+    int old = !(k->sync_flags & FTF_FRESH) || (k->sync_flags & FTF_FULL);
+    if (old && (!have_old || k->sync_seq > smax)) smax = k->sync_seq;
+    have_old |= old;
+  }
+  if (!have_old)
+    for (int i = 0; i < c->n; i++)
+      if (c->mem[i]->sync_seq > smax) smax = c->mem[i]->sync_seq;
+  int any = 0, all_full = 1;
+  for (int i = 0; i < c->n; i++) {
+    cconn *k = c->mem[i];
+    int old = !(k->sync_flags & FTF_FRESH) || (k->sync_flags & FTF_FULL);
+    if (old && k->sync_seq == smax) {
+      any = 1;
+      if (!(k->sync_flags & FTF_FULL)) all_full = 0;
+    }
+  }
+  int commit_max = have_old && any && all_full;
+  uint64_t run = commit_max ? smax + 1 : smax;
+  for (int i = 0; i < c->n; i++) {
+    cconn *k = c->mem[i];
+    int full = (k->sync_flags & FTF_FULL) != 0;
+    int fresh = (k->sync_flags & FTF_FRESH) && !full;
+    ftar_hdr h = {.type = FT_GO, .epoch = c->epoch};
+    if (full && (k->sync_seq < smax || (k->sync_seq == smax && commit_max))) {
+      h.index = FT_GO_COMMIT;
+      h.seq = k->sync_seq;
+    } else if (fresh || k->sync_seq == run) {
+      h.index = FT_GO_RUN;
+      h.seq = run;
+    } else {
+      h.index = FT_GO_ESEQ;
+      h.seq = run;
+      clog_(c, "slot %d is at seq %llu but the group runs %llu", k->slot, (unsigned long long)k->sync_seq,
+            (unsigned long long)run);
+    }
+    conn_send(k, &h, NULL);
+  }
+  c->go_sent = 1;
+}
+
+/* --- frames from a connection --- */
+
+static int find_slot(ftar_coord *c, int slot) {
+  for (int i = 0; i < c->n; i++)
+    if (c->mem[i]->slot == slot) return i;
+  return -1;
+}
+
+/* A bad frame or protocol error: log and close (a member leaves the group). */
+static void conn_fail(cconn *k, const char *why) {
+  if (k->state == CS_MEMBER) {
+    clog_(k->c, "closing slot %d (%s): %s", k->slot, k->peer, why);
+    member_drop(k, FTAR_CHANGE_CLOSED, why);
+  } else {
+    clog_(k->c, "closing connection from %s: %s", k->peer, why);
+    conn_drop(k);
+  }
+}
+
+/* Returns 1 if k was closed or is closing. */
+static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
+  ftar_coord *c = k->c;
+  char why[160];
+  uint32_t version = ftw_get32(pay);
+  uint16_t port = ftw_get16(pay + 4), hl = ftw_get16(pay + 6);
+  if (h->len != FTAR_HELLO_LEN || version != FTAR_VERSION || hl == 0 || hl > FTAR_HOST_MAX || port == 0 ||
+      h->index >= MAX_SLOT) {
+    conn_fail(k, "malformed HELLO");
+    return 1;
+  }
+  int slot = (int)h->index;
+  if (find_slot(c, slot) >= 0) {
+    snprintf(why, sizeof why, "slot %d is in use", slot);
+    clog_(c, "refusing %s: %s", k->peer, why);
+    conn_close_with(k, FT_REJECT, FTAR_ECOORD, why);
+    return 1;
+  }
+  if (c->n >= FTAR_MAX_MEMBERS) {
+    clog_(c, "refusing %s: group full", k->peer);
+    conn_close_with(k, FT_REJECT, FTAR_ECOORD, "group full");
+    return 1;
+  }
+  k->slot = slot;
+  k->port = port;
+  memcpy(k->host, pay + 8, hl);
+  k->host[hl] = 0;
+  k->uid = ++c->next_uid;
+  k->state = CS_MEMBER;
+  int i = c->n;
+  while (i > 0 && c->mem[i - 1]->slot > slot) {
+    c->mem[i] = c->mem[i - 1];
+    i--;
+  }
+  c->mem[i] = k;
+  c->n++;
+  uint8_t w[FTAR_WELCOME_LEN];
+  double hb = c->o.heartbeat > 0 ? c->o.heartbeat : c->o.deadline / 6;
+  ftw_put64(w, k->uid);
+  ftw_put32(w + 8, (uint32_t)(c->o.deadline * 1000 + 0.5));
+  ftw_put32(w + 12, (uint32_t)(hb * 1000 + 0.5));
+  ftar_hdr wh = {.type = FT_WELCOME, .len = FTAR_WELCOME_LEN, .index = (uint32_t)slot};
+  conn_send(k, &wh, w);
+  clog_(c, "slot %d registered from %s (data %s:%u)", slot, k->peer, k->host, port);
+  publish(c, FTAR_CHANGE_JOIN, slot);
+  return 0;
+}
+
+/* Returns 1 if k was closed (stop reading it). */
+static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
+  ftar_coord *c = k->c;
+  if (h->type == FT_HELLO) {
+    if (k->state != CS_NEW) {
+      conn_fail(k, "second HELLO");
+      return 1;
+    }
+    return on_hello(k, h, pay);
+  }
+  if (k->state != CS_MEMBER) {
+    conn_fail(k, "frame before HELLO");
+    return 1;
+  }
+  switch (h->type) {
+  case FT_HEARTBEAT: break; /* the read itself re-armed the lapse timer */
+  case FT_SYNC:
+    if (h->epoch == c->epoch && !c->go_sent) {
+      k->synced = 1;
+      k->sync_seq = h->seq;
+      k->sync_flags = h->flags;
+      maybe_go(c);
+    }
+    break;
+  case FT_ABORT:
+    if (h->epoch == c->epoch && c->go_sent) {
+      clog_(c, "slot %d aborted seq %llu in epoch %llu", k->slot, (unsigned long long)h->seq,
+            (unsigned long long)h->epoch);
+      publish(c, FTAR_CHANGE_ABORTED, k->slot);
+    }
+    break;
+  default: conn_fail(k, "unexpected frame type"); return 1;
+  }
+  return 0;
+}
+
+static void conn_read_cb(struct bufferevent *bev, void *arg) {
+  cconn *k = arg;
+  struct evbuffer *in = bufferevent_get_input(bev);
+  for (;;) {
+    size_t avail = evbuffer_get_length(in);
+    if (avail < FTAR_HDR) return;
+    uint8_t hb[FTAR_HDR], pay[FTAR_HELLO_LEN];
+    evbuffer_copyout(in, hb, FTAR_HDR);
+    ftar_hdr h;
+    ftar_hdr_decode(hb, &h);
+    char why[160];
+    if (ftar_hdr_check(&h, 0, why, sizeof why)) {
+      conn_fail(k, why);
+      return;
+    }
+    if (h.type != FT_HELLO && h.type != FT_HEARTBEAT && h.type != FT_SYNC && h.type != FT_ABORT) {
+      snprintf(why, sizeof why, "unexpected %s frame", ftar_type_name(h.type));
+      conn_fail(k, why);
+      return;
+    }
+    if (avail < FTAR_HDR + (size_t)h.len) return; /* len <= FTAR_HELLO_LEN, checked above */
+    evbuffer_drain(in, FTAR_HDR);
+    evbuffer_remove(in, pay, h.len);
+    if (ftar_frame_crc(hb, pay, h.len) != h.crc) {
+      snprintf(why, sizeof why, "bad checksum on %s frame", ftar_type_name(h.type));
+      conn_fail(k, why);
+      return;
+    }
+    if (on_frame(k, &h, pay)) return;
+  }
+}
+
+static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
+  (void)bev;
+  cconn *k = arg;
+  ftar_coord *c = k->c;
+  if (what & BEV_EVENT_TIMEOUT) {
+    if (k->state == CS_MEMBER) {
+      clog_(c, "slot %d: heartbeat lapsed (no frame for %.2f s)", k->slot, c->o.deadline);
+      member_drop(k, FTAR_CHANGE_LAPSED, "heartbeat lapsed");
+    } else {
+      clog_(c, "closing connection from %s: no HELLO within %.2f s", k->peer, c->o.deadline);
+      conn_drop(k);
+    }
+  } else if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
+    if (k->state == CS_MEMBER) {
+      clog_(c, "slot %d: connection closed", k->slot);
+      member_drop(k, FTAR_CHANGE_CLOSED, "closed");
+    } else {
+      conn_drop(k);
+    }
+  }
+}
+
+static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int socklen, void *arg) {
+  (void)l;
+  (void)socklen;
+  ftar_coord *c = arg;
+  if (c->nconns >= CONN_MAX) {
+    clog_(c, "too many connections (%d), refusing one", c->nconns);
+    evutil_closesocket(fd);
+    return;
+  }
+  cconn *k = calloc(1, sizeof *k);
+  struct bufferevent *bev = k ? bufferevent_socket_new(c->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
+  if (!bev) {
+    clog_(c, "out of memory accepting a connection");
+    free(k);
+    evutil_closesocket(fd);
+    return;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  k->c = c;
+  k->bev = bev;
+  k->slot = -1;
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+    char ip[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip);
+    snprintf(k->peer, sizeof k->peer, "%s:%u", ip, ntohs(in->sin_port));
+  } else {
+    snprintf(k->peer, sizeof k->peer, "?");
+  }
+  k->next = c->conns;
+  if (c->conns) c->conns->prev = k;
+  c->conns = k;
+  c->nconns++;
+  bufferevent_setcb(bev, conn_read_cb, NULL, conn_event_cb, k);
+  bufferevent_set_timeouts(bev, &c->deadline_tv, NULL);
+  bufferevent_enable(bev, EV_READ | EV_WRITE);
+}
+
+static void listen_error_cb(struct evconnlistener *l, void *arg) {
+  (void)l;
+  ftar_coord *c = arg;
+  clog_(c, "accept failed: %s (continuing)", strerror(errno));
+}
+
+/* --- commands from other threads --- */
+
+static void cmd_cb(evutil_socket_t fd, short what, void *arg) {
+  (void)what;
+  ftar_coord *c = arg;
+  int cmd[2];
+  while (read(fd, cmd, sizeof cmd) == (ssize_t)sizeof cmd) {
+    if (cmd[0] == CMD_QUIT) {
+      event_base_loopbreak(c->base);
+    } else if (cmd[0] == CMD_EVICT) {
+      int i = find_slot(c, cmd[1]);
+      if (i < 0) {
+        clog_(c, "evict: slot %d is not a member", cmd[1]);
+        continue;
+      }
+      clog_(c, "evicting slot %d", cmd[1]);
+      member_drop(c->mem[i], FTAR_CHANGE_EVICTED, "evicted by the host");
+    }
+  }
+}
+
+static int cmd_send(ftar_coord *c, int op, int arg) {
+  int cmd[2] = {op, arg};
+  ssize_t w;
+  do w = write(c->cmd[1], cmd, sizeof cmd);
+  while (w < 0 && errno == EINTR);
+  return w == (ssize_t)sizeof cmd ? 0 : tr_fail(TR_EIO, "ftar: coordinator command queue: %s", strerror(errno));
+}
+
+/* --- lifecycle --- */
+
+ftar_coord *ftar_coord_create(struct event_base *base, const char *host, int port, const ftar_coord_opts *o) {
+  ftar_coord *c = NULL;
+  if (!base || !host || port < 0 || port > 65535) {
+    tr_fail(TR_EINVAL, "ftar_coord_create: bad arguments");
+    return NULL;
+  }
+  c = calloc(1, sizeof *c);
+  if (!c) {
+    tr_fail(TR_ENOMEM, "ftar_coord_create: out of memory");
+    return NULL;
+  }
+  c->cmd[0] = c->cmd[1] = -1;
+  pthread_mutex_init(&c->mu, NULL);
+  if (o) c->o = *o;
+  else ftar_coord_opts_default(&c->o);
+  if (!(c->o.deadline > 0)) c->o.deadline = 3.0;
+  c->base = base;
+  c->deadline_tv.tv_sec = (time_t)c->o.deadline;
+  c->deadline_tv.tv_usec = (suseconds_t)((c->o.deadline - (double)c->deadline_tv.tv_sec) * 1e6);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+    tr_fail(TR_EINVAL, "ftar coordinator: '%s' is not an IPv4 address", host);
+    goto error;
+  }
+  c->lis = evconnlistener_new_bind(base, accept_cb, c, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 128,
+                                   (struct sockaddr *)&sa, sizeof sa);
+  if (!c->lis) {
+    tr_fail(TR_EIO, "ftar coordinator: cannot listen on %s:%d: %s", host, port, strerror(errno));
+    goto error;
+  }
+  evconnlistener_set_error_cb(c->lis, listen_error_cb);
+  struct sockaddr_in bound;
+  socklen_t bl = sizeof bound;
+  if (getsockname(evconnlistener_get_fd(c->lis), (struct sockaddr *)&bound, &bl) != 0) {
+    tr_fail(TR_EIO, "ftar coordinator: getsockname: %s", strerror(errno));
+    goto error;
+  }
+  c->port = ntohs(bound.sin_port);
+  if (pipe(c->cmd) != 0) {
+    tr_fail(TR_EIO, "ftar coordinator: pipe: %s", strerror(errno));
+    goto error;
+  }
+  fcntl(c->cmd[0], F_SETFL, O_NONBLOCK);
+  fcntl(c->cmd[0], F_SETFD, FD_CLOEXEC);
+  fcntl(c->cmd[1], F_SETFD, FD_CLOEXEC);
+  c->cmd_ev = event_new(base, c->cmd[0], EV_READ | EV_PERSIST, cmd_cb, c);
+  if (!c->cmd_ev || event_add(c->cmd_ev, NULL) != 0) {
+    tr_fail(TR_ENOMEM, "ftar coordinator: cannot create its command event");
+    goto error;
+  }
+  snapshot(c);
+  return c;
+error:
+  ftar_coord_free(c);
+  return NULL;
+}
+
+static void *coord_thread(void *arg) {
+  ftar_coord *c = arg;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE); /* a peer resetting mid-write must not kill the process */
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  event_base_dispatch(c->base);
+  return NULL;
+}
+
+ftar_coord *ftar_coord_start(const char *host, int port, const ftar_coord_opts *o) {
+  struct event_base *base = event_base_new();
+  if (!base) {
+    tr_fail(TR_ENOMEM, "ftar coordinator: event_base_new failed");
+    return NULL;
+  }
+  ftar_coord *c = ftar_coord_create(base, host, port, o);
+  if (!c) {
+    event_base_free(base);
+    return NULL;
+  }
+  c->own_base = 1;
+  if (pthread_create(&c->th, NULL, coord_thread, c) != 0) {
+    tr_fail(TR_EIO, "ftar coordinator: cannot start its thread");
+    ftar_coord_free(c);
+    return NULL;
+  }
+  c->has_thread = 1;
+  return c;
+}
+
+void ftar_coord_free(ftar_coord *c) {
+  if (!c) return;
+  if (c->has_thread) {
+    if (cmd_send(c, CMD_QUIT, 0) == 0) pthread_join(c->th, NULL);
+    else pthread_detach(c->th); /* cannot happen short of a broken pipe; leak rather than hang */
+  }
+  while (c->conns) conn_drop(c->conns);
+  if (c->lis) evconnlistener_free(c->lis);
+  if (c->cmd_ev) event_free(c->cmd_ev);
+  if (c->cmd[0] >= 0) close(c->cmd[0]);
+  if (c->cmd[1] >= 0) close(c->cmd[1]);
+  if (c->own_base) event_base_free(c->base);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+int ftar_coord_port(const ftar_coord *c) { return c->port; }
+
+int ftar_coord_members(ftar_coord *c, uint64_t *epoch, int *slots, int max) {
+  pthread_mutex_lock(&c->mu);
+  int n = c->snap_n;
+  if (epoch) *epoch = c->snap_epoch;
+  for (int i = 0; i < n && i < max && slots; i++) slots[i] = c->snap_slots[i];
+  pthread_mutex_unlock(&c->mu);
+  return n;
+}
+
+int ftar_coord_evict(ftar_coord *c, int slot) { return cmd_send(c, CMD_EVICT, slot); }

@@ -1,0 +1,274 @@
+/* ftar_wire.c — FTAR frame encoding, validation and CRC32C. See ftar_wire.h.
+ *
+ * CRC32C: the hardware path runs three independent crc32q streams over
+ * adjacent blocks and merges them with precomputed "append N zero bytes"
+ * operators (Mark Adler's crc32c.c method), about 3x the single-stream
+ * speed; the portable path is slicing-by-8. Both give identical results
+ * (spec/c/test_ftar.c compares them). Tables are built once, thread-safely.
+ */
+#include "ftar_wire.h"
+
+#include <pthread.h>
+#include <stdio.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <nmmintrin.h>
+#define FTW_HAVE_X86 1
+#endif
+
+#define POLY 0x82f63b78u /* CRC-32C, reflected */
+#define CRC_LONG 8192
+#define CRC_SHORT 256
+
+static uint32_t crc_table[8][256];
+static uint32_t crc_long[4][256], crc_short[4][256];
+static int crc_hw;
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+/* --- zero-append operators (GF(2) 32x32 matrices) --- */
+
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
+  uint32_t sum = 0;
+  while (vec) {
+    if (vec & 1) sum ^= *mat;
+    vec >>= 1;
+    mat++;
+  }
+  return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *mat) {
+  for (int n = 0; n < 32; n++) square[n] = gf2_times(mat, mat[n]);
+}
+
+/* Operator that appends len (a power of two) zero bytes to a crc. */
+static void zeros_op(uint32_t *even, size_t len) {
+  uint32_t odd[32];
+  odd[0] = POLY; /* one zero bit */
+  uint32_t row = 1;
+  for (int n = 1; n < 32; n++) {
+    odd[n] = row;
+    row <<= 1;
+  }
+  gf2_square(even, odd); /* two zero bits */
+  gf2_square(odd, even); /* four */
+  /* the next square gives one zero byte in even, then two in odd, ... */
+  do {
+    gf2_square(even, odd);
+    len >>= 1;
+    if (len == 0) return;
+    gf2_square(odd, even);
+    len >>= 1;
+  } while (len);
+  for (int n = 0; n < 32; n++) even[n] = odd[n];
+}
+
+static void zeros_table(uint32_t zeros[4][256], size_t len) {
+  uint32_t op[32];
+  zeros_op(op, len);
+  for (uint32_t n = 0; n < 256; n++) {
+    zeros[0][n] = gf2_times(op, n);
+    zeros[1][n] = gf2_times(op, n << 8);
+    zeros[2][n] = gf2_times(op, n << 16);
+    zeros[3][n] = gf2_times(op, n << 24);
+  }
+}
+
+static inline uint32_t crc_shift(uint32_t zeros[4][256], uint32_t crc) {
+  return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^ zeros[2][(crc >> 16) & 0xff] ^ zeros[3][crc >> 24];
+}
+
+static void crc_init(void) {
+  for (uint32_t n = 0; n < 256; n++) {
+    uint32_t c = n;
+    for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ POLY : c >> 1;
+    crc_table[0][n] = c;
+  }
+  for (uint32_t n = 0; n < 256; n++) {
+    uint32_t c = crc_table[0][n];
+    for (int k = 1; k < 8; k++) {
+      c = crc_table[0][c & 0xff] ^ (c >> 8);
+      crc_table[k][n] = c;
+    }
+  }
+  zeros_table(crc_long, CRC_LONG);
+  zeros_table(crc_short, CRC_SHORT);
+#ifdef FTW_HAVE_X86
+  __builtin_cpu_init();
+  crc_hw = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+/* --- software --- */
+
+uint32_t ftar_crc32c_sw(uint32_t crc, const void *buf, size_t len) {
+  pthread_once(&crc_once, crc_init);
+  const uint8_t *p = buf;
+  uint64_t c = (uint32_t)~crc;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  while (len && ((uintptr_t)p & 7)) {
+    c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+    len--;
+  }
+  while (len >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    c ^= w;
+    c = crc_table[7][c & 0xff] ^ crc_table[6][(c >> 8) & 0xff] ^ crc_table[5][(c >> 16) & 0xff] ^
+        crc_table[4][(c >> 24) & 0xff] ^ crc_table[3][(c >> 32) & 0xff] ^ crc_table[2][(c >> 40) & 0xff] ^
+        crc_table[1][(c >> 48) & 0xff] ^ crc_table[0][c >> 56];
+    p += 8;
+    len -= 8;
+  }
+#endif
+  while (len--) c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+  return ~(uint32_t)c;
+}
+
+/* --- SSE4.2 --- */
+
+#ifdef FTW_HAVE_X86
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const void *buf, size_t len) {
+  const uint8_t *next = buf;
+  uint64_t crc0 = (uint32_t)~crc, crc1, crc2, w0, w1, w2;
+  while (len && ((uintptr_t)next & 7)) {
+    crc0 = _mm_crc32_u8((uint32_t)crc0, *next++);
+    len--;
+  }
+  while (len >= CRC_LONG * 3) {
+    crc1 = crc2 = 0;
+    const uint8_t *end = next + CRC_LONG;
+    do {
+      memcpy(&w0, next, 8);
+      memcpy(&w1, next + CRC_LONG, 8);
+      memcpy(&w2, next + 2 * CRC_LONG, 8);
+      crc0 = _mm_crc32_u64(crc0, w0);
+      crc1 = _mm_crc32_u64(crc1, w1);
+      crc2 = _mm_crc32_u64(crc2, w2);
+      next += 8;
+    } while (next < end);
+    crc0 = crc_shift(crc_long, (uint32_t)crc0) ^ crc1;
+    crc0 = crc_shift(crc_long, (uint32_t)crc0) ^ crc2;
+    next += 2 * CRC_LONG;
+    len -= 3 * CRC_LONG;
+  }
+  while (len >= CRC_SHORT * 3) {
+    crc1 = crc2 = 0;
+    const uint8_t *end = next + CRC_SHORT;
+    do {
+      memcpy(&w0, next, 8);
+      memcpy(&w1, next + CRC_SHORT, 8);
+      memcpy(&w2, next + 2 * CRC_SHORT, 8);
+      crc0 = _mm_crc32_u64(crc0, w0);
+      crc1 = _mm_crc32_u64(crc1, w1);
+      crc2 = _mm_crc32_u64(crc2, w2);
+      next += 8;
+    } while (next < end);
+    crc0 = crc_shift(crc_short, (uint32_t)crc0) ^ crc1;
+    crc0 = crc_shift(crc_short, (uint32_t)crc0) ^ crc2;
+    next += 2 * CRC_SHORT;
+    len -= 3 * CRC_SHORT;
+  }
+  while (len >= 8) {
+    memcpy(&w0, next, 8);
+    crc0 = _mm_crc32_u64(crc0, w0);
+    next += 8;
+    len -= 8;
+  }
+  while (len--) crc0 = _mm_crc32_u8((uint32_t)crc0, *next++);
+  return ~(uint32_t)crc0;
+}
+#endif
+
+uint32_t ftar_crc32c(uint32_t crc, const void *buf, size_t len) {
+  pthread_once(&crc_once, crc_init);
+#ifdef FTW_HAVE_X86
+  if (crc_hw) return crc32c_hw(crc, buf, len);
+#endif
+  return ftar_crc32c_sw(crc, buf, len);
+}
+
+/* --- headers --- */
+
+void ftar_hdr_encode(uint8_t out[FTAR_HDR], const ftar_hdr *h) {
+  ftw_put32(out, h->magic);
+  ftw_put16(out + 4, h->type);
+  ftw_put16(out + 6, h->flags);
+  ftw_put64(out + 8, h->epoch);
+  ftw_put64(out + 16, h->seq);
+  ftw_put32(out + 24, h->index);
+  ftw_put32(out + 28, h->len);
+  ftw_put32(out + 32, h->aux);
+  ftw_put32(out + 36, h->crc);
+}
+
+void ftar_hdr_decode(const uint8_t in[FTAR_HDR], ftar_hdr *h) {
+  h->magic = ftw_get32(in);
+  h->type = ftw_get16(in + 4);
+  h->flags = ftw_get16(in + 6);
+  h->epoch = ftw_get64(in + 8);
+  h->seq = ftw_get64(in + 16);
+  h->index = ftw_get32(in + 24);
+  h->len = ftw_get32(in + 28);
+  h->aux = ftw_get32(in + 32);
+  h->crc = ftw_get32(in + 36);
+}
+
+uint32_t ftar_frame_crc(const uint8_t hdr[FTAR_HDR], const void *payload, size_t len) {
+  uint32_t c = ftar_crc32c(0, hdr, 36);
+  return len ? ftar_crc32c(c, payload, len) : c;
+}
+
+void ftar_frame_build(uint8_t out[FTAR_HDR], ftar_hdr *h, const void *payload) {
+  h->magic = FTAR_MAGIC;
+  h->crc = 0;
+  ftar_hdr_encode(out, h);
+  h->crc = ftar_frame_crc(out, payload, h->len);
+  ftw_put32(out + 36, h->crc);
+}
+
+const char *ftar_type_name(unsigned type) {
+  switch (type) {
+  case FT_HELLO: return "HELLO";
+  case FT_WELCOME: return "WELCOME";
+  case FT_REJECT: return "REJECT";
+  case FT_BYE: return "BYE";
+  case FT_HEARTBEAT: return "HEARTBEAT";
+  case FT_EPOCH: return "EPOCH";
+  case FT_SYNC: return "SYNC";
+  case FT_GO: return "GO";
+  case FT_ABORT: return "ABORT";
+  case FT_CONNECT: return "CONNECT";
+  case FT_DATA: return "DATA";
+  case FT_TOKEN: return "TOKEN";
+  default: return "?";
+  }
+}
+
+int ftar_hdr_check(const ftar_hdr *h, uint32_t data_max, char *why, size_t why_len) {
+  uint32_t max;
+  if (h->magic != FTAR_MAGIC) {
+    snprintf(why, why_len, "bad magic 0x%08x", h->magic);
+    return -1;
+  }
+  switch (h->type) {
+  case FT_HELLO: max = FTAR_HELLO_LEN; break;
+  case FT_WELCOME: max = FTAR_WELCOME_LEN; break;
+  case FT_REJECT:
+  case FT_BYE: max = FTAR_REASON_MAX; break;
+  case FT_EPOCH: max = 4 + FTAR_ENTRY_LEN * FTAR_MAX_MEMBERS; break;
+  case FT_HEARTBEAT:
+  case FT_SYNC:
+  case FT_GO:
+  case FT_ABORT:
+  case FT_TOKEN: max = 0; break;
+  case FT_CONNECT: max = FTAR_CONNECT_LEN; break;
+  case FT_DATA: max = data_max; break;
+  default: snprintf(why, why_len, "unknown frame type %u", h->type); return -1;
+  }
+  if (h->len > max) {
+    snprintf(why, why_len, "%s frame length %u beyond the %u expected", ftar_type_name(h->type), h->len, max);
+    return -1;
+  }
+  return 0;
+}
