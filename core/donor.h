@@ -38,10 +38,11 @@ void donor_boundary(donor *d);
 /* Loads a snapshot from the donor at host:port into t. Keeps the connection
  * open in *fd for donor_fetch. */
 int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fd);
-/* Replays the donor's recorded gradients after t's step until none is newer
- * (or until `until` steps are reached if until > 0); returns the number of
- * steps applied, or a negative error (TR_ESTATE if the donor's history no
- * longer reaches back to t's step: fetch a new snapshot). */
+/* Replays the donor's recorded gradients after t's step: with until > 0 up
+ * to exactly step `until` (waiting for the donor to get there), else until
+ * t is within one step of the donor. Returns the number of steps applied,
+ * or a negative error (TR_ESTATE if the donor's history no longer reaches
+ * back to t's step: fetch a new snapshot). */
 int donor_catch_up(int fd, trainer *t, int64_t until);
 void donor_close(int fd);
 

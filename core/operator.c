@@ -91,7 +91,7 @@ struct op {
   FILE *metrics, *events, *coord_log;
   int policy_ref, state_ref; /* restart policy module and its state table */
   int restarts_total, restart_all_pending, stopping, finished, exit_code;
-  int64_t best_step, stop_at;
+  int64_t best_step, stop_at, last_ckpt;
   int *chaos_fired;
   step_acc acc[STEP_RING];
   double t0, lost_s;
@@ -467,6 +467,9 @@ static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *l
     if (strcmp(s->mode, "join") == 0 && !d) snprintf(s->mode, sizeof s->mode, "resume");
     evbuffer_add_printf(bufferevent_get_output(bev), "WELCOME run=%s coord=127.0.0.1:%d mode=%s donor=%s threads=%d\n",
                         o->dir, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads);
+    if (d)
+      event_log(o, o->best_step, k, "replica_joining", "replica %d catches up from replica %d (at step %lld)", k,
+                d->slot, (long long)d->step);
   } else if (!s) {
     return; /* nothing else before HELLO */
   } else if (proto_is(line, "READY")) {
@@ -480,9 +483,17 @@ static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *l
     if (o->stopping) evbuffer_add_printf(bufferevent_get_output(bev), "STOP at=%lld\n", (long long)o->stop_at);
   } else if (proto_is(line, "STEP")) {
     on_step(o, s, line);
+  } else if (proto_is(line, "EVAL")) {
+    int64_t step = proto_int(line, "step", 0);
+    double val = proto_num(line, "val", NAN);
+    fprintf(o->metrics, "{\"step\":%lld,\"val_loss\":%.9g}\n", (long long)step, val);
+    fflush(o->metrics);
+    printf("step %*lld/%lld | val loss %.4f\n", o->width, (long long)step, (long long)o->cfg->max_steps, val);
+    fflush(stdout);
   } else if (proto_is(line, "CKPT")) {
     char what[600];
     proto_get(line, "what", what, sizeof what);
+    if (proto_int(line, "ok", 0) && proto_int(line, "step", 0) > o->last_ckpt) o->last_ckpt = proto_int(line, "step", 0);
     if (proto_int(line, "ok", 0))
       event_log(o, proto_int(line, "step", 0), s->slot, "checkpoint", "committed by replica %d in %.1f ms", s->slot,
                 proto_num(line, "commit_ms", 0));
@@ -734,9 +745,12 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
     if (agree) event_log(&o, o.best_step, -1, "replicas_agree", "%d replicas finished with parameter crc32c %08x", done, crc0);
     else event_log(&o, o.best_step, -1, "replicas_differ", "replicas finished with different parameters");
   }
-  printf("operator: %s at step %lld | %d replicas finished | %d restarts | %.1f s\n",
-         o.stopping ? "stopped" : "finished", (long long)o.best_step, done, o.restarts_total, wall);
-  if (o.stopping) printf("resume with: transom run --resume %s\n", dir);
+  if (o.stopping)
+    printf("operator: stopped at step %lld (checkpointed) | %d restarts | %.1f s\nresume with: transom run --resume %s\n",
+           (long long)o.last_ckpt, o.restarts_total, wall, dir);
+  else
+    printf("operator: finished at step %lld | %d replicas finished | %d restarts | %.1f s\n", (long long)o.best_step,
+           done, o.restarts_total, wall);
   for (int i = 0; i < o.nslots; i++)
     if (o.slots[i].timer) event_free(o.slots[i].timer);
   event_free(ev_chld);

@@ -207,6 +207,8 @@ int worker_main(int argc, char **argv) {
     char dh[256];
     int dp;
     if ((rc = net_split(donor_addr, dh, sizeof dh, &dp)) || (rc = donor_fetch_snapshot(dh, dp, t, &donor_fd))) goto fail;
+    const char *delay = getenv("TRANSOM_TEST_CATCHUP_DELAY_MS"); /* widens the window for fault tests */
+    if (delay) usleep((useconds_t)atoi(delay) * 1000);
     int applied = donor_catch_up(donor_fd, t, 0);
     if (applied < 0) {
       rc = applied;
@@ -240,7 +242,8 @@ int worker_main(int argc, char **argv) {
   if (rc) goto fail;
   if (strcmp(mode, "join") != 0) ftar_member_wait(fm, (int)cfg.replicas, 30.0); /* start together if we can */
 
-  int64_t step = b.step;
+  int64_t step = b.step, last_snap = b.step;
+  int leader = 0;
   while (step < cfg.max_steps) {
     if ((rc = poll_commands(&w))) goto fail;
     if (w.stop_at > 0 && step >= w.stop_at) break;
@@ -274,7 +277,7 @@ int worker_main(int argc, char **argv) {
       donor_close(donor_fd);
       donor_fd = -1;
     }
-    int leader = res.contributors <= 1 || res.slots[0] == w.slot;
+    leader = res.contributors <= 1 || res.slots[0] == w.slot;
     if (ck && leader) {
       int due = (cfg.ckpt_every_steps > 0 && step % cfg.ckpt_every_steps == 0) ||
                 step == cfg.max_steps || (w.stop_at > 0 && step >= w.stop_at);
@@ -282,6 +285,7 @@ int worker_main(int argc, char **argv) {
         ckpt_state cs;
         trainer_ckpt_state(t, &cs);
         ckpt_snapshot(ck, &cs);
+        last_snap = step;
       }
     }
     ckpt_event ev;
@@ -291,6 +295,11 @@ int worker_main(int argc, char **argv) {
       proto_send(w.opfd, "CKPT slot=%d step=%lld ok=%d commit_ms=%.1f what=%s", w.slot, (long long)ev.step, ev.ok,
                  ev.commit_s * 1e3, what);
     }
+    if (leader && ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || step == cfg.max_steps)) {
+      float val;
+      if ((rc = trainer_eval(t, &val))) goto fail;
+      proto_send(w.opfd, "EVAL slot=%d step=%lld val=%.9g", w.slot, (long long)step, val);
+    }
     rc = proto_send(w.opfd,
                     "STEP slot=%d step=%lld loss=%.9g norm=%.9g lr=%.9g ms=%.3f tok_s=%.1f ar_ms=%.3f ckpt_ms=%.3f "
                     "epoch=%llu n=%d redos=%d leader=%d",
@@ -299,11 +308,19 @@ int worker_main(int argc, char **argv) {
                     res.contributors, res.redos, leader);
     if (rc) goto fail;
   }
+  if (ck && leader && last_snap != step) { /* stopped: the state to resume from */
+    ckpt_state cs;
+    trainer_ckpt_state(t, &cs);
+    ckpt_wait_copy(ck);
+    ckpt_snapshot(ck, &cs);
+  }
   ckpt_flush(ck);
   ckpt_event ev;
   while (ckpt_poll(ck, &ev))
     proto_send(w.opfd, "CKPT slot=%d step=%lld ok=%d commit_ms=%.1f what=-", w.slot, (long long)ev.step, ev.ok,
                ev.commit_s * 1e3);
+  if (leader && step == cfg.max_steps && trainer_save(t, run) == 0) /* all hold the same bits: one writes */
+    proto_send(w.opfd, "SAVED slot=%d step=%lld", w.slot, (long long)step);
   proto_send(w.opfd, "DONE slot=%d step=%lld crc=%08x", w.slot, (long long)step, trainer_param_crc(t));
   exit_code = 0;
   goto done;

@@ -1,0 +1,267 @@
+-- operator_spec.lua — `transom run` with 3 replicas under real faults: kill -9
+-- from outside (one, two at once, the donor during a catch-up, all of them),
+-- SIGTERM to the operator and --resume, the job's chaos list, restart_all.
+-- Each case asserts what survived: every step done, no survivor's step going
+-- back, the replacement joined, every replica's parameters equal at the end,
+-- the final validation loss within 2% of a fault-free run.
+-- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
+
+local BIN = assert(os.getenv("TRANSOM_BIN"), "run through `transom test`")
+local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$")) or "."
+local CORPUS = ROOT .. "/../shared/data/tinyshakespeare.txt"
+
+local function sh(cmd)
+  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
+  local out = p:read("a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+  return out:gsub("__rc=%d+%s*$", ""), rc
+end
+
+local function sleep(s) os.execute("sleep " .. s) end
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local tmp = os.tmpname()
+os.remove(tmp)
+assert(os.execute("mkdir -p " .. tmp))
+local data = tmp .. "/corpus.txt"
+local have_corpus = read(CORPUS) ~= nil
+if have_corpus then
+  local f = io.open(data, "wb")
+  f:write(read(CORPUS):sub(1, 300000))
+  f:close()
+end
+
+local STEPS = 300
+local function job(run, extra)
+  return table.concat({
+    BIN, "run", ROOT .. "/examples/shakespeare.lua", "--replicas 3", "--set data=" .. data,
+    "--set run_dir=" .. run, "--set max_steps=" .. STEPS,
+    "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
+    "--set eval_interval=0 --set eval_steps=10 --set sample_tokens=0 --set log_interval=50",
+    "--set checkpoint.every_steps=20 --set deadline=2", extra or "" }, " ")
+end
+
+local function spawn(cmd, log, env)
+  local out = sh((env or "") .. " " .. cmd .. " > " .. log .. " 2>&1 & echo $!")
+  return assert(tonumber(out:match("(%d+)")), out)
+end
+
+local function alive(pid) return (sh("kill -0 " .. pid .. " 2>/dev/null && echo yes || echo no")):match("yes") end
+
+local function wait_exit(pid, seconds)
+  for _ = 1, seconds * 20 do
+    if not alive(pid) then return true end
+    sleep(0.05)
+  end
+  return false
+end
+
+-- the metrics lines of a multi-replica run: per worker, its steps in order
+local function steps_by_worker(run)
+  local by = {}
+  for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+    local step, w = line:match('^{"step":(%d+),"worker":(%d+),')
+    if step then
+      w = tonumber(w)
+      by[w] = by[w] or {}
+      table.insert(by[w], tonumber(step))
+    end
+  end
+  return by
+end
+
+local function final_val(run)
+  local v
+  for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+    local x = line:match('"val_loss":([%d%.eE%-]+)')
+    if x then v = tonumber(x) end
+  end
+  return v
+end
+
+local function events(run) return read(run .. "/events.jsonl") or "" end
+
+-- pid of a slot, from the operator itself (`transom chaos RUN status`)
+local function pid_of(run, slot)
+  for _ = 1, 100 do
+    local out = sh(BIN .. " chaos " .. run .. " status")
+    local pid = tonumber(out:match("replica " .. slot .. ": running pid (%d+)"))
+    if pid and pid > 0 then return pid end
+    sleep(0.05)
+  end
+  error("no running replica " .. slot)
+end
+
+-- waits (bounded) until the run's leader reported step >= n
+local function wait_step(run, n)
+  for _ = 1, 400 do
+    local by = steps_by_worker(run)
+    for _, steps in pairs(by) do
+      if steps[#steps] and steps[#steps] >= n then return true end
+    end
+    sleep(0.05)
+  end
+  return false
+end
+
+local function survivors_never_go_back(run, killed)
+  for w, steps in pairs(steps_by_worker(run)) do
+    if not killed[w] then
+      for i = 2, #steps do
+        assert(steps[i] > steps[i - 1], string.format("worker %d went from step %d back to %d", w, steps[i - 1], steps[i]))
+      end
+    end
+  end
+end
+
+local function assert_agree(run, out)
+  assert.matches("replicas_agree", events(run), 1, true)
+  assert.matches('3 replicas finished with parameter crc32c', events(run), 1, true)
+  assert.matches("finished at step " .. STEPS, out, 1, true)
+end
+
+local baseline_val
+local function baseline()
+  if baseline_val then return baseline_val end
+  local run = tmp .. "/clean"
+  local out, rc = sh(job(run))
+  assert.equal(0, rc, out)
+  assert_agree(run, out)
+  -- a clean run raises no failure
+  assert.not_matches("replica_failed", events(run))
+  baseline_val = assert(final_val(run), "no val loss in the clean run")
+  return baseline_val
+end
+
+describe("operator (3 replicas)", function()
+  before_each(function()
+    if not have_corpus then pending("no ../shared/data/tinyshakespeare.txt: operator specs skipped") end
+  end)
+
+  it("kill -9 of one worker from outside: every step done, replacement joins, replicas agree", function()
+    if not have_corpus then return end
+    local clean = baseline()
+    local run = tmp .. "/kill1"
+    local op = spawn(job(run), tmp .. "/kill1.log")
+    math.randomseed(os.time())
+    local at = math.random(40, 200)
+    assert.is_true(wait_step(run, at))
+    local pid = pid_of(run, 1)
+    assert.is_true(os.execute("kill -9 " .. pid))
+    assert.is_true(wait_exit(op, 120), "the operator did not finish")
+    local out = read(tmp .. "/kill1.log")
+    assert_agree(run, out)
+    local ev = events(run)
+    assert.matches('"worker":1,"kind":"replica_failed","detail":"replica 1 killed (signal 9)', ev, 1, true)
+    assert.matches('replica 1 ready at step %d+ %(join', ev)
+    survivors_never_go_back(run, { [1] = true })
+    local val = assert(final_val(run))
+    assert.is_true(math.abs(val - clean) / clean < 0.02,
+      string.format("val loss %.4f vs fault-free %.4f (killed near step %d)", val, clean, at))
+  end)
+
+  it("two workers killed at once: the survivor goes on, both are replaced", function()
+    if not have_corpus then return end
+    local run = tmp .. "/kill2"
+    local op = spawn(job(run), tmp .. "/kill2.log")
+    assert.is_true(wait_step(run, 80))
+    local p1, p2 = pid_of(run, 1), pid_of(run, 2)
+    os.execute("kill -9 " .. p1 .. " " .. p2)
+    assert.is_true(wait_exit(op, 120))
+    local out = read(tmp .. "/kill2.log")
+    assert_agree(run, out)
+    local ev = events(run)
+    assert.matches("replica 1 killed", ev, 1, true)
+    assert.matches("replica 2 killed", ev, 1, true)
+    survivors_never_go_back(run, { [1] = true, [2] = true })
+  end)
+
+  it("the donor killed during a catch-up: the joiner gets another donor", function()
+    if not have_corpus then return end
+    local run = tmp .. "/donor"
+    -- the joiner pauses 1.5 s between snapshot and replay: the window to kill its donor
+    local op = spawn(job(run), tmp .. "/donor.log", "TRANSOM_TEST_CATCHUP_DELAY_MS=1500")
+    assert.is_true(wait_step(run, 60))
+    os.execute("kill -9 " .. pid_of(run, 1))
+    local donor
+    for _ = 1, 200 do
+      donor = events(run):match("replica 1 catches up from replica (%d+)")
+      if donor then break end
+      sleep(0.05)
+    end
+    assert.is_truthy(donor, "no catch-up started")
+    os.execute("kill -9 " .. pid_of(run, tonumber(donor)))
+    assert.is_true(wait_exit(op, 180))
+    local out = read(tmp .. "/donor.log")
+    assert_agree(run, out)
+    assert.matches("replica " .. donor .. " killed", events(run), 1, true)
+  end)
+
+  it("all workers killed: the job restarts from the newest checkpoint and finishes", function()
+    if not have_corpus then return end
+    local run = tmp .. "/killall"
+    local op = spawn(job(run), tmp .. "/killall.log")
+    assert.is_true(wait_step(run, 90))
+    os.execute("kill -9 " .. pid_of(run, 0) .. " " .. pid_of(run, 1) .. " " .. pid_of(run, 2))
+    assert.is_true(wait_exit(op, 180))
+    local out = read(tmp .. "/killall.log")
+    assert_agree(run, out)
+    local ev = events(run)
+    assert.matches("all_replicas_dead", ev, 1, true)
+    assert.matches("%(resume, state in", ev)
+  end)
+
+  it("SIGTERM to the operator checkpoints and exits 0; --resume finishes the job", function()
+    if not have_corpus then return end
+    local run = tmp .. "/term"
+    local op = spawn(job(run), tmp .. "/term.log")
+    assert.is_true(wait_step(run, 100))
+    os.execute("kill -TERM " .. op)
+    assert.is_true(wait_exit(op, 60))
+    local out = read(tmp .. "/term.log")
+    local stopped = tonumber(out:match("stopped at step (%d+)"))
+    assert.is_truthy(stopped, out)
+    assert.is_true(stopped < STEPS)
+    local ls = sh(BIN .. " ckpt ls " .. run)
+    assert.matches("\n%s*" .. stopped .. "%s", ls)
+    local rout, rc = sh(BIN .. " run --resume " .. run)
+    assert.equal(0, rc, rout)
+    assert_agree(run, rout)
+  end)
+
+  it("the job's chaos list kills a replica at its step; the job finishes", function()
+    if not have_corpus then return end
+    local run = tmp .. "/chaos"
+    local jobfile = tmp .. "/chaos-job.lua"
+    local f = io.open(jobfile, "w")
+    f:write('return { data = "' .. data .. '", chaos = { { at_step = 50, replica = 2, fault = "kill" } } }\n')
+    f:close()
+    local cmd = job(run):gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1)
+    local out, rc = sh(cmd)
+    assert.equal(0, rc, out)
+    assert_agree(run, out)
+    local step = tonumber(events(run):match('"step":(%d+),"worker":2,"kind":"replica_failed"'))
+    assert.is_truthy(step)
+    assert.is_true(step >= 48 and step <= 52, "killed at step " .. tostring(step))
+  end)
+
+  it("restart_all (the torchrun baseline) also finishes after a kill", function()
+    if not have_corpus then return end
+    local run = tmp .. "/rall"
+    local op = spawn(job(run, "--set on_failure=restart_all"), tmp .. "/rall.log")
+    assert.is_true(wait_step(run, 70))
+    os.execute("kill -9 " .. pid_of(run, 1))
+    assert.is_true(wait_exit(op, 180))
+    local out = read(tmp .. "/rall.log")
+    assert_agree(run, out)
+    assert.matches("restart_all", events(run), 1, true)
+  end)
+end)
