@@ -20,6 +20,8 @@ Machine-readable lines (one per line, key=value):
   torch_tok_s=<float>      tokens/s over steps 2..N
   torch_ms_step=<float>    mean ms per step over steps 2..N
   torch_gflop_s=<float>    with transom's FLOP count (6*N*tokens + attention)
+  torch_median_ms=<float>  median step time over steps 2..N (robust to a busy machine)
+  torch_median_tok_s=<float>
   torch_val_loss=<float>   only with --eval: mean loss of 20 val batches
   torch_version=<str>
 
@@ -208,7 +210,7 @@ def main():
 
     flops = 6.0 * sum(p.numel() for n, p in params.items() if p.dim() == 2 and "wpe" not in n) * B * T \
         + 6.0 * args.n_layer * B * T * T * args.n_embd  # transom's trainer_flops_per_step
-    timed, tokens, wall0 = 0.0, 0, time.perf_counter()
+    timed, tokens, times, wall0 = 0.0, 0, [], time.perf_counter()
     for step in range(args.steps):
         t0 = time.perf_counter()
         x, y = batch(train)
@@ -224,6 +226,7 @@ def main():
         if step >= 1:  # step 1 (index 0) warms caches and thread pools
             timed += dt
             tokens += B * T
+            times.append(dt)
         if args.log_interval and ((step + 1) % args.log_interval == 0 or step + 1 == args.steps):
             print(f"step {step + 1}/{args.steps} | loss {loss.item():.4f} | lr {lr:.2e} | norm {float(norm):.4f} | "
                   f"{dt * 1e3:.1f} ms | {B * T / dt:.0f} tok/s", flush=True)
@@ -236,6 +239,9 @@ def main():
         print(f"torch_ms_step={ms:.3f}")
         print(f"torch_tok_s={tokens / timed:.1f}")
         print(f"torch_gflop_s={flops / (ms * 1e-3) * 1e-9:.3f}")
+        med = sorted(times)[len(times) // 2]
+        print(f"torch_median_ms={med * 1e3:.3f}")
+        print(f"torch_median_tok_s={B * T / med:.1f}")
     if args.eval:
         gen = torch.Generator().manual_seed(args.seed + 1)
         model.eval()
