@@ -518,7 +518,7 @@ void graph_init_params(graph *g, uint64_t seed) {
 }
 
 void graph_zero_grad(graph *g) {
-  if (g->grads) memset(g->grads, 0, sizeof(float) * (size_t)g->sz.grads);
+  if (g->grads) par_zero(g->grads, g->sz.grads);
 }
 
 /* --- execution --- */
@@ -539,9 +539,44 @@ static int check_tokens(graph *g, int tok, int64_t V, const char *what) {
   return TR_OK;
 }
 
+/* --- per-op timing (TRANSOM_PROFILE=1): totals printed at exit --- */
+
+#define NOPS 7
+static double prof_s[2][NOPS];
+static long prof_n[2][NOPS];
+static int prof_on = -1;
+
+static void prof_report(void) {
+  double total = 0;
+  for (int d = 0; d < 2; d++)
+    for (int i = 0; i < NOPS; i++) total += prof_s[d][i];
+  fprintf(stderr, "op profile (TRANSOM_PROFILE): %.1f s in ops\n", total);
+  for (int d = 0; d < 2; d++)
+    for (int i = 0; i < NOPS; i++)
+      if (prof_n[d][i])
+        fprintf(stderr, "  %-14s %-8s %8.3f s %5.1f%%  %8.1f us/call\n", op_names[i], d ? "backward" : "forward",
+                prof_s[d][i], 100 * prof_s[d][i] / total, 1e6 * prof_s[d][i] / prof_n[d][i]);
+}
+
+static int profiling(void) {
+  if (prof_on < 0) {
+    const char *e = getenv("TRANSOM_PROFILE");
+    prof_on = e && *e && strcmp(e, "0") != 0;
+    if (prof_on) atexit(prof_report);
+  }
+  return prof_on;
+}
+
+static void prof_add(int dir, op_kind op, double t0) {
+  prof_s[dir][op] += tr_now() - t0;
+  prof_n[dir][op]++;
+}
+
 int graph_forward(graph *g) {
   if (!g->planned) return tr_fail(TR_ESTATE, "graph_forward: plan the graph first");
+  int prof = profiling();
   for (int k = 0; k < g->norder; k++) {
+    double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
     int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
     switch (n->op) {
@@ -569,6 +604,7 @@ int graph_forward(graph *g) {
         break;
       }
     }
+    if (prof) prof_add(0, n->op, t0);
   }
   return TR_OK;
 }
@@ -577,9 +613,11 @@ int graph_backward(graph *g, int loss) {
   if (!g->planned || !g->with_grad) return tr_fail(TR_ESTATE, "graph_backward: graph not planned for training");
   if (loss < 0 || loss >= g->nt || g->tensors[loss].size != 1 || g->tensors[loss].goff < 0)
     return tr_fail(TR_EINVAL, "graph_backward: loss must be a scalar activation");
-  memset(g->act_grads, 0, sizeof(float) * (size_t)g->sz.act_grads);
+  par_zero(g->act_grads, g->sz.act_grads);
   G(loss)[0] = 1.0f;
+  int prof = profiling();
   for (int k = g->norder - 1; k >= 0; k--) {
+    double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
     int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
     float *dout = G(o);
@@ -602,6 +640,7 @@ int graph_backward(graph *g, int loss) {
         crossentropy_backward(G(a), F(n->aux[0]), I(b), dout[0], (int)rows_of(&g->tensors[a]), LAST(a));
         break;
     }
+    if (prof) prof_add(1, n->op, t0);
   }
   return TR_OK;
 }

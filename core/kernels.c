@@ -30,6 +30,38 @@ int kernels_threads(void) { return n_threads; }
 /* Loops smaller than this run on one thread: forking costs more. */
 #define PAR_MIN 16384
 
+/* --- whole-buffer helpers --- */
+
+void par_zero(float *p, int64_t n) {
+#pragma omp parallel if (n > (1 << 16) && n_threads > 1)
+  {
+    int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    int64_t lo = n * id / nt, hi = n * (id + 1) / nt;
+    memset(p + lo, 0, sizeof(float) * (size_t)(hi - lo));
+  }
+}
+
+#define SUMSQ_BLOCKS 64 /* fixed, so the sum's order does not depend on threads */
+
+double par_sumsq(const float *p, int64_t n) {
+  double part[SUMSQ_BLOCKS];
+#pragma omp parallel for schedule(static) if (n > (1 << 16) && n_threads > 1)
+  for (int b = 0; b < SUMSQ_BLOCKS; b++) {
+    int64_t lo = n * b / SUMSQ_BLOCKS, hi = n * (b + 1) / SUMSQ_BLOCKS;
+    double s = 0.0;
+    for (int64_t i = lo; i < hi; i++) s += (double)p[i] * p[i];
+    part[b] = s;
+  }
+  double s = 0.0;
+  for (int b = 0; b < SUMSQ_BLOCKS; b++) s += part[b];
+  return s;
+}
+
+void par_scale(float *p, int64_t n, float s) {
+#pragma omp parallel for simd schedule(static) if (parallel : n > (1 << 16) && n_threads > 1)
+  for (int64_t i = 0; i < n; i++) p[i] *= s;
+}
+
 /* --- embedding --- */
 
 void embed_forward(float *out, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C) {

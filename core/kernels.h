@@ -23,6 +23,14 @@
 void kernels_set_threads(int n);
 int kernels_threads(void);
 
+/* p[0..n) = 0, in parallel. */
+void par_zero(float *p, int64_t n);
+/* sum of squares of p[0..n) in double, in parallel; deterministic for a
+ * fixed thread count (fixed blocks, summed in block order). */
+double par_sumsq(const float *p, int64_t n);
+/* p[0..n) *= s, in parallel. */
+void par_scale(float *p, int64_t n, float s);
+
 /* out (B,T,C) = wte[tok[b,t]] + wpe[t]; wpe may be NULL (no position table). */
 void embed_forward(float *out, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C);
 void embed_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B, int T, int C);

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels.h"
 #include "util.h"
 
 typedef struct {
@@ -74,18 +75,11 @@ void adamw_step(adamw *o, float *params, const float *grads, float lr) {
   }
 }
 
-float grad_norm(const float *g, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-  return (float)sqrt(s);
-}
+float grad_norm(const float *g, int64_t n) { return (float)sqrt(par_sumsq(g, n)); }
 
 float grad_clip(float *g, int64_t n, float max_norm) {
   float norm = grad_norm(g, n);
-  if (max_norm > 0.0f && norm > max_norm && isfinite(norm)) {
-    float s = max_norm / (norm + 1e-6f);
-    for (int64_t i = 0; i < n; i++) g[i] *= s;
-  }
+  if (max_norm > 0.0f && norm > max_norm && isfinite(norm)) par_scale(g, n, max_norm / (norm + 1e-6f));
   return norm;
 }
 
