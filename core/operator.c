@@ -92,6 +92,7 @@ struct op {
   int policy_ref, state_ref; /* restart policy module and its state table */
   int restarts_total, restart_all_pending, stopping, finished, exit_code;
   int64_t best_step, stop_at, last_ckpt;
+  char adv_host[256]; /* the coordinator's address as workers see it */
   int *chaos_fired;
   step_acc acc[STEP_RING];
   double t0, lost_s;
@@ -465,8 +466,8 @@ static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *l
     }
     const slot *d = strcmp(s->mode, "join") == 0 ? pick_donor(o, k) : NULL;
     if (strcmp(s->mode, "join") == 0 && !d) snprintf(s->mode, sizeof s->mode, "resume");
-    evbuffer_add_printf(bufferevent_get_output(bev), "WELCOME run=%s coord=127.0.0.1:%d mode=%s donor=%s threads=%d\n",
-                        o->dir, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads);
+    evbuffer_add_printf(bufferevent_get_output(bev), "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d\n",
+                        o->dir, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads);
     if (d)
       event_log(o, o->best_step, k, "replica_joining", "replica %d catches up from replica %d (at step %lld)", k,
                 d->slot, (long long)d->step);
@@ -695,7 +696,11 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   co.ud = &o;
   co.log = coord_log;
   co.log_ud = &o;
-  o.coord = ftar_coord_create(o.base, "127.0.0.1", 0, &co);
+  /* under an external launcher the coordinator must be reachable from other
+   * nodes: it listens on every address and is advertised as MASTER_ADDR */
+  const char *maddr = getenv("MASTER_ADDR");
+  snprintf(o.adv_host, sizeof o.adv_host, "%s", maddr && *maddr ? maddr : "127.0.0.1");
+  o.coord = ftar_coord_create(o.base, maddr && *maddr ? "0.0.0.0" : "127.0.0.1", 0, &co);
   if (!o.coord) return tr_fail_prefix(TR_EIO, "coordinator");
   /* the workers' control port: MASTER_PORT if set (external launchers) */
   const char *mp = getenv("MASTER_PORT");

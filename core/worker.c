@@ -221,8 +221,11 @@ int worker_main(int argc, char **argv) {
   }
   double state_s = tr_now() - t_state;
 
+  /* the address peers reach us at: TRANSOM_HOST on multi-node launches */
+  const char *me = env_any("TRANSOM_HOST", NULL);
+  if (!me) me = "127.0.0.1";
   int dport = 0;
-  dn = donor_start("127.0.0.1", t, 64, &dport);
+  dn = donor_start(me, t, 64, &dport);
   if (!dn) goto fail;
   char ch[256];
   int cp;
@@ -232,13 +235,14 @@ int worker_main(int argc, char **argv) {
   fo.timeout = 3600; /* below min_replicas training pauses until replacements come */
   fo.deadline = cfg.deadline;
   fo.min_members = (int)cfg.min_replicas;
+  fo.data_host = me;
   /* TODO(strict_seq) fo.strict_seq = 1; a joiner must enter at exactly its own step */
   fm = ftar_member_create(ch, cp, w.slot, &fo);
   if (!fm) goto fail;
   trainer_buffers b;
   trainer_buffers_get(t, &b);
-  rc = proto_send(w.opfd, "READY slot=%d step=%lld donor=127.0.0.1:%d state_s=%.3f", w.slot, (long long)b.step,
-                  dport, state_s);
+  rc = proto_send(w.opfd, "READY slot=%d step=%lld donor=%s:%d state_s=%.3f", w.slot, (long long)b.step, me, dport,
+                  state_s);
   if (rc) goto fail;
   if (strcmp(mode, "join") != 0) ftar_member_wait(fm, (int)cfg.replicas, 30.0); /* start together if we can */
 

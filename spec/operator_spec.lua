@@ -142,12 +142,8 @@ local function baseline()
 end
 
 describe("operator (3 replicas)", function()
-  before_each(function()
-    if not have_corpus then pending("no ../shared/data/tinyshakespeare.txt: operator specs skipped") end
-  end)
-
   it("kill -9 of one worker from outside: every step done, replacement joins, replicas agree", function()
-    if not have_corpus then return end
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local clean = baseline()
     local run = tmp .. "/kill1"
     local op = spawn(job(run), tmp .. "/kill1.log")
@@ -169,7 +165,7 @@ describe("operator (3 replicas)", function()
   end)
 
   it("two workers killed at once: the survivor goes on, both are replaced", function()
-    if not have_corpus then return end
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/kill2"
     local op = spawn(job(run), tmp .. "/kill2.log")
     assert.is_true(wait_step(run, 80))
@@ -185,7 +181,7 @@ describe("operator (3 replicas)", function()
   end)
 
   it("the donor killed during a catch-up: the joiner gets another donor", function()
-    if not have_corpus then return end
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/donor"
     -- the joiner pauses 1.5 s between snapshot and replay: the window to kill its donor
     local op = spawn(job(run), tmp .. "/donor.log", "TRANSOM_TEST_CATCHUP_DELAY_MS=1500")
@@ -206,7 +202,7 @@ describe("operator (3 replicas)", function()
   end)
 
   it("all workers killed: the job restarts from the newest checkpoint and finishes", function()
-    if not have_corpus then return end
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/killall"
     local op = spawn(job(run), tmp .. "/killall.log")
     assert.is_true(wait_step(run, 90))
@@ -220,7 +216,7 @@ describe("operator (3 replicas)", function()
   end)
 
   it("SIGTERM to the operator checkpoints and exits 0; --resume finishes the job", function()
-    if not have_corpus then return end
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/term"
     local op = spawn(job(run), tmp .. "/term.log")
     assert.is_true(wait_step(run, 100))
@@ -238,7 +234,7 @@ describe("operator (3 replicas)", function()
   end)
 
   it("the job's chaos list kills a replica at its step; the job finishes", function()
-    if not have_corpus then return end
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/chaos"
     local jobfile = tmp .. "/chaos-job.lua"
     local f = io.open(jobfile, "w")
@@ -254,7 +250,7 @@ describe("operator (3 replicas)", function()
   end)
 
   it("restart_all (the torchrun baseline) also finishes after a kill", function()
-    if not have_corpus then return end
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/rall"
     local op = spawn(job(run, "--set on_failure=restart_all"), tmp .. "/rall.log")
     assert.is_true(wait_step(run, 70))
