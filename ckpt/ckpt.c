@@ -794,9 +794,12 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
   if (report && report_len) report[0] = 0;
   int64_t steps[4096];
   int ns = ckpt_reader_steps(r, steps, 4096);
-  int rc = ns < 0 ? ns : tr_fail(TR_EINVAL, "no committed checkpoint in '%s'", dir);
+  int rc = ns < 0 ? ns
+                  : want >= 0 ? tr_fail(TR_EINVAL, "no committed checkpoint at or before step %lld in '%s'",
+                                        (long long)want, dir)
+                              : tr_fail(TR_EINVAL, "no committed checkpoint in '%s'", dir);
   for (int k = ns - 1; k >= 0; k--) {
-    if (want >= 0 && steps[k] != want) continue;
+    if (want >= 0 && steps[k] > want) continue;
     MDB_txn *txn;
     ckpt_manifest m;
     uint64_t chunk;
@@ -830,8 +833,7 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
     }
     if (report && rl + 2 < report_len)
       rl += (size_t)snprintf(report + rl, report_len - rl, "skipped step %lld: %s\n", (long long)steps[k], tr_error());
-    if (want >= 0) break;
-    rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'", dir);
+    rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'%s", dir, want >= 0 ? " at or before that step" : "");
   }
   return rc;
 }

@@ -128,7 +128,7 @@ int ckpt_reader_verify(ckpt_reader *r, int64_t step);
 /* Copies a verified tensor into out (bytes must match). */
 int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, uint64_t bytes);
 
-/* Loads the newest checkpoint (or `step` if >= 0) that verifies into the
+/* Loads the newest checkpoint (at or before `step` if >= 0) that verifies into the
  * tensors registered under the same names (ckpt_target list). Skipped
  * (corrupt, unreadable) checkpoints are described in report (one line each,
  * "step N: reason"). Returns 0 and fills *state, or a negative error when no

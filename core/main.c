@@ -4,6 +4,7 @@
  *   transom run --resume RUN                   continue from the newest checkpoint
  *   transom sample RUN [--prompt S] [--tokens N] [--temperature X] [--seed N]
  *   transom ckpt ls|verify|export RUN          checkpoints (ckpt/ckpt_cli.c)
+ *   transom attach RUN [-e EXPR]               REPL in the live job (attach.c)
  *   transom test [busted options] [spec dir]   Lua specs inside this binary
  *   transom lua SCRIPT [args]                  run a Lua script with `transom`
  *   transom version
@@ -32,6 +33,7 @@
 
 int ckpt_main(int argc, char **argv);   /* ckpt/ckpt_cli.c */
 int worker_main(int argc, char **argv); /* core/worker.c */
+int attach_main(int argc, char **argv); /* core/attach.c */
 int chaos_main(int argc, char **argv);  /* below */
 #include "trainer.h"
 #include "util.h"
@@ -230,6 +232,7 @@ static const char main_usage[] =
     "  run JOB.lua      train the model a job file describes\n"
     "  sample RUN       generate text from a finished run's weights\n"
     "  ckpt ls|verify|export RUN   inspect, check and export checkpoints\n"
+    "  attach RUN [-e EXPR]   a Lua REPL inside the live job\n"
     "  chaos RUN FAULT SLOT   inject a fault into a live job (kill, hang, slow, nan)\n"
     "  worker           one replica (started by `run`, or by srun/torchrun)\n"
     "  test [DIR]       run the Lua specs inside this binary\n"
@@ -247,6 +250,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
   if (strcmp(cmd, "ckpt") == 0) return ckpt_main(argc - 2, argv + 2);
   if (strcmp(cmd, "worker") == 0) return worker_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "attach") == 0) return attach_main(argc - 2, argv + 2);
   if (strcmp(cmd, "chaos") == 0) return chaos_main(argc - 2, argv + 2);
   if (strcmp(cmd, "test") == 0) return cmd_test(argc - 2, argv + 2);
   if (strcmp(cmd, "lua") == 0) return cmd_lua(argc - 2, argv + 2);

@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckpt.h"
 #include "ftar.h"
 #include "job.h"
 #include "lua_host.h"
@@ -49,55 +50,9 @@
 #include "proto.h"
 #include "util.h"
 
-#define MAX_SLOTS 256
-#define STEP_RING 256
+#include "operator_internal.h"
 
-typedef enum { SLOT_EMPTY, SLOT_STARTING, SLOT_RUNNING, SLOT_DONE, SLOT_DEAD, SLOT_WAITING } slot_state;
-static const char *slot_names[] = {"empty", "starting", "running", "done", "dead", "waiting"};
-
-typedef struct op op;
-
-typedef struct {
-  op *o;
-  int slot;
-  slot_state state;
-  pid_t pid;
-  struct bufferevent *bev;
-  char mode[16];        /* start | resume | join */
-  char donor[64];       /* its donor service, host:port */
-  int64_t step;
-  int restarts;
-  struct event *timer;  /* pending replacement */
-  double started, ready_at;
-  uint32_t crc;
-  int done;
-} slot;
-
-typedef struct {
-  int64_t step;
-  int count, expect;
-  double loss, ms, tok_s;
-} step_acc;
-
-struct op {
-  job_config *cfg;
-  lua_State *L;
-  const char *dir, *self;
-  struct event_base *base;
-  ftar_coord *coord;
-  struct evconnlistener *lis, *ctl;
-  int port, threads, nslots;
-  slot slots[MAX_SLOTS];
-  FILE *metrics, *events, *coord_log;
-  int policy_ref, state_ref; /* restart policy module and its state table */
-  int restarts_total, restart_all_pending, stopping, finished, exit_code;
-  int64_t best_step, stop_at, last_ckpt;
-  char adv_host[256]; /* the coordinator's address as workers see it */
-  int *chaos_fired;
-  step_acc acc[STEP_RING];
-  double t0, lost_s;
-  int width;
-};
+const char *slot_names[] = {"empty", "starting", "running", "done", "dead", "waiting"};
 
 /* --- logs --- */
 
@@ -112,9 +67,7 @@ static void json_str(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-static void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...) {
+void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...) {
   char detail[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -134,7 +87,7 @@ static void event_log(op *o, int64_t step, int worker, const char *kind, const c
   fflush(stdout);
 }
 
-static int live_count(op *o) {
+int live_count(op *o) {
   int n = 0;
   for (int i = 0; i < o->nslots; i++) n += o->slots[i].state == SLOT_STARTING || o->slots[i].state == SLOT_RUNNING;
   return n;
@@ -142,7 +95,7 @@ static int live_count(op *o) {
 
 /* --- the restart policy (Lua) --- */
 
-static int load_policy(op *o) {
+int load_policy(op *o) {
   char path[PATH_MAX];
   const char *dir = o->cfg->policies[0] ? o->cfg->policies : NULL;
   if (dir) snprintf(path, sizeof path, "%s/restart.lua", dir);
@@ -227,7 +180,7 @@ static void call_policy(op *o, const char *fn, const slot *s, const char *reason
 
 /* --- spawning --- */
 
-static void spawn(op *o, int k, const char *mode) {
+void spawn(op *o, int k, const char *mode) {
   slot *s = &o->slots[k];
   char log[PATH_MAX], addr[64], slotstr[16], threads[16];
   snprintf(log, sizeof log, "%s/worker-%d.log", o->dir, k);
@@ -324,6 +277,13 @@ static void on_exit_slot(op *o, slot *s, int status) {
     check_finished(o);
     return;
   }
+  if (o->rollback_pending) { /* every replica was stopped on purpose */
+    if (live_count(o) == 0) {
+      o->rollback_pending = 0;
+      for (int i = 0; i < o->nslots; i++) spawn(o, i, "resume");
+    }
+    return;
+  }
   event_log(o, s->step, s->slot, "replica_failed", "replica %d %s (%s %d) at step %lld; %d live", s->slot, reason,
             sig ? "signal" : "exit code", sig ? sig : code, (long long)s->step, live_count(o));
   if (strcmp(o->cfg->on_failure, "restart_all") == 0) {
@@ -363,6 +323,39 @@ static void on_exit_slot(op *o, slot *s, int status) {
   else check_finished(o);
 }
 
+int64_t newest_checkpoint(op *o, int64_t step) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/ckpt", o->dir);
+  ckpt_reader *r = ckpt_reader_open(path);
+  if (!r) return -1;
+  int64_t steps[4096], best = -1;
+  int n = ckpt_reader_steps(r, steps, 4096);
+  for (int i = 0; i < n; i++)
+    if (steps[i] <= step && steps[i] > best) best = steps[i];
+  ckpt_reader_close(r);
+  return best;
+}
+
+void rollback_all(op *o, int64_t step, int skip, const char *why) {
+  if (o->stopping || o->rollback_pending) return;
+  o->rollback_pending = 1;
+  for (int i = 0; i < o->nslots; i++) o->slots[i].resume_step = step;
+  o->data_skip += skip;
+  event_log(o, o->best_step, -1, "rollback",
+            "%s: every replica reloads the newest checkpoint at or before step %lld%s", why, (long long)step,
+            skip ? " and skips the batch" : "");
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    if (s->timer) evtimer_del(s->timer);
+    if (s->pid > 0) kill(s->pid, SIGKILL);
+    else if (s->state == SLOT_WAITING) s->state = SLOT_DEAD;
+  }
+  if (live_count(o) == 0) {
+    o->rollback_pending = 0;
+    for (int i = 0; i < o->nslots; i++) spawn(o, i, "resume");
+  }
+}
+
 static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
@@ -382,7 +375,7 @@ static void kill_stragglers(evutil_socket_t fd, short what, void *arg) {
     if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
 }
 
-static void stop_all(op *o, const char *why) {
+void stop_all(op *o, const char *why) {
   if (o->stopping) return;
   o->stopping = 1;
   o->stop_at = o->best_step + 1;
@@ -422,6 +415,14 @@ static void on_step(op *o, slot *s, const char *line) {
   if (step > o->best_step) o->best_step = step;
   double loss = proto_num(line, "loss", NAN), ms = proto_num(line, "ms", 0), tok_s = proto_num(line, "tok_s", 0);
   int n = (int)proto_int(line, "n", 1);
+  s->last.loss = loss;
+  s->last.norm = proto_num(line, "norm", NAN);
+  s->last.lr = proto_num(line, "lr", NAN);
+  s->last.ms = ms;
+  s->last.tok_s = tok_s;
+  s->last.ar_ms = proto_num(line, "ar_ms", 0);
+  s->last.epoch = proto_int(line, "epoch", 0);
+  s->last.n = n;
   fprintf(o->metrics,
           "{\"step\":%lld,\"worker\":%d,\"loss\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,\"ms\":%.3f,\"tok_s\":%.1f,"
           "\"allreduce_ms\":%.3f,\"ckpt_wait_ms\":%.3f,\"replicas\":%d,\"epoch\":%lld,\"redos\":%d}\n",
@@ -466,8 +467,11 @@ static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *l
     }
     const slot *d = strcmp(s->mode, "join") == 0 ? pick_donor(o, k) : NULL;
     if (strcmp(s->mode, "join") == 0 && !d) snprintf(s->mode, sizeof s->mode, "resume");
-    evbuffer_add_printf(bufferevent_get_output(bev), "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d\n",
-                        o->dir, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads);
+    evbuffer_add_printf(bufferevent_get_output(bev), "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d data_skip=%lld "
+                        "resume_step=%lld lr=%s\n",
+                        o->dir, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads,
+                        (long long)o->data_skip, (long long)s->resume_step, o->lr_changes);
+    s->resume_step = -1; /* a rollback's target applies to the start it asked for only */
     if (d)
       event_log(o, o->best_step, k, "replica_joining", "replica %d catches up from replica %d (at step %lld)", k,
                 d->slot, (long long)d->step);
@@ -568,76 +572,6 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
   bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
 
-/* --- the control socket (RUN/control.sock): `transom chaos` --- */
-
-static void ctl_read(struct bufferevent *bev, void *arg) {
-  op *o = arg;
-  char *line;
-  size_t n;
-  struct evbuffer *out = bufferevent_get_output(bev);
-  while ((line = evbuffer_readln(bufferevent_get_input(bev), &n, EVBUFFER_EOL_LF))) {
-    char fault[16] = "";
-    int k = -1;
-    if (sscanf(line, "chaos %15s %d", fault, &k) == 2 && k >= 0 && k < o->nslots) {
-      slot *s = &o->slots[k];
-      if (s->pid <= 0 && !s->bev) {
-        evbuffer_add_printf(out, "error: replica %d is not running\n", k);
-      } else if (strcmp(fault, "kill") == 0 || strcmp(fault, "hang") == 0) {
-        event_log(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
-        if (s->pid > 0) kill(s->pid, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
-        evbuffer_add_printf(out, "ok\n");
-      } else if ((strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0) && s->bev) {
-        event_log(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
-        evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=%lld fault=%s ms=200 steps=0\n",
-                            (long long)s->step + 2, fault);
-        evbuffer_add_printf(out, "ok\n");
-      } else {
-        evbuffer_add_printf(out, "error: unknown fault '%s' (kill, hang, slow, nan)\n", fault);
-      }
-    } else if (strcmp(line, "status") == 0) {
-      for (int i = 0; i < o->nslots; i++)
-        evbuffer_add_printf(out, "replica %d: %s pid %d step %lld restarts %d\n", i, slot_names[o->slots[i].state],
-                            (int)o->slots[i].pid, (long long)o->slots[i].step, o->slots[i].restarts);
-    } else {
-      evbuffer_add_printf(out, "error: expected 'chaos FAULT SLOT' or 'status'\n");
-    }
-    free(line);
-  }
-}
-
-static void ctl_event(struct bufferevent *bev, short what, void *arg) {
-  (void)arg;
-  if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) bufferevent_free(bev);
-}
-
-static void ctl_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg) {
-  (void)l;
-  (void)sa;
-  (void)len;
-  op *o = arg;
-  struct ucred cred;
-  socklen_t cl = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
-    close(fd); /* only the job's own user */
-    return;
-  }
-  struct bufferevent *bev = bufferevent_socket_new(o->base, fd, BEV_OPT_CLOSE_ON_FREE);
-  if (!bev) return;
-  bufferevent_setcb(bev, ctl_read, NULL, ctl_event, o);
-  bufferevent_enable(bev, EV_READ | EV_WRITE);
-}
-
-static struct evconnlistener *ctl_listen(op *o) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control.sock", o->dir) >= (int)sizeof sa.sun_path) return NULL;
-  unlink(sa.sun_path);
-  mode_t old = umask(0177); /* the socket is created 0600 */
-  struct evconnlistener *l = evconnlistener_new_bind(o->base, ctl_accept, o, LEV_OPT_CLOSE_ON_FREE, 16,
-                                                     (struct sockaddr *)&sa, sizeof sa);
-  umask(old);
-  return l;
-}
-
 /* --- FTAR membership --- */
 
 static void on_change(void *ud, const ftar_change *c) {
@@ -731,6 +665,7 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   for (int i = 0; i < o.nslots; i++) {
     o.slots[i].o = &o;
     o.slots[i].slot = i;
+    o.slots[i].resume_step = -1;
     snprintf(o.slots[i].mode, sizeof o.slots[i].mode, "%s", resume ? "resume" : "start");
     if (!external) spawn(&o, i, resume ? "resume" : "start");
   }

@@ -31,6 +31,10 @@ struct trainer {
   lr_schedule sched;
   int tok, tgt, loss; /* tensor ids */
   int slot; /* replica slot: selects the data stream */
+  int64_t data_skip; /* batches skipped (rollback past a bad batch) */
+  int64_t lr_from[16]; /* live learning-rate changes: from step lr_from[i] on, peak lr_to[i] */
+  float lr_to[16];
+  int nlr;
   int64_t step;
   ckpt_engine *ckpt; /* not owned */
 };
@@ -192,6 +196,7 @@ void trainer_free(trainer *t) {
  * function of where training is, so any replica's stream can be recomputed
  * after a failure, a resume or a replacement without extra state. */
 static void batch_rng(const trainer *t, int64_t step, rng_t *r) {
+  step += t->data_skip;
   rng_seed(r, (uint64_t)t->cfg.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t)(t->slot + 1) * 0xD1B54A32D192ED03ull ^
                   (uint64_t)step * 0x94D049BB133111EBull);
   rng_u64(r);
@@ -225,7 +230,13 @@ int trainer_apply_grads(trainer *t, step_stats *st) {
   float *grads = graph_grads(t->g);
   int64_t n = graph_nparams(t->g);
   float norm = grad_clip(grads, n, (float)t->cfg.grad_clip);
-  float lr = lr_at(&t->sched, t->step);
+  lr_schedule sched = t->sched; /* with the live changes in force at this step */
+  for (int i = 0; i < t->nlr; i++)
+    if (t->step >= t->lr_from[i]) {
+      sched.min_lr = t->sched.min_lr * t->lr_to[i] / t->sched.lr;
+      sched.lr = t->lr_to[i];
+    }
+  float lr = lr_at(&sched, t->step);
   st->t_ckpt_wait = ckpt_wait_copy(t->ckpt); /* parameters are about to change */
   adamw_step(t->opt, graph_params(t->g), grads, lr);
   graph_zero_grad(t->g);
@@ -409,6 +420,14 @@ void trainer_get_state(const trainer *t, trainer_state *s) {
 }
 
 void trainer_set_slot(trainer *t, int slot) { t->slot = slot; }
+void trainer_set_data_skip(trainer *t, int64_t skip) { t->data_skip = skip; }
+
+int trainer_set_lr(trainer *t, int64_t from_step, float lr) {
+  if (!(lr > 0) || t->nlr == 16) return tr_fail(TR_EINVAL, "learning-rate change refused (lr %g, %d changes)", lr, t->nlr);
+  t->lr_from[t->nlr] = from_step;
+  t->lr_to[t->nlr++] = lr;
+  return TR_OK;
+}
 
 void trainer_buffers_get(trainer *t, trainer_buffers *b) {
   b->n = graph_nparams(t->g);

@@ -60,6 +60,13 @@ void trainer_set_progress(trainer *t, int64_t step, int64_t opt_steps);
 uint32_t trainer_param_crc(trainer *t);
 /* Replica slot (default 0): each slot draws its own batches. */
 void trainer_set_slot(trainer *t, int slot);
+/* Shifts the batch stream by skip batches (a rollback that skips the batch
+ * that caused an anomaly). */
+void trainer_set_data_skip(trainer *t, int64_t skip);
+/* From step from_step on, the schedule's peak learning rate is lr (min_lr
+ * scaled alike). Every replica must apply the same changes at the same steps
+ * (the operator sends them with the step). At most 16 per run. */
+int trainer_set_lr(trainer *t, int64_t from_step, float lr);
 /* Mean loss over cfg->eval_steps validation batches (the same batches every
  * call). */
 int trainer_eval(trainer *t, float *val_loss);

@@ -51,6 +51,8 @@ typedef struct {
   chaos chaos[MAX_CHAOS];
   int nchaos;
   int64_t stop_at; /* finish this step, then stop (0 = no stop asked) */
+  int ckpt_now;    /* the operator asked for a checkpoint */
+  trainer *t;
   int64_t slow_until, slow_ms, nan_until;
 } worker;
 
@@ -78,6 +80,12 @@ static int poll_commands(worker *w) {
     if (rc < 0) return w->rd.len < PROTO_LINE_MAX ? TR_OK : rc; /* nothing waiting */
     if (proto_is(line, "STOP")) {
       w->stop_at = proto_int(line, "at", 1);
+    } else if (proto_is(line, "CKPT_NOW")) {
+      w->ckpt_now = 1;
+    } else if (proto_is(line, "SET") && w->t) {
+      /* applied from an agreed step on, by every replica alike */
+      double lr = proto_num(line, "lr", 0);
+      if (lr > 0) trainer_set_lr(w->t, proto_int(line, "at", 0), (float)lr);
     } else if (proto_is(line, "CHAOS") && w->nchaos < MAX_CHAOS) {
       chaos *c = &w->chaos[w->nchaos++];
       c->at = proto_int(line, "at", 0);
@@ -184,7 +192,22 @@ int worker_main(int argc, char **argv) {
   if (!L || (rc = job_load(L, path, sets, 1, &cfg))) goto fail;
   t = trainer_create(L, &cfg);
   if (!t) goto fail;
+  w.t = t;
   trainer_set_slot(t, w.slot);
+  trainer_set_data_skip(t, proto_int(line, "data_skip", 0));
+  { /* live learning-rate changes so far: lr=STEP:VALUE,STEP:VALUE */
+    char lrs[1024];
+    proto_get(line, "lr", lrs, sizeof lrs);
+    for (char *p = lrs; *p;) {
+      char *end;
+      long long at = strtoll(p, &end, 10);
+      if (*end != ':') break;
+      double v = strtod(end + 1, &p);
+      trainer_set_lr(t, at, (float)v);
+      if (*p == ',') p++;
+    }
+  }
+  int64_t resume_step = proto_int(line, "resume_step", -1);
 
   /* checkpoints: every replica can lead, so every replica has the engine */
   if (cfg.ckpt_every_steps > 0 || cfg.ckpt_every_seconds > 0) {
@@ -199,7 +222,7 @@ int worker_main(int argc, char **argv) {
   if (strcmp(mode, "resume") == 0 && ck) {
     char report[2048] = "";
     ckpt_reader *r = ckpt_engine_reader(ck);
-    rc = r ? trainer_ckpt_load(t, r, -1, report, sizeof report) : TR_ENOMEM;
+    rc = r ? trainer_ckpt_load(t, r, resume_step, report, sizeof report) : TR_ENOMEM;
     ckpt_reader_close(r);
     if (report[0]) fputs(report, stderr);
     if (rc) goto fail;
@@ -283,8 +306,9 @@ int worker_main(int argc, char **argv) {
     }
     leader = res.contributors <= 1 || res.slots[0] == w.slot;
     if (ck && leader) {
-      int due = (cfg.ckpt_every_steps > 0 && step % cfg.ckpt_every_steps == 0) ||
+      int due = (cfg.ckpt_every_steps > 0 && step % cfg.ckpt_every_steps == 0) || w.ckpt_now ||
                 step == cfg.max_steps || (w.stop_at > 0 && step >= w.stop_at);
+      w.ckpt_now = 0;
       if (due) {
         ckpt_state cs;
         trainer_ckpt_state(t, &cs);

@@ -1,0 +1,94 @@
+/* attach.c — `transom attach RUN [-e EXPR]`: a Lua REPL inside the live
+ * operator, over RUN/control.sock (see operator_repl.c for the protocol).
+ * Line editing and history from libedit. Detaching (^D), an error, or this
+ * process dying never affects the job.
+ */
+#include <editline/readline.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+int attach_main(int argc, char **argv);
+
+static const char usage[] =
+    "usage: transom attach RUN [-e EXPR]\n"
+    "\n"
+    "Opens a Lua REPL inside the live job in RUN (its operator's VM). help()\n"
+    "lists the controls: workers(), metrics(w), events(n), evict(w),\n"
+    "checkpoint(), rollback(step), set('lr', x), reload(). -e runs one\n"
+    "expression and exits (status 1 if it raised). ^D detaches.\n";
+
+/* Sends one line; prints the reply until its terminator. Returns 0 done,
+ * 1 error, 2 needs more input, -1 connection lost. */
+static int exchange(int fd, FILE *in, const char *code) {
+  dprintf(fd, "lua %s\n", code);
+  char line[65536];
+  while (fgets(line, sizeof line, in)) {
+    if (line[0] == '\001') return strncmp(line + 1, "ERR", 3) == 0 ? 1 : 0;
+    if (line[0] == '\002') return 2;
+    fputs(line, stdout);
+  }
+  return -1;
+}
+
+int attach_main(int argc, char **argv) {
+  const char *run = NULL, *expr = NULL;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(usage, stdout);
+      return 0;
+    } else if (strcmp(argv[i], "-e") == 0 && i + 1 < argc) {
+      expr = argv[++i];
+    } else if (!run && argv[i][0] != '-') {
+      run = argv[i];
+    } else {
+      fprintf(stderr, "transom attach: unexpected argument '%s'\n%s", argv[i], usage);
+      return 2;
+    }
+  }
+  if (!run) {
+    fputs(usage, stderr);
+    return 2;
+  }
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control.sock", run) >= (int)sizeof sa.sun_path) {
+    fprintf(stderr, "transom attach: path too long\n");
+    return 2;
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    fprintf(stderr, "transom attach: cannot reach %s (is the job running, and is it yours?)\n", sa.sun_path);
+    return 1;
+  }
+  FILE *in = fdopen(dup(fd), "r");
+  if (!in) return 1;
+  int rc = 0;
+  if (expr) {
+    rc = exchange(fd, in, expr);
+    if (rc == 2) fprintf(stderr, "transom attach: incomplete expression\n");
+    if (rc < 0) fprintf(stderr, "transom attach: the job closed the connection (was this client refused?)\n");
+  } else {
+    printf("transom attach: %s (help() lists the controls, ^D detaches)\n", run);
+    char prompt[32] = "transom> ";
+    char *line;
+    while ((line = readline(prompt))) {
+      if (*line) add_history(line);
+      int r = exchange(fd, in, line);
+      free(line);
+      if (r < 0) {
+        fprintf(stderr, "transom attach: the job closed the connection\n");
+        rc = 1;
+        break;
+      }
+      snprintf(prompt, sizeof prompt, "%s", r == 2 ? "     ... " : "transom> ");
+    }
+    if (!line) putchar('\n');
+  }
+  fclose(in);
+  close(fd);
+  return rc < 0 ? 1 : rc == 2 ? 1 : rc;
+}

@@ -1,0 +1,97 @@
+/* operator_internal.h — the operator's state, shared by operator.c (the
+ * loop, spawning, supervision) and operator_repl.c (the control socket and
+ * the attach REPL). Not for other modules: they use operator.h. Everything
+ * here lives on the operator's event-loop thread. */
+#ifndef TRANSOM_OPERATOR_INTERNAL_H
+#define TRANSOM_OPERATOR_INTERNAL_H
+
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <lua.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "ftar.h"
+#include "job.h"
+
+#define MAX_SLOTS 256
+#define STEP_RING 256
+
+typedef enum { SLOT_EMPTY, SLOT_STARTING, SLOT_RUNNING, SLOT_DONE, SLOT_DEAD, SLOT_WAITING } slot_state;
+extern const char *slot_names[];
+
+typedef struct op op;
+
+typedef struct {
+  op *o;
+  int slot;
+  slot_state state;
+  pid_t pid;
+  struct bufferevent *bev;
+  char mode[16];        /* start | resume | join */
+  char donor[64];       /* its donor service, host:port */
+  int64_t step;
+  int restarts;
+  struct event *timer;  /* pending replacement */
+  double started, ready_at;
+  uint32_t crc;
+  int done;
+  int64_t resume_step; /* -1: newest checkpoint; else newest at or before (a rollback) */
+  struct { /* its latest step report */
+    double loss, norm, lr, ms, tok_s, ar_ms;
+    int64_t epoch;
+    int n;
+  } last;
+} slot;
+
+typedef struct {
+  int64_t step;
+  int count, expect;
+  double loss, ms, tok_s;
+} step_acc;
+
+struct op {
+  job_config *cfg;
+  lua_State *L;
+  const char *dir, *self;
+  struct event_base *base;
+  ftar_coord *coord;
+  struct evconnlistener *lis, *ctl;
+  int port, threads, nslots;
+  slot slots[MAX_SLOTS];
+  FILE *metrics, *events, *coord_log;
+  int policy_ref, state_ref; /* restart policy module and its state table */
+  int restarts_total, restart_all_pending, stopping, finished, exit_code;
+  int64_t best_step, stop_at, last_ckpt;
+  char adv_host[256]; /* the coordinator's address as workers see it */
+  int *chaos_fired;
+  step_acc acc[STEP_RING];
+  double t0, lost_s;
+  int width;
+  /* state every (re)started replica must get, in WELCOME */
+  int64_t data_skip;      /* batches skipped by rollbacks */
+  char lr_changes[1024];  /* "STEP:LR,STEP:LR" */
+  int rollback_pending;
+};
+
+
+/* operator.c */
+void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int live_count(op *o);
+int load_policy(op *o);
+void spawn(op *o, int k, const char *mode);
+void stop_all(op *o, const char *why);
+/* Newest committed checkpoint at or before step (read-only look at the
+ * store), or -1. */
+int64_t newest_checkpoint(op *o, int64_t step);
+/* Kills every replica and restarts them all from the newest checkpoint at or
+ * before step, skipping `skip` more batches. */
+void rollback_all(op *o, int64_t step, int skip, const char *why);
+
+/* operator_repl.c: the control socket RUN/control.sock */
+struct evconnlistener *ctl_listen(op *o);
+
+#endif

@@ -1,0 +1,429 @@
+/* operator_repl.c — the operator's control socket, RUN/control.sock
+ * (mode 0600; the peer's uid is checked with SO_PEERCRED, others are refused).
+ *
+ * One line per request:
+ *   chaos FAULT SLOT     inject a fault (`transom chaos`)
+ *   status               one line per replica
+ *   lua CODE             evaluate CODE in the operator's Lua VM (`transom
+ *                        attach`): the reply is the output lines, then a line
+ *                        "\001" (done), "\001ERR" (error) or "\002" (CODE is
+ *                        incomplete: send more lines)
+ *
+ * The REPL runs in the operator's own VM, in an environment that sees the
+ * globals plus the job's controls: workers(), metrics(w), events(n),
+ * evict(w), checkpoint(), rollback(step), set("lr", x), reload(), help().
+ * Each evaluation has an instruction budget, so a runaway expression is
+ * stopped and the job goes on; errors are reported, never fatal. Several
+ * clients may attach at once; each has its own pending input. Runs on the
+ * operator's loop thread.
+ */
+#define _GNU_SOURCE /* struct ucred */
+#include <event2/buffer.h>
+#include <lauxlib.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "lua_host.h"
+#include "operator_internal.h"
+#include "util.h"
+
+/* x 1e6 instructions per evaluation: the REPL runs on the operator's loop,
+ * which also serves the replicas' heartbeats; keep a runaway short */
+#define REPL_BUDGET_HOOKS 20
+
+typedef struct {
+  op *o;
+  struct bufferevent *bev;
+  char *pending; /* an incomplete chunk so far */
+  int env_ref;
+} ctl_conn;
+
+static void conn_free(ctl_conn *c) {
+  if (c->env_ref && c->env_ref != LUA_NOREF) luaL_unref(c->o->L, LUA_REGISTRYINDEX, c->env_ref);
+  free(c->pending);
+  bufferevent_free(c->bev);
+  free(c);
+}
+
+/* --- chaos and status --- */
+
+static void do_chaos(op *o, struct evbuffer *out, const char *fault, int k) {
+  slot *s = &o->slots[k];
+  if (s->pid <= 0 && !s->bev) {
+    evbuffer_add_printf(out, "error: replica %d is not running\n", k);
+  } else if (strcmp(fault, "kill") == 0 || strcmp(fault, "hang") == 0) {
+    event_log(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
+    if (s->pid > 0) kill(s->pid, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
+    evbuffer_add_printf(out, "ok\n");
+  } else if ((strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0) && s->bev) {
+    event_log(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
+    evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=%lld fault=%s ms=200 steps=0\n",
+                        (long long)s->step + 2, fault);
+    evbuffer_add_printf(out, "ok\n");
+  } else {
+    evbuffer_add_printf(out, "error: unknown fault '%s' (kill, hang, slow, nan)\n", fault);
+  }
+}
+
+/* --- the REPL's functions (upvalue 1: the op; 2: the connection) --- */
+
+static op *get_op(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
+
+static int check_slot(lua_State *L, op *o, int arg) {
+  lua_Integer k = luaL_checkinteger(L, arg);
+  if (k < 0 || k >= o->nslots) return luaL_argerror(L, arg, "no such replica");
+  return (int)k;
+}
+
+static void set_num(lua_State *L, const char *k, double v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+
+static int l_workers(lua_State *L) {
+  op *o = get_op(L);
+  lua_createtable(L, o->nslots, 0);
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    lua_createtable(L, 0, 6);
+    lua_pushinteger(L, i);
+    lua_setfield(L, -2, "slot");
+    lua_pushstring(L, slot_names[s->state]);
+    lua_setfield(L, -2, "state");
+    lua_pushinteger(L, s->pid);
+    lua_setfield(L, -2, "pid");
+    lua_pushinteger(L, s->step);
+    lua_setfield(L, -2, "step");
+    lua_pushinteger(L, s->restarts);
+    lua_setfield(L, -2, "restarts");
+    lua_pushstring(L, s->mode);
+    lua_setfield(L, -2, "mode");
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_metrics(lua_State *L) {
+  op *o = get_op(L);
+  slot *s = &o->slots[check_slot(L, o, 1)];
+  lua_createtable(L, 0, 8);
+  lua_pushinteger(L, s->step);
+  lua_setfield(L, -2, "step");
+  set_num(L, "loss", s->last.loss);
+  set_num(L, "grad_norm", s->last.norm);
+  set_num(L, "lr", s->last.lr);
+  set_num(L, "step_ms", s->last.ms);
+  set_num(L, "tok_s", s->last.tok_s);
+  set_num(L, "allreduce_ms", s->last.ar_ms);
+  lua_pushinteger(L, s->last.epoch);
+  lua_setfield(L, -2, "epoch");
+  lua_pushinteger(L, s->last.n);
+  lua_setfield(L, -2, "replicas");
+  return 1;
+}
+
+static int l_events(lua_State *L) {
+  op *o = get_op(L);
+  lua_Integer n = luaL_optinteger(L, 1, 10);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/events.jsonl", o->dir);
+  fflush(o->events);
+  size_t len;
+  char *text = tr_read_file(path, &len);
+  lua_newtable(L);
+  if (!text) return 1;
+  int count = 0;
+  for (size_t i = 0; i < len; i++) count += text[i] == '\n';
+  int skip = count > n ? count - (int)n : 0, k = 0, idx = 1;
+  for (char *line = text; *line;) {
+    char *nl = strchr(line, '\n');
+    if (!nl) break;
+    if (k++ >= skip) {
+      lua_pushlstring(L, line, (size_t)(nl - line));
+      lua_rawseti(L, -2, idx++);
+    }
+    line = nl + 1;
+  }
+  free(text);
+  return 1;
+}
+
+static int l_evict(lua_State *L) {
+  op *o = get_op(L);
+  slot *s = &o->slots[check_slot(L, o, 1)];
+  if (s->pid <= 0) return luaL_error(L, "replica %d is not running", s->slot);
+  event_log(o, s->step, s->slot, "evict", "replica %d evicted from the REPL", s->slot);
+  kill(s->pid, SIGKILL);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_checkpoint(lua_State *L) {
+  op *o = get_op(L);
+  int n = 0;
+  for (int i = 0; i < o->nslots; i++)
+    if (o->slots[i].bev && o->slots[i].state == SLOT_RUNNING) {
+      evbuffer_add_printf(bufferevent_get_output(o->slots[i].bev), "CKPT_NOW\n");
+      n++;
+    }
+  if (!n) return luaL_error(L, "no replica is running");
+  event_log(o, o->best_step, -1, "checkpoint_now", "asked from the REPL; the leader checkpoints its next step");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_rollback(lua_State *L) {
+  op *o = get_op(L);
+  lua_Integer step = luaL_optinteger(L, 1, o->best_step);
+  if (step < 0) return luaL_argerror(L, 1, "step must be >= 0");
+  int64_t target = newest_checkpoint(o, step);
+  if (target < 0) return luaL_error(L, "no committed checkpoint at or before step %d", (int)step);
+  rollback_all(o, target, 1, "asked from the REPL");
+  lua_pushinteger(L, target);
+  return 1;
+}
+
+static int l_set(lua_State *L) {
+  op *o = get_op(L);
+  const char *name = luaL_checkstring(L, 1);
+  lua_Number v = luaL_checknumber(L, 2);
+  if (strcmp(name, "lr") != 0) return luaL_argerror(L, 1, "only 'lr' can be changed while the job runs");
+  if (!(v > 0)) return luaL_argerror(L, 2, "lr must be > 0");
+  int64_t at = o->best_step + 3; /* far enough that every replica gets it in time */
+  size_t k = strlen(o->lr_changes);
+  if (k + 48 >= sizeof o->lr_changes) return luaL_error(L, "too many learning-rate changes in this run");
+  snprintf(o->lr_changes + k, sizeof o->lr_changes - k, "%s%lld:%.9g", k ? "," : "", (long long)at, v);
+  for (int i = 0; i < o->nslots; i++)
+    if (o->slots[i].bev) evbuffer_add_printf(bufferevent_get_output(o->slots[i].bev), "SET at=%lld lr=%.9g\n",
+                                             (long long)at, v);
+  event_log(o, o->best_step, -1, "set", "lr = %g from step %lld (from the REPL)", v, (long long)at);
+  lua_pushinteger(L, at);
+  return 1;
+}
+
+static int l_reload(lua_State *L) {
+  op *o = get_op(L);
+  int old_policy = o->policy_ref, old_state = o->state_ref;
+  if (load_policy(o) != 0) { /* the old policy stays in force */
+    o->policy_ref = old_policy;
+    o->state_ref = old_state;
+    event_log(o, o->best_step, -1, "policy_reload_failed", "%s", tr_error());
+    return luaL_error(L, "reload failed, the previous policy stays: %s", tr_error());
+  }
+  /* keep the state table across reloads */
+  luaL_unref(L, LUA_REGISTRYINDEX, o->state_ref);
+  o->state_ref = old_state;
+  luaL_unref(L, LUA_REGISTRYINDEX, old_policy);
+  event_log(o, o->best_step, -1, "policy_reloaded", "restart policy reloaded from the REPL");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_print(lua_State *L) {
+  ctl_conn *c = lua_touserdata(L, lua_upvalueindex(2));
+  struct evbuffer *out = bufferevent_get_output(c->bev);
+  int n = lua_gettop(L);
+  for (int i = 1; i <= n; i++) evbuffer_add_printf(out, "%s%s", i > 1 ? "\t" : "", luaL_tolstring(L, i, NULL));
+  evbuffer_add_printf(out, "\n");
+  return 0;
+}
+
+static int l_help(lua_State *L) {
+  lua_pushliteral(L,
+                  "workers()          replicas: slot, state, pid, step, restarts, mode\n"
+                  "metrics(w)         replica w's latest step: loss, grad_norm, lr, step_ms, tok_s, ...\n"
+                  "events(n)          the last n lines of events.jsonl\n"
+                  "evict(w)           kill replica w; the restart policy replaces it\n"
+                  "checkpoint()       the leader checkpoints its next step\n"
+                  "rollback(step)     every replica reloads the newest checkpoint at or before step,\n"
+                  "                   skipping the batch that followed\n"
+                  "set('lr', x)       peak learning rate x from a step every replica agrees on\n"
+                  "reload()           reload the restart policy (the old one stays on error)\n"
+                  "Any Lua works; ^D detaches; the job goes on either way.");
+  return 1;
+}
+
+static void make_env(ctl_conn *c) {
+  lua_State *L = c->o->L;
+  lua_newtable(L);                        /* [env] */
+  lua_newtable(L);                        /* [env, mt] */
+  lua_pushglobaltable(L);
+  lua_setfield(L, -2, "__index");
+  lua_setmetatable(L, -2);                /* [env] */
+  static const luaL_Reg fns[] = {{"workers", l_workers},       {"metrics", l_metrics}, {"events", l_events},
+                                 {"evict", l_evict},           {"checkpoint", l_checkpoint},
+                                 {"rollback", l_rollback},     {"set", l_set},         {"reload", l_reload},
+                                 {"print", l_print},           {"help", l_help},       {NULL, NULL}};
+  lua_pushlightuserdata(L, c->o);
+  lua_pushlightuserdata(L, c);
+  luaL_setfuncs(L, fns, 2);               /* [env] */
+  c->env_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* --- evaluation --- */
+
+static int hook_count;
+static void budget_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  if (++hook_count > REPL_BUDGET_HOOKS) luaL_error(L, "stopped: the expression ran past its instruction budget");
+}
+
+/* Renders value at idx for the REPL (tables one level deep, keys sorted by
+ * insertion order of lua_next). */
+static void render(lua_State *L, int idx, struct evbuffer *out, int depth) {
+  idx = lua_absindex(L, idx);
+  if (!lua_istable(L, idx) || depth > 2) {
+    const char *s = luaL_tolstring(L, idx, NULL);
+    evbuffer_add_printf(out, lua_type(L, idx) == LUA_TSTRING && depth ? "\"%s\"" : "%s", s);
+    lua_pop(L, 1);
+    return;
+  }
+  evbuffer_add_printf(out, "{");
+  int first = 1;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    evbuffer_add_printf(out, first ? " " : ", ");
+    first = 0;
+    if (lua_type(L, -2) == LUA_TSTRING) evbuffer_add_printf(out, "%s = ", lua_tostring(L, -2));
+    render(L, -1, out, depth + 1);
+    lua_pop(L, 1);
+  }
+  evbuffer_add_printf(out, first ? "}" : " }");
+}
+
+static void repl_eval(ctl_conn *c, const char *line) {
+  lua_State *L = c->o->L;
+  struct evbuffer *out = bufferevent_get_output(c->bev);
+  if (!c->env_ref) make_env(c);
+  size_t plen = c->pending ? strlen(c->pending) : 0;
+  char *code = malloc(plen + strlen(line) + 2);
+  if (!code) return;
+  sprintf(code, "%s%s%s", plen ? c->pending : "", plen ? "\n" : "", line);
+  int top = lua_gettop(L);
+  /* an expression first ("1+1" prints 2), then a statement */
+  lua_pushfstring(L, "return %s", code);
+  int rc = luaL_loadbuffer(L, lua_tostring(L, -1), lua_rawlen(L, -1), "=attach");
+  lua_remove(L, -2);
+  if (rc != LUA_OK) {
+    lua_pop(L, 1);
+    rc = luaL_loadbuffer(L, code, strlen(code), "=attach");
+  }
+  if (rc == LUA_ERRSYNTAX && strstr(lua_tostring(L, -1), "<eof>")) { /* incomplete: wait for more */
+    free(c->pending);
+    c->pending = code;
+    lua_settop(L, top);
+    evbuffer_add_printf(out, "\002\n");
+    return;
+  }
+  free(c->pending);
+  c->pending = NULL;
+  free(code);
+  if (rc != LUA_OK) {
+    evbuffer_add_printf(out, "%s\n\001ERR\n", lua_tostring(L, -1));
+    lua_settop(L, top);
+    return;
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->env_ref);
+  lua_setupvalue(L, -2, 1); /* _ENV */
+  hook_count = 0;
+  lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1000000);
+  rc = lua_host_pcall(L, 0, LUA_MULTRET);
+  lua_sethook(L, NULL, 0, 0);
+  if (rc) {
+    evbuffer_add_printf(out, "error: %s\n\001ERR\n", tr_error());
+    lua_settop(L, top);
+    return;
+  }
+  int n = lua_gettop(L) - top;
+  for (int i = 1; i <= n; i++) {
+    if (i > 1) evbuffer_add_printf(out, "\t");
+    render(L, top + i, out, 0);
+  }
+  if (n) evbuffer_add_printf(out, "\n");
+  evbuffer_add_printf(out, "\001\n");
+  lua_settop(L, top);
+}
+
+/* --- the socket --- */
+
+static void ctl_read(struct bufferevent *bev, void *arg) {
+  ctl_conn *c = arg;
+  op *o = c->o;
+  char *line;
+  size_t n;
+  struct evbuffer *out = bufferevent_get_output(bev);
+  while ((line = evbuffer_readln(bufferevent_get_input(bev), &n, EVBUFFER_EOL_LF))) {
+    char fault[16] = "";
+    int k = -1;
+    if (strncmp(line, "lua ", 4) == 0 || strcmp(line, "lua") == 0) {
+      repl_eval(c, line[3] ? line + 4 : "");
+    } else if (sscanf(line, "chaos %15s %d", fault, &k) == 2 && k >= 0 && k < o->nslots) {
+      do_chaos(o, out, fault, k);
+    } else if (strcmp(line, "status") == 0) {
+      for (int i = 0; i < o->nslots; i++)
+        evbuffer_add_printf(out, "replica %d: %s pid %d step %lld restarts %d\n", i, slot_names[o->slots[i].state],
+                            (int)o->slots[i].pid, (long long)o->slots[i].step, o->slots[i].restarts);
+    } else {
+      evbuffer_add_printf(out, "error: expected 'chaos FAULT SLOT', 'status' or 'lua CODE'\n");
+    }
+    free(line);
+  }
+  if (evbuffer_get_length(bufferevent_get_input(bev)) > 65536) conn_free(c); /* a line that never ends */
+}
+
+static void ctl_drained(struct bufferevent *bev, void *arg) {
+  (void)bev;
+  conn_free(arg); /* closed by the client; its last replies are out */
+}
+
+static void ctl_event(struct bufferevent *bev, short what, void *arg) {
+  ctl_conn *c = arg;
+  if (what & BEV_EVENT_ERROR) {
+    conn_free(c);
+  } else if (what & BEV_EVENT_EOF) { /* the client is done: flush the replies, then close */
+    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0) conn_free(c);
+    else bufferevent_setcb(bev, NULL, ctl_drained, ctl_event, c);
+  }
+}
+
+static void ctl_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg) {
+  (void)l;
+  (void)sa;
+  (void)len;
+  op *o = arg;
+  struct ucred cred;
+  socklen_t cl = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
+    event_log(o, o->best_step, -1, "attach_refused", "a client of uid %d was refused", (int)cred.uid);
+    close(fd); /* only the job's own user */
+    return;
+  }
+  ctl_conn *c = calloc(1, sizeof *c);
+  struct bufferevent *bev = c ? bufferevent_socket_new(o->base, fd, BEV_OPT_CLOSE_ON_FREE) : NULL;
+  if (!bev) {
+    free(c);
+    close(fd);
+    return;
+  }
+  c->o = o;
+  c->bev = bev;
+  bufferevent_setcb(bev, ctl_read, NULL, ctl_event, c);
+  bufferevent_enable(bev, EV_READ | EV_WRITE);
+}
+
+struct evconnlistener *ctl_listen(op *o) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control.sock", o->dir) >= (int)sizeof sa.sun_path) return NULL;
+  unlink(sa.sun_path);
+  mode_t old = umask(0177); /* the socket is created 0600 */
+  struct evconnlistener *l = evconnlistener_new_bind(o->base, ctl_accept, o, LEV_OPT_CLOSE_ON_FREE, 16,
+                                                     (struct sockaddr *)&sa, sizeof sa);
+  umask(old);
+  return l;
+}
