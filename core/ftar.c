@@ -17,13 +17,20 @@
  * A member returns only after token p-1: then every member holds the full
  * result, which is what lets the coordinator resolve an abort consistently
  * (COMMIT if anyone could have returned, RUN again otherwise).
- * Each segment is cut into frames of chunk_bytes; frame j of a step may be
+ * Each segment is cut into frames (frame_floats); frame j of a step may be
  * sent as soon as frame j of the previous step has arrived, so sending and
  * receiving overlap (non-blocking sockets, one poll loop, no extra threads:
  * on a loopback ring the kernel copy is the work, and it runs in the caller).
- * The caller's input is saved frame by frame into in_copy just before a
- * frame of buf is first overwritten, so an abort restores exactly the
- * modified ranges (no up-front copy of the whole buffer).
+ * The caller's input is saved frame by frame into in_copy in the same pass
+ * that first overwrites it (CRC+copy when sending our own segment,
+ * CRC+save+add when reducing), so an abort restores exactly the modified
+ * ranges and there is no up-front copy of the whole buffer.
+ * Same-host peers (the default when the advertised hosts are equal) move
+ * frames through a shared-memory ring instead of the socket: the TCP link
+ * stays for the handshake, 1-byte doorbells when a side sleeps, and EOF when
+ * a peer dies, so failure handling is unchanged; frames are read in place
+ * and verified with the same header checks and CRC. Before sleeping, the
+ * loop polls (yielding the core between rounds) for up to 500 us.
  *
  * Malformed input never crashes or allocates: headers are checked (magic,
  * type, epoch, seq, frame number, exact length) before any payload is read,
@@ -32,6 +39,7 @@
  * accepted into a small bounded list and dropped on the first bad byte or
  * after the deadline.
  */
+#define _GNU_SOURCE /* memfd_create */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
@@ -42,13 +50,17 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -79,7 +91,38 @@ typedef struct { /* a connection on the data port that has not shown a valid CON
   uint8_t b[FTAR_HDR + FTAR_CONNECT_LEN];
 } pending;
 
-enum { DOWN_NONE = 0, DOWN_CONNECTING, DOWN_HELLO, DOWN_READY };
+enum { DOWN_NONE = 0, DOWN_CONNECTING, DOWN_HELLO, DOWN_ACK, DOWN_READY };
+
+/* A same-host link's frames go through this ring: a memfd the sender
+ * creates and the receiver maps through /proc/<pid>/fd/<n>. Single producer,
+ * single consumer; head/tail count bytes; the *_waiting flags ask the other
+ * side for a 1-byte doorbell on the TCP link before sleeping in poll(). */
+#define SHM_RING (4u << 20)
+#define SHM_DATA 4096
+#define SHM_MAGIC 0x4d485346u /* "FSHM" */
+typedef struct {
+  uint32_t magic, size;
+  uint64_t token;
+  uint8_t pad0[48];
+  _Atomic uint64_t head;
+  uint8_t pad1[56];
+  _Atomic uint64_t tail;
+  uint8_t pad2[56];
+  _Atomic uint32_t cons_waiting;
+  uint8_t pad3[60];
+  _Atomic uint32_t prod_waiting;
+  uint8_t pad4[60];
+} shm_hdr;
+
+typedef struct {
+  shm_hdr *h; /* NULL: not mapped */
+  uint8_t *data;
+  size_t size;
+  uint64_t pos;   /* our side's counter: head for the producer, tail for the consumer */
+  int memfd;      /* producer, until the receiver answered */
+  int active;     /* frames flow through the ring */
+  int armed;      /* we set our *_waiting flag */
+} shm_link;
 
 struct ftar_member {
   ftar_member_opts o;
@@ -126,6 +169,8 @@ struct ftar_member {
   int run_n, run_r;
   peer run_mem[FTAR_MAX_MEMBERS];
   int up_fd, down_fd, down_state;
+  int up_eof, down_eof; /* the peer closed; fatal only while that link still has work */
+  shm_link up_shm, down_shm;
   uint8_t *rx;
   size_t rx_head, rx_tail;
   float *in_copy, *stage;
@@ -211,6 +256,8 @@ void ftar_member_opts_default(ftar_member_opts *o) {
   o->min_members = 1;
   o->chunk_bytes = 256 * 1024;
   o->sockbuf = 4 << 20;
+  o->spin_us = -1;
+  o->shm = 1;
 }
 
 /* --- control thread (libevent) --- */
@@ -498,6 +545,7 @@ ftar_member *ftar_member_create(const char *coord_host, int coord_port, int slot
     return NULL;
   }
   m->cmd[0] = m->cmd[1] = m->wake[0] = m->wake[1] = m->lfd = m->up_fd = m->down_fd = -1;
+  m->up_shm.memfd = m->down_shm.memfd = -1;
   pthread_mutex_init(&m->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -603,10 +651,20 @@ error:
   return NULL;
 }
 
+static void shm_unmap(shm_link *L) {
+  if (L->h) munmap(L->h, SHM_DATA + L->size);
+  if (L->memfd >= 0) close(L->memfd);
+  memset(L, 0, sizeof *L);
+  L->memfd = -1;
+}
+
 static void links_close(ftar_member *m) {
   close_fd(&m->up_fd);
   close_fd(&m->down_fd);
+  shm_unmap(&m->up_shm);
+  shm_unmap(&m->down_shm);
   m->down_state = DOWN_NONE;
+  m->up_eof = m->down_eof = 0;
   m->rx_head = m->rx_tail = 0;
 }
 
@@ -614,6 +672,21 @@ static void pend_remove(ftar_member *m, int i, int close_it) {
   if (close_it) close(m->pend[i].fd);
   memmove(m->pend + i, m->pend + i + 1, (size_t)(m->npend - i - 1) * sizeof m->pend[0]);
   m->npend--;
+}
+
+/* After the control thread stopped: write out whatever the bufferevent still
+ * holds (whole frames), then LEAVE, so the coordinator sees a clean exit.
+ * Bounded by a second; the output buffer is copied, not drained (libevent
+ * freezes its start). */
+static void send_leave(ftar_member *m) {
+  uint8_t buf[4096];
+  struct evbuffer *out = bufferevent_get_output(m->bev);
+  size_t len = evbuffer_get_length(out);
+  if (len + FTAR_HDR > sizeof buf) return; /* a backlog this big: the coordinator is not reading anyway */
+  if (len && evbuffer_copyout(out, buf, len) != (ssize_t)len) return;
+  ftar_hdr h = {.type = FT_LEAVE, .epoch = m->ep, .seq = m->last_seq, .index = (uint32_t)m->slot};
+  ftar_frame_build(buf + len, &h, NULL);
+  io_all((int)bufferevent_getfd(m->bev), buf, len + FTAR_HDR, 1, tr_now() + 1.0);
 }
 
 void ftar_member_free(ftar_member *m) {
@@ -624,6 +697,7 @@ void ftar_member_free(ftar_member *m) {
     pthread_mutex_unlock(&m->mu);
     wake_fd(m->cmd[1]);
     pthread_join(m->th, NULL);
+    if (m->bev) send_leave(m);
   }
   if (m->bev) bufferevent_free(m->bev);
   if (m->hb_ev) event_free(m->hb_ev);
@@ -681,6 +755,144 @@ void ftar_member_stats(ftar_member *m, ftar_stats *s) {
   pthread_mutex_lock(&m->mu);
   s->epochs = m->epochs_seen;
   pthread_mutex_unlock(&m->mu);
+}
+
+/* --- same-host shared-memory rings --- */
+
+static int same_host(const ftar_member *m, const peer *p) { return strcmp(p->host, m->data_host) == 0; }
+
+/* Producer: creates and maps the ring offered in CONNECT. */
+static int shm_create(ftar_member *m) {
+  shm_link *L = &m->down_shm;
+  shm_unmap(L);
+  int fd = memfd_create("ftar-link", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, SHM_DATA + SHM_RING) != 0) {
+    close(fd);
+    return -1;
+  }
+  void *p = mmap(NULL, SHM_DATA + SHM_RING, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return -1;
+  }
+  L->h = p;
+  L->data = (uint8_t *)p + SHM_DATA;
+  L->size = SHM_RING;
+  L->memfd = fd;
+  L->h->magic = SHM_MAGIC;
+  L->h->size = SHM_RING;
+  uint64_t tok = 0;
+  if (getrandom(&tok, sizeof tok, GRND_NONBLOCK) != (ssize_t)sizeof tok)
+    tok = (uint64_t)(tr_now() * 1e9) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)p;
+  L->h->token = tok;
+  return 0;
+}
+
+/* Consumer: maps the ring a CONNECT payload describes; checks it is what the
+ * sender announced (size, token) before trusting it. */
+static int shm_attach(ftar_member *m, const uint8_t *pay) {
+  shm_link *L = &m->up_shm;
+  shm_unmap(L);
+  uint32_t pid = ftw_get32(pay + 8), fdn = ftw_get32(pay + 12), size = ftw_get32(pay + 16);
+  uint64_t tok = ftw_get64(pay + 24);
+  if (size < 65536 || size > (64u << 20) || (size & (size - 1))) return -1;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%u/fd/%u", pid, fdn);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st;
+  void *p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && st.st_size == (off_t)(SHM_DATA + size))
+    p = mmap(NULL, SHM_DATA + size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return -1;
+  shm_hdr *h = p;
+  if (h->magic != SHM_MAGIC || h->size != size || h->token != tok) {
+    munmap(p, SHM_DATA + size);
+    return -1;
+  }
+  L->h = h;
+  L->data = (uint8_t *)p + SHM_DATA;
+  L->size = size;
+  L->pos = atomic_load(&h->tail);
+  L->active = 1;
+  return 0;
+}
+
+static void doorbell(int fd) {
+  char b = 'd';
+  ssize_t w = send(fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT); /* EAGAIN: one is pending already */
+  (void)w;
+}
+
+/* Producer: copies as much of iov as fits. Bytes written, or -1 if the
+ * consumer corrupted the counters. */
+static ssize_t shm_write(ftar_member *m, const struct iovec *iov, int niov) {
+  shm_link *L = &m->down_shm;
+  uint64_t tail = atomic_load_explicit(&L->h->tail, memory_order_acquire), head = L->pos;
+  if (tail > head || head - tail > L->size) return -1;
+  size_t space = L->size - (size_t)(head - tail), done = 0;
+  for (int i = 0; i < niov && done < space; i++) {
+    size_t n = iov[i].iov_len < space - done ? iov[i].iov_len : space - done;
+    size_t off = (size_t)(head + done) & (L->size - 1), first = L->size - off < n ? L->size - off : n;
+    memcpy(L->data + off, iov[i].iov_base, first);
+    memcpy(L->data, (const uint8_t *)iov[i].iov_base + first, n - first);
+    done += n;
+  }
+  if (done) {
+    L->pos = head + done;
+    atomic_store(&L->h->head, L->pos);
+    uint32_t one = 1;
+    if (atomic_load(&L->h->cons_waiting) && atomic_compare_exchange_strong(&L->h->cons_waiting, &one, 0))
+      doorbell(m->down_fd);
+  }
+  return (ssize_t)done;
+}
+
+/* Consumer: copies up to cap bytes out. Bytes read, or -1 if corrupt. */
+static ssize_t shm_read(ftar_member *m, void *dst, size_t cap) {
+  shm_link *L = &m->up_shm;
+  uint64_t head = atomic_load_explicit(&L->h->head, memory_order_acquire), tail = L->pos;
+  if (head < tail || head - tail > L->size) return -1;
+  size_t n = (size_t)(head - tail);
+  if (n > cap) n = cap;
+  if (n) {
+    size_t off = (size_t)tail & (L->size - 1), first = L->size - off < n ? L->size - off : n;
+    memcpy(dst, L->data + off, first);
+    memcpy((uint8_t *)dst + first, L->data, n - first);
+    L->pos = tail + n;
+    atomic_store(&L->h->tail, L->pos);
+    uint32_t one = 1;
+    if (atomic_load(&L->h->prod_waiting) && atomic_compare_exchange_strong(&L->h->prod_waiting, &one, 0))
+      doorbell(m->up_fd);
+  }
+  return (ssize_t)n;
+}
+
+/* Consumer, zero-copy: the contiguous bytes readable in place (up to the
+ * ring's end), or NULL with *n = 0 if none; *bad set if the counters are
+ * corrupt. */
+static const uint8_t *shm_peek(ftar_member *m, size_t *n, int *bad) {
+  shm_link *L = &m->up_shm;
+  uint64_t head = atomic_load_explicit(&L->h->head, memory_order_acquire), tail = L->pos;
+  *n = 0;
+  if (head < tail || head - tail > L->size) {
+    *bad = 1;
+    return NULL;
+  }
+  size_t avail = (size_t)(head - tail), off = (size_t)tail & (L->size - 1);
+  *n = avail < L->size - off ? avail : L->size - off;
+  return *n ? L->data + off : NULL;
+}
+
+static void shm_consume(ftar_member *m, size_t n) {
+  shm_link *L = &m->up_shm;
+  L->pos += n;
+  atomic_store(&L->h->tail, L->pos);
+  uint32_t one = 1;
+  if (atomic_load(&L->h->prod_waiting) && atomic_compare_exchange_strong(&L->h->prod_waiting, &one, 0))
+    doorbell(m->up_fd);
 }
 
 /* --- data port: strangers and CONNECT handshakes --- */
@@ -780,7 +992,19 @@ static void pend_match(ftar_member *m) {
         pend_reject(m, i--, "second CONNECT from our upstream in one epoch");
       } else {
         m->up_fd = q->fd;
+        m->up_eof = 0;
         m->rx_head = m->rx_tail = 0;
+        char ack = 'T';
+        if ((q->h.flags & FTF_SHM) && m->o.shm && shm_attach(m, q->b + FTAR_HDR) == 0) ack = 'S';
+        if (send(m->up_fd, &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+          mlog(m, "data port: cannot answer slot %u's CONNECT: %s", q->h.index, strerror(errno));
+          close_fd(&m->up_fd);
+          shm_unmap(&m->up_shm);
+          pend_remove(m, i--, 0);
+          continue;
+        }
+        if (ack == 'S') m->st.links_shm++;
+        else m->st.links_tcp++;
         pend_remove(m, i--, 0);
       }
     } else if (now - q->t0 > m->o.timeout) {
@@ -817,6 +1041,7 @@ typedef struct {
   uint8_t rhb[FTAR_HDR];
   uint8_t *r_dst;
   size_t r_got;
+  uint32_t r_crc; /* payload CRC so far (shared-memory path) */
   /* commit */
   int full, tok_sent, tok_recv;
   /* progress */
@@ -825,6 +1050,16 @@ typedef struct {
   int fatal;
   char why[256];
 } ring;
+
+/* Poll without sleeping (yielding the core between rounds) this long after
+ * the last progress before sleeping in poll(). A sleep costs a wake-up per
+ * ring hop, and on shared-memory links a doorbell syscall; a yielding poller
+ * costs neither and still lets a runnable peer have the core, so it pays
+ * even with more ranks than cores (OpenMPI polls with sched_yield then). */
+static double spin_seconds(const ftar_member *m) {
+  if (m->o.spin_us == 0) return 0;
+  return (m->o.spin_us < 0 ? 500 : m->o.spin_us) * 1e-6;
+}
 
 /* What was overwritten in buf (and saved in in_copy): per segment, a prefix,
  * in the segment geometry of the ring that did it. */
@@ -835,6 +1070,29 @@ typedef struct {
 } undo_log;
 
 static inline int modp(int a, int p) { return ((a % p) + p) % p; }
+
+/* Frame size in floats, the same on every member (it depends only on n, p
+ * and chunk). Big frames are whole multiples of FRAME_UNIT: 65408 payload
+ * bytes + the 40-byte header fit one 64 KiB loopback TCP segment, so with
+ * TCP_NODELAY a frame never leaves a runt segment behind (on 1500/9000-byte
+ * MTUs the unit is irrelevant). About 4 frames per segment so the steps
+ * pipeline (8 pipelined better on paper but cost more wake-ups than they
+ * saved when ranks share cores); small buffers use frames of at least
+ * 16 KiB; at most chunk. */
+#define FRAME_UNIT 16352
+static size_t frame_floats(size_t n, int p, size_t chunk) {
+  size_t seg = (n + (size_t)p - 1) / (size_t)p, f = (seg + 3) / 4;
+  size_t cap = chunk >= FRAME_UNIT ? chunk / FRAME_UNIT * FRAME_UNIT : (chunk + 15) & ~(size_t)15;
+  if (f <= FRAME_UNIT) {
+    f = (f + 15) & ~(size_t)15;
+    if (f < 4096) f = 4096;
+    if (f > FRAME_UNIT) f = FRAME_UNIT;
+  } else {
+    f = (f + FRAME_UNIT - 1) / FRAME_UNIT * FRAME_UNIT;
+  }
+  return f < cap ? f : cap;
+}
+
 static inline size_t seg_len_p(size_t n, int p, int c) { return n / (size_t)p + ((size_t)c < n % (size_t)p); }
 static inline size_t seg_off_p(size_t n, int p, int c) {
   size_t b = n / (size_t)p, rem = n % (size_t)p;
@@ -900,16 +1158,25 @@ static void prep_data(ring *g, undo_log *u) {
   size_t len = seg_len_p(g->n, g->p, c) - g->sj * g->F;
   if (len > g->F) len = g->F;
   float *x = g->buf + off;
-  if (g->ss == 0) { /* our own segment: about to be overwritten by the all-gather later */
-    memcpy(g->m->in_copy + off, x, len * sizeof(float));
+  uint32_t pcrc;
+  if (g->ss == 0) { /* our own segment, overwritten by the all-gather later: save it, same pass */
+    pcrc = ftar_crc32c_copy(0, g->m->in_copy + off, x, len * sizeof(float));
     u->copied[c] += len;
+  } else {
+    if (g->ss == g->p - 1 && g->op == FTAR_MEAN) { /* the segment we own: divide once, everyone gets these bits */
+      float d = (float)g->p;
+      for (size_t k = 0; k < len; k++) x[k] /= d;
+    }
+    pcrc = ftar_crc32c(0, x, len * sizeof(float));
   }
-  if (g->ss == g->p - 1 && g->op == FTAR_MEAN) { /* the segment we own: divide once, everyone gets these bits */
-    float d = (float)g->p;
-    for (size_t k = 0; k < len; k++) x[k] /= d;
-  }
-  ftar_hdr h = {.type = FT_DATA, .epoch = g->ep, .seq = g->seq, .index = g->sidx, .len = (uint32_t)(len * 4)};
-  ftar_frame_build(g->s_hdr, &h, x);
+  ftar_hdr h = {.type = FT_DATA,
+                .flags = (uint16_t)g->op,
+                .epoch = g->ep,
+                .seq = g->seq,
+                .index = g->sidx,
+                .len = (uint32_t)(len * 4),
+                .aux = (uint32_t)g->n};
+  ftar_frame_build_crc(g->s_hdr, &h, pcrc);
   g->s_pay = (const uint8_t *)x;
   g->s_len = len * sizeof(float);
   g->s_off = 0;
@@ -932,8 +1199,18 @@ static void prep_token(ring *g) {
 static void prep_connect(ring *g) {
   ftar_member *m = g->m;
   const peer *d = &m->run_mem[(m->run_r + 1) % m->run_n];
+  memset(g->s_extra, 0, sizeof g->s_extra);
   ftw_put64(g->s_extra, m->uid);
+  uint16_t flags = 0;
+  if (m->o.shm && same_host(m, d) && shm_create(m) == 0) {
+    flags = FTF_SHM;
+    ftw_put32(g->s_extra + 8, (uint32_t)getpid());
+    ftw_put32(g->s_extra + 12, (uint32_t)m->down_shm.memfd);
+    ftw_put32(g->s_extra + 16, (uint32_t)m->down_shm.size);
+    ftw_put64(g->s_extra + 24, m->down_shm.h->token);
+  }
   ftar_hdr h = {.type = FT_CONNECT,
+                .flags = flags,
                 .epoch = g->ep,
                 .index = (uint32_t)m->slot,
                 .aux = (uint32_t)d->slot,
@@ -948,15 +1225,18 @@ static void prep_connect(ring *g) {
 
 static int want_send(const ring *g) {
   const ftar_member *m = g->m;
-  if (m->down_state == DOWN_CONNECTING) return 1;
+  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK) return 1;
   return g->s_busy || m->down_state == DOWN_HELLO || send_ready(g) || token_ready(g);
 }
+
+/* Still something to send in this collective (the downstream must live). */
+static int send_pending(const ring *g) { return g->s_busy || g->ss < g->nsteps || g->tok_sent < g->p - 1; }
 
 /* Returns 1 on progress, 0 if blocked, -1 on failure (g->why). */
 static int pump_send(ring *g, undo_log *u) {
   ftar_member *m = g->m;
   int progress = 0;
-  if (m->down_state == DOWN_CONNECTING) return 0; /* poll reports completion */
+  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK) return 0; /* poll reports these */
   for (;;) {
     if (!g->s_busy) {
       if (m->down_state == DOWN_HELLO) prep_connect(g);
@@ -973,8 +1253,15 @@ static int pump_send(ring *g, undo_log *u) {
     } else {
       iov[niov++] = (struct iovec){(void *)(g->s_pay + (g->s_off - FTAR_HDR)), total - g->s_off};
     }
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-    ssize_t w = sendmsg(m->down_fd, &mh, MSG_NOSIGNAL);
+    ssize_t w;
+    if (m->down_shm.active) {
+      if ((w = shm_write(m, iov, niov)) < 0)
+        return ring_fail(g, "shared-memory ring to slot %d is corrupt", m->run_mem[(m->run_r + 1) % m->run_n].slot);
+      if (w == 0) return progress;
+    } else {
+      struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+      w = sendmsg(m->down_fd, &mh, MSG_NOSIGNAL);
+    }
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return progress;
@@ -985,22 +1272,35 @@ static int pump_send(ring *g, undo_log *u) {
     m->st.bytes_sent += (uint64_t)w;
     if (g->s_off == total) {
       g->s_busy = 0;
-      if (g->s_connect) m->down_state = DOWN_READY;
       if (g->s_token) g->tok_sent++;
       update_full(g);
+      if (g->s_connect) { /* nothing more until the receiver answers 'S' or 'T' */
+        g->s_connect = 0;
+        m->down_state = DOWN_ACK;
+        return progress;
+      }
     }
   }
 }
 
 static int expecting(const ring *g) { return g->rs < g->nsteps || g->tok_recv < g->p - 1; }
 
-static void reduce_into(float *restrict dst, float *restrict save, const float *restrict src, size_t n) {
-  for (size_t k = 0; k < n; k++) {
-    float t = dst[k];
-    save[k] = t;
-    dst[k] = t + src[k];
-  }
+/* Where the payload of the next DATA frame goes: stage (reduce-scatter, added
+ * after the CRC check) or its place in buf (all-gather). */
+static uint8_t *expected_dst(const ring *g) {
+  if (g->rs < g->p - 1) return (uint8_t *)g->m->stage;
+  int c = recv_seg(g, g->rs);
+  return (uint8_t *)(g->buf + seg_off_p(g->n, g->p, c) + g->rj * g->F);
 }
+
+/* Payload bytes of the next frame the upstream should send. */
+static size_t expected_len(const ring *g) {
+  if (g->rs >= g->nsteps) return 0;
+  int c = recv_seg(g, g->rs);
+  size_t len = seg_len_p(g->n, g->p, c) - g->rj * g->F;
+  return (len > g->F ? g->F : len) * sizeof(float);
+}
+
 
 /* Validates the header just read against what the ring expects next. */
 static int check_rx_header(ring *g) {
@@ -1029,6 +1329,9 @@ static int check_rx_header(ring *g) {
   size_t off = seg_off_p(g->n, g->p, c) + g->rj * g->F;
   size_t len = seg_len_p(g->n, g->p, c) - g->rj * g->F;
   if (len > g->F) len = g->F;
+  if (h->flags != (uint16_t)g->op || h->aux != (uint32_t)g->n)
+    return ring_fail(g, "slot %d runs op %u on %u floats, we run op %d on %zu (callers disagree)", upslot, h->flags,
+                     h->aux, (int)g->op, g->n);
   if (h->index != g->ridx || h->len != len * 4)
     return ring_fail(g, "slot %d sent frame %u of %u bytes, expected frame %u of %zu bytes", upslot, h->index, h->len,
                      g->ridx, len * 4);
@@ -1040,12 +1343,19 @@ static int check_rx_header(ring *g) {
  * block, -1 on EOF or error (g->why). */
 static ssize_t up_recv(ring *g, void *dst, size_t cap) {
   ftar_member *m = g->m;
+  int upslot = m->run_mem[(m->run_r + m->run_n - 1) % m->run_n].slot;
+  if (m->up_shm.active) {
+    ssize_t k = shm_read(m, dst, cap);
+    if (k < 0) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
+    if (k > 0) m->st.bytes_recv += (uint64_t)k;
+    else if (m->up_eof) return ring_fail(g, "slot %d closed the link", upslot);
+    return k;
+  }
   ssize_t k = recv(m->up_fd, dst, cap, 0);
   if (k > 0) {
     m->st.bytes_recv += (uint64_t)k;
     return k;
   }
-  int upslot = m->run_mem[(m->run_r + m->run_n - 1) % m->run_n].slot;
   if (k == 0) return ring_fail(g, "slot %d closed the link", upslot);
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
   return ring_fail(g, "receive from slot %d: %s", upslot, strerror(errno));
@@ -1053,34 +1363,107 @@ static ssize_t up_recv(ring *g, void *dst, size_t cap) {
 
 static int pump_recv(ring *g, undo_log *u) {
   ftar_member *m = g->m;
-  int progress = 0;
+  int progress = 0, shm = m->up_shm.active, bad = 0;
+  int upslot = m->run_mem[(m->run_r + m->run_n - 1) % m->run_n].slot;
   while (expecting(g)) {
     size_t have = m->rx_tail - m->rx_head;
     if (!g->r_have) {
-      if (have < FTAR_HDR) {
-        if (m->rx_head > 0) {
-          memmove(m->rx, m->rx + m->rx_head, have);
-          m->rx_head = 0;
-          m->rx_tail = have;
+      if (shm) { /* headers are copied out (40 bytes, maybe across the wrap) */
+        size_t n;
+        shm_peek(m, &n, &bad);
+        uint64_t avail = bad ? 0 : atomic_load(&m->up_shm.h->head) - m->up_shm.pos;
+        if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
+        if (avail < FTAR_HDR) {
+          if (m->up_eof) return ring_fail(g, "slot %d closed the link", upslot);
+          return progress;
         }
-        ssize_t k = up_recv(g, m->rx + m->rx_tail, RX_CAP - m->rx_tail);
-        if (k < 0) return -1;
-        if (k == 0) return progress;
-        m->rx_tail += (size_t)k;
-        progress = 1;
-        continue;
+        if (shm_read(m, g->rhb, FTAR_HDR) != FTAR_HDR) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
+        m->st.bytes_recv += FTAR_HDR;
+      } else {
+        size_t elen = expected_len(g);
+        if (have == 0 && elen >= RX_CAP / 2) {
+          /* a big frame is next and rx is empty: header and payload in one
+           * recvmsg, the payload straight to where check_rx_header will put it */
+          struct iovec iov[2] = {{g->rhb, FTAR_HDR}, {expected_dst(g), elen}};
+          struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+          ssize_t k = recvmsg(m->up_fd, &mh, 0);
+          if (k == 0) return ring_fail(g, "slot %d closed the link", upslot);
+          if (k < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return progress;
+            return ring_fail(g, "receive from slot %d: %s", upslot, strerror(errno));
+          }
+          m->st.bytes_recv += (uint64_t)k;
+          progress = 1;
+          if (k < FTAR_HDR) { /* a partial header: finish it through rx */
+            memcpy(m->rx, g->rhb, (size_t)k);
+            m->rx_head = 0;
+            m->rx_tail = (size_t)k;
+            continue;
+          }
+          ftar_hdr_decode(g->rhb, &g->rh);
+          if (check_rx_header(g)) return -1;
+          g->r_have = 1;
+          g->r_got = (size_t)k - FTAR_HDR;
+          g->r_crc = 0;
+          g->started = 1;
+          continue;
+        }
+        if (have < FTAR_HDR) {
+          if (m->rx_head > 0) {
+            memmove(m->rx, m->rx + m->rx_head, have);
+            m->rx_head = 0;
+            m->rx_tail = have;
+          }
+          /* before a big payload read just the header, so the payload goes
+           * straight to its place instead of through rx */
+          size_t want = RX_CAP - m->rx_tail;
+          if (expected_len(g) >= RX_CAP / 2) want = FTAR_HDR - have;
+          ssize_t k = up_recv(g, m->rx + m->rx_tail, want);
+          if (k < 0) return -1;
+          if (k == 0) return progress;
+          m->rx_tail += (size_t)k;
+          progress = 1;
+          continue;
+        }
+        memcpy(g->rhb, m->rx + m->rx_head, FTAR_HDR);
+        m->rx_head += FTAR_HDR;
       }
-      memcpy(g->rhb, m->rx + m->rx_head, FTAR_HDR);
-      m->rx_head += FTAR_HDR;
       ftar_hdr_decode(g->rhb, &g->rh);
       if (check_rx_header(g)) return -1;
       g->r_have = 1;
       g->r_got = 0;
+      g->r_crc = 0;
       if (!g->started) g->started = 1;
       progress = 1;
       have = m->rx_tail - m->rx_head;
     }
+    int rs_frame = g->rh.type == FT_DATA && g->rs < g->p - 1;
+    int c = g->rh.type == FT_DATA ? recv_seg(g, g->rs) : 0;
+    size_t off = g->rh.type == FT_DATA ? seg_off_p(g->n, g->p, c) + g->rj * g->F : 0;
     size_t need = g->rh.len - g->r_got;
+    if (need > 0 && shm) { /* in place from the ring: verify-and-add or verify-and-copy in one pass */
+      size_t k;
+      const uint8_t *src = shm_peek(m, &k, &bad);
+      if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
+      if (k > need) k = need;
+      k &= ~(size_t)3; /* whole floats; offsets in the ring are multiples of 4 */
+      if (k == 0) {
+        if (m->up_eof) return ring_fail(g, "slot %d closed the link", upslot);
+        return progress;
+      }
+      if (rs_frame) {
+        size_t f0 = off + g->r_got / 4;
+        g->r_crc = ftar_crc32c_reduce(g->r_crc, g->buf + f0, m->in_copy + f0, (const float *)(const void *)src, k / 4);
+        u->copied[c] += k / 4;
+      } else {
+        g->r_crc = ftar_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
+      }
+      shm_consume(m, k);
+      m->st.bytes_recv += k;
+      g->r_got += k;
+      progress = 1;
+      continue;
+    }
     if (need > 0) {
       if (have > 0) {
         size_t k = have < need ? have : need;
@@ -1102,21 +1485,24 @@ static int pump_recv(ring *g, undo_log *u) {
       progress = 1;
       continue;
     }
-    /* a whole frame */
-    if (ftar_frame_crc(g->rhb, g->r_dst, g->rh.len) != g->rh.crc) {
-      int upslot = m->run_mem[(m->run_r + m->run_n - 1) % m->run_n].slot;
-      return ring_fail(g, "bad checksum on %s frame %u from slot %d", ftar_type_name(g->rh.type), g->rh.index, upslot);
+    /* a whole frame: reduce (TCP: from stage) and verify; a bad frame aborts
+     * the collective and the undo log restores what was touched */
+    uint32_t pcrc;
+    if (shm) {
+      pcrc = g->r_crc;
+    } else if (rs_frame) {
+      size_t len = g->rh.len / 4;
+      pcrc = ftar_crc32c_reduce(0, g->buf + off, m->in_copy + off, m->stage, len);
+      u->copied[c] += len;
+    } else {
+      pcrc = g->rh.len ? ftar_crc32c(0, g->r_dst, g->rh.len) : 0;
     }
+    if (ftar_frame_crc_finish(pcrc, g->rhb) != g->rh.crc)
+      return ring_fail(g, "bad checksum on %s frame %u from slot %d", ftar_type_name(g->rh.type), g->rh.index, upslot);
     g->r_have = 0;
     if (g->rh.type == FT_TOKEN) {
       g->tok_recv++;
     } else {
-      if (g->rs < g->p - 1) {
-        int c = recv_seg(g, g->rs);
-        size_t off = seg_off_p(g->n, g->p, c) + g->rj * g->F, len = g->rh.len / 4;
-        reduce_into(g->buf + off, m->in_copy + off, m->stage, len);
-        u->copied[c] += len;
-      }
       g->ridx++;
       g->rj++;
       skip_recv(g);
@@ -1146,6 +1532,70 @@ static int down_finish_connect(ring *g) {
   if (err) return ring_fail(g, "connect to slot %d: %s", m->run_mem[(m->run_r + 1) % m->run_n].slot, strerror(err));
   m->down_state = DOWN_HELLO;
   return 0;
+}
+
+/* The receiver's answer to CONNECT: 'S' use the ring, 'T' use TCP. */
+static int down_read_ack(ring *g) {
+  ftar_member *m = g->m;
+  int slot = m->run_mem[(m->run_r + 1) % m->run_n].slot;
+  char a;
+  ssize_t k = recv(m->down_fd, &a, 1, MSG_DONTWAIT);
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  if (k <= 0) return ring_fail(g, "slot %d closed the link before answering CONNECT", slot);
+  if (a == 'S' && m->down_shm.h) {
+    m->down_shm.active = 1;
+    close_fd(&m->down_shm.memfd); /* mapped on both sides now */
+    m->st.links_shm++;
+  } else if (a == 'T') {
+    shm_unmap(&m->down_shm);
+    m->st.links_tcp++;
+  } else {
+    return ring_fail(g, "slot %d answered CONNECT with 0x%02x", slot, (unsigned char)a);
+  }
+  m->down_state = DOWN_READY;
+  return 0;
+}
+
+/* Reads and drops doorbell bytes. Sets *eof when the peer closed. -1 on a
+ * socket error. */
+static int doorbell_drain(int fd, int *eof) {
+  char b[256];
+  for (;;) {
+    ssize_t k = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (k > 0) continue;
+    if (k == 0) {
+      *eof = 1;
+      return 0;
+    }
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+  }
+}
+
+/* Before sleeping: ask the ring peers for a doorbell, then look once more
+ * (Dekker-style with the seq_cst flag and counter accesses). 1 if there is
+ * something to do after all. */
+static int shm_arm(ring *g) {
+  ftar_member *m = g->m;
+  int ready = 0;
+  shm_link *U = &m->up_shm, *D = &m->down_shm;
+  if (U->active && expecting(g)) {
+    U->armed = 1;
+    atomic_store(&U->h->cons_waiting, 1);
+    if (atomic_load(&U->h->head) != U->pos) ready = 1;
+  }
+  if (D->active && m->down_state == DOWN_READY && (g->s_busy || send_ready(g) || token_ready(g))) {
+    D->armed = 1;
+    atomic_store(&D->h->prod_waiting, 1);
+    if (D->pos - atomic_load(&D->h->tail) < D->size) ready = 1;
+  }
+  return ready;
+}
+
+static void shm_disarm(ftar_member *m) {
+  if (m->up_shm.armed) atomic_store(&m->up_shm.h->cons_waiting, 0);
+  if (m->down_shm.armed) atomic_store(&m->down_shm.h->prod_waiting, 0);
+  m->up_shm.armed = m->down_shm.armed = 0;
 }
 
 /* Checks the control state: 1 if this collective must stop. */
@@ -1179,7 +1629,7 @@ static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, 
   g->m = m;
   g->buf = buf;
   g->n = n;
-  g->F = m->chunk;
+  g->F = frame_floats(n, m->run_n, m->chunk);
   g->p = m->run_n;
   g->r = m->run_r;
   g->nsteps = 2 * (g->p - 1);
@@ -1195,9 +1645,14 @@ static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, 
   *timed_out = 0;
   unsigned gen_seen = atomic_load(&m->gen) - 1; /* check once at the start */
   g->t_progress = tr_now();
+  double spin = spin_seconds(m);
   if (m->down_fd < 0 && down_start(g)) goto abort;
+  int stopping = 0;
   for (;;) {
-    if (ctl_check(g, &gen_seen)) goto abort;
+    /* an aborting epoch (or a lost coordinator) stops the collective once
+     * the ring is blocked, not at once: what peers already delivered (say
+     * the last token of a member that finished and left) is consumed first */
+    if (!stopping && ctl_check(g, &gen_seen)) stopping = 1;
     pend_match(m);
     int pr = 0, r;
     if (m->down_state != DOWN_CONNECTING) {
@@ -1215,6 +1670,7 @@ static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, 
     if (pr) g->t_progress = now;
     if (g->full && g->tok_recv == g->p - 1 && g->tok_sent == g->p - 1 && !g->s_busy) return R_DONE;
     if (pr) continue;
+    if (stopping) goto abort;
     if (g->started && now - g->t_progress > m->deadline) {
       ring_fail(g, "no progress for %.2f s (peer stalled)", now - g->t_progress);
       goto abort;
@@ -1225,21 +1681,33 @@ static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, 
       goto abort;
     }
     struct pollfd pf[4 + PENDING_MAX];
-    int np = 0, i_down = -1, i_lis, i_pend0;
+    int np = 0, i_up = -1, i_down = -1, i_lis, i_pend0;
     pf[np++] = (struct pollfd){.fd = m->wake[0], .events = POLLIN};
     i_lis = np;
     pf[np++] = (struct pollfd){.fd = m->lfd, .events = POLLIN};
-    if (m->up_fd >= 0 && expecting(g)) {
+    if (m->up_fd >= 0 && expecting(g) && !m->up_eof) { /* data, or with a ring: doorbells and EOF */
+      i_up = np;
       pf[np++] = (struct pollfd){.fd = m->up_fd, .events = POLLIN};
     }
-    if (m->down_fd >= 0 && want_send(g)) {
-      i_down = np;
-      pf[np++] = (struct pollfd){.fd = m->down_fd, .events = POLLOUT};
+    if (m->down_fd >= 0 && !m->down_eof) {
+      short ev = 0;
+      if (m->down_state == DOWN_CONNECTING) ev = POLLOUT;
+      else if (m->down_state == DOWN_ACK) ev = POLLIN;
+      else if (m->down_shm.active) ev = send_pending(g) ? POLLIN : 0;
+      else if (want_send(g)) ev = POLLOUT;
+      if (ev) {
+        i_down = np;
+        pf[np++] = (struct pollfd){.fd = m->down_fd, .events = ev};
+      }
     }
     i_pend0 = np;
     for (int i = 0; i < m->npend; i++)
       if (!m->pend[i].complete) pf[np++] = (struct pollfd){.fd = m->pend[i].fd, .events = POLLIN};
-    int rc = poll(pf, (nfds_t)np, POLL_MS);
+    int spinning = now - g->t_progress < spin;
+    if (!spinning && shm_arm(g)) continue; /* progress became possible while arming */
+    int rc = poll(pf, (nfds_t)np, spinning ? 0 : POLL_MS);
+    shm_disarm(m);
+    if (rc == 0 && spinning) sched_yield(); /* let a runnable peer have the core */
     if (rc < 0 && errno != EINTR) {
       ring_fail(g, "poll: %s", strerror(errno));
       goto abort;
@@ -1248,8 +1716,27 @@ static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, 
     if (pf[0].revents) drain_fd(m->wake[0]);
     if (pf[i_lis].revents) pend_accept(m);
     if (np > i_pend0) pend_read(m);
-    if (i_down >= 0 && pf[i_down].revents && m->down_state == DOWN_CONNECTING) {
-      if (down_finish_connect(g)) goto abort;
+    if (i_down >= 0 && pf[i_down].revents) {
+      if (m->down_state == DOWN_CONNECTING) {
+        if (down_finish_connect(g)) goto abort;
+      } else if (m->down_state == DOWN_ACK) {
+        if (down_read_ack(g)) goto abort;
+      } else if (m->down_shm.active) {
+        int slot = m->run_mem[(m->run_r + 1) % m->run_n].slot;
+        if (doorbell_drain(m->down_fd, &m->down_eof) < 0 || (m->down_eof && send_pending(g))) {
+          ring_fail(g, "slot %d closed the link", slot);
+          goto abort;
+        }
+      }
+    }
+    if (i_up >= 0 && pf[i_up].revents && m->up_shm.active) {
+      int slot = m->run_mem[(m->run_r + m->run_n - 1) % m->run_n].slot;
+      if (doorbell_drain(m->up_fd, &m->up_eof) < 0) {
+        ring_fail(g, "receive from slot %d: %s", slot, strerror(errno));
+        goto abort;
+      }
+      /* on EOF, up_recv fails once the ring is empty: data sent before
+       * the close is still delivered */
     }
   }
 abort:
@@ -1397,7 +1884,7 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
         res_ep = full_ep;
         goto done;
       }
-      if (dec != FT_GO_RUN || (!fresh && go_seq != cur_seq)) {
+      if (dec != FT_GO_RUN || ((!fresh || m->o.strict_seq) && go_seq != cur_seq)) {
         if (res) res->seq = go_seq;
         rc = tr_fail(FTAR_ESEQ, "ftar: seq %llu is out of step with the group (%llu)", (unsigned long long)cur_seq,
                      (unsigned long long)go_seq);

@@ -11,7 +11,9 @@
  *     loop: the host's (ftar_coord_create) or its own thread (ftar_coord_start).
  *   - a member (ftar_member) is one replica. ftar_allreduce reduces a buffer
  *     in place with the other members over direct TCP links (ring
- *     reduce-scatter then all-gather, chunked and pipelined). It keeps the
+ *     reduce-scatter then all-gather, chunked and pipelined; same-host
+ *     neighbours move frames through a shared-memory ring, the TCP link
+ *     still carrying the handshake and detecting death). It keeps the
  *     caller's input: when a peer dies or stalls past the deadline, the
  *     collective is aborted on every survivor, buf is restored, and the same
  *     collective is redone in the next epoch, automatically. Survivors agree
@@ -20,8 +22,11 @@
  *
  * A collective is tagged (epoch, seq): seq is the caller's step number and
  * must increase from call to call on a member; every member passes the same
- * seq. A member that joins adopts the group's seq on its first collective
- * (res->seq). Data frames of a stale epoch are refused.
+ * seq. A joiner enters at the next collective boundary: the members finish
+ * the collective in flight, and the joiner's first collective is their next
+ * one, whose seq it adopts (res->seq). Data frames of a stale epoch are
+ * refused. Every frame carries a CRC32C; a malformed frame closes its link
+ * with a logged reason and the collective is redone.
  *
  * Not here: the NCCL data plane (ext/), state catch-up of a joiner (the
  * operator streams it a snapshot), Lua bindings.
@@ -29,7 +34,10 @@
  * Errors: functions return 0 / FTAR_RESHAPED or a negative code (TR_* of
  * util.h or FTAR_E* below) with the message in tr_error() of the calling
  * thread; constructors return NULL the same way. Nothing here ends the
- * process. SIGPIPE is never raised (sends use MSG_NOSIGNAL).
+ * process. Members and a started coordinator never raise SIGPIPE (data sends
+ * use MSG_NOSIGNAL; their private threads block SIGPIPE); a host that embeds
+ * the coordinator in its own loop should ignore SIGPIPE, as any libevent
+ * server must.
  */
 #ifndef TRANSOM_FTAR_H
 #define TRANSOM_FTAR_H
@@ -66,6 +74,7 @@ typedef struct {
   uint64_t collectives, redos, epochs; /* completed calls, restarts, epochs seen */
   uint64_t bytes_sent, bytes_recv;     /* data plane payload + headers */
   uint64_t conns_rejected;             /* data connections closed as malformed/stale */
+  uint64_t links_shm, links_tcp;       /* data links this member opened or accepted, by transport */
 } ftar_stats;
 
 typedef void (*ftar_log_fn)(void *ud, const char *msg);
@@ -86,6 +95,8 @@ typedef struct {
   uint64_t epoch;      /* the epoch just published */
   int n_members;
   const int *slots;    /* the new ordered member list (valid during the callback) */
+  int clean;           /* CLOSED: the member left cleanly (ftar_member_free) after completing
+                          its part, so the epoch did not abort the collective in flight */
 } ftar_change;
 
 typedef struct ftar_coord ftar_coord;
@@ -135,8 +146,19 @@ typedef struct {
   double timeout;        /* longest wait inside one call for quorum/peers/decision (default 60 s) */
   double deadline;       /* data-plane stall limit; 0 = the coordinator's deadline */
   int min_members;       /* quorum: wait (up to timeout) for at least this many (default 1) */
-  size_t chunk_bytes;    /* frame payload size (default 256 KiB, rounded to floats) */
+  size_t chunk_bytes;    /* largest frame payload (default 256 KiB). Frames are about 1/4 of a
+                            ring segment, at least 16 KiB, big ones in multiples of 65408 bytes
+                            (header + payload fill one 64 KiB loopback segment). Every member
+                            must use the same value. */
   int sockbuf;           /* SO_SNDBUF/SO_RCVBUF bytes (default 4 MiB; 0 = kernel autotuning) */
+  int spin_us;           /* after the last progress, poll this long (yielding the core between
+                            rounds) before sleeping: -1 default (500 us), 0 never */
+  int shm;               /* same-host peers exchange frames through a shared-memory ring
+                            (TCP stays for the handshake, doorbells and EOF): 1 (default) / 0 */
+  int strict_seq;        /* 0 (default): a member that never completed a collective adopts the
+                            group's seq. 1: it gets FTAR_ESEQ with res->seq = the group's seq
+                            instead; it stays a member and the group waits for it: call
+                            again with exactly that seq (after catching up to it) */
   ftar_log_fn log;       /* default: stderr, "ftar[slot N]: ..." */
   void *log_ud;
 } ftar_member_opts;
@@ -149,8 +171,10 @@ void ftar_member_opts_default(ftar_member_opts *o);
  * to o->timeout). NULL on error (FTAR-coded message in tr_error(): refused,
  * slot in use, unreachable). o may be NULL. */
 ftar_member *ftar_member_create(const char *coord_host, int coord_port, int slot, const ftar_member_opts *o);
-/* Leaves the group (the others see epoch+1) and frees everything. Not while
- * another thread is inside ftar_allreduce on m. NULL ok. */
+/* Leaves the group cleanly (tells the coordinator, which publishes epoch+1
+ * without aborting the others' collective in flight: this member completed
+ * its part) and frees everything. Not while another thread is inside
+ * ftar_allreduce on m. NULL ok. */
 void ftar_member_free(ftar_member *m);
 
 /* All-reduces buf[0..n) in place across the current members. op: FTAR_SUM or
@@ -161,7 +185,7 @@ void ftar_member_free(ftar_member *m);
  * previous collective's or it had to be redone), or negative: FTAR_ETIMEOUT,
  * FTAR_ECOORD, FTAR_EEVICTED, FTAR_ESEQ, TR_EINVAL, TR_ENOMEM. On a negative
  * return buf holds the caller's input again.
- * With one member it returns at once, contributors = 1, buf untouched.
+ * With one member no data moves: contributors = 1, buf untouched.
  * One thread at a time per member; buf must not be touched meanwhile. */
 int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, ftar_result *res);
 

@@ -18,7 +18,8 @@
  *                 slots=a,b ok=1 t0=T t1=T      (t: CLOCK_MONOTONIC seconds)
  *     ftar-time   slot=S count=N iters=K sec=T  (with --quiet, per size)
  *     ftar-error  slot=S seq=Q rc=R msg=...
- *     ftar-done   slot=S collectives=N redos=R epochs=E rejected=J
+ *     ftar-done   slot=S collectives=N redos=R epochs=E rejected=J shm_links=K
+ *                 tcp_links=L
  *   Inputs are small integers, (slot+1) * (1 + (i + seq) % 5) (or without
  *   seq: --pattern static, for joiners that cannot know the group's seq
  *   before their first collective), so --verify checks exact sums element by
@@ -27,11 +28,13 @@
  * Not library code in spirit: it prints and spawns processes, but it still
  * returns exit statuses to main() instead of exiting.
  */
+#define _GNU_SOURCE /* sched_setaffinity */
 #include "ftar_bench.h"
 
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -108,21 +111,27 @@ static int auto_iters(uint64_t bytes) {
 
 typedef struct {
   const char *coord;
-  int slot, wait, min_members, warmup, iters, verify, quiet, loop, static_pattern, until_contrib, tail;
+  int slot, wait, min_members, warmup, iters, verify, quiet, loop, static_pattern, until_contrib, until_slot, tail;
+  int control_stdin; /* read "until-seq N" lines from stdin between collectives */
+  uint64_t until_seq;
   ftar_op op;
   double timeout, deadline, max_sec;
   uint64_t chunk, seq0;
   int64_t sockbuf;
+  int spin_us, bind, no_shm;
   uint64_t counts[MAX_SIZES];
   int ncounts;
 } rank_opts;
 
-static inline float pattern(int slot, size_t i, uint64_t seq, int stat) {
-  return (float)((slot + 1) * (int)(1 + (stat ? i : i + seq) % 5));
-}
-
+/* buf[i] = (slot+1) * (1 + (i + seq) % 5), without a division per element */
 static void fill(float *buf, size_t n, int slot, uint64_t seq, int stat) {
-  for (size_t i = 0; i < n; i++) buf[i] = pattern(slot, i, seq, stat);
+  float v[5];
+  for (int k = 0; k < 5; k++) v[k] = (float)((slot + 1) * (1 + k));
+  unsigned j = stat ? 0 : (unsigned)(seq % 5);
+  for (size_t i = 0; i < n; i++) {
+    buf[i] = v[j];
+    j = j == 4 ? 0 : j + 1;
+  }
 }
 
 /* Exact check: sum over contributors of (s+1) * f(i), divided once by the
@@ -131,9 +140,14 @@ static long verify(const float *buf, size_t n, const ftar_result *r, ftar_op op,
                    float *got, float *want) {
   long sum_w = 0, bad = 0;
   for (int k = 0; k < r->contributors; k++) sum_w += r->slots[k] + 1;
-  for (size_t i = 0; i < n; i++) {
-    float e = (float)(sum_w * (long)(1 + (stat ? i : i + r->seq) % 5));
-    if (op == FTAR_MEAN) e = e / (float)r->contributors;
+  float v[5];
+  for (int k = 0; k < 5; k++) {
+    v[k] = (float)(sum_w * (1 + k));
+    if (op == FTAR_MEAN) v[k] = v[k] / (float)r->contributors;
+  }
+  unsigned j = stat ? 0 : (unsigned)(r->seq % 5);
+  for (size_t i = 0; i < n; i++, j = j == 4 ? 0 : j + 1) {
+    float e = v[j];
     if (buf[i] != e) {
       if (!bad) {
         *first_bad = i;
@@ -146,7 +160,38 @@ static long verify(const float *buf, size_t n, const ftar_result *r, ftar_op op,
   return bad;
 }
 
-static int rank_run(const rank_opts *ro) {
+/* Between collectives: a test may tell every rank to stop at one seq. */
+static void read_control(rank_opts *ro, char *line, size_t *len, size_t cap) {
+  for (;;) {
+    struct pollfd p = {.fd = 0, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return;
+    ssize_t k = read(0, line + *len, cap - 1 - *len);
+    if (k <= 0) {
+      ro->control_stdin = 0; /* EOF: no more instructions */
+      return;
+    }
+    *len += (size_t)k;
+    line[*len] = 0;
+    char *nl;
+    while ((nl = strchr(line, '\n'))) {
+      *nl = 0;
+      unsigned long long q;
+      if (sscanf(line, "until-seq %llu", &q) == 1) ro->until_seq = q;
+      *len -= (size_t)(nl + 1 - line);
+      memmove(line, nl + 1, *len + 1);
+    }
+    if (*len == cap - 1) *len = 0;
+  }
+}
+
+static int rank_run(rank_opts *ro) {
+  if (ro->bind) { /* like mpirun --bind-to core: one core per rank, round robin */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET((int)(ro->slot % (cpus > 0 ? cpus : 1)), &set);
+    sched_setaffinity(0, sizeof set, &set);
+  }
   ftar_member_opts mo;
   ftar_member_opts_default(&mo);
   mo.timeout = ro->timeout;
@@ -154,6 +199,8 @@ static int rank_run(const rank_opts *ro) {
   mo.min_members = ro->min_members;
   if (ro->chunk) mo.chunk_bytes = ro->chunk;
   if (ro->sockbuf >= 0) mo.sockbuf = (int)ro->sockbuf;
+  mo.spin_us = ro->spin_us;
+  if (ro->no_shm) mo.shm = 0;
   char host[64];
   int port = 0;
   const char *colon = strrchr(ro->coord, ':');
@@ -196,6 +243,8 @@ static int rank_run(const rank_opts *ro) {
   }
   uint64_t seq = ro->seq0;
   int tail_seen = 0, stop = 0;
+  char ctl[256];
+  size_t ctl_len = 0;
   while (!stop) {
     for (int ci = 0; ci < ro->ncounts && !stop; ci++) {
       size_t n = (size_t)ro->counts[ci];
@@ -205,6 +254,11 @@ static int rank_run(const rank_opts *ro) {
       if (!ro->verify) fill(buf, n, ro->slot, seq, ro->static_pattern);
       for (int it = 0; it < total; it++) {
         if (stop_flag || (ro->max_sec > 0 && tr_now() - t_start > ro->max_sec)) {
+          stop = 1;
+          break;
+        }
+        if (ro->control_stdin) read_control(ro, ctl, &ctl_len, sizeof ctl);
+        if (ro->until_seq > 0 && seq > ro->until_seq) {
           stop = 1;
           break;
         }
@@ -245,7 +299,11 @@ static int rank_run(const rank_opts *ro) {
         if (it == ro->warmup) t_first = t0;
         t_last = t1;
         seq = res.seq + 1;
+        int has_slot = 0;
+        for (int k = 0; k < res.contributors; k++) has_slot |= res.slots[k] == ro->until_slot;
         if (ro->until_contrib > 0 && res.contributors >= ro->until_contrib && ++tail_seen >= ro->tail) stop = 1;
+        if (ro->until_slot >= 0 && has_slot && ++tail_seen >= ro->tail) stop = 1;
+        if (ro->until_seq > 0 && res.seq >= ro->until_seq) stop = 1;
         if (stop) break;
       }
       if (ro->quiet && t_last > t_first && t_first > 0)
@@ -256,9 +314,9 @@ static int rank_run(const rank_opts *ro) {
 done:;
   ftar_stats st;
   ftar_member_stats(m, &st);
-  printf("ftar-done slot=%d collectives=%llu redos=%llu epochs=%llu rejected=%llu\n", ro->slot,
-         (unsigned long long)st.collectives, (unsigned long long)st.redos, (unsigned long long)st.epochs,
-         (unsigned long long)st.conns_rejected);
+  printf("ftar-done slot=%d collectives=%llu redos=%llu epochs=%llu rejected=%llu shm_links=%llu tcp_links=%llu\n",
+         ro->slot, (unsigned long long)st.collectives, (unsigned long long)st.redos, (unsigned long long)st.epochs,
+         (unsigned long long)st.conns_rejected, (unsigned long long)st.links_shm, (unsigned long long)st.links_tcp);
   fflush(stdout);
   free(buf);
   ftar_member_free(m);
@@ -389,6 +447,7 @@ typedef struct {
   double deadline;
   uint64_t chunk;
   int64_t sockbuf;
+  int spin_us, bind, no_shm;
   uint64_t sizes[MAX_SIZES];
   int nsizes;
 } sweep_opts;
@@ -443,8 +502,13 @@ static int run_sweep(const sweep_opts *so) {
       snprintf(bufs[b], 64, "%lld", (long long)so->sockbuf);
       argv[k++] = bufs[b++];
     }
+    argv[k++] = "--spin";
+    snprintf(bufs[b], 64, "%d", so->spin_us);
+    argv[k++] = bufs[b++];
     argv[k++] = "--quiet";
     if (so->verify) argv[k++] = "--verify";
+    if (so->bind) argv[k++] = "--bind";
+    if (so->no_shm) argv[k++] = "--tcp";
     argv[k] = NULL;
     cs[r].slot = r;
     cs[r].fd = -1;
@@ -464,9 +528,10 @@ static int run_sweep(const sweep_opts *so) {
   for (int r = 0; r < so->ranks; r++)
     if (!WIFEXITED(cs[r].status) || WEXITSTATUS(cs[r].status) != 0) rc = 1;
   if (st.errors) rc = 1;
-  printf("ftar-bench: %d ranks on 127.0.0.1 | op %s | chunk %llu B | sockbuf %lld | deadline %.2f s%s\n", so->ranks,
-         so->op == FTAR_MEAN ? "mean" : "sum", (unsigned long long)(so->chunk ? so->chunk : 256 * 1024),
-         (long long)(so->sockbuf >= 0 ? so->sockbuf : 4 << 20), so->deadline, so->verify ? " | verified" : "");
+  printf("ftar-bench: %d ranks on 127.0.0.1 | op %s | max frame %llu B | sockbuf %lld | deadline %.2f s | %s%s\n",
+         so->ranks, so->op == FTAR_MEAN ? "mean" : "sum", (unsigned long long)(so->chunk ? so->chunk : 256 * 1024),
+         (long long)(so->sockbuf >= 0 ? so->sockbuf : 4 << 20), so->deadline,
+         so->bind ? "ranks pinned one per core" : "ranks not pinned", so->verify ? " | verified" : "");
   printf("%12s %12s %7s %12s %12s %12s\n", "size", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
   for (int i = 0; i < so->nsizes; i++) {
     double worst = 0;
@@ -679,19 +744,23 @@ static int run_coord(const char *host, int port, double deadline, double heartbe
 
 static const char usage[] =
     "usage: transom ftar-bench [--ranks N] [--sizes LIST] [--iters N|auto] [--warmup N] [--op sum|mean]\n"
-    "                          [--verify] [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES]\n"
+    "                          [--verify] [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES] [--spin US]\n"
+    "                          [--bind | --no-bind] [--tcp]\n"
     "       transom ftar-bench recovery [--ranks N] [--count FLOATS] [--signal kill|stop] [--trials N]\n"
     "                          [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES]\n"
     "       transom ftar-bench coord [--host H] [--port P] [--deadline SEC] [--heartbeat SEC]\n"
     "       transom ftar-bench rank --coord HOST:PORT --slot S [--counts LIST | --sizes LIST] [--iters N|auto]\n"
     "                          [--warmup N] [--op sum|mean] [--verify] [--pattern seq|static] [--wait N]\n"
     "                          [--min-members N] [--timeout SEC] [--deadline SEC] [--chunk BYTES]\n"
-    "                          [--sockbuf BYTES] [--seq0 N] [--loop] [--until-contrib C --tail T]\n"
+    "                          [--sockbuf BYTES] [--seq0 N] [--loop] [--until-contrib C | --until-slot S]\n"
+    "                          [--tail T] [--until-seq Q] [--control-stdin] [--tcp] [--bind] [--spin US]\n"
     "                          [--max-sec SEC] [--quiet]\n"
     "\n"
     "FTAR, the fault-tolerant ring all-reduce, on 127.0.0.1: a coordinator and N rank processes.\n"
     "The default mode prints time, algbw and busbw = algbw*2(n-1)/n per size (sizes in bytes with\n"
     "K/M/G suffixes; default 4K,64K,1M,16M,256M; --iters auto = 512 MiB of payload per size, 5..1000).\n"
+    "Like mpirun, it pins ranks one per core when they fit (--bind / --no-bind to force).\n"
+    "Same-host ranks exchange frames through shared-memory rings; --tcp forces TCP links.\n"
     "recovery kills (or stops) the last rank in the middle of an all-reduce and prints the time until\n"
     "the survivors finished the redo. coord and rank are the building blocks (tests use them); ranks\n"
     "print machine-readable ftar-ready/ftar-result/ftar-time/ftar-error/ftar-done lines.\n";
@@ -706,9 +775,9 @@ int ftar_bench_main(int argc, char **argv) {
     mode = argv[0];
     i = 1;
   }
-  rank_opts ro = {.slot = -1, .wait = 1, .min_members = 1, .iters = 1, .timeout = 60, .sockbuf = -1, .seq0 = 1,
+  rank_opts ro = {.slot = -1, .until_slot = -1, .spin_us = -1, .wait = 1, .min_members = 1, .iters = 1, .timeout = 60, .sockbuf = -1, .seq0 = 1,
                   .tail = 1};
-  sweep_opts so = {.ranks = 2, .warmup = 2, .iters = 0, .deadline = 3, .sockbuf = -1};
+  sweep_opts so = {.ranks = 2, .warmup = 2, .iters = 0, .deadline = 3, .sockbuf = -1, .spin_us = -1, .bind = -1};
   uint64_t dsizes[] = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
   memcpy(so.sizes, dsizes, sizeof dsizes);
   so.nsizes = 5;
@@ -727,6 +796,10 @@ int ftar_bench_main(int argc, char **argv) {
     } else if (strcmp(a, "--verify") == 0) ro.verify = so.verify = 1;
     else if (strcmp(a, "--quiet") == 0) ro.quiet = 1;
     else if (strcmp(a, "--loop") == 0) ro.loop = 1;
+    else if (strcmp(a, "--control-stdin") == 0) ro.control_stdin = 1;
+    else if (strcmp(a, "--bind") == 0) ro.bind = so.bind = 1;
+    else if (strcmp(a, "--no-bind") == 0) ro.bind = so.bind = 0;
+    else if (strcmp(a, "--tcp") == 0) ro.no_shm = so.no_shm = 1;
     else if (!v) bad = 1;
     else if (strcmp(a, "--ranks") == 0) bad = parse_u64(v, &u) || u < 1 || u > MAX_RANKS || !(ranks = (int)u);
     else if (strcmp(a, "--sizes") == 0) {
@@ -765,6 +838,11 @@ int ftar_bench_main(int argc, char **argv) {
       bad = parse_u64(v, &u) || u > (1u << 30);
       ro.sockbuf = so.sockbuf = (int64_t)u;
     } else if (strcmp(a, "--coord") == 0) ro.coord = v;
+    else if (strcmp(a, "--spin") == 0) {
+      long sv = strtol(v, NULL, 10);
+      bad = sv < -1 || sv > 1000000;
+      ro.spin_us = so.spin_us = (int)sv;
+    }
     else if (strcmp(a, "--slot") == 0) bad = parse_u64(v, &u) || u >= (1u << 30) || ((ro.slot = (int)u), 0);
     else if (strcmp(a, "--wait") == 0) bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro.wait = (int)u), 0);
     else if (strcmp(a, "--min-members") == 0)
@@ -772,6 +850,9 @@ int ftar_bench_main(int argc, char **argv) {
     else if (strcmp(a, "--seq0") == 0) bad = parse_u64(v, &ro.seq0);
     else if (strcmp(a, "--until-contrib") == 0)
       bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro.until_contrib = (int)u), 0);
+    else if (strcmp(a, "--until-slot") == 0)
+      bad = parse_u64(v, &u) || u >= (1u << 30) || ((ro.until_slot = (int)u), 0);
+    else if (strcmp(a, "--until-seq") == 0) bad = parse_u64(v, &ro.until_seq);
     else if (strcmp(a, "--tail") == 0) bad = parse_u64(v, &u) || u < 1 || u > 1000000 || ((ro.tail = (int)u), 0);
     else if (strcmp(a, "--host") == 0) host = v;
     else if (strcmp(a, "--port") == 0) bad = parse_u64(v, &u) || u > 65535 || ((port = (int)u), 0);
@@ -789,7 +870,10 @@ int ftar_bench_main(int argc, char **argv) {
       fprintf(stderr, "transom ftar-bench: bad or missing value for %s\n", a);
       return 2;
     }
-    if (v && a[0] == '-' && a[1] == '-' && strcmp(a, "--verify") && strcmp(a, "--quiet") && strcmp(a, "--loop")) i++;
+    if (v && a[0] == '-' && a[1] == '-' && strcmp(a, "--verify") && strcmp(a, "--quiet") && strcmp(a, "--loop") &&
+        strcmp(a, "--control-stdin") && strcmp(a, "--bind") && strcmp(a, "--no-bind") &&
+        strcmp(a, "--tcp"))
+      i++;
   }
   if (strcmp(mode, "rank") == 0) {
     if (!ro.coord || ro.slot < 0 || ro.ncounts == 0) {
@@ -806,6 +890,7 @@ int ftar_bench_main(int argc, char **argv) {
   if (strcmp(mode, "sweep") == 0) {
     so.ranks = ranks > 0 ? ranks : 2;
     if (deadline > 0) so.deadline = deadline;
+    if (so.bind < 0) so.bind = so.ranks <= sysconf(_SC_NPROCESSORS_ONLN); /* mpirun's default policy */
     return run_sweep(&so);
   }
   fprintf(stderr, "transom ftar-bench: unknown mode '%s' (see --help)\n", mode);

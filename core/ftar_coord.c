@@ -4,6 +4,7 @@
  * order). Every change publishes epoch+1 to all members (EPOCH frame):
  *   join                      -> members finish the collective in flight,
  *                                then switch (no FTF_ABORT_PREV)
+ *   clean leave (LEAVE frame) -> the same: the leaver completed its part
  *   close / lapse / evict     -> FTF_ABORT_PREV: every member aborts the
  *   / a member's ABORT           collective in flight and resynchronises
  * Before a member runs a collective in a new epoch it sends SYNC (the seq it
@@ -172,7 +173,8 @@ static const char *change_name(ftar_change_kind k) {
   return "?";
 }
 
-static void publish(ftar_coord *c, ftar_change_kind kind, int slot) {
+/* clean: a CLOSED that was a clean leave (LEAVE frame) */
+static void publish(ftar_coord *c, ftar_change_kind kind, int slot, int clean) {
   c->epoch++;
   c->go_sent = 0;
   uint8_t *p = c->epoch_buf;
@@ -189,7 +191,10 @@ static void publish(ftar_coord *c, ftar_change_kind kind, int slot) {
     memcpy(e + 16, k->host, hl);
     k->synced = 0;
   }
-  ftar_hdr h = {.type = FT_EPOCH, .flags = kind == FTAR_CHANGE_JOIN ? 0 : FTF_ABORT_PREV, .epoch = c->epoch};
+  /* a join or a clean leave happens at a collective boundary: members finish
+   * the collective in flight first; any other change aborts it */
+  int boundary = kind == FTAR_CHANGE_JOIN || clean;
+  ftar_hdr h = {.type = FT_EPOCH, .flags = boundary ? 0 : FTF_ABORT_PREV, .epoch = c->epoch};
   h.len = (uint32_t)(4 + (size_t)c->n * FTAR_ENTRY_LEN);
   for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &h, p);
   snapshot(c);
@@ -198,12 +203,13 @@ static void publish(ftar_coord *c, ftar_change_kind kind, int slot) {
   list[0] = 0;
   for (int i = 0; i < c->n && off + 16 < sizeof list; i++)
     off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", i ? "," : "", c->mem[i]->slot);
-  clog_(c, "epoch %llu: %s slot %d -> %d member(s) [%s]", (unsigned long long)c->epoch, change_name(kind), slot, c->n,
-        list);
+  clog_(c, "epoch %llu: %s%s slot %d -> %d member(s) [%s]", (unsigned long long)c->epoch, change_name(kind),
+        clean ? " (clean leave)" : "", slot, c->n, list);
   if (c->o.on_change) {
     int slots[FTAR_MAX_MEMBERS];
     for (int i = 0; i < c->n; i++) slots[i] = c->mem[i]->slot;
-    ftar_change ch = {.kind = kind, .slot = slot, .epoch = c->epoch, .n_members = c->n, .slots = slots};
+    ftar_change ch = {
+        .kind = kind, .slot = slot, .epoch = c->epoch, .n_members = c->n, .slots = slots, .clean = clean};
     c->o.on_change(c->o.ud, &ch);
   }
 }
@@ -219,14 +225,14 @@ static void member_remove(cconn *k) {
 }
 
 /* Removes a member for `kind` and publishes; then closes its connection
- * (with a BYE when it may still be listening). */
-static void member_drop(cconn *k, ftar_change_kind kind, const char *why) {
+ * (with a BYE when it may still be listening). clean: it sent LEAVE. */
+static void member_drop(cconn *k, ftar_change_kind kind, const char *why, int clean) {
   int slot = k->slot;
   ftar_coord *c = k->c;
   member_remove(k);
   if (kind == FTAR_CHANGE_CLOSED) conn_drop(k);
   else conn_close_with(k, FT_BYE, FTAR_EEVICTED, why);
-  publish(c, kind, slot);
+  publish(c, kind, slot, clean);
 }
 
 /* Every member synced: decide COMMIT / RUN / ESEQ for each (see the file
@@ -292,7 +298,7 @@ static int find_slot(ftar_coord *c, int slot) {
 static void conn_fail(cconn *k, const char *why) {
   if (k->state == CS_MEMBER) {
     clog_(k->c, "closing slot %d (%s): %s", k->slot, k->peer, why);
-    member_drop(k, FTAR_CHANGE_CLOSED, why);
+    member_drop(k, FTAR_CHANGE_CLOSED, why, 0);
   } else {
     clog_(k->c, "closing connection from %s: %s", k->peer, why);
     conn_drop(k);
@@ -343,7 +349,7 @@ static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   ftar_hdr wh = {.type = FT_WELCOME, .len = FTAR_WELCOME_LEN, .index = (uint32_t)slot};
   conn_send(k, &wh, w);
   clog_(c, "slot %d registered from %s (data %s:%u)", slot, k->peer, k->host, port);
-  publish(c, FTAR_CHANGE_JOIN, slot);
+  publish(c, FTAR_CHANGE_JOIN, slot, 0);
   return 0;
 }
 
@@ -371,11 +377,15 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
       maybe_go(c);
     }
     break;
+  case FT_LEAVE:
+    clog_(c, "slot %d leaves after seq %llu", k->slot, (unsigned long long)h->seq);
+    member_drop(k, FTAR_CHANGE_CLOSED, "left", 1);
+    return 1;
   case FT_ABORT:
     if (h->epoch == c->epoch && c->go_sent) {
       clog_(c, "slot %d aborted seq %llu in epoch %llu", k->slot, (unsigned long long)h->seq,
             (unsigned long long)h->epoch);
-      publish(c, FTAR_CHANGE_ABORTED, k->slot);
+      publish(c, FTAR_CHANGE_ABORTED, k->slot, 0);
     }
     break;
   default: conn_fail(k, "unexpected frame type"); return 1;
@@ -398,7 +408,8 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
       conn_fail(k, why);
       return;
     }
-    if (h.type != FT_HELLO && h.type != FT_HEARTBEAT && h.type != FT_SYNC && h.type != FT_ABORT) {
+    if (h.type != FT_HELLO && h.type != FT_HEARTBEAT && h.type != FT_SYNC && h.type != FT_ABORT &&
+        h.type != FT_LEAVE) {
       snprintf(why, sizeof why, "unexpected %s frame", ftar_type_name(h.type));
       conn_fail(k, why);
       return;
@@ -422,7 +433,7 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
   if (what & BEV_EVENT_TIMEOUT) {
     if (k->state == CS_MEMBER) {
       clog_(c, "slot %d: heartbeat lapsed (no frame for %.2f s)", k->slot, c->o.deadline);
-      member_drop(k, FTAR_CHANGE_LAPSED, "heartbeat lapsed");
+      member_drop(k, FTAR_CHANGE_LAPSED, "heartbeat lapsed", 0);
     } else {
       clog_(c, "closing connection from %s: no HELLO within %.2f s", k->peer, c->o.deadline);
       conn_drop(k);
@@ -430,7 +441,7 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
   } else if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
     if (k->state == CS_MEMBER) {
       clog_(c, "slot %d: connection closed", k->slot);
-      member_drop(k, FTAR_CHANGE_CLOSED, "closed");
+      member_drop(k, FTAR_CHANGE_CLOSED, "closed", 0);
     } else {
       conn_drop(k);
     }
@@ -498,7 +509,7 @@ static void cmd_cb(evutil_socket_t fd, short what, void *arg) {
         continue;
       }
       clog_(c, "evicting slot %d", cmd[1]);
-      member_drop(c->mem[i], FTAR_CHANGE_EVICTED, "evicted by the host");
+      member_drop(c->mem[i], FTAR_CHANGE_EVICTED, "evicted by the host", 0);
     }
   }
 }

@@ -12,7 +12,7 @@
 #include <stdio.h>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <nmmintrin.h>
+#include <immintrin.h>
 #define FTW_HAVE_X86 1
 #endif
 
@@ -188,6 +188,142 @@ uint32_t ftar_crc32c(uint32_t crc, const void *buf, size_t len) {
   return ftar_crc32c_sw(crc, buf, len);
 }
 
+/* --- fused passes: checksum while copying / reducing ---
+ * The same three-stream block structure as crc32c_hw; each 32-byte step of
+ * each stream also moves (copy) or adds (reduce) those bytes with AVX2, so
+ * the data is read once. Byte order of the CRC is memory order, as above. */
+
+#ifdef FTW_HAVE_X86
+static int fused_hw;
+
+#define FUSED_BLOCKS(BLK, TABLE, STEP)                                   \
+  while (len - i >= 3 * (size_t)(BLK)) {                                 \
+    uint64_t c1 = 0, c2 = 0, w;                                          \
+    for (size_t k = 0; k < (size_t)(BLK); k += 32) {                     \
+      const uint8_t *a0 = s + i + k, *a1 = a0 + (BLK), *a2 = a1 + (BLK); \
+      for (int q = 0; q < 32; q += 8) {                                  \
+        memcpy(&w, a0 + q, 8);                                           \
+        c0 = _mm_crc32_u64(c0, w);                                       \
+        memcpy(&w, a1 + q, 8);                                           \
+        c1 = _mm_crc32_u64(c1, w);                                       \
+        memcpy(&w, a2 + q, 8);                                           \
+        c2 = _mm_crc32_u64(c2, w);                                       \
+      }                                                                  \
+      STEP(i + k);                                                       \
+      STEP(i + k + (BLK));                                               \
+      STEP(i + k + 2 * (BLK));                                           \
+    }                                                                    \
+    c0 = crc_shift(TABLE, (uint32_t)c0) ^ c1;                            \
+    c0 = crc_shift(TABLE, (uint32_t)c0) ^ c2;                            \
+    i += 3 * (size_t)(BLK);                                              \
+  }
+
+__attribute__((target("sse4.2,avx2"))) static uint32_t crc_copy_hw(uint32_t crc, uint8_t *d, const uint8_t *s,
+                                                                    size_t len) {
+  uint64_t c0 = (uint32_t)~crc;
+  size_t i = 0;
+  while (i < len && ((uintptr_t)(s + i) & 7)) {
+    d[i] = s[i];
+    c0 = _mm_crc32_u8((uint32_t)c0, s[i]);
+    i++;
+  }
+#define COPY_STEP(o) _mm256_storeu_si256((__m256i *)(d + (o)), _mm256_loadu_si256((const __m256i *)(s + (o))))
+  FUSED_BLOCKS(CRC_LONG, crc_long, COPY_STEP)
+  FUSED_BLOCKS(CRC_SHORT, crc_short, COPY_STEP)
+#undef COPY_STEP
+  for (; len - i >= 8; i += 8) {
+    uint64_t w;
+    memcpy(&w, s + i, 8);
+    memcpy(d + i, &w, 8);
+    c0 = _mm_crc32_u64(c0, w);
+  }
+  for (; i < len; i++) {
+    d[i] = s[i];
+    c0 = _mm_crc32_u8((uint32_t)c0, s[i]);
+  }
+  return ~(uint32_t)c0;
+}
+
+/* dst[k] += src[k] for n floats, save[k] = the old dst[k]; CRC over src. */
+__attribute__((target("sse4.2,avx2"))) static uint32_t crc_reduce_hw(uint32_t crc, float *dst, float *save,
+                                                                      const float *src, size_t n) {
+  uint64_t c0 = (uint32_t)~crc;
+  const uint8_t *s = (const uint8_t *)src;
+  size_t len = n * sizeof(float), i = 0;
+  if (n && ((uintptr_t)s & 7)) { /* floats are 4-aligned: at most one to reach 8 */
+    uint32_t w;
+    memcpy(&w, s, 4);
+    c0 = _mm_crc32_u32((uint32_t)c0, w);
+    float t = dst[0];
+    save[0] = t;
+    dst[0] = t + src[0];
+    i = 4;
+  }
+#define RED_STEP(o)                                                                      \
+  do {                                                                                   \
+    size_t f_ = (o) / 4;                                                                 \
+    __m256 t_ = _mm256_loadu_ps(dst + f_);                                               \
+    _mm256_storeu_ps(save + f_, t_);                                                     \
+    _mm256_storeu_ps(dst + f_, _mm256_add_ps(t_, _mm256_loadu_ps(src + f_)));            \
+  } while (0)
+  FUSED_BLOCKS(CRC_LONG, crc_long, RED_STEP)
+  FUSED_BLOCKS(CRC_SHORT, crc_short, RED_STEP)
+#undef RED_STEP
+  for (; len - i >= 8; i += 8) {
+    uint64_t w;
+    memcpy(&w, s + i, 8);
+    c0 = _mm_crc32_u64(c0, w);
+    for (size_t f = i / 4; f < i / 4 + 2; f++) {
+      float t = dst[f];
+      save[f] = t;
+      dst[f] = t + src[f];
+    }
+  }
+  if (i < len) {
+    uint32_t w;
+    memcpy(&w, s + i, 4);
+    c0 = _mm_crc32_u32((uint32_t)c0, w);
+    size_t f = i / 4;
+    float t = dst[f];
+    save[f] = t;
+    dst[f] = t + src[f];
+  }
+  return ~(uint32_t)c0;
+}
+#endif
+
+static void fused_init(void) {
+#ifdef FTW_HAVE_X86
+  fused_hw = crc_hw && __builtin_cpu_supports("avx2");
+#endif
+}
+static pthread_once_t fused_once = PTHREAD_ONCE_INIT;
+
+uint32_t ftar_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) {
+  pthread_once(&crc_once, crc_init);
+  pthread_once(&fused_once, fused_init);
+#ifdef FTW_HAVE_X86
+  if (fused_hw) return crc_copy_hw(crc, dst, src, len);
+#endif
+  memcpy(dst, src, len);
+  return ftar_crc32c(crc, src, len);
+}
+
+uint32_t ftar_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n) {
+  pthread_once(&crc_once, crc_init);
+  pthread_once(&fused_once, fused_init);
+#ifdef FTW_HAVE_X86
+  if (fused_hw) return crc_reduce_hw(crc, dst, save, src, n);
+#endif
+  crc = ftar_crc32c(crc, src, n * sizeof(float));
+  for (size_t k = 0; k < n; k++) {
+    float t = dst[k];
+    save[k] = t;
+    dst[k] = t + src[k];
+  }
+  return crc;
+}
+
 /* --- headers --- */
 
 void ftar_hdr_encode(uint8_t out[FTAR_HDR], const ftar_hdr *h) {
@@ -215,15 +351,22 @@ void ftar_hdr_decode(const uint8_t in[FTAR_HDR], ftar_hdr *h) {
 }
 
 uint32_t ftar_frame_crc(const uint8_t hdr[FTAR_HDR], const void *payload, size_t len) {
-  uint32_t c = ftar_crc32c(0, hdr, 36);
-  return len ? ftar_crc32c(c, payload, len) : c;
+  return ftar_frame_crc_finish(len ? ftar_crc32c(0, payload, len) : 0, hdr);
+}
+
+uint32_t ftar_frame_crc_finish(uint32_t payload_crc, const uint8_t hdr[FTAR_HDR]) {
+  return ftar_crc32c(payload_crc, hdr, 36);
 }
 
 void ftar_frame_build(uint8_t out[FTAR_HDR], ftar_hdr *h, const void *payload) {
+  ftar_frame_build_crc(out, h, h->len ? ftar_crc32c(0, payload, h->len) : 0);
+}
+
+void ftar_frame_build_crc(uint8_t out[FTAR_HDR], ftar_hdr *h, uint32_t payload_crc) {
   h->magic = FTAR_MAGIC;
   h->crc = 0;
   ftar_hdr_encode(out, h);
-  h->crc = ftar_frame_crc(out, payload, h->len);
+  h->crc = ftar_frame_crc_finish(payload_crc, out);
   ftw_put32(out + 36, h->crc);
 }
 
@@ -238,6 +381,7 @@ const char *ftar_type_name(unsigned type) {
   case FT_SYNC: return "SYNC";
   case FT_GO: return "GO";
   case FT_ABORT: return "ABORT";
+  case FT_LEAVE: return "LEAVE";
   case FT_CONNECT: return "CONNECT";
   case FT_DATA: return "DATA";
   case FT_TOKEN: return "TOKEN";
@@ -261,6 +405,7 @@ int ftar_hdr_check(const ftar_hdr *h, uint32_t data_max, char *why, size_t why_l
   case FT_SYNC:
   case FT_GO:
   case FT_ABORT:
+  case FT_LEAVE:
   case FT_TOKEN: max = 0; break;
   case FT_CONNECT: max = FTAR_CONNECT_LEN; break;
   case FT_DATA: max = data_max; break;

@@ -14,7 +14,9 @@
  *                      decision or token value (per type)
  *    28     4  len     payload bytes
  *    32     4  aux     per type (CONNECT: destination slot)
- *    36     4  crc     CRC32C of bytes 0..35 and the payload
+ *    36     4  crc     CRC32C of the payload, continued over header bytes
+ *                      0..35 (payload first, so a payload CRC computed while
+ *                      copying or reducing is finished in 36 bytes)
  *
  * A reader validates magic, type and len against the most that type may
  * carry *before* reading the payload, so no buffer is ever sized by an
@@ -31,10 +33,17 @@
  *   SYNC     m->c  epoch, seq = the collective it is in, flags FTF_FULL|FTF_FRESH
  *   GO       c->m  epoch, seq, index = FT_GO_RUN / FT_GO_COMMIT / FT_GO_ESEQ
  *   ABORT    m->c  epoch, seq of the collective that failed
+ *   LEAVE    m->c  seq = its last completed collective: a clean exit at a
+ *                  collective boundary (no abort, unlike a closed connection)
  * Data frames (member -> its downstream neighbour):
  *   CONNECT  first frame of a link: epoch, index = sender slot, aux = receiver
- *            slot; u64 sender uid
- *   DATA     epoch, seq, index = frame number, len = payload (floats)
+ *            slot; u64 sender uid, u32 pid, u32 memfd, u32 ring bytes, u32 0,
+ *            u64 ring token. flags FTF_SHM offers a same-host shared-memory
+ *            ring (the memfd, opened as /proc/pid/fd/N); the receiver answers
+ *            one byte, 'S' (frames go through the ring; the TCP link then only
+ *            carries 1-byte doorbells and EOF) or 'T' (frames go over TCP)
+ *   DATA     epoch, seq, flags = op, index = frame number, aux = element
+ *            count (low 32 bits), len = payload bytes (float32)
  *   TOKEN    epoch, seq, index = commit token value (1..p-1)
  */
 #ifndef TRANSOM_FTAR_WIRE_H
@@ -53,7 +62,7 @@
 #define FTAR_WELCOME_LEN 16
 #define FTAR_ENTRY_LEN 64
 #define FTAR_REASON_MAX 200
-#define FTAR_CONNECT_LEN 8
+#define FTAR_CONNECT_LEN 32
 
 enum {
   FT_HELLO = 1,
@@ -65,12 +74,13 @@ enum {
   FT_SYNC = 7,
   FT_GO = 8,
   FT_ABORT = 9,
+  FT_LEAVE = 10,
   FT_CONNECT = 32,
   FT_DATA = 33,
   FT_TOKEN = 34,
 };
 
-enum { FTF_ABORT_PREV = 1, FTF_FULL = 2, FTF_FRESH = 4 };
+enum { FTF_ABORT_PREV = 1, FTF_FULL = 2, FTF_FRESH = 4, FTF_SHM = 8 };
 enum { FT_GO_RUN = 1, FT_GO_COMMIT = 2, FT_GO_ESEQ = 3 };
 
 typedef struct {
@@ -103,14 +113,22 @@ static inline uint64_t ftw_get64(const uint8_t *p) { return (uint64_t)ftw_get32(
 uint32_t ftar_crc32c(uint32_t crc, const void *buf, size_t len);
 /* The portable table version (for tests). */
 uint32_t ftar_crc32c_sw(uint32_t crc, const void *buf, size_t len);
+/* One pass each: copy len bytes src -> dst and return the CRC of src; and
+ * dst[k] += src[k], save[k] = old dst[k] for n floats, returning the CRC of
+ * src's bytes. SSE4.2 + AVX2 when the CPU has them. */
+uint32_t ftar_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
+uint32_t ftar_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n);
 
 /* Writes h (crc field included as given) into out. */
 void ftar_hdr_encode(uint8_t out[FTAR_HDR], const ftar_hdr *h);
 void ftar_hdr_decode(const uint8_t in[FTAR_HDR], ftar_hdr *h);
-/* CRC of a frame: header bytes 0..35, then payload. */
+/* CRC of a frame: payload, then header bytes 0..35. */
 uint32_t ftar_frame_crc(const uint8_t hdr[FTAR_HDR], const void *payload, size_t len);
-/* Fills h, computes the crc over hdr + payload and encodes into out. */
+/* The same from an already computed payload CRC. */
+uint32_t ftar_frame_crc_finish(uint32_t payload_crc, const uint8_t hdr[FTAR_HDR]);
+/* Sets magic, computes the crc and encodes h into out. */
 void ftar_frame_build(uint8_t out[FTAR_HDR], ftar_hdr *h, const void *payload);
+void ftar_frame_build_crc(uint8_t out[FTAR_HDR], ftar_hdr *h, uint32_t payload_crc);
 /* Checks magic, that type is known and len within what the type may carry
  * (data_max = the largest DATA payload the reader expects). Returns 0, or -1
  * with a reason written into why. */

@@ -1,14 +1,1037 @@
-/* test_ftar.c — FTAR: wire format and CRC32C (placeholder while the
- * process-level scenarios are written). */
+/* test_ftar.c — FTAR, the fault-tolerant all-reduce: wire format, in-process
+ * API, and fault-injection scenarios with real rank processes.
+ *
+ * The coordinator runs in this process (ftar_coord_start, its log captured
+ * so reasons can be checked); ranks are `transom ftar-bench rank` processes
+ * (the transom binary next to this test, or $TRANSOM_BIN), whose
+ * machine-readable lines are parsed here. Every rank checks its results
+ * element by element (--verify: inputs are small integers, so sums are
+ * exact) and reports ok=0 on the first mismatch; this file checks
+ * contributors, timing and membership. Scenarios:
+ *   sizes     2, 3, 4 ranks, 1 element .. 64 MiB (odd sizes), sum and mean
+ *   kill      kill -9 one of 3 ranks mid 16 MiB all-reduce: survivors finish
+ *             the redo, exact over survivors, within deadline + 1 s
+ *   stop      the same with SIGSTOP (detected through the heartbeat deadline)
+ *   join      after a kill, a new rank registers and takes part in the very
+ *             next collective of the survivors
+ *   garbage   random bytes, oversized lengths, bad checksums, truncated and
+ *             stale frames to a rank's data port and to the coordinator: the
+ *             ranks never notice (no epoch change), reasons are logged
+ *   soak      1000 back-to-back small collectives (run from the sanitizer
+ *             build, LeakSanitizer checks every rank process at exit)
+ * The deadline is 1.5 s here. TRANSOM_LONG=1 repeats kill/stop more times.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "ftar.h"
 #include "ftar_wire.h"
+#include "util.h"
+
+extern char **environ;
+
+#define DEADLINE 1.5
+#define MAXP 8
+
+static char transom_bin[PATH_MAX];
+static int verbose;
+
+/* --- captured coordinator log --- */
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char coord_log[1 << 16];
+static size_t coord_log_len;
+static int changes[8];
+
+static void coord_log_fn(void *ud, const char *msg) {
+  (void)ud;
+  pthread_mutex_lock(&log_mu);
+  size_t n = strlen(msg);
+  if (coord_log_len + n + 2 < sizeof coord_log) {
+    memcpy(coord_log + coord_log_len, msg, n);
+    coord_log_len += n;
+    coord_log[coord_log_len++] = '\n';
+    coord_log[coord_log_len] = 0;
+  }
+  pthread_mutex_unlock(&log_mu);
+  if (verbose) fprintf(stderr, "  coord: %s\n", msg);
+}
+
+static void coord_change_fn(void *ud, const ftar_change *c) {
+  (void)ud;
+  pthread_mutex_lock(&log_mu);
+  if ((unsigned)c->kind < 8) changes[c->kind]++;
+  pthread_mutex_unlock(&log_mu);
+}
+
+static int coord_log_has(const char *needle) {
+  pthread_mutex_lock(&log_mu);
+  int r = strstr(coord_log, needle) != NULL;
+  pthread_mutex_unlock(&log_mu);
+  return r;
+}
+
+static ftar_coord *coord_start(void) {
+  pthread_mutex_lock(&log_mu);
+  coord_log_len = 0;
+  coord_log[0] = 0;
+  memset(changes, 0, sizeof changes);
+  pthread_mutex_unlock(&log_mu);
+  ftar_coord_opts o;
+  ftar_coord_opts_default(&o);
+  o.deadline = DEADLINE;
+  o.log = coord_log_fn;
+  o.on_change = coord_change_fn;
+  ftar_coord *c = ftar_coord_start("127.0.0.1", 0, &o);
+  CHECK(c != NULL, "coordinator: %s", tr_error());
+  return c;
+}
+
+/* --- rank processes --- */
+
+typedef struct {
+  int slot, rc, contrib, redos, ok;
+  unsigned long long seq, epoch;
+  size_t count;
+  char slots[128];
+  double t0, t1;
+} result;
+
+typedef struct {
+  int slot;
+  pid_t pid;
+  int out, err; /* pipes, -1 once closed */
+  int in;       /* the rank's stdin (--control-stdin), -1 if closed */
+  char ob[16384];
+  size_t olen;
+  char *eb; /* captured stderr */
+  size_t elen, ecap;
+  result *res;
+  int nres, rcap;
+  int port, ready, done, errors;
+  long rejected, collectives, shm_links, tcp_links;
+  int exited, status;
+} proc;
+
+static void on_line(proc *p, char *line) {
+  result r;
+  if (sscanf(line,
+             "ftar-result slot=%d seq=%llu count=%zu rc=%d epoch=%llu contrib=%d redos=%d slots=%127s ok=%d t0=%lf "
+             "t1=%lf",
+             &r.slot, &r.seq, &r.count, &r.rc, &r.epoch, &r.contrib, &r.redos, r.slots, &r.ok, &r.t0, &r.t1) == 11) {
+    if (p->nres == p->rcap) {
+      p->rcap = p->rcap ? 2 * p->rcap : 64;
+      p->res = realloc(p->res, (size_t)p->rcap * sizeof *p->res);
+    }
+    p->res[p->nres++] = r;
+  } else if (sscanf(line, "ftar-ready slot=%*d port=%d", &p->port) == 1) {
+    p->ready = 1;
+  } else if (strncmp(line, "ftar-error", 10) == 0) {
+    p->errors++;
+    fprintf(stderr, "  rank %d: %s\n", p->slot, line);
+  } else if (strncmp(line, "ftar-done", 9) == 0) {
+    p->done = 1;
+    const char *q = strstr(line, "rejected=");
+    if (q) p->rejected = atol(q + 9);
+    q = strstr(line, "collectives=");
+    if (q) p->collectives = atol(q + 12);
+    q = strstr(line, "shm_links=");
+    if (q) p->shm_links = atol(q + 10);
+    q = strstr(line, "tcp_links=");
+    if (q) p->tcp_links = atol(q + 10);
+  }
+  if (verbose) fprintf(stderr, "  [%d] %s\n", p->slot, line);
+}
+
+static void append_err(proc *p, const char *b, size_t n) {
+  if (p->elen + n + 1 > p->ecap) {
+    size_t cap = p->ecap ? p->ecap * 2 : 65536;
+    while (cap < p->elen + n + 1) cap *= 2;
+    if (cap > (8u << 20)) return; /* enough */
+    p->eb = realloc(p->eb, cap);
+    p->ecap = cap;
+  }
+  memcpy(p->eb + p->elen, b, n);
+  p->elen += n;
+  p->eb[p->elen] = 0;
+  if (verbose) fwrite(b, 1, n, stderr);
+}
+
+static int spawn(proc *p, int slot, char **args) {
+  memset(p, 0, sizeof *p);
+  p->slot = slot;
+  int o[2], e[2], in[2];
+  if (pipe(o) || pipe(e) || pipe(in)) return -1;
+  fcntl(in[1], F_SETFD, FD_CLOEXEC);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, o[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, e[1], 2);
+  int fds[6] = {o[0], o[1], e[0], e[1], in[0], in[1]};
+  for (int i = 0; i < 6; i++) posix_spawn_file_actions_addclose(&fa, fds[i]);
+  char *argv[64];
+  int k = 0;
+  argv[k++] = transom_bin;
+  argv[k++] = "ftar-bench";
+  argv[k++] = "rank";
+  for (int i = 0; args[i] && k < 63; i++) argv[k++] = args[i];
+  argv[k] = NULL;
+  int rc = posix_spawn(&p->pid, transom_bin, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(o[1]);
+  close(e[1]);
+  close(in[0]);
+  p->out = o[0];
+  p->err = e[0];
+  p->in = in[1];
+  if (rc) {
+    close(in[1]);
+    p->in = -1;
+    close(o[0]);
+    close(e[0]);
+    p->out = p->err = -1;
+    p->exited = 1;
+    CHECK(0, "posix_spawn %s: %s", transom_bin, strerror(rc));
+    return -1;
+  }
+  return 0;
+}
+
+/* Reads whatever the processes printed, for up to ms milliseconds. */
+static void pump(proc *ps, int n, int ms) {
+  struct pollfd pf[2 * MAXP];
+  proc *who[2 * MAXP];
+  int isout[2 * MAXP], np = 0;
+  for (int i = 0; i < n; i++) {
+    if (ps[i].out >= 0) {
+      pf[np] = (struct pollfd){.fd = ps[i].out, .events = POLLIN};
+      who[np] = &ps[i];
+      isout[np++] = 1;
+    }
+    if (ps[i].err >= 0) {
+      pf[np] = (struct pollfd){.fd = ps[i].err, .events = POLLIN};
+      who[np] = &ps[i];
+      isout[np++] = 0;
+    }
+  }
+  if (np == 0) {
+    usleep((useconds_t)ms * 1000);
+    return;
+  }
+  if (poll(pf, (nfds_t)np, ms) <= 0) return;
+  for (int k = 0; k < np; k++) {
+    if (!pf[k].revents) continue;
+    proc *p = who[k];
+    if (isout[k]) {
+      ssize_t r = read(p->out, p->ob + p->olen, sizeof p->ob - 1 - p->olen);
+      if (r <= 0) {
+        close(p->out);
+        p->out = -1;
+        continue;
+      }
+      p->olen += (size_t)r;
+      p->ob[p->olen] = 0;
+      char *s = p->ob, *nl;
+      while ((nl = strchr(s, '\n'))) {
+        *nl = 0;
+        on_line(p, s);
+        s = nl + 1;
+      }
+      p->olen = strlen(s);
+      memmove(p->ob, s, p->olen + 1);
+      if (p->olen == sizeof p->ob - 1) p->olen = 0;
+    } else {
+      char b[8192];
+      ssize_t r = read(p->err, b, sizeof b);
+      if (r <= 0) {
+        close(p->err);
+        p->err = -1;
+        continue;
+      }
+      append_err(p, b, (size_t)r);
+    }
+  }
+}
+
+typedef int (*cond_fn)(proc *ps, int n, void *arg);
+
+static int wait_until(proc *ps, int n, cond_fn f, void *arg, double seconds) {
+  double end = tr_now() + seconds;
+  while (!f(ps, n, arg)) {
+    if (tr_now() > end) return 0;
+    pump(ps, n, 20);
+  }
+  return 1;
+}
+
+static int each_has_results(proc *ps, int n, void *arg) {
+  int want = *(int *)arg;
+  for (int i = 0; i < n; i++)
+    if (ps[i].nres < want) return 0;
+  return 1;
+}
+
+/* Waits for every process to close its output and exit; kills the ones
+ * still running after `seconds` (a failure). */
+static void finish(proc *ps, int n, double seconds) {
+  double end = tr_now() + seconds;
+  for (;;) {
+    int open = 0;
+    for (int i = 0; i < n; i++) open += ps[i].out >= 0 || ps[i].err >= 0;
+    if (!open || tr_now() > end) break;
+    pump(ps, n, 50);
+  }
+  for (int i = 0; i < n; i++) {
+    if (ps[i].exited) continue;
+    for (;;) {
+      pid_t w = waitpid(ps[i].pid, &ps[i].status, WNOHANG);
+      if (w == ps[i].pid) break;
+      if (tr_now() > end) {
+        CHECK(0, "rank %d did not exit within %.0f s; killing it", ps[i].slot, seconds);
+        kill(ps[i].pid, SIGKILL);
+        waitpid(ps[i].pid, &ps[i].status, 0);
+        break;
+      }
+      usleep(10000);
+    }
+    ps[i].exited = 1;
+  }
+  for (int i = 0; i < n; i++) {
+    if (ps[i].out >= 0) close(ps[i].out);
+    if (ps[i].err >= 0) close(ps[i].err);
+    if (ps[i].in >= 0) close(ps[i].in);
+    ps[i].out = ps[i].err = ps[i].in = -1;
+  }
+}
+
+/* Tells ranks started with --control-stdin to stop after seq q. */
+static void tell_until(proc *ps, int n, unsigned long long q) {
+  char line[64];
+  int len = snprintf(line, sizeof line, "until-seq %llu\n", q);
+  for (int i = 0; i < n; i++)
+    if (ps[i].in >= 0) {
+      ssize_t w = write(ps[i].in, line, (size_t)len);
+      (void)w;
+    }
+}
+
+static int exited_ok(const proc *p) { return WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0; }
+
+static void proc_free(proc *ps, int n) {
+  for (int i = 0; i < n; i++) {
+    free(ps[i].res);
+    free(ps[i].eb);
+    ps[i].res = NULL;
+    ps[i].eb = NULL;
+  }
+}
+
+/* Builds "--flag value" argument lists without fuss. */
+typedef struct {
+  char *v[64];
+  char store[64][64];
+  int n;
+} args;
+
+static void arg(args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void arg(args *a, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(a->store[a->n], sizeof a->store[a->n], fmt, ap);
+  va_end(ap);
+  a->v[a->n] = a->store[a->n];
+  a->n++;
+  a->v[a->n] = NULL;
+}
+
+static void rank_args(args *a, int port, int slot) {
+  a->n = 0;
+  arg(a, "--coord");
+  arg(a, "127.0.0.1:%d", port);
+  arg(a, "--slot");
+  arg(a, "%d", slot);
+  arg(a, "--timeout");
+  arg(a, "30");
+}
+
+static void slots_expected(char *out, size_t n, const int *slots, int k) {
+  size_t off = 0;
+  out[0] = 0;
+  for (int i = 0; i < k; i++) off += (size_t)snprintf(out + off, n - off, "%s%d", i ? "," : "", slots[i]);
+}
+
+/* --- unit: wire format --- */
+
+static void test_wire(void) {
+  CHECK(ftar_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c check value");
+  CHECK(ftar_crc32c_sw(0, "123456789", 9) == 0xE3069283u, "crc32c (table) check value");
+  size_t big = 200000;
+  uint8_t *b = malloc(big);
+  uint64_t x = 88172645463325252ull;
+  for (size_t i = 0; i < big; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b[i] = (uint8_t)x;
+  }
+  int mism = 0;
+  size_t lens[] = {0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 4096, 24575, 24576, 24577, 65536, 100003, 199990};
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (size_t off = 0; off < 9; off += 3) {
+      uint32_t hw = ftar_crc32c(0, b + off, lens[li]), sw = ftar_crc32c_sw(0, b + off, lens[li]);
+      if (hw != sw) {
+        if (!mism) fprintf(stderr, "  crc32c mismatch at len %zu off %zu: %08x vs %08x\n", lens[li], off, hw, sw);
+        mism++;
+      }
+      /* running value: crc(a||b) == crc(crc(a), b) */
+      size_t cut = lens[li] / 3;
+      if (ftar_crc32c(ftar_crc32c(0, b + off, cut), b + off + cut, lens[li] - cut) != hw) mism++;
+    }
+  CHECK(mism == 0, "hardware and table CRC32C differ in %d cases", mism);
+  free(b);
+
+  ftar_hdr h = {.type = FT_DATA, .flags = 3, .epoch = 0x1122334455667788ull, .seq = 42, .index = 7, .len = 8,
+                .aux = 9};
+  uint8_t enc[FTAR_HDR], pay[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  ftar_frame_build(enc, &h, pay);
+  ftar_hdr d;
+  ftar_hdr_decode(enc, &d);
+  CHECK(d.magic == FTAR_MAGIC && d.type == FT_DATA && d.epoch == h.epoch && d.seq == 42 && d.index == 7 &&
+            d.len == 8 && d.aux == 9 && d.crc == h.crc,
+        "header round trip");
+  CHECK(ftar_frame_crc(enc, pay, 8) == d.crc, "frame crc verifies");
+  pay[3] ^= 1;
+  CHECK(ftar_frame_crc(enc, pay, 8) != d.crc, "a flipped payload bit changes the crc");
+  char why[200];
+  CHECK(ftar_hdr_check(&d, 8, why, sizeof why) == 0, "valid header accepted: %s", why);
+  d.len = 9;
+  CHECK(ftar_hdr_check(&d, 8, why, sizeof why) != 0 && strstr(why, "beyond"), "DATA longer than expected: %s", why);
+  d.len = 0xffffffffu;
+  d.type = FT_EPOCH;
+  CHECK(ftar_hdr_check(&d, 8, why, sizeof why) != 0, "huge EPOCH refused");
+  d.type = 999;
+  d.len = 0;
+  CHECK(ftar_hdr_check(&d, 8, why, sizeof why) != 0 && strstr(why, "unknown"), "unknown type: %s", why);
+  d.type = FT_DATA;
+  d.magic = 0x12345678;
+  CHECK(ftar_hdr_check(&d, 8, why, sizeof why) != 0 && strstr(why, "magic"), "bad magic: %s", why);
+}
+
+/* --- in-process API --- */
+
+typedef struct {
+  ftar_member *m;
+  int slot, rc, n;
+  float *buf;
+} thr_arg;
+
+/* 20 collectives starting at seq 2, op by seq parity; slots 0 and 1 */
+static void *thr_allreduce(void *p) {
+  thr_arg *a = p;
+  uint64_t seq = 2;
+  for (int it = 0; it < 20 && !a->rc; it++) {
+    ftar_op op = seq % 2 ? FTAR_MEAN : FTAR_SUM;
+    for (int i = 0; i < a->n; i++) a->buf[i] = (float)((a->slot + 1) * (i % 3 + 1));
+    ftar_result r;
+    int rc = ftar_allreduce(a->m, a->buf, (size_t)a->n, op, seq, &r);
+    if (rc < 0) {
+      a->rc = rc;
+      break;
+    }
+    for (int i = 0; i < a->n; i++) {
+      float want = (float)(3 * (i % 3 + 1)); /* (0+1) + (1+1) */
+      if (op == FTAR_MEAN) want /= 2.0f;
+      if (a->buf[i] != want || r.contributors != 2 || r.seq != seq) {
+        a->rc = -100;
+        break;
+      }
+    }
+    seq = r.seq + 1;
+  }
+  return NULL;
+}
+
+typedef struct {
+  ftar_member *m;
+  uint64_t seq;
+  int n, slot, rc;
+  float *buf;
+  ftar_result res;
+} thr_one;
+
+/* one SUM collective of n ones */
+static void *thr_once(void *p) {
+  thr_one *a = p;
+  for (int i = 0; i < a->n; i++) a->buf[i] = 1.0f;
+  a->rc = ftar_allreduce(a->m, a->buf, (size_t)a->n, FTAR_SUM, a->seq, &a->res);
+  return NULL;
+}
+
+static void test_api(void) {
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = 10;
+  ftar_member *a = ftar_member_create("127.0.0.1", port, 0, &mo);
+  CHECK(a != NULL, "member create: %s", tr_error());
+  if (!a) {
+    ftar_coord_free(c);
+    return;
+  }
+  /* alone: a copy-free no-op */
+  float v[5] = {1, 2, 3, 4, 5};
+  ftar_result r;
+  int rc = ftar_allreduce(a, v, 5, FTAR_MEAN, 1, &r);
+  CHECK(rc == FTAR_OK && r.contributors == 1 && r.slots[0] == 0 && v[0] == 1 && v[4] == 5,
+        "single member: rc %d contributors %d", rc, r.contributors);
+  CHECK(ftar_allreduce(a, v, 5, FTAR_SUM, 1, &r) == FTAR_ESEQ, "seq must increase");
+  CHECK(ftar_allreduce(a, NULL, 5, FTAR_SUM, 2, &r) == TR_EINVAL, "NULL buffer refused");
+  /* a second member with the same slot is refused */
+  ftar_member *dup = ftar_member_create("127.0.0.1", port, 0, &mo);
+  CHECK(dup == NULL && strstr(tr_error(), "in use"), "duplicate slot refused: %s", tr_error());
+  ftar_member_free(dup);
+  /* two members on two threads */
+  ftar_member *b = ftar_member_create("127.0.0.1", port, 1, &mo);
+  CHECK(b != NULL, "second member: %s", tr_error());
+  if (b) {
+    CHECK(ftar_member_wait(a, 2, 5) == 0, "wait for 2 members: %s", tr_error());
+    uint64_t ep;
+    int slots[4];
+    CHECK(ftar_coord_members(c, &ep, slots, 4) == 2 && slots[0] == 0 && slots[1] == 1, "coordinator members");
+    /* a's previous seq was 1, b is fresh: both go on at seq 2 */
+    thr_arg ta = {.m = a, .slot = 0, .n = 1001}, tb = {.m = b, .slot = 1, .n = 1001};
+    ta.buf = malloc(1001 * sizeof(float));
+    tb.buf = malloc(1001 * sizeof(float));
+    pthread_t t1, t2;
+    pthread_create(&t1, NULL, thr_allreduce, &ta);
+    pthread_create(&t2, NULL, thr_allreduce, &tb);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    CHECK(ta.rc == 0, "two in-process members: a: %d", ta.rc);
+    CHECK(tb.rc == 0, "two in-process members: b: %d", tb.rc);
+    free(ta.buf);
+    free(tb.buf);
+    /* eviction: b gets FTAR_EEVICTED, a goes on alone */
+    CHECK(ftar_coord_evict(c, 1) == 0, "evict request");
+    double end = tr_now() + 5;
+    uint64_t seq = 100;
+    do {
+      rc = ftar_allreduce(b, v, 5, FTAR_SUM, seq++, &r);
+      if (rc == FTAR_EEVICTED) break;
+      usleep(20000);
+    } while (tr_now() < end);
+    CHECK(rc == FTAR_EEVICTED, "evicted member gets FTAR_EEVICTED (got %d: %s)", rc, tr_error());
+    CHECK(coord_log_has("evicting slot 1"), "eviction logged");
+    ftar_member_free(b);
+    /* strict_seq: a joiner with the wrong seq gets FTAR_ESEQ and the group's
+     * seq, stays a member (a waits for it), and enters with that seq */
+    ftar_member_opts so = mo;
+    so.strict_seq = 1;
+    ftar_member *j = ftar_member_create("127.0.0.1", port, 2, &so);
+    CHECK(j != NULL, "strict joiner: %s", tr_error());
+    if (j) {
+      thr_one one = {.m = a, .seq = 22, .n = 333, .slot = 0};
+      one.buf = calloc(333, sizeof(float));
+      pthread_t th;
+      pthread_create(&th, NULL, thr_once, &one);
+      float jb[333];
+      for (int i = 0; i < 333; i++) jb[i] = 3.0f;
+      ftar_result jr;
+      rc = ftar_allreduce(j, jb, 333, FTAR_SUM, 5, &jr);
+      CHECK(rc == FTAR_ESEQ && jr.seq == 22 && jb[0] == 3.0f, "strict joiner told the group's seq: rc %d seq %llu",
+            rc, (unsigned long long)jr.seq);
+      rc = ftar_allreduce(j, jb, 333, FTAR_SUM, jr.seq, &jr);
+      pthread_join(th, NULL);
+      CHECK(rc >= 0 && jr.contributors == 2 && jb[0] == 4.0f && jb[332] == 4.0f, "strict joiner entered: rc %d %g", rc,
+            (double)jb[0]);
+      CHECK(one.rc >= 0 && one.res.contributors == 2 && one.buf[0] == 4.0f, "the group waited for it: rc %d",
+            one.rc);
+      free(one.buf);
+      ftar_member_free(j);
+    }
+  }
+  pthread_mutex_lock(&log_mu);
+  int joins = changes[FTAR_CHANGE_JOIN], evicts = changes[FTAR_CHANGE_EVICTED];
+  pthread_mutex_unlock(&log_mu);
+  CHECK(joins == 3 && evicts == 1, "on_change saw %d joins, %d evictions", joins, evicts);
+  ftar_member_free(a);
+  ftar_coord_free(c);
+}
+
+/* --- sizes: exact sums at 2, 3, 4 ranks --- */
+
+static void test_sizes(int p, const char *op, int tcp, const char *counts_csv) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  proc ps[MAXP];
+  int ncounts = 1;
+  for (const char *q = counts_csv; *q; q++) ncounts += *q == ',';
+  for (int r = 0; r < p; r++) {
+    args a;
+    rank_args(&a, ftar_coord_port(c), r);
+    arg(&a, "--wait");
+    arg(&a, "%d", p);
+    arg(&a, "--counts");
+    arg(&a, "%s", counts_csv);
+    arg(&a, "--op");
+    arg(&a, "%s", op);
+    arg(&a, "--verify");
+    if (tcp) arg(&a, "--tcp");
+    spawn(&ps[r], r, a.v);
+  }
+  finish(ps, p, 120);
+  int want[MAXP];
+  for (int r = 0; r < p; r++) want[r] = r;
+  char sl[64];
+  slots_expected(sl, sizeof sl, want, p);
+  for (int r = 0; r < p; r++) {
+    CHECK(exited_ok(&ps[r]), "%d ranks %s: rank %d exit status %d", p, op, r, ps[r].status);
+    CHECK(ps[r].nres == ncounts, "%d ranks %s: rank %d reported %d of %d results", p, op, r, ps[r].nres, ncounts);
+    int bad = 0;
+    for (int i = 0; i < ps[r].nres; i++) {
+      result *x = &ps[r].res[i];
+      if (!x->ok || x->rc != 0 || x->contrib != p || strcmp(x->slots, sl) || x->redos) {
+        if (!bad)
+          fprintf(stderr, "  %d ranks: rank %d count %zu: ok %d rc %d contrib %d slots %s redos %d\n", p, r, x->count,
+                  x->ok, x->rc, x->contrib, x->slots, x->redos);
+        bad++;
+      }
+    }
+    CHECK(bad == 0, "%d ranks %s: rank %d: %d results wrong", p, op, r, bad);
+    /* the transport asked for is the one used: two links per member */
+    CHECK(tcp ? ps[r].shm_links == 0 && ps[r].tcp_links == 2 : ps[r].shm_links == 2 && ps[r].tcp_links == 0,
+          "%d ranks %s: rank %d used %ld shm and %ld tcp links", p, tcp ? "tcp" : "shm", r, ps[r].shm_links,
+          ps[r].tcp_links);
+  }
+  /* finishing ranks leave cleanly: a boundary epoch, not an aborting one */
+  CHECK(coord_log_has("leaves after seq") && !coord_log_has("connection closed"),
+        "%d ranks: ranks that finished left cleanly", p);
+  printf("  sizes: %d ranks, %s, %s, %d sizes: %.1f s\n", p, op, tcp ? "tcp" : "shm", ncounts, tr_now() - t0);
+  proc_free(ps, p);
+  ftar_coord_free(c);
+}
+
+/* --- kill -9 / SIGSTOP mid all-reduce, then optionally a joiner --- */
+
+static void test_fault(int use_stop, int with_join, int tcp, unsigned seed) {
+  double tstart = tr_now();
+  char what[64];
+  snprintf(what, sizeof what, "%s (%s)", use_stop ? "SIGSTOP" : "kill -9", tcp ? "tcp" : "shm");
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  const int p = 3, victim = 2, joiner = 5, iters = 14;
+  const size_t count = with_join ? 262144 : 4194304; /* 1 MiB / 16 MiB */
+  proc ps[MAXP];
+  for (int r = 0; r < p; r++) {
+    args a;
+    rank_args(&a, port, r);
+    arg(&a, "--wait");
+    arg(&a, "%d", p);
+    arg(&a, "--counts");
+    arg(&a, "%zu", count);
+    arg(&a, "--verify");
+    if (with_join) { /* run until 4 collectives included the joiner */
+      arg(&a, "--pattern");
+      arg(&a, "static");
+      arg(&a, "--iters");
+      arg(&a, "1000000");
+      arg(&a, "--until-slot");
+      arg(&a, "%d", joiner);
+      arg(&a, "--tail");
+      arg(&a, "4");
+      arg(&a, "--max-sec");
+      arg(&a, "60");
+    } else {
+      arg(&a, "--iters");
+      arg(&a, "%d", iters);
+    }
+    if (tcp) arg(&a, "--tcp");
+    spawn(&ps[r], r, a.v);
+  }
+  int three = 3;
+  CHECK(wait_until(ps, p, each_has_results, &three, 60), "%s: ranks did not start", what);
+  /* aim at the middle of the victim's next collective: its results give
+   * the duration and the gap (fill + verify) between collectives */
+  proc *v = &ps[victim];
+  double dur = 0, gap = 0;
+  for (int i = 1; i < 3; i++) {
+    dur += (v->res[i].t1 - v->res[i].t0) / 2;
+    gap += (v->res[i].t0 - v->res[i - 1].t1) / 2;
+  }
+  int seen = v->nres;
+  double end = tr_now() + 30;
+  while (v->nres == seen && tr_now() < end) pump(ps, p, 5);
+  srand(seed);
+  double frac = 0.2 + 0.6 * (rand() / (double)RAND_MAX);
+  double at = v->res[v->nres - 1].t1 + gap + frac * dur;
+  while (tr_now() < at) usleep(200);
+  double t_sig = tr_now();
+  kill(ps[victim].pid, use_stop ? SIGSTOP : SIGKILL);
+  int np = p;
+  if (with_join) {
+    /* survivors complete two collectives without the victim, then the
+     * joiner registers */
+    double end = tr_now() + 30;
+    for (;;) {
+      int ok = 1;
+      for (int r = 0; r < p; r++) {
+        if (r == victim) continue;
+        int after = 0;
+        for (int i = 0; i < ps[r].nres; i++) after += ps[r].res[i].t0 > t_sig && ps[r].res[i].contrib == 2;
+        ok &= after >= 2;
+      }
+      if (ok || tr_now() > end) break;
+      pump(ps, p, 20);
+    }
+    args a;
+    rank_args(&a, port, joiner);
+    if (tcp) arg(&a, "--tcp");
+    arg(&a, "--counts");
+    arg(&a, "%zu", count);
+    arg(&a, "--verify");
+    arg(&a, "--pattern");
+    arg(&a, "static");
+    arg(&a, "--iters");
+    arg(&a, "1000000");
+    arg(&a, "--until-slot");
+    arg(&a, "%d", joiner);
+    arg(&a, "--tail");
+    arg(&a, "4");
+    spawn(&ps[np], joiner, a.v);
+    np++;
+  }
+  /* everyone but the victim finishes on its own */
+  proc live[MAXP];
+  int nl = 0;
+  for (int r = 0; r < np; r++)
+    if (r != victim) live[nl++] = ps[r];
+  finish(live, nl, 90);
+  if (use_stop) kill(ps[victim].pid, SIGKILL);
+  finish(&ps[victim], 1, 10);
+  int k = 0;
+  for (int r = 0; r < np; r++)
+    if (r != victim) ps[r] = live[k++];
+
+  double bound = DEADLINE + 1.0;
+  for (int r = 0; r < p; r++) {
+    if (r == victim) continue;
+    proc *s = &ps[r];
+    CHECK(exited_ok(s), "%s: survivor %d exit status %d", what, r, s->status);
+    CHECK(s->errors == 0, "%s: survivor %d reported errors", what, r);
+    int bad = 0, inflight = -1;
+    for (int i = 0; i < s->nres; i++) {
+      bad += !s->res[i].ok || s->res[i].rc < 0;
+      if (inflight < 0 && s->res[i].t1 > t_sig) inflight = i;
+    }
+    CHECK(bad == 0, "%s: survivor %d: %d wrong results", what, r, bad);
+    CHECK(inflight >= 0, "%s: survivor %d: no collective completed after the signal", what, r);
+    if (inflight < 0) continue;
+    result *x = &s->res[inflight];
+    double took = x->t1 - t_sig;
+    CHECK(took <= bound, "%s: survivor %d finished the redo %.3f s after the signal (bound %.1f)", what, r, took, bound);
+    /* mid-collective: redone without the victim; or, if the signal fell in
+     * the commit window, returned with it (every member had the result) */
+    int redone = x->contrib == 2 && strcmp(x->slots, "0,1") == 0 && x->redos >= 1 && x->rc == FTAR_RESHAPED;
+    int committed = x->contrib == 3 && x->t0 < t_sig;
+    int between = x->contrib == 2 && x->t0 >= t_sig;
+    CHECK(redone || committed || between, "%s: survivor %d in-flight result: contrib %d slots %s redos %d rc %d", what,
+          r, x->contrib, x->slots, x->redos, x->rc);
+    if (r == 0)
+      printf("  %s: survivors done %.0f ms after the signal (%s, redos %d)\n", what, took * 1e3,
+             redone ? "redone without the victim" : committed ? "committed" : "signal between collectives", x->redos);
+    for (int i = inflight + 1; i < s->nres; i++) {
+      result *y = &s->res[i];
+      int ok = with_join ? (y->contrib == 2 || (y->contrib == 3 && strcmp(y->slots, "0,1,5") == 0))
+                         : y->contrib == 2 && strcmp(y->slots, "0,1") == 0;
+      if (!ok) {
+        CHECK(0, "%s: survivor %d seq %llu: contrib %d slots %s", what, r, y->seq, y->contrib, y->slots);
+        break;
+      }
+    }
+    if (!with_join) CHECK(s->nres == iters, "%s: survivor %d completed %d of %d collectives", what, r, s->nres, iters);
+  }
+  CHECK(coord_log_has(use_stop ? "slot 2: heartbeat lapsed" : "slot 2: connection closed"),
+        "%s: the coordinator noticed", what);
+  if (with_join) {
+    proc *j = &ps[np - 1];
+    CHECK(exited_ok(j) && j->errors == 0, "joiner exit status %d", j->status);
+    CHECK(j->nres == 4, "joiner completed %d of 4 collectives", j->nres);
+    if (j->nres > 0) {
+      result *f = &j->res[0];
+      CHECK(f->ok && f->contrib == 3 && strcmp(f->slots, "0,1,5") == 0, "joiner's first: contrib %d slots %s ok %d",
+            f->contrib, f->slots, f->ok);
+      /* it is the survivors' first collective after the join */
+      for (int r = 0; r < 2; r++) {
+        int first = -1;
+        for (int i = 0; i < ps[r].nres && first < 0; i++)
+          if (strstr(ps[r].res[i].slots, "5")) first = i;
+        CHECK(first >= 0 && ps[r].res[first].seq == f->seq && ps[r].res[first].epoch == f->epoch,
+              "joiner's first collective (seq %llu) is survivor %d's first with it (seq %llu)", f->seq, r,
+              first >= 0 ? ps[r].res[first].seq : 0ull);
+        if (first > 0)
+          CHECK(ps[r].res[first - 1].seq + 1 == f->seq, "survivor %d: no collective between join and entry", r);
+      }
+      printf("  join: slot 5 entered at seq %llu (epoch %llu)\n", f->seq, f->epoch);
+    }
+  }
+  printf("  %s%s: %.1f s\n", what, with_join ? " + join" : "", tr_now() - tstart);
+  (void)end;
+  proc_free(ps, np);
+  ftar_coord_free(c);
+}
+
+/* --- garbage on the data port and the coordinator port --- */
+
+static int tcp_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static void send_and_close(int port, const void *b, size_t n) {
+  int fd = tcp_connect(port);
+  if (fd < 0) return;
+  ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+  (void)w;
+  usleep(20000);
+  close(fd);
+}
+
+static size_t frame(uint8_t *out, int type, uint64_t epoch, uint32_t index, uint32_t aux, const void *pay,
+                    uint32_t len, int corrupt) {
+  ftar_hdr h = {.type = (uint16_t)type, .epoch = epoch, .index = index, .aux = aux, .len = len};
+  ftar_frame_build(out, &h, pay);
+  if (len) memcpy(out + FTAR_HDR, pay, len);
+  if (corrupt) out[FTAR_HDR + len - 1] ^= 0x40;
+  return FTAR_HDR + len;
+}
+
+static int seq_at_least(proc *ps, int n, void *arg) {
+  unsigned long long want = *(unsigned long long *)arg;
+  for (int i = 0; i < n; i++)
+    if (ps[i].nres == 0 || ps[i].res[ps[i].nres - 1].seq < want) return 0;
+  return 1;
+}
+
+static void test_garbage(void) {
+  double tstart = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  const int p = 3, target = 1;
+  unsigned long long last_seq = 0;
+  proc ps[MAXP];
+  for (int r = 0; r < p; r++) {
+    args a;
+    rank_args(&a, port, r);
+    arg(&a, "--wait");
+    arg(&a, "%d", p);
+    arg(&a, "--counts");
+    arg(&a, "65537");
+    arg(&a, "--verify");
+    arg(&a, "--iters");
+    arg(&a, "1000000");
+    arg(&a, "--max-sec");
+    arg(&a, "90");
+    arg(&a, "--control-stdin");
+    spawn(&ps[r], r, a.v);
+  }
+  unsigned long long s5 = 5;
+  CHECK(wait_until(ps, p, seq_at_least, &s5, 60), "garbage: ranks did not start");
+  uint64_t ep = 0;
+  ftar_coord_members(c, &ep, NULL, 0);
+  int dport = ps[target].port;
+  uint8_t b[4096], pay[64];
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < sizeof b; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b[i] = (uint8_t)x;
+  }
+  /* data port */
+  send_and_close(dport, b, 1024); /* random bytes */
+  ftar_hdr h = {.magic = FTAR_MAGIC, .type = FT_DATA, .epoch = ep, .seq = 1, .len = 0xffffffffu};
+  uint8_t f[FTAR_HDR + 64];
+  ftar_hdr_encode(f, &h); /* header only: the payload it announces never comes */
+  send_and_close(dport, f, FTAR_HDR); /* DATA frame claiming 4 GiB */
+  send_and_close(dport, f, 10);       /* truncated header */
+  memset(pay, 0, sizeof pay);
+  size_t n = frame(f, FT_CONNECT, 0, 0, target, pay, FTAR_CONNECT_LEN, 0);
+  send_and_close(dport, f, n); /* stale epoch */
+  n = frame(f, FT_CONNECT, ep, 0, target, pay, FTAR_CONNECT_LEN, 1);
+  send_and_close(dport, f, n); /* bad checksum */
+  n = frame(f, FT_CONNECT, ep, 99, target, pay, FTAR_CONNECT_LEN, 0);
+  send_and_close(dport, f, n); /* current epoch, not our upstream */
+  send_and_close(dport, f, FTAR_HDR + 3); /* truncated payload */
+  int idle_d = tcp_connect(dport);        /* says nothing: dropped after the deadline */
+  /* coordinator port */
+  send_and_close(port, b + 1024, 512);
+  n = frame(f, FT_EPOCH, ep, 0, 0, NULL, 0, 0);
+  send_and_close(port, f, n); /* a coordinator-only frame from a client */
+  h = (ftar_hdr){.magic = FTAR_MAGIC, .type = FT_HELLO, .len = 0xffff0000u};
+  ftar_hdr_encode(f, &h);
+  send_and_close(port, f, FTAR_HDR); /* oversized HELLO */
+  uint8_t hello[FTAR_HELLO_LEN] = {0};
+  ftw_put32(hello, FTAR_VERSION);
+  ftw_put16(hello + 4, 1);
+  ftw_put16(hello + 6, 9);
+  memcpy(hello + 8, "127.0.0.1", 9);
+  n = frame(f, FT_HELLO, 0, 7, 0, hello, FTAR_HELLO_LEN, 1);
+  send_and_close(port, f, n);             /* bad checksum */
+  send_and_close(port, f, FTAR_HDR + 20); /* truncated HELLO */
+  n = frame(f, FT_HEARTBEAT, ep, 0, 0, NULL, 0, 0);
+  send_and_close(port, f, n); /* heartbeat before HELLO */
+  /* a well-formed HELLO for a slot in use gets a REJECT */
+  n = frame(f, FT_HELLO, 0, target, 0, hello, FTAR_HELLO_LEN, 0);
+  int fd = tcp_connect(port);
+  int rejected = 0;
+  if (fd >= 0) {
+    ssize_t w = send(fd, f, n, MSG_NOSIGNAL);
+    (void)w;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    uint8_t rb[FTAR_HDR];
+    if (poll(&pf, 1, 2000) > 0 && recv(fd, rb, FTAR_HDR, MSG_WAITALL) == FTAR_HDR) {
+      ftar_hdr rh;
+      ftar_hdr_decode(rb, &rh);
+      rejected = rh.magic == FTAR_MAGIC && rh.type == FT_REJECT;
+    }
+    close(fd);
+  }
+  CHECK(rejected, "a HELLO for a slot in use is answered with REJECT");
+  int idle_c = tcp_connect(port);
+  double idle_end = tr_now() + DEADLINE + 0.5; /* the idle ones time out meanwhile */
+  while (tr_now() < idle_end) pump(ps, p, 20);
+  for (int r = 0; r < p; r++)
+    if (ps[r].nres && ps[r].res[ps[r].nres - 1].seq > last_seq) last_seq = ps[r].res[ps[r].nres - 1].seq;
+  last_seq += 20; /* all ranks are within one collective of each other */
+  tell_until(ps, p, last_seq);
+  finish(ps, p, 90);
+  if (idle_d >= 0) close(idle_d);
+  if (idle_c >= 0) close(idle_c);
+  for (int r = 0; r < p; r++) {
+    proc *s = &ps[r];
+    CHECK(exited_ok(s) && s->errors == 0, "garbage: rank %d exit status %d", r, s->status);
+    int bad = 0;
+    for (int i = 0; i < s->nres; i++)
+      bad += !s->res[i].ok || s->res[i].rc != 0 || s->res[i].contrib != 3 || s->res[i].epoch != ep || s->res[i].redos;
+    CHECK(bad == 0, "garbage: rank %d: %d results wrong or reshaped", r, bad);
+    CHECK(s->nres > 0 && s->res[s->nres - 1].seq == last_seq, "garbage: rank %d ran to seq %llu", r, last_seq);
+  }
+  const char *eb = ps[target].eb ? ps[target].eb : "";
+  const char *reasons[] = {"bad magic",     "beyond",        "truncated handshake", "stale epoch",
+                           "bad checksum",  "not from our upstream", "no valid CONNECT"};
+  for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++)
+    CHECK(strstr(eb, reasons[i]) != NULL, "garbage: rank log names '%s'", reasons[i]);
+  CHECK(ps[target].rejected >= 7, "garbage: rank counted %ld rejected connections", ps[target].rejected);
+  const char *creasons[] = {"bad magic", "unexpected EPOCH", "beyond", "bad checksum", "frame before HELLO",
+                            "is in use", "no HELLO within"};
+  for (size_t i = 0; i < sizeof creasons / sizeof creasons[0]; i++)
+    CHECK(coord_log_has(creasons[i]), "garbage: coordinator log names '%s'", creasons[i]);
+  printf("  garbage: %.1f s\n", tr_now() - tstart);
+  proc_free(ps, p);
+  ftar_coord_free(c);
+}
+
+/* --- soak: many small collectives --- */
+
+static void test_soak(void) {
+  double tstart = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  proc ps[2];
+  for (int r = 0; r < 2; r++) {
+    args a;
+    rank_args(&a, ftar_coord_port(c), r);
+    arg(&a, "--wait");
+    arg(&a, "2");
+    arg(&a, "--counts");
+    arg(&a, "1,7,64,1000");
+    arg(&a, "--iters");
+    arg(&a, "250");
+    arg(&a, "--verify");
+    arg(&a, "--quiet");
+    spawn(&ps[r], r, a.v);
+  }
+  finish(ps, 2, 120);
+  for (int r = 0; r < 2; r++) {
+    CHECK(exited_ok(&ps[r]) && ps[r].errors == 0 && ps[r].done && ps[r].collectives == 1000,
+          "soak: rank %d exit status %d (a LeakSanitizer report exits 23), %ld collectives", r, ps[r].status,
+          ps[r].collectives);
+    if (!exited_ok(&ps[r]) && ps[r].eb) fprintf(stderr, "%.4000s\n", ps[r].eb);
+  }
+  printf("  soak: 1000 collectives x 2 ranks: %.1f s\n", tr_now() - tstart);
+  proc_free(ps, 2);
+  ftar_coord_free(c);
+}
 
 int main(void) {
-  CHECK(ftar_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c check value");
-  CHECK(ftar_crc32c_sw(0, "123456789", 9) == 0xE3069283u, "crc32c sw check value");
+  signal(SIGPIPE, SIG_IGN);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  verbose = getenv("FTAR_TEST_VERBOSE") != NULL;
+  const char *bin = getenv("TRANSOM_BIN");
+  if (bin) {
+    snprintf(transom_bin, sizeof transom_bin, "%s", bin);
+  } else {
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    snprintf(transom_bin, sizeof transom_bin, "%s/transom", self);
+  }
+  if (access(transom_bin, X_OK) != 0) {
+    fprintf(stderr, "test_ftar: %s not found (set TRANSOM_BIN)\n", transom_bin);
+    return 1;
+  }
+  int lng = getenv("TRANSOM_LONG") != NULL;
+  double t0 = tr_now();
+  test_wire();
+  test_api();
+  const char *counts = "1,2,3,5,7,31,1000,4097,65537,262147,1048573,4194301,16777216";
+  for (int tcp = 0; tcp < 2; tcp++) { /* same-host shared-memory rings, then plain TCP links */
+    test_sizes(2, "sum", tcp, counts);
+    test_sizes(3, "sum", tcp, counts);
+    test_sizes(4, "sum", tcp, counts);
+    test_sizes(3, "mean", tcp, "1,3,1000,65537,1048573");
+  }
+  int rounds = lng ? 5 : 1;
+  for (int i = 0; i < rounds; i++)
+    for (int tcp = 0; tcp < 2; tcp++) {
+      test_fault(0, 0, tcp, 1234u + (unsigned)i);
+      test_fault(1, 0, tcp, 4321u + (unsigned)i);
+    }
+  test_fault(0, 1, 0, 99u);
+  test_fault(0, 1, 1, 98u);
+  test_garbage();
+  test_soak();
+  printf("  total %.1f s\n", tr_now() - t0);
   return check_report("test_ftar");
 }

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# ftar_vs_mpi.sh — FTAR (transom's fault-tolerant ring all-reduce) against
+# OpenMPI's MPI_Allreduce on the same sizes, on 127.0.0.1, transport by
+# transport:
+#   FTAR-TCP  frames over TCP links (--tcp)   vs  OpenMPI forced to TCP over
+#                                                  loopback (--mca btl tcp,self)
+#   FTAR-shm  same-host shared-memory rings    vs  OpenMPI's default transport
+#             (FTAR's default on one host)         (shared memory)
+# busbw = algbw * 2(n-1)/n (nccl-tests' convention), float32 sum, in place.
+# Each implementation runs REPEAT times, interleaved, and the best run per
+# size is kept: on a shared machine the neighbours' load moves every number,
+# and interleaving exposes all three to the same conditions. Then the
+# recovery time after kill -9 and SIGSTOP of one rank mid all-reduce.
+#
+#   bench/ftar_vs_mpi.sh                    2 and 4 ranks, 4 KiB .. 256 MiB
+#   RANKS="2" SIZES=1M,16M REPEAT=1 bench/ftar_vs_mpi.sh
+#
+# Installs openmpi-bin and libopenmpi-dev (Debian) if mpirun/mpicc are
+# missing; builds transom in $BUILD (default build-ftar) if needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD=${BUILD:-build-ftar}
+SIZES=${SIZES:-4K,16K,64K,256K,1M,4M,16M,64M,256M}
+RANKS=${RANKS:-"2 4"}
+REPEAT=${REPEAT:-3}
+JOBS=${JOBS:-2}
+
+if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
+  echo "ftar_vs_mpi: installing openmpi-bin libopenmpi-dev"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
+fi
+if [ ! -x "$BUILD/transom" ]; then
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$BUILD" -j"$JOBS" --target transom
+fi
+mpicc -O3 -o "$BUILD/mpi_allreduce" bench/mpi_allreduce.c
+
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+sizes_sp=${SIZES//,/ }
+
+echo "FTAR vs OpenMPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') MPI_Allreduce | float32 sum | 127.0.0.1 | $(nproc) CPUs | best of $REPEAT interleaved runs"
+echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+for n in $RANKS; do
+  for r in $(seq "$REPEAT"); do
+    "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp 2>/dev/null | grep '^ftar-bw' >>"$TMP/ftcp.$n" || true
+    "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" 2>/dev/null | grep '^ftar-bw' >>"$TMP/fshm.$n" || true
+    "${MPIRUN[@]}" -np "$n" --mca btl tcp,self --mca btl_tcp_if_include lo "$BUILD/mpi_allreduce" $sizes_sp 2>/dev/null \
+      | grep '^mpi-bw' >>"$TMP/tcp.$n" || true
+    "${MPIRUN[@]}" -np "$n" "$BUILD/mpi_allreduce" $sizes_sp 2>/dev/null | grep '^mpi-bw' >>"$TMP/shm.$n" || true
+  done
+  echo
+  echo "$n ranks (busbw GB/s, best of $REPEAT)"
+  awk -v sizes="$SIZES" '
+    function field(line, key,   i, a, kv) { n = split(line, a, " "); for (i = 1; i <= n; i++) { split(a[i], kv, "="); if (kv[1] == key) return kv[2] } return "" }
+    function human(b) { if (b >= 1048576) return (b / 1048576) " MiB"; if (b >= 1024) return (b / 1024) " KiB"; return b " B" }
+    FNR == 1 { impl = FILENAME; sub(/.*\//, "", impl); sub(/\..*/, "", impl) }
+    { b = field($0, "bytes"); v = field($0, "busbw") + 0; if (v > best[impl, b]) best[impl, b] = v; seen[b] = 1 }
+    END {
+      printf "%10s %9s %9s %13s %9s %9s %13s\n", "size", "FTAR-TCP", "MPI-TCP", "FTAR/MPI TCP", "FTAR-shm", "MPI-shm", "FTAR/MPI shm"
+      m = split(sizes, s, ",")
+      for (i = 1; i <= m; i++) {
+        x = s[i]; mul = 1
+        if (x ~ /[Kk]$/) mul = 1024; else if (x ~ /[Mm]$/) mul = 1048576; else if (x ~ /[Gg]$/) mul = 1073741824
+        sub(/[KkMmGg]$/, "", x); b = x * mul
+        f = best["ftcp", b]; t = best["tcp", b]; g = best["fshm", b]; h = best["shm", b]
+        printf "%10s %9.3f %9.3f %13s %9.3f %9.3f %13s\n", human(b), f, t, (t > 0 ? sprintf("%.2fx", f / t) : "-"), g, h, (h > 0 ? sprintf("%.2fx", g / h) : "-")
+      }
+    }' "$TMP/ftcp.$n" "$TMP/tcp.$n" "$TMP/fshm.$n" "$TMP/shm.$n"
+done
+echo
+echo "recovery: 3 ranks, one killed / stopped in the middle of a 16 MiB all-reduce, deadline 1 s (shm links)"
+"$BUILD/transom" ftar-bench recovery --ranks 3 --count 4M --signal kill --deadline 1 --trials 3 2>/dev/null | tail -1
+"$BUILD/transom" ftar-bench recovery --ranks 3 --count 4M --signal stop --deadline 1 --trials 3 2>/dev/null | tail -1
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
