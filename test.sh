@@ -20,6 +20,8 @@ done
 
 ./setup.sh
 jobs=$(nproc)
+detector/test_deps.sh   # gnuplot (transom plot) and promtool (the /metrics check)
+export TRANSOM_REQUIRE_PROMTOOL=1 TRANSOM_REQUIRE_GNUPLOT=1
 
 # Python with safetensors + numpy, for the export test (from the package index)
 if ! build/pyvenv/bin/python -c 'import safetensors, numpy' 2>/dev/null; then

@@ -34,7 +34,7 @@ typedef struct {
   double ckpt_every_seconds;
   char ckpt_when_busy[16];
   /* replicas and failures (the operator) */
-  int64_t replicas, min_replicas, max_replicas;
+  int64_t replicas, min_replicas, max_replicas, checksum_interval, metrics_port;
   char on_failure[16];
   char policies[1024];
   double deadline;

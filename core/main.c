@@ -34,6 +34,7 @@
 int ckpt_main(int argc, char **argv);   /* ckpt/ckpt_cli.c */
 int worker_main(int argc, char **argv); /* core/worker.c */
 int attach_main(int argc, char **argv); /* core/attach.c */
+int plot_main(int argc, char **argv);   /* detector/plot.c */
 int chaos_main(int argc, char **argv);  /* below */
 #include "trainer.h"
 #include "util.h"
@@ -233,6 +234,7 @@ static const char main_usage[] =
     "  sample RUN       generate text from a finished run's weights\n"
     "  ckpt ls|verify|export RUN   inspect, check and export checkpoints\n"
     "  attach RUN [-e EXPR]   a Lua REPL inside the live job\n"
+    "  plot RUN -o run.png    loss, step times and anomalies over steps (gnuplot)\n"
     "  chaos RUN FAULT SLOT   inject a fault into a live job (kill, hang, slow, nan)\n"
     "  worker           one replica (started by `run`, or by srun/torchrun)\n"
     "  test [DIR]       run the Lua specs inside this binary\n"
@@ -251,6 +253,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "ckpt") == 0) return ckpt_main(argc - 2, argv + 2);
   if (strcmp(cmd, "worker") == 0) return worker_main(argc - 2, argv + 2);
   if (strcmp(cmd, "attach") == 0) return attach_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "plot") == 0) return plot_main(argc - 2, argv + 2);
   if (strcmp(cmd, "chaos") == 0) return chaos_main(argc - 2, argv + 2);
   if (strcmp(cmd, "test") == 0) return cmd_test(argc - 2, argv + 2);
   if (strcmp(cmd, "lua") == 0) return cmd_lua(argc - 2, argv + 2);

@@ -266,6 +266,7 @@ static void on_exit_slot(op *o, slot *s, int status) {
   }
   s->pid = 0;
   s->donor[0] = 0;
+  if (o->det) detector_worker_gone(o->det, s->slot);
   if (s->done && code == 0) {
     s->state = SLOT_DONE;
     check_finished(o);
@@ -336,6 +337,91 @@ int64_t newest_checkpoint(op *o, int64_t step) {
   return best;
 }
 
+/* --- Eagle Eye: the detector's events and actions --- */
+
+static void det_event(void *ud, const detector_event *e) {
+  op *o = ud;
+  char buf[4096];
+  int n = detector_event_json(e, buf, sizeof buf);
+  if (n > 0 && n < (int)sizeof buf) {
+    fprintf(o->events, "%s\n", buf);
+    fflush(o->events);
+  }
+  if (e->type == DET_EV_ANOMALY || e->type == DET_EV_RELOAD_FAILED || e->type == DET_EV_RULE_ERROR) {
+    printf("[detector] %s%s%s: %s (worker %d, step %lld)\n", e->kind, e->anomaly ? " " : "",
+           e->anomaly ? e->anomaly : "", e->detail ? e->detail : "", e->worker, (long long)e->step);
+    fflush(stdout);
+  }
+}
+
+static void det_action(void *ud, const detector_action *a) {
+  op *o = ud;
+  const char *why = a->cause ? a->cause->kind : "detector";
+  switch (a->action) {
+    case DET_ACT_EVICT:
+      if (a->worker >= 0 && a->worker < o->nslots && o->slots[a->worker].pid > 0) {
+        event_log(o, o->best_step, a->worker, "evict", "replica %d evicted: %s", a->worker, why);
+        kill(o->slots[a->worker].pid, SIGKILL); /* also ends a stopped (SIGSTOP) process */
+      }
+      break;
+    case DET_ACT_ROLLBACK: {
+      int64_t target = newest_checkpoint(o, a->step);
+      if (target < 0) {
+        event_log(o, o->best_step, -1, "rollback_refused", "%s: no checkpoint at or before step %lld", why,
+                  (long long)a->step);
+        break;
+      }
+      rollback_all(o, target, 1, why);
+      detector_rewind(o->det, target);
+      break;
+    }
+    case DET_ACT_SKIP_UPDATE: { /* the anomalous update already happened: drop the next one all agree on */
+      int64_t at = o->best_step + 3;
+      size_t k = strlen(o->skips);
+      if (k + 24 < sizeof o->skips) snprintf(o->skips + k, sizeof o->skips - k, "%s%lld", k ? "," : "", (long long)at);
+      for (int i = 0; i < o->nslots; i++)
+        if (o->slots[i].bev) evbuffer_add_printf(bufferevent_get_output(o->slots[i].bev), "SKIP at=%lld\n", (long long)at);
+      event_log(o, o->best_step, a->worker, "skip_update", "%s: every replica drops the update of step %lld", why,
+                (long long)at + 1);
+      break;
+    }
+    case DET_ACT_CHECKPOINT_NOW:
+      for (int i = 0; i < o->nslots; i++)
+        if (o->slots[i].bev) evbuffer_add_printf(bufferevent_get_output(o->slots[i].bev), "CKPT_NOW\n");
+      break;
+    default: /* alert: the event is the alert */
+      break;
+  }
+}
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  op *o = arg;
+  if (o->det && !o->stopping) detector_tick(o->det, tr_now());
+}
+
+static void prom_extra_cb(void *ud, prom_extra *x) { x->restarts_total = ((op *)ud)->restarts_total; }
+
+static int start_detector(op *o) {
+  detector_opts d = {0};
+  d.policy_dir = o->cfg->policies[0] ? o->cfg->policies : NULL;
+  d.max_workers = o->nslots;
+  d.on_event = det_event;
+  d.on_action = det_action;
+  d.ud = o;
+  o->det = detector_create(&d);
+  if (!o->det) return tr_fail_prefix(TR_ELUA, "detector");
+  if (detector_watch(o->det, o->base))
+    event_log(o, 0, -1, "watch_failed", "policies are not watched (reload() from attach still works): %s", tr_error());
+  int rc = prom_serve(o->base, "127.0.0.1", (int)o->cfg->metrics_port, o->det, prom_extra_cb, o, &o->prom);
+  if (rc) return tr_fail_prefix(rc, "metrics_port %lld", (long long)o->cfg->metrics_port);
+  o->tick = event_new(o->base, -1, EV_PERSIST, tick_cb, o);
+  struct timeval tv = {0, 250000};
+  evtimer_add(o->tick, &tv);
+  return TR_OK;
+}
+
 void rollback_all(op *o, int64_t step, int skip, const char *why) {
   if (o->stopping || o->rollback_pending) return;
   o->rollback_pending = 1;
@@ -399,11 +485,13 @@ static void sigterm_cb(evutil_socket_t fd, short what, void *arg) {
 
 /* --- worker connections --- */
 
+/* Sends the slot's chaos entries not yet fired. An entry counts as fired
+ * when the worker says it injected it (FIRED), so one sent to a process that
+ * died first (a rollback, another fault) goes to the next one. */
 static void send_chaos(op *o, slot *s) {
   for (int i = 0; o->cfg->nchaos > 0 && i < o->cfg->nchaos; i++) {
     const job_chaos *c = &o->cfg->chaos[i];
     if (o->chaos_fired[i] || c->replica != s->slot || c->at_step <= s->step) continue;
-    o->chaos_fired[i] = 1;
     evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=%lld fault=%s ms=%lld steps=%lld\n",
                         (long long)c->at_step, c->fault, (long long)c->ms, (long long)c->steps);
   }
@@ -429,6 +517,30 @@ static void on_step(op *o, slot *s, const char *line) {
           (long long)step, s->slot, loss, proto_num(line, "norm", NAN), proto_num(line, "lr", NAN), ms, tok_s,
           proto_num(line, "ar_ms", 0), proto_num(line, "ckpt_ms", 0), n, (long long)proto_int(line, "epoch", 0),
           (int)proto_int(line, "redos", 0));
+  if (o->det) {
+    detector_sample ds = {0};
+    ds.loss = loss;
+    ds.grad_norm = s->last.norm;
+    ds.lr = s->last.lr;
+    ds.step_s = ms / 1e3;
+    ds.data_s = proto_num(line, "data_ms", 0) / 1e3;
+    ds.forward_s = proto_num(line, "fwd_ms", 0) / 1e3;
+    ds.backward_s = proto_num(line, "bwd_ms", 0) / 1e3;
+    ds.allreduce_s = s->last.ar_ms / 1e3;
+    ds.optimizer_s = proto_num(line, "opt_ms", 0) / 1e3;
+    ds.ckpt_wait_s = proto_num(line, "ckpt_ms", 0) / 1e3;
+    ds.tokens_per_s = tok_s;
+    ds.rss_bytes = proto_num(line, "rss", 0);
+    ds.compute_s = ds.step_s - ds.allreduce_s;
+    char crc[16];
+    if (proto_get(line, "crc", crc, sizeof crc)) {
+      ds.checksum = (uint32_t)strtoul(crc, NULL, 16);
+      ds.has_checksum = 1;
+    }
+    ds.time = tr_now();
+    detector_observe(o->det, s->slot, step, &ds);
+    detector_heartbeat(o->det, s->slot, ds.time);
+  }
   step_acc *a = &o->acc[step % STEP_RING];
   if (a->step != step) memset(a, 0, sizeof *a), a->step = step;
   a->count++;
@@ -436,6 +548,7 @@ static void on_step(op *o, slot *s, const char *line) {
   a->ms = ms > a->ms ? ms : a->ms;
   a->tok_s += tok_s;
   a->expect = n;
+  if (a->count == a->expect && o->det) detector_tick(o->det, tr_now()); /* every replica has reported the step */
   if (a->count == a->expect && (step % o->cfg->log_interval == 0 || step == o->cfg->max_steps)) {
     printf("step %*lld/%lld | loss %.4f | replicas %d | %.1f ms | %.0f tok/s\n", o->width, (long long)step,
            (long long)o->cfg->max_steps, a->loss / a->count, a->count, a->ms, a->tok_s);
@@ -468,9 +581,9 @@ static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *l
     const slot *d = strcmp(s->mode, "join") == 0 ? pick_donor(o, k) : NULL;
     if (strcmp(s->mode, "join") == 0 && !d) snprintf(s->mode, sizeof s->mode, "resume");
     evbuffer_add_printf(bufferevent_get_output(bev), "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d data_skip=%lld "
-                        "resume_step=%lld lr=%s\n",
+                        "resume_step=%lld lr=%s skips=%s\n",
                         o->dir, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads,
-                        (long long)o->data_skip, (long long)s->resume_step, o->lr_changes);
+                        (long long)o->data_skip, (long long)s->resume_step, o->lr_changes, o->skips);
     s->resume_step = -1; /* a rollback's target applies to the start it asked for only */
     if (d)
       event_log(o, o->best_step, k, "replica_joining", "replica %d catches up from replica %d (at step %lld)", k,
@@ -488,6 +601,11 @@ static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *l
     if (o->stopping) evbuffer_add_printf(bufferevent_get_output(bev), "STOP at=%lld\n", (long long)o->stop_at);
   } else if (proto_is(line, "STEP")) {
     on_step(o, s, line);
+  } else if (proto_is(line, "FIRED")) {
+    for (int i = 0; i < o->cfg->nchaos; i++)
+      if (o->cfg->chaos[i].replica == s->slot && o->cfg->chaos[i].at_step == proto_int(line, "at", -1)) o->chaos_fired[i] = 1;
+  } else if (proto_is(line, "HB")) {
+    if (o->det) detector_heartbeat(o->det, s->slot, tr_now());
   } else if (proto_is(line, "EVAL")) {
     int64_t step = proto_int(line, "step", 0);
     double val = proto_num(line, "val", NAN);
@@ -585,7 +703,7 @@ static void on_change(void *ud, const ftar_change *c) {
             (unsigned long long)c->epoch, kinds[c->kind], c->slot, list);
   int finishing = 0;
   for (int i = 0; i < o->nslots; i++) finishing |= o->slots[i].done;
-  if (c->n_members < (int)o->cfg->min_replicas && !o->stopping && !finishing)
+  if (c->n_members < (int)o->cfg->min_replicas && !o->stopping && !finishing && !o->rollback_pending)
     event_log(o, o->best_step, -1, "paused", "%d live replicas < min_replicas %lld: waiting for replacements",
               c->n_members, (long long)o->cfg->min_replicas);
 }
@@ -647,6 +765,7 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   getsockname(evconnlistener_get_fd(o.lis), (struct sockaddr *)&sa, &sl);
   o.port = ntohs(sa.sin_port);
   o.ctl = ctl_listen(&o);
+  if ((rc = start_detector(&o))) return rc;
   struct event *ev_chld = evsignal_new(o.base, SIGCHLD, sigchld_cb, &o);
   struct event *ev_term = evsignal_new(o.base, SIGTERM, sigterm_cb, &o);
   struct event *ev_int = evsignal_new(o.base, SIGINT, sigterm_cb, &o);
@@ -693,6 +812,9 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
            done, o.restarts_total, wall);
   for (int i = 0; i < o.nslots; i++)
     if (o.slots[i].timer) event_free(o.slots[i].timer);
+  if (o.tick) event_free(o.tick);
+  prom_server_free(o.prom);
+  detector_destroy(o.det);
   event_free(ev_chld);
   event_free(ev_term);
   event_free(ev_int);

@@ -13,8 +13,10 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "detector.h"
 #include "ftar.h"
 #include "job.h"
+#include "prom.h"
 
 #define MAX_SLOTS 256
 #define STEP_RING 256
@@ -73,7 +75,11 @@ struct op {
   /* state every (re)started replica must get, in WELCOME */
   int64_t data_skip;      /* batches skipped by rollbacks */
   char lr_changes[1024];  /* "STEP:LR,STEP:LR" */
+  char skips[1024];       /* "STEP,STEP": updates every replica drops */
   int rollback_pending;
+  detector *det;          /* Eagle Eye: rules and policies over the replicas' metrics */
+  prom_server *prom;
+  struct event *tick;
 };
 
 

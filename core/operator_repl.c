@@ -210,6 +210,8 @@ static int l_set(lua_State *L) {
 static int l_reload(lua_State *L) {
   op *o = get_op(L);
   int old_policy = o->policy_ref, old_state = o->state_ref;
+  if (o->det && detector_reload(o->det) != 0) /* rules.lua, actions.lua: the old ones stay on error */
+    event_log(o, o->best_step, -1, "policy_reload_failed", "%s", tr_error());
   if (load_policy(o) != 0) { /* the old policy stays in force */
     o->policy_ref = old_policy;
     o->state_ref = old_state;
@@ -222,6 +224,19 @@ static int l_reload(lua_State *L) {
   luaL_unref(L, LUA_REGISTRYINDEX, old_policy);
   event_log(o, o->best_step, -1, "policy_reloaded", "restart policy reloaded from the REPL");
   lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_series(lua_State *L) {
+  op *o = get_op(L);
+  int w = check_slot(L, o, 1);
+  if (!o->det || detector_push_worker(o->det, L, w, (int)luaL_optinteger(L, 2, 20))) lua_pushnil(L);
+  return 1;
+}
+
+static int l_anomalies(lua_State *L) {
+  op *o = get_op(L);
+  if (!o->det || detector_push_anomalies(o->det, L, (int)luaL_optinteger(L, 1, 10))) lua_newtable(L);
   return 1;
 }
 
@@ -238,13 +253,16 @@ static int l_help(lua_State *L) {
   lua_pushliteral(L,
                   "workers()          replicas: slot, state, pid, step, restarts, mode\n"
                   "metrics(w)         replica w's latest step: loss, grad_norm, lr, step_ms, tok_s, ...\n"
+                  "series(w, n)       the detector's view of replica w: its last n values of every metric\n"
+                  "anomalies(n)       the last n anomalies the rules raised\n"
                   "events(n)          the last n lines of events.jsonl\n"
                   "evict(w)           kill replica w; the restart policy replaces it\n"
                   "checkpoint()       the leader checkpoints its next step\n"
                   "rollback(step)     every replica reloads the newest checkpoint at or before step,\n"
                   "                   skipping the batch that followed\n"
                   "set('lr', x)       peak learning rate x from a step every replica agrees on\n"
-                  "reload()           reload the restart policy (the old one stays on error)\n"
+                  "reload()           reload the policies: restart.lua, rules.lua, actions.lua\n"
+                  "                   (a file that fails to load leaves the old one in force)\n"
                   "Any Lua works; ^D detaches; the job goes on either way.");
   return 1;
 }
@@ -259,7 +277,8 @@ static void make_env(ctl_conn *c) {
   static const luaL_Reg fns[] = {{"workers", l_workers},       {"metrics", l_metrics}, {"events", l_events},
                                  {"evict", l_evict},           {"checkpoint", l_checkpoint},
                                  {"rollback", l_rollback},     {"set", l_set},         {"reload", l_reload},
-                                 {"print", l_print},           {"help", l_help},       {NULL, NULL}};
+                                 {"print", l_print},           {"help", l_help},       {"series", l_series},
+                                 {"anomalies", l_anomalies},   {NULL, NULL}};
   lua_pushlightuserdata(L, c->o);
   lua_pushlightuserdata(L, c);
   luaL_setfuncs(L, fns, 2);               /* [env] */

@@ -32,6 +32,9 @@ struct trainer {
   int tok, tgt, loss; /* tensor ids */
   int slot; /* replica slot: selects the data stream */
   int64_t data_skip; /* batches skipped (rollback past a bad batch) */
+  int64_t skip_steps[64]; /* updates to drop (the operator's skip_update), by step */
+  int nskip;
+  int64_t skipped;
   int64_t lr_from[16]; /* live learning-rate changes: from step lr_from[i] on, peak lr_to[i] */
   float lr_to[16];
   int nlr;
@@ -230,6 +233,8 @@ int trainer_apply_grads(trainer *t, step_stats *st) {
   float *grads = graph_grads(t->g);
   int64_t n = graph_nparams(t->g);
   float norm = grad_clip(grads, n, (float)t->cfg.grad_clip);
+  int skip = !isfinite(norm); /* a non-finite gradient is never applied */
+  for (int i = 0; i < t->nskip && !skip; i++) skip = t->skip_steps[i] == t->step;
   lr_schedule sched = t->sched; /* with the live changes in force at this step */
   for (int i = 0; i < t->nlr; i++)
     if (t->step >= t->lr_from[i]) {
@@ -238,7 +243,9 @@ int trainer_apply_grads(trainer *t, step_stats *st) {
     }
   float lr = lr_at(&sched, t->step);
   st->t_ckpt_wait = ckpt_wait_copy(t->ckpt); /* parameters are about to change */
-  adamw_step(t->opt, graph_params(t->g), grads, lr);
+  if (!skip) adamw_step(t->opt, graph_params(t->g), grads, lr);
+  else t->skipped++;
+  st->skipped = skip;
   graph_zero_grad(t->g);
   t->step++;
   double dt = tr_now() - t0;
@@ -421,6 +428,12 @@ void trainer_get_state(const trainer *t, trainer_state *s) {
 
 void trainer_set_slot(trainer *t, int slot) { t->slot = slot; }
 void trainer_set_data_skip(trainer *t, int64_t skip) { t->data_skip = skip; }
+
+int trainer_skip_update(trainer *t, int64_t step) {
+  if (t->nskip == 64) return tr_fail(TR_EINVAL, "too many skipped updates");
+  t->skip_steps[t->nskip++] = step;
+  return TR_OK;
+}
 
 int trainer_set_lr(trainer *t, int64_t from_step, float lr) {
   if (!(lr > 0) || t->nlr == 16) return tr_fail(TR_EINVAL, "learning-rate change refused (lr %g, %d changes)", lr, t->nlr);

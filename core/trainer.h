@@ -25,6 +25,7 @@ typedef struct {
   int64_t tokens;
   double t_data, t_fwd, t_bwd, t_opt, t_total; /* seconds */
   double t_ckpt_wait; /* waiting for a level-1 checkpoint copy (inside t_opt) */
+  int skipped;        /* the update was not applied (non-finite gradient, or asked) */
 } step_stats;
 
 /* The state beside parameters and optimizer moments that defines where
@@ -60,6 +61,9 @@ void trainer_set_progress(trainer *t, int64_t step, int64_t opt_steps);
 uint32_t trainer_param_crc(trainer *t);
 /* Replica slot (default 0): each slot draws its own batches. */
 void trainer_set_slot(trainer *t, int slot);
+/* Drops the optimizer update of `step` (counted as a step all the same).
+ * Non-finite gradients are always dropped. At most 64 per run. */
+int trainer_skip_update(trainer *t, int64_t step);
 /* Shifts the batch stream by skip batches (a rollback that skips the batch
  * that caused an anomaly). */
 void trainer_set_data_skip(trainer *t, int64_t skip);

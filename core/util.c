@@ -51,20 +51,23 @@ double tr_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-size_t tr_peak_rss(void) {
+static size_t status_kb(const char *field) {
   FILE *f = fopen("/proc/self/status", "r");
   if (!f) return 0;
   char line[256];
-  size_t kb = 0;
+  size_t kb = 0, n = strlen(field);
   while (fgets(line, sizeof line, f)) {
-    if (strncmp(line, "VmHWM:", 6) == 0) {
-      kb = (size_t)strtoull(line + 6, NULL, 10);
+    if (strncmp(line, field, n) == 0) {
+      kb = (size_t)strtoull(line + n, NULL, 10);
       break;
     }
   }
   fclose(f);
   return kb * 1024;
 }
+
+size_t tr_peak_rss(void) { return status_kb("VmHWM:"); }
+size_t tr_current_rss(void) { return status_kb("VmRSS:"); }
 
 void *tr_alloc_aligned(size_t bytes) {
   void *p = NULL;

@@ -34,6 +34,8 @@ int tr_fail_prefix(int code, const char *fmt, ...) __attribute__((format(printf,
 double tr_now(void);
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 size_t tr_peak_rss(void);
+/* Current resident set size in bytes (VmRSS), 0 if unknown. */
+size_t tr_current_rss(void);
 
 /* Reads a whole file into a malloc'd buffer (NUL-terminated; *len excludes the
  * NUL). Caller frees. Returns NULL with tr_error() set on failure. */

@@ -17,6 +17,7 @@
  *   RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun) or SLURM_PROCID/
  *   SLURM_NTASKS (srun) stand in for --slot and --operator.
  */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,9 @@ typedef struct {
   int64_t stop_at; /* finish this step, then stop (0 = no stop asked) */
   int ckpt_now;    /* the operator asked for a checkpoint */
   trainer *t;
+  pthread_mutex_t send_mu; /* the training and heartbeat threads both write to opfd */
+  pthread_t hb;
+  volatile int hb_stop;
   int64_t slow_until, slow_ms, nan_until;
 } worker;
 
@@ -71,6 +75,26 @@ static const char *env_any(const char *a, const char *b) {
   return v && *v ? v : NULL;
 }
 
+/* One line to the operator, from either thread. */
+#define SEND(w, ...)                                 \
+  ({                                                 \
+    pthread_mutex_lock(&(w)->send_mu);               \
+    int rc_ = proto_send((w)->opfd, __VA_ARGS__);    \
+    pthread_mutex_unlock(&(w)->send_mu);             \
+    rc_;                                             \
+  })
+
+/* Liveness, apart from progress: a hung training thread still heartbeats
+ * (the detector's "hang"), a stopped or dead process does not ("dead"). */
+static void *heartbeat_main(void *arg) {
+  worker *w = arg;
+  while (!w->hb_stop) {
+    if (SEND(w, "HB slot=%d", w->slot)) break;
+    for (int i = 0; i < 5 && !w->hb_stop; i++) usleep(100000);
+  }
+  return NULL;
+}
+
 /* Reads the operator's commands that are waiting (never blocks). */
 static int poll_commands(worker *w) {
   char line[PROTO_LINE_MAX];
@@ -82,6 +106,8 @@ static int poll_commands(worker *w) {
       w->stop_at = proto_int(line, "at", 1);
     } else if (proto_is(line, "CKPT_NOW")) {
       w->ckpt_now = 1;
+    } else if (proto_is(line, "SKIP") && w->t) {
+      trainer_skip_update(w->t, proto_int(line, "at", -1));
     } else if (proto_is(line, "SET") && w->t) {
       /* applied from an agreed step on, by every replica alike */
       double lr = proto_num(line, "lr", 0);
@@ -103,8 +129,18 @@ static void apply_chaos(worker *w, int64_t step) {
     if (c->at != step) continue;
     fprintf(stderr, "worker %d: chaos: %s at step %lld\n", w->slot, c->fault, (long long)step);
     fflush(stderr);
+    SEND(w, "FIRED slot=%d at=%lld fault=%s", w->slot, (long long)c->at, c->fault);
     if (strcmp(c->fault, "kill") == 0) raise(SIGKILL);
-    if (strcmp(c->fault, "hang") == 0) raise(SIGSTOP);
+    if (strcmp(c->fault, "hang") == 0) /* the training thread stops; the heartbeat goes on */
+      for (;;) sleep(1);
+    if (strcmp(c->fault, "bitflip") == 0) { /* silent data corruption in this replica only */
+      trainer_buffers b;
+      trainer_buffers_get(w->t, &b);
+      uint32_t bits;
+      memcpy(&bits, &b.params[b.n / 2], 4);
+      bits ^= 1u << 20;
+      memcpy(&b.params[b.n / 2], &bits, 4);
+    }
     if (strcmp(c->fault, "slow") == 0) {
       w->slow_ms = c->ms;
       w->slow_until = c->steps > 0 ? step + c->steps : INT64_MAX;
@@ -131,7 +167,7 @@ static int welcome(worker *w, char *line, size_t n) {
 }
 
 int worker_main(int argc, char **argv) {
-  worker w = {.slot = -1, .opfd = -1};
+  worker w = {.slot = -1, .opfd = -1, .send_mu = PTHREAD_MUTEX_INITIALIZER};
   const char *opaddr = NULL;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -195,6 +231,17 @@ int worker_main(int argc, char **argv) {
   w.t = t;
   trainer_set_slot(t, w.slot);
   trainer_set_data_skip(t, proto_int(line, "data_skip", 0));
+  { /* updates the operator said to drop: skips=STEP,STEP */
+    char sk[1024];
+    proto_get(line, "skips", sk, sizeof sk);
+    for (char *p = sk; *p;) {
+      char *end;
+      long long at = strtoll(p, &end, 10);
+      if (end == p) break;
+      trainer_skip_update(t, at);
+      p = *end == ',' ? end + 1 : end;
+    }
+  }
   { /* live learning-rate changes so far: lr=STEP:VALUE,STEP:VALUE */
     char lrs[1024];
     proto_get(line, "lr", lrs, sizeof lrs);
@@ -259,14 +306,17 @@ int worker_main(int argc, char **argv) {
   fo.deadline = cfg.deadline;
   fo.min_members = (int)cfg.min_replicas;
   fo.data_host = me;
-  /* TODO(strict_seq) fo.strict_seq = 1; a joiner must enter at exactly its own step */
+  fo.strict_seq = 1; /* a joiner must enter at exactly its own step */
   fm = ftar_member_create(ch, cp, w.slot, &fo);
   if (!fm) goto fail;
   trainer_buffers b;
   trainer_buffers_get(t, &b);
-  rc = proto_send(w.opfd, "READY slot=%d step=%lld donor=%s:%d state_s=%.3f", w.slot, (long long)b.step, me, dport,
-                  state_s);
+  rc = SEND(&w, "READY slot=%d step=%lld donor=%s:%d state_s=%.3f", w.slot, (long long)b.step, me, dport, state_s);
   if (rc) goto fail;
+  if (pthread_create(&w.hb, NULL, heartbeat_main, &w) != 0) {
+    rc = tr_fail(TR_ENOMEM, "cannot start the heartbeat thread");
+    goto fail;
+  }
   if (strcmp(mode, "join") != 0) ftar_member_wait(fm, (int)cfg.replicas, 30.0); /* start together if we can */
 
   int64_t step = b.step, last_snap = b.step;
@@ -274,6 +324,7 @@ int worker_main(int argc, char **argv) {
   while (step < cfg.max_steps) {
     if ((rc = poll_commands(&w))) goto fail;
     if (w.stop_at > 0 && step >= w.stop_at) break;
+    double t_step = tr_now(); /* the step's wall time: a slow replica's delay is its own compute time */
     apply_chaos(&w, step + 1);
     if (step + 1 <= w.slow_until && w.slow_ms > 0) usleep((useconds_t)w.slow_ms * 1000);
     step_stats st;
@@ -320,20 +371,25 @@ int worker_main(int argc, char **argv) {
     while (ckpt_poll(ck, &ev)) {
       char what[600];
       proto_escape(ev.what, what, sizeof what);
-      proto_send(w.opfd, "CKPT slot=%d step=%lld ok=%d commit_ms=%.1f what=%s", w.slot, (long long)ev.step, ev.ok,
-                 ev.commit_s * 1e3, what);
+      SEND(&w, "CKPT slot=%d step=%lld ok=%d commit_ms=%.1f what=%s", w.slot, (long long)ev.step, ev.ok,
+           ev.commit_s * 1e3, what);
     }
     if (leader && ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || step == cfg.max_steps)) {
       float val;
       if ((rc = trainer_eval(t, &val))) goto fail;
-      proto_send(w.opfd, "EVAL slot=%d step=%lld val=%.9g", w.slot, (long long)step, val);
+      SEND(&w, "EVAL slot=%d step=%lld val=%.9g", w.slot, (long long)step, val);
     }
-    rc = proto_send(w.opfd,
-                    "STEP slot=%d step=%lld loss=%.9g norm=%.9g lr=%.9g ms=%.3f tok_s=%.1f ar_ms=%.3f ckpt_ms=%.3f "
-                    "epoch=%llu n=%d redos=%d leader=%d",
-                    w.slot, (long long)step, st.loss, st.grad_norm, st.lr, (st.t_total + ar_s) * 1e3,
-                    st.tokens / (st.t_total + ar_s), ar_s * 1e3, st.t_ckpt_wait * 1e3, (unsigned long long)res.epoch,
-                    res.contributors, res.redos, leader);
+    double wall_s = tr_now() - t_step;
+    char crc[32] = "";
+    if (cfg.checksum_interval > 0 && step % cfg.checksum_interval == 0)
+      snprintf(crc, sizeof crc, " crc=%08x", trainer_param_crc(t));
+    rc = SEND(&w,
+              "STEP slot=%d step=%lld loss=%.9g norm=%.9g lr=%.9g ms=%.3f tok_s=%.1f ar_ms=%.3f ckpt_ms=%.3f "
+              "data_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f rss=%zu epoch=%llu n=%d redos=%d leader=%d "
+              "skipped=%d%s",
+              w.slot, (long long)step, st.loss, st.grad_norm, st.lr, wall_s * 1e3, st.tokens / wall_s, ar_s * 1e3, st.t_ckpt_wait * 1e3, st.t_data * 1e3, st.t_fwd * 1e3,
+              st.t_bwd * 1e3, st.t_opt * 1e3, tr_current_rss(), (unsigned long long)res.epoch, res.contributors,
+              res.redos, leader, st.skipped, crc);
     if (rc) goto fail;
   }
   if (ck && leader && last_snap != step) { /* stopped: the state to resume from */
@@ -345,11 +401,11 @@ int worker_main(int argc, char **argv) {
   ckpt_flush(ck);
   ckpt_event ev;
   while (ckpt_poll(ck, &ev))
-    proto_send(w.opfd, "CKPT slot=%d step=%lld ok=%d commit_ms=%.1f what=-", w.slot, (long long)ev.step, ev.ok,
-               ev.commit_s * 1e3);
+    SEND(&w, "CKPT slot=%d step=%lld ok=%d commit_ms=%.1f what=-", w.slot, (long long)ev.step, ev.ok,
+         ev.commit_s * 1e3);
   if (leader && step == cfg.max_steps && trainer_save(t, run) == 0) /* all hold the same bits: one writes */
-    proto_send(w.opfd, "SAVED slot=%d step=%lld", w.slot, (long long)step);
-  proto_send(w.opfd, "DONE slot=%d step=%lld crc=%08x", w.slot, (long long)step, trainer_param_crc(t));
+    SEND(&w, "SAVED slot=%d step=%lld", w.slot, (long long)step);
+  SEND(&w, "DONE slot=%d step=%lld crc=%08x", w.slot, (long long)step, trainer_param_crc(t));
   exit_code = 0;
   goto done;
 fail:
@@ -357,10 +413,14 @@ fail:
   if (w.opfd >= 0) {
     char why[600];
     proto_escape(tr_error(), why, sizeof why);
-    proto_send(w.opfd, "FAIL slot=%d why=%s", w.slot, why);
+    SEND(&w, "FAIL slot=%d why=%s", w.slot, why);
   }
   exit_code = rc == FTAR_EEVICTED ? 3 : 1;
 done:
+  if (w.hb) {
+    w.hb_stop = 1;
+    pthread_join(w.hb, NULL);
+  }
   donor_close(donor_fd);
   ftar_member_free(fm);
   donor_stop(dn);

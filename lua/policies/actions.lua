@@ -55,10 +55,10 @@ function A.hang(a)
   return "evict"
 end
 
--- The operator already replaces replicas whose process died. (A process
--- stopped with SIGSTOP also loses its heartbeat; map dead to "evict" to have
--- those killed and replaced too.)
-A.dead = "ignore"
+-- No heartbeat: the process died, or was stopped (SIGSTOP) and never exits
+-- on its own. Evict: the operator kills it (a no-op for a process already
+-- gone) and the restart policy replaces it.
+A.dead = "evict"
 
 -- Silent data corruption: evict the replica that differs from the majority
 -- (its replacement catches up from a healthy one); with no majority, nobody

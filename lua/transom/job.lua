@@ -28,7 +28,8 @@ local CHECKPOINT = {
 local CHAOS = {
   { "at_step", "integer", nil, "inject when the replica reaches this step", min = 1 },
   { "replica", "integer", nil, "replica slot", min = 0 },
-  { "fault", "string", nil, "kill | hang | slow | nan", enum = { "kill", "hang", "slow", "nan" } },
+  { "fault", "string", nil, "kill | hang | slow | nan | bitflip",
+    enum = { "kill", "hang", "slow", "nan", "bitflip" } },
   { "ms", "integer", 200, "slow: extra milliseconds per step", min = 0 },
   { "steps", "integer", 0, "slow, nan: for how many steps (0 = slow: until the end, nan: once)", min = 0 },
 }
@@ -74,6 +75,8 @@ local SCHEMA = {
     .. "the last checkpoint: what torchrun does)", enum = { "replace", "restart_all" } },
   { "deadline", "number", 3.0, "seconds a silent or stalled replica is tolerated before it is dropped", gt = 0 },
   { "policies", "string", nil, "directory of policy files (default: transom's lua/policies)", optional = true },
+  { "checksum_interval", "integer", 50, "replicas report a parameter checksum every N steps (0 = never)", min = 0 },
+  { "metrics_port", "integer", 0, "Prometheus /metrics on 127.0.0.1:PORT (0 = off)", min = 0, max = 65535 },
   { "chaos", "list", nil, "faults to inject: { {at_step = 50, replica = 1, fault = \"kill\"}, ... }",
     optional = true, fields = CHAOS },
 }
