@@ -1,0 +1,214 @@
+-- eagle_spec.lua — Eagle Eye on a live 2-replica job, each rule against its
+-- real injected fault, and the policy's action happening:
+--   NaN into a gradient (chaos nan)      -> nan_or_inf_loss -> rollback
+--   one replica slowed (chaos slow)      -> straggler -> evict
+--   SIGSTOP from outside                 -> dead -> evict, replaced
+--   a flipped parameter bit (chaos)      -> divergence -> evict the minority
+-- plus: a clean run raises no anomaly; a policy file saved broken mid-run
+-- leaves the old one in force with an event; promtool accepts /metrics;
+-- transom plot draws the run. Detection latencies are printed.
+-- Thresholds come from a copy of lua/policies with HANG_T/DEAD_T = 3 s.
+
+local BIN = assert(os.getenv("TRANSOM_BIN"), "run through `transom test`")
+local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$")) or "."
+local CORPUS = ROOT .. "/../shared/data/tinyshakespeare.txt"
+
+local function sh(cmd)
+  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
+  local out = p:read("a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+  return out:gsub("__rc=%d+%s*$", ""), rc
+end
+local function sleep(s) os.execute("sleep " .. s) end
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+local function write(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+local tmp = os.tmpname()
+os.remove(tmp)
+assert(os.execute("mkdir -p " .. tmp))
+local have_corpus = read(CORPUS) ~= nil
+local data, policies = tmp .. "/corpus.txt", tmp .. "/policies"
+if have_corpus then
+  write(data, read(CORPUS):sub(1, 200000))
+  assert(os.execute("mkdir -p " .. policies .. " && cp " .. ROOT .. "/lua/policies/*.lua " .. policies))
+  local rules = read(policies .. "/rules.lua")
+  rules = rules:gsub("local HANG_T = %d+", "local HANG_T = 3"):gsub("local DEAD_T = %d+", "local DEAD_T = 3")
+  write(policies .. "/rules.lua", rules)
+end
+
+local function job(name, steps, chaos, extra)
+  local path = tmp .. "/" .. name .. ".lua"
+  write(path, string.format([[
+return { data = %q, replicas = 2, max_steps = %d, n_layer = 2, n_head = 2, n_embd = 64, block_size = 32,
+  batch_size = 8, eval_interval = 0, eval_steps = 5, sample_tokens = 0, log_interval = 100,
+  checkpoint = { every_steps = 20 }, checksum_interval = 10, deadline = 2, policies = %q,
+  chaos = { %s }, %s }
+]], data, steps, policies, chaos or "", extra or ""))
+  return path
+end
+
+local function run(name, steps, chaos, extra)
+  local out, rc = sh(BIN .. " run " .. job(name, steps, chaos, extra) .. " --set run_dir=" .. tmp .. "/" .. name)
+  return out, rc, read(tmp .. "/" .. name .. "/events.jsonl") or ""
+end
+
+-- step of the first event of a kind (and anomaly), or nil
+local function first(events, kind, anomaly)
+  for line in events:gmatch("[^\n]+") do
+    if line:find('"kind":"' .. kind .. '"', 1, true) and (not anomaly or line:find('"anomaly":"' .. anomaly .. '"', 1, true)) then
+      return tonumber(line:match('"step":(%d+)')), line
+    end
+  end
+end
+
+local function skip() return pending("no ../shared/data/tinyshakespeare.txt: Eagle Eye spec skipped") end
+
+describe("Eagle Eye on a live job", function()
+  it("a clean 500-step run raises no anomaly", function()
+    if not have_corpus then return skip() end
+    local out, rc, ev = run("clean", 500)
+    assert.equal(0, rc, out)
+    assert.is_nil(first(ev, "anomaly"), ev)
+    assert.matches("replicas_agree", ev, 1, true)
+  end)
+
+  it("NaN: nan_or_inf_loss in the same step, then a rollback", function()
+    if not have_corpus then return skip() end
+    local out, rc, ev = run("nan", 200, '{ at_step = 70, replica = 1, fault = "nan" }')
+    assert.equal(0, rc, out)
+    local at = first(ev, "anomaly", "nan_or_inf_loss")
+    assert.is_truthy(at, ev)
+    print(string.format("\n  detection latency, NaN: %d step(s)", at - 70))
+    assert.equal(70, at)
+    assert.is_truthy(first(ev, "rollback"), ev)
+    assert.matches("replicas_agree", ev, 1, true)
+  end)
+
+  it("a slow replica: straggler within m + 2 steps, then evicted", function()
+    if not have_corpus then return skip() end
+    local out, rc, ev = run("slow", 250, '{ at_step = 60, replica = 1, fault = "slow", ms = 80, steps = 60 }')
+    assert.equal(0, rc, out)
+    local at = first(ev, "anomaly", "straggler")
+    assert.is_truthy(at, ev)
+    print(string.format("\n  detection latency, straggler: %d steps (m = 5)", at - 60))
+    assert.is_true(at - 60 <= 5 + 2)
+    local _, line = first(ev, "evict")
+    assert.is_truthy(line, ev)
+    assert.matches('"worker":1', line)
+  end)
+
+  it("SIGSTOP: dead within T + 1 s, evicted and replaced", function()
+    if not have_corpus then return skip() end
+    local name = "stop"
+    local cmd = BIN .. " run " .. job(name, 1200) .. " --set run_dir=" .. tmp .. "/" .. name
+    local op = tonumber((sh(cmd .. " > " .. tmp .. "/stop.log 2>&1 & echo $!")):match("(%d+)"))
+    local pid
+    for _ = 1, 200 do
+      pid = (sh(BIN .. " chaos " .. tmp .. "/" .. name .. " status")):match("replica 1: running pid (%d+) step (%d+)")
+      local st = select(2, (sh(BIN .. " chaos " .. tmp .. "/" .. name .. " status")):match("replica 1: running pid (%d+) step (%d+)"))
+      if pid and tonumber(st or 0) > 50 then break end
+      sleep(0.1)
+    end
+    assert.is_truthy(pid)
+    local t0 = os.time()
+    os.execute("kill -STOP " .. pid)
+    for _ = 1, 1200 do
+      if not (sh("kill -0 " .. op .. " 2>/dev/null && echo yes")):match("yes") then break end
+      sleep(0.1)
+    end
+    local ev = read(tmp .. "/" .. name .. "/events.jsonl")
+    local _, line = first(ev, "anomaly", "dead")
+    assert.is_truthy(line, ev)
+    local t_det = tonumber(line:match('"time":([%d%.]+)'))
+    print(string.format("\n  detection latency, dead (SIGSTOP): %.1f s (T = 3 s)", t_det - t0))
+    assert.is_true(t_det - t0 <= 3 + 1 + 1) -- T + 1 s, and 1 s for os.time()'s resolution
+    assert.is_truthy(first(ev, "evict"), ev)
+    assert.matches("finished at step 1200", read(tmp .. "/stop.log"), 1, true)
+    assert.matches("replicas_agree", ev, 1, true)
+  end)
+
+  it("a flipped parameter bit: divergence within one checksum interval, the minority evicted", function()
+    if not have_corpus then return skip() end
+    -- 3 replicas so that there is a majority
+    local out, rc, ev = run("flip", 250, '{ at_step = 95, replica = 2, fault = "bitflip" }', "replicas = 3,")
+    assert.equal(0, rc, out)
+    local at, line = first(ev, "anomaly", "divergence")
+    assert.is_truthy(at, ev)
+    print(string.format("\n  detection latency, divergence: %d steps (checksum every 10)", at - 95))
+    assert.is_true(at - 95 <= 10)
+    assert.matches('"worker":2', line)
+    local _, ev_line = first(ev, "evict")
+    assert.matches('"worker":2', ev_line)
+    assert.matches("3 replicas finished with parameter crc32c", ev, 1, true)
+  end)
+
+  it("a policy saved broken mid-run: the old one stays in force, an event says why", function()
+    if not have_corpus then return skip() end
+    local name = "reload"
+    local saved = read(policies .. "/actions.lua")
+    local cmd = BIN .. " run " .. job(name, 1500) .. " --set run_dir=" .. tmp .. "/" .. name
+    local op = tonumber((sh(cmd .. " > " .. tmp .. "/reload.log 2>&1 & echo $!")):match("(%d+)"))
+    sleep(2)
+    write(policies .. "/actions.lua", saved .. "\nthis is not lua\n") -- an editor's save
+    sleep(1.5)
+    write(policies .. "/actions.lua", saved)
+    for _ = 1, 1200 do
+      if not (sh("kill -0 " .. op .. " 2>/dev/null && echo yes")):match("yes") then break end
+      sleep(0.1)
+    end
+    local ev = read(tmp .. "/" .. name .. "/events.jsonl")
+    local _, line = first(ev, "policy_reload_failed")
+    assert.is_truthy(line, ev)
+    assert.matches("actions.lua", line, 1, true)
+    assert.matches('"line":%d+', line)
+    assert.matches("finished at step 1500", read(tmp .. "/reload.log"), 1, true)
+  end)
+
+  it("promtool accepts the live /metrics, and transom plot draws the run", function()
+    if not have_corpus then return skip() end
+    local _, has_prom = sh("command -v promtool")
+    local _, has_gp = sh("command -v gnuplot")
+    local name = "prom"
+    local port = 19000 + math.random(0, 999)
+    local cmd = BIN .. " run " .. job(name, 2500, nil, "metrics_port = " .. port .. ",") .. " --set run_dir=" .. tmp .. "/" .. name
+    local op = tonumber((sh(cmd .. " > " .. tmp .. "/prom.log 2>&1 & echo $!")):match("(%d+)"))
+    local text
+    for _ = 1, 100 do
+      sleep(0.2)
+      text = sh("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" .. port .. " && printf \"GET /metrics HTTP/1.0\\r\\n\\r\\n\" >&3 && cat <&3'")
+      if text:find("transom_loss", 1, true) then break end
+    end
+    os.execute("kill " .. op)
+    assert.matches("transom_loss", text, 1, true)
+    local body = text:match("\r\n\r\n(.*)$") or text
+    write(tmp .. "/metrics.txt", body)
+    if has_prom == 0 then
+      local out, rc = sh("promtool check metrics < " .. tmp .. "/metrics.txt")
+      assert.equal(0, rc, out)
+    elseif os.getenv("TRANSOM_REQUIRE_PROMTOOL") then
+      error("promtool is not installed")
+    end
+    for _ = 1, 200 do
+      if not (sh("kill -0 " .. op .. " 2>/dev/null && echo yes")):match("yes") then break end
+      sleep(0.1)
+    end
+    if has_gp == 0 then
+      local out, rc = sh(BIN .. " plot " .. tmp .. "/" .. name .. " -o " .. tmp .. "/run.png")
+      assert.equal(0, rc, out)
+      assert.equal("\137PNG", (read(tmp .. "/run.png") or ""):sub(1, 4))
+    elseif os.getenv("TRANSOM_REQUIRE_GNUPLOT") then
+      error("gnuplot is not installed")
+    end
+  end)
+end)
