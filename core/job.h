@@ -37,7 +37,7 @@ typedef struct {
   int64_t replicas, min_replicas, max_replicas, checksum_interval, metrics_port;
   char on_failure[16];
   char policies[1024];
-  double deadline;
+  double deadline, hang_seconds;
   job_chaos chaos[JOB_MAX_CHAOS];
   int nchaos;
   int lua_ref; /* registry ref of the checked table */

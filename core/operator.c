@@ -394,11 +394,39 @@ static void det_action(void *ud, const detector_action *a) {
   }
 }
 
+/* A hung training thread stalls every replica (they wait for it in the
+ * all-reduce) while its heartbeat lives, so no per-replica "no progress"
+ * rule can tell which one it is. The heartbeats can: the culprit is the one
+ * still computing after hang_seconds while the others have waited in the
+ * all-reduce past the deadline. */
+static void find_hung(op *o) {
+  double now = tr_now();
+  int waiting = 0;
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    waiting += s->state == SLOT_RUNNING && s->in_allreduce && s->phase_for + (now - s->phase_at) > o->cfg->deadline;
+  }
+  if (!waiting) return;
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    double busy = s->phase_for + (now - s->phase_at);
+    if (s->state != SLOT_RUNNING || s->in_allreduce || s->pid <= 0 || busy < o->cfg->hang_seconds) continue;
+    event_log(o, s->step, i, "anomaly",
+              "hang: replica %d has computed step %lld for %.1f s while %d replica(s) wait for it in the all-reduce",
+              i, (long long)s->step + 1, busy, waiting);
+    event_log(o, s->step, i, "evict", "replica %d evicted: hang", i);
+    kill(s->pid, SIGKILL);
+    s->in_allreduce = 1; /* once */
+  }
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   op *o = arg;
-  if (o->det && !o->stopping) detector_tick(o->det, tr_now());
+  if (o->stopping) return;
+  if (o->det) detector_tick(o->det, tr_now());
+  find_hung(o);
 }
 
 static void prom_extra_cb(void *ud, prom_extra *x) { x->restarts_total = ((op *)ud)->restarts_total; }
@@ -605,6 +633,11 @@ static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *l
     for (int i = 0; i < o->cfg->nchaos; i++)
       if (o->cfg->chaos[i].replica == s->slot && o->cfg->chaos[i].at_step == proto_int(line, "at", -1)) o->chaos_fired[i] = 1;
   } else if (proto_is(line, "HB")) {
+    char ph[16];
+    proto_get(line, "phase", ph, sizeof ph);
+    s->in_allreduce = strcmp(ph, "allreduce") == 0;
+    s->phase_for = proto_num(line, "for", 0);
+    s->phase_at = tr_now();
     if (o->det) detector_heartbeat(o->det, s->slot, tr_now());
   } else if (proto_is(line, "EVAL")) {
     int64_t step = proto_int(line, "step", 0);

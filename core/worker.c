@@ -57,6 +57,8 @@ typedef struct {
   pthread_mutex_t send_mu; /* the training and heartbeat threads both write to opfd */
   pthread_t hb;
   volatile int hb_stop;
+  volatile int in_allreduce;   /* the training thread's phase, for the heartbeat */
+  volatile double phase_since; /* tr_now() when it entered that phase */
   int64_t slow_until, slow_ms, nan_until;
 } worker;
 
@@ -89,7 +91,9 @@ static const char *env_any(const char *a, const char *b) {
 static void *heartbeat_main(void *arg) {
   worker *w = arg;
   while (!w->hb_stop) {
-    if (SEND(w, "HB slot=%d", w->slot)) break;
+    if (SEND(w, "HB slot=%d phase=%s for=%.3f", w->slot, w->in_allreduce ? "allreduce" : "compute",
+             tr_now() - w->phase_since))
+      break;
     for (int i = 0; i < 5 && !w->hb_stop; i++) usleep(100000);
   }
   return NULL;
@@ -313,6 +317,7 @@ int worker_main(int argc, char **argv) {
   trainer_buffers_get(t, &b);
   rc = SEND(&w, "READY slot=%d step=%lld donor=%s:%d state_s=%.3f", w.slot, (long long)b.step, me, dport, state_s);
   if (rc) goto fail;
+  w.phase_since = tr_now();
   if (pthread_create(&w.hb, NULL, heartbeat_main, &w) != 0) {
     rc = tr_fail(TR_ENOMEM, "cannot start the heartbeat thread");
     goto fail;
@@ -332,8 +337,12 @@ int worker_main(int argc, char **argv) {
     float *g = trainer_grads(t);
     if (step + 1 <= w.nan_until) g[0] = st.loss = __builtin_nanf("");
     double t_ar = tr_now();
+    w.phase_since = t_ar;
+    w.in_allreduce = 1;
     ftar_result res;
     rc = ftar_allreduce(fm, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)step + 1, &res);
+    w.phase_since = tr_now();
+    w.in_allreduce = 0;
     if (rc == FTAR_ESEQ && donor_fd >= 0 && res.seq > (uint64_t)step + 1) {
       /* the group moved on while we caught up: replay the rest, recompute */
       int applied = donor_catch_up(donor_fd, t, (int64_t)res.seq - 1);

@@ -138,6 +138,20 @@ describe("Eagle Eye on a live job", function()
     assert.matches("replicas_agree", ev, 1, true)
   end)
 
+  it("a hung training thread (heartbeat alive): found and evicted within T + 1 s", function()
+    if not have_corpus then return skip() end
+    local out, rc, ev = run("hang", 300, '{ at_step = 100, replica = 1, fault = "hang" }', "hang_seconds = 3,")
+    assert.equal(0, rc, out)
+    local line = ev:match('[^\n]*"kind":"anomaly","detail":"hang: replica 1[^\n]*')
+    assert.is_truthy(line, ev)
+    local _, ev_line = first(ev, "evict")
+    assert.matches('"worker":1', ev_line)
+    assert.matches("replicas_agree", ev, 1, true)
+    local secs = tonumber(line:match("for ([%d%.]+) s"))
+    print(string.format("\n  detection latency, hang: %.1f s (hang_seconds = 3)", secs))
+    assert.is_true(secs <= 3 + 1)
+  end)
+
   it("a flipped parameter bit: divergence within one checksum interval, the minority evicted", function()
     if not have_corpus then return skip() end
     -- 3 replicas so that there is a majority

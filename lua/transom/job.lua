@@ -74,6 +74,8 @@ local SCHEMA = {
   { "on_failure", "string", "replace", "replace (only the failed replica) or restart_all (stop everything, reload "
     .. "the last checkpoint: what torchrun does)", enum = { "replace", "restart_all" } },
   { "deadline", "number", 3.0, "seconds a silent or stalled replica is tolerated before it is dropped", gt = 0 },
+  { "hang_seconds", "number", 60, "a replica computing one step this long while the others wait for it is hung "
+    .. "(evicted)", gt = 0 },
   { "policies", "string", nil, "directory of policy files (default: transom's lua/policies)", optional = true },
   { "checksum_interval", "integer", 50, "replicas report a parameter checksum every N steps (0 = never)", min = 0 },
   { "metrics_port", "integer", 0, "Prometheus /metrics on 127.0.0.1:PORT (0 = off)", min = 0, max = 65535 },
