@@ -56,16 +56,6 @@ const char *slot_names[] = {"empty", "starting", "running", "done", "dead", "wai
 
 /* --- logs --- */
 
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
-  }
-  fputc('"', f);
-}
 
 void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...) {
   char detail[1024];
@@ -77,9 +67,9 @@ void event_log(op *o, int64_t step, int worker, const char *kind, const char *fm
   clock_gettime(CLOCK_REALTIME, &ts);
   fprintf(o->events, "{\"time\":%.3f,\"step\":%lld,\"worker\":%d,\"kind\":", ts.tv_sec + ts.tv_nsec * 1e-9,
           (long long)step, worker);
-  json_str(o->events, kind);
+  tr_json_str(o->events, kind);
   fprintf(o->events, ",\"detail\":");
-  json_str(o->events, detail);
+  tr_json_str(o->events, detail);
   fprintf(o->events, "}\n");
   fflush(o->events);
   if (strcmp(kind, "checkpoint") != 0 && strcmp(kind, "membership") != 0)

@@ -61,16 +61,6 @@ typedef struct {
 
 /* --- the run directory's logs --- */
 
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
-  }
-  fputc('"', f);
-}
 
 /* One line of events.jsonl: {"time", "step", "kind", "detail"} */
 static void event(run_ctx *r, int64_t step, const char *kind, const char *fmt, ...)
@@ -86,9 +76,9 @@ static void event(run_ctx *r, int64_t step, const char *kind, const char *fmt, .
   clock_gettime(CLOCK_REALTIME, &ts);
   fprintf(r->events, "{\"time\":%.3f,\"step\":%lld,\"worker\":0,\"kind\":", ts.tv_sec + ts.tv_nsec * 1e-9,
           (long long)step);
-  json_str(r->events, kind);
+  tr_json_str(r->events, kind);
   fprintf(r->events, ",\"detail\":");
-  json_str(r->events, detail);
+  tr_json_str(r->events, detail);
   fprintf(r->events, "}\n");
   fflush(r->events);
 }

@@ -43,6 +43,17 @@ int tr_fail_prefix(int code, const char *fmt, ...) {
 
 const char *tr_error(void) { return err_buf; }
 
+void tr_json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
 /* --- clocks and memory --- */
 
 double tr_now(void) {

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum {
   TR_OK = 0,
@@ -29,6 +30,9 @@ int tr_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 const char *tr_error(void);
 /* Prefixes the current message with "prefix: ". Returns code. */
 int tr_fail_prefix(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Writes s to f as a JSON string (quotes, escapes). */
+void tr_json_str(FILE *f, const char *s);
 
 /* Monotonic time in seconds. */
 double tr_now(void);

@@ -4,27 +4,9 @@
 -- unwritable run directory, and the safetensors export read back by Python.
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
 
-local BIN = assert(os.getenv("TRANSOM_BIN"), "run through `transom test`")
-local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$")) or "."
-local CORPUS = ROOT .. "/../shared/data/tinyshakespeare.txt"
-
-local function sh(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
-  local out = p:read("a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return out:gsub("__rc=%d+%s*$", ""), rc
-end
-
-local function sleep(s) os.execute("sleep " .. s) end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
+local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
+local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
 
 local function losses(run)
   local t = {}

@@ -9,30 +9,9 @@
 -- transom plot draws the run. Detection latencies are printed.
 -- Thresholds come from a copy of lua/policies with HANG_T/DEAD_T = 3 s.
 
-local BIN = assert(os.getenv("TRANSOM_BIN"), "run through `transom test`")
-local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$")) or "."
-local CORPUS = ROOT .. "/../shared/data/tinyshakespeare.txt"
-
-local function sh(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
-  local out = p:read("a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return out:gsub("__rc=%d+%s*$", ""), rc
-end
-local function sleep(s) os.execute("sleep " .. s) end
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
+local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
+local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
 
 local tmp = os.tmpname()
 os.remove(tmp)
