@@ -16,6 +16,7 @@
 #define I(k) {#k, 'i', offsetof(job_config, k), 0}
 #define N(k) {#k, 'n', offsetof(job_config, k), 0}
 #define SUB(path, kind, k, cap) {path, kind, offsetof(job_config, k), cap}
+#define B(k) {#k, 'b', offsetof(job_config, k), 0}
 static const struct {
   const char *key;
   char kind;
@@ -30,12 +31,13 @@ static const struct {
     SUB("checkpoint.keep_every", 'i', ckpt_keep_every, 0), SUB("checkpoint.map_mb", 'i', ckpt_map_mb, 0),
     SUB("checkpoint.every_seconds", 'n', ckpt_every_seconds, 0),
     SUB("checkpoint.when_busy", 's', ckpt_when_busy, sizeof(((job_config *)0)->ckpt_when_busy)),
-    I(replicas), I(min_replicas), I(max_replicas), I(checksum_interval), I(metrics_port), S(on_failure), S(policies), N(deadline), N(hang_seconds),
+    I(replicas), I(min_replicas), I(max_replicas), I(checksum_interval), I(metrics_port), S(on_failure), S(policies), N(deadline), N(hang_seconds), B(detector),
 };
 #undef S
 #undef I
 #undef N
 #undef SUB
+#undef B
 
 /* Pushes cfg[path] where path is "key" or "table.key"; [cfg] -> [cfg, value] */
 static void get_path(lua_State *L, const char *path) {
@@ -87,6 +89,8 @@ int job_load(lua_State *L, const char *path, const char *const *sets, int nsets,
                        fields[i].cap - 1);
       }
       snprintf(dst, fields[i].cap, "%s", s ? s : "");
+    } else if (fields[i].kind == 'b') {
+      *(int *)dst = lua_toboolean(L, -1);
     } else if (fields[i].kind == 'i') {
       *(int64_t *)dst = lua_tointeger(L, -1);
     } else {

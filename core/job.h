@@ -38,6 +38,7 @@ typedef struct {
   char on_failure[16];
   char policies[1024];
   double deadline, hang_seconds;
+  int detector; /* Eagle Eye on */
   job_chaos chaos[JOB_MAX_CHAOS];
   int nchaos;
   int lua_ref; /* registry ref of the checked table */

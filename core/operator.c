@@ -788,7 +788,7 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   getsockname(evconnlistener_get_fd(o.lis), (struct sockaddr *)&sa, &sl);
   o.port = ntohs(sa.sin_port);
   o.ctl = ctl_listen(&o);
-  if ((rc = start_detector(&o))) return rc;
+  if (cfg->detector && (rc = start_detector(&o))) return rc;
   struct event *ev_chld = evsignal_new(o.base, SIGCHLD, sigchld_cb, &o);
   struct event *ev_term = evsignal_new(o.base, SIGTERM, sigterm_cb, &o);
   struct event *ev_int = evsignal_new(o.base, SIGINT, sigterm_cb, &o);

@@ -78,6 +78,7 @@ local SCHEMA = {
     .. "(evicted)", gt = 0 },
   { "policies", "string", nil, "directory of policy files (default: transom's lua/policies)", optional = true },
   { "checksum_interval", "integer", 50, "replicas report a parameter checksum every N steps (0 = never)", min = 0 },
+  { "detector", "boolean", true, "Eagle Eye: rules and policies over the replicas' metrics (false = off)" },
   { "metrics_port", "integer", 0, "Prometheus /metrics on 127.0.0.1:PORT (0 = off)", min = 0, max = 65535 },
   { "chaos", "list", nil, "faults to inject: { {at_step = 50, replica = 1, fault = \"kill\"}, ... }",
     optional = true, fields = CHAOS },
