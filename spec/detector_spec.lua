@@ -188,7 +188,7 @@ describe("lua/policies/actions.lua", function()
     assert.equal("alert", decide("loss_spike", a))
     assert.equal("evict", decide("hang", a))
     assert.equal("alert", decide("hang", { worker = -1, step = 50 }))
-    assert.equal("ignore", decide("dead", a))
+    assert.equal("evict", decide("dead", a)) -- a stopped process never exits by itself
     assert.equal("evict", decide("divergence", a))
     assert.equal("rollback", decide("divergence", { worker = -1, step = 50 }))
     assert.equal("alert", decide("something_new", a))
