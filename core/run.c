@@ -193,7 +193,6 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume) {
   rc = operator_run(L, &r->cfg, r->dir, resume);
   if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   printf("run directory: %s\n", r->dir);
-  lua_host_close(L);
   return rc ? 1 : 0;
 }
 
@@ -206,15 +205,11 @@ static void close_run(run_ctx *r) {
   trainer_free(r->t);
 }
 
-int run_main(int argc, char **argv) {
+/* The command, with the VM and the --set list owned by run_main. Returns the
+ * exit status. */
+static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   const char *job_path = NULL, *resume = NULL;
-  const char **sets = calloc((size_t)argc + 2, sizeof(char *));
   int nsets = 0;
-  lua_State *L = lua_host_new();
-  if (!sets || !L) {
-    fprintf(stderr, "transom: %s\n", tr_error());
-    return 1;
-  }
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       fputs(run_usage, stdout);
@@ -265,7 +260,6 @@ int run_main(int argc, char **argv) {
     fprintf(stderr, "transom: %s\n", tr_error());
     return 2;
   }
-  free(sets);
   r.t = trainer_create(L, &r.cfg);
   if (!r.t) {
     fprintf(stderr, "transom: %s\n", tr_error());
@@ -414,6 +408,16 @@ int run_main(int argc, char **argv) {
   }
   printf("run directory: %s\n", r.dir);
   close_run(&r);
-  lua_host_close(L);
   return rc ? 1 : 0;
+}
+
+int run_main(int argc, char **argv) {
+  lua_State *L = lua_host_new();
+  const char **sets = calloc((size_t)argc + 2, sizeof(char *));
+  int rc = 1;
+  if (L && sets) rc = run_job(L, sets, argc, argv);
+  else fprintf(stderr, "transom: %s\n", L ? "out of memory" : tr_error());
+  free(sets);
+  lua_host_close(L);
+  return rc;
 }
