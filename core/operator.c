@@ -56,22 +56,13 @@ const char *slot_names[] = {"empty", "starting", "running", "done", "dead", "wai
 
 /* --- logs --- */
 
-
 void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...) {
   char detail[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(detail, sizeof detail, fmt, ap);
   va_end(ap);
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  fprintf(o->events, "{\"time\":%.3f,\"step\":%lld,\"worker\":%d,\"kind\":", ts.tv_sec + ts.tv_nsec * 1e-9,
-          (long long)step, worker);
-  tr_json_str(o->events, kind);
-  fprintf(o->events, ",\"detail\":");
-  tr_json_str(o->events, detail);
-  fprintf(o->events, "}\n");
-  fflush(o->events);
+  tr_event_line(o->events, step, worker, kind, detail);
   if (strcmp(kind, "checkpoint") != 0 && strcmp(kind, "membership") != 0)
     printf("[operator] %s: %s (step %lld)\n", kind, detail, (long long)step);
   fflush(stdout);

@@ -72,15 +72,7 @@ static void event(run_ctx *r, int64_t step, const char *kind, const char *fmt, .
   va_start(ap, fmt);
   vsnprintf(detail, sizeof detail, fmt, ap);
   va_end(ap);
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  fprintf(r->events, "{\"time\":%.3f,\"step\":%lld,\"worker\":0,\"kind\":", ts.tv_sec + ts.tv_nsec * 1e-9,
-          (long long)step);
-  tr_json_str(r->events, kind);
-  fprintf(r->events, ",\"detail\":");
-  tr_json_str(r->events, detail);
-  fprintf(r->events, "}\n");
-  fflush(r->events);
+  tr_event_line(r->events, step, 0, kind, detail);
 }
 
 static int path_in(const run_ctx *r, const char *file, char *out, size_t n) {

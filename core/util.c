@@ -54,6 +54,18 @@ void tr_json_str(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+void tr_event_line(FILE *f, int64_t step, int worker, const char *kind, const char *detail) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  fprintf(f, "{\"time\":%.3f,\"step\":%lld,\"worker\":%d,\"kind\":", ts.tv_sec + ts.tv_nsec * 1e-9,
+          (long long)step, worker);
+  tr_json_str(f, kind);
+  fprintf(f, ",\"detail\":");
+  tr_json_str(f, detail);
+  fprintf(f, "}\n");
+  fflush(f);
+}
+
 /* --- clocks and memory --- */
 
 double tr_now(void) {

@@ -33,6 +33,9 @@ int tr_fail_prefix(int code, const char *fmt, ...) __attribute__((format(printf,
 
 /* Writes s to f as a JSON string (quotes, escapes). */
 void tr_json_str(FILE *f, const char *s);
+/* Appends one events.jsonl line, {"time","step","worker","kind","detail"}
+ * (wall-clock time), and flushes. */
+void tr_event_line(FILE *f, int64_t step, int worker, const char *kind, const char *detail);
 
 /* Monotonic time in seconds. */
 double tr_now(void);
