@@ -24,6 +24,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "ftar_wire.h"
 #include "util.h"
 
 #define CHUNK ((uint64_t)16 << 20)
@@ -31,40 +32,10 @@
 #define MANIFEST_VERSION 1u
 #define MAX_EVENTS 64
 
-/* --- CRC32C (Castagnoli) --- */
+/* --- CRC32C (Castagnoli): the one implementation, in core/ftar_wire.c
+ * (hardware when the CPU has SSE4.2, a table otherwise) --- */
 
-#if defined(__SSE4_2__)
-#include <nmmintrin.h>
-uint32_t ckpt_crc32c(uint32_t crc, const void *buf, size_t len) {
-  const uint8_t *p = buf;
-  uint64_t c = ~crc;
-  for (; len >= 8; p += 8, len -= 8) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    c = _mm_crc32_u64(c, v);
-  }
-  uint32_t c32 = (uint32_t)c;
-  for (; len > 0; p++, len--) c32 = _mm_crc32_u8(c32, *p);
-  return ~c32;
-}
-#else
-static uint32_t crc_table[256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-static void crc_init(void) {
-  for (uint32_t i = 0; i < 256; i++) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    crc_table[i] = c;
-  }
-}
-uint32_t ckpt_crc32c(uint32_t crc, const void *buf, size_t len) {
-  pthread_once(&crc_once, crc_init);
-  const uint8_t *p = buf;
-  uint32_t c = ~crc;
-  while (len--) c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
-  return ~c;
-}
-#endif
+uint32_t ckpt_crc32c(uint32_t crc, const void *buf, size_t len) { return ftar_crc32c(crc, buf, len); }
 
 /* --- keys --- */
 

@@ -7,41 +7,11 @@
 
 local job = require("transom.job")
 
-local BIN = assert(os.getenv("TRANSOM_BIN"), "TRANSOM_BIN is not set: run the specs with `transom test spec`")
+local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
+local BIN, q, exists, write = S.BIN, S.q, S.exists, S.write
+local function read(path) return assert(S.read(path), "cannot read " .. path) end
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function exists(path)
-  local ok, _, code = os.rename(path, path)
-  return ok or code == 13
-end
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
-
--- The repository root: this file's directory's parent, made absolute.
-local function repo_root()
-  local src = debug.getinfo(1, "S").source:gsub("^@", "")
-  local dir = src:match("^(.*)/[^/]*$") or "."
-  if dir:sub(1, 1) ~= "/" then
-    local p = io.popen("pwd")
-    dir = p:read("l") .. "/" .. dir
-    p:close()
-  end
-  return dir .. "/.."
-end
-
-local CORPUS = repo_root() .. "/../shared/data/tinyshakespeare.txt"
+local CORPUS = S.CORPUS
 local SLICE = 200 * 1024
 
 -- The tiny GPT every run here uses (plus data and run_dir).
@@ -79,14 +49,7 @@ describe("end to end", function()
   end
 
   -- Runs the binary; returns exit status, stdout, stderr.
-  local function transom(...)
-    local args = {}
-    for i, a in ipairs({ ... }) do args[i] = q(a) end
-    local out, err = dir .. "/stdout", dir .. "/stderr"
-    local _, how, code = os.execute(string.format("%s %s >%s 2>%s", q(BIN), table.concat(args, " "), q(out), q(err)))
-    assert(how == "exit", "transom was killed by signal " .. tostring(code))
-    return code, read(out), read(err)
-  end
+  local function transom(...) return S.transom(dir, ...) end
 
   -- Writes a job file of BASE + over and runs it once per name (memoized).
   local function run(name, over)

@@ -6,37 +6,10 @@
 
 local job = require("transom.job")
 
-local BIN = assert(os.getenv("TRANSOM_BIN"), "TRANSOM_BIN is not set: run the specs with `transom test spec`")
-
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function exists(path)
-  local ok, _, code = os.rename(path, path)
-  return ok or code == 13 -- EACCES still means it exists
-end
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
-
--- Runs the binary with shell-quoted args; returns exit status, stdout, stderr.
-local function transom(dir, ...)
-  local args = {}
-  for i, a in ipairs({ ... }) do args[i] = q(a) end
-  local out, err = dir .. "/stdout", dir .. "/stderr"
-  local ok, how, code = os.execute(string.format("%s %s >%s 2>%s", q(BIN), table.concat(args, " "), q(out), q(err)))
-  assert(how == "exit", "transom was killed by signal " .. tostring(code))
-  return code, read(out), read(err)
-end
+local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
+local BIN, q, exists, write = S.BIN, S.q, S.exists, S.write
+local function read(path) return assert(S.read(path), "cannot read " .. path) end
+local transom = S.transom
 
 describe("job files", function()
   local dir, data, n = nil, nil, 0

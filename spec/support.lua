@@ -1,7 +1,7 @@
 -- support.lua — what the process-level specs share: the binary under test,
 -- the repository root, the corpus, running shell commands, reading and
--- writing files. Loaded with dofile by ckpt_spec, operator_spec,
--- attach_spec and eagle_spec (busted does not run it: no _spec suffix).
+-- writing files, quoting, running the binary. Loaded with dofile by every
+-- spec that spawns transom (busted does not run it: no _spec suffix).
 
 local S = {}
 
@@ -33,6 +33,26 @@ function S.write(path, s)
   local f = assert(io.open(path, "wb"))
   f:write(s)
   f:close()
+end
+
+-- Shell-quotes s.
+function S.q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+function S.exists(path)
+  local ok, _, code = os.rename(path, path)
+  return ok or code == 13 -- EACCES still means it exists
+end
+
+-- Runs the binary with shell-quoted args, stdout and stderr to files in dir;
+-- returns the exit status, stdout, stderr.
+function S.transom(dir, ...)
+  local args = {}
+  for i, a in ipairs({ ... }) do args[i] = S.q(a) end
+  local out, err = dir .. "/stdout", dir .. "/stderr"
+  local _, how, code = os.execute(string.format("%s %s >%s 2>%s", S.q(S.BIN), table.concat(args, " "), S.q(out),
+    S.q(err)))
+  assert(how == "exit", "transom was killed by signal " .. tostring(code))
+  return code, assert(S.read(out)), assert(S.read(err))
 end
 
 return S
