@@ -1,0 +1,147 @@
+/* backend.h — where a graph's tensors live and which kernels run them.
+ *
+ * A backend is a table of functions: memory (alloc/free/upload/download), the
+ * forward and backward kernel of every graph op with the contracts of
+ * kernels.h, and the vector ops the optimizer needs. The graph and the trainer
+ * call only this table, so the same graph, job file and fault tolerance run
+ * on any backend, chosen at run time by the job's `device` field:
+ *
+ *   "cpu"   core's kernels on host memory (the default). Device pointers ARE
+ *           host pointers (host_memory = 1): nothing is copied.
+ *   "emu"   the same kernels behind a device boundary: separate memory,
+ *           transfers by memcpy, the optimizer through the table. It runs
+ *           the device code paths of the graph, trainer, checkpoints and
+ *           collectives on a machine without a GPU (tests use it).
+ *   "cuda"  ext/cuda: CUDA kernels, cuBLAS matmuls, NCCL. Built as a plugin,
+ *           libtransom_cuda.so, next to the transom binary (TRANSOM_CUDA=AUTO
+ *           builds it whenever nvcc is found) and loaded with dlopen on first
+ *           use, so a binary built with it still runs where no CUDA driver is.
+ *
+ * Conventions for every backend:
+ *   - Pointers passed to kernels and vector ops are the backend's ("device")
+ *     pointers from alloc(). Kernels are asynchronous: they are queued in
+ *     order on the backend's compute stream; upload/download/sync wait.
+ *   - Errors: functions that return int return 0 or a negative TR_* code; the
+ *     message is in error(). Kernel launches do not return errors; a failed
+ *     launch is reported by the next sync()/download().
+ *   - One thread drives a backend's compute stream (the training thread). The
+ *     ckpt_* functions are called by the checkpoint engine's copy thread.
+ *   - The plugin does not call back into core: it gets everything through
+ *     its arguments, and exports exactly one symbol,
+ *     `const tr_backend *transom_backend_cuda(int abi)`, returning NULL when
+ *     abi != TR_BACKEND_ABI.
+ */
+#ifndef TRANSOM_BACKEND_H
+#define TRANSOM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TR_BACKEND_ABI 1
+
+typedef struct tr_backend tr_backend;
+
+/* An opaque NCCL communicator of one membership epoch (cuda only). */
+typedef struct tr_comm tr_comm;
+#define TR_COMM_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+
+struct tr_backend {
+  int abi;            /* TR_BACKEND_ABI */
+  const char *name;   /* "cpu", "emu", "cuda" */
+  int host_memory;    /* 1: device pointers are host pointers (cpu) */
+
+  /* Initialises the backend on device `ordinal` (-1: the default one) with
+   * `threads` host threads for host-side work (0 = all cores). 0 or a
+   * negative code; a backend with no usable device fails here with a
+   * message saying so ("no CUDA device is visible: ..."). Idempotent. */
+  int (*init)(int ordinal, int threads);
+  /* One line: device name, memory, driver/runtime versions. */
+  const char *(*describe)(void);
+  /* The calling thread's last error message. */
+  const char *(*error)(void);
+
+  /* --- memory (bytes; alloc returns zeroed memory or NULL) --- */
+  void *(*alloc)(size_t bytes);
+  void (*free)(void *p);
+  int (*upload)(void *dst, const void *src_host, size_t bytes);   /* waits */
+  int (*download)(void *dst_host, const void *src, size_t bytes); /* waits */
+  int (*copy)(void *dst, const void *src, size_t bytes);          /* device to device, queued */
+  int (*sync)(void); /* waits for every queued kernel; reports a failed one */
+
+  /* --- vector ops (n elements) --- */
+  void (*zero)(float *p, int64_t n);
+  /* sum of squares, accumulated in double; waits for the result.
+   * Deterministic for a fixed configuration. */
+  double (*sumsq)(const float *p, int64_t n);
+  void (*scale)(float *p, int64_t n, float s);
+  /* AdamW over one parameter range (n elements):
+   *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+   *   p -= lr * ((m / c1) / (sqrt(v / c2) + eps) + wd * p)
+   * with c1 = 1 - b1^t, c2 = 1 - b2^t computed by the caller in float. */
+  void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
+                float wd, float c1, float c2);
+
+  /* --- graph ops: the contracts of kernels.h, on device pointers --- */
+  void (*embed_forward)(float *out, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C);
+  void (*embed_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B, int T, int C);
+  void (*linear_forward)(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC);
+  void (*linear_backward)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                          const float *w, int N, int C, int OC);
+  void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                            const float *b, int N, int C);
+  void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                             const float *w, const float *mean, const float *rstd, int N, int C);
+  void (*gelu_forward)(float *out, const float *inp, int64_t n);
+  void (*gelu_backward)(float *dinp, const float *inp, const float *dout, int64_t n);
+  void (*add_forward)(float *out, const float *a, const float *b, int64_t n);
+  void (*add_backward)(float *da, float *db, const float *dout, int64_t n);
+  void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+  void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att,
+                             int B, int T, int C, int NH);
+  /* Writes the mean loss to loss[0] (a device pointer) instead of returning it. */
+  void (*crossentropy_forward)(float *loss, float *probs, const float *logits, const int32_t *targets, int N,
+                               int V);
+  void (*crossentropy_backward)(float *dlogits, const float *probs, const int32_t *targets, const float *dloss,
+                                int N, int V);
+
+  /* --- level-1 checkpoint copies (called by the checkpoint engine) ---
+   * ckpt_pin page-locks a host staging buffer (so device-to-host copies run
+   * at full speed and asynchronously); ckpt_unpin undoes it. ckpt_mark is
+   * called by the training thread when a snapshot starts: the copies that
+   * follow must see every kernel queued before it (a CUDA event on the
+   * compute stream). ckpt_copy queues one device-to-host copy on a side
+   * stream, after that mark; ckpt_wait waits for all queued copies. Any may
+   * be NULL where the backend needs nothing (cpu). */
+  int (*ckpt_pin)(void *host, size_t bytes);
+  void (*ckpt_unpin)(void *host);
+  int (*ckpt_mark)(void);
+  int (*ckpt_copy)(void *dst_host, const void *src, size_t bytes);
+  int (*ckpt_wait)(void);
+
+  /* --- collectives of one membership epoch (NULL when the backend has none) ---
+   * comm_id fills a fresh unique id (rank 0 of an epoch calls it; the id
+   * travels to the others through FTAR's coordinator). comm_create joins the
+   * communicator of nranks ranks as `rank`; it fails instead of hanging
+   * after `timeout` seconds. comm_allreduce sums buf[0..n) in place and
+   * scales by `scale` (1/contributors for a mean); the collective is issued
+   * non-blocking and a watchdog polls the communicator: when a peer fails or
+   * `deadline` seconds pass it aborts the communicator and returns TR_EIO
+   * (the communicator is then dead: destroy it and create the next epoch's).
+   * comm_destroy frees (aborting if needed). */
+  int (*comm_id)(uint8_t id[TR_COMM_ID_BYTES]);
+  int (*comm_create)(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout);
+  int (*comm_allreduce)(tr_comm *c, float *buf, size_t n, float scale, double deadline);
+  void (*comm_destroy)(tr_comm *c);
+};
+
+/* The backend named `name` ("cpu", "emu", "cuda"), initialised (see init).
+ * NULL with tr_error() set: unknown name, the CUDA plugin missing (built
+ * without it) or failing to load, or no device. */
+const tr_backend *backend_get(const char *name, int threads);
+/* The host CPU backend (always available, no init needed). */
+const tr_backend *backend_cpu(void);
+/* Where the CUDA plugin is looked for: $TRANSOM_CUDA_LIB, else
+ * libtransom_cuda.so beside the running executable. */
+int backend_cuda_path(char *buf, size_t len);
+
+#endif

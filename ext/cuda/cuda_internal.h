@@ -1,0 +1,32 @@
+/* cuda_internal.h — what the files of the CUDA plugin share (not core's API).
+ *
+ * backend.cu owns the device, the compute stream, the cuBLAS handle and the
+ * thread-local error message; comm.cu (NCCL) uses them. Both are compiled by
+ * nvcc into libtransom_cuda.so; nothing here is exported.
+ */
+#ifndef TRANSOM_CUDA_INTERNAL_H
+#define TRANSOM_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+/* The stream every kernel, cuBLAS call and collective is queued on. */
+cudaStream_t tc_stream(void);
+/* Sets the calling thread's error message; returns code (a TR_* value). */
+int tc_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* TR_EIO with "what: <cuda error string>" when e != cudaSuccess, else 0. */
+int tc_check(cudaError_t e, const char *what);
+
+/* comm.cu: the NCCL functions of the table (see backend.h). */
+int tc_comm_id(uint8_t id[TR_COMM_ID_BYTES]);
+int tc_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout);
+int tc_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, double deadline);
+void tc_comm_destroy(tr_comm *c);
+
+/* TR_* codes (util.h values; the plugin does not include core's util.h). */
+enum { TC_OK = 0, TC_ENOMEM = -1, TC_EINVAL = -2, TC_EIO = -3, TC_ESTATE = -6 };
+
+#endif
