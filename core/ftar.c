@@ -32,6 +32,11 @@
  * and verified with the same header checks and CRC. Before sleeping, the
  * loop polls (yielding the core between rounds) for up to 500 us.
  *
+ * The collective's control round (SYNC, GO, redo, result: ftar_collective)
+ * is separate from the ring (a data plane, ftar_internal.h), so the device
+ * data plane of ftar_dev.c reuses it unchanged; this file also relays the
+ * communicator ids that plane needs (COMMID frames).
+ *
  * Malformed input never crashes or allocates: headers are checked (magic,
  * type, epoch, seq, frame number, exact length) before any payload is read,
  * the CRC after; a bad frame closes the link with a logged reason and aborts
@@ -66,6 +71,7 @@
 #include <unistd.h>
 
 #include "ftar.h"
+#include "ftar_internal.h"
 #include "ftar_wire.h"
 #include "util.h"
 
@@ -155,8 +161,11 @@ struct ftar_member {
   peer sync_mem[FTAR_MAX_MEMBERS];
   int failed; /* FTAR_ECOORD / FTAR_EEVICTED once the control link is gone */
   char fail_msg[256];
-  int q_sync, q_abort, q_quit;
-  ftar_hdr sync_h, abort_h;
+  int q_sync, q_abort, q_quit, q_commid;
+  ftar_hdr sync_h, abort_h, commid_h;
+  uint8_t commid_pay[FTAR_COMMID_LEN];
+  uint64_t cid_ep; /* latest epoch whose communicator id arrived (COMMID) */
+  uint8_t cid[FTAR_COMMID_LEN];
   uint64_t epochs_seen;
   atomic_uint gen; /* bumped on every change above; the data thread polls it */
 
@@ -178,6 +187,8 @@ struct ftar_member {
   uint64_t last_seq, last_ep;
   int completed_any;
   ftar_stats st;
+  void *dev_state; /* ftar_dev.c's, freed by dev_free */
+  void (*dev_free)(void *);
 };
 
 /* --- logging and small helpers --- */
@@ -278,12 +289,16 @@ static void ctl_fail(ftar_member *m, int code, const char *msg) {
   }
 }
 
-static void ctl_send(ftar_member *m, ftar_hdr *h) {
+static void ctl_send_pay(ftar_member *m, ftar_hdr *h, const void *pay, uint32_t len) {
   uint8_t hb[FTAR_HDR];
-  h->len = 0;
-  ftar_frame_build(hb, h, NULL);
-  if (m->bev) bufferevent_write(m->bev, hb, FTAR_HDR);
+  h->len = len;
+  ftar_frame_build(hb, h, pay);
+  if (!m->bev) return;
+  bufferevent_write(m->bev, hb, FTAR_HDR);
+  if (len) bufferevent_write(m->bev, pay, len);
 }
+
+static void ctl_send(ftar_member *m, ftar_hdr *h) { ctl_send_pay(m, h, NULL, 0); }
 
 static int parse_epoch(ftar_member *m, const ftar_hdr *h, const uint8_t *p) {
   if (h->len < 4) return -1;
@@ -327,7 +342,8 @@ static void ctl_read_cb(struct bufferevent *bev, void *arg) {
     ftar_hdr h;
     ftar_hdr_decode(hb, &h);
     int bad = ftar_hdr_check(&h, 0, why, sizeof why) != 0;
-    if (!bad && h.type != FT_EPOCH && h.type != FT_GO && h.type != FT_BYE && h.type != FT_REJECT) {
+    if (!bad && h.type != FT_EPOCH && h.type != FT_GO && h.type != FT_BYE && h.type != FT_REJECT &&
+        h.type != FT_COMMID) {
       snprintf(why, sizeof why, "unexpected %s frame", ftar_type_name(h.type));
       bad = 1;
     }
@@ -359,6 +375,22 @@ static void ctl_read_cb(struct bufferevent *bev, void *arg) {
         m->go_ep = h.epoch;
         m->go_dec = (int)h.index;
         m->go_seq = h.seq;
+        atomic_fetch_add(&m->gen, 1);
+        pthread_cond_broadcast(&m->cv);
+      }
+      pthread_mutex_unlock(&m->mu);
+      wake_fd(m->wake[1]);
+      break;
+    case FT_COMMID:
+      if (h.len != FTAR_COMMID_LEN) {
+        mlog(m, "malformed COMMID frame from the coordinator");
+        ctl_fail(m, FTAR_ECOORD, "malformed COMMID frame from the coordinator");
+        return;
+      }
+      pthread_mutex_lock(&m->mu);
+      if (h.epoch >= m->cid_ep) {
+        m->cid_ep = h.epoch;
+        memcpy(m->cid, m->ctl_buf, FTAR_COMMID_LEN);
         atomic_fetch_add(&m->gen, 1);
         pthread_cond_broadcast(&m->cv);
       }
@@ -404,12 +436,15 @@ static void ctl_cmd_cb(evutil_socket_t fd, short what, void *arg) {
   ftar_member *m = arg;
   drain_fd(fd);
   pthread_mutex_lock(&m->mu);
-  int sync = m->q_sync, abrt = m->q_abort, quit = m->q_quit;
-  ftar_hdr sh = m->sync_h, ah = m->abort_h;
-  m->q_sync = m->q_abort = 0;
+  int sync = m->q_sync, abrt = m->q_abort, quit = m->q_quit, cid = m->q_commid;
+  ftar_hdr sh = m->sync_h, ah = m->abort_h, ch = m->commid_h;
+  uint8_t cpay[FTAR_COMMID_LEN];
+  memcpy(cpay, m->commid_pay, sizeof cpay);
+  m->q_sync = m->q_abort = m->q_commid = 0;
   pthread_mutex_unlock(&m->mu);
   if (abrt) ctl_send(m, &ah);
   if (sync) ctl_send(m, &sh);
+  if (cid) ctl_send_pay(m, &ch, cpay, FTAR_COMMID_LEN);
   if (quit) event_base_loopbreak(m->base);
 }
 
@@ -691,6 +726,8 @@ static void send_leave(ftar_member *m) {
 
 void ftar_member_free(ftar_member *m) {
   if (!m) return;
+  if (m->dev_free) m->dev_free(m->dev_state); /* the device plane first: its communicator may take a moment */
+  m->dev_state = NULL;
   if (m->th_started) {
     pthread_mutex_lock(&m->mu);
     m->q_quit = 1;
@@ -1824,8 +1861,10 @@ static void fill_result(ftar_result *res, uint64_t ep, uint64_t seq, int redos, 
   for (int i = 0; i < n; i++) res->slots[i] = mem[i].slot;
 }
 
-int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, ftar_result *res) {
-  if (!m || (!buf && n) || (op != FTAR_SUM && op != FTAR_MEAN) || n > MAX_COUNT)
+/* The control round of one collective, the data moved by pl: see
+ * ftar_internal.h. (buf checks are the caller's.) */
+int ftar_collective(ftar_member *m, ftar_plane *pl, size_t n, ftar_op op, uint64_t seq, ftar_result *res) {
+  if (!m || !pl || (op != FTAR_SUM && op != FTAR_MEAN) || n > MAX_COUNT)
     return tr_fail(TR_EINVAL, "ftar_allreduce: bad arguments");
   if (m->completed_any && seq <= m->last_seq) {
     if (res) res->seq = m->last_seq + 1;
@@ -1837,13 +1876,7 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
   int fresh = !m->completed_any, redos = 0, full = 0, rc = 0, full_n = 0;
   uint64_t cur_seq = seq, full_ep = 0, res_ep = 0;
   peer *full_mem = NULL;
-  undo_log *u = calloc(1, sizeof *u);
-  ring *g = calloc(1, sizeof *g);
-  if (!u || !g) {
-    rc = tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory");
-    goto fail;
-  }
-  u->p = 1;
+  char why[256];
   for (;;) {
     pthread_mutex_lock(&m->mu);
     int failed = m->failed;
@@ -1869,14 +1902,14 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
       int dec = 0;
       /* leaving run_ep at a collective boundary: close its links now, so
        * peers that started a collective there see EOF and move on too */
-      links_close(m);
+      pl->leave_epoch(pl, m);
       int s = sync_epoch(m, cur_seq, full, fresh, t_end, &ep, &dec, &go_seq);
       if (s == 1) continue;
       if (s) {
         rc = s;
         goto fail;
       }
-      links_close(m);
+      pl->leave_epoch(pl, m);
       m->run_ep = ep;
       m->run_aborted = 0;
       if (dec == FT_GO_COMMIT && full && go_seq == cur_seq) {
@@ -1891,7 +1924,7 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
         goto fail;
       }
       if (fresh) cur_seq = go_seq;
-      undo_restore(m, buf, u);
+      pl->restore(pl, m);
       full = 0;
     }
     if (m->run_n == 1) { /* alone: the input is the result */
@@ -1899,28 +1932,24 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
       res_ep = m->run_ep;
       goto done;
     }
-    if (n > m->in_cap) {
-      float *nc = realloc(m->in_copy, n * sizeof(float));
-      if (!nc) {
-        rc = tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the input copy (%zu floats)", n);
-        goto fail;
-      }
-      m->in_copy = nc;
-      m->in_cap = n;
+    int got_full = 0, fatal_rc = FTAR_ETIMEOUT;
+    why[0] = 0;
+    int rr = pl->run(pl, m, cur_seq, t_end, &got_full, &fatal_rc, why, sizeof why);
+    if (rr < 0) {
+      rc = rr;
+      goto fail;
     }
-    int timed_out;
-    int rr = ring_run(m, g, u, buf, n, op, cur_seq, t_end, &timed_out);
-    if (rr == R_DONE) {
+    if (rr == FTAR_PLANE_DONE) {
       fill_result(res, m->run_ep, cur_seq, redos, m->run_mem, m->run_n);
       res_ep = m->run_ep;
       goto done;
     }
-    if (rr == R_FATAL) {
-      mlog(m, "seq %llu in epoch %llu: %s", (unsigned long long)cur_seq, (unsigned long long)m->run_ep, g->why);
+    if (rr == FTAR_PLANE_FATAL) {
+      mlog(m, "seq %llu in epoch %llu: %s", (unsigned long long)cur_seq, (unsigned long long)m->run_ep, why);
       pthread_mutex_lock(&m->mu);
       int f = m->failed;
       pthread_mutex_unlock(&m->mu);
-      rc = f ? tr_fail(f, "ftar: %s", m->fail_msg) : tr_fail(FTAR_ETIMEOUT, "ftar: %s", g->why);
+      rc = f ? tr_fail(f, "ftar: %s", m->fail_msg) : tr_fail(fatal_rc, "ftar: %s", why);
       goto fail;
     }
     /* aborted: remember a full result (the coordinator may tell us to keep
@@ -1929,8 +1958,8 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
     m->st.redos++;
     m->run_aborted = 1;
     mlog(m, "seq %llu aborted in epoch %llu (%s)%s", (unsigned long long)cur_seq, (unsigned long long)m->run_ep,
-         g->why, g->full ? "; holding the full result" : "");
-    if (g->full && !full) {
+         why, got_full ? "; holding the full result" : "");
+    if (got_full && !full) {
       full = 1;
       full_ep = m->run_ep;
       full_n = m->run_n;
@@ -1956,13 +1985,129 @@ done:
   rc = (m->st.collectives > 1 && res_ep != m->last_ep) || redos ? FTAR_RESHAPED : FTAR_OK;
   m->last_ep = res_ep;
   free(full_mem);
-  free(g);
-  free(u);
   return rc;
 fail:
-  if (u) undo_restore(m, buf, u);
+  pl->restore(pl, m);
   free(full_mem);
-  free(g);
-  free(u);
   return rc;
+}
+
+/* --- the ring as a data plane --- */
+
+typedef struct {
+  ftar_plane base;
+  float *buf;
+  size_t n;
+  ftar_op op;
+  undo_log *u;
+  ring *g;
+} ring_plane;
+
+static int ring_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_end, int *full, int *fatal_rc,
+                          char *why, size_t why_len) {
+  ring_plane *rp = (ring_plane *)pl;
+  (void)fatal_rc; /* FTAR_ETIMEOUT, or the control link's failure */
+  if (rp->n > m->in_cap) {
+    float *nc = realloc(m->in_copy, rp->n * sizeof(float));
+    if (!nc) return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the input copy (%zu floats)", rp->n);
+    m->in_copy = nc;
+    m->in_cap = rp->n;
+  }
+  int timed_out;
+  int rr = ring_run(m, rp->g, rp->u, rp->buf, rp->n, rp->op, seq, t_end, &timed_out);
+  *full = rp->g->full;
+  snprintf(why, why_len, "%s", rp->g->why);
+  return rr == R_DONE ? FTAR_PLANE_DONE : rr == R_FATAL ? FTAR_PLANE_FATAL : FTAR_PLANE_ABORT;
+}
+
+static void ring_plane_restore(ftar_plane *pl, ftar_member *m) {
+  ring_plane *rp = (ring_plane *)pl;
+  undo_restore(m, rp->buf, rp->u);
+}
+
+static void ring_plane_leave(ftar_plane *pl, ftar_member *m) {
+  (void)pl;
+  links_close(m);
+}
+
+int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, ftar_result *res) {
+  if (!m || (!buf && n) || (op != FTAR_SUM && op != FTAR_MEAN) || n > MAX_COUNT)
+    return tr_fail(TR_EINVAL, "ftar_allreduce: bad arguments");
+  ring_plane rp = {.base = {ring_plane_run, ring_plane_restore, ring_plane_leave}, .buf = buf, .n = n, .op = op};
+  rp.u = calloc(1, sizeof *rp.u);
+  rp.g = calloc(1, sizeof *rp.g);
+  int rc;
+  if (!rp.u || !rp.g) {
+    if (res) memset(res, 0, sizeof *res);
+    rc = tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory");
+  } else {
+    rp.u->p = 1;
+    rc = ftar_collective(m, &rp.base, n, op, seq, res);
+  }
+  free(rp.g);
+  free(rp.u);
+  return rc;
+}
+
+/* --- hooks for the device data plane (ftar_internal.h) --- */
+
+void ftar_member_run_info(ftar_member *m, ftar_run_info *ri) {
+  ri->epoch = m->run_ep;
+  ri->n = m->run_n;
+  ri->rank = m->run_r;
+  ri->slot = m->slot;
+  ri->deadline = m->deadline;
+  ri->timeout = m->o.timeout;
+}
+
+void ftar_member_comm_id_offer(ftar_member *m, uint64_t epoch, const uint8_t id[FTAR_COMMID_LEN]) {
+  pthread_mutex_lock(&m->mu);
+  m->commid_h = (ftar_hdr){.type = FT_COMMID, .epoch = epoch, .index = (uint32_t)m->slot};
+  memcpy(m->commid_pay, id, FTAR_COMMID_LEN);
+  m->q_commid = 1;
+  pthread_mutex_unlock(&m->mu);
+  wake_fd(m->cmd[1]);
+}
+
+int ftar_member_comm_id_wait(ftar_member *m, uint64_t epoch, uint8_t id[FTAR_COMMID_LEN], double t_end) {
+  int rc = 0;
+  pthread_mutex_lock(&m->mu);
+  for (;;) {
+    if (m->cid_ep == epoch) {
+      memcpy(id, m->cid, FTAR_COMMID_LEN);
+      break;
+    }
+    if (m->failed) {
+      rc = tr_fail(m->failed, "ftar: %s", m->fail_msg);
+      break;
+    }
+    if (m->abort_ep > epoch || m->cid_ep > epoch) { /* that epoch's collective is over */
+      rc = 1;
+      break;
+    }
+    if (tr_now() >= t_end) {
+      rc = tr_fail(FTAR_ETIMEOUT, "ftar: no communicator id for epoch %llu from the coordinator",
+                   (unsigned long long)epoch);
+      break;
+    }
+    cv_wait(m, t_end);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return rc;
+}
+
+void *ftar_member_dev_state(ftar_member *m) { return m->dev_state; }
+
+void ftar_member_set_dev_state(ftar_member *m, void *st, void (*free_fn)(void *st)) {
+  m->dev_state = st;
+  m->dev_free = free_fn;
+}
+
+void ftar_member_log(ftar_member *m, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  mlog(m, "%s", msg);
 }

@@ -28,8 +28,14 @@
  * refused. Every frame carries a CRC32C; a malformed frame closes its link
  * with a logged reason and the collective is redone.
  *
- * Not here: the NCCL data plane (ext/), state catch-up of a joiner (the
- * operator streams it a snapshot), Lua bindings.
+ * Device buffers (ftar_allreduce_dev, core/ftar_dev.c): the same collective
+ * and the same agreement, but the bytes move through the backend's
+ * communicator of the epoch (NCCL for "cuda", shared memory for "emu"),
+ * created when the epoch's first collective runs: the epoch's rank 0 makes
+ * the id and the coordinator hands it to every member (COMMID frames).
+ *
+ * Not here: the NCCL calls themselves (ext/cuda/comm.cu), state catch-up of
+ * a joiner (the operator streams it a snapshot), Lua bindings.
  *
  * Errors: functions return 0 / FTAR_RESHAPED or a negative code (TR_* of
  * util.h or FTAR_E* below) with the message in tr_error() of the calling
@@ -44,6 +50,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "backend.h"
 
 struct event_base;
 
@@ -188,6 +196,37 @@ void ftar_member_free(ftar_member *m);
  * With one member no data moves: contributors = 1, buf untouched.
  * One thread at a time per member; buf must not be touched meanwhile. */
 int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, ftar_result *res);
+
+/* ftar_allreduce on a backend's ("device") buffer: buf[0..n) is a pointer
+ * of be (backend.h); same seq, op, res, return values and agreement as
+ * ftar_allreduce. How the data moves:
+ *   - be->host_memory (cpu): exactly ftar_allreduce.
+ *   - be has no collectives: buf is downloaded into a host buffer the
+ *     member keeps, ftar_allreduce'd, and uploaded.
+ *   - otherwise the backend's communicator of the epoch. The member keeps
+ *     one (rank = its position in the epoch's ordered member list); it is
+ *     created by the first collective of an epoch (the epoch's rank 0 calls
+ *     be->comm_id and hands the id to the coordinator, which sends it to
+ *     every member; creation waits at most min(time left, max(10 s, 4 x
+ *     deadline))) and destroyed when the member moves to another epoch.
+ *     The input is saved (be->copy into a buffer the member keeps) before
+ *     the first attempt. An attempt is the all-reduce (scale 1/contributors
+ *     for FTAR_MEAN, a multiplication: bits may differ from the ring's
+ *     division) and then a one-float all-reduce, the commit round: once it
+ *     completes, every member holds the full result, which is what lets the
+ *     coordinator's decision stay that of the ring. A communicator that
+ *     fails (a peer died or stalled past the deadline: the backend's
+ *     watchdog aborts it) is destroyed, the abort reported, buf restored
+ *     from the copy and the collective redone in the next epoch.
+ *   One member: no communicator, buf untouched.
+ * Device memory the member keeps (the input copy, one float) is freed by
+ * ftar_member_free, which must run while be is still usable. The calling
+ * thread must be the one that drives be's compute stream. On a negative
+ * return buf holds the caller's input again (a backend without
+ * collectives: buf is untouched, unless uploading the result failed:
+ * TR_EIO, buf undefined). */
+int ftar_allreduce_dev(ftar_member *m, const tr_backend *be, float *buf, size_t n, ftar_op op, uint64_t seq,
+                       ftar_result *res);
 
 /* Waits until the latest epoch has at least n members including this one
  * (startup). 0, FTAR_ETIMEOUT, FTAR_ECOORD or FTAR_EEVICTED. Any thread. */

@@ -18,6 +18,12 @@
  *   ESEQ    its seq is not the group's: the caller is out of step.
  * Heartbeat lapse is libevent's read timeout on the member's connection:
  * any frame from it re-arms it.
+ * Device data plane (ftar_dev.c): the rank 0 of an epoch (its first member)
+ * offers a communicator id (COMMID); the coordinator keeps it for that epoch
+ * and sends it to every member, and forgets it when it publishes the next
+ * epoch. An id for an older epoch is passed on to the members, not kept:
+ * after a join or a clean leave the collective in flight still finishes in
+ * the epoch it started in.
  *
  * Not here: the data plane (ftar.c); any notion of training steps beyond the
  * seq numbers members report. Called by: the standalone driver
@@ -48,6 +54,7 @@
 #include "util.h"
 
 #define CONN_MAX 1024
+_Static_assert(FTAR_COMMID_LEN >= FTAR_HELLO_LEN, "conn_read_cb's payload buffer holds every member frame");
 #define MAX_SLOT (1 << 30)
 
 enum { CS_NEW = 0, CS_MEMBER = 1, CS_CLOSING = 2 };
@@ -85,6 +92,8 @@ struct ftar_coord {
   int n;
   uint64_t epoch, next_uid;
   int go_sent;
+  int cid_set; /* the current epoch's communicator id, once its rank 0 offered it */
+  uint8_t cid[FTAR_COMMID_LEN];
   uint8_t epoch_buf[4 + FTAR_ENTRY_LEN * FTAR_MAX_MEMBERS];
   pthread_mutex_t mu; /* guards the snapshot below (read by any thread) */
   uint64_t snap_epoch;
@@ -177,6 +186,7 @@ static const char *change_name(ftar_change_kind k) {
 static void publish(ftar_coord *c, ftar_change_kind kind, int slot, int clean) {
   c->epoch++;
   c->go_sent = 0;
+  c->cid_set = 0;
   uint8_t *p = c->epoch_buf;
   ftw_put32(p, (uint32_t)c->n);
   for (int i = 0; i < c->n; i++) {
@@ -377,6 +387,29 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
       maybe_go(c);
     }
     break;
+  case FT_COMMID: {
+    if (h->len != FTAR_COMMID_LEN) {
+      conn_fail(k, "malformed COMMID");
+      return 1;
+    }
+    ftar_hdr ch = {.type = FT_COMMID, .epoch = h->epoch, .len = FTAR_COMMID_LEN};
+    if (h->epoch == c->epoch) {
+      if (!c->go_sent || c->mem[0] != k) {
+        clog_(c, "slot %d offered a communicator id for epoch %llu but is not its rank 0; ignored", k->slot,
+              (unsigned long long)h->epoch);
+        break;
+      }
+      if (c->cid_set) break; /* one id per epoch: the first stands */
+      c->cid_set = 1;
+      memcpy(c->cid, pay, FTAR_COMMID_LEN);
+      for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &ch, c->cid);
+    } else if (h->epoch < c->epoch) {
+      /* a collective that began before a join or a clean leave finishes in
+       * its own epoch: pass the id on; members not of that epoch ignore it */
+      for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &ch, pay);
+    }
+    break;
+  }
   case FT_LEAVE:
     clog_(c, "slot %d leaves after seq %llu", k->slot, (unsigned long long)h->seq);
     member_drop(k, FTAR_CHANGE_CLOSED, "left", 1);
@@ -399,7 +432,7 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
   for (;;) {
     size_t avail = evbuffer_get_length(in);
     if (avail < FTAR_HDR) return;
-    uint8_t hb[FTAR_HDR], pay[FTAR_HELLO_LEN];
+    uint8_t hb[FTAR_HDR], pay[FTAR_COMMID_LEN]; /* the longest frame a member sends */
     evbuffer_copyout(in, hb, FTAR_HDR);
     ftar_hdr h;
     ftar_hdr_decode(hb, &h);
@@ -409,12 +442,12 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
       return;
     }
     if (h.type != FT_HELLO && h.type != FT_HEARTBEAT && h.type != FT_SYNC && h.type != FT_ABORT &&
-        h.type != FT_LEAVE) {
+        h.type != FT_LEAVE && h.type != FT_COMMID) {
       snprintf(why, sizeof why, "unexpected %s frame", ftar_type_name(h.type));
       conn_fail(k, why);
       return;
     }
-    if (avail < FTAR_HDR + (size_t)h.len) return; /* len <= FTAR_HELLO_LEN, checked above */
+    if (avail < FTAR_HDR + (size_t)h.len) return; /* len <= sizeof pay, checked above */
     evbuffer_drain(in, FTAR_HDR);
     evbuffer_remove(in, pay, h.len);
     if (ftar_frame_crc(hb, pay, h.len) != h.crc) {

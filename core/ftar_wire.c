@@ -382,6 +382,7 @@ const char *ftar_type_name(unsigned type) {
   case FT_GO: return "GO";
   case FT_ABORT: return "ABORT";
   case FT_LEAVE: return "LEAVE";
+  case FT_COMMID: return "COMMID";
   case FT_CONNECT: return "CONNECT";
   case FT_DATA: return "DATA";
   case FT_TOKEN: return "TOKEN";
@@ -408,6 +409,7 @@ int ftar_hdr_check(const ftar_hdr *h, uint32_t data_max, char *why, size_t why_l
   case FT_LEAVE:
   case FT_TOKEN: max = 0; break;
   case FT_CONNECT: max = FTAR_CONNECT_LEN; break;
+  case FT_COMMID: max = FTAR_COMMID_LEN; break;
   case FT_DATA: max = data_max; break;
   default: snprintf(why, why_len, "unknown frame type %u", h->type); return -1;
   }

@@ -35,6 +35,14 @@
  *   ABORT    m->c  epoch, seq of the collective that failed
  *   LEAVE    m->c  seq = its last completed collective: a clean exit at a
  *                  collective boundary (no abort, unlike a closed connection)
+ *   COMMID   m->c  epoch, index = slot; the 128-byte communicator id that the
+ *                  epoch's rank 0 (first member of its list) made for the
+ *                  device data plane (ftar_dev.c)
+ *            c->m  epoch; the same id, sent to every member once rank 0
+ *                  offered it. The coordinator keeps one id, for its current
+ *                  epoch, and forgets it when it publishes the next; an id
+ *                  for an older epoch (a collective still running there
+ *                  after a join or clean leave) is passed on, not kept
  * Data frames (member -> its downstream neighbour):
  *   CONNECT  first frame of a link: epoch, index = sender slot, aux = receiver
  *            slot; u64 sender uid, u32 pid, u32 memfd, u32 ring bytes, u32 0,
@@ -63,6 +71,7 @@
 #define FTAR_ENTRY_LEN 64
 #define FTAR_REASON_MAX 200
 #define FTAR_CONNECT_LEN 32
+#define FTAR_COMMID_LEN 128 /* TR_COMM_ID_BYTES of backend.h */
 
 enum {
   FT_HELLO = 1,
@@ -75,6 +84,7 @@ enum {
   FT_GO = 8,
   FT_ABORT = 9,
   FT_LEAVE = 10,
+  FT_COMMID = 11,
   FT_CONNECT = 32,
   FT_DATA = 33,
   FT_TOKEN = 34,

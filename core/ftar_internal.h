@@ -1,0 +1,83 @@
+/* ftar_internal.h — what the FTAR member (ftar.c) lends its device data
+ * plane (ftar_dev.c). Internal: not for other modules (tests use the
+ * communicator-id hooks).
+ *
+ * ftar.c owns the collective's control round: SYNC, the coordinator's GO
+ * (RUN / COMMIT / ESEQ), redo after an abort, the result. The bytes move
+ * through a data plane: ftar.c's TCP / shared-memory ring, or ftar_dev.c's
+ * per-epoch communicator. A plane only runs one attempt in the member's run
+ * epoch and puts the caller's input back when told; the decision of what
+ * survivors return stays in one place (ftar_collective).
+ */
+#ifndef TRANSOM_FTAR_INTERNAL_H
+#define TRANSOM_FTAR_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ftar.h"
+#include "ftar_wire.h"
+
+/* What one attempt of a plane ended with. */
+enum {
+  FTAR_PLANE_DONE = 0,  /* every member holds the full result (as after the ring's last commit token) */
+  FTAR_PLANE_ABORT = 1, /* the attempt failed in this epoch: *full says whether buf holds the full result */
+  FTAR_PLANE_FATAL = 2, /* give up the call: *fatal_rc (default FTAR_ETIMEOUT) with why */
+};
+
+typedef struct ftar_plane ftar_plane;
+struct ftar_plane {
+  /* One attempt of collective `seq` in the member's run epoch (see
+   * ftar_member_run_info), bounded by t_end (tr_now() clock). Called only
+   * with two or more members. Returns FTAR_PLANE_* (why: a one-line reason
+   * for ABORT/FATAL), or a negative code with tr_error() set, which fails
+   * the call as is (no log line). */
+  int (*run)(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_end, int *full, int *fatal_rc, char *why,
+             size_t why_len);
+  /* Puts the caller's input back into buf: before a redo and on a failed
+   * return. Harmless when nothing was changed. */
+  void (*restore)(ftar_plane *pl, ftar_member *m);
+  /* The member leaves its run epoch at a collective boundary (it is about to
+   * sync a newer one): drop what belongs to the old epoch. */
+  void (*leave_epoch)(ftar_plane *pl, ftar_member *m);
+};
+
+/* The collective of ftar_allreduce (same arguments checks, return values,
+ * agreement and redo rules) with its data moved by pl. n is only checked
+ * here; pl knows the buffer. */
+int ftar_collective(ftar_member *m, ftar_plane *pl, size_t n, ftar_op op, uint64_t seq, ftar_result *res);
+
+/* The epoch the member runs collectives in (after GO) and its place there. */
+typedef struct {
+  uint64_t epoch;
+  int n;           /* members of the epoch */
+  int rank;        /* this member's position in the epoch's ordered list */
+  int slot;        /* this member's slot */
+  double deadline; /* data-plane stall limit, seconds */
+  double timeout;  /* opts.timeout */
+} ftar_run_info;
+
+void ftar_member_run_info(ftar_member *m, ftar_run_info *ri);
+
+/* --- communicator ids through the coordinator (COMMID frames) --- */
+
+/* Rank 0 of `epoch` hands its communicator id to the coordinator, which
+ * sends it to every member of the epoch. Asynchronous (the control thread
+ * sends it). Data thread. */
+void ftar_member_comm_id_offer(ftar_member *m, uint64_t epoch, const uint8_t id[FTAR_COMMID_LEN]);
+/* Waits until the id of `epoch` arrived (0, copied into id), a newer epoch
+ * aborts that one (1), or t_end passes / the control link is gone (negative
+ * code, tr_error() set). Any thread. */
+int ftar_member_comm_id_wait(ftar_member *m, uint64_t epoch, uint8_t id[FTAR_COMMID_LEN], double t_end);
+
+/* --- state the device plane keeps in the member --- */
+
+/* The device plane's state (NULL until set). Data thread. */
+void *ftar_member_dev_state(ftar_member *m);
+/* Sets it; ftar_member_free calls free_fn(st) first thing. */
+void ftar_member_set_dev_state(ftar_member *m, void *st, void (*free_fn)(void *st));
+
+/* A line in the member's log ("ftar[slot N]: ..." by default). */
+void ftar_member_log(ftar_member *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,899 @@
+/* test_ftar_dev.c — FTAR's device data plane: communicator ids through the
+ * coordinator, the emu shared-memory communicator, and ftar_allreduce_dev
+ * across processes, with kill -9 and SIGSTOP.
+ *
+ * Scenarios:
+ *   commid    3 in-process members: every member of an epoch holds the
+ *             same id (the one its rank 0 made), a new epoch (a member
+ *             left) gets a different one; an offer from a member that is
+ *             not the epoch's rank 0 is ignored
+ *   emu       the emu communicator between forked processes: exact sums
+ *             at 2 and 3 ranks, 1 float .. 4 MiB, sizes around the 1 MiB
+ *             slot; every rank gets identical bits; scale
+ *   emu-kill  kill -9 (and SIGSTOP) of one of 3 ranks mid all-reduce: the
+ *             others fail with TR_EIO within deadline + 1 s, naming the
+ *             rank that did not arrive; a fresh communicator (new id)
+ *             among the survivors works; a stopped rank, continued, fails
+ *             at once
+ *   attach    creation that cannot complete (a rank never comes, a foreign
+ *             id, a bad rank) fails in bounded time, leaving nothing
+ *   dev       ftar_allreduce_dev, 3 forked members, exact sums and means:
+ *             on emu (the communicator plane), on emu without collectives
+ *             (host buffer + TCP ring) and on cpu (plain ftar_allreduce)
+ *   dev-kill  the communicator plane with kill -9 of (1) the epoch's rank 0
+ *             while the others wait for it inside a collective, and (2) a
+ *             member at any moment of a long series: survivors complete
+ *             every seq with identical results, the first one without the
+ *             victim RESHAPED with contributors 2, in a new epoch whose
+ *             communicator the new rank 0 made; (1) is redone after the
+ *             communicator's deadline
+ * Every scenario checks that /dev/shm holds no segment named after one of
+ * its processes afterwards. Data goes over 127.0.0.1 only; every wait is
+ * bounded. Children are forked while this process has no other thread and
+ * leave with _exit.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "check.h"
+#include "comm_emu.h"
+#include "ftar.h"
+#include "ftar_internal.h"
+#include "ftar_wire.h"
+#include "util.h"
+
+#define DEADLINE 1.5
+#define MAXK 4
+#define SLOT_FLOATS 262144 /* comm_emu.c's chunk */
+
+static int verbose;
+
+/* --- captured coordinator log --- */
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char coord_log[1 << 16];
+static size_t coord_log_len;
+
+static void coord_log_fn(void *ud, const char *msg) {
+  (void)ud;
+  pthread_mutex_lock(&log_mu);
+  size_t n = strlen(msg);
+  if (coord_log_len + n + 2 < sizeof coord_log) {
+    memcpy(coord_log + coord_log_len, msg, n);
+    coord_log_len += n;
+    coord_log[coord_log_len++] = '\n';
+    coord_log[coord_log_len] = 0;
+  }
+  pthread_mutex_unlock(&log_mu);
+  if (verbose) fprintf(stderr, "  coord: %s\n", msg);
+}
+
+static int coord_log_has(const char *needle) {
+  pthread_mutex_lock(&log_mu);
+  int r = strstr(coord_log, needle) != NULL;
+  pthread_mutex_unlock(&log_mu);
+  return r;
+}
+
+static ftar_coord *coord_start(void) {
+  pthread_mutex_lock(&log_mu);
+  coord_log_len = 0;
+  coord_log[0] = 0;
+  pthread_mutex_unlock(&log_mu);
+  ftar_coord_opts o;
+  ftar_coord_opts_default(&o);
+  o.deadline = DEADLINE;
+  o.log = coord_log_fn;
+  ftar_coord *c = ftar_coord_start("127.0.0.1", 0, &o);
+  CHECK(c != NULL, "coordinator: %s", tr_error());
+  return c;
+}
+
+static void quiet_log(void *ud, const char *msg) {
+  (void)ud;
+  if (verbose) fprintf(stderr, "  member: %s\n", msg);
+}
+
+/* --- /dev/shm --- */
+
+/* Counts (and prints) /dev/shm entries named after one of pids' comm ids. */
+static int shm_leftovers(const pid_t *pids, int n) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int found = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    for (int i = 0; i < n; i++) {
+      char pre[64];
+      snprintf(pre, sizeof pre, "transom-comm-%ld-", (long)pids[i]);
+      if (strncmp(e->d_name, pre, strlen(pre)) == 0) {
+        fprintf(stderr, "  left in /dev/shm: %s\n", e->d_name);
+        found++;
+      }
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+/* --- forked children that report lines through a pipe --- */
+
+typedef struct {
+  pid_t pid;
+  int fd; /* read end, -1 once closed */
+  char buf[8192];
+  size_t len;
+  char **lines;
+  double *t; /* when each line arrived */
+  int nlines, cap;
+  int status, reaped;
+} kid;
+
+/* Runs fn(arg, rank, out_fd) in a child; its return value is the exit code. */
+static int kid_start(kid *k, int (*fn)(void *, int, int), void *arg, int rank) {
+  memset(k, 0, sizeof *k);
+  int p[2];
+  if (pipe(p)) return -1;
+  fflush(NULL);
+  k->pid = fork();
+  if (k->pid < 0) {
+    close(p[0]);
+    close(p[1]);
+    CHECK(0, "fork: %s", strerror(errno));
+    return -1;
+  }
+  if (k->pid == 0) {
+    close(p[0]);
+    int rc = fn(arg, rank, p[1]);
+    close(p[1]);
+    _exit(rc);
+  }
+  close(p[1]);
+  k->fd = p[0];
+  return 0;
+}
+
+__attribute__((format(printf, 2, 3))) static void say(int fd, const char *fmt, ...) {
+  char b[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(b, sizeof b - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n > sizeof b - 2) n = (int)sizeof b - 2;
+  b[n++] = '\n';
+  ssize_t w = write(fd, b, (size_t)n); /* < PIPE_BUF: atomic */
+  (void)w;
+}
+
+static void kid_line(kid *k, const char *s) {
+  if (k->nlines == k->cap) {
+    k->cap = k->cap ? 2 * k->cap : 64;
+    k->lines = realloc(k->lines, (size_t)k->cap * sizeof *k->lines);
+    k->t = realloc(k->t, (size_t)k->cap * sizeof *k->t);
+  }
+  k->t[k->nlines] = tr_now();
+  k->lines[k->nlines++] = strdup(s);
+  if (verbose) fprintf(stderr, "  [%ld] %s\n", (long)k->pid, s);
+}
+
+/* Reads what the children wrote, for up to ms milliseconds. */
+static void kids_pump(kid *ks, int n, int ms) {
+  struct pollfd pf[MAXK];
+  int who[MAXK], np = 0;
+  for (int i = 0; i < n; i++)
+    if (ks[i].fd >= 0) {
+      pf[np] = (struct pollfd){.fd = ks[i].fd, .events = POLLIN};
+      who[np++] = i;
+    }
+  if (!np) {
+    usleep((useconds_t)ms * 1000);
+    return;
+  }
+  if (poll(pf, (nfds_t)np, ms) <= 0) return;
+  for (int j = 0; j < np; j++) {
+    if (!pf[j].revents) continue;
+    kid *k = &ks[who[j]];
+    ssize_t r = read(k->fd, k->buf + k->len, sizeof k->buf - 1 - k->len);
+    if (r <= 0) {
+      close(k->fd);
+      k->fd = -1;
+      continue;
+    }
+    k->len += (size_t)r;
+    k->buf[k->len] = 0;
+    char *s = k->buf, *nl;
+    while ((nl = strchr(s, '\n'))) {
+      *nl = 0;
+      kid_line(k, s);
+      s = nl + 1;
+    }
+    k->len = strlen(s);
+    memmove(k->buf, s, k->len + 1);
+  }
+}
+
+/* Index of the first line of k starting with prefix at or after from, or -1. */
+static int kid_find(const kid *k, const char *prefix, int from) {
+  for (int i = from; i < k->nlines; i++)
+    if (strncmp(k->lines[i], prefix, strlen(prefix)) == 0) return i;
+  return -1;
+}
+
+static int kid_count(const kid *k, const char *prefix) {
+  int c = 0;
+  for (int i = 0; i < k->nlines; i++) c += strncmp(k->lines[i], prefix, strlen(prefix)) == 0;
+  return c;
+}
+
+/* Waits for every child to exit (reading its output); SIGKILLs the ones
+ * still running after `seconds` (a failure unless allowed). */
+static void kids_finish(kid *ks, int n, double seconds) {
+  double end = tr_now() + seconds;
+  for (;;) {
+    int open = 0;
+    for (int i = 0; i < n; i++) open += ks[i].fd >= 0;
+    if (!open || tr_now() > end) break;
+    kids_pump(ks, n, 50);
+  }
+  for (int i = 0; i < n; i++) {
+    if (ks[i].reaped) continue;
+    for (;;) {
+      pid_t w = waitpid(ks[i].pid, &ks[i].status, WNOHANG);
+      if (w == ks[i].pid) break;
+      if (tr_now() > end) {
+        CHECK(0, "child %d did not exit within %.0f s; killing it", i, seconds);
+        kill(ks[i].pid, SIGKILL);
+        kill(ks[i].pid, SIGCONT);
+        waitpid(ks[i].pid, &ks[i].status, 0);
+        break;
+      }
+      usleep(10000);
+    }
+    ks[i].reaped = 1;
+    if (ks[i].fd >= 0) close(ks[i].fd);
+    ks[i].fd = -1;
+  }
+}
+
+static void kids_free(kid *ks, int n) {
+  for (int i = 0; i < n; i++) {
+    for (int j = 0; j < ks[i].nlines; j++) free(ks[i].lines[j]);
+    free(ks[i].lines);
+    free(ks[i].t);
+    ks[i].lines = NULL;
+    ks[i].t = NULL;
+    ks[i].nlines = 0;
+  }
+}
+
+static int exited_ok(const kid *k) { return WIFEXITED(k->status) && WEXITSTATUS(k->status) == 0; }
+
+/* --- inputs: small integers, so every sum is exact in float --- */
+
+static float val(int who, uint64_t seq, size_t i) {
+  return (float)((long)((i * 131 + (size_t)who * 977 + seq * 7919) % 2001) - 1000);
+}
+
+/* --- commid: ids through the coordinator, in-process members --- */
+
+typedef struct {
+  ftar_member *m;
+  const tr_backend *be;
+  int slot, rc;
+  uint64_t seq;
+  ftar_result res;
+} dev_thr;
+
+static void *thr_dev_once(void *p) {
+  dev_thr *a = p;
+  size_t n = 1000;
+  float host[1000];
+  for (size_t i = 0; i < n; i++) host[i] = (float)(a->slot + 1);
+  float *d = a->be->alloc(n * sizeof(float));
+  a->be->upload(d, host, n * sizeof(float));
+  a->rc = ftar_allreduce_dev(a->m, a->be, d, n, FTAR_SUM, a->seq, &a->res);
+  a->be->download(host, d, n * sizeof(float));
+  a->be->free(d);
+  float want = 0;
+  for (int i = 0; i < a->res.contributors; i++) want += (float)(a->res.slots[i] + 1);
+  if (a->rc >= 0 && (host[0] != want || host[n - 1] != want)) a->rc = -100;
+  return NULL;
+}
+
+/* Runs one collective on members ms[0..k) on k threads. */
+static int run_threads(ftar_member **ms, const int *slots, int k, const tr_backend *be, uint64_t seq) {
+  dev_thr a[MAXK];
+  pthread_t th[MAXK];
+  for (int i = 0; i < k; i++) {
+    a[i] = (dev_thr){.m = ms[i], .be = be, .slot = slots[i], .seq = seq};
+    pthread_create(&th[i], NULL, thr_dev_once, &a[i]);
+  }
+  int bad = 0;
+  for (int i = 0; i < k; i++) {
+    pthread_join(th[i], NULL);
+    if (a[i].rc < 0 || a[i].res.contributors != k) {
+      fprintf(stderr, "  slot %d: rc %d contributors %d\n", slots[i], a[i].rc, a[i].res.contributors);
+      bad++;
+    }
+  }
+  return bad;
+}
+
+static void test_commid(void) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  const tr_backend *be = backend_get("emu", 1);
+  CHECK(be != NULL, "emu backend: %s", tr_error());
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = 15;
+  mo.log = quiet_log;
+  int slots[3] = {10, 20, 30};
+  ftar_member *ms[3] = {0};
+  for (int i = 0; i < 3; i++) {
+    ms[i] = ftar_member_create("127.0.0.1", ftar_coord_port(c), slots[i], &mo);
+    CHECK(ms[i] != NULL, "member %d: %s", slots[i], tr_error());
+  }
+  if (!be || !ms[0] || !ms[1] || !ms[2]) goto done;
+  CHECK(ftar_member_wait(ms[0], 3, 10) == 0, "3 members: %s", tr_error());
+  CHECK(run_threads(ms, slots, 3, be, 1) == 0, "a collective of 3 on the communicator plane");
+  uint64_t e1 = ftar_member_epoch(ms[0], NULL);
+  uint8_t id[3][FTAR_COMMID_LEN];
+  for (int i = 0; i < 3; i++)
+    CHECK(ftar_member_comm_id_wait(ms[i], e1, id[i], tr_now() + 2) == 0, "slot %d holds epoch %llu's id: %s",
+          slots[i], (unsigned long long)e1, tr_error());
+  CHECK(memcmp(id[0], id[1], FTAR_COMMID_LEN) == 0 && memcmp(id[0], id[2], FTAR_COMMID_LEN) == 0,
+        "every member of epoch %llu got the same id", (unsigned long long)e1);
+  CHECK(strncmp((const char *)id[0] + 4, "/transom-comm-", 14) == 0, "it is an emu id: %.40s",
+        (const char *)id[0] + 4);
+  /* a member that is not rank 0 cannot replace the id */
+  uint8_t fake[FTAR_COMMID_LEN];
+  memset(fake, 0x5a, sizeof fake);
+  ftar_member_comm_id_offer(ms[1], e1, fake);
+  double end = tr_now() + 3;
+  while (!coord_log_has("is not its rank 0") && tr_now() < end) usleep(10000);
+  CHECK(coord_log_has("is not its rank 0"), "an offer from a member that is not rank 0 is logged and ignored");
+  uint8_t again[FTAR_COMMID_LEN];
+  CHECK(ftar_member_comm_id_wait(ms[2], e1, again, tr_now() + 1) == 0 &&
+            memcmp(again, id[0], FTAR_COMMID_LEN) == 0,
+        "the id of epoch %llu still stands", (unsigned long long)e1);
+  /* the membership changes: slot 10 (rank 0) leaves; 20 and 30 get a new id from the new rank 0 (slot 20) */
+  ftar_member_free(ms[0]);
+  ms[0] = NULL;
+  CHECK(ftar_member_wait(ms[1], 2, 5) == 0, "2 members");
+  end = tr_now() + 5;
+  int n_now = 0;
+  while (tr_now() < end) {
+    ftar_member_epoch(ms[1], &n_now);
+    if (n_now == 2) break;
+    usleep(10000);
+  }
+  CHECK(run_threads(ms + 1, slots + 1, 2, be, 2) == 0, "a collective of 2 in the next epoch");
+  uint64_t e2 = ftar_member_epoch(ms[1], NULL);
+  CHECK(e2 > e1, "a new epoch (%llu after %llu)", (unsigned long long)e2, (unsigned long long)e1);
+  uint8_t id2[2][FTAR_COMMID_LEN];
+  for (int i = 0; i < 2; i++)
+    CHECK(ftar_member_comm_id_wait(ms[1 + i], e2, id2[i], tr_now() + 2) == 0, "slot %d holds epoch %llu's id: %s",
+          slots[1 + i], (unsigned long long)e2, tr_error());
+  CHECK(memcmp(id2[0], id2[1], FTAR_COMMID_LEN) == 0, "both members of epoch %llu got the same id",
+        (unsigned long long)e2);
+  CHECK(memcmp(id2[0], id[0], FTAR_COMMID_LEN) != 0, "and it differs from epoch %llu's", (unsigned long long)e1);
+  /* waiting for an id the coordinator will never send is bounded */
+  double tw = tr_now();
+  int w = ftar_member_comm_id_wait(ms[1], e2 + 5, again, tr_now() + 0.3);
+  CHECK(w == FTAR_ETIMEOUT && tr_now() - tw < 1.5, "a missing id times out (%d)", w);
+done:
+  for (int i = 0; i < 3; i++) ftar_member_free(ms[i]);
+  ftar_coord_free(c);
+  pid_t me = getpid();
+  CHECK(shm_leftovers(&me, 1) == 0, "commid: no segment left in /dev/shm");
+  printf("  commid: %.1f s\n", tr_now() - t0);
+}
+
+/* --- emu communicator across processes --- */
+
+typedef struct {
+  uint8_t id[TR_COMM_ID_BYTES], id2[TR_COMM_ID_BYTES];
+  int p;
+  const size_t *sizes;
+  int nsizes;
+  int victim;
+} emu_job;
+
+/* Child: attach as rank r of p, all-reduce every size, check exact sums,
+ * print "size <n> crc <crc> ok <0|1>". */
+static int emu_sizes_child(void *arg, int r, int out) {
+  emu_job *j = arg;
+  tr_comm *c;
+  if (emu_comm_create(&c, j->id, j->p, r, 10)) {
+    say(out, "error create: %s", tr_error());
+    return 1;
+  }
+  size_t maxn = 0;
+  for (int s = 0; s < j->nsizes; s++)
+    if (j->sizes[s] > maxn) maxn = j->sizes[s];
+  float *buf = malloc(maxn * sizeof(float));
+  int bad = 0;
+  for (int s = 0; s < j->nsizes && !bad; s++) {
+    size_t n = j->sizes[s];
+    float scale = s % 3 == 2 ? 0.5f : 1.0f; /* halving is exact */
+    for (size_t i = 0; i < n; i++) buf[i] = val(r, s, i);
+    if (emu_comm_allreduce(c, buf, n, scale, 10)) {
+      say(out, "error allreduce %zu: %s", n, tr_error());
+      bad = 1;
+      break;
+    }
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
+      float want = 0;
+      for (int q = 0; q < j->p; q++) want += val(q, s, i);
+      if (buf[i] != want * scale) {
+        say(out, "error size %zu: [%zu] = %g, want %g", n, i, (double)buf[i], (double)(want * scale));
+        ok = 0;
+      }
+    }
+    say(out, "size %zu crc %08x ok %d", n, ftar_crc32c(0, buf, n * sizeof(float)), ok);
+    bad |= !ok;
+  }
+  free(buf);
+  emu_comm_destroy(c);
+  return bad;
+}
+
+static void test_emu_sizes(int p) {
+  double t0 = tr_now();
+  static const size_t sizes[] = {1, 2, 1000, SLOT_FLOATS - 1, SLOT_FLOATS, SLOT_FLOATS + 1, 3 * SLOT_FLOATS + 5,
+                                 1 << 20};
+  emu_job j = {.p = p, .sizes = sizes, .nsizes = (int)(sizeof sizes / sizeof sizes[0])};
+  emu_comm_id(j.id);
+  kid ks[MAXK];
+  for (int r = 0; r < p; r++) kid_start(&ks[r], emu_sizes_child, &j, r);
+  kids_finish(ks, p, 120);
+  for (int r = 0; r < p; r++) {
+    CHECK(exited_ok(&ks[r]), "emu %d ranks: rank %d exit status %d", p, r, ks[r].status);
+    CHECK(kid_count(&ks[r], "size ") == j.nsizes, "emu %d ranks: rank %d reported %d of %d sizes", p, r,
+          kid_count(&ks[r], "size "), j.nsizes);
+    CHECK(kid_find(&ks[r], "error", 0) < 0, "emu %d ranks: rank %d: %s", p, r,
+          kid_find(&ks[r], "error", 0) >= 0 ? ks[r].lines[kid_find(&ks[r], "error", 0)] : "");
+  }
+  /* identical bits everywhere */
+  int same = 1;
+  for (int r = 1; r < p; r++)
+    for (int i = 0; i < ks[0].nlines && i < ks[r].nlines; i++) same &= strcmp(ks[0].lines[i], ks[r].lines[i]) == 0;
+  CHECK(same, "emu %d ranks: every rank reports the same result checksums", p);
+  pid_t pids[MAXK + 1] = {getpid()};
+  CHECK(shm_leftovers(pids, 1) == 0, "emu %d ranks: no segment left in /dev/shm", p);
+  printf("  emu: %d ranks, %d sizes up to %zu floats: %.1f s\n", p, j.nsizes, sizes[j.nsizes - 1], tr_now() - t0);
+  kids_free(ks, p);
+}
+
+/* Creation that cannot complete: bounded, TR_EIO, nothing left behind. */
+static void test_emu_attach(void) {
+  uint8_t id[TR_COMM_ID_BYTES];
+  tr_comm *c = NULL;
+  emu_comm_id(id);
+  double t = tr_now();
+  int rc = emu_comm_create(&c, id, 2, 0, 0.3);
+  double dt = tr_now() - t;
+  CHECK(rc == TR_EIO && !c && dt < 1.3 && strstr(tr_error(), "1 of 2 ranks attached") && strstr(tr_error(), "missing: 1"),
+        "rank 1 never comes: rc %d after %.2f s: %s", rc, dt, tr_error());
+  emu_comm_id(id);
+  t = tr_now();
+  rc = emu_comm_create(&c, id, 3, 2, 0.3);
+  dt = tr_now() - t;
+  CHECK(rc == TR_EIO && !c && dt < 1.3 && strstr(tr_error(), "rank 0 did not create it"),
+        "rank 0 never comes: rc %d after %.2f s: %s", rc, dt, tr_error());
+  uint8_t bad[TR_COMM_ID_BYTES];
+  memset(bad, 0x41, sizeof bad);
+  CHECK(emu_comm_create(&c, bad, 2, 0, 0.3) == TR_EINVAL && !c, "a foreign id is refused: %s", tr_error());
+  CHECK(emu_comm_create(&c, id, 2, 2, 0.3) == TR_EINVAL && !c, "rank 2 of 2 is refused: %s", tr_error());
+  /* one rank: a plain copy through the segment, scaled */
+  emu_comm_id(id);
+  CHECK(emu_comm_create(&c, id, 1, 0, 1) == 0 && c, "1 rank: %s", tr_error());
+  if (c) {
+    float v[3] = {1, 2, 3};
+    CHECK(emu_comm_allreduce(c, v, 3, 0.5f, 1) == 0 && v[0] == 0.5f && v[2] == 1.5f, "1 rank all-reduce");
+    CHECK(emu_comm_allreduce(c, v, 0, 1.0f, 1) == 0, "an empty all-reduce");
+    emu_comm_destroy(c);
+  }
+  pid_t me = getpid();
+  CHECK(shm_leftovers(&me, 1) == 0, "failed creations leave no segment in /dev/shm");
+}
+
+/* Child: all-reduce 600000 floats (3 chunks) in a loop until a failure,
+ * printing "ok <k>" after each; then "fail <rc> <message>"; survivors (not
+ * the victim) then create a communicator from id2 and print "fresh ok|bad". */
+static int emu_kill_child(void *arg, int r, int out) {
+  emu_job *j = arg;
+  tr_comm *c;
+  if (emu_comm_create(&c, j->id, j->p, r, 10)) {
+    say(out, "error create: %s", tr_error());
+    return 1;
+  }
+  size_t n = 600000;
+  float *buf = malloc(n * sizeof(float));
+  int rc = 0;
+  double end = tr_now() + 60;
+  for (int k = 0; tr_now() < end; k++) {
+    for (size_t i = 0; i < n; i++) buf[i] = val(r, (uint64_t)k, i);
+    rc = emu_comm_allreduce(c, buf, n, 1.0f, DEADLINE);
+    if (rc) break;
+    say(out, "ok %d", k);
+  }
+  if (!rc) {
+    say(out, "error never failed");
+    return 1;
+  }
+  say(out, "fail %d %s", rc, tr_error());
+  /* aborted: every further call fails at once */
+  double t = tr_now();
+  int rc2 = emu_comm_allreduce(c, buf, 10, 1.0f, DEADLINE);
+  say(out, "again %d %.3f", rc2, tr_now() - t);
+  emu_comm_destroy(c);
+  if (r == j->victim) {
+    free(buf);
+    return 0;
+  }
+  int p2 = j->p - 1, r2 = r < j->victim ? r : r - 1;
+  if (emu_comm_create(&c, j->id2, p2, r2, 10)) {
+    say(out, "fresh bad create: %s", tr_error());
+    free(buf);
+    return 1;
+  }
+  int ok = 1;
+  for (size_t i = 0; i < n; i++) buf[i] = val(r2, 1, i);
+  if (emu_comm_allreduce(c, buf, n, 1.0f, 10)) {
+    say(out, "fresh bad allreduce: %s", tr_error());
+    ok = 0;
+  }
+  for (size_t i = 0; i < n && ok; i++) {
+    float want = 0;
+    for (int q = 0; q < p2; q++) want += val(q, 1, i);
+    ok = buf[i] == want;
+  }
+  emu_comm_destroy(c);
+  say(out, "fresh %s", ok ? "ok" : "bad");
+  free(buf);
+  return ok ? 0 : 1;
+}
+
+static int all_have(kid *ks, int n, const char *prefix, int count, double seconds) {
+  double end = tr_now() + seconds;
+  for (;;) {
+    int ok = 1;
+    for (int i = 0; i < n; i++) ok &= kid_count(&ks[i], prefix) >= count;
+    if (ok) return 1;
+    if (tr_now() > end) return 0;
+    kids_pump(ks, n, 20);
+  }
+}
+
+static void test_emu_kill(int use_stop) {
+  double t0 = tr_now();
+  const char *what = use_stop ? "SIGSTOP" : "kill -9";
+  emu_job j = {.p = 3, .victim = 2};
+  emu_comm_id(j.id);
+  emu_comm_id(j.id2);
+  CHECK(memcmp(j.id, j.id2, sizeof j.id) != 0, "two ids differ");
+  kid ks[MAXK];
+  for (int r = 0; r < 3; r++) kid_start(&ks[r], emu_kill_child, &j, r);
+  CHECK(all_have(ks, 3, "ok ", 3, 30), "emu %s: all ranks completed 3 collectives", what);
+  kill(ks[2].pid, use_stop ? SIGSTOP : SIGKILL);
+  double t_kill = tr_now();
+  double t_fail[2] = {0, 0};
+  double end = t_kill + DEADLINE + 5;
+  while (tr_now() < end && (!t_fail[0] || !t_fail[1])) {
+    kids_pump(ks, 2, 10);
+    for (int r = 0; r < 2; r++)
+      if (!t_fail[r] && kid_find(&ks[r], "fail ", 0) >= 0) t_fail[r] = tr_now();
+  }
+  int named = 0;
+  for (int r = 0; r < 2; r++) {
+    int i = kid_find(&ks[r], "fail ", 0);
+    CHECK(i >= 0, "emu %s: rank %d failed", what, r);
+    if (i < 0) continue;
+    double dt = t_fail[r] - t_kill;
+    CHECK(dt <= DEADLINE + 1.0, "emu %s: rank %d failed %.2f s after the fault (deadline %.1f s)", what, r, dt,
+          DEADLINE);
+    CHECK(strncmp(ks[r].lines[i], "fail -3 ", 8) == 0, "emu %s: rank %d failed with TR_EIO: %s", what, r,
+          ks[r].lines[i]);
+    named |= strstr(ks[r].lines[i], "rank(s) 2 did not arrive") != NULL;
+    if (verbose) fprintf(stderr, "  rank %d after %.2f s: %s\n", r, dt, ks[r].lines[i]);
+  }
+  CHECK(named, "emu %s: a survivor names rank 2 as the one that did not arrive", what);
+  if (use_stop) {
+    double t_cont = tr_now();
+    kill(ks[2].pid, SIGCONT);
+    double tend = t_cont + 3;
+    while (kid_find(&ks[2], "fail ", 0) < 0 && tr_now() < tend) kids_pump(&ks[2], 1, 10);
+    int i = kid_find(&ks[2], "fail ", 0);
+    CHECK(i >= 0 && tr_now() - t_cont < 1.0, "emu SIGSTOP: the continued rank fails at once (%.2f s): %s",
+          tr_now() - t_cont, i >= 0 ? ks[2].lines[i] : "-");
+  }
+  kids_finish(ks, 3, 30);
+  for (int r = 0; r < 2; r++) {
+    int i = kid_find(&ks[r], "again ", 0);
+    int rc2 = 0;
+    double dt = 99;
+    if (i >= 0) sscanf(ks[r].lines[i], "again %d %lf", &rc2, &dt);
+    CHECK(i >= 0 && rc2 == TR_EIO && dt < 0.1, "emu %s: rank %d: a call on the aborted communicator fails at once", what,
+          r);
+    CHECK(kid_find(&ks[r], "fresh ok", 0) >= 0, "emu %s: rank %d: a fresh communicator among the survivors works",
+          what, r);
+    CHECK(exited_ok(&ks[r]), "emu %s: rank %d exit status %d", what, r, ks[r].status);
+  }
+  pid_t pids[1] = {getpid()};
+  CHECK(shm_leftovers(pids, 1) == 0, "emu %s: no segment left in /dev/shm", what);
+  printf("  emu %s: survivors failed after %.2f / %.2f s, fresh communicator ok: %.1f s\n", what, t_fail[0] - t_kill,
+         t_fail[1] - t_kill, tr_now() - t0);
+  kids_free(ks, 3);
+}
+
+/* --- ftar_allreduce_dev across forked members --- */
+
+enum { DEV_PLAIN = 0, DEV_KILL_WAITED = 1, DEV_KILL_ANYTIME = 2 };
+enum { BE_EMU = 0, BE_EMU_NOCOMM = 1, BE_CPU = 2 };
+
+typedef struct {
+  int port_pipe[MAXK][2]; /* parent -> child: the coordinator's port */
+  int nseq;               /* collectives per member */
+  int p;
+  int stall_slot, stall_seq; /* that slot sleeps 1 s before that seq (the others wait inside it) */
+  int backend;               /* BE_*: emu's communicator, emu without collectives (host + ring), cpu */
+} dev_job;
+
+/* Child: member of slot r; nseq collectives on emu device buffers; prints
+ * "res <seq> <rc> <epoch> <contrib> <redos> <crc> <ok> <slots>" per seq. */
+static int dev_child(void *arg, int r, int out) {
+  dev_job *j = arg;
+  for (int i = 0; i < j->p; i++) {
+    if (i != r) close(j->port_pipe[i][0]);
+    close(j->port_pipe[i][1]);
+  }
+  int port = 0;
+  ssize_t got = read(j->port_pipe[r][0], &port, sizeof port);
+  close(j->port_pipe[r][0]);
+  if (got != (ssize_t)sizeof port || port <= 0) return 2;
+  const tr_backend *be = backend_get(j->backend == BE_CPU ? "cpu" : "emu", 1);
+  if (!be) {
+    say(out, "error backend: %s", tr_error());
+    return 1;
+  }
+  static tr_backend nocomm;
+  if (j->backend == BE_EMU_NOCOMM) { /* emu with its collectives taken away */
+    nocomm = *be;
+    nocomm.comm_id = NULL;
+    nocomm.comm_create = NULL;
+    nocomm.comm_allreduce = NULL;
+    nocomm.comm_destroy = NULL;
+    be = &nocomm;
+  }
+  int ring = j->backend != BE_EMU; /* the TCP ring divides a mean; the communicator multiplies by 1/p */
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = 30;
+  mo.log = quiet_log;
+  ftar_member *m = ftar_member_create("127.0.0.1", port, r, &mo);
+  if (!m) {
+    say(out, "error member: %s", tr_error());
+    return 1;
+  }
+  if (ftar_member_wait(m, j->p, 20)) {
+    say(out, "error wait: %s", tr_error());
+    ftar_member_free(m);
+    return 1;
+  }
+  static const size_t sizes[] = {1, 1000, 3 * SLOT_FLOATS + 7};
+  size_t maxn = sizes[2];
+  float *host = malloc(maxn * sizeof(float));
+  float *dev = be->alloc(maxn * sizeof(float));
+  int bad = 0;
+  for (int s = 1; s <= j->nseq && !bad; s++) {
+    uint64_t seq = (uint64_t)s;
+    size_t n = s <= 6 ? sizes[s % 3] : sizes[2];
+    ftar_op op = s % 2 ? FTAR_MEAN : FTAR_SUM;
+    for (size_t i = 0; i < n; i++) host[i] = val(r, seq, i);
+    be->upload(dev, host, n * sizeof(float));
+    if (r == j->stall_slot && s == j->stall_seq) {
+      say(out, "stalling");
+      usleep(1000000);
+    }
+    ftar_result res;
+    int rc = ftar_allreduce_dev(m, be, dev, n, op, seq, &res);
+    be->download(host, dev, n * sizeof(float));
+    int ok = rc >= 0 && res.seq == seq && res.contributors >= 1;
+    for (size_t i = 0; i < n && ok; i++) {
+      float sum = 0;
+      for (int q = 0; q < res.contributors; q++) sum += val(res.slots[q], seq, i);
+      float want = op != FTAR_MEAN ? sum : ring ? sum / (float)res.contributors : sum * (1.0f / (float)res.contributors);
+      if (host[i] != want) {
+        say(out, "error seq %d [%zu] = %g, want %g", s, i, (double)host[i], (double)want);
+        ok = 0;
+      }
+    }
+    char sl[64];
+    size_t off = 0;
+    sl[0] = 0;
+    for (int q = 0; q < res.contributors && off + 8 < sizeof sl; q++)
+      off += (size_t)snprintf(sl + off, sizeof sl - off, "%s%d", q ? "," : "", res.slots[q]);
+    say(out, "res %d %d %llu %d %d %08x %d %s", s, rc, (unsigned long long)res.epoch, res.contributors, res.redos,
+        ftar_crc32c(0, host, n * sizeof(float)), ok, sl);
+    if (rc < 0) say(out, "error seq %d: rc %d: %s", s, rc, tr_error());
+    bad |= !ok;
+  }
+  ftar_member_free(m); /* frees the device copies: before the backend goes */
+  be->free(dev);
+  free(host);
+  return bad;
+}
+
+typedef struct {
+  int seq, rc, contrib, redos, ok;
+  unsigned long long epoch;
+  unsigned crc;
+  char slots[64];
+} dev_res;
+
+/* Finds seq's result line of k; *t (may be NULL) gets when it arrived. */
+static int dev_parse(const kid *k, int seq, dev_res *out, double *t) {
+  for (int i = 0; i < k->nlines; i++) {
+    dev_res d;
+    if (sscanf(k->lines[i], "res %d %d %llu %d %d %x %d %63s", &d.seq, &d.rc, &d.epoch, &d.contrib, &d.redos, &d.crc,
+               &d.ok, d.slots) == 8 &&
+        d.seq == seq) {
+      *out = d;
+      if (t) *t = k->t[i];
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* mode DEV_PLAIN: 3 members, 12 collectives, all with 3 contributors.
+ * DEV_KILL_WAITED: slot 0 (the epoch's rank 0) stalls before seq 10 while
+ * the others wait inside that collective, and is killed there: they must
+ * abort on the communicator's deadline and redo seq 10 in a new epoch
+ * whose id slot 1 made. DEV_KILL_ANYTIME: slot 1 is killed at whatever
+ * point it is after 8 collectives. */
+static void test_dev(int mode, int backend) {
+  double t0 = tr_now();
+  int victim = mode == DEV_KILL_ANYTIME ? 1 : 0;
+  dev_job j = {.p = 3,
+               .nseq = mode ? 60 : 12,
+               .stall_slot = mode == DEV_KILL_WAITED ? 0 : -1,
+               .stall_seq = 10,
+               .backend = backend};
+  for (int r = 0; r < j.p; r++)
+    if (pipe(j.port_pipe[r])) CHECK(0, "pipe");
+  kid ks[MAXK];
+  for (int r = 0; r < j.p; r++) kid_start(&ks[r], dev_child, &j, r);
+  for (int r = 0; r < j.p; r++) close(j.port_pipe[r][0]);
+  /* the children exist; now this process may start threads */
+  ftar_coord *c = coord_start();
+  int port = c ? ftar_coord_port(c) : -1;
+  for (int r = 0; r < j.p; r++) {
+    ssize_t w = write(j.port_pipe[r][1], &port, sizeof port);
+    (void)w;
+    close(j.port_pipe[r][1]);
+  }
+  const char *what = mode == DEV_KILL_WAITED    ? "dev kill -9 (waited for)"
+                     : mode == DEV_KILL_ANYTIME ? "dev kill -9 (any time)"
+                     : backend == BE_CPU        ? "dev (cpu: ftar_allreduce)"
+                     : backend == BE_EMU_NOCOMM ? "dev (emu without collectives: host + ring)"
+                                                : "dev";
+  double t_kill = 0;
+  if (mode == DEV_KILL_WAITED) {
+    double end = tr_now() + 60;
+    while (kid_find(&ks[victim], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
+    CHECK(kid_find(&ks[victim], "stalling", 0) >= 0, "%s: slot 0 reached seq %d", what, j.stall_seq);
+    usleep(300000); /* the others are inside seq 10 by now */
+    kill(ks[victim].pid, SIGKILL);
+    t_kill = tr_now();
+  } else if (mode == DEV_KILL_ANYTIME) {
+    CHECK(all_have(ks, 3, "res ", 8, 60), "%s: every member completed 8 collectives", what);
+    kill(ks[victim].pid, SIGKILL);
+    t_kill = tr_now();
+  }
+  kids_finish(ks, j.p, 180);
+  int sv[MAXK], ns = 0;
+  for (int r = 0; r < j.p; r++)
+    if (mode == DEV_PLAIN || r != victim) sv[ns++] = r;
+  char want_slots[16];
+  snprintf(want_slots, sizeof want_slots, "%d,%d", sv[0], sv[1]);
+  /* survivors: every seq, identical results */
+  int reshaped_seen = 0, bad = 0, reduced_at = 0, redos_at = 0;
+  for (int s = 1; s <= j.nseq; s++) {
+    dev_res d[MAXK];
+    memset(d, 0, sizeof d);
+    int have = 1;
+    for (int i = 0; i < ns; i++) have &= dev_parse(&ks[sv[i]], s, &d[i], NULL);
+    if (!have) {
+      if (!bad++) CHECK(0, "%s: seq %d missing from a survivor", what, s);
+      continue;
+    }
+    for (int i = 0; i < ns; i++) {
+      if ((!d[i].ok || d[i].rc < 0) && !bad++) CHECK(0, "%s: seq %d on slot %d: ok %d rc %d", what, s, sv[i], d[i].ok, d[i].rc);
+      if (i && (d[i].crc != d[0].crc || d[i].epoch != d[0].epoch || d[i].contrib != d[0].contrib ||
+                strcmp(d[i].slots, d[0].slots)) && !bad++)
+        CHECK(0, "%s: seq %d: slot %d (crc %08x epoch %llu contrib %d) differs from slot %d (%08x %llu %d)", what, s,
+              sv[i], d[i].crc, d[i].epoch, d[i].contrib, sv[0], d[0].crc, d[0].epoch, d[0].contrib);
+    }
+    if (mode == DEV_PLAIN && d[0].contrib != 3 && !bad++) CHECK(0, "%s: seq %d had %d contributors", what, s, d[0].contrib);
+    if (mode && d[0].contrib == 2 && !reduced_at) {
+      reduced_at = s;
+      redos_at = d[0].redos;
+      reshaped_seen = 1;
+      for (int i = 0; i < ns; i++) reshaped_seen &= d[i].rc == FTAR_RESHAPED && strcmp(d[i].slots, want_slots) == 0;
+    }
+    if (mode && reduced_at && d[0].contrib != 2 && !bad++)
+      CHECK(0, "%s: seq %d has %d contributors after the kill", what, s, d[0].contrib);
+  }
+  CHECK(bad == 0, "%s: %d bad results", what, bad);
+  for (int i = 0; i < ns; i++) {
+    CHECK(exited_ok(&ks[sv[i]]), "%s: slot %d exit status %d", what, sv[i], ks[sv[i]].status);
+    int e = kid_find(&ks[sv[i]], "error", 0);
+    CHECK(e < 0, "%s: slot %d: %s", what, sv[i], e >= 0 ? ks[sv[i]].lines[e] : "");
+  }
+  double recovery = 0;
+  if (mode) {
+    CHECK(reduced_at > 0, "%s: the survivors went on with 2 contributors", what);
+    CHECK(reshaped_seen, "%s: seq %d, the first without slot %d, is RESHAPED on both survivors, slots %s", what,
+          reduced_at, victim, want_slots);
+    char closed[64];
+    snprintf(closed, sizeof closed, "slot %d: connection closed", victim);
+    CHECK(coord_log_has(closed), "%s: the coordinator saw slot %d go", what, victim);
+    dev_res d;
+    double t_res = 0;
+    if (dev_parse(&ks[sv[0]], reduced_at, &d, &t_res)) recovery = t_res - t_kill;
+    CHECK(recovery < DEADLINE + 3.0, "%s: seq %d completed %.2f s after the kill (deadline %.1f s)", what, reduced_at,
+          recovery, DEADLINE);
+    CHECK(redos_at <= 2, "%s: seq %d redone %d times", what, reduced_at, redos_at);
+    if (mode == DEV_KILL_WAITED)
+      CHECK(reduced_at == j.stall_seq && redos_at >= 1,
+            "%s: seq %d (the one the victim was killed in) aborted on the communicator and was redone (seq %d, %d "
+            "redos)",
+            what, j.stall_seq, reduced_at, redos_at);
+  }
+  pid_t pids[MAXK + 1];
+  for (int r = 0; r < j.p; r++) pids[r] = ks[r].pid;
+  pids[j.p] = getpid();
+  CHECK(shm_leftovers(pids, j.p + 1) == 0, "%s: no segment left in /dev/shm", what);
+  if (mode)
+    printf("  %s: 3 members, %d collectives; seq %d, the first without slot %d, done %.2f s after the kill (%d redos): %.1f s\n",
+           what, j.nseq, reduced_at, victim, recovery, redos_at, tr_now() - t0);
+  else
+    printf("  %s: 3 members, %d collectives: %.1f s\n", what, j.nseq, tr_now() - t0);
+  kids_free(ks, j.p);
+  ftar_coord_free(c);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  verbose = getenv("TRANSOM_VERBOSE") != NULL;
+  test_emu_sizes(2);
+  test_emu_sizes(3);
+  test_emu_kill(0);
+  test_emu_kill(1);
+  test_emu_attach();
+  test_dev(DEV_PLAIN, BE_EMU);
+  test_dev(DEV_PLAIN, BE_EMU_NOCOMM);
+  test_dev(DEV_PLAIN, BE_CPU);
+  test_dev(DEV_KILL_WAITED, BE_EMU);
+  test_dev(DEV_KILL_ANYTIME, BE_EMU);
+  test_commid(); /* last: it starts threads, and the others fork */
+  return check_report("test_ftar_dev");
+}
