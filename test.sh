@@ -30,12 +30,18 @@ if ! build/pyvenv/bin/python -c 'import safetensors, numpy' 2>/dev/null; then
 fi
 export TRANSOM_PYTHON=$PWD/build/pyvenv/bin/python TRANSOM_REQUIRE_PYTHON=1
 
+if [ -f build/libtransom_cuda.so ]; then
+  echo "=== CUDA backend: built (build/libtransom_cuda.so); its tests run on a GPU and skip without one"
+else
+  echo "=== CUDA backend: not built (no nvcc found, or TRANSOM_CUDA=OFF)"
+fi
 echo "=== release build: C tests + Lua specs"
 (cd build && ctest --output-on-failure -j1)
 
 if [ "$quick" = 0 ]; then
   echo "=== sanitizer build (ASan + UBSan)"
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=ON >/dev/null
+  # the CUDA plugin is compiled (and its GPU tests run or skip) in the release build
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=ON -DTRANSOM_CUDA=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   export LSAN_OPTIONS=suppressions=$PWD/spec/lsan.supp:print_suppressions=0
@@ -44,6 +50,6 @@ if [ "$quick" = 0 ]; then
   # ran above: under the sanitizers' slowdown they would test timing, not code
   (cd build-asan && ctest --output-on-failure -j1 -E lua_specs)
   TRANSOM_BIN=$PWD/build-asan/transom build-asan/transom test spec/job_spec.lua spec/graph_spec.lua \
-    spec/e2e_spec.lua spec/ckpt_spec.lua spec/detector_spec.lua
+    spec/e2e_spec.lua spec/ckpt_spec.lua spec/detector_spec.lua spec/device_spec.lua
 fi
 echo "=== all tests passed"

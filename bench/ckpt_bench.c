@@ -4,7 +4,8 @@
  *   1. step time with a checkpoint every step / without (blocks of steps,
  *      interleaved A B A B so drift hits both alike);
  *   2. training-thread stall per checkpoint (snapshot call + wait before the
- *      optimizer) / a synchronous save of the same bytes (write + fsync);
+ *      optimizer) / a synchronous save of the same bytes (write + fsync; on a
+ *      device backend, --set device=cuda, plus the download of the state);
  *   3. LMDB commit throughput (CRC32C + one write transaction + sync) / raw
  *      sequential write + fdatasync of the same bytes;
  *   4. load throughput (verify every CRC + copy) / memcpy of the same bytes.
@@ -123,7 +124,13 @@ int main(int argc, char **argv) {
   memset(buf, 7, bytes);
   char path[1300];
   snprintf(path, sizeof path, "%s/sync-save.bin", argv[3]);
-  double sync_s = write_file(path, buf, bytes, 0);
+  double pull_s = 0;
+  if (strcmp(cfg.device, "cpu") != 0) { /* a synchronous save from a device downloads the state first */
+    double p0 = tr_now();
+    if (trainer_pull(t, 1)) fprintf(stderr, "ckpt_bench: %s\n", tr_error());
+    pull_s = tr_now() - p0;
+  }
+  double sync_s = write_file(path, buf, bytes, 0) + pull_s;
   double raw_s = write_file(path, buf, bytes, 1);
   double mc = tr_now();
   memcpy(buf2, buf, bytes);
@@ -140,8 +147,8 @@ int main(int argc, char **argv) {
 
   double step_off = off_s / (ROUNDS * BLOCK), step_on = on_s / (ROUNDS * BLOCK);
   printf("step time:   %.1f ms with a checkpoint every step, %.1f ms without\n", step_on * 1e3, step_off * 1e3);
-  printf("stall:       %.3f ms per checkpoint; synchronous save (write+fsync) %.1f ms\n", stall_s / snaps * 1e3,
-         sync_s * 1e3);
+  printf("stall:       %.3f ms per checkpoint; synchronous save (%swrite+fsync) %.1f ms\n", stall_s / snaps * 1e3,
+         pull_s > 0 ? "download+" : "", sync_s * 1e3);
   printf("commit:      %.0f MiB/s (CRC32C + LMDB txn + sync); raw write+fdatasync %.0f MiB/s\n",
          commit_bps / 1048576.0, bytes / raw_s / 1048576.0);
   printf("load:        %.0f MiB/s (verify + copy); memcpy %.0f MiB/s\n", bytes / load_s / 1048576.0,

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""torch_gpt.py — the transom GPT training step in PyTorch eager on CPU.
+"""torch_gpt.py — the transom GPT training step in PyTorch (eager or
+torch.compile; CPU or CUDA).
 
 The reference side of bench/cpu_vs_torch.sh. It builds the same model as
 lua/models/gpt.lua (nanoGPT: token + position embeddings, n_layer pre-norm
@@ -61,6 +62,9 @@ def parse_args():
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (bench/gpu_vs_torch.sh)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (the first steps compile)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed first steps (compilation, caches)")
     p.add_argument("--log-interval", type=int, default=0, help="print a step line every this many steps (0 = none)")
     p.add_argument("--attn", choices=["sdpa", "manual"], default="sdpa",
                    help="sdpa: F.scaled_dot_product_attention(is_causal=True), as nanoGPT; manual: masked softmax")
@@ -103,7 +107,7 @@ class Block(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-            mask = torch.ones(T, T, dtype=torch.bool).tril()
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
             y = att @ v
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -137,7 +141,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        pos = torch.arange(T, dtype=torch.long)
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for blk in self.transformer.h:
             x = blk(x)
@@ -176,13 +180,16 @@ def main():
     train, val = ids[:n_train], ids[n_train:]
     B, T = args.batch_size, args.block_size
 
+    dev = torch.device(args.device)
+
     def batch(split, gen=None):
         off = torch.randint(0, len(split) - T - 1, (B,), generator=gen)
         x = torch.stack([split[o:o + T] for o in off.tolist()])
         y = torch.stack([split[o + 1:o + 1 + T] for o in off.tolist()])
-        return x, y
+        return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
 
-    model = GPT(len(vocab), T, args.n_layer, args.n_head, args.n_embd, args.attn)
+    model = GPT(len(vocab), T, args.n_layer, args.n_head, args.n_embd, args.attn).to(dev)
+    run = torch.compile(model) if args.compile else model
     params = dict(model.named_parameters())
     n_params = sum(p.numel() for p in params.values())
     print(f"torch {torch.__version__} | {torch.get_num_threads()} threads | model gpt: {n_params} parameters "
@@ -214,7 +221,7 @@ def main():
     for step in range(args.steps):
         t0 = time.perf_counter()
         x, y = batch(train)
-        loss = model(x, y)
+        loss = run(x, y)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip) if args.grad_clip > 0 else 0.0
         lr = lr_at(step)
@@ -222,8 +229,10 @@ def main():
             g["lr"] = lr
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()  # a step ends when the GPU is done with it
         dt = time.perf_counter() - t0
-        if step >= 1:  # step 1 (index 0) warms caches and thread pools
+        if step >= args.warmup:  # the first steps warm caches and thread pools (and compile)
             timed += dt
             tokens += B * T
             times.append(dt)
@@ -233,9 +242,10 @@ def main():
     wall = time.perf_counter() - wall0
     print(f"torch_final_train_loss={loss.item():.4f}")
     if timed > 0:
-        ms = timed / (args.steps - 1) * 1e3
+        ms = timed / (args.steps - args.warmup) * 1e3
         print(f"done: {args.steps} steps | {ms:.1f} ms/step | {tokens / timed:.0f} tok/s | "
-              f"{flops / (ms * 1e-3) * 1e-9:.2f} GFLOP/s (steps 2..{args.steps}) | training wall {wall:.1f} s")
+              f"{flops / (ms * 1e-3) * 1e-9:.2f} GFLOP/s (steps {args.warmup + 1}..{args.steps}) | "
+              f"training wall {wall:.1f} s")
         print(f"torch_ms_step={ms:.3f}")
         print(f"torch_tok_s={tokens / timed:.1f}")
         print(f"torch_gflop_s={flops / (ms * 1e-3) * 1e-9:.3f}")
@@ -246,7 +256,7 @@ def main():
         gen = torch.Generator().manual_seed(args.seed + 1)
         model.eval()
         with torch.no_grad():
-            losses = [model(*batch(val, gen)).item() for _ in range(args.eval_steps)]
+            losses = [run(*batch(val, gen)).item() for _ in range(args.eval_steps)]
         print(f"torch_val_loss={sum(losses) / len(losses):.4f}")
     sys.stdout.flush()
 

@@ -24,6 +24,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "backend.h"
 #include "ftar_wire.h"
 #include "util.h"
 
@@ -238,6 +239,8 @@ struct ckpt_engine {
   int ev_head, ev_count;
   ckpt_stats stats;
   uint64_t seq;
+  const tr_backend *dev; /* NULL: registered tensors are host memory */
+  int pinned[2];
 };
 
 static void push_event(ckpt_engine *e, const ckpt_event *ev) { /* with e->mu held */
@@ -249,6 +252,18 @@ static void push_event(ckpt_engine *e, const ckpt_event *ev) { /* with e->mu hel
   e->ev_count++;
 }
 
+/* Level 1: registered tensors -> staging buffer b (the copy thread). */
+static int copy_tensors(ckpt_engine *e, stage_buf *b) {
+  if (!e->dev || e->dev->host_memory || !e->dev->ckpt_copy) {
+    for (int i = 0; i < e->nt; i++) memcpy(b->data + e->t[i].off, e->t[i].ptr, e->t[i].info.bytes);
+    return TR_OK;
+  }
+  int rc = TR_OK;
+  for (int i = 0; i < e->nt && !rc; i++) rc = e->dev->ckpt_copy(b->data + e->t[i].off, e->t[i].ptr, e->t[i].info.bytes);
+  int rc2 = e->dev->ckpt_wait ? e->dev->ckpt_wait() : TR_OK; /* even after a failure: nothing may still write into b */
+  return rc ? rc : rc2;
+}
+
 static void *copy_main(void *arg) {
   ckpt_engine *e = arg;
   pthread_mutex_lock(&e->mu);
@@ -258,11 +273,17 @@ static void *copy_main(void *arg) {
     stage_buf *b = &e->buf[e->copy_req];
     pthread_mutex_unlock(&e->mu);
     double t0 = tr_now();
-    for (int i = 0; i < e->nt; i++) memcpy(b->data + e->t[i].off, e->t[i].ptr, e->t[i].info.bytes);
+    int rc = copy_tensors(e, b);
     double dt = tr_now() - t0;
     pthread_mutex_lock(&e->mu);
     b->copy_s = dt;
-    b->state = BUF_STAGED;
+    b->state = rc ? BUF_FREE : BUF_STAGED;
+    if (rc) { /* nothing half-copied is ever committed */
+      ckpt_event ev = {.step = b->st.step, .ok = 0, .copy_s = dt};
+      snprintf(ev.what, sizeof ev.what, "level-1 copy from the device failed: %s", e->dev->error());
+      push_event(e, &ev);
+      e->stats.failed++;
+    }
     e->copy_req = -1;
     e->stats.copy_s += dt;
     pthread_cond_broadcast(&e->cv);
@@ -436,6 +457,12 @@ fail:
   return NULL;
 }
 
+int ckpt_set_device(ckpt_engine *e, const tr_backend *be) {
+  if (e->buf[0].data) return tr_fail(TR_ESTATE, "ckpt_set_device after the first snapshot");
+  e->dev = be;
+  return TR_OK;
+}
+
 int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const int64_t *dim, const void *ptr) {
   if (e->buf[0].data) return tr_fail(TR_ESTATE, "ckpt_register after the first snapshot");
   if (strlen(name) >= CKPT_NAME_MAX) return tr_fail(TR_EINVAL, "checkpoint tensor name too long: '%s'", name);
@@ -473,6 +500,13 @@ static int start(ckpt_engine *e) { /* staging buffers, map size, threads */
     if (!e->buf[i].data) return tr_fail(TR_ENOMEM, "out of memory for checkpoint staging (%llu bytes)",
                                         (unsigned long long)e->total);
   }
+  if (e->dev && !e->dev->host_memory && e->dev->ckpt_pin)
+    for (int i = 0; i < 2; i++) {
+      if (e->dev->ckpt_pin(e->buf[i].data, e->total ? e->total : 64))
+        return tr_fail(TR_EIO, "pinning a checkpoint staging buffer (%llu bytes): %s", (unsigned long long)e->total,
+                       e->dev->error());
+      e->pinned[i] = 1;
+    }
   size_t map = e->o.map_bytes;
   if (map == 0) map = (size_t)(e->total + (e->total >> 3) + (1 << 20)) * (size_t)(e->o.keep_last + 2) + (16u << 20);
   int rc = mdb_env_set_mapsize(e->env, map);
@@ -513,6 +547,10 @@ int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s) {
       return CKPT_SKIPPED;
     }
     e->stats.coalesced++;
+  }
+  if (e->dev && !e->dev->host_memory && e->dev->ckpt_mark && e->dev->ckpt_mark()) {
+    pthread_mutex_unlock(&e->mu);
+    return tr_fail(TR_EIO, "checkpoint snapshot: marking the device stream: %s", e->dev->error());
   }
   stage_buf *b = &e->buf[pick];
   b->state = BUF_COPYING;
@@ -583,7 +621,10 @@ void ckpt_close(ckpt_engine *e) {
     pthread_join(e->writer, NULL);
   }
   if (e->env) mdb_env_close(e->env);
-  for (int i = 0; i < 2; i++) tr_free_aligned(e->buf[i].data);
+  for (int i = 0; i < 2; i++) {
+    if (e->pinned[i] && e->dev->ckpt_unpin) e->dev->ckpt_unpin(e->buf[i].data);
+    tr_free_aligned(e->buf[i].data);
+  }
   free(e->t);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);

@@ -140,6 +140,16 @@ static const tr_backend *load_cuda(void) {
 }
 
 const tr_backend *backend_get(const char *name, int threads) {
+  const tr_backend *be = backend_load(name);
+  if (!be) return NULL;
+  if (be->init(-1, threads)) {
+    tr_fail(TR_EIO, "device = \"%s\": %s", name, be->error());
+    return NULL;
+  }
+  return be;
+}
+
+const tr_backend *backend_load(const char *name) {
   const tr_backend *be = NULL;
   if (strcmp(name, "cpu") == 0) be = &cpu_backend;
   else if (strcmp(name, "emu") == 0) be = &emu_backend;
@@ -150,10 +160,6 @@ const tr_backend *backend_get(const char *name, int threads) {
     if (!be) return NULL;
   } else {
     tr_fail(TR_EINVAL, "unknown device '%s' (cpu, cuda, emu)", name);
-    return NULL;
-  }
-  if (be->init(-1, threads)) {
-    tr_fail(TR_EIO, "device = \"%s\": %s", name, be->error());
     return NULL;
   }
   return be;

@@ -138,6 +138,9 @@ struct tr_backend {
  * NULL with tr_error() set: unknown name, the CUDA plugin missing (built
  * without it) or failing to load, or no device. */
 const tr_backend *backend_get(const char *name, int threads);
+/* The same without init: the plugin is loaded (a check that a job's device
+ * can be used, for a process that will not compute on it). */
+const tr_backend *backend_load(const char *name);
 /* The host CPU backend (always available, no init needed). */
 const tr_backend *backend_cpu(void);
 /* Where the CUDA plugin is looked for: $TRANSOM_CUDA_LIB, else

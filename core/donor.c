@@ -220,6 +220,9 @@ int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fdp) {
     memcpy(b.params, tmp, sizeof(float) * (size_t)b.n);
     memcpy(b.m, tmp + b.n, sizeof(float) * (size_t)b.n);
     memcpy(b.v, tmp + 2 * b.n, sizeof(float) * (size_t)b.n);
+    rc = trainer_buffers_put(t);
+  }
+  if (!rc) {
     trainer_set_progress(t, proto_int(line, "step", 0), proto_int(line, "opt_steps", 0));
   }
   tr_free_aligned(tmp);
@@ -247,7 +250,8 @@ int donor_catch_up(int fd, trainer *t, int64_t until) {
     int64_t count = proto_int(line, "count", -1);
     if (!proto_is(line, "GRADS") || count < 0) return tr_fail(TR_EFORMAT, "donor: unexpected reply");
     if (count == 0 && until <= 0) return applied;
-    float *g = trainer_grads(t);
+    float *g = trainer_grads_host(t);
+    if (!g) return TR_EIO;
     size_t have = r.len; /* payload bytes already buffered */
     for (int64_t k = 0; k < count; k++) {
       size_t bytes = sizeof(float) * (size_t)b.n, take = have < bytes ? have : bytes;
@@ -255,7 +259,7 @@ int donor_catch_up(int fd, trainer *t, int64_t until) {
       have -= take;
       if ((rc = net_recv_all(fd, (char *)g + take, bytes - take))) return rc;
       step_stats st = {0};
-      if ((rc = trainer_apply_grads(t, &st))) return rc;
+      if ((rc = trainer_grads_put(t, g)) || (rc = trainer_apply_grads(t, &st))) return rc;
       applied++;
       if (until > 0 && st.step >= until) {
         /* drain the rest of this reply so the stream stays in step */

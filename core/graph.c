@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "kernels.h"
 #include "rng.h"
 #include "util.h"
@@ -61,8 +62,10 @@ struct graph {
   int *order; /* node ids, topological */
   int norder;
   graph_sizes sz;
-  float *params, *grads, *acts, *act_grads;
-  uint32_t *inputs; /* int32 or float32 inputs, 4 bytes each */
+  const tr_backend *be;                  /* where the slabs live and which kernels run */
+  float *params, *grads, *acts, *act_grads; /* backend memory */
+  uint32_t *inputs;  /* host: int32 or float32 inputs, 4 bytes each (the caller fills them) */
+  uint32_t *dinputs; /* their device copy (== inputs on a host backend) */
 };
 
 #define ALIGN_ELEMS 16 /* 64 bytes */
@@ -81,10 +84,13 @@ void graph_free(graph *g) {
   free(g->nodes);
   free(g->outputs);
   free(g->order);
-  tr_free_aligned(g->params);
-  tr_free_aligned(g->grads);
-  tr_free_aligned(g->acts);
-  tr_free_aligned(g->act_grads);
+  if (g->be) {
+    g->be->free(g->params);
+    g->be->free(g->grads);
+    g->be->free(g->acts);
+    g->be->free(g->act_grads);
+    if (g->dinputs != g->inputs) g->be->free(g->dinputs);
+  }
   tr_free_aligned(g->inputs);
   free(g);
 }
@@ -399,7 +405,9 @@ int graph_find(const graph *g, const char *name) {
 
 /* --- planning --- */
 
-int graph_plan(graph *g, int with_grad) {
+int graph_plan(graph *g, int with_grad) { return graph_plan_on(g, with_grad, backend_cpu()); }
+
+int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
   if (g->planned) return tr_fail(TR_ESTATE, "the graph is already planned");
   if (g->nn == 0) return tr_fail(TR_EINVAL, "the graph has no operations");
   /* Keep the nodes that the outputs depend on (all nodes if none is named).
@@ -466,16 +474,18 @@ int graph_plan(graph *g, int with_grad) {
   }
   free(need_t);
   g->sz.grads = with_grad ? g->sz.params : 0;
-  g->params = tr_alloc_aligned(sizeof(float) * (size_t)g->sz.params);
-  g->acts = tr_alloc_aligned(sizeof(float) * (size_t)g->sz.acts);
+  g->be = be;
+  g->params = be->alloc(sizeof(float) * (size_t)g->sz.params);
+  g->acts = be->alloc(sizeof(float) * (size_t)g->sz.acts);
   g->inputs = tr_alloc_aligned(4 * (size_t)g->sz.inputs);
+  g->dinputs = be->host_memory ? g->inputs : be->alloc(4 * (size_t)g->sz.inputs);
   if (with_grad) {
-    g->grads = tr_alloc_aligned(sizeof(float) * (size_t)g->sz.grads);
-    g->act_grads = tr_alloc_aligned(sizeof(float) * (size_t)g->sz.act_grads);
+    g->grads = be->alloc(sizeof(float) * (size_t)g->sz.grads);
+    g->act_grads = be->alloc(sizeof(float) * (size_t)g->sz.act_grads);
   }
-  if (!g->params || !g->acts || !g->inputs || (with_grad && (!g->grads || !g->act_grads)))
-    return tr_fail(TR_ENOMEM, "out of memory allocating the graph's slabs (%lld parameters, %lld activations)",
-                   (long long)g->sz.params, (long long)g->sz.acts);
+  if (!g->params || !g->acts || !g->inputs || !g->dinputs || (with_grad && (!g->grads || !g->act_grads)))
+    return tr_fail(TR_ENOMEM, "out of %s memory allocating the graph's slabs (%lld parameters, %lld activations)",
+                   be->name, (long long)g->sz.params, (long long)g->sz.acts);
   g->planned = 1;
   g->with_grad = with_grad;
   return TR_OK;
@@ -486,6 +496,19 @@ void graph_sizes_get(const graph *g, graph_sizes *out) { *out = g->sz; }
 int64_t graph_nparams(const graph *g) { return g->sz.params; }
 float *graph_params(graph *g) { return g->params; }
 float *graph_grads(graph *g) { return g->grads; }
+const tr_backend *graph_backend(const graph *g) { return g->be ? g->be : backend_cpu(); }
+
+int graph_read(graph *g, int t, void *dst) {
+  void *src = graph_data(g, t);
+  if (!src) return tr_fail(TR_EINVAL, "graph_read: tensor %d has no storage", t);
+  size_t bytes = 4 * (size_t)g->tensors[t].size;
+  if (g->tensors[t].kind == TK_INPUT || g->be->host_memory) {
+    memcpy(dst, src, bytes);
+    return TR_OK;
+  }
+  int rc = g->be->download(dst, src, bytes);
+  return rc ? tr_fail(rc, "reading '%s' from the %s device: %s", g->tensors[t].name, g->be->name, g->be->error()) : TR_OK;
+}
 
 void *graph_data(graph *g, int t) {
   if (!g->planned || t < 0 || t >= g->nt) return NULL;
@@ -505,32 +528,46 @@ float *graph_grad(graph *g, int t) {
   return x->kind == TK_PARAM ? g->grads + x->goff : g->act_grads + x->goff;
 }
 
-void graph_init_params(graph *g, uint64_t seed) {
+int graph_init_params(graph *g, uint64_t seed) {
+  if (!g->planned) return tr_fail(TR_ESTATE, "graph_init_params: plan the graph first");
+  float *host = g->params;
+  if (!g->be->host_memory && !(host = tr_alloc_aligned(sizeof(float) * (size_t)g->sz.params)))
+    return tr_fail(TR_ENOMEM, "out of memory initialising parameters");
   rng_t r;
   rng_seed(&r, seed);
   for (int i = 0; i < g->nt; i++) {
     tensor *t = &g->tensors[i];
     if (t->kind != TK_PARAM) continue;
-    float *p = g->params + t->off;
+    float *p = host + t->off;
     for (int64_t k = 0; k < t->size; k++)
       p[k] = t->init == INIT_ZEROS ? 0.0f : t->init == INIT_ONES ? 1.0f : t->std * rng_normal(&r);
   }
+  int rc = TR_OK;
+  if (host != g->params) {
+    if (g->be->upload(g->params, host, sizeof(float) * (size_t)g->sz.params))
+      rc = tr_fail(TR_EIO, "uploading parameters to the %s device: %s", g->be->name, g->be->error());
+    tr_free_aligned(host);
+  }
+  return rc;
 }
 
 void graph_zero_grad(graph *g) {
-  if (g->grads) par_zero(g->grads, g->sz.grads);
+  if (g->grads) g->be->zero(g->grads, g->sz.grads);
 }
 
 /* --- execution --- */
 
 #define F(t) ((float *)graph_data(g, (t)))
-#define I(t) ((int32_t *)graph_data(g, (t)))
+#define I(t) ((int32_t *)dev_input(g, (t))) /* token ids: the device copy */
 #define G(t) ((t) >= 0 ? graph_grad(g, (t)) : NULL)
 #define DIM(t, i) ((int)g->tensors[t].dim[i])
 #define LAST(t) ((int)g->tensors[t].dim[g->tensors[t].ndim - 1])
 
+static void *dev_input(graph *g, int t) { return g->dinputs + g->tensors[t].off; }
+
+/* Token ids are checked on the host, before they reach any kernel. */
 static int check_tokens(graph *g, int tok, int64_t V, const char *what) {
-  const int32_t *p = I(tok);
+  const int32_t *p = graph_data(g, tok);
   int64_t n = g->tensors[tok].size;
   for (int64_t i = 0; i < n; i++)
     if (p[i] < 0 || p[i] >= V)
@@ -567,54 +604,67 @@ static int profiling(void) {
   return prof_on;
 }
 
-static void prof_add(int dir, op_kind op, double t0) {
+static void prof_add(const graph *g, int dir, op_kind op, double t0) {
+  g->be->sync(); /* kernels are queued: time them to completion */
   prof_s[dir][op] += tr_now() - t0;
   prof_n[dir][op]++;
 }
 
+static int check_device(graph *g, const char *what) {
+  int rc = g->be->sync();
+  return rc ? tr_fail(rc, "%s on the %s device: %s", what, g->be->name, g->be->error()) : TR_OK;
+}
+
 int graph_forward(graph *g) {
   if (!g->planned) return tr_fail(TR_ESTATE, "graph_forward: plan the graph first");
+  const tr_backend *be = g->be;
+  for (int k = 0; k < g->norder; k++) { /* every token input is checked before any kernel runs */
+    const node *n = &g->nodes[g->order[k]];
+    int rc = n->op == OP_EMBED  ? check_tokens(g, n->in[0], g->tensors[n->in[1]].dim[0], "embed")
+             : n->op == OP_XENT ? check_tokens(g, n->in[1], LAST(n->in[0]), "cross_entropy")
+                                : TR_OK;
+    if (rc) return rc;
+  }
+  if (!be->host_memory && g->sz.inputs && be->upload(g->dinputs, g->inputs, 4 * (size_t)g->sz.inputs))
+    return tr_fail(TR_EIO, "uploading the inputs to the %s device: %s", be->name, be->error());
   int prof = profiling();
   for (int k = 0; k < g->norder; k++) {
     double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
     int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
     switch (n->op) {
-      case OP_EMBED: {
-        int rc = check_tokens(g, a, g->tensors[b].dim[0], "embed");
-        if (rc) return rc;
-        embed_forward(F(o), I(a), F(b), c >= 0 ? F(c) : NULL, DIM(a, 0), DIM(a, 1), DIM(b, 1));
+      case OP_EMBED:
+        be->embed_forward(F(o), I(a), F(b), c >= 0 ? F(c) : NULL, DIM(a, 0), DIM(a, 1), DIM(b, 1));
         break;
-      }
       case OP_LINEAR:
-        linear_forward(F(o), F(a), F(b), c >= 0 ? F(c) : NULL, (int)rows_of(&g->tensors[a]), LAST(a), DIM(b, 0));
+        be->linear_forward(F(o), F(a), F(b), c >= 0 ? F(c) : NULL, (int)rows_of(&g->tensors[a]), LAST(a), DIM(b, 0));
         break;
       case OP_LAYERNORM:
-        layernorm_forward(F(o), F(n->aux[0]), F(n->aux[1]), F(a), F(b), F(c), (int)rows_of(&g->tensors[a]), LAST(a));
+        be->layernorm_forward(F(o), F(n->aux[0]), F(n->aux[1]), F(a), F(b), F(c), (int)rows_of(&g->tensors[a]), LAST(a));
         break;
-      case OP_GELU: gelu_forward(F(o), F(a), g->tensors[a].size); break;
-      case OP_ADD: add_forward(F(o), F(a), F(b), g->tensors[a].size); break;
+      case OP_GELU: be->gelu_forward(F(o), F(a), g->tensors[a].size); break;
+      case OP_ADD: be->add_forward(F(o), F(a), F(b), g->tensors[a].size); break;
       case OP_ATTENTION:
-        attention_forward(F(o), F(n->aux[0]), F(a), DIM(a, 0), DIM(a, 1), DIM(a, 2) / 3, n->iattr);
+        be->attention_forward(F(o), F(n->aux[0]), F(a), DIM(a, 0), DIM(a, 1), DIM(a, 2) / 3, n->iattr);
         break;
-      case OP_XENT: {
-        int rc = check_tokens(g, b, LAST(a), "cross_entropy");
-        if (rc) return rc;
-        F(o)[0] = crossentropy_forward(F(n->aux[0]), F(a), I(b), (int)rows_of(&g->tensors[a]), LAST(a));
+      case OP_XENT:
+        be->crossentropy_forward(F(o), F(n->aux[0]), F(a), I(b), (int)rows_of(&g->tensors[a]), LAST(a));
         break;
-      }
     }
-    if (prof) prof_add(0, n->op, t0);
+    if (prof) prof_add(g, 0, n->op, t0);
   }
-  return TR_OK;
+  return be->host_memory ? TR_OK : check_device(g, "forward");
 }
 
 int graph_backward(graph *g, int loss) {
   if (!g->planned || !g->with_grad) return tr_fail(TR_ESTATE, "graph_backward: graph not planned for training");
   if (loss < 0 || loss >= g->nt || g->tensors[loss].size != 1 || g->tensors[loss].goff < 0)
     return tr_fail(TR_EINVAL, "graph_backward: loss must be a scalar activation");
-  par_zero(g->act_grads, g->sz.act_grads);
-  G(loss)[0] = 1.0f;
+  const tr_backend *be = g->be;
+  be->zero(g->act_grads, g->sz.act_grads);
+  const float one = 1.0f;
+  if (be->upload(G(loss), &one, sizeof one))
+    return tr_fail(TR_EIO, "backward on the %s device: %s", be->name, be->error());
   int prof = profiling();
   for (int k = g->norder - 1; k >= 0; k--) {
     double t0 = prof ? tr_now() : 0;
@@ -622,25 +672,25 @@ int graph_backward(graph *g, int loss) {
     int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
     float *dout = G(o);
     switch (n->op) {
-      case OP_EMBED: embed_backward(G(b), G(c), dout, I(a), DIM(a, 0), DIM(a, 1), DIM(b, 1)); break;
+      case OP_EMBED: be->embed_backward(G(b), G(c), dout, I(a), DIM(a, 0), DIM(a, 1), DIM(b, 1)); break;
       case OP_LINEAR:
-        linear_backward(G(a), G(b), G(c), dout, F(a), F(b), (int)rows_of(&g->tensors[a]), LAST(a), DIM(b, 0));
+        be->linear_backward(G(a), G(b), G(c), dout, F(a), F(b), (int)rows_of(&g->tensors[a]), LAST(a), DIM(b, 0));
         break;
       case OP_LAYERNORM:
-        layernorm_backward(G(a), G(b), G(c), dout, F(a), F(b), F(n->aux[0]), F(n->aux[1]),
+        be->layernorm_backward(G(a), G(b), G(c), dout, F(a), F(b), F(n->aux[0]), F(n->aux[1]),
                            (int)rows_of(&g->tensors[a]), LAST(a));
         break;
-      case OP_GELU: gelu_backward(G(a), F(a), dout, g->tensors[a].size); break;
-      case OP_ADD: add_backward(G(a), G(b), dout, g->tensors[a].size); break;
+      case OP_GELU: be->gelu_backward(G(a), F(a), dout, g->tensors[a].size); break;
+      case OP_ADD: be->add_backward(G(a), G(b), dout, g->tensors[a].size); break;
       case OP_ATTENTION:
-        attention_backward(G(a), F(n->aux[1]), dout, F(a), F(n->aux[0]), DIM(a, 0), DIM(a, 1), DIM(a, 2) / 3,
+        be->attention_backward(G(a), F(n->aux[1]), dout, F(a), F(n->aux[0]), DIM(a, 0), DIM(a, 1), DIM(a, 2) / 3,
                            n->iattr);
         break;
       case OP_XENT:
-        crossentropy_backward(G(a), F(n->aux[0]), I(b), dout[0], (int)rows_of(&g->tensors[a]), LAST(a));
+        be->crossentropy_backward(G(a), F(n->aux[0]), I(b), dout, (int)rows_of(&g->tensors[a]), LAST(a));
         break;
     }
-    if (prof) prof_add(1, n->op, t0);
+    if (prof) prof_add(g, 1, n->op, t0);
   }
-  return TR_OK;
+  return be->host_memory ? TR_OK : check_device(g, "backward");
 }

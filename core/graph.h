@@ -65,7 +65,17 @@ const char *graph_op_name(const graph *g, int node);
 
 /* --- planning and memory --- */
 /* with_grad = 0 plans an inference-only graph (no gradient slabs). */
-int graph_plan(graph *g, int with_grad);
+int graph_plan(graph *g, int with_grad); /* on the host CPU backend */
+/* Plans with every slab in be's memory, run by be's kernels (backend.h).
+ * Inputs stay in host memory (graph_data gives the host copy; forward
+ * uploads them); parameters, gradients and activations are device memory:
+ * graph_params/graph_grads/graph_data/graph_grad return device pointers
+ * (host pointers on a host backend). */
+struct tr_backend;
+int graph_plan_on(graph *g, int with_grad, const struct tr_backend *be);
+const struct tr_backend *graph_backend(const graph *g);
+/* Copies tensor t (all of it, 4 bytes an element) to host memory dst. */
+int graph_read(graph *g, int t, void *dst);
 int graph_planned(const graph *g);
 typedef struct {
   int64_t params, grads, acts, act_grads, inputs; /* elements per family */
@@ -83,7 +93,7 @@ float *graph_grad(graph *g, int t);
 /* Fills parameters from their init specs with a seeded generator; parameters
  * are visited in creation order, so the same graph and seed give the same
  * bits. */
-void graph_init_params(graph *g, uint64_t seed);
+int graph_init_params(graph *g, uint64_t seed);
 
 /* --- execution --- */
 int graph_forward(graph *g);

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "backend.h"
 #include "kernels.h"
 #include "util.h"
 
@@ -73,6 +74,24 @@ void adamw_step(adamw *o, float *params, const float *grads, float lr) {
       params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
     }
   }
+}
+
+void adamw_step_on(adamw *o, const tr_backend *be, float *params, const float *grads, float *mv, float lr) {
+  o->t++;
+  const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
+  const float c1 = 1.0f - powf(b1, (float)o->t), c2 = 1.0f - powf(b2, (float)o->t);
+  float *m = mv, *v = mv + o->n;
+  for (int r = 0; r < o->nranges; r++) {
+    const int64_t off = o->ranges[r].off;
+    const float wd = o->ranges[r].decay ? o->cfg.weight_decay : 0.0f;
+    be->adamw(params + off, grads + off, m + off, v + off, o->ranges[r].size, lr, b1, b2, eps, wd, c1, c2);
+  }
+}
+
+float grad_clip_on(const tr_backend *be, float *g, int64_t n, float max_norm) {
+  float norm = (float)sqrt(be->sumsq(g, n));
+  if (max_norm > 0.0f && norm > max_norm && isfinite(norm)) be->scale(g, n, max_norm / (norm + 1e-6f));
+  return norm;
 }
 
 float grad_norm(const float *g, int64_t n) { return (float)sqrt(par_sumsq(g, n)); }

@@ -28,6 +28,11 @@ void adamw_free(adamw *o);
 /* One update: params -= lr * (mhat / (sqrt(vhat) + eps) + wd * params). */
 void adamw_step(adamw *o, float *params, const float *grads, float lr);
 
+/* The same update on a backend's memory (backend.h): params, grads and the
+ * moments mv (m | v, 2*P floats) are device pointers. Queued, not waited. */
+struct tr_backend;
+void adamw_step_on(adamw *o, const struct tr_backend *be, float *params, const float *grads, float *mv, float lr);
+
 float *adamw_state(adamw *o);          /* 2*P floats */
 int64_t adamw_state_size(const adamw *o);
 int64_t adamw_steps(const adamw *o);   /* updates done so far */
@@ -38,6 +43,8 @@ float grad_norm(const float *g, int64_t n);
 /* Scales g so its norm is at most max_norm (no-op when max_norm <= 0).
  * Returns the norm before clipping. */
 float grad_clip(float *g, int64_t n, float max_norm);
+/* The same on a backend's memory. */
+float grad_clip_on(const struct tr_backend *be, float *g, int64_t n, float max_norm);
 
 typedef struct {
   float lr, min_lr;

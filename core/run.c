@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "ckpt.h"
 #include "job.h"
 #include "kernels.h"
@@ -252,7 +253,17 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
     fprintf(stderr, "transom: %s\n", tr_error());
     return 2;
   }
-  r.t = trainer_create(L, &r.cfg);
+  if (r.cfg.replicas > 1) { /* the operator computes nothing: its trainer (initial weights) stays on the host */
+    if (!backend_load(r.cfg.device)) {
+      fprintf(stderr, "transom: %s: key 'device': %s\n", r.cfg.path, tr_error());
+      return 2;
+    }
+    job_config host = r.cfg;
+    snprintf(host.device, sizeof host.device, "cpu");
+    r.t = trainer_create(L, &host);
+  } else {
+    r.t = trainer_create(L, &r.cfg);
+  }
   if (!r.t) {
     fprintf(stderr, "transom: %s\n", tr_error());
     return 2;
@@ -321,6 +332,7 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   printf("model %s: %lld parameters, vocab %d, %d threads | data %s: %lld tokens (%lld train, %lld val)\n", cfg->model,
          (long long)sz.params, d->voc.size, kernels_threads(), cfg->data, (long long)d->n, (long long)d->n_train,
          (long long)(d->n - d->n_train));
+  if (strcmp(cfg->device, "cpu") != 0) printf("device %s: %s\n", cfg->device, trainer_backend(r.t)->describe());
   if (r.ck)
     printf("checkpoints: every %lld steps%s, keep %lld, in %s/ckpt\n", (long long)cfg->ckpt_every_steps,
            cfg->ckpt_every_seconds > 0 ? " or by time" : "", (long long)cfg->ckpt_keep_last, r.dir);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "kernels.h"
 #include "lua_graph.h"
 #include "lua_host.h"
@@ -40,11 +41,26 @@ struct trainer {
   int nlr;
   int64_t step;
   ckpt_engine *ckpt; /* not owned */
+  /* on a device backend (be->host_memory == 0) the training state lives in
+   * device memory; the host keeps mirrors that trainer_pull/push sync */
+  const tr_backend *be;
+  int dev;
+  float *dmv;    /* device: Adam moments m | v (2n); the host's are adamw_state() */
+  float *hparams; /* host mirror of the parameters */
+  float *hgrads;  /* host copy of the gradients (collectives over the host, donors) */
 };
+
+/* The parameters in host memory: the slab itself on a host backend, else
+ * the mirror (current after trainer_pull). */
+static float *host_params(const trainer *t) { return t->dev ? t->hparams : graph_params(t->g); }
 
 /* --- model building (shared with `transom sample`) --- */
 
 int model_build(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, graph **out) {
+  return model_build_on(L, cfg_ref, V, B, with_grad, backend_cpu(), out);
+}
+
+int model_build_on(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, const tr_backend *be, graph **out) {
   int top = lua_gettop(L);
   *out = NULL;
   lua_rawgeti(L, LUA_REGISTRYINDEX, cfg_ref); /* [cfg] */
@@ -64,7 +80,7 @@ int model_build(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, grap
     rc = tr_fail(TR_ELUA, "model build did not return a graph");
     goto done;
   }
-  rc = graph_plan(g, with_grad);
+  rc = graph_plan_on(g, with_grad, be);
   if (rc) {
     graph_free(g);
     goto done;
@@ -167,18 +183,33 @@ trainer *trainer_create(lua_State *L, const job_config *cfg) {
   t->cfg = *cfg;
   int threads = cfg->threads > 0 ? (int)cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
   kernels_set_threads(threads > 0 ? threads : 1);
+  if (!(t->be = backend_get(cfg->device, threads))) {
+    tr_fail_prefix(TR_EINVAL, "%s: key 'device'", cfg->path);
+    goto fail;
+  }
+  t->dev = !t->be->host_memory;
   if (dataset_load(&t->data, cfg->data, (int)cfg->block_size)) {
     tr_fail_prefix(TR_EINVAL, "%s: key 'data'", cfg->path);
     goto fail;
   }
-  if (model_build(L, cfg->lua_ref, t->data.voc.size, (int)cfg->batch_size, 1, &t->g)) goto fail;
+  if (model_build_on(L, cfg->lua_ref, t->data.voc.size, (int)cfg->batch_size, 1, t->be, &t->g)) goto fail;
   t->tok = graph_find(t->g, "tokens");
   t->tgt = graph_find(t->g, "targets");
   t->loss = graph_find(t->g, "loss");
-  graph_init_params(t->g, (uint64_t)cfg->seed);
+  if (graph_init_params(t->g, (uint64_t)cfg->seed)) goto fail;
   adamw_config oc = {(float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps, (float)cfg->weight_decay};
   t->opt = adamw_create(t->g, &oc);
   if (!t->opt) goto fail;
+  if (t->dev) {
+    size_t n = (size_t)graph_nparams(t->g);
+    t->dmv = t->be->alloc(sizeof(float) * 2 * n);
+    t->hparams = tr_alloc_aligned(sizeof(float) * n);
+    t->hgrads = tr_alloc_aligned(sizeof(float) * n);
+    if (!t->dmv || !t->hparams || !t->hgrads) {
+      tr_fail(TR_ENOMEM, "out of %s memory for the optimizer state", t->be->name);
+      goto fail;
+    }
+  }
   t->sched = (lr_schedule){(float)cfg->lr, (float)cfg->min_lr, cfg->warmup_steps, cfg->lr_decay_steps};
   return t;
 fail:
@@ -192,6 +223,9 @@ void trainer_free(trainer *t) {
   graph_free(t->g);
   graph_free(t->infer);
   adamw_free(t->opt);
+  if (t->dmv) t->be->free(t->dmv);
+  tr_free_aligned(t->hparams);
+  tr_free_aligned(t->hgrads);
   free(t);
 }
 
@@ -219,7 +253,7 @@ int trainer_compute_grads(trainer *t, step_stats *st) {
   if (rc) return rc;
   double t3 = tr_now();
   memset(st, 0, sizeof *st);
-  st->loss = *(float *)graph_data(t->g, t->loss);
+  if ((rc = graph_read(t->g, t->loss, &st->loss))) return rc;
   st->tokens = (int64_t)B * T;
   st->t_data = t1 - t0;
   st->t_fwd = t2 - t1;
@@ -232,7 +266,8 @@ int trainer_apply_grads(trainer *t, step_stats *st) {
   double t0 = tr_now();
   float *grads = graph_grads(t->g);
   int64_t n = graph_nparams(t->g);
-  float norm = grad_clip(grads, n, (float)t->cfg.grad_clip);
+  float norm = t->dev ? grad_clip_on(t->be, grads, n, (float)t->cfg.grad_clip)
+                      : grad_clip(grads, n, (float)t->cfg.grad_clip);
   int skip = !isfinite(norm); /* a non-finite gradient is never applied */
   for (int i = 0; i < t->nskip && !skip; i++) skip = t->skip_steps[i] == t->step;
   lr_schedule sched = t->sched; /* with the live changes in force at this step */
@@ -243,10 +278,12 @@ int trainer_apply_grads(trainer *t, step_stats *st) {
     }
   float lr = lr_at(&sched, t->step);
   st->t_ckpt_wait = ckpt_wait_copy(t->ckpt); /* parameters are about to change */
-  if (!skip) adamw_step(t->opt, graph_params(t->g), grads, lr);
+  if (!skip && t->dev) adamw_step_on(t->opt, t->be, graph_params(t->g), grads, t->dmv, lr);
+  else if (!skip) adamw_step(t->opt, graph_params(t->g), grads, lr);
   else t->skipped++;
   st->skipped = skip;
   graph_zero_grad(t->g);
+  if (t->dev && t->be->sync()) return tr_fail(TR_EIO, "optimizer step on the %s device: %s", t->be->name, t->be->error());
   t->step++;
   double dt = tr_now() - t0;
   st->step = t->step;
@@ -270,8 +307,10 @@ int trainer_eval(trainer *t, float *val_loss) {
   for (int64_t i = 0; i < t->cfg.eval_steps; i++) {
     dataset_batch(&t->data, SPLIT_VAL, &r, B, T, graph_data(t->g, t->tok), graph_data(t->g, t->tgt));
     int rc = graph_forward(t->g);
+    float loss = 0;
+    if (!rc) rc = graph_read(t->g, t->loss, &loss);
     if (rc) return rc;
-    sum += *(float *)graph_data(t->g, t->loss);
+    sum += loss;
   }
   *val_loss = (float)(sum / (double)t->cfg.eval_steps);
   return TR_OK;
@@ -284,13 +323,17 @@ int trainer_sample(trainer *t, const char *prompt, int64_t ntokens, float temper
     if (graph_nparams(t->infer) != graph_nparams(t->g))
       return tr_fail(TR_ESTATE, "the inference graph's parameters differ from the training graph's");
   }
-  memcpy(graph_params(t->infer), graph_params(t->g), sizeof(float) * (size_t)graph_nparams(t->g));
+  int rc = trainer_pull(t, 0);
+  if (rc) return rc;
+  memcpy(graph_params(t->infer), host_params(t), sizeof(float) * (size_t)graph_nparams(t->g));
   return model_generate(t->infer, &t->data.voc, prompt, ntokens, temperature, seed, out);
 }
 
 int trainer_save(trainer *t, const char *dir) {
   char path[4096];
   int np = 0, nt = graph_ntensors(t->g);
+  int rc = trainer_pull(t, 0);
+  if (rc) return rc;
   st_tensor *ts = malloc(sizeof(st_tensor) * (size_t)nt);
   tensor_desc *ds = malloc(sizeof(tensor_desc) * (size_t)nt);
   if (!ts || !ds) {
@@ -301,14 +344,14 @@ int trainer_save(trainer *t, const char *dir) {
   for (int i = 0; i < nt; i++) {
     graph_tensor(t->g, i, &ds[np]);
     if (ds[np].kind != TK_PARAM) continue;
-    ts[np] = (st_tensor){ds[np].name, graph_data(t->g, i), ds[np].ndim, ds[np].dim};
+    ts[np] = (st_tensor){ds[np].name, host_params(t) + ds[np].offset, ds[np].ndim, ds[np].dim};
     np++;
   }
   char step[32];
   snprintf(step, sizeof step, "%lld", (long long)t->step);
   const char *meta[] = {"transom.step", step, "transom.model", t->cfg.model, NULL};
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  int rc = safetensors_write(path, ts, np, meta);
+  rc = safetensors_write(path, ts, np, meta);
   free(ts);
   free(ds);
   if (rc) return rc;
@@ -321,8 +364,11 @@ int trainer_save(trainer *t, const char *dir) {
 /* Calls fn for every saved tensor: name, pointer, shape. */
 typedef int (*state_fn)(void *ctx, const char *name, float *p, int ndim, const int64_t *dim);
 
-static int for_each_state(trainer *t, state_fn fn, void *ctx) {
-  float *m = adamw_state(t->opt), *v = m + graph_nparams(t->g);
+/* device = 1: where the state lives (what the checkpoint engine copies);
+ * 0: its host copy (what a load fills before trainer_push). */
+static int for_each_state(trainer *t, int device, state_fn fn, void *ctx) {
+  float *params = device ? graph_params(t->g) : host_params(t);
+  float *m = device && t->dev ? t->dmv : adamw_state(t->opt), *v = m + graph_nparams(t->g);
   for (int i = 0; i < graph_ntensors(t->g); i++) {
     tensor_desc d;
     graph_tensor(t->g, i, &d);
@@ -330,7 +376,7 @@ static int for_each_state(trainer *t, state_fn fn, void *ctx) {
     char name[256];
     int rc;
     snprintf(name, sizeof name, "param/%s", d.name);
-    if ((rc = fn(ctx, name, graph_params(t->g) + d.offset, d.ndim, d.dim))) return rc;
+    if ((rc = fn(ctx, name, params + d.offset, d.ndim, d.dim))) return rc;
     snprintf(name, sizeof name, "adam.m/%s", d.name);
     if ((rc = fn(ctx, name, m + d.offset, d.ndim, d.dim))) return rc;
     snprintf(name, sizeof name, "adam.v/%s", d.name);
@@ -344,7 +390,8 @@ static int reg_one(void *ctx, const char *name, float *p, int ndim, const int64_
 }
 
 int trainer_ckpt_attach(trainer *t, ckpt_engine *e) {
-  int rc = for_each_state(t, reg_one, e);
+  int rc = t->dev ? ckpt_set_device(e, t->be) : TR_OK;
+  if (!rc) rc = for_each_state(t, 1, reg_one, e);
   if (!rc) t->ckpt = e;
   return rc;
 }
@@ -392,8 +439,8 @@ int trainer_ckpt_load(trainer *t, ckpt_reader *r, int64_t step, char *report, si
   /* load into scratch copies, so a failed load leaves the trainer as it was */
   int64_t np = graph_nparams(t->g);
   float *scratch = tr_alloc_aligned(sizeof(float) * 3 * (size_t)np);
-  int rc = scratch ? for_each_state(t, add_target, &ts) : tr_fail(TR_ENOMEM, "out of memory");
-  float *params = graph_params(t->g), *mv = adamw_state(t->opt);
+  int rc = scratch ? for_each_state(t, 0, add_target, &ts) : tr_fail(TR_ENOMEM, "out of memory");
+  float *params = host_params(t), *mv = adamw_state(t->opt);
   for (int i = 0; i < ts.n && !rc; i++) { /* redirect into scratch at the same offsets */
     float *p = ts.t[i].ptr;
     if (p >= params && p < params + np) ts.t[i].ptr = scratch + (p - params);
@@ -407,6 +454,9 @@ int trainer_ckpt_load(trainer *t, ckpt_reader *r, int64_t step, char *report, si
   if (!rc) {
     memcpy(params, scratch, sizeof(float) * (size_t)np);
     memcpy(mv, scratch + np, sizeof(float) * 2 * (size_t)np);
+    rc = trainer_push(t);
+  }
+  if (!rc) {
     t->step = st.step;
     adamw_set_steps(t->opt, st.opt_steps);
   }
@@ -442,13 +492,54 @@ int trainer_set_lr(trainer *t, int64_t from_step, float lr) {
   return TR_OK;
 }
 
-void trainer_buffers_get(trainer *t, trainer_buffers *b) {
+int trainer_pull(trainer *t, int with_moments) {
+  if (!t->dev) return TR_OK;
+  size_t n = (size_t)graph_nparams(t->g);
+  int rc = t->be->download(t->hparams, graph_params(t->g), sizeof(float) * n);
+  if (!rc && with_moments) rc = t->be->download(adamw_state(t->opt), t->dmv, sizeof(float) * 2 * n);
+  return rc ? tr_fail(TR_EIO, "copying the training state from the %s device: %s", t->be->name, t->be->error())
+            : TR_OK;
+}
+
+int trainer_push(trainer *t) {
+  if (!t->dev) return TR_OK;
+  size_t n = (size_t)graph_nparams(t->g);
+  int rc = t->be->upload(graph_params(t->g), t->hparams, sizeof(float) * n);
+  if (!rc) rc = t->be->upload(t->dmv, adamw_state(t->opt), sizeof(float) * 2 * n);
+  return rc ? tr_fail(TR_EIO, "copying the training state to the %s device: %s", t->be->name, t->be->error())
+            : TR_OK;
+}
+
+float *trainer_grads_host(trainer *t) {
+  if (!t->dev) return graph_grads(t->g);
+  if (t->be->download(t->hgrads, graph_grads(t->g), sizeof(float) * (size_t)graph_nparams(t->g))) {
+    tr_fail(TR_EIO, "copying the gradients from the %s device: %s", t->be->name, t->be->error());
+    return NULL;
+  }
+  return t->hgrads;
+}
+
+int trainer_grads_put(trainer *t, const float *host) {
+  if (!t->dev) {
+    if (host != graph_grads(t->g)) memcpy(graph_grads(t->g), host, sizeof(float) * (size_t)graph_nparams(t->g));
+    return TR_OK;
+  }
+  if (t->be->upload(graph_grads(t->g), host, sizeof(float) * (size_t)graph_nparams(t->g)))
+    return tr_fail(TR_EIO, "copying the gradients to the %s device: %s", t->be->name, t->be->error());
+  return TR_OK;
+}
+
+const tr_backend *trainer_backend(const trainer *t) { return t->be; }
+
+int trainer_buffers_get(trainer *t, trainer_buffers *b) {
+  int rc = trainer_pull(t, 1);
   b->n = graph_nparams(t->g);
-  b->params = graph_params(t->g);
+  b->params = host_params(t);
   b->m = adamw_state(t->opt);
   b->v = b->m + b->n;
   b->step = t->step;
   b->opt_steps = adamw_steps(t->opt);
+  return rc;
 }
 
 void trainer_set_progress(trainer *t, int64_t step, int64_t opt_steps) {
@@ -457,7 +548,8 @@ void trainer_set_progress(trainer *t, int64_t step, int64_t opt_steps) {
 }
 
 uint32_t trainer_param_crc(trainer *t) {
-  return ckpt_crc32c(0, graph_params(t->g), sizeof(float) * (size_t)graph_nparams(t->g));
+  if (trainer_pull(t, 0)) return 0; /* an unreadable device disagrees with everyone */
+  return ckpt_crc32c(0, host_params(t), sizeof(float) * (size_t)graph_nparams(t->g));
 }
 float *trainer_grads(trainer *t) { return graph_grads(t->g); }
 int64_t trainer_grads_size(const trainer *t) { return graph_nparams(t->g); }
@@ -466,6 +558,7 @@ size_t trainer_planned_bytes(const trainer *t) {
   graph_sizes sz;
   graph_sizes_get(t->g, &sz);
   int64_t elems = sz.params + sz.grads + adamw_state_size(t->opt) + sz.acts + sz.act_grads + sz.inputs;
+  if (t->dev) elems += 2 * sz.params + adamw_state_size(t->opt); /* device memory beside the host mirrors */
   return 4 * (size_t)elems;
 }
 

@@ -48,14 +48,32 @@ void trainer_free(trainer *t);
 int trainer_step(trainer *t, step_stats *st);
 int trainer_compute_grads(trainer *t, step_stats *st);
 int trainer_apply_grads(trainer *t, step_stats *st);
-float *trainer_grads(trainer *t);
+float *trainer_grads(trainer *t); /* the backend's memory (device pointer on a device) */
 int64_t trainer_grads_size(const trainer *t);
 /* Direct access to the training state (catch-up of a joining replica). */
 typedef struct {
   float *params, *m, *v; /* n floats each */
   int64_t n, step, opt_steps;
 } trainer_buffers;
-void trainer_buffers_get(trainer *t, trainer_buffers *b);
+/* Host copies of the state: on a device backend this downloads them first
+ * (a non-zero return means the copy failed); write through them and call
+ * trainer_buffers_put to send changes back. */
+int trainer_buffers_get(trainer *t, trainer_buffers *b);
+#define trainer_buffers_put trainer_push
+
+/* --- device backends (job field `device`; see backend.h) ---
+ * On a device the parameters, gradients and Adam moments live in device
+ * memory and the host keeps mirrors. trainer_pull copies parameters (and
+ * with_moments the moments) to the mirrors, trainer_push the mirrors back.
+ * On the cpu backend both are no-ops. */
+int trainer_pull(trainer *t, int with_moments);
+int trainer_push(trainer *t);
+/* The backend the trainer runs on. */
+const struct tr_backend *trainer_backend(const trainer *t);
+/* The gradients in host memory (downloaded on a device; NULL on failure),
+ * and back (uploaded on a device). */
+float *trainer_grads_host(trainer *t);
+int trainer_grads_put(trainer *t, const float *host);
 void trainer_set_progress(trainer *t, int64_t step, int64_t opt_steps);
 /* CRC32C of the parameters (replicas must agree bit for bit). */
 uint32_t trainer_param_crc(trainer *t);
@@ -110,6 +128,9 @@ uint64_t trainer_config_hash(const trainer *t);
 /* Builds the model of the checked job at lua ref cfg_ref for batch size B and
  * vocabulary size V, planned (with_grad) and ready. */
 int model_build(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, graph **out);
+/* The same, planned on backend be. */
+int model_build_on(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, const struct tr_backend *be,
+                   graph **out);
 /* Copies parameters by name from a safetensors file into a planned graph. */
 int model_load_params(graph *g, const char *path);
 /* Autoregressive sampling with an inference graph (B=1). */

@@ -144,6 +144,7 @@ static void apply_chaos(worker *w, int64_t step) {
       memcpy(&bits, &b.params[b.n / 2], 4);
       bits ^= 1u << 20;
       memcpy(&b.params[b.n / 2], &bits, 4);
+      trainer_buffers_put(w->t);
     }
     if (strcmp(c->fault, "slow") == 0) {
       w->slow_ms = c->ms;
@@ -334,7 +335,11 @@ int worker_main(int argc, char **argv) {
     if (step + 1 <= w.slow_until && w.slow_ms > 0) usleep((useconds_t)w.slow_ms * 1000);
     step_stats st;
     if ((rc = trainer_compute_grads(t, &st))) goto fail;
-    float *g = trainer_grads(t);
+    float *g = trainer_grads_host(t); /* the host's copy on a device backend */
+    if (!g) {
+      rc = TR_EIO;
+      goto fail;
+    }
     if (step + 1 <= w.nan_until) g[0] = st.loss = __builtin_nanf("");
     double t_ar = tr_now();
     w.phase_since = t_ar;
@@ -357,6 +362,7 @@ int worker_main(int argc, char **argv) {
     if (rc < 0) goto fail;
     double ar_s = tr_now() - t_ar;
     donor_record(dn, step + 1, g);
+    if ((rc = trainer_grads_put(t, g))) goto fail;
     if ((rc = trainer_apply_grads(t, &st))) goto fail;
     donor_boundary(dn);
     step = st.step;

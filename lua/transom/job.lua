@@ -60,6 +60,9 @@ local SCHEMA = {
   { "eval_steps", "integer", 20, "batches per validation run", min = 1 },
   { "seed", "integer", 1337, "seed for init, batches and sampling", min = 0 },
   { "threads", "integer", 0, "compute threads (0 = all cores)", min = 0, max = 1024 },
+  { "device", "string", "cpu", "where the model runs: cpu, cuda (the ext/cuda backend: CUDA kernels, cuBLAS, "
+    .. "NCCL), or emu (the CPU kernels behind the device interface, for testing device code paths)",
+    enum = { "cpu", "cuda", "emu" } },
   { "run_dir", "string", nil, "run directory (default runs/<name>-<time>)", optional = true },
   { "log_interval", "integer", 1, "print a line every this many steps", min = 1 },
   { "sample_tokens", "integer", 200, "tokens generated at the end (0 = none)", min = 0 },

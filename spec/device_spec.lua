@@ -1,0 +1,117 @@
+-- device_spec.lua — the job's `device` field end to end: the emu backend
+-- (core's kernels behind the device boundary: device slabs, host mirrors,
+-- uploads, the optimizer and clipping through the backend table, level-1
+-- checkpoint copies through the backend) trains bit for bit like cpu; a
+-- checkpoint taken on one device resumes on the other; device = "cuda"
+-- trains where a GPU is visible and is a clear error where none is.
+-- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
+
+local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
+local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
+local sh, read = S.sh, S.read
+
+local tmp = os.tmpname()
+os.remove(tmp)
+assert(os.execute("mkdir -p " .. tmp))
+local data = tmp .. "/corpus.txt"
+local have_corpus = read(CORPUS) ~= nil
+if have_corpus then S.write(data, read(CORPUS):sub(1, 200000)) end
+
+-- a GPU is visible to this process: the cuda cases train instead of failing
+local gpu = select(2, sh("nvidia-smi -L >/dev/null 2>&1")) == 0
+
+local function args(run, device, extra)
+  return table.concat({
+    BIN, "run", ROOT .. "/examples/shakespeare.lua", "--set data=" .. data, "--set run_dir=" .. run,
+    "--set device=" .. device,
+    "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
+    "--set threads=1 --set eval_interval=0 --set eval_steps=2 --set sample_tokens=0 --set log_interval=50",
+    extra or "" }, " ")
+end
+
+local function losses(run)
+  local t = {}
+  for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+    local step, loss = line:match('^{"step":(%d+),"loss":([^,]+),')
+    if step then t[#t + 1] = step .. "=" .. loss end
+  end
+  return t
+end
+
+describe("device", function()
+  it("emu trains bit for bit like cpu: losses, weights and checkpoints", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    local a, b = tmp .. "/cpu", tmp .. "/emu"
+    local out, rc = sh(args(a, "cpu", "--set max_steps=40 --set checkpoint.every_steps=20"))
+    assert.equals(0, rc, out)
+    out, rc = sh(args(b, "emu", "--set max_steps=40 --set checkpoint.every_steps=20"))
+    assert.equals(0, rc, out)
+    assert.matches("device emu:", out)
+    local la, lb = losses(a), losses(b)
+    assert.equals(40, #la)
+    assert.same(la, lb)
+    assert.equals(read(a .. "/model.safetensors"), read(b .. "/model.safetensors"))
+    -- the checkpoint copied through the backend holds the same bytes
+    local ea = sh(BIN .. " ckpt export " .. a .. " --step 40 -o " .. tmp .. "/ea.safetensors")
+    local eb = sh(BIN .. " ckpt export " .. b .. " --step 40 -o " .. tmp .. "/eb.safetensors")
+    assert.is_truthy(read(tmp .. "/ea.safetensors"), ea)
+    assert.equals(read(tmp .. "/ea.safetensors"), read(tmp .. "/eb.safetensors"), eb)
+  end)
+
+  it("a checkpoint taken on one device resumes on the other, bit for bit", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    local ref = tmp .. "/ref"
+    local out, rc = sh(args(ref, "cpu", "--set max_steps=60 --set checkpoint.every_steps=30"))
+    assert.equals(0, rc, out)
+    for _, pair in ipairs({ { "emu", "cpu" }, { "cpu", "emu" } }) do
+      local run = tmp .. "/" .. pair[1] .. "_to_" .. pair[2]
+      -- stop at step 30 (a checkpoint), then resume the same run on the other device
+      out, rc = sh(args(run, pair[1], "--set max_steps=60 --set checkpoint.every_steps=30 --set checkpoint.keep_last=1"
+        .. " --set log_interval=1") .. " & P=$!; while ! grep -q '\"step\":31,' " .. run .. "/metrics.jsonl 2>/dev/null;"
+        .. " do sleep 0.02; done; kill -9 $P; wait $P; true")
+      out, rc = sh(BIN .. " run --resume " .. run .. " --set device=" .. pair[2])
+      assert.equals(0, rc, out)
+      assert.matches("resumed from step 30", out)
+      assert.matches(pair[2] == "cpu" and "" or "device emu:", out)
+      assert.equals(read(ref .. "/model.safetensors"), read(run .. "/model.safetensors"),
+        pair[1] .. " -> " .. pair[2] .. ": the resumed run's weights differ from the uninterrupted run's")
+    end
+  end)
+
+  it("device = cuda: trains on a GPU, or says why not and writes nothing", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    local run = tmp .. "/cuda"
+    local out, rc = sh(args(run, "cuda", "--set max_steps=10"))
+    if gpu then
+      assert.equals(0, rc, out)
+      assert.matches("device cuda:", out)
+      assert.equals(10, #losses(run))
+      return
+    end
+    assert.equals(2, rc, out)
+    assert.matches("shakespeare.lua: key 'device': device = \"cuda\": ", out, 1, true)
+    assert.is_truthy(out:find("built without the CUDA backend", 1, true) or out:find("no CUDA device", 1, true)
+      or out:find("CUDA driver", 1, true), out)
+    assert.is_false(S.exists(run), "a run directory was written for a job that cannot start")
+    -- the operator checks it too, before starting any replica
+    out, rc = sh(args(run, "cuda", "--set max_steps=10 --set replicas=2"))
+    if out:find("built without", 1, true) then
+      assert.equals(2, rc, out)
+      assert.is_false(S.exists(run))
+    end
+  end)
+
+  it("an unknown device names the key and the choices", function()
+    local out, rc = sh(args(tmp .. "/bad", "gpu"))
+    assert.equals(2, rc, out)
+    assert.matches("key 'device' must be one of cpu, cuda, emu", out, 1, true)
+  end)
+
+  it("replicas on emu agree bit for bit", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    local run = tmp .. "/emu2"
+    local out, rc = sh("timeout 120 " .. args(run, "emu", "--set max_steps=20 --set replicas=2"))
+    assert.equals(0, rc, out)
+    assert.matches("2 replicas finished with parameter crc32c %x+", out)
+  end)
+end)
