@@ -33,6 +33,14 @@ struct donor {
   int64_t first, last; /* steps held: first..last (last < first: none) */
 };
 
+int donor_wants(donor *d, int64_t step) {
+  if (!d) return 0;
+  pthread_mutex_lock(&d->mu);
+  int want = d->hist_on && step == d->last + 1;
+  pthread_mutex_unlock(&d->mu);
+  return want;
+}
+
 void donor_record(donor *d, int64_t step, const float *grads) {
   if (!d) return;
   pthread_mutex_lock(&d->mu);

@@ -30,6 +30,9 @@ void donor_stop(donor *d);
 
 /* Training thread: the all-reduced gradient of `step` (before clipping). */
 void donor_record(donor *d, int64_t step, const float *grads);
+/* Whether donor_record(d, step, ...) would keep the gradients (a joiner is
+ * catching up): a device replica downloads them only then. */
+int donor_wants(donor *d, int64_t step);
 /* Training thread, after the optimizer: serve a pending snapshot request. */
 void donor_boundary(donor *d);
 

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "ckpt.h"
 #include "donor.h"
 #include "ftar.h"
@@ -335,17 +336,17 @@ int worker_main(int argc, char **argv) {
     if (step + 1 <= w.slow_until && w.slow_ms > 0) usleep((useconds_t)w.slow_ms * 1000);
     step_stats st;
     if ((rc = trainer_compute_grads(t, &st))) goto fail;
-    float *g = trainer_grads_host(t); /* the host's copy on a device backend */
-    if (!g) {
-      rc = TR_EIO;
-      goto fail;
+    const tr_backend *be = trainer_backend(t);
+    float *g = trainer_grads(t); /* the backend's memory: FTAR moves it with the device's communicator */
+    if (step + 1 <= w.nan_until) {
+      const float nan = st.loss = __builtin_nanf("");
+      if ((rc = be->upload(g, &nan, sizeof nan))) goto fail;
     }
-    if (step + 1 <= w.nan_until) g[0] = st.loss = __builtin_nanf("");
     double t_ar = tr_now();
     w.phase_since = t_ar;
     w.in_allreduce = 1;
     ftar_result res;
-    rc = ftar_allreduce(fm, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)step + 1, &res);
+    rc = ftar_allreduce_dev(fm, be, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)step + 1, &res);
     w.phase_since = tr_now();
     w.in_allreduce = 0;
     if (rc == FTAR_ESEQ && donor_fd >= 0 && res.seq > (uint64_t)step + 1) {
@@ -361,8 +362,14 @@ int worker_main(int argc, char **argv) {
     }
     if (rc < 0) goto fail;
     double ar_s = tr_now() - t_ar;
-    donor_record(dn, step + 1, g);
-    if ((rc = trainer_grads_put(t, g))) goto fail;
+    if (donor_wants(dn, step + 1)) { /* a joiner is catching up: keep the reduced gradients for it */
+      const float *hg = trainer_grads_host(t);
+      if (!hg) {
+        rc = TR_EIO;
+        goto fail;
+      }
+      donor_record(dn, step + 1, hg);
+    }
     if ((rc = trainer_apply_grads(t, &st))) goto fail;
     donor_boundary(dn);
     step = st.step;

@@ -107,6 +107,27 @@ describe("device", function()
     assert.matches("key 'device' must be one of cpu, cuda, emu", out, 1, true)
   end)
 
+  it("on emu a replica killed by chaos is replaced: survivors go on through the device communicator", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    local run, jobfile = tmp .. "/emu_kill", tmp .. "/emu_kill.lua"
+    S.write(jobfile, 'return { data = "' .. data .. '", chaos = { { at_step = 40, replica = 1, fault = "kill" } } }\n')
+    local cmd = args(run, "emu", "--set max_steps=120 --set replicas=3 --set deadline=2 --set log_interval=20"
+      .. " --set checkpoint.every_steps=20"):gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1)
+    local out, rc = sh("timeout 300 " .. cmd)
+    assert.equals(0, rc, out)
+    assert.matches("replica_failed: replica 1 killed %(signal 9%)", out)
+    assert.matches("replica 1 catches up from replica", out)
+    assert.matches("3 replicas finished with parameter crc32c %x+ %(step 120%)", out)
+    -- every step was trained once by the group: the survivors never stopped
+    local steps = {}
+    for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+      local st, w = line:match('^{"step":(%d+),"worker":(%d+),')
+      if st and w == "0" then steps[#steps + 1] = tonumber(st) end
+    end
+    assert.equals(120, #steps)
+    for i, st in ipairs(steps) do assert.equals(i, st) end
+  end)
+
   it("replicas on emu agree bit for bit", function()
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
     local run = tmp .. "/emu2"
