@@ -56,24 +56,7 @@ int64_t adamw_steps(const adamw *o) { return o->t; }
 void adamw_set_steps(adamw *o, int64_t t) { o->t = t; }
 
 void adamw_step(adamw *o, float *params, const float *grads, float lr) {
-  o->t++;
-  const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
-  const float c1 = 1.0f - powf(b1, (float)o->t), c2 = 1.0f - powf(b2, (float)o->t);
-  float *m = o->state, *v = o->state + o->n;
-  for (int r = 0; r < o->nranges; r++) {
-    const int64_t off = o->ranges[r].off, end = off + o->ranges[r].size;
-    const float wd = o->ranges[r].decay ? o->cfg.weight_decay : 0.0f;
-#pragma omp parallel for schedule(static) if (end - off > 16384)
-    for (int64_t i = off; i < end; i++) {
-      float gr = grads[i];
-      float mi = b1 * m[i] + (1.0f - b1) * gr;
-      float vi = b2 * v[i] + (1.0f - b2) * gr * gr;
-      m[i] = mi;
-      v[i] = vi;
-      float mhat = mi / c1, vhat = vi / c2;
-      params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
-    }
-  }
+  adamw_step_on(o, backend_cpu(), params, grads, o->state, lr);
 }
 
 void adamw_step_on(adamw *o, const tr_backend *be, float *params, const float *grads, float *mv, float lr) {
@@ -96,11 +79,7 @@ float grad_clip_on(const tr_backend *be, float *g, int64_t n, float max_norm) {
 
 float grad_norm(const float *g, int64_t n) { return (float)sqrt(par_sumsq(g, n)); }
 
-float grad_clip(float *g, int64_t n, float max_norm) {
-  float norm = grad_norm(g, n);
-  if (max_norm > 0.0f && norm > max_norm && isfinite(norm)) par_scale(g, n, max_norm / (norm + 1e-6f));
-  return norm;
-}
+float grad_clip(float *g, int64_t n, float max_norm) { return grad_clip_on(backend_cpu(), g, n, max_norm); }
 
 float lr_at(const lr_schedule *s, int64_t step) {
   if (step < s->warmup_steps) return s->lr * (float)(step + 1) / (float)s->warmup_steps;

@@ -266,8 +266,7 @@ int trainer_apply_grads(trainer *t, step_stats *st) {
   double t0 = tr_now();
   float *grads = graph_grads(t->g);
   int64_t n = graph_nparams(t->g);
-  float norm = t->dev ? grad_clip_on(t->be, grads, n, (float)t->cfg.grad_clip)
-                      : grad_clip(grads, n, (float)t->cfg.grad_clip);
+  float norm = grad_clip_on(t->be, grads, n, (float)t->cfg.grad_clip);
   int skip = !isfinite(norm); /* a non-finite gradient is never applied */
   for (int i = 0; i < t->nskip && !skip; i++) skip = t->skip_steps[i] == t->step;
   lr_schedule sched = t->sched; /* with the live changes in force at this step */
@@ -278,8 +277,7 @@ int trainer_apply_grads(trainer *t, step_stats *st) {
     }
   float lr = lr_at(&sched, t->step);
   st->t_ckpt_wait = ckpt_wait_copy(t->ckpt); /* parameters are about to change */
-  if (!skip && t->dev) adamw_step_on(t->opt, t->be, graph_params(t->g), grads, t->dmv, lr);
-  else if (!skip) adamw_step(t->opt, graph_params(t->g), grads, lr);
+  if (!skip) adamw_step_on(t->opt, t->be, graph_params(t->g), grads, t->dev ? t->dmv : adamw_state(t->opt), lr);
   else t->skipped++;
   st->skipped = skip;
   graph_zero_grad(t->g);

@@ -8,14 +8,7 @@ local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec")
 local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
 local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
 
-local function losses(run)
-  local t = {}
-  for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
-    local step, loss = line:match('^{"step":(%d+),"loss":([^,]+),')
-    if step then t[#t + 1] = step .. "=" .. loss end
-  end
-  return t
-end
+local losses = S.losses
 
 local function count_lines(path)
   local n = 0

@@ -29,14 +29,7 @@ local function args(run, device, extra)
     extra or "" }, " ")
 end
 
-local function losses(run)
-  local t = {}
-  for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
-    local step, loss = line:match('^{"step":(%d+),"loss":([^,]+),')
-    if step then t[#t + 1] = step .. "=" .. loss end
-  end
-  return t
-end
+local losses = S.losses
 
 describe("device", function()
   it("emu trains bit for bit like cpu: losses, weights and checkpoints", function()
@@ -86,6 +79,29 @@ describe("device", function()
       assert.equals(0, rc, out)
       assert.matches("device cuda:", out)
       assert.equals(10, #losses(run))
+      -- 50 steps follow the CPU's loss curve (fp32 both; sums in other orders)
+      local c, g = tmp .. "/curve_cpu", tmp .. "/curve_cuda"
+      assert.equals(0, select(2, sh(args(c, "cpu", "--set max_steps=50"))))
+      assert.equals(0, select(2, sh(args(g, "cuda", "--set max_steps=50"))))
+      local lc, lg = losses(c), losses(g)
+      assert.equals(50, #lg)
+      for i = 1, 50 do
+        local a, b = tonumber(lc[i]:match("=(.*)")), tonumber(lg[i]:match("=(.*)"))
+        assert.is_true(math.abs(a - b) <= 2e-3 + 2e-3 * math.abs(a), "step " .. i .. ": cpu " .. a .. " cuda " .. b)
+      end
+      -- a GPU checkpoint resumes on the CPU, and a CPU checkpoint on the GPU
+      for _, pair in ipairs({ { "cuda", "cpu" }, { "cpu", "cuda" } }) do
+        local r = tmp .. "/x_" .. pair[1] .. "_" .. pair[2]
+        assert.equals(0, select(2, sh(args(r, pair[1], "--set max_steps=20 --set checkpoint.every_steps=20"))))
+        local o, rc2 = sh(BIN .. " run --resume " .. r .. " --set device=" .. pair[2] .. " --set max_steps=40")
+        assert.equals(0, rc2, o)
+        assert.matches("resumed from step 20", o)
+        local l = losses(r)
+        assert.equals(40, #l)
+        local ref = tonumber(lc[40]:match("=(.*)"))
+        local got = tonumber(l[40]:match("=(.*)"))
+        assert.is_true(math.abs(ref - got) <= 5e-3 + 5e-3 * ref, pair[1] .. " -> " .. pair[2] .. ": " .. got .. " vs " .. ref)
+      end
       return
     end
     assert.equals(2, rc, out)

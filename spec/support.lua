@@ -55,4 +55,15 @@ function S.transom(dir, ...)
   return code, assert(S.read(out)), assert(S.read(err))
 end
 
+-- The "step=loss" strings of a single-replica run's metrics.jsonl, in order
+-- (strings: two runs compare bit for bit).
+function S.losses(run)
+  local t = {}
+  for line in (S.read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+    local step, loss = line:match('^{"step":(%d+),"loss":([^,]+),')
+    if step then t[#t + 1] = step .. "=" .. loss end
+  end
+  return t
+end
+
 return S
