@@ -63,7 +63,7 @@ static void host_xent_backward(float *dlogits, const float *probs, const int32_t
   .layernorm_backward = layernorm_backward, .gelu_forward = gelu_forward, .gelu_backward = gelu_backward,     \
   .add_forward = add_forward, .add_backward = add_backward, .attention_forward = attention_forward,           \
   .attention_backward = attention_backward, .crossentropy_forward = host_xent_forward,                        \
-  .crossentropy_backward = host_xent_backward
+  .crossentropy_backward = host_xent_backward, .bf16 = &kernels_bf16_ops
 
 static const tr_backend cpu_backend = {
     .abi = TR_BACKEND_ABI, .name = "cpu", .host_memory = 1,

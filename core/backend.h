@@ -37,7 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TR_BACKEND_ABI 1
+#define TR_BACKEND_ABI 2
 
 typedef struct tr_backend tr_backend;
 
@@ -132,7 +132,49 @@ struct tr_backend {
   int (*comm_create)(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout);
   int (*comm_allreduce)(tr_comm *c, float *buf, size_t n, float scale, double deadline);
   void (*comm_destroy)(tr_comm *c);
+
+  /* bf16 activations with fp32 master weights (job: precision = "bf16");
+   * NULL when the backend has none. */
+  const struct tr_bf16_ops *bf16;
 };
+
+/* bfloat16 storage: the top 16 bits of an IEEE float32. Conversions round to
+ * nearest even (NaN stays NaN). */
+typedef uint16_t tr_bf16;
+
+/* The graph ops with activations and activation gradients stored as bf16.
+ * Parameters, their gradients and the optimizer stay fp32 (the master
+ * weights); matmuls read `w16`, a bf16 shadow of the fp32 parameter slab that
+ * the graph refreshes from the master weights (to_bf16) before every forward.
+ * Every sum inside a kernel is done in fp32 (cuBLAS: CUBLAS_COMPUTE_32F);
+ * values are rounded to bf16 where they are stored. Exceptions kept fp32:
+ * layernorm's saved mean and rstd, and the loss. The accumulation rule of
+ * kernels.h holds (`+=` into gradients, in fp32 then rounded for bf16 ones;
+ * NULL outputs skipped). Same argument order as the fp32 table. */
+typedef struct tr_bf16_ops {
+  void (*to_bf16)(tr_bf16 *dst, const float *src, int64_t n);
+  void (*embed_forward)(tr_bf16 *out, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C);
+  void (*embed_backward)(float *dwte, float *dwpe, const tr_bf16 *dout, const int32_t *tok, int B, int T, int C);
+  void (*linear_forward)(tr_bf16 *out, const tr_bf16 *inp, const tr_bf16 *w16, const float *bias, int N, int C,
+                         int OC);
+  void (*linear_backward)(tr_bf16 *dinp, float *dw, float *dbias, const tr_bf16 *dout, const tr_bf16 *inp,
+                          const tr_bf16 *w16, int N, int C, int OC);
+  void (*layernorm_forward)(tr_bf16 *out, float *mean, float *rstd, const tr_bf16 *inp, const float *w,
+                            const float *b, int N, int C);
+  void (*layernorm_backward)(tr_bf16 *dinp, float *dw, float *db, const tr_bf16 *dout, const tr_bf16 *inp,
+                             const float *w, const float *mean, const float *rstd, int N, int C);
+  void (*gelu_forward)(tr_bf16 *out, const tr_bf16 *inp, int64_t n);
+  void (*gelu_backward)(tr_bf16 *dinp, const tr_bf16 *inp, const tr_bf16 *dout, int64_t n);
+  void (*add_forward)(tr_bf16 *out, const tr_bf16 *a, const tr_bf16 *b, int64_t n);
+  void (*add_backward)(tr_bf16 *da, tr_bf16 *db, const tr_bf16 *dout, int64_t n);
+  void (*attention_forward)(tr_bf16 *out, tr_bf16 *att, const tr_bf16 *qkv, int B, int T, int C, int NH);
+  void (*attention_backward)(tr_bf16 *dqkv, tr_bf16 *scratch, const tr_bf16 *dout, const tr_bf16 *qkv,
+                             const tr_bf16 *att, int B, int T, int C, int NH);
+  void (*crossentropy_forward)(float *loss, tr_bf16 *probs, const tr_bf16 *logits, const int32_t *targets, int N,
+                               int V);
+  void (*crossentropy_backward)(tr_bf16 *dlogits, const tr_bf16 *probs, const int32_t *targets, const float *dloss,
+                                int N, int V);
+} tr_bf16_ops;
 
 /* The backend named `name` ("cpu", "emu", "cuda"), initialised (see init).
  * NULL with tr_error() set: unknown name, the CUDA plugin missing (built

@@ -721,7 +721,20 @@ static void send_leave(ftar_member *m) {
   if (len && evbuffer_copyout(out, buf, len) != (ssize_t)len) return;
   ftar_hdr h = {.type = FT_LEAVE, .epoch = m->ep, .seq = m->last_seq, .index = (uint32_t)m->slot};
   ftar_frame_build(buf + len, &h, NULL);
-  io_all((int)bufferevent_getfd(m->bev), buf, len + FTAR_HDR, 1, tr_now() + 1.0);
+  int fd = (int)bufferevent_getfd(m->bev);
+  double t_end = tr_now() + 1.0;
+  if (io_all(fd, buf, len + FTAR_HDR, 1, t_end) != 0) return;
+  /* Read what the coordinator still sends until it closes (it does on
+   * LEAVE): closing a socket with unread bytes sends a reset, and a reset
+   * can discard the LEAVE before the coordinator reads it. Bounded. */
+  shutdown(fd, SHUT_WR);
+  for (;;) {
+    int ms = (int)((t_end - tr_now()) * 1000);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (ms <= 0 || poll(&p, 1, ms) <= 0) break;
+    ssize_t r = recv(fd, buf, sizeof buf, 0);
+    if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) break;
+  }
 }
 
 void ftar_member_free(ftar_member *m) {

@@ -69,4 +69,14 @@ float crossentropy_forward(float *probs, const float *logits, const int32_t *tar
 /* dlogits (N,V) += dloss * (probs - onehot(targets)) / N */
 void crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, float dloss, int N, int V);
 
+/* --- bf16 activations (kernels_bf16.c): conversions, and the host
+ * implementation of backend.h's tr_bf16_ops (widen to fp32, run the kernels
+ * above, round what is stored) --- */
+float tr_bf16_to_f32(uint16_t h);
+uint16_t tr_f32_to_bf16(float f); /* round to nearest even; NaN stays NaN */
+void tr_bf16_widen(float *dst, const uint16_t *src, int64_t n);
+void tr_bf16_round(uint16_t *dst, const float *src, int64_t n);
+struct tr_bf16_ops;
+extern const struct tr_bf16_ops kernels_bf16_ops;
+
 #endif

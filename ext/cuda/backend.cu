@@ -21,7 +21,11 @@
  * not used). TRANSOM_CUDA_TF32=1 in the environment at init lets cuBLAS
  * use TF32 tensor cores (CUBLAS_TF32_TENSOR_OP_MATH): faster, about 1e-3
  * relative error per product, so results no longer match the CPU backend
- * to fp32 tolerances. describe() says which mode is on.
+ * to fp32 tolerances. describe() says which mode is on. The bf16 ops
+ * (kernels_bf16.cu) multiply bf16 on tensor cores with fp32 accumulation;
+ * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION keeps their split-K
+ * reductions in fp32 too where the output is bf16 (it changes nothing for
+ * fp32 outputs).
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -196,7 +200,8 @@ static int init_locked(int ordinal) {
   env = getenv("TRANSOM_CUDA_TF32");
   tf32 = env && strcmp(env, "1") == 0;
   if ((bs = cublasSetStream(blas, stream)) != CUBLAS_STATUS_SUCCESS ||
-      (bs = cublasSetMathMode(blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH)) !=
+      (bs = cublasSetMathMode(blas, (cublasMath_t)((tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
+                                                   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION))) !=
           CUBLAS_STATUS_SUCCESS) {
     rc = tc_fail(TC_EIO, "cuBLAS setup: %s", cublasGetStatusString(bs));
     goto error;
@@ -400,6 +405,7 @@ static tr_backend make_table(void) {
   t.attention_backward = tk_attention_backward;
   t.crossentropy_forward = tk_crossentropy_forward;
   t.crossentropy_backward = tk_crossentropy_backward;
+  t.bf16 = tk_bf16_ops();
   t.ckpt_pin = cu_ckpt_pin;
   t.ckpt_unpin = cu_ckpt_unpin;
   t.ckpt_mark = cu_ckpt_mark;

@@ -71,4 +71,8 @@ void tk_crossentropy_forward(float *loss, float *probs, const float *logits, con
 void tk_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, const float *dloss, int N,
                               int V);
 
+/* --- kernels_bf16.cu: backend.h's tr_bf16_ops (bf16 activations, fp32 master
+ * weights), launchers with the same discipline as the tk_* above --- */
+const tr_bf16_ops *tk_bf16_ops(void);
+
 #endif

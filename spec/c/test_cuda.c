@@ -22,6 +22,39 @@
  *       relative, and bitwise equal across two calls (determinism).
  * Each comparison prints its worst err/limit, so a run shows the margins.
  *
+ * bf16 ops (backend.h, tr_bf16_ops): the cuda table's bf16 ops against the
+ * cpu backend's (core/kernels_bf16.c: widen, fp32 kernel, round), on the
+ * same bf16 inputs (random fp32 values rounded on the host by a local
+ * helper), compared after widening both sides to fp32. bf16 keeps 8
+ * significant bits: one unit in the last place (ulp) is at most 2^-7 =
+ * 7.8e-3 of the value, and where the two sides round fp32 values that differ
+ * by the order of a sum, their bf16 results can differ by that one ulp.
+ * Tolerances:
+ *   B16_EW  atol 1e-5, rtol 1e-2: bf16 results of elementwise ops and short
+ *       sums (embed, add, gelu, softmax probabilities, the loss gradient):
+ *       one ulp (rtol), and gelu's tanhf against the CPU's fast tanh where
+ *       1 + tanh cancels (atol).
+ *   B16_SUM atol 1e-3, rtol 1e-2: bf16 results of long fp32 sums added in
+ *       another order (GEMMs with K <= 200, layernorm rows): the fp32
+ *       results differ by about K * 2^-24 * sum|terms| < 4e-4 before the
+ *       rounding, then one ulp.
+ *   B16_GPUROUND atol 2e-2, rtol 2e-2: where the GPU rounds once more than
+ *       the reference so its tensor-core matmuls get bf16 operands
+ *       (kernels_bf16.cu): linear_forward with a bias (the matmul result is
+ *       rounded, then + bias: half an ulp of |inp w| <= 2^-8 * 5 with these
+ *       N(0,1) values = 0.02), attention's out (att rounded before att v:
+ *       <= 2^-9 * max|v| ~ 0.01) and dqkv (the softmax gradient rounded
+ *       before the dq, dk matmuls: 2^-9 per term of sum |dpre k|, a few e-3).
+ *   F32_TC  atol 1e-3, rtol 1e-3: fp32 parameter gradients from tensor-core
+ *       matmuls of bf16 operands (linear dw: exact products, fp32 sums in
+ *       another order; the tensor cores' fp32 accumulation may truncate).
+ *   The fp32 outputs of sums the GPU orders as the CPU or like its fp32
+ *   kernels (embed dwte/dwpe, layernorm mean/rstd/dw/db, dbias, the loss)
+ *   keep the fp32 EW/RED tolerances; to_bf16 is compared bitwise (NaN
+ *   matching any NaN). Gradient outputs are pre-filled (bf16 ones with bf16
+ *   values), forward outputs start as garbage, backward ops run on the
+ *   reference's saved forward results on both sides (mean/rstd, att, probs).
+ *
  * Without the plugin or without a GPU it prints "test_cuda: SKIP: <why>"
  * and exits 77 (ctest: skipped).
  */
@@ -40,6 +73,14 @@
 #define EW_RTOL 1e-4
 #define RED_ATOL 1e-4
 #define RED_RTOL 1e-4
+#define B16_EW_ATOL 1e-5
+#define B16_EW_RTOL 1e-2
+#define B16_SUM_ATOL 1e-3
+#define B16_SUM_RTOL 1e-2
+#define B16_GPUROUND_ATOL 2e-2
+#define B16_GPUROUND_RTOL 2e-2
+#define F32_TC_ATOL 1e-3
+#define F32_TC_RTOL 1e-3
 
 static const tr_backend *be;
 static rng_t R;
@@ -368,6 +409,321 @@ static void test_crossentropy(int si, const shape *s) {
   CHECK(isnan(loss) && isnan(gl[0]), "bad target: cpu loss %g, gpu loss %g (both should be NaN)", loss, gl[0]);
 }
 
+/* --- bf16 ops: host bf16 buffers, rounded here (not by the reference) --- */
+
+static tr_bf16 f2bf(float f) { /* round to nearest even; NaN stays a NaN */
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (tr_bf16)((u >> 16) | 0x0040u);
+  return (tr_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float bf2f(tr_bf16 h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static int bf_isnan(tr_bf16 h) { return (h & 0x7fffu) > 0x7f80u; }
+
+static tr_bf16 *h16(int64_t n) { return hkeep(calloc((size_t)(n ? n : 1), sizeof(tr_bf16))); }
+
+/* the bf16 rounding of n host floats */
+static tr_bf16 *hround(const float *f, int64_t n) {
+  tr_bf16 *p = h16(n);
+  for (int64_t i = 0; i < n; i++) p[i] = f2bf(f[i]);
+  return p;
+}
+
+static tr_bf16 *hdup16(const tr_bf16 *src, int64_t n) {
+  tr_bf16 *p = h16(n);
+  memcpy(p, src, sizeof(tr_bf16) * (size_t)n);
+  return p;
+}
+
+static float *hwide(const tr_bf16 *h, int64_t n) {
+  float *p = hzero(n);
+  for (int64_t i = 0; i < n; i++) p[i] = bf2f(h[i]);
+  return p;
+}
+
+static tr_bf16 *dput16(const tr_bf16 *h, int64_t n) {
+  tr_bf16 *d = dalloc(sizeof(tr_bf16) * (size_t)n);
+  int rc = be->upload(d, h, sizeof(tr_bf16) * (size_t)n);
+  CHECK(rc == 0, "upload: %s", be->error());
+  return d;
+}
+
+static tr_bf16 *dgarbage16(int64_t n) { return dput16(hround(hrand(n, 1), n), n); }
+
+static tr_bf16 *dget16(const tr_bf16 *d, int64_t n) {
+  tr_bf16 *h = h16(n);
+  int rc = be->download(h, d, sizeof(tr_bf16) * (size_t)n);
+  CHECK(rc == 0, "download: %s", be->error());
+  return h;
+}
+
+/* the device bf16 result against the host one, both widened */
+static void cmp16(const char *what, int shape, const tr_bf16 *d_gpu, const tr_bf16 *cpu, int64_t n, double atol,
+                  double rtol) {
+  cmp(what, shape, hwide(dget16(d_gpu, n), n), hwide(cpu, n), n, atol, rtol);
+}
+
+static const tr_bf16_ops *gb, *cb; /* the cuda table's bf16 ops, the cpu reference's */
+
+/* to_bf16: bitwise against the reference, specials included */
+static void test_bf16_to(void) {
+  const int64_t n = 100003;
+  float *x = hrand(n, 1);
+  for (int64_t i = 0; i < n; i += 7) x[i] *= 1e30f;  /* large */
+  for (int64_t i = 3; i < n; i += 11) x[i] *= 1e-39f; /* subnormal */
+  const uint32_t special[] = {
+      0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, /* inf, -inf, NaNs (one signalling) */
+      0x7f7fffffu, 0xff7fffffu,                                         /* FLT_MAX: rounds to inf */
+      0x3f808000u, 0x3f818000u, 0xbf808000u, /* ties: to even, down then up */
+      0x3f808001u, 0x3f807fffu,              /* just past, just short of a tie */
+      0x00000001u, 0x80008000u, 0x00000000u, 0x80000000u,
+  };
+  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) memcpy(&x[i * 5 + 1], &special[i], sizeof(float));
+  tr_bf16 *want = h16(n), *d_out = dgarbage16(n);
+  float *d_x = dput(x, n);
+  cb->to_bf16(want, x, n);
+  gb->to_bf16(d_out, d_x, n);
+  tr_bf16 *got = dget16(d_out, n);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (got[i] == want[i] || (bf_isnan(got[i]) && bf_isnan(want[i]))) continue;
+    if (bad++ < 5) fprintf(stderr, "  to_bf16[%lld] of %.9g: gpu 0x%04x cpu 0x%04x\n", (long long)i, x[i], got[i], want[i]);
+  }
+  CHECK(bad == 0, "bf16 to_bf16: %lld of %lld differ", (long long)bad, (long long)n);
+  if (!bad) printf("  ok %-40s n %lld, bitwise\n", "bf16 to_bf16", (long long)n);
+}
+
+static void test_bf16_embed(int si, const shape *s) {
+  const int B = s->B, T = s->T, C = s->C, V = s->V, N = B * T;
+  int32_t *tok = hkeep(malloc(sizeof(int32_t) * (size_t)N));
+  for (int i = 0; i < N; i++) tok[i] = (int32_t)rng_below(&R, (uint64_t)V);
+  tok[N - 1] = tok[0]; /* at least one repeated token */
+  float *wte = hrand((int64_t)V * C, 1), *wpe = hrand((int64_t)T * C, 1);
+  int32_t *d_tok = dput_i(tok, N);
+  float *d_wte = dput(wte, (int64_t)V * C), *d_wpe = dput(wpe, (int64_t)T * C);
+
+  for (int with_wpe = 0; with_wpe < 2; with_wpe++) {
+    tr_bf16 *out = h16((int64_t)N * C), *d_out = dgarbage16((int64_t)N * C);
+    cb->embed_forward(out, tok, wte, with_wpe ? wpe : NULL, B, T, C);
+    gb->embed_forward(d_out, d_tok, d_wte, with_wpe ? d_wpe : NULL, B, T, C);
+    cmp16(with_wpe ? "bf16 embed_forward out" : "bf16 embed_forward out (wpe NULL)", si, d_out, out, (int64_t)N * C,
+          B16_EW_ATOL, B16_EW_RTOL);
+  }
+
+  tr_bf16 *dout = hround(hrand((int64_t)N * C, 1), (int64_t)N * C);
+  tr_bf16 *d_dout = dput16(dout, (int64_t)N * C);
+  for (int with_wpe = 0; with_wpe < 2; with_wpe++) {
+    float *dwte = hrand((int64_t)V * C, 1), *dwpe = hrand((int64_t)T * C, 1);
+    float *d_dwte = dput(dwte, (int64_t)V * C), *d_dwpe = dput(dwpe, (int64_t)T * C);
+    cb->embed_backward(dwte, with_wpe ? dwpe : NULL, dout, tok, B, T, C);
+    gb->embed_backward(d_dwte, with_wpe ? d_dwpe : NULL, d_dout, d_tok, B, T, C);
+    cmp(with_wpe ? "bf16 embed_backward dwte" : "bf16 embed_backward dwte (dwpe NULL)", si,
+        dget(d_dwte, (int64_t)V * C), dwte, (int64_t)V * C, EW_ATOL, EW_RTOL);
+    cmp(with_wpe ? "bf16 embed_backward dwpe" : "bf16 embed_backward dwpe (untouched)", si,
+        dget(d_dwpe, (int64_t)T * C), dwpe, (int64_t)T * C, EW_ATOL, EW_RTOL);
+  }
+}
+
+static void test_bf16_linear(int si, const shape *s) {
+  const int N = s->B * s->T, C = s->C, OC = s->OC;
+  tr_bf16 *inp = hround(hrand((int64_t)N * C, 1), (int64_t)N * C);
+  tr_bf16 *w = hround(hrand((int64_t)OC * C, 1.0f / sqrtf((float)C)), (int64_t)OC * C);
+  float *bias = hrand(OC, 1);
+  tr_bf16 *d_inp = dput16(inp, (int64_t)N * C), *d_w = dput16(w, (int64_t)OC * C);
+  float *d_bias = dput(bias, OC);
+
+  for (int with_bias = 0; with_bias < 2; with_bias++) {
+    tr_bf16 *out = h16((int64_t)N * OC), *d_out = dgarbage16((int64_t)N * OC);
+    cb->linear_forward(out, inp, w, with_bias ? bias : NULL, N, C, OC);
+    gb->linear_forward(d_out, d_inp, d_w, with_bias ? d_bias : NULL, N, C, OC);
+    if (with_bias)
+      cmp16("bf16 linear_forward out", si, d_out, out, (int64_t)N * OC, B16_GPUROUND_ATOL, B16_GPUROUND_RTOL);
+    else
+      cmp16("bf16 linear_forward out (bias NULL)", si, d_out, out, (int64_t)N * OC, B16_SUM_ATOL, B16_SUM_RTOL);
+  }
+
+  tr_bf16 *dout = hround(hrand((int64_t)N * OC, 1), (int64_t)N * OC);
+  tr_bf16 *d_dout = dput16(dout, (int64_t)N * OC);
+  /* case 0: all outputs; 1: dinp NULL; 2: dw and dbias NULL */
+  static const char *names[3][3] = {
+      {"bf16 linear_backward dinp", "bf16 linear_backward dw", "bf16 linear_backward dbias"},
+      {"bf16 linear_backward dinp (untouched)", "bf16 linear_backward dw (dinp NULL)",
+       "bf16 linear_backward dbias (dinp NULL)"},
+      {"bf16 linear_backward dinp (dw NULL)", "bf16 linear_backward dw (untouched)",
+       "bf16 linear_backward dbias (untouched)"},
+  };
+  for (int k = 0; k < 3; k++) {
+    tr_bf16 *dinp = hround(hrand((int64_t)N * C, 1), (int64_t)N * C);
+    float *dw = hrand((int64_t)OC * C, 1), *dbias = hrand(OC, 1);
+    tr_bf16 *d_dinp = dput16(dinp, (int64_t)N * C);
+    float *d_dw = dput(dw, (int64_t)OC * C), *d_dbias = dput(dbias, OC);
+    int skip_dinp = k == 1, skip_dw = k == 2;
+    cb->linear_backward(skip_dinp ? NULL : dinp, skip_dw ? NULL : dw, skip_dw ? NULL : dbias, dout, inp, w, N, C, OC);
+    gb->linear_backward(skip_dinp ? NULL : d_dinp, skip_dw ? NULL : d_dw, skip_dw ? NULL : d_dbias, d_dout, d_inp, d_w,
+                        N, C, OC);
+    cmp16(names[k][0], si, d_dinp, dinp, (int64_t)N * C, B16_SUM_ATOL, B16_SUM_RTOL);
+    cmp(names[k][1], si, dget(d_dw, (int64_t)OC * C), dw, (int64_t)OC * C, F32_TC_ATOL, F32_TC_RTOL);
+    cmp(names[k][2], si, dget(d_dbias, OC), dbias, OC, RED_ATOL, RED_RTOL);
+  }
+}
+
+static void test_bf16_layernorm(int si, const shape *s) {
+  const int N = s->B * s->T, C = s->C;
+  float *x = hrand((int64_t)N * C, 2), *w = hrand(C, 0.1f), *b = hrand(C, 0.1f);
+  for (int i = 0; i < N * C; i++) x[i] += 0.5f; /* a mean away from 0 */
+  for (int c = 0; c < C; c++) w[c] += 1.0f;
+  tr_bf16 *inp = hround(x, (int64_t)N * C), *out = h16((int64_t)N * C);
+  float *mean = hzero(N), *rstd = hzero(N);
+  tr_bf16 *d_inp = dput16(inp, (int64_t)N * C), *d_out = dgarbage16((int64_t)N * C);
+  float *d_w = dput(w, C), *d_b = dput(b, C), *d_mean = dgarbage(N), *d_rstd = dgarbage(N);
+  cb->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  gb->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
+  cmp16("bf16 layernorm_forward out", si, d_out, out, (int64_t)N * C, B16_SUM_ATOL, B16_SUM_RTOL);
+  cmp("bf16 layernorm_forward mean", si, dget(d_mean, N), mean, N, EW_ATOL, EW_RTOL);
+  cmp("bf16 layernorm_forward rstd", si, dget(d_rstd, N), rstd, N, EW_ATOL, EW_RTOL);
+
+  /* backward from the reference's mean and rstd on both sides */
+  tr_bf16 *dout = hround(hrand((int64_t)N * C, 1), (int64_t)N * C);
+  tr_bf16 *d_dout = dput16(dout, (int64_t)N * C);
+  be->upload(d_mean, mean, sizeof(float) * (size_t)N);
+  be->upload(d_rstd, rstd, sizeof(float) * (size_t)N);
+  for (int skip_dinp = 0; skip_dinp < 2; skip_dinp++) {
+    tr_bf16 *dinp = hround(hrand((int64_t)N * C, 1), (int64_t)N * C);
+    float *dw = hrand(C, 1), *db = hrand(C, 1);
+    tr_bf16 *d_dinp = dput16(dinp, (int64_t)N * C);
+    float *d_dw = dput(dw, C), *d_db = dput(db, C);
+    /* the reference needs dw and db; only dinp may be NULL here */
+    cb->layernorm_backward(skip_dinp ? NULL : dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    gb->layernorm_backward(skip_dinp ? NULL : d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    cmp16(skip_dinp ? "bf16 layernorm_backward dinp (untouched)" : "bf16 layernorm_backward dinp", si, d_dinp, dinp,
+          (int64_t)N * C, B16_SUM_ATOL, B16_SUM_RTOL);
+    cmp(skip_dinp ? "bf16 layernorm_backward dw (dinp NULL)" : "bf16 layernorm_backward dw", si, dget(d_dw, C), dw, C,
+        RED_ATOL, RED_RTOL);
+    cmp(skip_dinp ? "bf16 layernorm_backward db (dinp NULL)" : "bf16 layernorm_backward db", si, dget(d_db, C), db, C,
+        RED_ATOL, RED_RTOL);
+  }
+  /* the GPU also skips NULL dw and db: dinp alone */
+  {
+    tr_bf16 *dinp = hround(hrand((int64_t)N * C, 1), (int64_t)N * C);
+    float *dw = hrand(C, 1), *db = hrand(C, 1);
+    tr_bf16 *d_dinp = dput16(dinp, (int64_t)N * C);
+    cb->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    gb->layernorm_backward(d_dinp, NULL, NULL, d_dout, d_inp, d_w, d_mean, d_rstd, N, C);
+    cmp16("bf16 layernorm_backward dinp (dw, db NULL)", si, d_dinp, dinp, (int64_t)N * C, B16_SUM_ATOL, B16_SUM_RTOL);
+  }
+}
+
+static void test_bf16_gelu(int si, const shape *s) {
+  const int64_t n = (int64_t)s->B * s->T * 4 * s->C;
+  tr_bf16 *inp = hround(hrand(n, 2), n), *out = h16(n);
+  tr_bf16 *d_inp = dput16(inp, n), *d_out = dgarbage16(n);
+  cb->gelu_forward(out, inp, n);
+  gb->gelu_forward(d_out, d_inp, n);
+  cmp16("bf16 gelu_forward out", si, d_out, out, n, B16_EW_ATOL, B16_EW_RTOL);
+
+  tr_bf16 *dout = hround(hrand(n, 1), n), *dinp = hround(hrand(n, 1), n);
+  tr_bf16 *d_dout = dput16(dout, n), *d_dinp = dput16(dinp, n);
+  cb->gelu_backward(dinp, inp, dout, n);
+  gb->gelu_backward(d_dinp, d_inp, d_dout, n);
+  gb->gelu_backward(NULL, d_inp, d_dout, n); /* skipped */
+  cmp16("bf16 gelu_backward dinp", si, d_dinp, dinp, n, B16_EW_ATOL, B16_EW_RTOL);
+}
+
+static void test_bf16_add(int si, const shape *s) {
+  const int64_t n = (int64_t)s->B * s->T * s->C;
+  tr_bf16 *a = hround(hrand(n, 1), n), *b = hround(hrand(n, 1), n), *out = h16(n);
+  tr_bf16 *d_a = dput16(a, n), *d_b = dput16(b, n), *d_out = dgarbage16(n);
+  cb->add_forward(out, a, b, n);
+  gb->add_forward(d_out, d_a, d_b, n);
+  cmp16("bf16 add_forward out", si, d_out, out, n, B16_EW_ATOL, B16_EW_RTOL);
+
+  tr_bf16 *dout = hround(hrand(n, 1), n);
+  tr_bf16 *d_dout = dput16(dout, n);
+  static const char *names[3][2] = {{"bf16 add_backward da", "bf16 add_backward db"},
+                                    {"bf16 add_backward da (untouched)", "bf16 add_backward db (da NULL)"},
+                                    {"bf16 add_backward da (db NULL)", "bf16 add_backward db (untouched)"}};
+  for (int k = 0; k < 3; k++) {
+    tr_bf16 *da = hround(hrand(n, 1), n), *db = hround(hrand(n, 1), n);
+    tr_bf16 *d_da = dput16(da, n), *d_db = dput16(db, n);
+    cb->add_backward(k == 1 ? NULL : da, k == 2 ? NULL : db, dout, n);
+    gb->add_backward(k == 1 ? NULL : d_da, k == 2 ? NULL : d_db, d_dout, n);
+    cmp16(names[k][0], si, d_da, da, n, B16_EW_ATOL, B16_EW_RTOL);
+    cmp16(names[k][1], si, d_db, db, n, B16_EW_ATOL, B16_EW_RTOL);
+  }
+}
+
+static void test_bf16_attention(int si, const shape *s) {
+  const int B = s->B, T = s->T, C = s->C, NH = s->NH;
+  const int64_t nqkv = (int64_t)B * T * 3 * C, nout = (int64_t)B * T * C, natt = (int64_t)B * NH * T * T;
+  tr_bf16 *qkv = hround(hrand(nqkv, 1), nqkv), *out = h16(nout), *att = h16(natt);
+  tr_bf16 *d_qkv = dput16(qkv, nqkv), *d_out = dgarbage16(nout);
+  tr_bf16 *d_att = dgarbage16(natt); /* all of it written, zeros above the diagonal included */
+  cb->attention_forward(out, att, qkv, B, T, C, NH);
+  gb->attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+  cmp16("bf16 attention_forward out", si, d_out, out, nout, B16_GPUROUND_ATOL, B16_GPUROUND_RTOL);
+  tr_bf16 *gatt = dget16(d_att, natt);
+  cmp("bf16 attention_forward att", si, hwide(gatt, natt), hwide(att, natt), natt, B16_EW_ATOL, B16_EW_RTOL);
+  int64_t nonzero = 0;
+  for (int64_t bh = 0; bh < (int64_t)B * NH; bh++)
+    for (int t = 0; t < T; t++)
+      for (int t2 = t + 1; t2 < T; t2++) nonzero += gatt[(bh * T + t) * T + t2] != 0;
+  CHECK(nonzero == 0, "bf16 attention_forward: %lld entries of att above the diagonal are not +0",
+        (long long)nonzero);
+
+  /* backward from the reference's att on both sides */
+  be->upload(d_att, att, sizeof(tr_bf16) * (size_t)natt);
+  tr_bf16 *dout = hround(hrand(nout, 1), nout), *dqkv = hround(hrand(nqkv, 1), nqkv), *scratch = h16(natt);
+  tr_bf16 *d_dout = dput16(dout, nout), *d_dqkv = dput16(dqkv, nqkv), *d_scratch = dgarbage16(natt);
+  cb->attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  gb->attention_backward(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH);
+  gb->attention_backward(NULL, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH); /* nothing to do */
+  cmp16("bf16 attention_backward dqkv", si, d_dqkv, dqkv, nqkv, B16_GPUROUND_ATOL, B16_GPUROUND_RTOL);
+}
+
+static void test_bf16_crossentropy(int si, const shape *s) {
+  const int N = s->B * s->T, V = s->V;
+  const int64_t n = (int64_t)N * V;
+  tr_bf16 *logits = hround(hrand(n, 2), n), *probs = h16(n);
+  int32_t *tg = hkeep(malloc(sizeof(int32_t) * (size_t)N));
+  for (int i = 0; i < N; i++) tg[i] = (int32_t)rng_below(&R, (uint64_t)V);
+  tr_bf16 *d_logits = dput16(logits, n), *d_probs = dgarbage16(n);
+  float *d_loss = dgarbage(1);
+  int32_t *d_tg = dput_i(tg, N);
+  float loss = NAN;
+  cb->crossentropy_forward(&loss, probs, logits, tg, N, V);
+  gb->crossentropy_forward(d_loss, d_probs, d_logits, d_tg, N, V);
+  cmp("bf16 crossentropy_forward loss", si, dget(d_loss, 1), &loss, 1, RED_ATOL, RED_RTOL);
+  cmp16("bf16 crossentropy_forward probs", si, d_probs, probs, n, B16_EW_ATOL, B16_EW_RTOL);
+
+  /* backward from the reference's probs on both sides */
+  be->upload(d_probs, probs, sizeof(tr_bf16) * (size_t)n);
+  const float dloss = 1.7f;
+  tr_bf16 *dlogits = hround(hrand(n, 1), n);
+  tr_bf16 *d_dlogits = dput16(dlogits, n);
+  float *d_dloss = dput(&dloss, 1);
+  cb->crossentropy_backward(dlogits, probs, tg, &dloss, N, V);
+  gb->crossentropy_backward(d_dlogits, d_probs, d_tg, d_dloss, N, V);
+  gb->crossentropy_backward(NULL, d_probs, d_tg, d_dloss, N, V); /* skipped */
+  cmp16("bf16 crossentropy_backward dlogits", si, d_dlogits, dlogits, n, B16_EW_ATOL, B16_EW_RTOL);
+
+  /* targets outside [0,V): NaN loss on both */
+  tg[0] = -1;
+  tg[N / 2] = V;
+  be->upload(d_tg, tg, sizeof(int32_t) * (size_t)N);
+  tr_bf16 *probs2 = hdup16(probs, n);
+  cb->crossentropy_forward(&loss, probs2, logits, tg, N, V);
+  gb->crossentropy_forward(d_loss, d_probs, d_logits, d_tg, N, V);
+  float *gl = dget(d_loss, 1);
+  CHECK(isnan(loss) && isnan(gl[0]), "bf16 bad target: cpu loss %g, gpu loss %g (both should be NaN)", loss, gl[0]);
+}
+
 /* --- vector ops --- */
 
 static void test_vector_ops(void) {
@@ -516,6 +872,32 @@ int main(void) {
     release();
     test_crossentropy(si, s);
     release();
+  }
+  gb = be->bf16;
+  cb = backend_cpu()->bf16;
+  CHECK(gb != NULL && cb != NULL, "bf16 ops missing: cuda %p, cpu %p", (const void *)gb, (const void *)cb);
+  if (gb && cb) {
+    printf("bf16 ops:\n");
+    test_bf16_to();
+    release();
+    for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++) {
+      const shape *s = &shapes[si];
+      printf("bf16, shape %d: B=%d T=%d C=%d NH=%d OC=%d V=%d\n", si, s->B, s->T, s->C, s->NH, s->OC, s->V);
+      test_bf16_embed(si, s);
+      release();
+      test_bf16_linear(si, s);
+      release();
+      test_bf16_layernorm(si, s);
+      release();
+      test_bf16_gelu(si, s);
+      release();
+      test_bf16_add(si, s);
+      release();
+      test_bf16_attention(si, s);
+      release();
+      test_bf16_crossentropy(si, s);
+      release();
+    }
   }
   CHECK(be->sync() == 0, "sync at the end: %s", be->error());
   return check_report("test_cuda");
