@@ -29,9 +29,10 @@ typedef struct {
   int ndim;
   int64_t dim[GRAPH_MAX_DIMS];
   int64_t size;
-  int64_t off;  /* into the family slab */
+  int64_t off;  /* into the family slab, in 4-byte slots */
   int64_t goff; /* into the gradient slab of its family; -1: no gradient */
   int aux;      /* op-private activation (saved stats): never has a gradient */
+  int eb;       /* bytes per element as stored: 4, or 2 for a bf16 activation */
   param_init init;
   float std;
   int decay;
@@ -63,6 +64,8 @@ struct graph {
   int norder;
   graph_sizes sz;
   const tr_backend *be;                  /* where the slabs live and which kernels run */
+  int bf16;                              /* activations stored as bf16 (graph_set_bf16) */
+  tr_bf16 *w16;                          /* bf16: the parameters' bf16 shadow, refreshed every forward */
   float *params, *grads, *acts, *act_grads; /* backend memory */
   uint32_t *inputs;  /* host: int32 or float32 inputs, 4 bytes each (the caller fills them) */
   uint32_t *dinputs; /* their device copy (== inputs on a host backend) */
@@ -71,6 +74,8 @@ struct graph {
 #define ALIGN_ELEMS 16 /* 64 bytes */
 
 static int64_t align_up(int64_t n) { return (n + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS; }
+/* 4-byte slots a tensor takes in its slab */
+static int64_t slots_of(const tensor *t) { return t->eb == 2 ? (t->size + 1) / 2 : t->size; }
 
 graph *graph_create(void) {
   graph *g = calloc(1, sizeof *g);
@@ -90,6 +95,7 @@ void graph_free(graph *g) {
     g->be->free(g->acts);
     g->be->free(g->act_grads);
     if (g->dinputs != g->inputs) g->be->free(g->dinputs);
+    g->be->free(g->w16);
   }
   tr_free_aligned(g->inputs);
   free(g);
@@ -155,6 +161,7 @@ static int add_tensor(graph *g, const char *name, tensor_kind kind, tensor_dtype
   }
   if (t->size > ((int64_t)1 << 34)) return tr_fail(TR_EINVAL, "'%s': %lld elements is too large", name, (long long)t->size);
   t->goff = -1;
+  t->eb = 4;
   return g->nt++;
 }
 
@@ -386,7 +393,7 @@ int graph_tensor(const graph *g, int t, tensor_desc *out) {
   const tensor *x = &g->tensors[t];
   out->name = x->name;
   out->kind = x->kind;
-  out->dtype = x->dtype;
+  out->dtype = x->eb == 2 ? DT_BF16 : x->dtype;
   out->ndim = x->ndim;
   memcpy(out->dim, x->dim, sizeof out->dim);
   out->size = x->size;
@@ -404,6 +411,12 @@ int graph_find(const graph *g, const char *name) {
 }
 
 /* --- planning --- */
+
+int graph_set_bf16(graph *g, int on) {
+  if (g->planned) return tr_fail(TR_ESTATE, "graph_set_bf16: the graph is already planned");
+  g->bf16 = on != 0;
+  return TR_OK;
+}
 
 int graph_plan(graph *g, int with_grad) { return graph_plan_on(g, with_grad, backend_cpu()); }
 
@@ -443,6 +456,36 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
   free(keep);
   free(producer);
 
+  if (g->bf16 && !be->bf16) {
+    free(need_t);
+    return tr_fail(TR_EINVAL, "precision = \"bf16\": the %s backend has no bf16 kernels", be->name);
+  }
+  for (int n = 0; g->bf16 && n < g->nn; n++) { /* bf16 kernels: activations in, fp32 parameters beside them */
+    const node *x = &g->nodes[n];
+    static const char roles[][3] = {/* per op, inputs 0..2: 'a' activation, 'p' parameter, 't' tokens */
+                                    [OP_EMBED] = {'t', 'p', 'p'}, [OP_LINEAR] = {'a', 'p', 'p'},
+                                    [OP_LAYERNORM] = {'a', 'p', 'p'}, [OP_GELU] = {'a'}, [OP_ADD] = {'a', 'a'},
+                                    [OP_ATTENTION] = {'a'}, [OP_XENT] = {'a', 't'}};
+    for (int k = 0; k < 3; k++) {
+      int t = x->in[k];
+      char r = roles[x->op][k];
+      if (t < 0 || r == 't' || !r) continue;
+      if (g->tensors[t].kind != (r == 'a' ? TK_ACT : TK_PARAM)) {
+        free(need_t);
+        return tr_fail(TR_EINVAL, "precision = \"bf16\": %s (node %d) takes %s as input %d, which must be %s", op_names[x->op],
+                       n, describe(g, t), k + 1, r == 'a' ? "an activation" : "a parameter");
+      }
+    }
+  }
+  if (g->bf16) { /* activations as bf16, but for layernorm's saved statistics and the loss */
+    for (int i = 0; i < g->nt; i++)
+      if (g->tensors[i].kind == TK_ACT) g->tensors[i].eb = 2;
+    for (int n = 0; n < g->nn; n++) {
+      const node *x = &g->nodes[n];
+      if (x->op == OP_LAYERNORM) g->tensors[x->aux[0]].eb = g->tensors[x->aux[1]].eb = 4;
+      if (x->op == OP_XENT) g->tensors[x->out].eb = 4;
+    }
+  }
   /* Lay out every family. Parameters are laid out even when unused, so the
    * slab layout depends only on the parameter declarations. */
   memset(&g->sz, 0, sizeof g->sz);
@@ -464,10 +507,10 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
           break;
         }
         t->off = g->sz.acts;
-        g->sz.acts += align_up(t->size);
+        g->sz.acts += align_up(slots_of(t));
         if (with_grad && !t->aux) {
           t->goff = g->sz.act_grads;
-          g->sz.act_grads += align_up(t->size);
+          g->sz.act_grads += align_up(slots_of(t));
         }
         break;
     }
@@ -483,7 +526,9 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
     g->grads = be->alloc(sizeof(float) * (size_t)g->sz.grads);
     g->act_grads = be->alloc(sizeof(float) * (size_t)g->sz.act_grads);
   }
-  if (!g->params || !g->acts || !g->inputs || !g->dinputs || (with_grad && (!g->grads || !g->act_grads)))
+  if (g->bf16) g->w16 = be->alloc(sizeof(tr_bf16) * (size_t)g->sz.params);
+  if (!g->params || !g->acts || !g->inputs || !g->dinputs || (with_grad && (!g->grads || !g->act_grads)) ||
+      (g->bf16 && !g->w16))
     return tr_fail(TR_ENOMEM, "out of %s memory allocating the graph's slabs (%lld parameters, %lld activations)",
                    be->name, (long long)g->sz.params, (long long)g->sz.acts);
   g->planned = 1;
@@ -501,6 +546,16 @@ const tr_backend *graph_backend(const graph *g) { return g->be ? g->be : backend
 int graph_read(graph *g, int t, void *dst) {
   void *src = graph_data(g, t);
   if (!src) return tr_fail(TR_EINVAL, "graph_read: tensor %d has no storage", t);
+  if (g->tensors[t].eb == 2) { /* bf16: fetch the halves, widen */
+    int64_t n = g->tensors[t].size;
+    tr_bf16 *h = malloc(sizeof(tr_bf16) * (size_t)n);
+    if (!h) return tr_fail(TR_ENOMEM, "out of memory reading '%s'", g->tensors[t].name);
+    int rc = g->be->download(h, src, sizeof(tr_bf16) * (size_t)n);
+    if (!rc) tr_bf16_widen(dst, h, n);
+    free(h);
+    return rc ? tr_fail(rc, "reading '%s' from the %s device: %s", g->tensors[t].name, g->be->name, g->be->error())
+              : TR_OK;
+  }
   size_t bytes = 4 * (size_t)g->tensors[t].size;
   if (g->tensors[t].kind == TK_INPUT || g->be->host_memory) {
     memcpy(dst, src, bytes);
@@ -615,6 +670,58 @@ static int check_device(graph *g, const char *what) {
   return rc ? tr_fail(rc, "%s on the %s device: %s", what, g->be->name, g->be->error()) : TR_OK;
 }
 
+/* --- bf16 activations (backend.h, tr_bf16_ops) --- */
+
+#define H(t) ((tr_bf16 *)graph_data(g, (t)))                              /* a bf16 activation */
+#define GH(t) ((t) >= 0 ? (tr_bf16 *)graph_grad(g, (t)) : NULL)          /* its bf16 gradient */
+#define W16(t) (g->w16 + g->tensors[t].off)                               /* a parameter's bf16 shadow */
+
+static void forward_bf16(graph *g, const node *n) {
+  const tr_bf16_ops *b = g->be->bf16;
+  int x = n->in[0], y = n->in[1], z = n->in[2], o = n->out;
+  switch (n->op) {
+    case OP_EMBED: b->embed_forward(H(o), I(x), F(y), z >= 0 ? F(z) : NULL, DIM(x, 0), DIM(x, 1), DIM(y, 1)); break;
+    case OP_LINEAR:
+      b->linear_forward(H(o), H(x), W16(y), z >= 0 ? F(z) : NULL, (int)rows_of(&g->tensors[x]), LAST(x), DIM(y, 0));
+      break;
+    case OP_LAYERNORM:
+      b->layernorm_forward(H(o), F(n->aux[0]), F(n->aux[1]), H(x), F(y), F(z), (int)rows_of(&g->tensors[x]), LAST(x));
+      break;
+    case OP_GELU: b->gelu_forward(H(o), H(x), g->tensors[x].size); break;
+    case OP_ADD: b->add_forward(H(o), H(x), H(y), g->tensors[x].size); break;
+    case OP_ATTENTION:
+      b->attention_forward(H(o), H(n->aux[0]), H(x), DIM(x, 0), DIM(x, 1), DIM(x, 2) / 3, n->iattr);
+      break;
+    case OP_XENT:
+      b->crossentropy_forward(F(o), H(n->aux[0]), H(x), I(y), (int)rows_of(&g->tensors[x]), LAST(x));
+      break;
+  }
+}
+
+static void backward_bf16(graph *g, const node *n) {
+  const tr_bf16_ops *b = g->be->bf16;
+  int x = n->in[0], y = n->in[1], z = n->in[2], o = n->out;
+  switch (n->op) {
+    case OP_EMBED: b->embed_backward(G(y), G(z), GH(o), I(x), DIM(x, 0), DIM(x, 1), DIM(y, 1)); break;
+    case OP_LINEAR:
+      b->linear_backward(GH(x), G(y), G(z), GH(o), H(x), W16(y), (int)rows_of(&g->tensors[x]), LAST(x), DIM(y, 0));
+      break;
+    case OP_LAYERNORM:
+      b->layernorm_backward(GH(x), G(y), G(z), GH(o), H(x), F(y), F(n->aux[0]), F(n->aux[1]),
+                            (int)rows_of(&g->tensors[x]), LAST(x));
+      break;
+    case OP_GELU: b->gelu_backward(GH(x), H(x), GH(o), g->tensors[x].size); break;
+    case OP_ADD: b->add_backward(GH(x), GH(y), GH(o), g->tensors[x].size); break;
+    case OP_ATTENTION:
+      b->attention_backward(GH(x), H(n->aux[1]), GH(o), H(x), H(n->aux[0]), DIM(x, 0), DIM(x, 1), DIM(x, 2) / 3,
+                            n->iattr);
+      break;
+    case OP_XENT:
+      b->crossentropy_backward(GH(x), H(n->aux[0]), I(y), G(o), (int)rows_of(&g->tensors[x]), LAST(x));
+      break;
+  }
+}
+
 int graph_forward(graph *g) {
   if (!g->planned) return tr_fail(TR_ESTATE, "graph_forward: plan the graph first");
   const tr_backend *be = g->be;
@@ -627,11 +734,17 @@ int graph_forward(graph *g) {
   }
   if (!be->host_memory && g->sz.inputs && be->upload(g->dinputs, g->inputs, 4 * (size_t)g->sz.inputs))
     return tr_fail(TR_EIO, "uploading the inputs to the %s device: %s", be->name, be->error());
+  if (g->bf16) be->bf16->to_bf16(g->w16, g->params, g->sz.params); /* the matmuls' view of the master weights */
   int prof = profiling();
   for (int k = 0; k < g->norder; k++) {
     double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
     int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
+    if (g->bf16) {
+      forward_bf16(g, n);
+      if (prof) prof_add(g, 0, n->op, t0);
+      continue;
+    }
     switch (n->op) {
       case OP_EMBED:
         be->embed_forward(F(o), I(a), F(b), c >= 0 ? F(c) : NULL, DIM(a, 0), DIM(a, 1), DIM(b, 1));
@@ -670,6 +783,11 @@ int graph_backward(graph *g, int loss) {
     double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
     int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
+    if (g->bf16) {
+      backward_bf16(g, n);
+      if (prof) prof_add(g, 1, n->op, t0);
+      continue;
+    }
     float *dout = G(o);
     switch (n->op) {
       case OP_EMBED: be->embed_backward(G(b), G(c), dout, I(a), DIM(a, 0), DIM(a, 1), DIM(b, 1)); break;

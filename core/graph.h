@@ -23,7 +23,7 @@
 typedef struct graph graph;
 
 typedef enum { TK_INPUT, TK_PARAM, TK_ACT } tensor_kind;
-typedef enum { DT_F32, DT_I32 } tensor_dtype;
+typedef enum { DT_F32, DT_I32, DT_BF16 } tensor_dtype; /* DT_BF16: only activations, see graph_set_bf16 */
 typedef enum { INIT_ZEROS, INIT_ONES, INIT_NORMAL } param_init;
 
 /* A read-only description of a tensor (graph_tensor). */
@@ -74,6 +74,13 @@ int graph_plan(graph *g, int with_grad); /* on the host CPU backend */
 struct tr_backend;
 int graph_plan_on(graph *g, int with_grad, const struct tr_backend *be);
 const struct tr_backend *graph_backend(const graph *g);
+/* Before planning: store activations and their gradients as bf16 (the
+ * backend's tr_bf16_ops run the graph), except layernorm's saved mean/rstd
+ * and the loss; parameters and their gradients stay fp32 (master weights)
+ * and forward gives the matmuls a bf16 copy of them. Every op must take
+ * activations where activations flow and parameters as weights (checked at
+ * planning). graph_read widens a bf16 tensor to fp32. */
+int graph_set_bf16(graph *g, int on);
 /* Copies tensor t (all of it, 4 bytes an element) to host memory dst. */
 int graph_read(graph *g, int t, void *dst);
 int graph_planned(const graph *g);

@@ -25,7 +25,7 @@ static const struct {
     S(name), S(model), S(data), S(run_dir), S(sample_prompt),
     I(n_layer), I(n_head), I(n_embd), I(block_size), I(batch_size),
     I(max_steps), I(warmup_steps), I(lr_decay_steps), I(eval_interval), I(eval_steps),
-    I(log_interval), I(sample_tokens), I(seed), I(threads), S(device),
+    I(log_interval), I(sample_tokens), I(seed), I(threads), S(device), S(precision),
     N(lr), N(min_lr), N(weight_decay), N(beta1), N(beta2), N(eps), N(grad_clip), N(temperature),
     SUB("checkpoint.every_steps", 'i', ckpt_every_steps, 0), SUB("checkpoint.keep_last", 'i', ckpt_keep_last, 0),
     SUB("checkpoint.keep_every", 'i', ckpt_keep_every, 0), SUB("checkpoint.map_mb", 'i', ckpt_map_mb, 0),

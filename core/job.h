@@ -26,6 +26,7 @@ typedef struct {
   char run_dir[1024]; /* "" = default */
   char sample_prompt[256];
   char device[16];   /* "cpu", "cuda", "emu" (backend.h) */
+  char precision[8]; /* "fp32", "bf16" (graph_set_bf16) */
   int64_t n_layer, n_head, n_embd, block_size, batch_size;
   int64_t max_steps, warmup_steps, lr_decay_steps, eval_interval, eval_steps, log_interval, sample_tokens;
   int64_t seed, threads;

@@ -57,10 +57,11 @@ static float *host_params(const trainer *t) { return t->dev ? t->hparams : graph
 /* --- model building (shared with `transom sample`) --- */
 
 int model_build(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, graph **out) {
-  return model_build_on(L, cfg_ref, V, B, with_grad, backend_cpu(), out);
+  return model_build_on(L, cfg_ref, V, B, with_grad, backend_cpu(), 0, out);
 }
 
-int model_build_on(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, const tr_backend *be, graph **out) {
+int model_build_on(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, const tr_backend *be, int bf16,
+                   graph **out) {
   int top = lua_gettop(L);
   *out = NULL;
   lua_rawgeti(L, LUA_REGISTRYINDEX, cfg_ref); /* [cfg] */
@@ -80,7 +81,8 @@ int model_build_on(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, c
     rc = tr_fail(TR_ELUA, "model build did not return a graph");
     goto done;
   }
-  rc = graph_plan_on(g, with_grad, be);
+  rc = graph_set_bf16(g, bf16);
+  if (!rc) rc = graph_plan_on(g, with_grad, be);
   if (rc) {
     graph_free(g);
     goto done;
@@ -192,7 +194,11 @@ trainer *trainer_create(lua_State *L, const job_config *cfg) {
     tr_fail_prefix(TR_EINVAL, "%s: key 'data'", cfg->path);
     goto fail;
   }
-  if (model_build_on(L, cfg->lua_ref, t->data.voc.size, (int)cfg->batch_size, 1, t->be, &t->g)) goto fail;
+  if (model_build_on(L, cfg->lua_ref, t->data.voc.size, (int)cfg->batch_size, 1, t->be,
+                     strcmp(cfg->precision, "bf16") == 0, &t->g)) {
+    if (strncmp(tr_error(), "precision", 9) == 0) tr_fail_prefix(TR_EINVAL, "%s: key 'precision'", cfg->path);
+    goto fail;
+  }
   t->tok = graph_find(t->g, "tokens");
   t->tgt = graph_find(t->g, "targets");
   t->loss = graph_find(t->g, "loss");

@@ -130,7 +130,7 @@ uint64_t trainer_config_hash(const trainer *t);
 int model_build(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, graph **out);
 /* The same, planned on backend be. */
 int model_build_on(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, const struct tr_backend *be,
-                   graph **out);
+                   int bf16, graph **out);
 /* Copies parameters by name from a safetensors file into a planned graph. */
 int model_load_params(graph *g, const char *path);
 /* Autoregressive sampling with an inference graph (B=1). */

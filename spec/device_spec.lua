@@ -117,6 +117,31 @@ describe("device", function()
     end
   end)
 
+  it("precision = bf16 follows the fp32 loss curve with half the activation memory; emu = cpu bit for bit", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    local runs, outs = {}, {}
+    for _, v in ipairs({ { "cpu", "fp32" }, { "cpu", "bf16" }, { "emu", "bf16" } }) do
+      local run = tmp .. "/p_" .. v[1] .. "_" .. v[2]
+      local out, rc = sh(args(run, v[1], "--set max_steps=60 --set eval_interval=60 --set precision=" .. v[2]))
+      assert.equals(0, rc, out)
+      runs[#runs + 1], outs[#outs + 1] = losses(run), out
+    end
+    local f32, b16, e16 = runs[1], runs[2], runs[3]
+    assert.equals(60, #b16)
+    assert.same(b16, e16) -- the device path changes nothing but where the bytes live
+    local worst = 0
+    for i = 1, 60 do
+      local a, b = tonumber(f32[i]:match("=(.*)")), tonumber(b16[i]:match("=(.*)"))
+      worst = math.max(worst, math.abs(a - b))
+    end
+    -- bf16 keeps 8 significant bits: a loss near 3 moves by ~1e-2 at most
+    assert.is_true(worst < 2e-2, "bf16 strays from fp32 by " .. worst)
+    assert.is_true(worst > 0, "bf16 gave fp32's exact losses: the bf16 kernels did not run")
+    local p32 = tonumber(outs[1]:match("planned ([%d.]+) MiB"))
+    local p16 = tonumber(outs[2]:match("planned ([%d.]+) MiB"))
+    assert.is_true(p16 < p32, outs[2])
+  end)
+
   it("an unknown device names the key and the choices", function()
     local out, rc = sh(args(tmp .. "/bad", "gpu"))
     assert.equals(2, rc, out)

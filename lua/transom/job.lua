@@ -63,6 +63,8 @@ local SCHEMA = {
   { "device", "string", "cpu", "where the model runs: cpu, cuda (the ext/cuda backend: CUDA kernels, cuBLAS, "
     .. "NCCL), or emu (the CPU kernels behind the device interface, for testing device code paths)",
     enum = { "cpu", "cuda", "emu" } },
+  { "precision", "string", "fp32", "activations: fp32, or bf16 (activations and their gradients stored as bf16, "
+    .. "parameters, gradients and optimizer fp32)", enum = { "fp32", "bf16" } },
   { "run_dir", "string", nil, "run directory (default runs/<name>-<time>)", optional = true },
   { "log_interval", "integer", 1, "print a line every this many steps", min = 1 },
   { "sample_tokens", "integer", 200, "tokens generated at the end (0 = none)", min = 0 },
