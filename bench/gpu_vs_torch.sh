@@ -10,14 +10,16 @@
 #   env WARMUP=5           untimed steps (torch.compile compiles in them)
 #   env TRANSOM=build/transom   (built with the CUDA plugin beside it)
 #   env PYTHON=python3     a python with a CUDA build of torch
-#   env PEAK_TFLOPS=...    the GPU's dense fp32 peak for MFU (default: 67 for
-#                          H100/H200 SXM, else required)
+#   env PEAK_TFLOPS=...    the GPU's dense peak for MFU (default for H100/H200
+#                          SXM: 67 for fp32, 989 for bf16; else required)
+#   env PRECISION=fp32     or bf16: transom precision=bf16 against torch
+#                          autocast(bfloat16), both with fp32 master weights
 #   env SIZE="--set n_layer=12 ..."  the model (default: GPT-2 124M shapes,
 #                          B=8, T=1024; byte tokens, so the vocabulary is the
 #                          corpus's distinct bytes, not 50257)
 #
-# Everything is fp32 on both sides (torch's default: no TF32 in matmuls;
-# transom's cuBLAS default math). It prints tokens/s, MFU and the ratios; no
+# PRECISION=fp32 (default): fp32 on both sides (torch's default: no TF32 in
+# matmuls; transom's cuBLAS default math). It prints tokens/s, MFU and the ratios; no
 # thresholds. Without a GPU it says so and exits 2.
 set -euo pipefail
 
@@ -27,6 +29,8 @@ cd "$ROOT"
 DATA=${1:-../shared/data/tinyshakespeare.txt}
 if [ $# -ge 1 ] && [[ "$DATA" != /* ]]; then DATA="$CALLER_PWD/$DATA"; fi
 STEPS=${STEPS:-30}
+PRECISION=${PRECISION:-fp32}
+TORCH_PREC=""; [ "$PRECISION" = bf16 ] && TORCH_PREC="--bf16"
 WARMUP=${WARMUP:-5}
 TRANSOM=${TRANSOM:-build/transom}
 PYTHON=${PYTHON:-python3}
@@ -39,15 +43,18 @@ mkdir -p "$OUT"
 if ! nvidia-smi -L >/dev/null 2>&1; then echo "gpu_vs_torch: no GPU visible (nvidia-smi -L failed); nothing measured" >&2; exit 2; fi
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 if [ -z "${PEAK_TFLOPS:-}" ]; then
-  case "$GPU" in *H100*|*H200*) PEAK_TFLOPS=67 ;; *) echo "gpu_vs_torch: set PEAK_TFLOPS for $GPU" >&2; exit 2 ;; esac
+  case "$GPU:$PRECISION" in  # dense peaks (SXM): fp32 67, bf16 tensor cores 989
+    *H100*:fp32|*H200*:fp32) PEAK_TFLOPS=67 ;; *H100*:bf16|*H200*:bf16) PEAK_TFLOPS=989 ;;
+    *) echo "gpu_vs_torch: set PEAK_TFLOPS for $GPU ($PRECISION)" >&2; exit 2 ;;
+  esac
 fi
 [ -x "$TRANSOM" ] || { echo "gpu_vs_torch: no transom binary at $TRANSOM" >&2; exit 2; }
 [ -f "$(dirname "$TRANSOM")/libtransom_cuda.so" ] || { echo "gpu_vs_torch: no CUDA plugin beside $TRANSOM" >&2; exit 2; }
-echo "== $GPU | peak fp32 $PEAK_TFLOPS TFLOP/s | $STEPS steps ($WARMUP warm-up) | $SIZE"
+echo "== $GPU | $PRECISION | peak $PEAK_TFLOPS TFLOP/s | $STEPS steps ($WARMUP warm-up) | $SIZE"
 
 # transom: per-step times from metrics.jsonl, steps WARMUP+1..STEPS, like torch's
 rm -rf "$OUT/run"
-"$TRANSOM" run examples/shakespeare.lua --set data="$DATA" --set device=cuda $SIZE --set max_steps="$STEPS" \
+"$TRANSOM" run examples/shakespeare.lua --set data="$DATA" --set device=cuda --set precision="$PRECISION" $SIZE --set max_steps="$STEPS" \
   --set eval_interval=0 --set sample_tokens=0 --set log_interval=10 --set checkpoint.every_steps=0 \
   --set run_dir="$OUT/run" 2>&1 | tee "$OUT/transom.log"
 tr_tok=$(awk -v w="$WARMUP" -v bt=$((B * T)) '
@@ -57,7 +64,7 @@ tr_tok=$(awk -v w="$WARMUP" -v bt=$((B * T)) '
 
 for mode in eager compile; do
   extra=""; [ "$mode" = compile ] && extra="--compile"
-  "$PYTHON" bench/torch_gpt.py --device cuda $extra --data "$DATA" --steps "$STEPS" --warmup "$WARMUP" \
+  "$PYTHON" bench/torch_gpt.py --device cuda $extra $TORCH_PREC --data "$DATA" --steps "$STEPS" --warmup "$WARMUP" \
     --n-layer $L --n-head $NH --n-embd $C --block-size $T --batch-size $B --log-interval 10 2>&1 | tee "$OUT/torch-$mode.log"
 done
 val() { sed -n "s/^$1=//p" "$2"; }
@@ -76,5 +83,6 @@ awk -v a="$tr_tok" -v e="$(val torch_tok_s "$OUT/torch-eager.log")" -v c="$(val 
 echo
 echo "== checkpoint stall on the GPU (bench/ckpt_bench.c, a checkpoint every step)"
 cmake --build "$(dirname "$TRANSOM")" --target ckpt_bench >/dev/null
-"$(dirname "$TRANSOM")/ckpt_bench" examples/shakespeare.lua "$DATA" "$OUT/ckpt" --set device=cuda $SIZE
+"$(dirname "$TRANSOM")/ckpt_bench" examples/shakespeare.lua "$DATA" "$OUT/ckpt" --set device=cuda \
+  --set precision="$PRECISION" $SIZE
 rm -rf "$OUT/ckpt" "$OUT/run"

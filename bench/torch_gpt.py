@@ -64,6 +64,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="cpu", help="cpu or cuda (bench/gpu_vs_torch.sh)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the first steps compile)")
+    p.add_argument("--bf16", action="store_true", help="autocast the forward to bfloat16 (fp32 master weights)")
     p.add_argument("--warmup", type=int, default=1, help="untimed first steps (compilation, caches)")
     p.add_argument("--log-interval", type=int, default=0, help="print a step line every this many steps (0 = none)")
     p.add_argument("--attn", choices=["sdpa", "manual"], default="sdpa",
@@ -221,7 +222,8 @@ def main():
     for step in range(args.steps):
         t0 = time.perf_counter()
         x, y = batch(train)
-        loss = run(x, y)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.bf16):
+            loss = run(x, y)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip) if args.grad_clip > 0 else 0.0
         lr = lr_at(step)
