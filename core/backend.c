@@ -142,7 +142,9 @@ static const tr_backend *load_cuda(void) {
 const tr_backend *backend_get(const char *name, int threads) {
   const tr_backend *be = backend_load(name);
   if (!be) return NULL;
-  if (be->init(-1, threads)) {
+  const char *lr = getenv("TRANSOM_LOCAL_RANK");
+  int ordinal = lr && *lr ? atoi(lr) : -1;
+  if (be->init(ordinal < 0 ? -1 : ordinal, threads)) {
     tr_fail(TR_EIO, "device = \"%s\": %s", name, be->error());
     return NULL;
   }

@@ -50,8 +50,10 @@ struct tr_backend {
   const char *name;   /* "cpu", "emu", "cuda" */
   int host_memory;    /* 1: device pointers are host pointers (cpu) */
 
-  /* Initialises the backend on device `ordinal` (-1: the default one) with
-   * `threads` host threads for host-side work (0 = all cores). 0 or a
+  /* Initialises the backend on device `ordinal` modulo the devices visible
+   * (-1: the default one) with `threads` host threads for host-side work
+   * (0 = all cores). backend_get passes $TRANSOM_LOCAL_RANK, which the
+   * operator sets to each worker's slot: one GPU per replica, round robin. 0 or a
    * negative code; a backend with no usable device fails here with a
    * message saying so ("no CUDA device is visible: ..."). Idempotent. */
   int (*init)(int ordinal, int threads);
@@ -176,7 +178,8 @@ typedef struct tr_bf16_ops {
                                 int N, int V);
 } tr_bf16_ops;
 
-/* The backend named `name` ("cpu", "emu", "cuda"), initialised (see init).
+/* The backend named `name` ("cpu", "emu", "cuda"), initialised (see init;
+ * on device $TRANSOM_LOCAL_RANK when set).
  * NULL with tr_error() set: unknown name, the CUDA plugin missing (built
  * without it) or failing to load, or no device. */
 const tr_backend *backend_get(const char *name, int threads);

@@ -179,6 +179,7 @@ void spawn(op *o, int k, const char *mode) {
       close(fd);
     }
     signal(SIGINT, SIG_IGN); /* Ctrl-C goes to the operator, which stops the workers in order */
+    setenv("TRANSOM_LOCAL_RANK", slotstr, 1); /* a GPU each: device slot % visible devices (backend.h) */
     execl(o->self, "transom", "worker", "--operator", addr, "--slot", slotstr, "--threads", threads, (char *)NULL);
     _exit(127); /* ok-exit: exec failed in the child */
   }

@@ -44,6 +44,7 @@
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_ready;          /* init succeeded */
 static int g_dev = -1;       /* the device ordinal */
+static int g_count = 1;      /* devices visible at init */
 static cudaStream_t g_stream; /* compute: kernels, cuBLAS, memory ops, collectives */
 static cudaStream_t g_side;   /* checkpoint copies */
 static cudaEvent_t g_mark;    /* recorded on g_stream by ckpt_mark */
@@ -169,7 +170,7 @@ static int init_locked(int ordinal) {
   cudaDeviceProp prop;
 
   if (g_ready) {
-    if (ordinal >= 0 && ordinal != g_dev)
+    if (ordinal >= 0 && ordinal % g_count != g_dev)
       return tc_fail(TC_ESTATE, "the CUDA backend is already initialised on device %d (asked for %d)", g_dev,
                      ordinal);
     return enter();
@@ -180,9 +181,9 @@ static int init_locked(int ordinal) {
     return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
   }
   if (count <= 0) return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: 0 devices)");
-  /* -1: device 0 of those visible (CUDA_VISIBLE_DEVICES picks a worker's GPU) */
-  dev = ordinal < 0 ? 0 : ordinal;
-  if (dev >= count) return tc_fail(TC_EINVAL, "CUDA device %d does not exist (%d visible)", dev, count);
+  /* -1: device 0 of those visible; else round robin over them (the operator
+   * passes each worker's slot, so replicas on one host get a GPU each) */
+  dev = ordinal < 0 ? 0 : ordinal % count;
 
   if ((rc = tc_check(cudaSetDevice(dev), "cudaSetDevice"))) goto error;
   if ((rc = tc_check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties"))) goto error;
@@ -214,6 +215,7 @@ static int init_locked(int ordinal) {
            prop.multiProcessorCount, rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10,
            tf32 ? "TF32" : "fp32");
   g_dev = dev;
+  g_count = count;
   g_stream = stream;
   g_side = side;
   g_mark = mark;
