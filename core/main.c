@@ -24,6 +24,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "ftar_bench.h"
 #include "job.h"
 #include "kernels.h"
@@ -260,6 +261,12 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "ftar-bench") == 0) return ftar_bench_main(argc - 2, argv + 2);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     printf("transom %s\n", TRANSOM_VERSION);
+    /* which devices a job can name here, and why not (the plugin is only loaded) */
+    char path[4200] = "";
+    backend_cuda_path(path, sizeof path);
+    printf("devices: cpu, emu, ");
+    if (backend_load("cuda")) printf("cuda (plugin %s; a GPU is looked for when a job uses it)\n", path);
+    else printf("not cuda: %s\n", tr_error());
     return 0;
   }
   fprintf(stderr, "transom: unknown command '%s'\n\n%s", cmd, main_usage);
