@@ -254,11 +254,15 @@ static void push_event(ckpt_engine *e, const ckpt_event *ev) { /* with e->mu hel
 
 /* Level 1: registered tensors -> staging buffer b (the copy thread). */
 static int copy_tensors(ckpt_engine *e, stage_buf *b) {
-  if (!e->dev || e->dev->host_memory || !e->dev->ckpt_copy) {
+  if (!e->dev || e->dev->host_memory) {
     for (int i = 0; i < e->nt; i++) memcpy(b->data + e->t[i].off, e->t[i].ptr, e->t[i].info.bytes);
     return TR_OK;
   }
   int rc = TR_OK;
+  if (!e->dev->ckpt_copy) { /* device memory, but no side-stream copies: the backend's own (waiting) download */
+    for (int i = 0; i < e->nt && !rc; i++) rc = e->dev->download(b->data + e->t[i].off, e->t[i].ptr, e->t[i].info.bytes);
+    return rc;
+  }
   for (int i = 0; i < e->nt && !rc; i++) rc = e->dev->ckpt_copy(b->data + e->t[i].off, e->t[i].ptr, e->t[i].info.bytes);
   int rc2 = e->dev->ckpt_wait ? e->dev->ckpt_wait() : TR_OK; /* even after a failure: nothing may still write into b */
   return rc ? rc : rc2;
@@ -494,14 +498,18 @@ int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const i
   return TR_OK;
 }
 
-static int start(ckpt_engine *e) { /* staging buffers, map size, threads */
+/* Staging buffers, map size, threads. A failure leaves what was done in
+ * place (freed by ckpt_close) and the next snapshot picks up from there:
+ * nothing is allocated or pinned twice. */
+static int start(ckpt_engine *e) {
   for (int i = 0; i < 2; i++) {
-    e->buf[i].data = tr_alloc_aligned(e->total ? e->total : 64);
+    if (!e->buf[i].data) e->buf[i].data = tr_alloc_aligned(e->total ? e->total : 64);
     if (!e->buf[i].data) return tr_fail(TR_ENOMEM, "out of memory for checkpoint staging (%llu bytes)",
                                         (unsigned long long)e->total);
   }
   if (e->dev && !e->dev->host_memory && e->dev->ckpt_pin)
     for (int i = 0; i < 2; i++) {
+      if (e->pinned[i]) continue;
       if (e->dev->ckpt_pin(e->buf[i].data, e->total ? e->total : 64))
         return tr_fail(TR_EIO, "pinning a checkpoint staging buffer (%llu bytes): %s", (unsigned long long)e->total,
                        e->dev->error());
@@ -519,6 +527,7 @@ static int start(ckpt_engine *e) { /* staging buffers, map size, threads */
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->copier, NULL);
+    e->stop = 0; /* a later start must not find its copier told to stop */
     return tr_fail(TR_ENOMEM, "cannot start the writer thread");
   }
   e->threads_started = 1;

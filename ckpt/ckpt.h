@@ -63,11 +63,13 @@ ckpt_engine *ckpt_open(const ckpt_opts *o);
 /* Registers a tensor before the first snapshot: the engine copies `bytes`
  * from ptr at every snapshot. The memory must stay valid until close. */
 int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const int64_t *dim, const void *ptr);
-/* Tensors registered after this call live in a device's memory: level-1
- * copies go through be's ckpt_* functions (pinned staging buffers, copies
- * queued on a side stream after everything the training thread queued
- * before ckpt_snapshot). Before the first snapshot; be may be a host
- * backend (then nothing changes). */
+/* Every registered tensor (before or after this call) lives in be's
+ * memory: level-1 copies go through be's ckpt_* functions (pinned staging
+ * buffers, copies queued on a side stream after everything the training
+ * thread queued before ckpt_snapshot), or be->download where the backend has
+ * no ckpt_copy. Before the first snapshot; be may be a host backend (then
+ * nothing changes). A staging buffer that cannot be pinned fails that
+ * snapshot; the next one retries. */
 struct tr_backend;
 int ckpt_set_device(ckpt_engine *e, const struct tr_backend *be);
 /* Starts a snapshot; returns 0, CKPT_SKIPPED (busy policy skip),

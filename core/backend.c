@@ -142,10 +142,16 @@ static const tr_backend *load_cuda(void) {
 const tr_backend *backend_get(const char *name, int threads) {
   const tr_backend *be = backend_load(name);
   if (!be) return NULL;
+  /* the replica's GPU on its host: the operator's slot, else what an outside
+   * launcher says (torchrun's LOCAL_RANK, Slurm's SLURM_LOCALID) */
   const char *lr = getenv("TRANSOM_LOCAL_RANK");
+  if (!lr || !*lr) lr = getenv("LOCAL_RANK");
+  if (!lr || !*lr) lr = getenv("SLURM_LOCALID");
   int ordinal = lr && *lr ? atoi(lr) : -1;
   if (be->init(ordinal < 0 ? -1 : ordinal, threads)) {
-    tr_fail(TR_EIO, "device = \"%s\": %s", name, be->error());
+    char why[512]; /* be->error() may be tr_error()'s own buffer */
+    snprintf(why, sizeof why, "%s", be->error());
+    tr_fail(TR_EIO, "device = \"%s\": %s", name, why);
     return NULL;
   }
   return be;

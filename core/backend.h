@@ -53,7 +53,8 @@ struct tr_backend {
   /* Initialises the backend on device `ordinal` modulo the devices visible
    * (-1: the default one) with `threads` host threads for host-side work
    * (0 = all cores). backend_get passes $TRANSOM_LOCAL_RANK, which the
-   * operator sets to each worker's slot: one GPU per replica, round robin. 0 or a
+   * operator sets to each worker's slot (else $LOCAL_RANK, $SLURM_LOCALID):
+   * one GPU per replica, round robin. 0 or a
    * negative code; a backend with no usable device fails here with a
    * message saying so ("no CUDA device is visible: ..."). Idempotent. */
   int (*init)(int ordinal, int threads);

@@ -61,19 +61,24 @@ void donor_record(donor *d, int64_t step, const float *grads) {
 void donor_boundary(donor *d) {
   if (!d) return;
   pthread_mutex_lock(&d->mu);
+  trainer_buffers b;
   if (d->snap_req && !d->snap_ready) {
-    trainer_buffers b;
-    trainer_buffers_get(d->t, &b);
-    memcpy(d->snap, b.params, sizeof(float) * (size_t)d->n);
-    memcpy(d->snap + d->n, b.m, sizeof(float) * (size_t)d->n);
-    memcpy(d->snap + 2 * d->n, b.v, sizeof(float) * (size_t)d->n);
-    d->snap_step = b.step;
-    d->snap_opt = b.opt_steps;
-    d->snap_ready = 1;
-    d->hist_on = 1;
-    d->first = b.step + 1;
-    d->last = b.step;
-    pthread_cond_broadcast(&d->cv);
+    if (trainer_buffers_get(d->t, &b) != 0) {
+      /* the device's state could not be read: serve nothing stale; the
+       * request stays pending for the next boundary */
+      fprintf(stderr, "donor: no snapshot at step %lld: %s\n", (long long)b.step, tr_error());
+    } else {
+      memcpy(d->snap, b.params, sizeof(float) * (size_t)d->n);
+      memcpy(d->snap + d->n, b.m, sizeof(float) * (size_t)d->n);
+      memcpy(d->snap + 2 * d->n, b.v, sizeof(float) * (size_t)d->n);
+      d->snap_step = b.step;
+      d->snap_opt = b.opt_steps;
+      d->snap_ready = 1;
+      d->hist_on = 1;
+      d->first = b.step + 1;
+      d->last = b.step;
+      pthread_cond_broadcast(&d->cv);
+    }
   }
   pthread_mutex_unlock(&d->mu);
 }
@@ -244,10 +249,11 @@ int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fdp) {
 
 int donor_catch_up(int fd, trainer *t, int64_t until) {
   int applied = 0;
-  trainer_buffers b;
+  const int64_t n = trainer_grads_size(t);
   char line[PROTO_LINE_MAX];
   for (;;) {
-    trainer_buffers_get(t, &b);
+    trainer_state b; /* only the step: no state leaves the device for it */
+    trainer_get_state(t, &b);
     if (until > 0 && b.step >= until) return applied;
     int rc = proto_send(fd, "GRADS from=%lld", (long long)b.step + 1);
     proto_reader r = {.fd = fd};
@@ -262,7 +268,7 @@ int donor_catch_up(int fd, trainer *t, int64_t until) {
     if (!g) return TR_EIO;
     size_t have = r.len; /* payload bytes already buffered */
     for (int64_t k = 0; k < count; k++) {
-      size_t bytes = sizeof(float) * (size_t)b.n, take = have < bytes ? have : bytes;
+      size_t bytes = sizeof(float) * (size_t)n, take = have < bytes ? have : bytes;
       memcpy(g, r.buf + (r.len - have), take);
       have -= take;
       if ((rc = net_recv_all(fd, (char *)g + take, bytes - take))) return rc;

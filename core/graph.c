@@ -460,7 +460,16 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
     free(need_t);
     return tr_fail(TR_EINVAL, "precision = \"bf16\": the %s backend has no bf16 kernels", be->name);
   }
-  for (int n = 0; g->bf16 && n < g->nn; n++) { /* bf16 kernels: activations in, fp32 parameters beside them */
+  if (g->bf16) { /* activations as bf16, but for layernorm's saved statistics and the loss */
+    for (int i = 0; i < g->nt; i++)
+      if (g->tensors[i].kind == TK_ACT) g->tensors[i].eb = 2;
+    for (int n = 0; n < g->nn; n++) {
+      const node *x = &g->nodes[n];
+      if (x->op == OP_LAYERNORM) g->tensors[x->aux[0]].eb = g->tensors[x->aux[1]].eb = 4;
+      if (x->op == OP_XENT) g->tensors[x->out].eb = 4;
+    }
+  }
+  for (int n = 0; g->bf16 && n < g->nn; n++) { /* bf16 kernels: bf16 activations in, fp32 parameters beside them */
     const node *x = &g->nodes[n];
     static const char roles[][3] = {/* per op, inputs 0..2: 'a' activation, 'p' parameter, 't' tokens */
                                     [OP_EMBED] = {'t', 'p', 'p'}, [OP_LINEAR] = {'a', 'p', 'p'},
@@ -470,20 +479,17 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
       int t = x->in[k];
       char r = roles[x->op][k];
       if (t < 0 || r == 't' || !r) continue;
-      if (g->tensors[t].kind != (r == 'a' ? TK_ACT : TK_PARAM)) {
+      const tensor *in = &g->tensors[t];
+      const char *want = NULL;
+      if (in->kind != (r == 'a' ? TK_ACT : TK_PARAM)) want = r == 'a' ? "an activation" : "a parameter";
+      else if (r == 'a' && in->eb != 2) /* a loss: its bits are fp32, the op would read them as bf16 */
+        want = "a bf16 activation, not an fp32 one (a cross_entropy loss stays fp32 under bf16)";
+      if (want) {
+        for (int i = 0; i < g->nt; i++) g->tensors[i].eb = 4; /* as before planning */
         free(need_t);
-        return tr_fail(TR_EINVAL, "precision = \"bf16\": %s (node %d) takes %s as input %d, which must be %s", op_names[x->op],
-                       n, describe(g, t), k + 1, r == 'a' ? "an activation" : "a parameter");
+        return tr_fail(TR_EINVAL, "precision = \"bf16\": %s (node %d) takes %s as input %d, which must be %s",
+                       op_names[x->op], n, describe(g, t), k + 1, want);
       }
-    }
-  }
-  if (g->bf16) { /* activations as bf16, but for layernorm's saved statistics and the loss */
-    for (int i = 0; i < g->nt; i++)
-      if (g->tensors[i].kind == TK_ACT) g->tensors[i].eb = 2;
-    for (int n = 0; n < g->nn; n++) {
-      const node *x = &g->nodes[n];
-      if (x->op == OP_LAYERNORM) g->tensors[x->aux[0]].eb = g->tensors[x->aux[1]].eb = 4;
-      if (x->op == OP_XENT) g->tensors[x->out].eb = 4;
     }
   }
   /* Lay out every family. Parameters are laid out even when unused, so the
@@ -776,8 +782,9 @@ int graph_backward(graph *g, int loss) {
   const tr_backend *be = g->be;
   be->zero(g->act_grads, g->sz.act_grads);
   const float one = 1.0f;
-  if (be->upload(G(loss), &one, sizeof one))
-    return tr_fail(TR_EIO, "backward on the %s device: %s", be->name, be->error());
+  const tr_bf16 one16 = 0x3f80; /* a loss stored as bf16 (an op other than cross_entropy made it) */
+  int rc = g->tensors[loss].eb == 2 ? be->upload(G(loss), &one16, sizeof one16) : be->upload(G(loss), &one, sizeof one);
+  if (rc) return tr_fail(TR_EIO, "backward on the %s device: %s", be->name, be->error());
   int prof = profiling();
   for (int k = g->norder - 1; k >= 0; k--) {
     double t0 = prof ? tr_now() : 0;

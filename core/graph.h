@@ -78,8 +78,9 @@ const struct tr_backend *graph_backend(const graph *g);
  * backend's tr_bf16_ops run the graph), except layernorm's saved mean/rstd
  * and the loss; parameters and their gradients stay fp32 (master weights)
  * and forward gives the matmuls a bf16 copy of them. Every op must take
- * activations where activations flow and parameters as weights (checked at
- * planning). graph_read widens a bf16 tensor to fp32. */
+ * bf16 activations where activations flow (so a cross_entropy loss, fp32,
+ * feeds no other op) and parameters as weights (checked at planning).
+ * graph_read widens a bf16 tensor to fp32. */
 int graph_set_bf16(graph *g, int on);
 /* Copies tensor t (all of it, 4 bytes an element) to host memory dst. */
 int graph_read(graph *g, int t, void *dst);

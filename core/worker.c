@@ -140,12 +140,13 @@ static void apply_chaos(worker *w, int64_t step) {
       for (;;) sleep(1);
     if (strcmp(c->fault, "bitflip") == 0) { /* silent data corruption in this replica only */
       trainer_buffers b;
-      trainer_buffers_get(w->t, &b);
-      uint32_t bits;
-      memcpy(&bits, &b.params[b.n / 2], 4);
-      bits ^= 1u << 20;
-      memcpy(&b.params[b.n / 2], &bits, 4);
-      trainer_buffers_put(w->t);
+      if (trainer_buffers_get(w->t, &b) == 0) { /* never push a mirror that missed the device's state */
+        uint32_t bits;
+        memcpy(&bits, &b.params[b.n / 2], 4);
+        bits ^= 1u << 20;
+        memcpy(&b.params[b.n / 2], &bits, 4);
+        trainer_buffers_put(w->t);
+      }
     }
     if (strcmp(c->fault, "slow") == 0) {
       w->slow_ms = c->ms;
@@ -290,10 +291,10 @@ int worker_main(int argc, char **argv) {
       rc = applied;
       goto fail;
     }
-    trainer_buffers b;
-    trainer_buffers_get(t, &b);
+    trainer_state ts;
+    trainer_get_state(t, &ts);
     fprintf(stderr, "worker %d: caught up from %s: at step %lld after replaying %d steps\n", w.slot, donor_addr,
-            (long long)b.step, applied);
+            (long long)ts.step, applied);
   }
   double state_s = tr_now() - t_state;
 
@@ -315,9 +316,9 @@ int worker_main(int argc, char **argv) {
   fo.strict_seq = 1; /* a joiner must enter at exactly its own step */
   fm = ftar_member_create(ch, cp, w.slot, &fo);
   if (!fm) goto fail;
-  trainer_buffers b;
-  trainer_buffers_get(t, &b);
-  rc = SEND(&w, "READY slot=%d step=%lld donor=%s:%d state_s=%.3f", w.slot, (long long)b.step, me, dport, state_s);
+  trainer_state ts0; /* where training is: no state leaves the device for this */
+  trainer_get_state(t, &ts0);
+  rc = SEND(&w, "READY slot=%d step=%lld donor=%s:%d state_s=%.3f", w.slot, (long long)ts0.step, me, dport, state_s);
   if (rc) goto fail;
   w.phase_since = tr_now();
   if (pthread_create(&w.hb, NULL, heartbeat_main, &w) != 0) {
@@ -326,7 +327,7 @@ int worker_main(int argc, char **argv) {
   }
   if (strcmp(mode, "join") != 0) ftar_member_wait(fm, (int)cfg.replicas, 30.0); /* start together if we can */
 
-  int64_t step = b.step, last_snap = b.step;
+  int64_t step = ts0.step, last_snap = ts0.step;
   int leader = 0;
   while (step < cfg.max_steps) {
     if ((rc = poll_commands(&w))) goto fail;
@@ -356,8 +357,8 @@ int worker_main(int argc, char **argv) {
         rc = applied;
         goto fail;
       }
-      trainer_buffers_get(t, &b);
-      step = b.step;
+      trainer_get_state(t, &ts0);
+      step = ts0.step;
       continue;
     }
     if (rc < 0) goto fail;

@@ -10,7 +10,10 @@
  *   checkpoints stay loadable, the engine keeps working;
  * - kill -9 of a writing process at 20 random moments: the newest committed
  *   checkpoint always verifies and holds exactly its step's data;
- * - unwritable directories: a clear error, no crash.
+ * - unwritable directories: a clear error, no crash;
+ * - device staging through a fake backend's hooks: a failed pin is retried
+ *   without leaking or leaving buffers pinned, a backend without side-stream
+ *   copies is read with download, a failed copy is an event, never a commit.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -23,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "check.h"
 #include "ckpt.h"
 #include "util.h"
@@ -309,6 +313,123 @@ static void test_unwritable(void) {
   CHECK(ckpt_reader_open("/nonexistent-transom") == NULL, "reader of a missing store must fail");
 }
 
+
+/* --- a device backend as the engine sees it: host memory behind the
+ * table's hooks, with faults on demand --- */
+
+static struct {
+  int pin_fail_at;      /* the ckpt_pin call (1, 2, ...) that fails; 0: none */
+  int pin_calls;
+  void *pinned[8];      /* currently pinned buffers */
+  int npin, pins;       /* live pins, successful pin calls */
+  int copies, downloads, copy_fail;
+} fake;
+
+static const char *fake_error(void) { return "fake device error"; }
+static int fake_pin(void *host, size_t bytes) {
+  (void)bytes;
+  if (++fake.pin_calls == fake.pin_fail_at) return TR_EIO;
+  fake.pinned[fake.npin++] = host;
+  fake.pins++;
+  return TR_OK;
+}
+static void fake_unpin(void *host) {
+  for (int i = 0; i < fake.npin; i++)
+    if (fake.pinned[i] == host) {
+      fake.pinned[i] = fake.pinned[--fake.npin];
+      return;
+    }
+}
+static int fake_copy(void *dst, const void *src, size_t bytes) {
+  fake.copies++;
+  if (fake.copy_fail) return TR_EIO;
+  memcpy(dst, src, bytes);
+  return TR_OK;
+}
+static int fake_download(void *dst, const void *src, size_t bytes) {
+  fake.downloads++;
+  memcpy(dst, src, bytes);
+  return TR_OK;
+}
+static int fake_nothing(void) { return TR_OK; }
+
+/* Device staging: a pin that fails is retried at the next snapshot on
+ * the same buffers (nothing leaks, nothing stays pinned after close); a
+ * backend without side-stream copies is read through its download; a failed
+ * device copy is an event and commits nothing. */
+static void test_device_staging(void) {
+  char dir[256];
+  enum { N = 1000 };
+  float *a = malloc(sizeof(float) * N);
+  int64_t da[1] = {N};
+  tr_backend be = {.abi = TR_BACKEND_ABI, .name = "fake", .host_memory = 0, .error = fake_error,
+                   .download = fake_download, .ckpt_pin = fake_pin, .ckpt_unpin = fake_unpin,
+                   .ckpt_mark = fake_nothing, .ckpt_copy = fake_copy, .ckpt_wait = fake_nothing};
+
+  store_path(dir, sizeof dir, "dev-pin");
+  memset(&fake, 0, sizeof fake);
+  fake.pin_fail_at = 2; /* the first buffer is pinned, the second fails */
+  ckpt_engine *e = open_engine(dir, 3, 0, CKPT_COALESCE, 0);
+  if (!e) goto out;
+  CHECK(ckpt_set_device(e, &be) == 0, "set_device: %s", tr_error());
+  CHECK(ckpt_register(e, "param/a", CKPT_F32, 1, da, a) == 0, "register: %s", tr_error());
+  fill(a, N, 1);
+  ckpt_state s = {.step = 1, .config_hash = 7};
+  int rc = ckpt_snapshot(e, &s);
+  CHECK(rc < 0 && strstr(tr_error(), "pinning") && strstr(tr_error(), "fake device error"),
+        "a failed pin fails the snapshot, saying why: %d %s", rc, tr_error());
+  s.step = 2;
+  fill(a, N, 2);
+  rc = ckpt_snapshot(e, &s);
+  CHECK(rc >= 0, "the next snapshot retries the pin: %s", tr_error());
+  ckpt_flush(e);
+  CHECK(fake.pins == 2, "two staging buffers pinned in all, got %d pin calls", fake.pins);
+  CHECK(fake.copies >= 1 && fake.downloads == 0, "copies through ckpt_copy (%d)", fake.copies);
+  ckpt_close(e);
+  CHECK(fake.npin == 0, "%d staging buffer(s) left pinned after close", fake.npin);
+  CHECK(newest(dir) == 2, "step 2 committed (newest %lld)", (long long)newest(dir));
+
+  store_path(dir, sizeof dir, "dev-download");
+  memset(&fake, 0, sizeof fake);
+  be.ckpt_copy = NULL;
+  be.ckpt_wait = NULL;
+  e = open_engine(dir, 3, 0, CKPT_COALESCE, 0);
+  if (!e) goto out;
+  ckpt_set_device(e, &be);
+  ckpt_register(e, "param/a", CKPT_F32, 1, da, a);
+  fill(a, N, 3);
+  s.step = 3;
+  CHECK(ckpt_snapshot(e, &s) >= 0, "snapshot: %s", tr_error());
+  ckpt_flush(e);
+  CHECK(fake.downloads == 1, "no ckpt_copy: the device memory is read with download (%d calls)", fake.downloads);
+  ckpt_close(e);
+  ckpt_reader *r = ckpt_reader_open(dir);
+  CHECK(r && ckpt_reader_read(r, 3, "param/a", a, sizeof(float) * N) == 0 && holds_step(a, N, 3),
+        "step 3 holds its values: %s", tr_error());
+  ckpt_reader_close(r);
+
+  store_path(dir, sizeof dir, "dev-copyfail");
+  memset(&fake, 0, sizeof fake);
+  be.ckpt_copy = fake_copy;
+  be.ckpt_wait = fake_nothing;
+  fake.copy_fail = 1;
+  e = open_engine(dir, 3, 0, CKPT_COALESCE, 0);
+  if (!e) goto out;
+  ckpt_set_device(e, &be);
+  ckpt_register(e, "param/a", CKPT_F32, 1, da, a);
+  s.step = 4;
+  CHECK(ckpt_snapshot(e, &s) >= 0, "snapshot: %s", tr_error());
+  ckpt_flush(e);
+  ckpt_event ev;
+  int got = ckpt_poll(e, &ev);
+  CHECK(got && !ev.ok && ev.step == 4 && strstr(ev.what, "level-1 copy") && strstr(ev.what, "fake device error"),
+        "a failed device copy is a failure event: %s", got ? ev.what : "(none)");
+  ckpt_close(e);
+  CHECK(newest(dir) == -1, "nothing half-copied is committed (newest %lld)", (long long)newest(dir));
+out:
+  free(a);
+}
+
 int main(void) {
   if (!mkdtemp(root)) return 1;
   test_lazy_copy_and_retention();
@@ -316,6 +437,7 @@ int main(void) {
   test_full_store();
   test_kill9();
   test_unwritable();
+  test_device_staging();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);

@@ -320,6 +320,34 @@ static void test_bf16(lua_State *L) {
             strstr(tr_error(), "must be an activation"),
         "plan: %s", tr_error());
   graph_free(h);
+  /* a cross_entropy loss stays fp32 under bf16: fed to a bf16 op (two losses
+   * summed), the op would read its bits as bf16; refused at planning */
+  h = graph_create();
+  int64_t td[2] = {1, 4}, wd[2] = {5, 3}, ld[2] = {5, 3};
+  int tok = graph_input(h, "tok", 2, td, DT_I32), tgt = graph_input(h, "tgt", 2, td, DT_I32);
+  int x = graph_embed(h, tok, graph_param(h, "wte", 2, wd, INIT_NORMAL, 1, -1), -1);
+  int logits = graph_linear(h, x, graph_param(h, "w", 2, ld, INIT_NORMAL, 1, -1), -1);
+  graph_output(h, "loss", graph_add(h, graph_cross_entropy(h, logits, tgt), graph_cross_entropy(h, logits, tgt)));
+  graph_set_bf16(h, 1);
+  CHECK(graph_plan(h, 1) == TR_EINVAL && strstr(tr_error(), "add (node") && strstr(tr_error(), "fp32"),
+        "plan: an fp32 loss into a bf16 add must be refused: %s", tr_error());
+  graph_free(h);
+  /* a scalar loss that is a bf16 activation: backward seeds its gradient
+   * with bf16 1.0 (one token, one channel: the embedding's output is it) */
+  h = graph_create();
+  int64_t one[2] = {1, 1}, ed[2] = {3, 1};
+  tok = graph_input(h, "tok", 2, one, DT_I32);
+  int wte = graph_param(h, "wte", 2, ed, INIT_NORMAL, 1, -1);
+  int e = graph_embed(h, tok, wte, -1);
+  graph_set_bf16(h, 1);
+  CHECK(graph_plan(h, 1) == 0, "plan: %s", tr_error());
+  graph_init_params(h, 1);
+  *(int32_t *)graph_data(h, tok) = 2;
+  CHECK(graph_forward(h) == 0 && graph_backward(h, e) == 0, "forward/backward: %s", tr_error());
+  const float *dwte = graph_grad(h, wte);
+  CHECK(dwte[0] == 0 && dwte[1] == 0 && dwte[2] == 1.0f, "d loss / d wte[2] = 1, got %g %g %g", dwte[0], dwte[1],
+        dwte[2]);
+  graph_free(h);
 out:
   graph_free(g[0]);
   graph_free(g[1]);
