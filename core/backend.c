@@ -1,5 +1,5 @@
-/* backend.c — the cpu and emu backends, and the loader of the CUDA plugin
- * (see backend.h). */
+/* backend.c — the cpu backend and the loader of the CUDA plugin (see
+ * backend.h); the emu backend is backend_emu.c. */
 #include "backend.h"
 
 #include <dlfcn.h>
@@ -11,11 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "comm_emu.h"
 #include "kernels.h"
 #include "util.h"
 
-/* --- shared by cpu and emu: core's kernels --- */
+/* --- core's kernels on host memory --- */
 
 static int host_init(int ordinal, int threads) {
   (void)ordinal;
@@ -24,7 +23,6 @@ static int host_init(int ordinal, int threads) {
   return TR_OK;
 }
 static const char *cpu_describe(void) { return "host CPU (OpenBLAS + OpenMP)"; }
-static const char *emu_describe(void) { return "emulated device: host CPU kernels behind a device boundary"; }
 static const char *host_error(void) { return tr_error(); }
 
 static void *host_alloc(size_t bytes) { return tr_alloc_aligned(bytes ? bytes : 64); }
@@ -71,22 +69,6 @@ static const tr_backend cpu_backend = {
     .alloc = host_alloc, .free = host_free, .upload = host_memcpy, .download = host_memcpy, .copy = host_memcpy,
     .sync = host_sync,
     HOST_KERNELS,
-};
-
-/* emu: the level-1 checkpoint copies go through the table like a device's
- * (the engine's copy thread calls ckpt_copy then ckpt_wait). */
-static int emu_ckpt_copy(void *dst, const void *src, size_t bytes) { return host_memcpy(dst, src, bytes); }
-static int emu_ckpt_nothing(void) { return TR_OK; }
-
-static const tr_backend emu_backend = {
-    .abi = TR_BACKEND_ABI, .name = "emu", .host_memory = 0,
-    .init = host_init, .describe = emu_describe, .error = host_error,
-    .alloc = host_alloc, .free = host_free, .upload = host_memcpy, .download = host_memcpy, .copy = host_memcpy,
-    .sync = host_sync,
-    HOST_KERNELS,
-    .ckpt_mark = emu_ckpt_nothing, .ckpt_copy = emu_ckpt_copy, .ckpt_wait = emu_ckpt_nothing,
-    .comm_id = emu_comm_id, .comm_create = emu_comm_create, .comm_allreduce = emu_comm_allreduce,
-    .comm_destroy = emu_comm_destroy,
 };
 
 const tr_backend *backend_cpu(void) { return &cpu_backend; }
@@ -160,7 +142,7 @@ const tr_backend *backend_get(const char *name, int threads) {
 const tr_backend *backend_load(const char *name) {
   const tr_backend *be = NULL;
   if (strcmp(name, "cpu") == 0) be = &cpu_backend;
-  else if (strcmp(name, "emu") == 0) be = &emu_backend;
+  else if (strcmp(name, "emu") == 0) be = backend_emu();
   else if (strcmp(name, "cuda") == 0) {
     pthread_mutex_lock(&load_mu);
     be = load_cuda();

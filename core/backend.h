@@ -9,7 +9,8 @@
  *   "cpu"   core's kernels on host memory (the default). Device pointers ARE
  *           host pointers (host_memory = 1): nothing is copied.
  *   "emu"   the same kernels behind a device boundary: separate memory,
- *           transfers by memcpy, the optimizer through the table. It runs
+ *           closed to the host (PROT_NONE) while no call into the table
+ *           runs, transfers by memcpy, the optimizer through the table. It runs
  *           the device code paths of the graph, trainer, checkpoints and
  *           collectives on a machine without a GPU (tests use it).
  *   "cuda"  ext/cuda: CUDA kernels, cuBLAS matmuls, NCCL. Built as a plugin,
@@ -187,6 +188,8 @@ const tr_backend *backend_get(const char *name, int threads);
 /* The same without init: the plugin is loaded (a check that a job's device
  * can be used, for a process that will not compute on it). */
 const tr_backend *backend_load(const char *name);
+/* The emu backend (backend_emu.c), not initialised. */
+const tr_backend *backend_emu(void);
 /* The host CPU backend (always available, no init needed). */
 const tr_backend *backend_cpu(void);
 /* Where the CUDA plugin is looked for: $TRANSOM_CUDA_LIB, else
