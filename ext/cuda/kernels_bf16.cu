@@ -40,38 +40,14 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "device.cuh"
 #include "kernels.cuh"
 
 typedef __nv_bfloat16 bf16;
 
-#define FULL_MASK 0xffffffffu
-#define GELU_K 0.7978845608028654f /* sqrt(2/pi), as kernels.c */
-#define LN_EPS 1e-5f               /* as kernels.c */
-
-enum {
-  EW_THREADS = 256,      /* as kernels.cu */
-  EW_MAX_BLOCKS = 65536,
-  ROW_WARPS = 8,
-  XENT_THREADS = 512,
-  EMBED_THREADS = 128,
-};
-
 /* fp32 scratch of attention's scores / datt: at most this many floats, so
  * the heads go through in chunks (one head at least) */
 static const int64_t ATTN_SCORE_FLOATS = (int64_t)1 << 26; /* 256 MiB */
-
-#define GRID_STRIDE(i, n)                                                                   \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)(n);       \
-       i += (int64_t)gridDim.x * blockDim.x)
-
-static unsigned ew_blocks(int64_t n) {
-  int64_t b = (n + EW_THREADS - 1) / EW_THREADS;
-  return (unsigned)(b < (int64_t)EW_MAX_BLOCKS ? b : (int64_t)EW_MAX_BLOCKS);
-}
-
-static unsigned row_blocks(int64_t rows) { return (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS); }
-
-static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* tr_bf16 (uint16_t bits) as CUDA's bf16 type: same size and bits */
 static inline bf16 *dv(tr_bf16 *p) { return reinterpret_cast<bf16 *>(p); }
@@ -79,32 +55,6 @@ static inline const bf16 *dv(const tr_bf16 *p) { return reinterpret_cast<const b
 
 static __device__ __forceinline__ float f32(bf16 x) { return __bfloat162float(x); }
 static __device__ __forceinline__ bf16 rn(float x) { return __float2bfloat16_rn(x); }
-
-/* --- reductions (as kernels.cu) --- */
-
-struct SumOp {
-  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
-};
-struct MaxOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-template <typename T, typename Op> static __device__ __forceinline__ T warp_reduce(T v, Op op) {
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(FULL_MASK, v, o));
-  return v;
-}
-
-/* Every thread of the block gets the result; every thread must call it. */
-template <typename T, typename Op> static __device__ T block_reduce(T v, Op op, T identity) {
-  __shared__ T part[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  v = warp_reduce(v, op);
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? part[lane] : identity;
-  return warp_reduce(v, op);
-}
 
 /* --- matmuls: bf16 A and B, fp32 compute and scale, C bf16 or fp32 --- */
 
@@ -157,67 +107,9 @@ static void tb_embed_forward(tr_bf16 *out, const int32_t *tok, const float *wte,
   tc_queued(cudaSuccess, "bf16 embed_forward");
 }
 
-/* dwpe (T,C) += sum over b of dout[b,t,:], b in order (as the CPU) */
-static __global__ void embed_dwpe_kernel(float *dwpe, const bf16 *dout, int B, int64_t TC) {
-  GRID_STRIDE(i, TC) {
-    float acc = dwpe[i];
-    for (int b = 0; b < B; b++) acc += f32(dout[(int64_t)b * TC + i]);
-    dwpe[i] = acc;
-  }
-}
-
-static __global__ void iota_kernel(int32_t *p, int n) {
-  GRID_STRIDE(i, n) p[i] = (int32_t)i;
-}
-
-/* as kernels.cu: the first entry of each run of one token in the
- * token-sorted positions adds the run's dout rows, in position order */
-static __global__ void embed_dwte_kernel(float *dwte, const bf16 *dout, const int32_t *keys, const int32_t *pos,
-                                         int n, int C) {
-  const int i = blockIdx.x;
-  const int32_t key = keys[i];
-  if (i > 0 && keys[i - 1] == key) return;
-  float *dst = dwte + (int64_t)key * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = dst[c];
-    for (int j = i; j < n && keys[j] == key; j++) acc += f32(dout[(int64_t)pos[j] * C + c]);
-    dst[c] = acc;
-  }
-}
-
-static void tb_embed_backward(float *dwte, float *dwpe, const tr_bf16 *dout_, const int32_t *tok, int B, int T,
+static void tb_embed_backward(float *dwte, float *dwpe, const tr_bf16 *dout, const int32_t *tok, int B, int T,
                               int C) {
-  const int n = B * T; /* positions */
-  if (n <= 0 || C <= 0 || tc_enter()) return;
-  const bf16 *dout = dv(dout_);
-  cudaStream_t st = tc_stream();
-  if (dwpe) {
-    const int64_t TC = (int64_t)T * C;
-    embed_dwpe_kernel<<<ew_blocks(TC), EW_THREADS, 0, st>>>(dwpe, dout, B, TC);
-    tc_queued(cudaSuccess, "bf16 embed_backward (dwpe)");
-  }
-  if (!dwte) return;
-  size_t temp_bytes = 0;
-  cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, tok, (int32_t *)NULL, (const int32_t *)NULL,
-                                                  (int32_t *)NULL, n, 0, 32, st);
-  if (e != cudaSuccess) {
-    tc_queued(e, "bf16 embed_backward (radix sort size)");
-    return;
-  }
-  const size_t ib = align256(sizeof(int32_t) * (size_t)n);
-  char *s = (char *)tc_scratch(TC_SLOT_EMBED, 3 * ib + temp_bytes);
-  if (!s) return;
-  int32_t *keys = (int32_t *)s, *pos = (int32_t *)(s + ib), *iota = (int32_t *)(s + 2 * ib);
-  void *temp = s + 3 * ib;
-  iota_kernel<<<ew_blocks(n), EW_THREADS, 0, st>>>(iota, n);
-  tc_queued(cudaSuccess, "bf16 embed_backward (iota)");
-  e = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tok, keys, (const int32_t *)iota, pos, n, 0, 32, st);
-  if (e != cudaSuccess) {
-    tc_queued(e, "bf16 embed_backward (radix sort)");
-    return;
-  }
-  embed_dwte_kernel<<<(unsigned)n, EMBED_THREADS, 0, st>>>(dwte, dout, keys, pos, n, C);
-  tc_queued(cudaSuccess, "bf16 embed_backward (dwte)");
+  embed_backward_launch(dwte, dwpe, dv(dout), tok, B, T, C, "bf16 embed_backward");
 }
 
 /* --- linear --- */
@@ -225,22 +117,6 @@ static void tb_embed_backward(float *dwte, float *dwpe, const tr_bf16 *dout_, co
 /* out (N,OC) = round(out + bias), bias broadcast over rows */
 static __global__ void bias_add_kernel(bf16 *out, const float *bias, int OC, int64_t n) {
   GRID_STRIDE(i, n) out[i] = rn(f32(out[i]) + bias[i % OC]);
-}
-
-/* dst[m] += sum over n of src[n*M + m] (as kernels.cu's colsum_add_kernel) */
-static __global__ void colsum_add_kernel(float *dst, const bf16 *src, int N, int M) {
-  __shared__ float part[32][33];
-  const int m = blockIdx.x * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (m < M)
-    for (int n = threadIdx.y; n < N; n += 32) s += f32(src[(int64_t)n * M + m]);
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && m < M) {
-    float t = 0.0f;
-    for (int y = 0; y < 32; y++) t += part[y][threadIdx.x];
-    dst[m] += t;
-  }
 }
 
 static void tb_linear_forward(tr_bf16 *out_, const tr_bf16 *inp, const tr_bf16 *w16, const float *bias, int N, int C,
@@ -272,30 +148,7 @@ static void tb_linear_backward(tr_bf16 *dinp, float *dw, float *dbias, const tr_
   }
 }
 
-/* --- layernorm: one warp per row (as kernels.cu) --- */
-
-static __global__ void layernorm_forward_kernel(bf16 *out, float *mean, float *rstd, const bf16 *inp, const float *w,
-                                                const float *b, int N, int C) {
-  const int n = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (n >= N) return; /* the whole warp */
-  const bf16 *x = inp + (int64_t)n * C;
-  bf16 *o = out + (int64_t)n * C;
-  float s = 0.0f;
-  for (int c = lane; c < C; c += 32) s += f32(x[c]);
-  const float m = warp_reduce(s, SumOp()) / (float)C;
-  float v = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    float d = f32(x[c]) - m;
-    v += d * d;
-  }
-  v = warp_reduce(v, SumOp()) / (float)C;
-  const float r = 1.0f / sqrtf(v + LN_EPS);
-  for (int c = lane; c < C; c += 32) o[c] = rn((f32(x[c]) - m) * r * w[c] + b[c]);
-  if (lane == 0) {
-    mean[n] = m;
-    rstd[n] = r;
-  }
-}
+/* --- layernorm (the kernels are device.cuh's) --- */
 
 static void tb_layernorm_forward(tr_bf16 *out, float *mean, float *rstd, const tr_bf16 *inp, const float *w,
                                  const float *b, int N, int C) {
@@ -303,57 +156,6 @@ static void tb_layernorm_forward(tr_bf16 *out, float *mean, float *rstd, const t
   layernorm_forward_kernel<<<row_blocks(N), 32 * ROW_WARPS, 0, tc_stream()>>>(dv(out), mean, rstd, dv(inp), w, b, N,
                                                                               C);
   tc_queued(cudaSuccess, "bf16 layernorm_forward");
-}
-
-/* dinp (N,C) += ..., one warp per row */
-static __global__ void layernorm_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const float *w,
-                                             const float *mean, const float *rstd, int N, int C) {
-  const int n = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (n >= N) return;
-  const bf16 *x = inp + (int64_t)n * C, *d = dout + (int64_t)n * C;
-  bf16 *dx = dinp + (int64_t)n * C;
-  const float m = mean[n], s = rstd[n];
-  float a = 0.0f, an = 0.0f; /* sums of dnorm and dnorm * norm */
-  for (int c = lane; c < C; c += 32) {
-    float norm = (f32(x[c]) - m) * s;
-    float dnorm = w[c] * f32(d[c]);
-    a += dnorm;
-    an += dnorm * norm;
-  }
-  const float dnorm_mean = warp_reduce(a, SumOp()) / (float)C;
-  const float dnorm_norm_mean = warp_reduce(an, SumOp()) / (float)C;
-  for (int c = lane; c < C; c += 32) {
-    float norm = (f32(x[c]) - m) * s;
-    float dnorm = w[c] * f32(d[c]);
-    dx[c] = rn(f32(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
-  }
-}
-
-/* dw, db (C) += sums over rows; 32x32 threads per 32 channels. Either may be NULL. */
-static __global__ void layernorm_dparams_kernel(float *dw, float *db, const bf16 *dout, const bf16 *inp,
-                                                const float *mean, const float *rstd, int N, int C) {
-  __shared__ float pw[32][33], pb[32][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float sw = 0.0f, sb = 0.0f;
-  if (c < C)
-    for (int n = threadIdx.y; n < N; n += 32) {
-      const int64_t i = (int64_t)n * C + c;
-      const float d = f32(dout[i]);
-      sw += (f32(inp[i]) - mean[n]) * rstd[n] * d;
-      sb += d;
-    }
-  pw[threadIdx.y][threadIdx.x] = sw;
-  pb[threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float tw = 0.0f, tb = 0.0f;
-    for (int y = 0; y < 32; y++) {
-      tw += pw[y][threadIdx.x];
-      tb += pb[y][threadIdx.x];
-    }
-    if (dw) dw[c] += tw;
-    if (db) db[c] += tb;
-  }
 }
 
 static void tb_layernorm_backward(tr_bf16 *dinp, float *dw, float *db, const tr_bf16 *dout, const tr_bf16 *inp,
@@ -372,25 +174,7 @@ static void tb_layernorm_backward(tr_bf16 *dinp, float *dw, float *db, const tr_
   }
 }
 
-/* --- GELU (tanh form, as kernels.cu) --- */
-
-static __global__ void gelu_forward_kernel(bf16 *out, const bf16 *inp, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float x = f32(inp[i]);
-    out[i] = rn(0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
-  }
-}
-
-static __global__ void gelu_backward_kernel(bf16 *dinp, const bf16 *inp, const bf16 *dout, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float x = f32(inp[i]);
-    const float u = GELU_K * (x + 0.044715f * x * x * x);
-    const float th = tanhf(u);
-    const float sech2 = 1.0f - th * th;
-    const float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = rn(f32(dinp[i]) + g * f32(dout[i]));
-  }
-}
+/* --- GELU (device.cuh) --- */
 
 static void tb_gelu_forward(tr_bf16 *out, const tr_bf16 *inp, int64_t n) {
   if (n <= 0 || tc_enter()) return;
@@ -405,19 +189,6 @@ static void tb_gelu_backward(tr_bf16 *dinp, const tr_bf16 *inp, const tr_bf16 *d
 }
 
 /* --- residual add --- */
-
-static __global__ void add_forward_kernel(bf16 *out, const bf16 *a, const bf16 *b, int64_t n) {
-  GRID_STRIDE(i, n) out[i] = rn(f32(a[i]) + f32(b[i]));
-}
-
-/* da and db may be NULL, or the same buffer (then it gets dout twice, each add rounded) */
-static __global__ void add_backward_kernel(bf16 *da, bf16 *db, const bf16 *dout, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float d = f32(dout[i]);
-    if (da) da[i] = rn(f32(da[i]) + d);
-    if (db) db[i] = rn(f32(db[i]) + d);
-  }
-}
 
 static void tb_add_forward(tr_bf16 *out, const tr_bf16 *a, const tr_bf16 *b, int64_t n) {
   if (n <= 0 || tc_enter()) return;
@@ -436,65 +207,6 @@ static void tb_add_backward(tr_bf16 *da, tr_bf16 *db, const tr_bf16 *dout, int64
  * strided-batched matmul over the heads per product, results scattered back
  * to (B,T,C). The scores and datt are fp32, in plugin scratch, a chunk of
  * heads at a time; att is bf16, exactly 0 above the diagonal. */
-
-/* q, k, v (B,NH,T,hs) = the three thirds of qkv (B,T,3C) */
-static __global__ void attn_split_qkv_kernel(bf16 *q, bf16 *k, bf16 *v, const bf16 *qkv, int T, int C, int NH,
-                                             int64_t n) {
-  const int hs = C / NH;
-  GRID_STRIDE(i, n) { /* i = ((b*NH + h)*T + t)*hs + d */
-    const int d = (int)(i % hs);
-    const int64_t bht = i / hs;
-    const int t = (int)(bht % T);
-    const int64_t bh = bht / T;
-    const int h = (int)(bh % NH);
-    const int64_t b = bh / NH;
-    const bf16 *src = qkv + (b * T + t) * 3 * C + h * hs + d;
-    q[i] = src[0];
-    k[i] = src[C];
-    v[i] = src[2 * C];
-  }
-}
-
-/* dst (B,NH,T,hs) = src (B,T,C) */
-static __global__ void attn_split_kernel(bf16 *dst, const bf16 *src, int T, int C, int NH, int64_t n) {
-  const int hs = C / NH;
-  GRID_STRIDE(i, n) { /* i = (b*T + t)*C + h*hs + d */
-    const int c = (int)(i % C);
-    const int64_t bt = i / C;
-    const int t = (int)(bt % T);
-    const int64_t b = bt / T;
-    dst[((b * NH + c / hs) * T + t) * hs + c % hs] = src[i];
-  }
-}
-
-/* out (B,T,C) = y (B,NH,T,hs) */
-static __global__ void attn_merge_kernel(bf16 *out, const bf16 *y, int T, int C, int NH, int64_t n) {
-  const int hs = C / NH;
-  GRID_STRIDE(i, n) { /* i = (b*T + t)*C + h*hs + d */
-    const int c = (int)(i % C);
-    const int64_t bt = i / C;
-    const int t = (int)(bt % T);
-    const int64_t b = bt / T;
-    out[i] = y[((b * NH + c / hs) * T + t) * hs + c % hs];
-  }
-}
-
-/* the three thirds of dqkv (B,T,3C) += dq, dk, dv (B,NH,T,hs, fp32), each rounded once */
-static __global__ void attn_merge_add_kernel(bf16 *dqkv, const float *dq, const float *dk, const float *dvv, int T,
-                                             int C, int NH, int64_t n) {
-  const int hs = C / NH;
-  GRID_STRIDE(i, n) { /* i = (b*T + t)*C + h*hs + d */
-    const int c = (int)(i % C);
-    const int64_t bt = i / C;
-    const int t = (int)(bt % T);
-    const int64_t b = bt / T;
-    const int64_t j = ((b * NH + c / hs) * T + t) * hs + c % hs;
-    bf16 *dst = dqkv + bt * 3 * C + c;
-    dst[0] = rn(f32(dst[0]) + dq[j]);
-    dst[C] = rn(f32(dst[C]) + dk[j]);
-    dst[2 * C] = rn(f32(dst[2 * C]) + dvv[j]);
-  }
-}
 
 /* rows (a whole number of heads, T rows each) of fp32 scores: row t of a
  * head keeps softmax of its first t+1 entries, rounded into att, and 0
