@@ -380,18 +380,19 @@ static void det_action(void *ud, const detector_action *a) {
  * all-reduce) while its heartbeat lives, so no per-replica "no progress"
  * rule can tell which one it is. The heartbeats can: the culprit is the one
  * still computing after hang_seconds while the others have waited in the
- * all-reduce past the deadline. */
+ * all-reduce past the deadline. Only what a heartbeat said counts (its
+ * `for`, as of when it came): a stopped process sends none, so its time
+ * stops growing and it can never pass for hung (it is dead). */
 static void find_hung(op *o) {
-  double now = tr_now();
   int waiting = 0;
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
-    waiting += s->state == SLOT_RUNNING && s->in_allreduce && s->phase_for + (now - s->phase_at) > o->cfg->deadline;
+    waiting += s->state == SLOT_RUNNING && s->in_allreduce && s->phase_for > o->cfg->deadline;
   }
   if (!waiting) return;
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
-    double busy = s->phase_for + (now - s->phase_at);
+    double busy = s->phase_for;
     if (s->state != SLOT_RUNNING || s->in_allreduce || s->pid <= 0 || busy < o->cfg->hang_seconds) continue;
     event_log(o, s->step, i, "anomaly",
               "hang: replica %d has computed step %lld for %.1f s while %d replica(s) wait for it in the all-reduce",
@@ -619,7 +620,6 @@ static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *l
     proto_get(line, "phase", ph, sizeof ph);
     s->in_allreduce = strcmp(ph, "allreduce") == 0;
     s->phase_for = proto_num(line, "for", 0);
-    s->phase_at = tr_now();
     if (o->det) detector_heartbeat(o->det, s->slot, tr_now());
   } else if (proto_is(line, "EVAL")) {
     int64_t step = proto_int(line, "step", 0);

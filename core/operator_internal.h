@@ -42,8 +42,7 @@ typedef struct {
   int done;
   int64_t resume_step; /* -1: newest checkpoint; else newest at or before (a rollback) */
   int in_allreduce;     /* from its heartbeat: waiting in the all-reduce */
-  double phase_for;     /* seconds in that phase, as of phase_at */
-  double phase_at;
+  double phase_for;     /* seconds in that phase, as of its last heartbeat */
   struct { /* its latest step report */
     double loss, norm, lr, ms, tok_s, ar_ms;
     int64_t epoch;

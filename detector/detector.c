@@ -483,6 +483,10 @@ int detector_push_worker(detector *d, lua_State *L, int worker, int n) {
     lua_pushnumber(L, now - last);
     lua_setfield(L, -2, "progress_age");
   }
+  if (!isnan(last) && !isnan(hb)) {
+    lua_pushnumber(L, hb > last ? hb - last : 0);
+    lua_setfield(L, -2, "live_stall");
+  }
   int64_t ckstep;
   uint32_t crc;
   if (series_checksum(s, worker, &ckstep, &crc)) {

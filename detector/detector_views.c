@@ -208,8 +208,14 @@ static int wv_tostring(lua_State *L) {
   return 1;
 }
 
+/* How long a worker is known to have been alive without progressing: from
+ * its last step (or first sight) to its latest heartbeat. Unlike
+ * progress_age it stops growing when the process stops (SIGSTOP, death), so
+ * a frozen process never looks like a hung training thread. */
+static double live_stall(double hb, double last) { return hb > last ? hb - last : 0; }
+
 /* Fields: id, step, n, total, time, now, progress_age, heartbeat_age,
- * checksum, checksum_step, and every metric's latest value; nil when there
+ * live_stall, checksum, checksum_step, and every metric's latest value; nil when there
  * is nothing yet. Any other name raises (a misspelled field is an error). */
 static int wv_index(lua_State *L) {
   wview *v = check_wview(L, 1);
@@ -238,6 +244,7 @@ static int wv_index(lua_State *L) {
   else if (strcmp(k, "now") == 0) lua_pushnumber(L, W->now);
   else if (strcmp(k, "progress_age") == 0) push_num_or_nil(L, W->now - last, !isnan(last));
   else if (strcmp(k, "heartbeat_age") == 0) push_num_or_nil(L, W->now - hb, !isnan(hb));
+  else if (strcmp(k, "live_stall") == 0) push_num_or_nil(L, live_stall(hb, last), !isnan(hb) && !isnan(last));
   else if (strcmp(k, "checksum") == 0) {
     if (have_ck) lua_pushinteger(L, crc);
     else lua_pushnil(L);

@@ -111,7 +111,7 @@ describe("lua/policies/rules.lua", function()
     local empty = worker({ id = 1, n = 0, total = 0, progress_age = 1 })
     local healthy = worker({
       id = 0, step = 30, n = 30, total = 30, loss = 2.0, grad_norm = 1.0, compute_s = 0.1,
-      heartbeat_age = 0.5, progress_age = 0.2, checksum = 7, checksum_step = 30,
+      heartbeat_age = 0.5, progress_age = 0.2, live_stall = 0, checksum = 7, checksum_step = 30,
       series = { grad_norm = { 1, 1.1, 0.9 }, compute_s = { 0.1, 0.1, 0.1 } },
     })
     local fl = fleet({ size = 2, step = 30, progress_age = 0.2, median = function() return 0.1 end,
@@ -140,12 +140,16 @@ describe("lua/policies/rules.lua", function()
 
   it("hang needs a live heartbeat; dead a lost one", function()
     local fl = fleet({ size = 3, progress_age = 0.1 })
-    local hung = worker({ id = 2, step = 10, heartbeat_age = 1, progress_age = 100 })
+    local hung = worker({ id = 2, step = 10, heartbeat_age = 1, progress_age = 100, live_stall = 99 })
     assert.equal("hang", R.hang(hung, fl).kind)
     assert.is_nil(R.dead(hung))
-    local gone = worker({ id = 2, step = 10, heartbeat_age = 100, progress_age = 100 })
+    local gone = worker({ id = 2, step = 10, heartbeat_age = 100, progress_age = 100, live_stall = 0 })
     assert.is_nil(R.hang(gone, fl))
     assert.equal("dead", R.dead(gone).kind)
+    -- stopped just after a step: no step for long, heartbeat not yet lapsed,
+    -- but it was never seen alive past its last step (the SIGSTOP race)
+    local frozen = worker({ id = 2, step = 10, heartbeat_age = 14, progress_age = 100, live_stall = 0.4 })
+    assert.is_nil(R.hang(frozen, fl))
     local stalled = R.hang(hung, fleet({ size = 3, progress_age = 100, step = 10 }))
     assert.equal(-1, stalled.worker)
   end)

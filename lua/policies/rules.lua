@@ -12,7 +12,9 @@
 --
 -- w (read-only): w.id, w.step, w.n (steps kept), w.total, w.time, w.now,
 --   w.progress_age (s since its last step), w.heartbeat_age (s since its last
---   heartbeat; nil if it never sent one), w.checksum, w.checksum_step, and the
+--   heartbeat; nil if it never sent one), w.live_stall (s from its last step
+--   to its latest heartbeat: how long it is known to have been alive without
+--   progressing; it stops growing when the process stops), w.checksum, w.checksum_step, and the
 --   latest value of every metric: loss, grad_norm, lr, step_s, data_s,
 --   forward_s, backward_s, allreduce_s, optimizer_s, ckpt_wait_s,
 --   tokens_per_s, rss_bytes, compute_s (= step_s - allreduce_s).
@@ -105,19 +107,22 @@ function R.straggler(w, fleet)
   end
 end
 
--- Alive (heartbeat) but not progressing. When no replica progresses, the
--- fleet is stalled (worker -1): the culprit is not known from here.
+-- Alive (heartbeats keep coming) but not progressing. The evidence is
+-- live_stall, the time from its last step to its latest heartbeat: a stopped
+-- or dead process sends none, so however HANG_T and DEAD_T are set it can
+-- never look hung (that is "dead"). When no replica progresses, the fleet is
+-- stalled (worker -1): the culprit is not known from here.
 function R.hang(w, fleet)
   local hb = w.heartbeat_age
-  if hb == nil or hb > DEAD_T or w.progress_age == nil then return nil end
+  if hb == nil or hb > DEAD_T or w.live_stall == nil then return nil end
   local limit = w.step and HANG_T or STARTUP_T
-  if w.progress_age <= limit then return nil end
+  if w.live_stall <= limit then return nil end
   if fleet.size > 1 and fleet.progress_age and fleet.progress_age > limit then
     return { kind = "hang", worker = -1, step = fleet.step or -1, severity = "critical",
              detail = fmt("no replica made progress for %.0f s", fleet.progress_age) }
   end
   return { kind = "hang", severity = "critical",
-           detail = fmt("no step for %.0f s while its heartbeat lives (%.1f s ago)", w.progress_age, hb) }
+           detail = fmt("no step for %.0f s while its heartbeat lives (%.1f s ago)", w.live_stall, hb) }
 end
 
 -- The heartbeat stopped: the process is dead or stopped (SIGSTOP).

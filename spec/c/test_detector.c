@@ -502,6 +502,55 @@ static void test_dead(void) {
   detector_destroy(d);
 }
 
+/* The SIGSTOP race: a frozen process's last STEP line at t refreshed its
+ * heartbeat, one more heartbeat came at t + 0.4 s, then silence. With
+ * HANG_T and DEAD_T equal (3 s) the hang rule once saw "no step for 3 s,
+ * heartbeat not yet lapsed" and called it hung. It must be dead, never hung,
+ * whatever the thresholds. Ticks every 0.05 s to hit every window. */
+static void test_stopped_is_dead_not_hung(void) {
+  char *r = shipped("rules.lua"), *a = shipped("actions.lua");
+  char *h = strstr(r, "local HANG_T = "), *dd = strstr(r, "local DEAD_T = ");
+  CHECK(h && dd, "rules.lua sets HANG_T and DEAD_T");
+  if (!h || !dd) return;
+  memcpy(h + strlen("local HANG_T = "), "3 ", 2); /* "60" -> "3 " */
+  memcpy(dd + strlen("local DEAD_T = "), "3 ", 2); /* "15" -> "3 " */
+  write_file(pdir, "rules.lua", r);
+  write_file(pdir, "actions.lua", a);
+  free(r);
+  free(a);
+  cap_reset();
+  detector *d = make(0, 0);
+  if (!d) return;
+  double t = 0;
+  run_clean(d, 2, 1, 20, &t);
+  t += DT; /* worker 1's last step, and its line refreshes the heartbeat */
+  for (int w = 0; w < 2; w++) {
+    detector_sample x = healthy(21, t);
+    detector_observe(d, w, 21, &x);
+    detector_heartbeat(d, w, t);
+  }
+  double last_hb = t + 0.4, detected = -1;
+  int64_t s = 22;
+  for (int i = 1; i <= 200; i++) { /* 10 s */
+    double now = t + 0.05 * i;
+    if (i == 8) detector_heartbeat(d, 1, last_hb); /* arrives at t + 0.4 */
+    if (i % 5 == 0) { /* worker 0 goes on, a step every 0.25 s */
+      detector_sample x = healthy(s, now);
+      detector_observe(d, 0, s++, &x);
+    }
+    detector_heartbeat(d, 0, now);
+    detector_tick(d, now);
+    if (detected < 0 && find_anomaly("dead", 1)) detected = now;
+  }
+  double lat = detected - last_hb;
+  CHECK(find_anomaly("hang", 1) == NULL && find_anomaly("hang", -1) == NULL, "a stopped worker is never hung");
+  CHECK(detected > 0 && lat > 3 && lat <= 3.1, "dead %.2f s after its last heartbeat (T = 3)", lat);
+  printf("stopped after a step (HANG_T = DEAD_T = 3 s): dead %.2f s after the last heartbeat, %d hang report(s)\n", lat,
+         count_anomalies("hang"));
+  detector_destroy(d);
+  reset_policies();
+}
+
 static void test_divergence(void) {
   reset_policies();
   cap_reset();
@@ -1158,6 +1207,7 @@ int main(void) {
   test_straggler(0);
   test_hang();
   test_dead();
+  test_stopped_is_dead_not_hung();
   test_divergence();
   test_spike_and_grad();
   test_reload();
