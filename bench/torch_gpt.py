@@ -151,7 +151,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def lr_at(step):  # transom's core/optim.c lr_at, step counted from 0
+def lr_at(step):  # transom's core/tensor/optim.c lr_at, step counted from 0
     if step < args.warmup_steps:
         return args.lr * (step + 1) / args.warmup_steps
     if step >= args.lr_decay_steps:

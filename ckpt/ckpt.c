@@ -25,18 +25,13 @@
 #include <time.h>
 
 #include "backend.h"
-#include "ftar_wire.h"
+#include "crc32c.h"
 #include "util.h"
 
 #define CHUNK ((uint64_t)16 << 20)
 #define MANIFEST_MAGIC 0x4b435254u /* "TRCK" little-endian */
 #define MANIFEST_VERSION 1u
 #define MAX_EVENTS 64
-
-/* --- CRC32C (Castagnoli): the one implementation, in core/ftar_wire.c
- * (hardware when the CPU has SSE4.2, a table otherwise) --- */
-
-uint32_t ckpt_crc32c(uint32_t crc, const void *buf, size_t len) { return ftar_crc32c(crc, buf, len); }
 
 /* --- keys --- */
 
@@ -117,7 +112,7 @@ static int encode_manifest(wbuf *b, const ckpt_state *s, const ckpt_tensor_info 
     WB(b, t[i].bytes);
     WB(b, t[i].crc);
   }
-  if (!b->oom) WB(b, ckpt_crc32c(0, b->p, b->n));
+  if (!b->oom) WB(b, tr_crc32c(0, b->p, b->n));
   return b->oom ? tr_fail(TR_ENOMEM, "out of memory encoding a manifest") : TR_OK;
 }
 
@@ -128,7 +123,7 @@ static int decode_manifest(const void *data, size_t len, ckpt_manifest *m, ckpt_
   uint32_t magic, version, nt, crc;
   if (len < 8 + 4) return tr_fail(TR_EFORMAT, "manifest too short (%zu bytes)", len);
   memcpy(&crc, (const uint8_t *)data + len - 4, 4);
-  if (ckpt_crc32c(0, data, len - 4) != crc) return tr_fail(TR_EFORMAT, "manifest checksum mismatch");
+  if (tr_crc32c(0, data, len - 4) != crc) return tr_fail(TR_EFORMAT, "manifest checksum mismatch");
   r.n = len - 4;
   rb_get(&r, &magic, 4);
   rb_get(&r, &version, 4);
@@ -302,7 +297,7 @@ static int commit(ckpt_engine *e, stage_buf *b) {
   if (!info) return tr_fail(TR_ENOMEM, "out of memory committing a checkpoint");
   for (int i = 0; i < e->nt; i++) {
     info[i] = e->t[i].info;
-    info[i].crc = ckpt_crc32c(0, b->data + e->t[i].off, info[i].bytes);
+    info[i].crc = tr_crc32c(0, b->data + e->t[i].off, info[i].bytes);
   }
   wbuf mb = {0};
   int rc = encode_manifest(&mb, &b->st, info, e->nt);
@@ -769,7 +764,7 @@ static int read_tensor(ckpt_reader *r, MDB_txn *txn, int64_t step, int i, const 
     if (v.mv_size > chunk || got + v.mv_size > t->bytes)
       return tr_fail(TR_EFORMAT, "step %lld: tensor '%s' has more data than its manifest says", (long long)step,
                      t->name);
-    crc = ckpt_crc32c(crc, v.mv_data, v.mv_size);
+    crc = tr_crc32c(crc, v.mv_data, v.mv_size);
     if (out) memcpy((uint8_t *)out + got, v.mv_data, v.mv_size);
     got += v.mv_size;
     if (got == t->bytes) break;

@@ -8,7 +8,7 @@
  *   bottom: step time per worker (ms);
  *   both:   a vertical line at the step of every anomaly (red), action
  *           (blue) and replica failure (grey).
- * It draws only; it does not compute statistics. core/main.c dispatches
+ * It draws only; it does not compute statistics. core/cli/main.c dispatches
  * `transom plot` here. Returns an exit status: 0 ok, 1 failure, 2 bad usage.
  */
 #include <errno.h>

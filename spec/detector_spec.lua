@@ -213,7 +213,7 @@ describe("transom plot", function()
   local has_gnuplot = select(2, sh("command -v gnuplot")) == 0
 
   it("draws a run's metrics and events into a PNG", function()
-    if not has_plot then return pending("this transom has no `plot` command yet (core/main.c dispatch)") end
+    if not has_plot then return pending("this transom has no `plot` command yet (core/cli/main.c dispatch)") end
     if not has_gnuplot then return pending("gnuplot is not installed (detector/test_deps.sh installs gnuplot-nox)") end
     local dir = os.tmpname()
     os.remove(dir)

@@ -1,4 +1,4 @@
--- graph_spec.lua — the `transom` graph API (core/lua_graph.c): misuse raises
+-- graph_spec.lua — the `transom` graph API (core/lua/lua_graph.c): misuse raises
 -- a clear Lua error at the caller's line, and whole graphs compute what a
 -- plain-Lua reference (in double precision) computes.
 

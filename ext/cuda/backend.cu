@@ -1,7 +1,7 @@
 /* backend.cu — the CUDA backend plugin: the device, its streams, memory,
- * level-1 checkpoint copies, errors and the table (see core/backend.h).
+ * level-1 checkpoint copies, errors and the table (see core/tensor/include/backend.h).
  *
- * core/backend.c dlopens libtransom_cuda.so and calls the one exported
+ * core/tensor/backend.c dlopens libtransom_cuda.so and calls the one exported
  * symbol, transom_backend_cuda(TR_BACKEND_ABI), then init(). The kernels of
  * the graph and vector ops are in kernels.cu, the NCCL collectives in
  * comm.cu; this file owns what they share (cuda_internal.h, kernels.cuh):
@@ -420,7 +420,7 @@ static tr_backend make_table(void) {
   return t;
 }
 
-/* The plugin's one exported symbol (core/backend.c looks it up with dlsym).
+/* The plugin's one exported symbol (core/tensor/backend.c looks it up with dlsym).
  * The table is built once (a function-local static: thread-safe). */
 extern "C" __attribute__((visibility("default"))) const tr_backend *transom_backend_cuda(int abi) {
   static const tr_backend table = make_table();

@@ -1,6 +1,6 @@
 /* comm.cu — the NCCL communicators of FTAR's device data plane: the comm_*
- * functions of the CUDA backend's table (core/backend.h), one communicator
- * per membership epoch (core/ftar_dev.c creates and drops them).
+ * functions of the CUDA backend's table (core/tensor/include/backend.h), one communicator
+ * per membership epoch (core/ftar/ftar_dev.c creates and drops them).
  *
  * Called through backend.cu's wrappers, which make the device current, by
  * the training thread (the one that drives the compute stream). Nothing
@@ -23,10 +23,10 @@
  *     FINALIZE_S, abort past it) and destroyed.
  * Waits poll: a few yields, then sleeps growing to 1 ms.
  * The mean's division is a multiplication by `scale` after the sum, in a
- * kernel of this file (the ring of core/ftar.c divides: bits may differ).
+ * kernel of this file (the ring of core/ftar/ftar.c divides: bits may differ).
  *
  * Not here: the id's transport (FTAR's coordinator), the decision what
- * survivors return (core/ftar.c).
+ * survivors return (core/ftar/ftar.c).
  */
 #include <nccl.h>
 #include <sched.h>

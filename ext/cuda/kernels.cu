@@ -2,7 +2,7 @@
  * ops, with their launchers (tk_*, the members of the table; see
  * kernels.cuh and backend.cu).
  *
- * Contracts: core/kernels.h, with the same semantics on device pointers,
+ * Contracts: core/tensor/include/kernels.h, with the same semantics on device pointers,
  * queued on tc_stream() in call order. Legend: B = batch, T = time,
  * C = channels, OC = output channels, V = vocabulary, NH = heads,
  * hs = C/NH head size, N = B*T rows. Row-major fp32, int32 token ids.
@@ -96,7 +96,7 @@ void tk_scale(float *p, int64_t n, float s) {
   tc_queued(cudaSuccess, "scale");
 }
 
-/* the formula of backend.h (core/backend.c host_adamw) */
+/* the formula of backend.h (core/tensor/backend.c host_adamw) */
 static __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1,
                                     float b2, float eps, float wd, float c1, float c2) {
   GRID_STRIDE(i, n) {

@@ -7,7 +7,7 @@
 -- It runs in a sandbox (no io, no os.execute, no require; reading an
 -- undefined global is an error). Every key is checked against SCHEMA: an
 -- unknown key, a wrong type or an out-of-range value is an error naming the
--- file, the line and the key. Called from C (core/job.c) before anything is
+-- file, the line and the key. Called from C (core/train/job.c) before anything is
 -- written; `transom run --help` prints the schema.
 
 local M = {}

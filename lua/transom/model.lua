@@ -4,7 +4,7 @@
 --     build(g, cfg, tokens, targets) -> { loss = tensor, logits = tensor }
 -- that adds its parameters and ops to the graph g. cfg is the checked job
 -- table plus vocab_size; tokens and targets are int32 (B,T) inputs.
--- Called from C (core/trainer.c) once per graph; never per step.
+-- Called from C (core/train/trainer.c) once per graph; never per step.
 
 local transom = require("transom")
 

@@ -381,8 +381,8 @@ static void slots_expected(char *out, size_t n, const int *slots, int k) {
 /* --- unit: wire format --- */
 
 static void test_wire(void) {
-  CHECK(ftar_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c check value");
-  CHECK(ftar_crc32c_sw(0, "123456789", 9) == 0xE3069283u, "crc32c (table) check value");
+  CHECK(tr_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c check value");
+  CHECK(tr_crc32c_sw(0, "123456789", 9) == 0xE3069283u, "crc32c (table) check value");
   size_t big = 200000;
   uint8_t *b = malloc(big);
   uint64_t x = 88172645463325252ull;
@@ -396,14 +396,14 @@ static void test_wire(void) {
   size_t lens[] = {0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 4096, 24575, 24576, 24577, 65536, 100003, 199990};
   for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
     for (size_t off = 0; off < 9; off += 3) {
-      uint32_t hw = ftar_crc32c(0, b + off, lens[li]), sw = ftar_crc32c_sw(0, b + off, lens[li]);
+      uint32_t hw = tr_crc32c(0, b + off, lens[li]), sw = tr_crc32c_sw(0, b + off, lens[li]);
       if (hw != sw) {
         if (!mism) fprintf(stderr, "  crc32c mismatch at len %zu off %zu: %08x vs %08x\n", lens[li], off, hw, sw);
         mism++;
       }
       /* running value: crc(a||b) == crc(crc(a), b) */
       size_t cut = lens[li] / 3;
-      if (ftar_crc32c(ftar_crc32c(0, b + off, cut), b + off + cut, lens[li] - cut) != hw) mism++;
+      if (tr_crc32c(tr_crc32c(0, b + off, cut), b + off + cut, lens[li] - cut) != hw) mism++;
     }
   CHECK(mism == 0, "hardware and table CRC32C differ in %d cases", mism);
   free(b);

@@ -446,7 +446,7 @@ static int emu_sizes_child(void *arg, int r, int out) {
         ok = 0;
       }
     }
-    say(out, "size %zu crc %08x ok %d", n, ftar_crc32c(0, buf, n * sizeof(float)), ok);
+    say(out, "size %zu crc %08x ok %d", n, tr_crc32c(0, buf, n * sizeof(float)), ok);
     bad |= !ok;
   }
   free(buf);
@@ -731,7 +731,7 @@ static int dev_child(void *arg, int r, int out) {
     for (int q = 0; q < res.contributors && off + 8 < sizeof sl; q++)
       off += (size_t)snprintf(sl + off, sizeof sl - off, "%s%d", q ? "," : "", res.slots[q]);
     say(out, "res %d %d %llu %d %d %08x %d %s", s, rc, (unsigned long long)res.epoch, res.contributors, res.redos,
-        ftar_crc32c(0, host, n * sizeof(float)), ok, sl);
+        tr_crc32c(0, host, n * sizeof(float)), ok, sl);
     if (rc < 0) say(out, "error seq %d: rc %d: %s", s, rc, tr_error());
     bad |= !ok;
   }

@@ -1210,14 +1210,14 @@ static void prep_data(ring *g, undo_log *u) {
   float *x = g->buf + off;
   uint32_t pcrc;
   if (g->ss == 0) { /* our own segment, overwritten by the all-gather later: save it, same pass */
-    pcrc = ftar_crc32c_copy(0, g->m->in_copy + off, x, len * sizeof(float));
+    pcrc = tr_crc32c_copy(0, g->m->in_copy + off, x, len * sizeof(float));
     u->copied[c] += len;
   } else {
     if (g->ss == g->p - 1 && g->op == FTAR_MEAN) { /* the segment we own: divide once, everyone gets these bits */
       float d = (float)g->p;
       for (size_t k = 0; k < len; k++) x[k] /= d;
     }
-    pcrc = ftar_crc32c(0, x, len * sizeof(float));
+    pcrc = tr_crc32c(0, x, len * sizeof(float));
   }
   ftar_hdr h = {.type = FT_DATA,
                 .flags = (uint16_t)g->op,
@@ -1503,10 +1503,10 @@ static int pump_recv(ring *g, undo_log *u) {
       }
       if (rs_frame) {
         size_t f0 = off + g->r_got / 4;
-        g->r_crc = ftar_crc32c_reduce(g->r_crc, g->buf + f0, m->in_copy + f0, (const float *)(const void *)src, k / 4);
+        g->r_crc = tr_crc32c_reduce(g->r_crc, g->buf + f0, m->in_copy + f0, (const float *)(const void *)src, k / 4);
         u->copied[c] += k / 4;
       } else {
-        g->r_crc = ftar_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
+        g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
       }
       shm_consume(m, k);
       m->st.bytes_recv += k;
@@ -1542,10 +1542,10 @@ static int pump_recv(ring *g, undo_log *u) {
       pcrc = g->r_crc;
     } else if (rs_frame) {
       size_t len = g->rh.len / 4;
-      pcrc = ftar_crc32c_reduce(0, g->buf + off, m->in_copy + off, m->stage, len);
+      pcrc = tr_crc32c_reduce(0, g->buf + off, m->in_copy + off, m->stage, len);
       u->copied[c] += len;
     } else {
-      pcrc = g->rh.len ? ftar_crc32c(0, g->r_dst, g->rh.len) : 0;
+      pcrc = g->rh.len ? tr_crc32c(0, g->r_dst, g->rh.len) : 0;
     }
     if (ftar_frame_crc_finish(pcrc, g->rhb) != g->rh.crc)
       return ring_fail(g, "bad checksum on %s frame %u from slot %d", ftar_type_name(g->rh.type), g->rh.index, upslot);

@@ -28,7 +28,7 @@
  * refused. Every frame carries a CRC32C; a malformed frame closes its link
  * with a logged reason and the collective is redone.
  *
- * Device buffers (ftar_allreduce_dev, core/ftar_dev.c): the same collective
+ * Device buffers (ftar_allreduce_dev, core/ftar/ftar_dev.c): the same collective
  * and the same agreement, but the bytes move through the backend's
  * communicator of the epoch (NCCL for "cuda", shared memory for "emu"),
  * created when the epoch's first collective runs: the epoch's rank 0 makes

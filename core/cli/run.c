@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "version.h"
 #include "backend.h"
 #include "ckpt.h"
 #include "job.h"

@@ -2,7 +2,7 @@
  * Lua anomaly rules, Lua policies that turn anomalies into actions, hot
  * reload of both, and read-only views for the REPL.
  *
- * Who calls it: the operator (core/operator.c), on its libevent thread.
+ * Who calls it: the operator (core/fleet/operator.c), on its libevent thread.
  *
  *   observe / heartbeat / worker_gone      the operator feeds what workers say
  *        |
@@ -39,7 +39,7 @@
  * them. Event timestamps (detector_event.time) are wall-clock (CLOCK_REALTIME),
  * like the rest of events.jsonl.
  *
- * How the operator embeds it (core/operator.c):
+ * How the operator embeds it (core/fleet/operator.c):
  *   start:    detector_create(&o) with o.policy_dir = the job's policies folder
  *             (NULL: lua/policies), o.on_event writing detector_event_json() + "\n"
  *             to events.jsonl, o.on_action carrying actions out; then

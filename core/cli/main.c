@@ -24,6 +24,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "version.h"
 #include "backend.h"
 #include "ftar_bench.h"
 #include "job.h"
@@ -33,8 +34,8 @@
 #include "run.h"
 
 int ckpt_main(int argc, char **argv);   /* ckpt/ckpt_cli.c */
-int worker_main(int argc, char **argv); /* core/worker.c */
-int attach_main(int argc, char **argv); /* core/attach.c */
+int worker_main(int argc, char **argv); /* core/fleet/worker.c */
+int attach_main(int argc, char **argv); /* core/cli/attach.c */
 int plot_main(int argc, char **argv);   /* detector/plot.c */
 int chaos_main(int argc, char **argv);  /* below */
 #include "trainer.h"

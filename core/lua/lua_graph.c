@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "version.h"
 #include "graph.h"
 #include "lua_graph.h"
 #include "lua_host.h"

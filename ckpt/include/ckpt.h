@@ -150,6 +150,4 @@ typedef struct {
 int ckpt_load(ckpt_reader *r, int64_t step, const ckpt_target *t, int n, ckpt_state *state, char *report,
               size_t report_len);
 
-uint32_t ckpt_crc32c(uint32_t crc, const void *buf, size_t len);
-
 #endif

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "crc32c.h"
 #include "kernels.h"
 #include "lua_graph.h"
 #include "lua_host.h"
@@ -553,7 +554,7 @@ void trainer_set_progress(trainer *t, int64_t step, int64_t opt_steps) {
 
 uint32_t trainer_param_crc(trainer *t) {
   if (trainer_pull(t, 0)) return 0; /* an unreadable device disagrees with everyone */
-  return ckpt_crc32c(0, host_params(t), sizeof(float) * (size_t)graph_nparams(t->g));
+  return tr_crc32c(0, host_params(t), sizeof(float) * (size_t)graph_nparams(t->g));
 }
 float *trainer_grads(trainer *t) { return graph_grads(t->g); }
 int64_t trainer_grads_size(const trainer *t) { return graph_nparams(t->g); }

@@ -6,8 +6,6 @@
 
 #include "graph.h"
 
-#define TRANSOM_VERSION "0.1.0"
-
 /* Takes ownership of the graph behind the graph userdata at idx: the Lua
  * handle becomes dead (its methods raise) and the caller frees the graph with
  * graph_free. NULL if idx is not a live graph handle. */

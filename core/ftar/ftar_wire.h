@@ -61,6 +61,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "crc32c.h"
 #include "ftar.h"
 
 #define FTAR_MAGIC 0x52415446u /* "FTAR" read as little-endian u32 */
@@ -117,17 +118,6 @@ static inline uint32_t ftw_get32(const uint8_t *p) {
   return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 static inline uint64_t ftw_get64(const uint8_t *p) { return (uint64_t)ftw_get32(p) | ((uint64_t)ftw_get32(p + 4) << 32); }
-
-/* CRC32C (Castagnoli), zlib-style running value: crc of a||b ==
- * ftar_crc32c(ftar_crc32c(0, a), b). Uses SSE4.2 when the CPU has it. */
-uint32_t ftar_crc32c(uint32_t crc, const void *buf, size_t len);
-/* The portable table version (for tests). */
-uint32_t ftar_crc32c_sw(uint32_t crc, const void *buf, size_t len);
-/* One pass each: copy len bytes src -> dst and return the CRC of src; and
- * dst[k] += src[k], save[k] = old dst[k] for n floats, returning the CRC of
- * src's bytes. SSE4.2 + AVX2 when the CPU has them. */
-uint32_t ftar_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
-uint32_t ftar_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n);
 
 /* Writes h (crc field included as given) into out. */
 void ftar_hdr_encode(uint8_t out[FTAR_HDR], const ftar_hdr *h);

@@ -1,19 +1,22 @@
-/* ftar_wire.c — FTAR frame encoding, validation and CRC32C. See ftar_wire.h.
+/* crc32c.c — CRC32C (Castagnoli): plain, and fused with a copy or a float
+ * reduction so a buffer is read once. See crc32c.h.
  *
- * CRC32C: the hardware path runs three independent crc32q streams over
- * adjacent blocks and merges them with precomputed "append N zero bytes"
- * operators (Mark Adler's crc32c.c method), about 3x the single-stream
- * speed; the portable path is slicing-by-8. Both give identical results
+ * The hardware path runs three independent crc32q streams over adjacent
+ * blocks and merges them with precomputed "append N zero bytes" operators
+ * (Mark Adler's crc32c.c method), about 3x the single-stream speed; the
+ * portable path is slicing-by-8. Both give identical results
  * (spec/c/test_ftar.c compares them). Tables are built once, thread-safely.
+ * Used by FTAR's frames and the checkpoint engine's manifests and data.
  */
-#include "ftar_wire.h"
+#include "crc32c.h"
 
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#define FTW_HAVE_X86 1
+#define CRC_HAVE_X86 1
 #endif
 
 #define POLY 0x82f63b78u /* CRC-32C, reflected */
@@ -93,7 +96,7 @@ static void crc_init(void) {
   }
   zeros_table(crc_long, CRC_LONG);
   zeros_table(crc_short, CRC_SHORT);
-#ifdef FTW_HAVE_X86
+#ifdef CRC_HAVE_X86
   __builtin_cpu_init();
   crc_hw = __builtin_cpu_supports("sse4.2");
 #endif
@@ -101,7 +104,7 @@ static void crc_init(void) {
 
 /* --- software --- */
 
-uint32_t ftar_crc32c_sw(uint32_t crc, const void *buf, size_t len) {
+uint32_t tr_crc32c_sw(uint32_t crc, const void *buf, size_t len) {
   pthread_once(&crc_once, crc_init);
   const uint8_t *p = buf;
   uint64_t c = (uint32_t)~crc;
@@ -127,7 +130,7 @@ uint32_t ftar_crc32c_sw(uint32_t crc, const void *buf, size_t len) {
 
 /* --- SSE4.2 --- */
 
-#ifdef FTW_HAVE_X86
+#ifdef CRC_HAVE_X86
 __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const void *buf, size_t len) {
   const uint8_t *next = buf;
   uint64_t crc0 = (uint32_t)~crc, crc1, crc2, w0, w1, w2;
@@ -180,12 +183,12 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const 
 }
 #endif
 
-uint32_t ftar_crc32c(uint32_t crc, const void *buf, size_t len) {
+uint32_t tr_crc32c(uint32_t crc, const void *buf, size_t len) {
   pthread_once(&crc_once, crc_init);
-#ifdef FTW_HAVE_X86
+#ifdef CRC_HAVE_X86
   if (crc_hw) return crc32c_hw(crc, buf, len);
 #endif
-  return ftar_crc32c_sw(crc, buf, len);
+  return tr_crc32c_sw(crc, buf, len);
 }
 
 /* --- fused passes: checksum while copying / reducing ---
@@ -193,7 +196,7 @@ uint32_t ftar_crc32c(uint32_t crc, const void *buf, size_t len) {
  * each stream also moves (copy) or adds (reduce) those bytes with AVX2, so
  * the data is read once. Byte order of the CRC is memory order, as above. */
 
-#ifdef FTW_HAVE_X86
+#ifdef CRC_HAVE_X86
 static int fused_hw;
 
 #define FUSED_BLOCKS(BLK, TABLE, STEP)                                   \
@@ -293,129 +296,33 @@ __attribute__((target("sse4.2,avx2"))) static uint32_t crc_reduce_hw(uint32_t cr
 #endif
 
 static void fused_init(void) {
-#ifdef FTW_HAVE_X86
+#ifdef CRC_HAVE_X86
   fused_hw = crc_hw && __builtin_cpu_supports("avx2");
 #endif
 }
 static pthread_once_t fused_once = PTHREAD_ONCE_INIT;
 
-uint32_t ftar_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) {
+uint32_t tr_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) {
   pthread_once(&crc_once, crc_init);
   pthread_once(&fused_once, fused_init);
-#ifdef FTW_HAVE_X86
+#ifdef CRC_HAVE_X86
   if (fused_hw) return crc_copy_hw(crc, dst, src, len);
 #endif
   memcpy(dst, src, len);
-  return ftar_crc32c(crc, src, len);
+  return tr_crc32c(crc, src, len);
 }
 
-uint32_t ftar_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n) {
+uint32_t tr_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n) {
   pthread_once(&crc_once, crc_init);
   pthread_once(&fused_once, fused_init);
-#ifdef FTW_HAVE_X86
+#ifdef CRC_HAVE_X86
   if (fused_hw) return crc_reduce_hw(crc, dst, save, src, n);
 #endif
-  crc = ftar_crc32c(crc, src, n * sizeof(float));
+  crc = tr_crc32c(crc, src, n * sizeof(float));
   for (size_t k = 0; k < n; k++) {
     float t = dst[k];
     save[k] = t;
     dst[k] = t + src[k];
   }
   return crc;
-}
-
-/* --- headers --- */
-
-void ftar_hdr_encode(uint8_t out[FTAR_HDR], const ftar_hdr *h) {
-  ftw_put32(out, h->magic);
-  ftw_put16(out + 4, h->type);
-  ftw_put16(out + 6, h->flags);
-  ftw_put64(out + 8, h->epoch);
-  ftw_put64(out + 16, h->seq);
-  ftw_put32(out + 24, h->index);
-  ftw_put32(out + 28, h->len);
-  ftw_put32(out + 32, h->aux);
-  ftw_put32(out + 36, h->crc);
-}
-
-void ftar_hdr_decode(const uint8_t in[FTAR_HDR], ftar_hdr *h) {
-  h->magic = ftw_get32(in);
-  h->type = ftw_get16(in + 4);
-  h->flags = ftw_get16(in + 6);
-  h->epoch = ftw_get64(in + 8);
-  h->seq = ftw_get64(in + 16);
-  h->index = ftw_get32(in + 24);
-  h->len = ftw_get32(in + 28);
-  h->aux = ftw_get32(in + 32);
-  h->crc = ftw_get32(in + 36);
-}
-
-uint32_t ftar_frame_crc(const uint8_t hdr[FTAR_HDR], const void *payload, size_t len) {
-  return ftar_frame_crc_finish(len ? ftar_crc32c(0, payload, len) : 0, hdr);
-}
-
-uint32_t ftar_frame_crc_finish(uint32_t payload_crc, const uint8_t hdr[FTAR_HDR]) {
-  return ftar_crc32c(payload_crc, hdr, 36);
-}
-
-void ftar_frame_build(uint8_t out[FTAR_HDR], ftar_hdr *h, const void *payload) {
-  ftar_frame_build_crc(out, h, h->len ? ftar_crc32c(0, payload, h->len) : 0);
-}
-
-void ftar_frame_build_crc(uint8_t out[FTAR_HDR], ftar_hdr *h, uint32_t payload_crc) {
-  h->magic = FTAR_MAGIC;
-  h->crc = 0;
-  ftar_hdr_encode(out, h);
-  h->crc = ftar_frame_crc_finish(payload_crc, out);
-  ftw_put32(out + 36, h->crc);
-}
-
-const char *ftar_type_name(unsigned type) {
-  switch (type) {
-  case FT_HELLO: return "HELLO";
-  case FT_WELCOME: return "WELCOME";
-  case FT_REJECT: return "REJECT";
-  case FT_BYE: return "BYE";
-  case FT_HEARTBEAT: return "HEARTBEAT";
-  case FT_EPOCH: return "EPOCH";
-  case FT_SYNC: return "SYNC";
-  case FT_GO: return "GO";
-  case FT_ABORT: return "ABORT";
-  case FT_LEAVE: return "LEAVE";
-  case FT_COMMID: return "COMMID";
-  case FT_CONNECT: return "CONNECT";
-  case FT_DATA: return "DATA";
-  case FT_TOKEN: return "TOKEN";
-  default: return "?";
-  }
-}
-
-int ftar_hdr_check(const ftar_hdr *h, uint32_t data_max, char *why, size_t why_len) {
-  uint32_t max;
-  if (h->magic != FTAR_MAGIC) {
-    snprintf(why, why_len, "bad magic 0x%08x", h->magic);
-    return -1;
-  }
-  switch (h->type) {
-  case FT_HELLO: max = FTAR_HELLO_LEN; break;
-  case FT_WELCOME: max = FTAR_WELCOME_LEN; break;
-  case FT_REJECT:
-  case FT_BYE: max = FTAR_REASON_MAX; break;
-  case FT_EPOCH: max = 4 + FTAR_ENTRY_LEN * FTAR_MAX_MEMBERS; break;
-  case FT_HEARTBEAT:
-  case FT_SYNC:
-  case FT_GO:
-  case FT_ABORT:
-  case FT_LEAVE:
-  case FT_TOKEN: max = 0; break;
-  case FT_CONNECT: max = FTAR_CONNECT_LEN; break;
-  case FT_COMMID: max = FTAR_COMMID_LEN; break;
-  case FT_DATA: max = data_max; break;
-  default: snprintf(why, why_len, "unknown frame type %u", h->type); return -1;
-  }
-  if (h->len > max) {
-    snprintf(why, why_len, "%s frame length %u beyond the %u expected", ftar_type_name(h->type), h->len, max);
-    return -1;
-  }
-  return 0;
 }

@@ -1,0 +1,21 @@
+/* crc32c.h — CRC32C (Castagnoli), zlib-style running value: the CRC of a||b
+ * is tr_crc32c(tr_crc32c(0, a), b). SSE4.2 (and AVX2 for the fused passes)
+ * when the CPU has them, chosen at run time; identical results either way.
+ * Thread-safe; no allocation; cannot fail.
+ */
+#ifndef TRANSOM_CRC32C_H
+#define TRANSOM_CRC32C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+uint32_t tr_crc32c(uint32_t crc, const void *buf, size_t len);
+/* The portable table version (for tests). */
+uint32_t tr_crc32c_sw(uint32_t crc, const void *buf, size_t len);
+/* One pass each: copy len bytes src -> dst and return the CRC of src; and
+ * dst[k] += src[k], save[k] = old dst[k] for n floats, returning the CRC of
+ * src's bytes. SSE4.2 + AVX2 when the CPU has them. */
+uint32_t tr_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
+uint32_t tr_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n);
+
+#endif
