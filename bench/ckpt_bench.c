@@ -88,7 +88,11 @@ int main(int argc, char **argv) {
   for (int round = 0; round < ROUNDS; round++) {
     for (int mode = 0; mode < 2; mode++) {
       for (int i = 0; i < BLOCK; i++) {
-        trainer_step(t, &st);
+        double w0 = tr_now(); /* as the training loop does: wait for a running copy before the update */
+        trainer_compute_grads(t, &st);
+        st.t_ckpt_wait = ckpt_wait_copy(e);
+        trainer_apply_grads(t, &st);
+        st.t_total = tr_now() - w0;
         double t0 = tr_now();
         if (mode == 1) {
           ckpt_state s;

@@ -111,9 +111,9 @@ for ((r = 1; r <= REPEAT; r++)); do
   T_GFS+=("$(sed -n 's/.*| \([0-9.]*\) GFLOP\/s.*/\1/p' <<<"$DONE")")
   T_MEDS+=("$("$PY" -c '
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if "\"tok_s\"" in l]
-ms = sorted(r["ms"] for r in rows if r["step"] > 1)
-print("%.1f" % (rows[0]["tok_s"] * rows[0]["ms"] / ms[len(ms) // 2]))' "$RUN/metrics.jsonl")")
+rows = [json.loads(l) for l in open(sys.argv[1]) if "\"tokens_per_s\"" in l]
+st = sorted(r["step_s"] for r in rows if r["step"] > 1)
+print("%.1f" % (rows[0]["tokens_per_s"] * rows[0]["step_s"] / st[len(st) // 2]))' "$RUN/metrics.jsonl")")
   T_PARAMS=$(sed -n 's/^model [^:]*: \([0-9]*\) parameters.*/\1/p' "$OUT/transom.log")
 
   echo "== torch eager: $STEPS steps, $THREADS threads (round $r/$REPEAT)"

@@ -30,7 +30,7 @@ out = sys.argv[1]
 def steps(mode):
     ms = []
     for r in (1, 2):
-        ms += [json.loads(l)["ms"] for l in open(f"{out}/{mode}-{r}/metrics.jsonl") if '"worker"' in l]
+        ms += [json.loads(l)["step_s"] * 1e3 for l in open(f"{out}/{mode}-{r}/metrics.jsonl") if '"worker"' in l]
     return statistics.median(ms)
 on, off = steps("true"), steps("false")
 print(f"median step time: detector on {on:.2f} ms, off {off:.2f} ms")

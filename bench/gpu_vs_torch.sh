@@ -58,7 +58,7 @@ rm -rf "$OUT/run"
   --set eval_interval=0 --set sample_tokens=0 --set log_interval=10 --set checkpoint.every_steps=0 \
   --set run_dir="$OUT/run" 2>&1 | tee "$OUT/transom.log"
 tr_tok=$(awk -v w="$WARMUP" -v bt=$((B * T)) '
-  /"loss":/ { s = $0; sub(/.*"step":/, "", s); sub(/,.*/, "", s); m = $0; sub(/.*"ms":/, "", m); sub(/,.*/, "", m)
+  /"loss":/ { s = $0; sub(/.*"step":/, "", s); sub(/,.*/, "", s); m = $0; sub(/.*"step_s":/, "", m); sub(/,.*/, "", m); m *= 1000
               if (s + 0 > w) { t += m; n++ } }
   END { if (t > 0) printf "%.1f", n * bt / (t / 1000) }' "$OUT/run/metrics.jsonl")
 

@@ -69,7 +69,7 @@ def metrics(name):
 def events(name):
     return [json.loads(l) for l in open(f"{out}/{name}/events.jsonl")]
 clean = metrics("clean")
-step_s = statistics.median(r["ms"] for r in clean) / 1000.0
+step_s = statistics.median(r["step_s"] for r in clean)
 useful = steps * step_s
 ettr = {n: useful / wall(n) for n in ("clean", "transom", "restart_all")}
 for n in ("clean", "transom", "restart_all"):
@@ -83,7 +83,7 @@ rows = metrics("transom")
 by = {}
 for r in rows:
     by.setdefault(r["worker"], []).append(r)
-med = statistics.median(r["ms"] for r in rows)
+med = statistics.median(r["step_s"] * 1e3 for r in rows)
 stalls = []
 for e in events("transom"):
     if e["kind"] != "replica_failed":
@@ -93,7 +93,7 @@ for e in events("transom"):
     for w, rs in by.items():
         if w == dead:
             continue
-        near = [r["ms"] for r in rs if s <= r["step"] <= s + 3]
+        near = [r["step_s"] * 1e3 for r in rs if s <= r["step"] <= s + 3]
         if near:
             extra.append(sum(max(0.0, m - med) for m in near) / med)
     if extra:

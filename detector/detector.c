@@ -22,7 +22,7 @@
 /* --- names --- */
 
 static const char *const metric_names[] = {
-#define DETECTOR_METRIC_NAME(id, name, help) #name,
+#define DETECTOR_METRIC_NAME(id, name, help, prom, phase) #name,
     DETECTOR_METRICS(DETECTOR_METRIC_NAME)
 #undef DETECTOR_METRIC_NAME
 };
@@ -185,7 +185,7 @@ int detector_observe(detector *d, int worker, int64_t step, const detector_sampl
   if (rc) return rc;
   if (!s) return tr_fail(TR_EINVAL, "detector_observe: no sample");
   double v[DET_M_COUNT];
-#define DETECTOR_SAMPLE_COPY(id, name, help) v[DET_M_##id] = s->name;
+#define DETECTOR_SAMPLE_COPY(id, name, help, prom, phase) v[DET_M_##id] = s->name;
   DETECTOR_METRICS(DETECTOR_SAMPLE_COPY)
 #undef DETECTOR_SAMPLE_COPY
   v[DET_M_COMPUTE_S] = s->step_s - (isfinite(s->allreduce_s) ? s->allreduce_s : 0);

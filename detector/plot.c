@@ -1,6 +1,6 @@
 /* plot.c — `transom plot RUN [-o run.png]`: a picture of a run with gnuplot.
  *
- * Reads RUN/metrics.jsonl (per-step lines {"step","worker","loss","ms",...};
+ * Reads RUN/metrics.jsonl (per-step lines {"step","worker","loss","step_s",...};
  * single-replica runs have no "worker"; evaluation lines {"step","val_loss"})
  * and RUN/events.jsonl ({"time","step","worker","kind",...}), writes the
  * series into a temporary folder and runs gnuplot (Debian: gnuplot-nox):
@@ -132,7 +132,7 @@ static int read_metrics(plot_data *p, const char *path) {
     }
     json_num(line, "worker", &worker);
     json_num(line, "loss", &loss);
-    json_num(line, "ms", &ms);
+    if (json_num(line, "step_s", &ms)) ms *= 1e3;
     int w = (int)worker;
     if (w < 0 || w >= PLOT_MAX_WORKERS) {
       p->nworkers_dropped++;

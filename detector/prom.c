@@ -42,46 +42,39 @@ static void family(struct evbuffer *out, const char *name, const char *type, con
 }
 
 /* One per-worker gauge from the latest value of metric m (scale: unit change). */
-typedef struct {
-  const char *name;
-  int metric;
-  const char *help;
-} gauge_def;
-
-static const gauge_def gauges[] = {
-    {"transom_loss", DET_M_LOSS, "Training loss of the worker's latest step."},
-    {"transom_grad_norm", DET_M_GRAD_NORM, "Global gradient norm of the worker's latest step."},
-    {"transom_learning_rate", DET_M_LR, "Learning rate of the worker's latest step."},
-    {"transom_step_seconds", DET_M_STEP_S, "Wall time of the worker's latest step."},
-    {"transom_compute_seconds", DET_M_COMPUTE_S, "Latest step time without the all-reduce wait."},
-    {"transom_tokens_per_second", DET_M_TOKENS_PER_S, "Training tokens per second of the latest step."},
-    {"transom_rss_bytes", DET_M_RSS_BYTES, "Resident set size of the worker process."},
-};
-
+/* Gauges and step phases, from the metric table (detector.h, which extends
+ * the step record's): a metric with a gauge name is its own family, one
+ * with a phase is a label of transom_step_phase_seconds. */
 static const struct {
-  const char *phase;
+  const char *gauge, *phase, *help;
   int metric;
-} phases[] = {{"data", DET_M_DATA_S},         {"forward", DET_M_FORWARD_S},     {"backward", DET_M_BACKWARD_S},
-              {"allreduce", DET_M_ALLREDUCE_S}, {"optimizer", DET_M_OPTIMIZER_S}, {"checkpoint_wait", DET_M_CKPT_WAIT_S}};
+} metric_defs[] = {
+#define PROM_DEF(id, name, help, prom, phase) {prom, phase, help, DET_M_##id},
+    DETECTOR_METRICS(PROM_DEF)
+#undef PROM_DEF
+};
+#define NDEFS (sizeof metric_defs / sizeof metric_defs[0])
 
 int prom_render(detector *d, const prom_extra *x, struct evbuffer *out) {
   const series_store *s = d->real.s;
   int W = d->real.max_workers;
   size_t before = evbuffer_get_length(out);
-  for (size_t g = 0; g < sizeof gauges / sizeof gauges[0]; g++) {
-    family(out, gauges[g].name, "gauge", gauges[g].help);
+  for (size_t g = 0; g < NDEFS; g++) {
+    if (!metric_defs[g].gauge[0]) continue;
+    family(out, metric_defs[g].gauge, "gauge", metric_defs[g].help);
     for (int w = 0; w < W; w++)
       if (series_len(s, w)) {
-        evbuffer_add_printf(out, "%s{worker=\"%d\"} ", gauges[g].name, w);
-        put_value(out, series_value(s, w, gauges[g].metric, 0));
+        evbuffer_add_printf(out, "%s{worker=\"%d\"} ", metric_defs[g].gauge, w);
+        put_value(out, series_value(s, w, metric_defs[g].metric, 0));
       }
   }
   family(out, "transom_step_phase_seconds", "gauge", "Time of each phase of the worker's latest step.");
   for (int w = 0; w < W; w++)
     if (series_len(s, w))
-      for (size_t p = 0; p < sizeof phases / sizeof phases[0]; p++) {
-        evbuffer_add_printf(out, "transom_step_phase_seconds{worker=\"%d\",phase=\"%s\"} ", w, phases[p].phase);
-        put_value(out, series_value(s, w, phases[p].metric, 0));
+      for (size_t p = 0; p < NDEFS; p++) {
+        if (!metric_defs[p].phase[0]) continue;
+        evbuffer_add_printf(out, "transom_step_phase_seconds{worker=\"%d\",phase=\"%s\"} ", w, metric_defs[p].phase);
+        put_value(out, series_value(s, w, metric_defs[p].metric, 0));
       }
   family(out, "transom_last_step", "gauge", "The newest step the worker reported.");
   for (int w = 0; w < W; w++)

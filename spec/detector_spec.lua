@@ -221,7 +221,7 @@ describe("transom plot", function()
     local m = assert(io.open(dir .. "/metrics.jsonl", "w"))
     for s = 1, 100 do
       for w = 0, 2 do
-        m:write(string.format('{"step":%d,"worker":%d,"loss":%.4f,"ms":%.1f}\n', s, w, 4 * math.exp(-s / 30), 40 + w))
+        m:write(string.format('{"step":%d,"worker":%d,"loss":%.4f,"step_s":%.4f}\n', s, w, 4 * math.exp(-s / 30), (40 + w) / 1e3))
       end
       if s % 25 == 0 then m:write(string.format('{"step":%d,"val_loss":%.4f}\n', s, 4 * math.exp(-s / 30) + 0.1)) end
     end

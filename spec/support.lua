@@ -60,8 +60,8 @@ end
 function S.losses(run)
   local t = {}
   for line in (S.read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
-    local step, loss = line:match('^{"step":(%d+),"loss":([^,]+),')
-    if step then t[#t + 1] = step .. "=" .. loss end
+    local step, loss = line:match('^{"step":(%d+),'), line:match('"loss":([^,}]+)')
+    if step and loss then t[#t + 1] = step .. "=" .. loss end
   end
   return t
 end

@@ -1,5 +1,9 @@
-/* run.c — `transom run`: one replica's training loop around the trainer,
- * with the checkpoint engine, resume, the run directory and its logs.
+/* run.c — `transom run`: the command. It parses the arguments, loads and
+ * checks the job, prepares the run directory (job.lua, vocabulary, logs,
+ * checkpoints, resume) and then either hands the job to the operator
+ * (replicas > 1, core/fleet) or trains alone through the one training loop
+ * (core/train/loop.c) with hooks that print, write metrics.jsonl and
+ * events.jsonl, and stop on a signal.
  *
  *   transom run JOB.lua [--set key=value]...
  *   transom run --resume RUN [--set key=value]...
@@ -24,10 +28,12 @@
 #include "ckpt.h"
 #include "job.h"
 #include "kernels.h"
+#include "loop.h"
 #include "lua_graph.h"
 #include "lua_host.h"
 #include "operator.h"
 #include "run.h"
+#include "step_record.h"
 #include "trainer.h"
 #include "util.h"
 
@@ -57,8 +63,10 @@ typedef struct {
   ckpt_engine *ck;
   char dir[PATH_MAX - 64];
   FILE *metrics, *events;
-  int64_t last_snap_step;
-  double last_snap_time;
+  /* the hooks' figures */
+  double sum_time, sum_tokens;
+  int64_t timed, first;
+  int width;
 } run_ctx;
 
 /* --- the run directory's logs --- */
@@ -112,39 +120,49 @@ static int truncate_metrics(run_ctx *r, int64_t step) {
   return rc;
 }
 
-/* --- checkpoints --- */
+/* --- the loop's hooks for a lone process --- */
 
-static void drain_ckpt_events(run_ctx *r) {
-  ckpt_event ev;
-  while (ckpt_poll(r->ck, &ev)) {
-    if (ev.ok) {
-      event(r, ev.step, "checkpoint", "committed %.1f MiB: copy %.1f ms, commit %.1f ms", ev.bytes / 1048576.0,
-            ev.copy_s * 1e3, ev.commit_s * 1e3);
-    } else {
-      event(r, ev.step, "checkpoint_failed", "%s", ev.what);
-      fprintf(stderr, "transom: checkpoint of step %lld failed: %s (training continues; older checkpoints stay)\n",
-              (long long)ev.step, ev.what);
-    }
-  }
+static int lone_poll(void *ud, loop_control *c) {
+  (void)ud;
+  c->stop = stop_requested;
+  return 0;
 }
 
-static void snapshot(run_ctx *r, int64_t step) {
-  ckpt_state s;
-  trainer_ckpt_state(r->t, &s);
-  int rc = ckpt_snapshot(r->ck, &s);
-  if (rc < 0) {
-    event(r, step, "checkpoint_failed", "%s", tr_error());
-    fprintf(stderr, "transom: checkpoint of step %lld failed: %s\n", (long long)step, tr_error());
+static int lone_report(void *ud, const step_record *rec) {
+  run_ctx *r = ud;
+  const job_config *cfg = &r->cfg;
+  if (rec->step > r->first + 1) { /* the first step warms caches and thread pools */
+    r->sum_time += rec->step_s;
+    r->sum_tokens += rec->tokens_per_s * rec->step_s;
+    r->timed++;
   }
-  r->last_snap_step = step;
-  r->last_snap_time = tr_now();
+  if (rec->step % cfg->log_interval == 0 || rec->step == cfg->max_steps)
+    printf("step %*lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s\n", r->width, (long long)rec->step,
+           (long long)cfg->max_steps, rec->loss, rec->lr, rec->grad_norm, rec->step_s * 1e3, rec->tokens_per_s);
+  step_record_json(r->metrics, rec);
+  fflush(r->metrics);
+  fflush(stdout);
+  return 0;
 }
 
-static int snapshot_due(const run_ctx *r, int64_t step) {
-  if (!r->ck) return 0;
-  const job_config *c = &r->cfg;
-  if (c->ckpt_every_steps > 0 && step % c->ckpt_every_steps == 0) return 1;
-  return c->ckpt_every_seconds > 0 && tr_now() - r->last_snap_time >= c->ckpt_every_seconds;
+static int lone_eval(void *ud, int64_t step, float val) {
+  run_ctx *r = ud;
+  printf("step %*lld/%lld | val loss %.4f\n", r->width, (long long)step, (long long)r->cfg.max_steps, val);
+  fprintf(r->metrics, "{\"step\":%lld,\"val_loss\":%.9g}\n", (long long)step, val);
+  fflush(r->metrics);
+  return 0;
+}
+
+static void lone_ckpt_event(void *ud, const ckpt_event *ev) {
+  run_ctx *r = ud;
+  if (ev->ok) {
+    event(r, ev->step, "checkpoint", "committed %.1f MiB: copy %.1f ms, commit %.1f ms", ev->bytes / 1048576.0,
+          ev->copy_s * 1e3, ev->commit_s * 1e3);
+  } else {
+    event(r, ev->step, "checkpoint_failed", "%s", ev->what);
+    fprintf(stderr, "transom: checkpoint of step %lld failed: %s (training continues; older checkpoints stay)\n",
+            (long long)ev->step, ev->what);
+  }
 }
 
 static int open_ckpt(run_ctx *r) {
@@ -156,9 +174,7 @@ static int open_ckpt(run_ctx *r) {
                  strcmp(c->ckpt_when_busy, "skip") == 0 ? CKPT_SKIP : CKPT_COALESCE};
   r->ck = ckpt_open(&o);
   if (!r->ck) return tr_fail_prefix(TR_EIO, "checkpoints");
-  int rc = trainer_ckpt_attach(r->t, r->ck);
-  r->last_snap_time = tr_now();
-  return rc;
+  return trainer_ckpt_attach(r->t, r->ck);
 }
 
 /* --- several replicas: the operator --- */
@@ -303,7 +319,6 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   }
   trainer_state ts;
   trainer_get_state(r.t, &ts);
-  r.last_snap_step = ts.step;
   path_in(&r, "job.lua", path, sizeof path);
   rc = tr_write_file_atomic(path, dump, strlen(dump));
   free(dump);
@@ -341,56 +356,24 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   signal(SIGINT, on_stop);
   signal(SIGTERM, on_stop);
 
-  double sum_time = 0, sum_tokens = 0;
-  int64_t timed = 0, first = ts.step;
-  int width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
-  step_stats st = {.step = ts.step};
-  float val = NAN;
-  while (st.step < cfg->max_steps && !stop_requested) {
-    if ((rc = trainer_step(r.t, &st))) break;
-    if (st.step > first + 1) { /* the first step warms caches and thread pools */
-      sum_time += st.t_total;
-      sum_tokens += (double)st.tokens;
-      timed++;
-    }
-    if (st.step % cfg->log_interval == 0 || st.step == cfg->max_steps)
-      printf("step %*lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s\n", width, (long long)st.step,
-             (long long)cfg->max_steps, st.loss, st.lr, st.grad_norm, st.t_total * 1e3, st.tokens / st.t_total);
-    fprintf(r.metrics,
-            "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tok_s\":%.1f,"
-            "\"data_ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"ckpt_wait_ms\":%.3f}\n",
-            (long long)st.step, st.loss, st.lr, st.grad_norm, st.t_total * 1e3, st.tokens / st.t_total,
-            st.t_data * 1e3, st.t_fwd * 1e3, st.t_bwd * 1e3, st.t_opt * 1e3, st.t_ckpt_wait * 1e3);
-    fflush(r.metrics);
-    if (snapshot_due(&r, st.step)) snapshot(&r, st.step);
-    drain_ckpt_events(&r);
-    if ((cfg->eval_interval > 0 && st.step % cfg->eval_interval == 0) || st.step == cfg->max_steps) {
-      if ((rc = trainer_eval(r.t, &val))) break;
-      printf("step %*lld/%lld | val loss %.4f\n", width, (long long)st.step, (long long)cfg->max_steps, val);
-      fprintf(r.metrics, "{\"step\":%lld,\"val_loss\":%.9g}\n", (long long)st.step, val);
-      fflush(r.metrics);
-    }
-    fflush(stdout);
-  }
-  if (rc) fprintf(stderr, "transom: step %lld: %s\n", (long long)st.step + 1, tr_error());
-  /* the last state is always checkpointed: a stop or the end resumes exactly */
-  if (r.ck && r.last_snap_step != st.step) snapshot(&r, st.step);
-  ckpt_flush(r.ck);
-  drain_ckpt_events(&r);
-  if (!rc && trainer_save(r.t, r.dir)) {
-    fprintf(stderr, "transom: saving weights: %s\n", tr_error());
-    rc = 1;
-  }
-  if (stop_requested) {
-    event(&r, st.step, "stopped", "stopped by a signal");
-    printf("stopped at step %lld%s; resume with: transom run --resume %s\n", (long long)st.step,
+  r.first = ts.step;
+  r.width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
+  loop_opts lo = {.t = r.t, .ck = r.ck, .run_dir = r.dir, .worker = 0, .save_on_stop = 1};
+  loop_hooks hooks = {.ud = &r, .poll = lone_poll, .report = lone_report, .eval = lone_eval,
+                      .ckpt_event = lone_ckpt_event};
+  loop_result res;
+  rc = loop_run(&lo, &hooks, &res);
+  if (rc) fprintf(stderr, "transom: step %lld: %s\n", (long long)res.step + 1, tr_error());
+  if (res.stopped) {
+    event(&r, res.step, "stopped", "stopped by a signal");
+    printf("stopped at step %lld%s; resume with: transom run --resume %s\n", (long long)res.step,
            r.ck ? " (checkpointed)" : "", r.dir);
   }
-  if (timed > 0) {
-    double ms = sum_time / (double)timed * 1e3;
-    printf("done: %lld steps | %.1f ms/step | %.0f tok/s | %.2f GFLOP/s (steps %lld..%lld)\n", (long long)st.step, ms,
-           sum_tokens / sum_time, trainer_flops_per_step(r.t) / (ms * 1e-3) * 1e-9, (long long)first + 2,
-           (long long)st.step);
+  if (r.timed > 0) {
+    double ms = r.sum_time / (double)r.timed * 1e3;
+    printf("done: %lld steps | %.1f ms/step | %.0f tok/s | %.2f GFLOP/s (steps %lld..%lld)\n", (long long)res.step, ms,
+           r.sum_tokens / r.sum_time, trainer_flops_per_step(r.t) / (ms * 1e-3) * 1e-9, (long long)r.first + 2,
+           (long long)res.step);
   }
   if (r.ck) {
     ckpt_stats cs;
@@ -403,7 +386,7 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   double rss = (double)tr_peak_rss(), plan = (double)trainer_planned_bytes(r.t);
   printf("memory: peak RSS %.1f MiB | planned %.1f MiB (params, grads, AdamW, activations) | ratio %.2f\n",
          rss / 1048576.0, plan / 1048576.0, rss / plan);
-  if (!rc && cfg->sample_tokens > 0 && !stop_requested) {
+  if (!rc && cfg->sample_tokens > 0 && !res.stopped) {
     printf("--- sample (%lld tokens, temperature %.2f) ---\n", (long long)cfg->sample_tokens, cfg->temperature);
     if (trainer_sample(r.t, cfg->sample_prompt, cfg->sample_tokens, (float)cfg->temperature, (uint64_t)cfg->seed,
                        stdout)) {

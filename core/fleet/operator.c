@@ -508,60 +508,41 @@ static void send_chaos(op *o, slot *s) {
   }
 }
 
+/* The detector's view of a step: the same fields (its metrics extend the
+ * step record's). */
+static void observe_step(op *o, const step_record *r) {
+  detector_sample ds = {0};
+#define D_NUM(ID, name, help, prom, phase) ds.name = r->name;
+  STEP_METRICS(D_NUM)
+#undef D_NUM
+  ds.checksum = r->checksum;
+  ds.has_checksum = r->has_checksum;
+  ds.time = tr_now();
+  detector_observe(o->det, (int)r->worker, r->step, &ds);
+  detector_heartbeat(o->det, (int)r->worker, ds.time);
+}
+
+/* A worker's STEP line: metrics.jsonl, the detector, the fleet's log line
+ * once every replica reported the step. */
 static void on_step(op *o, slot *s, const char *line) {
-  int64_t step = proto_int(line, "step", 0);
-  s->step = step;
-  if (step > o->best_step) o->best_step = step;
-  double loss = proto_num(line, "loss", NAN), ms = proto_num(line, "ms", 0), tok_s = proto_num(line, "tok_s", 0);
-  int n = (int)proto_int(line, "n", 1);
-  s->last.loss = loss;
-  s->last.norm = proto_num(line, "norm", NAN);
-  s->last.lr = proto_num(line, "lr", NAN);
-  s->last.ms = ms;
-  s->last.tok_s = tok_s;
-  s->last.ar_ms = proto_num(line, "ar_ms", 0);
-  s->last.epoch = proto_int(line, "epoch", 0);
-  s->last.n = n;
-  fprintf(o->metrics,
-          "{\"step\":%lld,\"worker\":%d,\"loss\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,\"ms\":%.3f,\"tok_s\":%.1f,"
-          "\"allreduce_ms\":%.3f,\"ckpt_wait_ms\":%.3f,\"replicas\":%d,\"epoch\":%lld,\"redos\":%d}\n",
-          (long long)step, s->slot, loss, proto_num(line, "norm", NAN), proto_num(line, "lr", NAN), ms, tok_s,
-          proto_num(line, "ar_ms", 0), proto_num(line, "ckpt_ms", 0), n, (long long)proto_int(line, "epoch", 0),
-          (int)proto_int(line, "redos", 0));
-  if (o->det) {
-    detector_sample ds = {0};
-    ds.loss = loss;
-    ds.grad_norm = s->last.norm;
-    ds.lr = s->last.lr;
-    ds.step_s = ms / 1e3;
-    ds.data_s = proto_num(line, "data_ms", 0) / 1e3;
-    ds.forward_s = proto_num(line, "fwd_ms", 0) / 1e3;
-    ds.backward_s = proto_num(line, "bwd_ms", 0) / 1e3;
-    ds.allreduce_s = s->last.ar_ms / 1e3;
-    ds.optimizer_s = proto_num(line, "opt_ms", 0) / 1e3;
-    ds.ckpt_wait_s = proto_num(line, "ckpt_ms", 0) / 1e3;
-    ds.tokens_per_s = tok_s;
-    ds.rss_bytes = proto_num(line, "rss", 0);
-    ds.compute_s = ds.step_s - ds.allreduce_s;
-    char crc[16];
-    if (proto_get(line, "crc", crc, sizeof crc)) {
-      ds.checksum = (uint32_t)strtoul(crc, NULL, 16);
-      ds.has_checksum = 1;
-    }
-    ds.time = tr_now();
-    detector_observe(o->det, s->slot, step, &ds);
-    detector_heartbeat(o->det, s->slot, ds.time);
-  }
-  step_acc *a = &o->acc[step % STEP_RING];
-  if (a->step != step) memset(a, 0, sizeof *a), a->step = step;
+  step_record r;
+  step_record_parse(line, &r);
+  r.worker = s->slot; /* the connection says who it is */
+  s->step = r.step;
+  s->last = r;
+  if (r.step > o->best_step) o->best_step = r.step;
+  step_record_json(o->metrics, &r);
+  if (o->det) observe_step(o, &r);
+  step_acc *a = &o->acc[r.step % STEP_RING];
+  if (a->step != r.step) memset(a, 0, sizeof *a), a->step = r.step;
   a->count++;
-  a->loss += loss;
-  a->ms = ms > a->ms ? ms : a->ms;
-  a->tok_s += tok_s;
-  a->expect = n;
+  a->loss += r.loss;
+  a->ms = r.step_s * 1e3 > a->ms ? r.step_s * 1e3 : a->ms;
+  a->tok_s += r.tokens_per_s;
+  a->expect = (int)(r.replicas > 0 ? r.replicas : 1);
   if (a->count == a->expect && o->det) detector_tick(o->det, tr_now()); /* every replica has reported the step */
-  if (a->count == a->expect && (step % o->cfg->log_interval == 0 || step == o->cfg->max_steps)) {
-    printf("step %*lld/%lld | loss %.4f | replicas %d | %.1f ms | %.0f tok/s\n", o->width, (long long)step,
+  if (a->count == a->expect && (r.step % o->cfg->log_interval == 0 || r.step == o->cfg->max_steps)) {
+    printf("step %*lld/%lld | loss %.4f | replicas %d | %.1f ms | %.0f tok/s\n", o->width, (long long)r.step,
            (long long)o->cfg->max_steps, a->loss / a->count, a->count, a->ms, a->tok_s);
     fflush(stdout);
   }

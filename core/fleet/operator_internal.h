@@ -17,6 +17,7 @@
 #include "ftar.h"
 #include "job.h"
 #include "prom.h"
+#include "step_record.h"
 
 #define MAX_SLOTS 256
 #define STEP_RING 256
@@ -43,11 +44,7 @@ typedef struct {
   int64_t resume_step; /* -1: newest checkpoint; else newest at or before (a rollback) */
   int in_allreduce;     /* from its heartbeat: waiting in the all-reduce */
   double phase_for;     /* seconds in that phase, as of its last heartbeat */
-  struct { /* its latest step report */
-    double loss, norm, lr, ms, tok_s, ar_ms;
-    int64_t epoch;
-    int n;
-  } last;
+  step_record last; /* its latest step report */
 } slot;
 
 typedef struct {

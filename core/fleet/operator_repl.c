@@ -109,22 +109,22 @@ static int l_workers(lua_State *L) {
   return 1;
 }
 
+/* The slot's latest step record, keys as in metrics.jsonl (one table). */
 static int l_metrics(lua_State *L) {
   op *o = get_op(L);
   slot *s = &o->slots[check_slot(L, o, 1)];
-  lua_createtable(L, 0, 8);
-  lua_pushinteger(L, s->step);
+  const step_record *r = &s->last;
+  lua_createtable(L, 0, 24);
+#define R_INT(name, help)  \
+  lua_pushinteger(L, r->name); \
+  lua_setfield(L, -2, #name);
+  STEP_COUNTERS(R_INT)
+#undef R_INT
+#define R_NUM(ID, name, help, prom, phase) set_num(L, #name, r->name);
+  STEP_METRICS(R_NUM)
+#undef R_NUM
+  lua_pushinteger(L, s->step); /* what the operator knows, also before a first record */
   lua_setfield(L, -2, "step");
-  set_num(L, "loss", s->last.loss);
-  set_num(L, "grad_norm", s->last.norm);
-  set_num(L, "lr", s->last.lr);
-  set_num(L, "step_ms", s->last.ms);
-  set_num(L, "tok_s", s->last.tok_s);
-  set_num(L, "allreduce_ms", s->last.ar_ms);
-  lua_pushinteger(L, s->last.epoch);
-  lua_setfield(L, -2, "epoch");
-  lua_pushinteger(L, s->last.n);
-  lua_setfield(L, -2, "replicas");
   return 1;
 }
 

@@ -4,10 +4,10 @@
  * connects to the operator, learns the run directory and the FTAR
  * coordinator, builds its trainer (its own data stream: slot), gets its
  * state (fresh, from the newest checkpoint, or from a donor peer while the
- * others keep training), and loops:
- *
- *   batch -> forward -> backward -> FTAR all-reduce (mean) -> clip + AdamW
- *   -> (leader: checkpoint snapshot) -> report the step to the operator
+ * others keep training), and runs the one training loop (core/train/loop.c)
+ * with hooks: the operator's commands, chaos, the FTAR all-reduce (mean) as
+ * the exchange, the donor's step boundary, and STEP/EVAL/CKPT lines to the
+ * operator.
  *
  * The replica with the lowest slot among the contributors of a step is the
  * leader: the only one that writes checkpoints (all replicas hold the same
@@ -29,8 +29,10 @@
 #include "donor.h"
 #include "ftar.h"
 #include "job.h"
+#include "loop.h"
 #include "lua_host.h"
 #include "proto.h"
+#include "step_record.h"
 #include "trainer.h"
 #include "util.h"
 
@@ -55,6 +57,10 @@ typedef struct {
   int64_t stop_at; /* finish this step, then stop (0 = no stop asked) */
   int ckpt_now;    /* the operator asked for a checkpoint */
   trainer *t;
+  const job_config *cfg;
+  ftar_member *fm;
+  donor *dn;
+  int donor_fd;    /* >= 0 while catching up from a donor */
   pthread_mutex_t send_mu; /* the training and heartbeat threads both write to opfd */
   pthread_t hb;
   volatile int hb_stop;
@@ -173,49 +179,250 @@ static int welcome(worker *w, char *line, size_t n) {
   }
 }
 
-int worker_main(int argc, char **argv) {
-  worker w = {.slot = -1, .opfd = -1, .send_mu = PTHREAD_MUTEX_INITIALIZER};
+/* --- the loop's hooks for a replica --- */
+
+static int hook_poll(void *ud, loop_control *c) {
+  worker *w = ud;
+  int rc = poll_commands(w);
+  c->stop_at = w->stop_at;
+  c->ckpt_now |= w->ckpt_now;
+  w->ckpt_now = 0;
+  return rc;
+}
+
+static int hook_before_step(void *ud, int64_t next) {
+  worker *w = ud;
+  apply_chaos(w, next);
+  if (next <= w->nan_until) trainer_poison_next(w->t);
+  if (next <= w->slow_until && w->slow_ms > 0) usleep((useconds_t)w->slow_ms * 1000);
+  return 0;
+}
+
+/* The gradients of step `next`, all-reduced (mean) in place on the backend
+ * through FTAR; a joiner the group outran replays what it missed. */
+static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
+  worker *w = ud;
+  trainer *t = w->t;
+  const tr_backend *be = trainer_backend(t);
+  float *g = trainer_grads(t); /* the backend's memory: FTAR moves it with the device's communicator */
+  w->phase_since = tr_now();
+  w->in_allreduce = 1;
+  ftar_result res;
+  int rc = ftar_allreduce_dev(w->fm, be, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)next, &res);
+  w->phase_since = tr_now();
+  w->in_allreduce = 0;
+  if (rc == FTAR_ESEQ && w->donor_fd >= 0 && res.seq > (uint64_t)next) {
+    int applied = donor_catch_up(w->donor_fd, t, (int64_t)res.seq - 1);
+    return applied < 0 ? applied : LOOP_RECOMPUTE;
+  }
+  if (rc < 0) return rc;
+  if (donor_wants(w->dn, next)) { /* a joiner is catching up: keep the reduced gradients for it */
+    const float *hg = trainer_grads_host(t);
+    if (!hg) return TR_EIO;
+    donor_record(w->dn, next, hg);
+  }
+  x->replicas = res.contributors;
+  x->leader = res.contributors <= 1 || res.slots[0] == w->slot;
+  x->epoch = (int64_t)res.epoch;
+  x->redos = res.redos;
+  return 0;
+}
+
+static int hook_boundary(void *ud, int64_t step) {
+  worker *w = ud;
+  (void)step;
+  donor_boundary(w->dn);
+  if (w->donor_fd >= 0) { /* in the ring: the donor can stop recording for us */
+    donor_close(w->donor_fd);
+    w->donor_fd = -1;
+  }
+  return 0;
+}
+
+static int hook_report(void *ud, const step_record *r) {
+  worker *w = ud;
+  char body[PROTO_LINE_MAX - 64];
+  if (step_record_line(body, sizeof body, r) < 0) return tr_fail(TR_EINVAL, "step record too long");
+  return SEND(w, "STEP slot=%d %s", w->slot, body);
+}
+
+static int hook_eval(void *ud, int64_t step, float val) {
+  worker *w = ud;
+  return SEND(w, "EVAL slot=%d step=%lld val=%.9g", w->slot, (long long)step, val);
+}
+
+static void hook_ckpt_event(void *ud, const ckpt_event *ev) {
+  worker *w = ud;
+  char what[600];
+  proto_escape(ev->ok ? "-" : ev->what, what, sizeof what);
+  SEND(w, "CKPT slot=%d step=%lld ok=%d commit_ms=%.1f what=%s", w->slot, (long long)ev->step, ev->ok,
+       ev->commit_s * 1e3, what);
+}
+
+static void hook_saved(void *ud, int64_t step) {
+  worker *w = ud;
+  SEND(w, "SAVED slot=%d step=%lld", w->slot, (long long)step);
+}
+
+/* --- start-up --- */
+
+/* --slot/--operator, or an external launcher's variables. 0, or the exit
+ * status to return (help: 0 via *done). */
+static int parse_args(worker *w, int argc, char **argv, int *done) {
   const char *opaddr = NULL;
+  *done = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       fputs(usage, stdout);
+      *done = 1;
       return 0;
     } else if (strcmp(argv[i], "--operator") == 0 && i + 1 < argc) {
       opaddr = argv[++i];
     } else if (strcmp(argv[i], "--slot") == 0 && i + 1 < argc) {
-      w.slot = atoi(argv[++i]);
+      w->slot = atoi(argv[++i]);
     } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-      w.threads = atoi(argv[++i]);
+      w->threads = atoi(argv[++i]);
     } else {
       fprintf(stderr, "transom worker: unexpected argument '%s'\n%s", argv[i], usage);
       return 2;
     }
   }
-  /* external launchers */
-  const char *rank = env_any("RANK", "SLURM_PROCID");
-  if (w.slot < 0 && rank) w.slot = atoi(rank);
+  const char *rank = env_any("RANK", "SLURM_PROCID"); /* external launchers */
+  if (w->slot < 0 && rank) w->slot = atoi(rank);
   char envaddr[300];
   if (!opaddr && env_any("MASTER_ADDR", NULL) && env_any("MASTER_PORT", NULL)) {
     snprintf(envaddr, sizeof envaddr, "%s:%s", getenv("MASTER_ADDR"), getenv("MASTER_PORT"));
     opaddr = envaddr;
   }
-  if (w.slot < 0 || !opaddr) {
+  if (w->slot < 0 || !opaddr) {
     fputs(usage, stderr);
     return 2;
   }
-  if (net_split(opaddr, w.op_host, sizeof w.op_host, &w.op_port)) {
+  if (net_split(opaddr, w->op_host, sizeof w->op_host, &w->op_port)) {
     fprintf(stderr, "transom worker: %s\n", tr_error());
     return 2;
   }
+  return 0;
+}
+
+/* The operator's decisions so far, from the WELCOME line: dropped updates
+ * (skips=STEP,STEP) and live learning-rate changes (lr=STEP:VALUE,...). */
+static void apply_welcome(trainer *t, const char *line) {
+  char sk[1024], lrs[1024];
+  trainer_set_data_skip(t, proto_int(line, "data_skip", 0));
+  proto_get(line, "skips", sk, sizeof sk);
+  for (char *p = sk; *p;) {
+    char *end;
+    long long at = strtoll(p, &end, 10);
+    if (end == p) break;
+    trainer_skip_update(t, at);
+    p = *end == ',' ? end + 1 : end;
+  }
+  proto_get(line, "lr", lrs, sizeof lrs);
+  for (char *p = lrs; *p;) {
+    char *end;
+    long long at = strtoll(p, &end, 10);
+    if (*end != ':') break;
+    double v = strtod(end + 1, &p);
+    trainer_set_lr(t, at, (float)v);
+    if (*p == ',') p++;
+  }
+}
+
+/* Checkpoints: every replica can lead, so every replica has the engine. */
+static ckpt_engine *open_ckpt(const job_config *cfg, trainer *t, const char *run) {
+  if (cfg->ckpt_every_steps == 0 && cfg->ckpt_every_seconds == 0) return NULL;
+  char path[1200];
+  snprintf(path, sizeof path, "%s/ckpt", run);
+  ckpt_opts o = {path, (size_t)cfg->ckpt_map_mb << 20, (int)cfg->ckpt_keep_last, (int)cfg->ckpt_keep_every,
+                 strcmp(cfg->ckpt_when_busy, "skip") == 0 ? CKPT_SKIP : CKPT_COALESCE};
+  ckpt_engine *ck = ckpt_open(&o);
+  if (ck && trainer_ckpt_attach(t, ck)) {
+    ckpt_close(ck);
+    return NULL;
+  }
+  return ck;
+}
+
+/* Fresh, from the newest checkpoint (or resume_step), or from a donor peer. */
+static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *donor_addr, int64_t resume_step) {
+  trainer *t = w->t;
+  if (strcmp(mode, "resume") == 0 && ck) {
+    char report[2048] = "";
+    ckpt_reader *r = ckpt_engine_reader(ck);
+    int rc = r ? trainer_ckpt_load(t, r, resume_step, report, sizeof report) : TR_ENOMEM;
+    ckpt_reader_close(r);
+    if (report[0]) fputs(report, stderr);
+    return rc;
+  }
+  if (strcmp(mode, "join") != 0) return 0;
+  char dh[256];
+  int dp, rc;
+  if ((rc = net_split(donor_addr, dh, sizeof dh, &dp)) || (rc = donor_fetch_snapshot(dh, dp, t, &w->donor_fd))) return rc;
+  const char *delay = getenv("TRANSOM_TEST_CATCHUP_DELAY_MS"); /* widens the window for fault tests */
+  if (delay) usleep((useconds_t)atoi(delay) * 1000);
+  int applied = donor_catch_up(w->donor_fd, t, 0);
+  if (applied < 0) return applied;
+  trainer_state ts;
+  trainer_get_state(t, &ts);
+  fprintf(stderr, "worker %d: caught up from %s: at step %lld after replaying %d steps\n", w->slot, donor_addr,
+          (long long)ts.step, applied);
+  return 0;
+}
+
+/* Serves joiners, enters FTAR, tells the operator it is ready, starts the
+ * heartbeat. me: the address peers reach us at. */
+static int enter_ring(worker *w, const char *coord, const char *me, double state_s, int joining) {
+  int dport = 0, cp, rc;
+  char ch[256];
+  w->dn = donor_start(me, w->t, 64, &dport);
+  if (!w->dn) return TR_EIO;
+  if ((rc = net_split(coord, ch, sizeof ch, &cp))) return rc;
+  ftar_member_opts fo;
+  ftar_member_opts_default(&fo);
+  fo.timeout = 3600; /* below min_replicas training pauses until replacements come */
+  fo.deadline = w->cfg->deadline;
+  fo.min_members = (int)w->cfg->min_replicas;
+  fo.data_host = me;
+  fo.strict_seq = 1; /* a joiner must enter at exactly its own step */
+  w->fm = ftar_member_create(ch, cp, w->slot, &fo);
+  if (!w->fm) return TR_EIO;
+  trainer_state ts; /* where training is: no state leaves the device for this */
+  trainer_get_state(w->t, &ts);
+  rc = SEND(w, "READY slot=%d step=%lld donor=%s:%d state_s=%.3f", w->slot, (long long)ts.step, me, dport, state_s);
+  if (rc) return rc;
+  w->phase_since = tr_now();
+  if (pthread_create(&w->hb, NULL, heartbeat_main, w) != 0) return tr_fail(TR_ENOMEM, "cannot start the heartbeat thread");
+  if (!joining) ftar_member_wait(w->fm, (int)w->cfg->replicas, 30.0); /* start together if we can */
+  return 0;
+}
+
+static int train(worker *w, ckpt_engine *ck, const char *run) {
+  loop_opts lo = {.t = w->t, .ck = ck, .run_dir = run, .worker = w->slot, .save_on_stop = 0};
+  loop_hooks h = {.ud = w,
+                  .poll = hook_poll,
+                  .before_step = hook_before_step,
+                  .exchange = hook_exchange,
+                  .boundary = hook_boundary,
+                  .report = hook_report,
+                  .eval = hook_eval,
+                  .ckpt_event = hook_ckpt_event,
+                  .saved = hook_saved};
+  loop_result res;
+  int rc = loop_run(&lo, &h, &res);
+  if (!rc) SEND(w, "DONE slot=%d step=%lld crc=%08x", w->slot, (long long)res.step, trainer_param_crc(w->t));
+  return rc;
+}
+
+int worker_main(int argc, char **argv) {
+  worker w = {.slot = -1, .opfd = -1, .donor_fd = -1, .send_mu = PTHREAD_MUTEX_INITIALIZER};
+  int done, rc = parse_args(&w, argc, argv, &done), exit_code = 1;
+  if (rc || done) return rc;
   signal(SIGPIPE, SIG_IGN);
 
   char line[PROTO_LINE_MAX], run[1024], coord[300], donor_addr[300], mode[16];
   lua_State *L = NULL;
-  trainer *t = NULL;
   ckpt_engine *ck = NULL;
-  donor *dn = NULL;
-  ftar_member *fm = NULL;
-  int donor_fd = -1, rc = 0, exit_code = 1;
   w.opfd = net_connect(w.op_host, w.op_port, 60.0);
   w.rd.fd = w.opfd;
   if (w.opfd < 0 || (rc = welcome(&w, line, sizeof line))) goto fail;
@@ -233,202 +440,16 @@ int worker_main(int argc, char **argv) {
   job_config cfg;
   L = lua_host_new();
   if (!L || (rc = job_load(L, path, sets, 1, &cfg))) goto fail;
-  t = trainer_create(L, &cfg);
-  if (!t) goto fail;
-  w.t = t;
-  trainer_set_slot(t, w.slot);
-  trainer_set_data_skip(t, proto_int(line, "data_skip", 0));
-  { /* updates the operator said to drop: skips=STEP,STEP */
-    char sk[1024];
-    proto_get(line, "skips", sk, sizeof sk);
-    for (char *p = sk; *p;) {
-      char *end;
-      long long at = strtoll(p, &end, 10);
-      if (end == p) break;
-      trainer_skip_update(t, at);
-      p = *end == ',' ? end + 1 : end;
-    }
-  }
-  { /* live learning-rate changes so far: lr=STEP:VALUE,STEP:VALUE */
-    char lrs[1024];
-    proto_get(line, "lr", lrs, sizeof lrs);
-    for (char *p = lrs; *p;) {
-      char *end;
-      long long at = strtoll(p, &end, 10);
-      if (*end != ':') break;
-      double v = strtod(end + 1, &p);
-      trainer_set_lr(t, at, (float)v);
-      if (*p == ',') p++;
-    }
-  }
-  int64_t resume_step = proto_int(line, "resume_step", -1);
-
-  /* checkpoints: every replica can lead, so every replica has the engine */
-  if (cfg.ckpt_every_steps > 0 || cfg.ckpt_every_seconds > 0) {
-    snprintf(path, sizeof path, "%s/ckpt", run);
-    ckpt_opts o = {path, (size_t)cfg.ckpt_map_mb << 20, (int)cfg.ckpt_keep_last, (int)cfg.ckpt_keep_every,
-                   strcmp(cfg.ckpt_when_busy, "skip") == 0 ? CKPT_SKIP : CKPT_COALESCE};
-    ck = ckpt_open(&o);
-    if (!ck || (rc = trainer_ckpt_attach(t, ck))) goto fail;
-  }
-  /* state */
+  if (!(w.t = trainer_create(L, &cfg))) goto fail;
+  w.cfg = trainer_config(w.t);
+  trainer_set_slot(w.t, w.slot);
+  apply_welcome(w.t, line);
+  if (!(ck = open_ckpt(&cfg, w.t, run)) && (cfg.ckpt_every_steps > 0 || cfg.ckpt_every_seconds > 0)) goto fail;
   double t_state = tr_now();
-  if (strcmp(mode, "resume") == 0 && ck) {
-    char report[2048] = "";
-    ckpt_reader *r = ckpt_engine_reader(ck);
-    rc = r ? trainer_ckpt_load(t, r, resume_step, report, sizeof report) : TR_ENOMEM;
-    ckpt_reader_close(r);
-    if (report[0]) fputs(report, stderr);
-    if (rc) goto fail;
-  } else if (strcmp(mode, "join") == 0) {
-    char dh[256];
-    int dp;
-    if ((rc = net_split(donor_addr, dh, sizeof dh, &dp)) || (rc = donor_fetch_snapshot(dh, dp, t, &donor_fd))) goto fail;
-    const char *delay = getenv("TRANSOM_TEST_CATCHUP_DELAY_MS"); /* widens the window for fault tests */
-    if (delay) usleep((useconds_t)atoi(delay) * 1000);
-    int applied = donor_catch_up(donor_fd, t, 0);
-    if (applied < 0) {
-      rc = applied;
-      goto fail;
-    }
-    trainer_state ts;
-    trainer_get_state(t, &ts);
-    fprintf(stderr, "worker %d: caught up from %s: at step %lld after replaying %d steps\n", w.slot, donor_addr,
-            (long long)ts.step, applied);
-  }
-  double state_s = tr_now() - t_state;
-
-  /* the address peers reach us at: TRANSOM_HOST on multi-node launches */
-  const char *me = env_any("TRANSOM_HOST", NULL);
-  if (!me) me = "127.0.0.1";
-  int dport = 0;
-  dn = donor_start(me, t, 64, &dport);
-  if (!dn) goto fail;
-  char ch[256];
-  int cp;
-  if ((rc = net_split(coord, ch, sizeof ch, &cp))) goto fail;
-  ftar_member_opts fo;
-  ftar_member_opts_default(&fo);
-  fo.timeout = 3600; /* below min_replicas training pauses until replacements come */
-  fo.deadline = cfg.deadline;
-  fo.min_members = (int)cfg.min_replicas;
-  fo.data_host = me;
-  fo.strict_seq = 1; /* a joiner must enter at exactly its own step */
-  fm = ftar_member_create(ch, cp, w.slot, &fo);
-  if (!fm) goto fail;
-  trainer_state ts0; /* where training is: no state leaves the device for this */
-  trainer_get_state(t, &ts0);
-  rc = SEND(&w, "READY slot=%d step=%lld donor=%s:%d state_s=%.3f", w.slot, (long long)ts0.step, me, dport, state_s);
-  if (rc) goto fail;
-  w.phase_since = tr_now();
-  if (pthread_create(&w.hb, NULL, heartbeat_main, &w) != 0) {
-    rc = tr_fail(TR_ENOMEM, "cannot start the heartbeat thread");
-    goto fail;
-  }
-  if (strcmp(mode, "join") != 0) ftar_member_wait(fm, (int)cfg.replicas, 30.0); /* start together if we can */
-
-  int64_t step = ts0.step, last_snap = ts0.step;
-  int leader = 0;
-  while (step < cfg.max_steps) {
-    if ((rc = poll_commands(&w))) goto fail;
-    if (w.stop_at > 0 && step >= w.stop_at) break;
-    double t_step = tr_now(); /* the step's wall time: a slow replica's delay is its own compute time */
-    apply_chaos(&w, step + 1);
-    if (step + 1 <= w.slow_until && w.slow_ms > 0) usleep((useconds_t)w.slow_ms * 1000);
-    step_stats st;
-    if ((rc = trainer_compute_grads(t, &st))) goto fail;
-    const tr_backend *be = trainer_backend(t);
-    float *g = trainer_grads(t); /* the backend's memory: FTAR moves it with the device's communicator */
-    if (step + 1 <= w.nan_until) {
-      const float nan = st.loss = __builtin_nanf("");
-      if ((rc = be->upload(g, &nan, sizeof nan))) goto fail;
-    }
-    double t_ar = tr_now();
-    w.phase_since = t_ar;
-    w.in_allreduce = 1;
-    ftar_result res;
-    rc = ftar_allreduce_dev(fm, be, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)step + 1, &res);
-    w.phase_since = tr_now();
-    w.in_allreduce = 0;
-    if (rc == FTAR_ESEQ && donor_fd >= 0 && res.seq > (uint64_t)step + 1) {
-      /* the group moved on while we caught up: replay the rest, recompute */
-      int applied = donor_catch_up(donor_fd, t, (int64_t)res.seq - 1);
-      if (applied < 0) {
-        rc = applied;
-        goto fail;
-      }
-      trainer_get_state(t, &ts0);
-      step = ts0.step;
-      continue;
-    }
-    if (rc < 0) goto fail;
-    double ar_s = tr_now() - t_ar;
-    if (donor_wants(dn, step + 1)) { /* a joiner is catching up: keep the reduced gradients for it */
-      const float *hg = trainer_grads_host(t);
-      if (!hg) {
-        rc = TR_EIO;
-        goto fail;
-      }
-      donor_record(dn, step + 1, hg);
-    }
-    if ((rc = trainer_apply_grads(t, &st))) goto fail;
-    donor_boundary(dn);
-    step = st.step;
-    if (donor_fd >= 0) { /* in the ring: the donor can stop recording for us */
-      donor_close(donor_fd);
-      donor_fd = -1;
-    }
-    leader = res.contributors <= 1 || res.slots[0] == w.slot;
-    if (ck && leader) {
-      int due = (cfg.ckpt_every_steps > 0 && step % cfg.ckpt_every_steps == 0) || w.ckpt_now ||
-                step == cfg.max_steps || (w.stop_at > 0 && step >= w.stop_at);
-      w.ckpt_now = 0;
-      if (due) {
-        ckpt_state cs;
-        trainer_ckpt_state(t, &cs);
-        ckpt_snapshot(ck, &cs);
-        last_snap = step;
-      }
-    }
-    ckpt_event ev;
-    while (ckpt_poll(ck, &ev)) {
-      char what[600];
-      proto_escape(ev.what, what, sizeof what);
-      SEND(&w, "CKPT slot=%d step=%lld ok=%d commit_ms=%.1f what=%s", w.slot, (long long)ev.step, ev.ok,
-           ev.commit_s * 1e3, what);
-    }
-    if (leader && ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || step == cfg.max_steps)) {
-      float val;
-      if ((rc = trainer_eval(t, &val))) goto fail;
-      SEND(&w, "EVAL slot=%d step=%lld val=%.9g", w.slot, (long long)step, val);
-    }
-    double wall_s = tr_now() - t_step;
-    char crc[32] = "";
-    if (cfg.checksum_interval > 0 && step % cfg.checksum_interval == 0)
-      snprintf(crc, sizeof crc, " crc=%08x", trainer_param_crc(t));
-    rc = SEND(&w,
-              "STEP slot=%d step=%lld loss=%.9g norm=%.9g lr=%.9g ms=%.3f tok_s=%.1f ar_ms=%.3f ckpt_ms=%.3f "
-              "data_ms=%.3f fwd_ms=%.3f bwd_ms=%.3f opt_ms=%.3f rss=%zu epoch=%llu n=%d redos=%d leader=%d "
-              "skipped=%d%s",
-              w.slot, (long long)step, st.loss, st.grad_norm, st.lr, wall_s * 1e3, st.tokens / wall_s, ar_s * 1e3, st.t_ckpt_wait * 1e3, st.t_data * 1e3, st.t_fwd * 1e3,
-              st.t_bwd * 1e3, st.t_opt * 1e3, tr_current_rss(), (unsigned long long)res.epoch, res.contributors,
-              res.redos, leader, st.skipped, crc);
-    if (rc) goto fail;
-  }
-  if (ck && leader && last_snap != step) { /* stopped: the state to resume from */
-    ckpt_state cs;
-    trainer_ckpt_state(t, &cs);
-    ckpt_wait_copy(ck);
-    ckpt_snapshot(ck, &cs);
-  }
-  ckpt_flush(ck);
-  ckpt_event ev;
-  while (ckpt_poll(ck, &ev))
-    SEND(&w, "CKPT slot=%d step=%lld ok=%d commit_ms=%.1f what=-", w.slot, (long long)ev.step, ev.ok,
-         ev.commit_s * 1e3);
-  if (leader && step == cfg.max_steps && trainer_save(t, run) == 0) /* all hold the same bits: one writes */
-    SEND(&w, "SAVED slot=%d step=%lld", w.slot, (long long)step);
-  SEND(&w, "DONE slot=%d step=%lld crc=%08x", w.slot, (long long)step, trainer_param_crc(t));
+  if ((rc = get_state(&w, ck, mode, donor_addr, proto_int(line, "resume_step", -1)))) goto fail;
+  const char *me = env_any("TRANSOM_HOST", NULL); /* the address peers reach us at: multi-node launches */
+  if ((rc = enter_ring(&w, coord, me ? me : "127.0.0.1", tr_now() - t_state, strcmp(mode, "join") == 0))) goto fail;
+  if ((rc = train(&w, ck, run))) goto fail;
   exit_code = 0;
   goto done;
 fail:
@@ -444,11 +465,11 @@ done:
     w.hb_stop = 1;
     pthread_join(w.hb, NULL);
   }
-  donor_close(donor_fd);
-  ftar_member_free(fm);
-  donor_stop(dn);
+  donor_close(w.donor_fd);
+  ftar_member_free(w.fm);
+  donor_stop(w.dn);
   ckpt_close(ck);
-  trainer_free(t);
+  trainer_free(w.t);
   lua_host_close(L);
   if (w.opfd >= 0) close(w.opfd);
   return exit_code;

@@ -26,6 +26,7 @@
 struct trainer {
   lua_State *L;
   job_config cfg;
+  int poison_next; /* chaos: the next step's loss and gradients are NaN */
   dataset data;
   graph *g;
   graph *infer; /* B=1 graph for sampling, built on first use */
@@ -41,7 +42,6 @@ struct trainer {
   float lr_to[16];
   int nlr;
   int64_t step;
-  ckpt_engine *ckpt; /* not owned */
   /* on a device backend (be->host_memory == 0) the training state lives in
    * device memory; the host keeps mirrors that trainer_pull/push sync */
   const tr_backend *be;
@@ -262,6 +262,11 @@ int trainer_compute_grads(trainer *t, step_stats *st) {
   memset(st, 0, sizeof *st);
   if ((rc = graph_read(t->g, t->loss, &st->loss))) return rc;
   st->tokens = (int64_t)B * T;
+  if (t->poison_next) { /* chaos: a numerical fault in this step */
+    const float nan = st->loss = __builtin_nanf("");
+    t->poison_next = 0;
+    if ((rc = t->be->upload(graph_grads(t->g), &nan, sizeof nan))) return rc;
+  }
   st->t_data = t1 - t0;
   st->t_fwd = t2 - t1;
   st->t_bwd = t3 - t2;
@@ -283,7 +288,6 @@ int trainer_apply_grads(trainer *t, step_stats *st) {
       sched.lr = t->lr_to[i];
     }
   float lr = lr_at(&sched, t->step);
-  st->t_ckpt_wait = ckpt_wait_copy(t->ckpt); /* parameters are about to change */
   if (!skip) adamw_step_on(t->opt, t->be, graph_params(t->g), grads, t->dev ? t->dmv : adamw_state(t->opt), lr);
   else t->skipped++;
   st->skipped = skip;
@@ -397,9 +401,12 @@ static int reg_one(void *ctx, const char *name, float *p, int ndim, const int64_
 int trainer_ckpt_attach(trainer *t, ckpt_engine *e) {
   int rc = t->dev ? ckpt_set_device(e, t->be) : TR_OK;
   if (!rc) rc = for_each_state(t, 1, reg_one, e);
-  if (!rc) t->ckpt = e;
   return rc;
 }
+
+const job_config *trainer_config(const trainer *t) { return &t->cfg; }
+
+void trainer_poison_next(trainer *t) { t->poison_next = 1; }
 
 uint64_t trainer_config_hash(const trainer *t) {
   char buf[1024];

@@ -62,31 +62,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "step_record.h"
+
 struct event_base;
 
 /* --- metrics --- */
 
-/* The per-step metrics, one table (X(ENUM, field/Lua name, Prometheus help)).
- * The sample struct, the series store, the Lua views and the Prometheus
- * output all come from it. compute_s is derived: step_s - allreduce_s, the
- * time a replica spends on its own work (a slow replica makes every other
- * one wait in the all-reduce, so their step_s rise too; compute_s does not). */
-#define DETECTOR_METRICS(X)                                                     \
-  X(LOSS, loss, "training loss of the latest step")                             \
-  X(GRAD_NORM, grad_norm, "global gradient norm of the latest step")            \
-  X(LR, lr, "learning rate of the latest step")                                 \
-  X(STEP_S, step_s, "wall time of the latest step")                             \
-  X(DATA_S, data_s, "time loading the batch")                                   \
-  X(FORWARD_S, forward_s, "time in the forward pass")                           \
-  X(BACKWARD_S, backward_s, "time in the backward pass")                        \
-  X(ALLREDUCE_S, allreduce_s, "time in the gradient all-reduce")                \
-  X(OPTIMIZER_S, optimizer_s, "time in the optimizer update")                   \
-  X(CKPT_WAIT_S, ckpt_wait_s, "time waiting for the checkpoint copy")           \
-  X(TOKENS_PER_S, tokens_per_s, "training tokens per second")                   \
-  X(RSS_BYTES, rss_bytes, "resident set size")                                  \
-  X(COMPUTE_S, compute_s, "step time without the all-reduce wait")
+/* The per-step metrics: the step record's (step_record.h, one table for the
+ * STEP line, metrics.jsonl and these) plus compute_s, which the detector
+ * derives: step_s - allreduce_s, the time a replica spends on its own work
+ * (a slow replica makes every other one wait in the all-reduce, so their
+ * step_s rise too; compute_s does not). The sample struct, the series
+ * store, the Lua views and the Prometheus output all come from it:
+ * X(ENUM, field/Lua name, help, Prometheus gauge or "", Prometheus phase or ""). */
+#define DETECTOR_METRICS(X) \
+  STEP_METRICS(X)           \
+  X(COMPUTE_S, compute_s, "step time without the all-reduce wait", "transom_compute_seconds", "")
 
-#define DETECTOR_METRIC_ENUM(id, name, help) DET_M_##id,
+#define DETECTOR_METRIC_ENUM(id, name, help, prom, phase) DET_M_##id,
 typedef enum { DETECTOR_METRICS(DETECTOR_METRIC_ENUM) DET_M_COUNT } detector_metric;
 #undef DETECTOR_METRIC_ENUM
 
@@ -100,7 +93,7 @@ int detector_metric_index(const char *name);
  * really are (a NaN loss is what nan_or_inf_loss looks for). compute_s is
  * ignored: the detector derives it. */
 typedef struct {
-#define DETECTOR_SAMPLE_FIELD(id, name, help) double name;
+#define DETECTOR_SAMPLE_FIELD(id, name, help, prom, phase) double name;
   DETECTOR_METRICS(DETECTOR_SAMPLE_FIELD)
 #undef DETECTOR_SAMPLE_FIELD
   uint32_t checksum; /* parameter checksum (crc32c), meaningful when has_checksum */

@@ -24,7 +24,7 @@ typedef struct {
   float loss, lr, grad_norm;
   int64_t tokens;
   double t_data, t_fwd, t_bwd, t_opt, t_total; /* seconds */
-  double t_ckpt_wait; /* waiting for a level-1 checkpoint copy (inside t_opt) */
+  double t_ckpt_wait; /* waiting for a level-1 checkpoint copy (the loop's, before t_opt) */
   int skipped;        /* the update was not applied (non-finite gradient, or asked) */
 } step_stats;
 
@@ -43,8 +43,8 @@ trainer *trainer_create(lua_State *L, const job_config *cfg);
 void trainer_free(trainer *t);
 
 /* One step = trainer_compute_grads (batch, forward, backward) then
- * trainer_apply_grads (clip, AdamW, step+1). A data-parallel worker
- * all-reduces trainer_grads() between the two. */
+ * trainer_apply_grads (clip, AdamW, step+1). The training loop (loop.h)
+ * exchanges trainer_grads() with peers between the two. */
 int trainer_step(trainer *t, step_stats *st);
 int trainer_compute_grads(trainer *t, step_stats *st);
 int trainer_apply_grads(trainer *t, step_stats *st);
@@ -82,6 +82,9 @@ void trainer_set_slot(trainer *t, int slot);
 /* Drops the optimizer update of `step` (counted as a step all the same).
  * Non-finite gradients are always dropped. At most 64 per run. */
 int trainer_skip_update(trainer *t, int64_t step);
+/* Chaos: the next trainer_compute_grads reports a NaN loss and leaves a NaN
+ * in the gradients, as a numerical fault would. */
+void trainer_poison_next(trainer *t);
 /* Shifts the batch stream by skip batches (a rollback that skips the batch
  * that caused an anomaly). */
 void trainer_set_data_skip(trainer *t, int64_t skip);
@@ -98,6 +101,8 @@ int trainer_sample(trainer *t, const char *prompt, int64_t ntokens, float temper
 int trainer_save(trainer *t, const char *dir);
 
 graph *trainer_graph(trainer *t);
+/* The checked job the trainer was made from (valid for its lifetime). */
+const job_config *trainer_config(const trainer *t);
 const dataset *trainer_data(trainer *t);
 void trainer_get_state(const trainer *t, trainer_state *s);
 /* Bytes the planner predicts: parameters, gradients, Adam moments,
@@ -110,8 +115,8 @@ double trainer_flops_per_step(const trainer *t);
 
 /* Registers the training state with a checkpoint engine: every parameter as
  * "param/<name>", the AdamW moments as "adam.m/<name>" and "adam.v/<name>".
- * From then on trainer_step waits for a running level-1 copy before it
- * updates the parameters. */
+ * The caller (the training loop, loop.c) waits for a running level-1 copy
+ * (ckpt_wait_copy) before trainer_apply_grads changes the parameters. */
 int trainer_ckpt_attach(trainer *t, ckpt_engine *e);
 /* The state to save with a snapshot (step, data RNG, optimizer steps, config
  * hash, wall time). */

@@ -1,0 +1,94 @@
+/* loop.h — the one training loop, for a single-process run and for every
+ * worker of a multi-replica job alike.
+ *
+ * A step is: commands -> before_step -> compute (batch, forward, backward)
+ * -> exchange (gradients with peers) -> checkpoint wait -> apply (clip,
+ * AdamW) -> boundary -> checkpoint snapshot -> evaluation -> report. The
+ * loop alone decides when to snapshot (every_steps, every_seconds, asked
+ * for, at a stop, at the end), waits for a running copy before the
+ * parameters change, evaluates, and saves the final weights. What differs
+ * between a lone process and a replica is in the hooks: how gradients are
+ * exchanged (FTAR, later a pipeline stage's tensors), where commands come
+ * from, where records go, the donor's step boundary, chaos.
+ *
+ * "Compute the step" (trainer) and "exchange tensors with peers" (the
+ * exchange hook) stay separate: a pipeline stage plugs in as another
+ * exchange. One thread: the loop runs on the caller's.
+ */
+#ifndef TRANSOM_LOOP_H
+#define TRANSOM_LOOP_H
+
+#include <stdint.h>
+
+#include "ckpt.h"
+#include "step_record.h"
+#include "trainer.h"
+
+/* What a poll of the commands can ask for (the hook sets fields; the loop
+ * clears ckpt_now once it acted on it). */
+typedef struct {
+  int stop;        /* stop after the current step (a signal, say) */
+  int64_t stop_at; /* finish this step, then stop (0: not asked) */
+  int ckpt_now;    /* snapshot at the next step boundary */
+} loop_control;
+
+/* The outcome of one exchange. */
+typedef struct {
+  int replicas;       /* whose gradients the result averages */
+  int leader;         /* 1: this process leads the step (snapshots, evaluation, final save) */
+  int64_t epoch;      /* membership epoch (0: alone) */
+  int redos;          /* collectives redone after a member failed */
+  double allreduce_s; /* time spent exchanging */
+} loop_exchange;
+
+/* An exchange that returns LOOP_RECOMPUTE changed the trainer's state (a
+ * joiner replayed steps it missed): the loop recomputes from there. */
+#define LOOP_RECOMPUTE 1
+
+/* Hooks; any may be NULL. Each returns 0, or a negative error that ends the
+ * loop (tr_error() says why). ud is the hooks' own state. */
+typedef struct {
+  void *ud;
+  /* Between steps, before anything else: commands from outside. */
+  int (*poll)(void *ud, loop_control *ctl);
+  /* Before step `next` is computed (chaos: a fault, a delay). */
+  int (*before_step)(void *ud, int64_t next);
+  /* After the gradients of step `next` exist: reduce them with peers and say
+   * how. Without it the process is alone and leads. May return
+   * LOOP_RECOMPUTE. */
+  int (*exchange)(void *ud, int64_t next, loop_exchange *x);
+  /* After the update of `step`, before anything else sees it (the donor's
+   * consistent point). */
+  int (*boundary)(void *ud, int64_t step);
+  /* The step's record (every step, leader or not). */
+  int (*report)(void *ud, const step_record *r);
+  /* A validation loss (the leader's, every eval_interval steps and at the end). */
+  int (*eval)(void *ud, int64_t step, float val_loss);
+  /* A checkpoint the engine committed or failed. */
+  void (*ckpt_event)(void *ud, const ckpt_event *ev);
+  /* The final weights were written to the run directory at `step`. */
+  void (*saved)(void *ud, int64_t step);
+} loop_hooks;
+
+typedef struct {
+  trainer *t;
+  ckpt_engine *ck;     /* NULL: checkpoints are off */
+  const char *run_dir; /* where the final weights go */
+  int worker;          /* the replica slot, for the records */
+  int save_on_stop;    /* 1: save the weights also when stopped early (a lone run);
+                          0: only at max_steps (replicas: the operator resumes them) */
+} loop_opts;
+
+typedef struct {
+  int64_t step;    /* where training is */
+  int stopped;     /* 1: stopped by a command before max_steps */
+  int leader;      /* whether this process led the last step */
+  int64_t last_snapshot; /* the newest step snapshotted (-1: none) */
+} loop_result;
+
+/* Runs from the trainer's current step to cfg->max_steps or a stop. On an
+ * error the last state is still snapshotted (if anything was) and flushed;
+ * returns the error, with res filled as far as it got. */
+int loop_run(const loop_opts *o, const loop_hooks *h, loop_result *res);
+
+#endif

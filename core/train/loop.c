@@ -1,0 +1,183 @@
+/* loop.c — the one training loop (see loop.h): the step's phases in order,
+ * checkpoint timing, evaluation and the final save. It knows nothing of
+ * FTAR, the operator or the terminal: those are hooks (core/fleet/worker.c,
+ * core/cli/run.c).
+ */
+#include "loop.h"
+
+#include <string.h>
+
+#include "util.h"
+
+typedef struct {
+  const loop_opts *o;
+  const loop_hooks *h;
+  const job_config *cfg;
+  loop_control ctl;
+  int64_t step, last_snap;
+  double last_snap_time;
+  int leader;
+} loop_state;
+
+#define HOOK(L, name, ...) ((L)->h->name ? (L)->h->name((L)->h->ud, __VA_ARGS__) : 0)
+
+/* --- checkpoints --- */
+
+static void drain_ckpt(loop_state *L) {
+  ckpt_event ev;
+  while (L->o->ck && ckpt_poll(L->o->ck, &ev))
+    if (L->h->ckpt_event) L->h->ckpt_event(L->h->ud, &ev);
+}
+
+/* A snapshot that fails to start is a failed checkpoint, not a failed run:
+ * training goes on and older checkpoints stay. */
+static void snapshot(loop_state *L) {
+  ckpt_state s;
+  trainer_ckpt_state(L->o->t, &s);
+  if (ckpt_snapshot(L->o->ck, &s) < 0 && L->h->ckpt_event) {
+    ckpt_event ev = {.step = L->step, .ok = 0};
+    snprintf(ev.what, sizeof ev.what, "%s", tr_error());
+    L->h->ckpt_event(L->h->ud, &ev);
+  }
+  L->last_snap = L->step;
+  L->last_snap_time = tr_now();
+}
+
+static int stop_reached(const loop_state *L) {
+  return L->ctl.stop || (L->ctl.stop_at > 0 && L->step >= L->ctl.stop_at);
+}
+
+/* Due by steps, by seconds, on request, at a stop or at the end. Only the
+ * leader snapshots (every replica holds the same bits). */
+static void checkpoint_tick(loop_state *L) {
+  const job_config *c = L->cfg;
+  int asked = L->ctl.ckpt_now;
+  L->ctl.ckpt_now = 0;
+  if (!L->o->ck || !L->leader) return;
+  int due = (c->ckpt_every_steps > 0 && L->step % c->ckpt_every_steps == 0) || asked ||
+            (c->ckpt_every_seconds > 0 && tr_now() - L->last_snap_time >= c->ckpt_every_seconds) ||
+            L->step == c->max_steps || stop_reached(L);
+  if (due) snapshot(L);
+}
+
+/* --- one step --- */
+
+static int exchange(loop_state *L, step_stats *st, loop_exchange *x) {
+  memset(x, 0, sizeof *x);
+  x->replicas = 1;
+  x->leader = 1;
+  if (!L->h->exchange) return 0;
+  double t0 = tr_now();
+  int rc = L->h->exchange(L->h->ud, L->step + 1, x);
+  x->allreduce_s = tr_now() - t0;
+  (void)st;
+  return rc;
+}
+
+static void fill_record(const loop_state *L, const step_stats *st, const loop_exchange *x, double wall,
+                        step_record *r) {
+  memset(r, 0, sizeof *r);
+  r->step = L->step;
+  r->worker = L->o->worker;
+  r->replicas = x->replicas;
+  r->epoch = x->epoch;
+  r->redos = x->redos;
+  r->leader = x->leader;
+  r->skipped = st->skipped;
+  r->loss = st->loss;
+  r->grad_norm = st->grad_norm;
+  r->lr = st->lr;
+  r->step_s = wall;
+  r->data_s = st->t_data;
+  r->forward_s = st->t_fwd;
+  r->backward_s = st->t_bwd;
+  r->allreduce_s = x->allreduce_s;
+  r->optimizer_s = st->t_opt;
+  r->ckpt_wait_s = st->t_ckpt_wait;
+  r->tokens_per_s = wall > 0 ? (double)st->tokens / wall : 0;
+  r->rss_bytes = (double)tr_current_rss();
+  int64_t every = L->cfg->checksum_interval;
+  if (every > 0 && L->step % every == 0) {
+    r->checksum = trainer_param_crc(L->o->t);
+    r->has_checksum = 1;
+  }
+}
+
+/* Computes, exchanges and applies step L->step + 1. Returns 0,
+ * LOOP_RECOMPUTE (state changed under it: start the step again) or an
+ * error. */
+static int one_step(loop_state *L, step_stats *st, loop_exchange *x, double *wall) {
+  trainer *t = L->o->t;
+  double t0 = tr_now();
+  int rc = HOOK(L, before_step, L->step + 1);
+  if (!rc) rc = trainer_compute_grads(t, st);
+  if (!rc) rc = exchange(L, st, x);
+  if (rc) return rc;
+  st->t_ckpt_wait = ckpt_wait_copy(L->o->ck); /* parameters are about to change */
+  if ((rc = trainer_apply_grads(t, st))) return rc;
+  *wall = tr_now() - t0;
+  L->step = st->step;
+  L->leader = x->leader;
+  return HOOK(L, boundary, L->step);
+}
+
+static int after_step(loop_state *L, const step_stats *st, const loop_exchange *x, double wall) {
+  const job_config *c = L->cfg;
+  checkpoint_tick(L);
+  drain_ckpt(L);
+  int rc = 0;
+  if (L->leader && ((c->eval_interval > 0 && L->step % c->eval_interval == 0) || L->step == c->max_steps)) {
+    float val;
+    if ((rc = trainer_eval(L->o->t, &val)) || (rc = HOOK(L, eval, L->step, val))) return rc;
+  }
+  step_record r;
+  fill_record(L, st, x, wall, &r);
+  return HOOK(L, report, &r);
+}
+
+/* --- the end --- */
+
+/* The last state is always checkpointed (a stop or the end resumes
+ * exactly), everything flushed, and the weights saved. */
+static int finish(loop_state *L, int rc) {
+  const loop_opts *o = L->o;
+  if (o->ck && L->leader && L->last_snap != L->step && (!rc || o->save_on_stop)) {
+    ckpt_wait_copy(o->ck);
+    snapshot(L);
+  }
+  ckpt_flush(o->ck);
+  drain_ckpt(L);
+  int done = L->step >= L->cfg->max_steps;
+  if (!rc && L->leader && (done || o->save_on_stop)) {
+    if ((rc = trainer_save(o->t, o->run_dir))) return tr_fail_prefix(rc, "saving weights");
+    if (L->h->saved) L->h->saved(L->h->ud, L->step);
+  }
+  return rc;
+}
+
+int loop_run(const loop_opts *o, const loop_hooks *h, loop_result *res) {
+  trainer_state ts;
+  trainer_get_state(o->t, &ts);
+  loop_state L = {.o = o, .h = h, .cfg = trainer_config(o->t), .step = ts.step, .last_snap = ts.step,
+                  .last_snap_time = tr_now(), .leader = h->exchange == NULL}; /* with peers: known after an exchange */
+  int rc = 0;
+  while (L.step < L.cfg->max_steps) {
+    if ((rc = HOOK(&L, poll, &L.ctl)) || stop_reached(&L)) break;
+    step_stats st = {0};
+    loop_exchange x;
+    double wall = 0;
+    rc = one_step(&L, &st, &x, &wall);
+    if (rc == LOOP_RECOMPUTE) { /* a joiner replayed what it missed: go on from there */
+      trainer_get_state(o->t, &ts);
+      L.step = ts.step;
+      continue;
+    }
+    if (rc || (rc = after_step(&L, &st, &x, wall))) break;
+  }
+  rc = finish(&L, rc);
+  res->step = L.step;
+  res->stopped = L.step < L.cfg->max_steps && stop_reached(&L);
+  res->leader = L.leader;
+  res->last_snapshot = L.last_snap;
+  return rc;
+}
