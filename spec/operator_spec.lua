@@ -242,4 +242,28 @@ describe("operator (3 replicas)", function()
     assert_agree(run, out)
     assert.matches("restart_all", events(run), 1, true)
   end)
+  it("checkpoint.every_seconds also times the replicas' checkpoints (one loop for 1 and N)", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/secs"
+    -- by time only, and slowed to about 50 ms a step so the run lasts seconds
+    local jobfile = tmp .. "/secs-job.lua"
+    write(jobfile, 'return { data = "' .. data .. '", chaos = { { at_step = 1, replica = 0, fault = "slow", ms = 50 } } }\n')
+    local cmd = job(run, "--set checkpoint.every_steps=0 --set checkpoint.every_seconds=0.5 --set max_steps=120")
+    local out, rc = sh((cmd:gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1)))
+    assert.equal(0, rc, out)
+    local ev = events(run)
+    local first_t = tonumber(ev:match('"time":([%d%.]+)'))
+    local steps, last_t = {}, nil
+    for line in ev:gmatch("[^\n]+") do
+      if line:find('"kind":"checkpoint"', 1, true) then
+        table.insert(steps, tonumber(line:match('"step":(%d+)')))
+        last_t = tonumber(line:match('"time":([%d%.]+)'))
+      end
+    end
+    assert.is_true(last_t - first_t >= 3, "the run lasted " .. (last_t - first_t) .. " s: too short to test")
+    -- by time: several before the end (not multiples of any step count), and the last state
+    assert.is_true(#steps >= 3, "checkpoints at steps " .. table.concat(steps, ","))
+    assert.equal(120, steps[#steps])
+    assert.is_true(steps[1] < 120)
+  end)
 end)

@@ -215,188 +215,231 @@ static void close_run(run_ctx *r) {
   trainer_free(r->t);
 }
 
-/* The command, with the VM and the --set list owned by run_main. Returns the
- * exit status. */
-static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
-  const char *job_path = NULL, *resume = NULL;
-  int nsets = 0;
+typedef struct {
+  const char *job_path, *resume;
+  const char **sets;
+  int nsets;
+  char resume_job[PATH_MAX], resume_dir[PATH_MAX + 16];
+} run_args;
+
+/* The command line into a; 0 to go on, or the exit status (help: 0 with
+ * *done set). */
+static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *done) {
+  *done = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       fputs(run_usage, stdout);
       job_help(L);
+      *done = 1;
       return 0;
     } else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
-      sets[nsets++] = argv[++i];
+      a->sets[a->nsets++] = argv[++i];
     } else if (strncmp(argv[i], "--set=", 6) == 0) {
-      sets[nsets++] = argv[i] + 6;
+      a->sets[a->nsets++] = argv[i] + 6;
     } else if (strcmp(argv[i], "--replicas") == 0 && i + 1 < argc) {
       static char rep[64];
       snprintf(rep, sizeof rep, "replicas=%s", argv[++i]);
-      sets[nsets++] = rep;
+      a->sets[a->nsets++] = rep;
     } else if (strcmp(argv[i], "--resume") == 0 && i + 1 < argc) {
-      resume = argv[++i];
+      a->resume = argv[++i];
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "transom run: unknown option '%s' (see transom run --help)\n", argv[i]);
       return 2;
-    } else if (!job_path) {
-      job_path = argv[i];
+    } else if (!a->job_path) {
+      a->job_path = argv[i];
     } else {
-      fprintf(stderr, "transom run: one job file only ('%s' and '%s')\n", job_path, argv[i]);
+      fprintf(stderr, "transom run: one job file only ('%s' and '%s')\n", a->job_path, argv[i]);
       return 2;
     }
   }
-  char resume_job[PATH_MAX], resume_dir[PATH_MAX + 16];
-  if (resume) {
-    if (job_path) {
-      fprintf(stderr, "transom run: --resume takes the job from %s/job.lua; give no job file\n", resume);
+  if (a->resume) { /* the job is the run's own */
+    if (a->job_path) {
+      fprintf(stderr, "transom run: --resume takes the job from %s/job.lua; give no job file\n", a->resume);
       return 2;
     }
-    snprintf(resume_job, sizeof resume_job, "%s/job.lua", resume);
-    snprintf(resume_dir, sizeof resume_dir, "run_dir=%s", resume);
-    if (access(resume_job, R_OK) != 0) {
-      fprintf(stderr, "transom run: --resume %s: no %s (not a run directory?)\n", resume, resume_job);
+    snprintf(a->resume_job, sizeof a->resume_job, "%s/job.lua", a->resume);
+    snprintf(a->resume_dir, sizeof a->resume_dir, "run_dir=%s", a->resume);
+    if (access(a->resume_job, R_OK) != 0) {
+      fprintf(stderr, "transom run: --resume %s: no %s (not a run directory?)\n", a->resume, a->resume_job);
       return 2;
     }
-    job_path = resume_job;
-    sets[nsets++] = resume_dir;
+    a->job_path = a->resume_job;
+    a->sets[a->nsets++] = a->resume_dir;
   }
-  if (!job_path) {
+  if (!a->job_path) {
     fputs(run_usage, stderr);
     return 2;
   }
+  return 0;
+}
 
-  run_ctx r = {0};
-  if (job_load(L, job_path, sets, nsets, &r.cfg)) {
-    fprintf(stderr, "transom: %s\n", tr_error());
-    return 2;
+/* The job's trainer: the operator computes nothing, so its trainer (the
+ * initial weights) stays on the host; its device must still load. */
+static int make_trainer(lua_State *L, run_ctx *r) {
+  if (r->cfg.replicas <= 1) return (r->t = trainer_create(L, &r->cfg)) ? 0 : TR_EINVAL;
+  if (!backend_load(r->cfg.device)) return tr_fail(TR_EINVAL, "%s: key 'device': %s", r->cfg.path, tr_error());
+  job_config host = r->cfg;
+  snprintf(host.device, sizeof host.device, "cpu");
+  return (r->t = trainer_create(L, &host)) ? 0 : TR_EINVAL;
+}
+
+/* run_dir, or runs/<name>-<time>[-N]. */
+static void choose_dir(run_ctx *r) {
+  if (r->cfg.run_dir[0]) {
+    snprintf(r->dir, sizeof r->dir, "%s", r->cfg.run_dir);
+    return;
   }
-  if (r.cfg.replicas > 1) { /* the operator computes nothing: its trainer (initial weights) stays on the host */
-    if (!backend_load(r.cfg.device)) {
-      fprintf(stderr, "transom: %s: key 'device': %s\n", r.cfg.path, tr_error());
-      return 2;
-    }
-    job_config host = r.cfg;
-    snprintf(host.device, sizeof host.device, "cpu");
-    r.t = trainer_create(L, &host);
-  } else {
-    r.t = trainer_create(L, &r.cfg);
-  }
-  if (!r.t) {
-    fprintf(stderr, "transom: %s\n", tr_error());
-    return 2;
-  }
-  if (r.cfg.run_dir[0]) {
-    snprintf(r.dir, sizeof r.dir, "%s", r.cfg.run_dir);
-  } else {
-    char stamp[32];
-    time_t now = time(NULL);
-    struct tm tm;
-    localtime_r(&now, &tm);
-    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-    snprintf(r.dir, sizeof r.dir, "runs/%s-%s", r.cfg.name, stamp);
-    for (int i = 2; access(r.dir, F_OK) == 0 && i < 1000; i++)
-      snprintf(r.dir, sizeof r.dir, "runs/%s-%s-%d", r.cfg.name, stamp, i);
-  }
-  if (r.cfg.replicas > 1) return run_replicas(L, &r, resume != NULL);
-  /* everything that can fail before training, before anything is written */
-  char path[PATH_MAX];
-  char *dump = job_dump(L, &r.cfg);
-  int rc = dump ? tr_mkdirs(r.dir) : TR_ENOMEM;
-  if (!rc) rc = open_ckpt(&r);
+  char stamp[32];
+  time_t now = time(NULL);
+  struct tm tm;
+  localtime_r(&now, &tm);
+  strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  snprintf(r->dir, sizeof r->dir, "runs/%s-%s", r->cfg.name, stamp);
+  for (int i = 2; access(r->dir, F_OK) == 0 && i < 1000; i++)
+    snprintf(r->dir, sizeof r->dir, "runs/%s-%s-%d", r->cfg.name, stamp, i);
+}
+
+/* Everything that can fail before training, before anything is written:
+ * the directory, the checkpoint store, the resumed state. Returns 0 or the
+ * exit status (with the error printed). */
+static int open_run(lua_State *L, run_ctx *r, char **dump, int resume) {
+  *dump = job_dump(L, &r->cfg);
+  int rc = *dump ? tr_mkdirs(r->dir) : TR_ENOMEM;
+  if (!rc) rc = open_ckpt(r);
   if (!rc && resume) {
     char report[4096] = "";
-    ckpt_reader *rd = r.ck ? ckpt_engine_reader(r.ck) : NULL;
-    rc = rd ? trainer_ckpt_load(r.t, rd, -1, report, sizeof report)
+    ckpt_reader *rd = r->ck ? ckpt_engine_reader(r->ck) : NULL;
+    rc = rd ? trainer_ckpt_load(r->t, rd, -1, report, sizeof report)
             : tr_fail(TR_EINVAL, "checkpoints are off in this job (checkpoint.every_steps = 0)");
     ckpt_reader_close(rd);
     if (report[0]) fputs(report, stderr);
   }
-  if (rc) {
-    fprintf(stderr, "transom: %s: %s\n", resume ? "resume" : "run directory", tr_error());
-    free(dump);
-    close_run(&r);
-    return resume ? 1 : 2;
-  }
-  trainer_state ts;
-  trainer_get_state(r.t, &ts);
-  path_in(&r, "job.lua", path, sizeof path);
-  rc = tr_write_file_atomic(path, dump, strlen(dump));
-  free(dump);
-  if (!rc && !resume) rc = trainer_save(r.t, r.dir);
-  if (!rc) {
-    path_in(&r, "events.jsonl", path, sizeof path);
-    r.events = fopen(path, "a");
-    if (resume) {
-      event(&r, ts.step, "resume", "resumed from the checkpoint of step %lld", (long long)ts.step);
-      rc = truncate_metrics(&r, ts.step);
-    }
-    path_in(&r, "metrics.jsonl", path, sizeof path);
-    r.metrics = fopen(path, resume ? "a" : "w");
-    if (!r.metrics || !r.events) rc = tr_fail(TR_EIO, "cannot open the logs in %s", r.dir);
-  }
-  if (rc) {
-    fprintf(stderr, "transom: run directory: %s\n", tr_error());
-    close_run(&r);
-    return 1;
-  }
+  if (!rc) return 0;
+  fprintf(stderr, "transom: %s: %s\n", resume ? "resume" : "run directory", tr_error());
+  return resume ? 1 : 2;
+}
 
-  const job_config *cfg = &r.cfg;
+/* job.lua, the initial weights and vocabulary, the logs (a resumed run's
+ * metrics after its checkpoint are dropped: it does them again). */
+static int write_run(run_ctx *r, const char *dump, int resume, int64_t step) {
+  char path[PATH_MAX];
+  path_in(r, "job.lua", path, sizeof path);
+  int rc = tr_write_file_atomic(path, dump, strlen(dump));
+  if (!rc && !resume) rc = trainer_save(r->t, r->dir);
+  if (rc) return rc;
+  path_in(r, "events.jsonl", path, sizeof path);
+  r->events = fopen(path, "a");
+  if (resume) {
+    event(r, step, "resume", "resumed from the checkpoint of step %lld", (long long)step);
+    rc = truncate_metrics(r, step);
+  }
+  path_in(r, "metrics.jsonl", path, sizeof path);
+  r->metrics = fopen(path, resume ? "a" : "w");
+  if (!r->metrics || !r->events) rc = tr_fail(TR_EIO, "cannot open the logs in %s", r->dir);
+  return rc;
+}
+
+static void print_banner(const run_ctx *r, int resume, int64_t step) {
+  const job_config *cfg = &r->cfg;
   graph_sizes sz;
-  graph_sizes_get(trainer_graph(r.t), &sz);
-  const dataset *d = trainer_data(r.t);
-  printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, cfg->path, r.dir);
+  graph_sizes_get(trainer_graph(r->t), &sz);
+  const dataset *d = trainer_data(r->t);
+  printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, cfg->path, r->dir);
   printf("model %s: %lld parameters, vocab %d, %d threads | data %s: %lld tokens (%lld train, %lld val)\n", cfg->model,
          (long long)sz.params, d->voc.size, kernels_threads(), cfg->data, (long long)d->n, (long long)d->n_train,
          (long long)(d->n - d->n_train));
-  if (strcmp(cfg->device, "cpu") != 0) printf("device %s: %s\n", cfg->device, trainer_backend(r.t)->describe());
-  if (r.ck)
+  if (strcmp(cfg->device, "cpu") != 0) printf("device %s: %s\n", cfg->device, trainer_backend(r->t)->describe());
+  if (r->ck)
     printf("checkpoints: every %lld steps%s, keep %lld, in %s/ckpt\n", (long long)cfg->ckpt_every_steps,
-           cfg->ckpt_every_seconds > 0 ? " or by time" : "", (long long)cfg->ckpt_keep_last, r.dir);
-  if (resume) printf("resumed from step %lld\n", (long long)ts.step);
-  signal(SIGINT, on_stop);
-  signal(SIGTERM, on_stop);
+           cfg->ckpt_every_seconds > 0 ? " or by time" : "", (long long)cfg->ckpt_keep_last, r->dir);
+  if (resume) printf("resumed from step %lld\n", (long long)step);
+}
 
-  r.first = ts.step;
-  r.width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
-  loop_opts lo = {.t = r.t, .ck = r.ck, .run_dir = r.dir, .worker = 0, .save_on_stop = 1};
-  loop_hooks hooks = {.ud = &r, .poll = lone_poll, .report = lone_report, .eval = lone_eval,
-                      .ckpt_event = lone_ckpt_event};
-  loop_result res;
-  rc = loop_run(&lo, &hooks, &res);
-  if (rc) fprintf(stderr, "transom: step %lld: %s\n", (long long)res.step + 1, tr_error());
-  if (res.stopped) {
-    event(&r, res.step, "stopped", "stopped by a signal");
-    printf("stopped at step %lld%s; resume with: transom run --resume %s\n", (long long)res.step,
-           r.ck ? " (checkpointed)" : "", r.dir);
+/* Throughput, checkpoint and memory figures after the loop. */
+static void print_summary(const run_ctx *r, const loop_result *res) {
+  if (r->timed > 0) {
+    double ms = r->sum_time / (double)r->timed * 1e3;
+    printf("done: %lld steps | %.1f ms/step | %.0f tok/s | %.2f GFLOP/s (steps %lld..%lld)\n", (long long)res->step, ms,
+           r->sum_tokens / r->sum_time, trainer_flops_per_step(r->t) / (ms * 1e-3) * 1e-9, (long long)r->first + 2,
+           (long long)res->step);
   }
-  if (r.timed > 0) {
-    double ms = r.sum_time / (double)r.timed * 1e3;
-    printf("done: %lld steps | %.1f ms/step | %.0f tok/s | %.2f GFLOP/s (steps %lld..%lld)\n", (long long)res.step, ms,
-           r.sum_tokens / r.sum_time, trainer_flops_per_step(r.t) / (ms * 1e-3) * 1e-9, (long long)r.first + 2,
-           (long long)res.step);
-  }
-  if (r.ck) {
+  if (r->ck) {
     ckpt_stats cs;
-    ckpt_get_stats(r.ck, &cs);
+    ckpt_get_stats(r->ck, &cs);
     printf("checkpoints: %llu committed, %llu failed, %llu skipped, %llu coalesced | %.1f MiB each | training waited "
            "%.2f ms in all\n",
            (unsigned long long)cs.committed, (unsigned long long)cs.failed, (unsigned long long)cs.skipped,
            (unsigned long long)cs.coalesced, cs.bytes_per_snapshot / 1048576.0, cs.stall_s * 1e3);
   }
-  double rss = (double)tr_peak_rss(), plan = (double)trainer_planned_bytes(r.t);
+  double rss = (double)tr_peak_rss(), plan = (double)trainer_planned_bytes(r->t);
   printf("memory: peak RSS %.1f MiB | planned %.1f MiB (params, grads, AdamW, activations) | ratio %.2f\n",
          rss / 1048576.0, plan / 1048576.0, rss / plan);
+}
+
+/* A single-process run through the one training loop; the exit status. */
+static int train_alone(run_ctx *r, int64_t step) {
+  const job_config *cfg = &r->cfg;
+  signal(SIGINT, on_stop);
+  signal(SIGTERM, on_stop);
+  r->first = step;
+  r->width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
+  loop_opts lo = {.t = r->t, .ck = r->ck, .run_dir = r->dir, .worker = 0, .save_on_stop = 1};
+  loop_hooks hooks = {.ud = r, .poll = lone_poll, .report = lone_report, .eval = lone_eval,
+                      .ckpt_event = lone_ckpt_event};
+  loop_result res;
+  int rc = loop_run(&lo, &hooks, &res);
+  if (rc) fprintf(stderr, "transom: step %lld: %s\n", (long long)res.step + 1, tr_error());
+  if (res.stopped) {
+    event(r, res.step, "stopped", "stopped by a signal");
+    printf("stopped at step %lld%s; resume with: transom run --resume %s\n", (long long)res.step,
+           r->ck ? " (checkpointed)" : "", r->dir);
+  }
+  print_summary(r, &res);
   if (!rc && cfg->sample_tokens > 0 && !res.stopped) {
     printf("--- sample (%lld tokens, temperature %.2f) ---\n", (long long)cfg->sample_tokens, cfg->temperature);
-    if (trainer_sample(r.t, cfg->sample_prompt, cfg->sample_tokens, (float)cfg->temperature, (uint64_t)cfg->seed,
+    if (trainer_sample(r->t, cfg->sample_prompt, cfg->sample_tokens, (float)cfg->temperature, (uint64_t)cfg->seed,
                        stdout)) {
       fprintf(stderr, "transom: sample: %s\n", tr_error());
       rc = 1;
     }
   }
-  printf("run directory: %s\n", r.dir);
-  close_run(&r);
+  printf("run directory: %s\n", r->dir);
   return rc ? 1 : 0;
+}
+
+/* The command, with the VM and the --set list owned by run_main. Returns the
+ * exit status. */
+static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
+  run_args a = {.sets = sets};
+  int done, rc = parse_args(L, &a, argc, argv, &done);
+  if (rc || done) return rc;
+  run_ctx r = {0};
+  if (job_load(L, a.job_path, a.sets, a.nsets, &r.cfg) || make_trainer(L, &r)) {
+    fprintf(stderr, "transom: %s\n", tr_error());
+    return 2;
+  }
+  choose_dir(&r);
+  int resume = a.resume != NULL;
+  if (r.cfg.replicas > 1) return run_replicas(L, &r, resume);
+  char *dump;
+  if ((rc = open_run(L, &r, &dump, resume))) {
+    free(dump);
+    close_run(&r);
+    return rc;
+  }
+  trainer_state ts;
+  trainer_get_state(r.t, &ts);
+  rc = write_run(&r, dump, resume, ts.step);
+  free(dump);
+  if (rc) {
+    fprintf(stderr, "transom: run directory: %s\n", tr_error());
+    close_run(&r);
+    return 1;
+  }
+  print_banner(&r, resume, ts.step);
+  rc = train_alone(&r, ts.step);
+  close_run(&r);
+  return rc;
 }
 
 int run_main(int argc, char **argv) {
