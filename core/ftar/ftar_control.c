@@ -96,6 +96,71 @@ static int parse_epoch(ftar_member *m, const ftar_hdr *h, const uint8_t *p) {
   return 0;
 }
 
+static void ctl_on_go(ftar_member *m, const ftar_hdr *h) {
+  pthread_mutex_lock(&m->mu);
+  if (h->epoch >= m->go_ep) {
+    m->go_ep = h->epoch;
+    m->go_dec = (int)h->index;
+    m->go_seq = h->seq;
+    atomic_fetch_add(&m->gen, 1);
+    pthread_cond_broadcast(&m->cv);
+  }
+  pthread_mutex_unlock(&m->mu);
+  ftar_wake_fd(m->wake[1]);
+}
+
+static int ctl_on_commid(ftar_member *m, const ftar_hdr *h) {
+  if (h->len != FTAR_COMMID_LEN) {
+    ftar_member_log(m, "malformed COMMID frame from the coordinator");
+    ctl_fail(m, FTAR_ECOORD, "malformed COMMID frame from the coordinator");
+    return -1;
+  }
+  pthread_mutex_lock(&m->mu);
+  if (h->epoch >= m->cid_ep) {
+    m->cid_ep = h->epoch;
+    memcpy(m->cid, m->ctl_buf, FTAR_COMMID_LEN);
+    atomic_fetch_add(&m->gen, 1);
+    pthread_cond_broadcast(&m->cv);
+  }
+  pthread_mutex_unlock(&m->mu);
+  ftar_wake_fd(m->wake[1]);
+  return 0;
+}
+
+/* BYE or REJECT: the coordinator removed us. */
+static void ctl_on_bye(ftar_member *m, const ftar_hdr *h) {
+  char reason[FTAR_REASON_MAX + 1], msg[300];
+  memcpy(reason, m->ctl_buf, h->len);
+  reason[h->len] = 0;
+  for (char *c = reason; *c; c++)
+    if ((unsigned char)*c < 32) *c = '?';
+  snprintf(msg, sizeof msg, "removed by the coordinator: %s", reason);
+  ftar_member_log(m, "%s", msg);
+  ctl_fail(m, FTAR_EEVICTED, msg);
+}
+
+/* A checked frame from the coordinator, payload in ctl_buf. -1 once the
+ * member failed (stop reading). */
+static int ctl_on_frame(ftar_member *m, const ftar_hdr *h) {
+  switch (h->type) {
+  case FT_EPOCH:
+    if (parse_epoch(m, h, m->ctl_buf)) {
+      ftar_member_log(m, "malformed EPOCH frame from the coordinator");
+      ctl_fail(m, FTAR_ECOORD, "malformed EPOCH frame from the coordinator");
+      return -1;
+    }
+    return 0;
+  case FT_GO:
+    ctl_on_go(m, h);
+    return 0;
+  case FT_COMMID:
+    return ctl_on_commid(m, h);
+  default: /* BYE, REJECT */
+    ctl_on_bye(m, h);
+    return -1;
+  }
+}
+
 static void ctl_read_cb(struct bufferevent *bev, void *arg) {
   ftar_member *m = arg;
   struct evbuffer *in = bufferevent_get_input(bev);
@@ -127,54 +192,7 @@ static void ctl_read_cb(struct bufferevent *bev, void *arg) {
       ctl_fail(m, FTAR_ECOORD, "bad checksum from the coordinator");
       return;
     }
-    switch (h.type) {
-    case FT_EPOCH:
-      if (parse_epoch(m, &h, m->ctl_buf)) {
-        ftar_member_log(m, "malformed EPOCH frame from the coordinator");
-        ctl_fail(m, FTAR_ECOORD, "malformed EPOCH frame from the coordinator");
-        return;
-      }
-      break;
-    case FT_GO:
-      pthread_mutex_lock(&m->mu);
-      if (h.epoch >= m->go_ep) {
-        m->go_ep = h.epoch;
-        m->go_dec = (int)h.index;
-        m->go_seq = h.seq;
-        atomic_fetch_add(&m->gen, 1);
-        pthread_cond_broadcast(&m->cv);
-      }
-      pthread_mutex_unlock(&m->mu);
-      ftar_wake_fd(m->wake[1]);
-      break;
-    case FT_COMMID:
-      if (h.len != FTAR_COMMID_LEN) {
-        ftar_member_log(m, "malformed COMMID frame from the coordinator");
-        ctl_fail(m, FTAR_ECOORD, "malformed COMMID frame from the coordinator");
-        return;
-      }
-      pthread_mutex_lock(&m->mu);
-      if (h.epoch >= m->cid_ep) {
-        m->cid_ep = h.epoch;
-        memcpy(m->cid, m->ctl_buf, FTAR_COMMID_LEN);
-        atomic_fetch_add(&m->gen, 1);
-        pthread_cond_broadcast(&m->cv);
-      }
-      pthread_mutex_unlock(&m->mu);
-      ftar_wake_fd(m->wake[1]);
-      break;
-    default: { /* BYE, REJECT */
-      char reason[FTAR_REASON_MAX + 1];
-      memcpy(reason, m->ctl_buf, h.len);
-      reason[h.len] = 0;
-      for (char *c = reason; *c; c++)
-        if ((unsigned char)*c < 32) *c = '?';
-      snprintf(msg, sizeof msg, "removed by the coordinator: %s", reason);
-      ftar_member_log(m, "%s", msg);
-      ctl_fail(m, FTAR_EEVICTED, msg);
-      return;
-    }
-    }
+    if (ctl_on_frame(m, &h)) return;
   }
 }
 

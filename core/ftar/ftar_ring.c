@@ -181,6 +181,18 @@ static int ring_fail(ring *g, const char *fmt, ...) {
   return -1;
 }
 
+/* Our neighbours in run_ep: the upstream sends to us, we send downstream. */
+static const peer *up_peer(const ring *g) {
+  const ftar_member *m = g->m;
+  return &m->run_mem[(m->run_r + m->run_n - 1) % m->run_n];
+}
+static const peer *down_peer(const ring *g) {
+  const ftar_member *m = g->m;
+  return &m->run_mem[(m->run_r + 1) % m->run_n];
+}
+
+/* --- sending --- */
+
 static void update_full(ring *g) {
   if (!g->full && g->rs >= g->nsteps && g->ss >= g->nsteps) g->full = 1;
 }
@@ -244,7 +256,7 @@ static int same_host(const ftar_member *m, const peer *p) { return strcmp(p->hos
 
 static void prep_connect(ring *g) {
   ftar_member *m = g->m;
-  const peer *d = &m->run_mem[(m->run_r + 1) % m->run_n];
+  const peer *d = down_peer(g);
   memset(g->s_extra, 0, sizeof g->s_extra);
   ftw_put64(g->s_extra, m->uid);
   uint16_t flags = 0;
@@ -302,7 +314,7 @@ static int pump_send(ring *g, undo_log *u) {
     ssize_t w;
     if (m->down_shm.active) {
       if ((w = ftar_shm_write(m, iov, niov)) < 0)
-        return ring_fail(g, "shared-memory ring to slot %d is corrupt", m->run_mem[(m->run_r + 1) % m->run_n].slot);
+        return ring_fail(g, "shared-memory ring to slot %d is corrupt", down_peer(g)->slot);
       if (w == 0) return progress;
     } else {
       struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
@@ -311,7 +323,7 @@ static int pump_send(ring *g, undo_log *u) {
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return progress;
-      return ring_fail(g, "send to slot %d: %s", m->run_mem[(m->run_r + 1) % m->run_n].slot, strerror(errno));
+      return ring_fail(g, "send to slot %d: %s", down_peer(g)->slot, strerror(errno));
     }
     progress = 1;
     g->s_off += (size_t)w;
@@ -328,6 +340,8 @@ static int pump_send(ring *g, undo_log *u) {
     }
   }
 }
+
+/* --- receiving --- */
 
 static int expecting(const ring *g) { return g->rs < g->nsteps || g->tok_recv < g->p - 1; }
 
@@ -352,7 +366,7 @@ static size_t expected_len(const ring *g) {
 static int check_rx_header(ring *g) {
   ftar_member *m = g->m;
   ftar_hdr *h = &g->rh;
-  int upslot = m->run_mem[(m->run_r + m->run_n - 1) % m->run_n].slot;
+  int upslot = up_peer(g)->slot;
   char why[200];
   if (ftar_hdr_check(h, (uint32_t)(g->F * 4), why, sizeof why))
     return ring_fail(g, "malformed frame from slot %d: %s", upslot, why);
@@ -389,7 +403,7 @@ static int check_rx_header(ring *g) {
  * block, -1 on EOF or error (g->why). */
 static ssize_t up_recv(ring *g, void *dst, size_t cap) {
   ftar_member *m = g->m;
-  int upslot = m->run_mem[(m->run_r + m->run_n - 1) % m->run_n].slot;
+  int upslot = up_peer(g)->slot;
   if (m->up_shm.active) {
     ssize_t k = ftar_shm_read(m, dst, cap);
     if (k < 0) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
@@ -407,161 +421,208 @@ static ssize_t up_recv(ring *g, void *dst, size_t cap) {
   return ring_fail(g, "receive from slot %d: %s", upslot, strerror(errno));
 }
 
-static int pump_recv(ring *g, undo_log *u) {
+/* What one receive phase did (or RX_FAIL = -1, g->why set). */
+enum {
+  RX_FAIL = -1,
+  RX_BLOCKED = 0,  /* nothing more to read now: pump_recv returns */
+  RX_PROGRESS = 1, /* bytes moved: go on */
+  RX_FRAME = 2,    /* a frame completed: go on (progress was already counted) */
+};
+
+/* The header in g->rhb is the next frame's: decode and check it. */
+static int accept_header(ring *g) {
+  ftar_hdr_decode(g->rhb, &g->rh);
+  if (check_rx_header(g)) return RX_FAIL;
+  g->r_have = 1;
+  g->r_got = 0;
+  g->r_crc = 0;
+  if (!g->started) g->started = 1;
+  return RX_PROGRESS;
+}
+
+/* Shared memory: headers are copied out (40 bytes, maybe across the wrap). */
+static int recv_header_shm(ring *g) {
   ftar_member *m = g->m;
-  int progress = 0, shm = m->up_shm.active, bad = 0;
-  int upslot = m->run_mem[(m->run_r + m->run_n - 1) % m->run_n].slot;
+  size_t n;
+  int bad = 0;
+  ftar_shm_peek(m, &n, &bad);
+  uint64_t avail = bad ? 0 : atomic_load(&m->up_shm.h->head) - m->up_shm.pos;
+  if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", up_peer(g)->slot);
+  if (avail < FTAR_HDR) {
+    if (m->up_eof) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
+    return RX_BLOCKED;
+  }
+  if (ftar_shm_read(m, g->rhb, FTAR_HDR) != FTAR_HDR)
+    return ring_fail(g, "shared-memory ring from slot %d is corrupt", up_peer(g)->slot);
+  m->st.bytes_recv += FTAR_HDR;
+  return accept_header(g);
+}
+
+/* TCP, a big frame next and rx empty: header and payload in one recvmsg,
+ * the payload straight to where check_rx_header will put it. */
+static int recv_header_direct(ring *g) {
+  ftar_member *m = g->m;
+  struct iovec iov[2] = {{g->rhb, FTAR_HDR}, {expected_dst(g), expected_len(g)}};
+  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+  ssize_t k = recvmsg(m->up_fd, &mh, 0);
+  if (k == 0) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
+  if (k < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return RX_BLOCKED;
+    return ring_fail(g, "receive from slot %d: %s", up_peer(g)->slot, strerror(errno));
+  }
+  m->st.bytes_recv += (uint64_t)k;
+  if (k < FTAR_HDR) { /* a partial header: finish it through rx */
+    memcpy(m->rx, g->rhb, (size_t)k);
+    m->rx_head = 0;
+    m->rx_tail = (size_t)k;
+    return RX_PROGRESS;
+  }
+  if (accept_header(g) == RX_FAIL) return RX_FAIL;
+  g->r_got = (size_t)k - FTAR_HDR;
+  return RX_PROGRESS;
+}
+
+/* TCP, less than a header in rx: read more into rx. */
+static int fill_rx(ring *g) {
+  ftar_member *m = g->m;
+  size_t have = m->rx_tail - m->rx_head;
+  if (m->rx_head > 0) {
+    memmove(m->rx, m->rx + m->rx_head, have);
+    m->rx_head = 0;
+    m->rx_tail = have;
+  }
+  /* before a big payload read just the header, so the payload goes
+   * straight to its place instead of through rx */
+  size_t want = RX_CAP - m->rx_tail;
+  if (expected_len(g) >= RX_CAP / 2) want = FTAR_HDR - have;
+  ssize_t k = up_recv(g, m->rx + m->rx_tail, want);
+  if (k < 0) return RX_FAIL;
+  if (k == 0) return RX_BLOCKED;
+  m->rx_tail += (size_t)k;
+  return RX_PROGRESS;
+}
+
+static int recv_header_tcp(ring *g) {
+  ftar_member *m = g->m;
+  size_t have = m->rx_tail - m->rx_head;
+  if (have == 0 && expected_len(g) >= RX_CAP / 2) return recv_header_direct(g);
+  if (have < FTAR_HDR) return fill_rx(g);
+  memcpy(g->rhb, m->rx + m->rx_head, FTAR_HDR);
+  m->rx_head += FTAR_HDR;
+  return accept_header(g);
+}
+
+/* The frame being received: a reduce-scatter DATA frame (added into buf)? */
+static int rx_reducing(const ring *g) { return g->rh.type == FT_DATA && g->rs < g->p - 1; }
+
+/* Its segment (*c) and offset in buf (0 for a token). */
+static size_t rx_offset(const ring *g, int *c) {
+  *c = g->rh.type == FT_DATA ? recv_seg(g, g->rs) : 0;
+  return g->rh.type == FT_DATA ? seg_off_p(g->n, g->p, *c) + g->rj * g->F : 0;
+}
+
+/* Shared memory: the payload in place from the ring, verify-and-add or
+ * verify-and-copy in one pass. */
+static int recv_payload_shm(ring *g, undo_log *u) {
+  ftar_member *m = g->m;
+  int c, bad = 0;
+  size_t off = rx_offset(g, &c), need = g->rh.len - g->r_got, k;
+  const uint8_t *src = ftar_shm_peek(m, &k, &bad);
+  if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", up_peer(g)->slot);
+  if (k > need) k = need;
+  k &= ~(size_t)3; /* whole floats; offsets in the ring are multiples of 4 */
+  if (k == 0) {
+    if (m->up_eof) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
+    return RX_BLOCKED;
+  }
+  if (rx_reducing(g)) {
+    size_t f0 = off + g->r_got / 4;
+    g->r_crc = tr_crc32c_reduce(g->r_crc, g->buf + f0, m->in_copy + f0, (const float *)(const void *)src, k / 4);
+    u->copied[c] += k / 4;
+  } else {
+    g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
+  }
+  ftar_shm_consume(m, k);
+  m->st.bytes_recv += k;
+  g->r_got += k;
+  return RX_PROGRESS;
+}
+
+/* TCP: the payload from rx, or read: big payloads straight to their
+ * place, small ones through rx so that one recv() brings several frames. */
+static int recv_payload_tcp(ring *g) {
+  ftar_member *m = g->m;
+  size_t have = m->rx_tail - m->rx_head, need = g->rh.len - g->r_got;
+  if (have > 0) {
+    size_t k = have < need ? have : need;
+    memcpy(g->r_dst + g->r_got, m->rx + m->rx_head, k);
+    m->rx_head += k;
+    g->r_got += k;
+    return RX_PROGRESS;
+  }
+  m->rx_head = m->rx_tail = 0;
+  int direct = need >= RX_CAP / 2;
+  ssize_t k = direct ? up_recv(g, g->r_dst + g->r_got, need) : up_recv(g, m->rx, RX_CAP);
+  if (k < 0) return RX_FAIL;
+  if (k == 0) return RX_BLOCKED;
+  if (direct) g->r_got += (size_t)k;
+  else m->rx_tail = (size_t)k;
+  return RX_PROGRESS;
+}
+
+/* A whole frame: reduce (TCP: from stage) and verify; a bad frame aborts
+ * the collective and the undo log restores what was touched. */
+static int finish_frame(ring *g, undo_log *u) {
+  ftar_member *m = g->m;
+  int c;
+  size_t off = rx_offset(g, &c);
+  uint32_t pcrc;
+  if (m->up_shm.active) {
+    pcrc = g->r_crc;
+  } else if (rx_reducing(g)) {
+    size_t len = g->rh.len / 4;
+    pcrc = tr_crc32c_reduce(0, g->buf + off, m->in_copy + off, m->stage, len);
+    u->copied[c] += len;
+  } else {
+    pcrc = g->rh.len ? tr_crc32c(0, g->r_dst, g->rh.len) : 0;
+  }
+  if (ftar_frame_crc_finish(pcrc, g->rhb) != g->rh.crc)
+    return ring_fail(g, "bad checksum on %s frame %u from slot %d", ftar_type_name(g->rh.type), g->rh.index,
+                     up_peer(g)->slot);
+  g->r_have = 0;
+  if (g->rh.type == FT_TOKEN) {
+    g->tok_recv++;
+  } else {
+    g->ridx++;
+    g->rj++;
+    skip_recv(g);
+  }
+  update_full(g);
+  return RX_FRAME;
+}
+
+/* Receives what the upstream sent, frame by frame: header, payload, check.
+ * Returns 1 on progress, 0 if blocked, -1 on failure (g->why). */
+static int pump_recv(ring *g, undo_log *u) {
+  int progress = 0, shm = g->m->up_shm.active;
   while (expecting(g)) {
-    size_t have = m->rx_tail - m->rx_head;
-    if (!g->r_have) {
-      if (shm) { /* headers are copied out (40 bytes, maybe across the wrap) */
-        size_t n;
-        ftar_shm_peek(m, &n, &bad);
-        uint64_t avail = bad ? 0 : atomic_load(&m->up_shm.h->head) - m->up_shm.pos;
-        if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
-        if (avail < FTAR_HDR) {
-          if (m->up_eof) return ring_fail(g, "slot %d closed the link", upslot);
-          return progress;
-        }
-        if (ftar_shm_read(m, g->rhb, FTAR_HDR) != FTAR_HDR) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
-        m->st.bytes_recv += FTAR_HDR;
-      } else {
-        size_t elen = expected_len(g);
-        if (have == 0 && elen >= RX_CAP / 2) {
-          /* a big frame is next and rx is empty: header and payload in one
-           * recvmsg, the payload straight to where check_rx_header will put it */
-          struct iovec iov[2] = {{g->rhb, FTAR_HDR}, {expected_dst(g), elen}};
-          struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-          ssize_t k = recvmsg(m->up_fd, &mh, 0);
-          if (k == 0) return ring_fail(g, "slot %d closed the link", upslot);
-          if (k < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return progress;
-            return ring_fail(g, "receive from slot %d: %s", upslot, strerror(errno));
-          }
-          m->st.bytes_recv += (uint64_t)k;
-          progress = 1;
-          if (k < FTAR_HDR) { /* a partial header: finish it through rx */
-            memcpy(m->rx, g->rhb, (size_t)k);
-            m->rx_head = 0;
-            m->rx_tail = (size_t)k;
-            continue;
-          }
-          ftar_hdr_decode(g->rhb, &g->rh);
-          if (check_rx_header(g)) return -1;
-          g->r_have = 1;
-          g->r_got = (size_t)k - FTAR_HDR;
-          g->r_crc = 0;
-          g->started = 1;
-          continue;
-        }
-        if (have < FTAR_HDR) {
-          if (m->rx_head > 0) {
-            memmove(m->rx, m->rx + m->rx_head, have);
-            m->rx_head = 0;
-            m->rx_tail = have;
-          }
-          /* before a big payload read just the header, so the payload goes
-           * straight to its place instead of through rx */
-          size_t want = RX_CAP - m->rx_tail;
-          if (expected_len(g) >= RX_CAP / 2) want = FTAR_HDR - have;
-          ssize_t k = up_recv(g, m->rx + m->rx_tail, want);
-          if (k < 0) return -1;
-          if (k == 0) return progress;
-          m->rx_tail += (size_t)k;
-          progress = 1;
-          continue;
-        }
-        memcpy(g->rhb, m->rx + m->rx_head, FTAR_HDR);
-        m->rx_head += FTAR_HDR;
-      }
-      ftar_hdr_decode(g->rhb, &g->rh);
-      if (check_rx_header(g)) return -1;
-      g->r_have = 1;
-      g->r_got = 0;
-      g->r_crc = 0;
-      if (!g->started) g->started = 1;
-      progress = 1;
-      have = m->rx_tail - m->rx_head;
-    }
-    int rs_frame = g->rh.type == FT_DATA && g->rs < g->p - 1;
-    int c = g->rh.type == FT_DATA ? recv_seg(g, g->rs) : 0;
-    size_t off = g->rh.type == FT_DATA ? seg_off_p(g->n, g->p, c) + g->rj * g->F : 0;
-    size_t need = g->rh.len - g->r_got;
-    if (need > 0 && shm) { /* in place from the ring: verify-and-add or verify-and-copy in one pass */
-      size_t k;
-      const uint8_t *src = ftar_shm_peek(m, &k, &bad);
-      if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
-      if (k > need) k = need;
-      k &= ~(size_t)3; /* whole floats; offsets in the ring are multiples of 4 */
-      if (k == 0) {
-        if (m->up_eof) return ring_fail(g, "slot %d closed the link", upslot);
-        return progress;
-      }
-      if (rs_frame) {
-        size_t f0 = off + g->r_got / 4;
-        g->r_crc = tr_crc32c_reduce(g->r_crc, g->buf + f0, m->in_copy + f0, (const float *)(const void *)src, k / 4);
-        u->copied[c] += k / 4;
-      } else {
-        g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
-      }
-      ftar_shm_consume(m, k);
-      m->st.bytes_recv += k;
-      g->r_got += k;
-      progress = 1;
-      continue;
-    }
-    if (need > 0) {
-      if (have > 0) {
-        size_t k = have < need ? have : need;
-        memcpy(g->r_dst + g->r_got, m->rx + m->rx_head, k);
-        m->rx_head += k;
-        g->r_got += k;
-        progress = 1;
-        continue;
-      }
-      m->rx_head = m->rx_tail = 0;
-      /* big payloads go straight to their place; small ones through rx so
-       * that one recv() brings several frames */
-      int direct = need >= RX_CAP / 2;
-      ssize_t k = direct ? up_recv(g, g->r_dst + g->r_got, need) : up_recv(g, m->rx, RX_CAP);
-      if (k < 0) return -1;
-      if (k == 0) return progress;
-      if (direct) g->r_got += (size_t)k;
-      else m->rx_tail = (size_t)k;
-      progress = 1;
-      continue;
-    }
-    /* a whole frame: reduce (TCP: from stage) and verify; a bad frame aborts
-     * the collective and the undo log restores what was touched */
-    uint32_t pcrc;
-    if (shm) {
-      pcrc = g->r_crc;
-    } else if (rs_frame) {
-      size_t len = g->rh.len / 4;
-      pcrc = tr_crc32c_reduce(0, g->buf + off, m->in_copy + off, m->stage, len);
-      u->copied[c] += len;
-    } else {
-      pcrc = g->rh.len ? tr_crc32c(0, g->r_dst, g->rh.len) : 0;
-    }
-    if (ftar_frame_crc_finish(pcrc, g->rhb) != g->rh.crc)
-      return ring_fail(g, "bad checksum on %s frame %u from slot %d", ftar_type_name(g->rh.type), g->rh.index, upslot);
-    g->r_have = 0;
-    if (g->rh.type == FT_TOKEN) {
-      g->tok_recv++;
-    } else {
-      g->ridx++;
-      g->rj++;
-      skip_recv(g);
-    }
-    update_full(g);
+    int r;
+    if (!g->r_have) r = shm ? recv_header_shm(g) : recv_header_tcp(g);
+    else if (g->r_got < g->rh.len) r = shm ? recv_payload_shm(g, u) : recv_payload_tcp(g);
+    else r = finish_frame(g, u);
+    if (r == RX_FAIL) return -1;
+    if (r == RX_BLOCKED) return progress;
+    if (r == RX_PROGRESS) progress = 1;
   }
   return progress;
 }
 
+/* --- the downstream link, doorbells, control --- */
+
 /* Starts the link to our downstream for run_ep. */
 static int down_start(ring *g) {
   ftar_member *m = g->m;
-  const peer *d = &m->run_mem[(m->run_r + 1) % m->run_n];
+  const peer *d = down_peer(g);
   int fd;
   if (ftar_connect_to(d->host, d->port, m->o.sockbuf, 0, &fd))
     return ring_fail(g, "connect to slot %d: %s", d->slot, tr_error());
@@ -575,7 +636,7 @@ static int down_finish_connect(ring *g) {
   int err = 0;
   socklen_t el = sizeof err;
   getsockopt(m->down_fd, SOL_SOCKET, SO_ERROR, &err, &el);
-  if (err) return ring_fail(g, "connect to slot %d: %s", m->run_mem[(m->run_r + 1) % m->run_n].slot, strerror(err));
+  if (err) return ring_fail(g, "connect to slot %d: %s", down_peer(g)->slot, strerror(err));
   m->down_state = DOWN_HELLO;
   return 0;
 }
@@ -583,7 +644,7 @@ static int down_finish_connect(ring *g) {
 /* The receiver's answer to CONNECT: 'S' use the ring, 'T' use TCP. */
 static int down_read_ack(ring *g) {
   ftar_member *m = g->m;
-  int slot = m->run_mem[(m->run_r + 1) % m->run_n].slot;
+  int slot = down_peer(g)->slot;
   char a;
   ssize_t k = recv(m->down_fd, &a, 1, MSG_DONTWAIT);
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
@@ -666,11 +727,10 @@ static int ctl_check(ring *g, unsigned *gen_seen) {
   return 0;
 }
 
-/* Runs one collective in run_ep. R_DONE, R_ABORT (links closed, g->why,
- * g->full tells whether buf holds the full result), R_FATAL (timeout or
- * control link down). */
-static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, ftar_op op, uint64_t seq,
-                    double t_end, int *timed_out) {
+/* --- one attempt --- */
+
+/* A fresh ring for collective seq in run_ep, and an empty undo log. */
+static void ring_init(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, ftar_op op, uint64_t seq) {
   memset(g, 0, sizeof *g);
   g->m = m;
   g->buf = buf;
@@ -688,6 +748,138 @@ static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, 
   u->p = g->p;
   u->n = n;
   memset(u->copied, 0, sizeof u->copied);
+}
+
+/* Sends and receives what the links take now: 1 on progress, 0 if
+ * blocked, -1 on failure (g->why). */
+static int ring_pump(ring *g, undo_log *u) {
+  ftar_member *m = g->m;
+  int pr = 0, r;
+  if (m->down_state != DOWN_CONNECTING) {
+    if ((r = pump_send(g, u)) < 0) return -1;
+    pr |= r;
+  }
+  if (m->up_fd >= 0) {
+    if ((r = pump_recv(g, u)) < 0) return -1;
+    pr |= r;
+    if (pr) { /* receiving may have unblocked sends */
+      if (m->down_state != DOWN_CONNECTING && (r = pump_send(g, u)) < 0) return -1;
+    }
+  }
+  return pr;
+}
+
+/* Every member holds the full result: the last token went around. */
+static int ring_done(const ring *g) {
+  return g->full && g->tok_recv == g->p - 1 && g->tok_sent == g->p - 1 && !g->s_busy;
+}
+
+/* No progress: 1 (g->why set) if a started collective stalled past the
+ * deadline or the call's time is up (*timed_out). */
+static int ring_expired(ring *g, double now, double t_end, int *timed_out) {
+  ftar_member *m = g->m;
+  if (g->started && now - g->t_progress > m->deadline) {
+    ring_fail(g, "no progress for %.2f s (peer stalled)", now - g->t_progress);
+    return 1;
+  }
+  if (now > t_end) {
+    ring_fail(g, "timed out after %.1f s waiting for peers", m->o.timeout);
+    *timed_out = 1;
+    return 1;
+  }
+  return 0;
+}
+
+/* The descriptors one wait watches, and where each is in pf. */
+typedef struct {
+  struct pollfd pf[4 + PENDING_MAX];
+  int np, i_up, i_down, i_lis, i_pend0;
+} ring_pollset;
+
+static void pollset_build(const ring *g, ring_pollset *ps) {
+  const ftar_member *m = g->m;
+  struct pollfd *pf = ps->pf;
+  int np = 0;
+  ps->i_up = ps->i_down = -1;
+  pf[np++] = (struct pollfd){.fd = m->wake[0], .events = POLLIN};
+  ps->i_lis = np;
+  pf[np++] = (struct pollfd){.fd = m->lfd, .events = POLLIN};
+  if (m->up_fd >= 0 && expecting(g) && !m->up_eof) { /* data, or with a ring: doorbells and EOF */
+    ps->i_up = np;
+    pf[np++] = (struct pollfd){.fd = m->up_fd, .events = POLLIN};
+  }
+  if (m->down_fd >= 0 && !m->down_eof) {
+    short ev = 0;
+    if (m->down_state == DOWN_CONNECTING) ev = POLLOUT;
+    else if (m->down_state == DOWN_ACK) ev = POLLIN;
+    else if (m->down_shm.active) ev = send_pending(g) ? POLLIN : 0;
+    else if (want_send(g)) ev = POLLOUT;
+    if (ev) {
+      ps->i_down = np;
+      pf[np++] = (struct pollfd){.fd = m->down_fd, .events = ev};
+    }
+  }
+  ps->i_pend0 = np;
+  for (int i = 0; i < m->npend; i++)
+    if (!m->pend[i].complete) pf[np++] = (struct pollfd){.fd = m->pend[i].fd, .events = POLLIN};
+  ps->np = np;
+}
+
+/* The downstream link is readable or writable: finish the connect, read
+ * the answer to CONNECT, or (shared memory) drain doorbells and see EOF. */
+static int down_event(ring *g) {
+  ftar_member *m = g->m;
+  if (m->down_state == DOWN_CONNECTING) return down_finish_connect(g);
+  if (m->down_state == DOWN_ACK) return down_read_ack(g);
+  if (m->down_shm.active) {
+    int slot = down_peer(g)->slot;
+    if (doorbell_drain(m->down_fd, &m->down_eof) < 0 || (m->down_eof && send_pending(g)))
+      return ring_fail(g, "slot %d closed the link", slot);
+  }
+  return 0;
+}
+
+/* Handles what poll reported. 0, or -1 (g->why) to abort. */
+static int pollset_handle(ring *g, const ring_pollset *ps) {
+  ftar_member *m = g->m;
+  const struct pollfd *pf = ps->pf;
+  if (pf[0].revents) ftar_drain_fd(m->wake[0]);
+  if (pf[ps->i_lis].revents) ftar_port_accept(m);
+  if (ps->np > ps->i_pend0) ftar_port_read(m);
+  if (ps->i_down >= 0 && pf[ps->i_down].revents && down_event(g)) return -1;
+  if (ps->i_up >= 0 && pf[ps->i_up].revents && m->up_shm.active) {
+    int slot = up_peer(g)->slot;
+    if (doorbell_drain(m->up_fd, &m->up_eof) < 0)
+      return ring_fail(g, "receive from slot %d: %s", slot, strerror(errno));
+    /* on EOF, up_recv fails once the ring is empty: data sent before
+     * the close is still delivered */
+  }
+  return 0;
+}
+
+/* Nothing moved: poll without sleeping while the last progress is recent
+ * (spin), else arm the shared-memory doorbells and sleep up to POLL_MS;
+ * then handle what woke us. 0, or -1 (g->why) to abort. */
+static int ring_wait(ring *g, double now, double spin) {
+  ftar_member *m = g->m;
+  ring_pollset ps;
+  pollset_build(g, &ps);
+  int spinning = now - g->t_progress < spin;
+  if (!spinning && shm_arm(g)) return 0; /* progress became possible while arming */
+  int rc = poll(ps.pf, (nfds_t)ps.np, spinning ? 0 : POLL_MS);
+  shm_disarm(m);
+  if (rc == 0 && spinning) sched_yield(); /* let a runnable peer have the core */
+  if (rc < 0 && errno != EINTR) return ring_fail(g, "poll: %s", strerror(errno));
+  if (rc <= 0) return 0;
+  return pollset_handle(g, &ps);
+}
+
+/* Runs one collective in run_ep. R_DONE, R_ABORT (links closed, g->why,
+ * g->full tells whether buf holds the full result), R_FATAL (timeout or
+ * control link down). */
+static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, ftar_op op, uint64_t seq,
+                    double t_end, int *timed_out) {
+  ring_init(m, g, u, buf, n, op, seq);
   *timed_out = 0;
   unsigned gen_seen = atomic_load(&m->gen) - 1; /* check once at the start */
   g->t_progress = tr_now();
@@ -700,90 +892,13 @@ static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, 
      * the last token of a member that finished and left) is consumed first */
     if (!stopping && ctl_check(g, &gen_seen)) stopping = 1;
     ftar_port_match(m);
-    int pr = 0, r;
-    if (m->down_state != DOWN_CONNECTING) {
-      if ((r = pump_send(g, u)) < 0) goto abort;
-      pr |= r;
-    }
-    if (m->up_fd >= 0) {
-      if ((r = pump_recv(g, u)) < 0) goto abort;
-      pr |= r;
-      if (pr) { /* receiving may have unblocked sends */
-        if (m->down_state != DOWN_CONNECTING && (r = pump_send(g, u)) < 0) goto abort;
-      }
-    }
+    int pr = ring_pump(g, u);
+    if (pr < 0) goto abort;
     double now = tr_now();
     if (pr) g->t_progress = now;
-    if (g->full && g->tok_recv == g->p - 1 && g->tok_sent == g->p - 1 && !g->s_busy) return R_DONE;
+    if (ring_done(g)) return R_DONE;
     if (pr) continue;
-    if (stopping) goto abort;
-    if (g->started && now - g->t_progress > m->deadline) {
-      ring_fail(g, "no progress for %.2f s (peer stalled)", now - g->t_progress);
-      goto abort;
-    }
-    if (now > t_end) {
-      ring_fail(g, "timed out after %.1f s waiting for peers", m->o.timeout);
-      *timed_out = 1;
-      goto abort;
-    }
-    struct pollfd pf[4 + PENDING_MAX];
-    int np = 0, i_up = -1, i_down = -1, i_lis, i_pend0;
-    pf[np++] = (struct pollfd){.fd = m->wake[0], .events = POLLIN};
-    i_lis = np;
-    pf[np++] = (struct pollfd){.fd = m->lfd, .events = POLLIN};
-    if (m->up_fd >= 0 && expecting(g) && !m->up_eof) { /* data, or with a ring: doorbells and EOF */
-      i_up = np;
-      pf[np++] = (struct pollfd){.fd = m->up_fd, .events = POLLIN};
-    }
-    if (m->down_fd >= 0 && !m->down_eof) {
-      short ev = 0;
-      if (m->down_state == DOWN_CONNECTING) ev = POLLOUT;
-      else if (m->down_state == DOWN_ACK) ev = POLLIN;
-      else if (m->down_shm.active) ev = send_pending(g) ? POLLIN : 0;
-      else if (want_send(g)) ev = POLLOUT;
-      if (ev) {
-        i_down = np;
-        pf[np++] = (struct pollfd){.fd = m->down_fd, .events = ev};
-      }
-    }
-    i_pend0 = np;
-    for (int i = 0; i < m->npend; i++)
-      if (!m->pend[i].complete) pf[np++] = (struct pollfd){.fd = m->pend[i].fd, .events = POLLIN};
-    int spinning = now - g->t_progress < spin;
-    if (!spinning && shm_arm(g)) continue; /* progress became possible while arming */
-    int rc = poll(pf, (nfds_t)np, spinning ? 0 : POLL_MS);
-    shm_disarm(m);
-    if (rc == 0 && spinning) sched_yield(); /* let a runnable peer have the core */
-    if (rc < 0 && errno != EINTR) {
-      ring_fail(g, "poll: %s", strerror(errno));
-      goto abort;
-    }
-    if (rc <= 0) continue;
-    if (pf[0].revents) ftar_drain_fd(m->wake[0]);
-    if (pf[i_lis].revents) ftar_port_accept(m);
-    if (np > i_pend0) ftar_port_read(m);
-    if (i_down >= 0 && pf[i_down].revents) {
-      if (m->down_state == DOWN_CONNECTING) {
-        if (down_finish_connect(g)) goto abort;
-      } else if (m->down_state == DOWN_ACK) {
-        if (down_read_ack(g)) goto abort;
-      } else if (m->down_shm.active) {
-        int slot = m->run_mem[(m->run_r + 1) % m->run_n].slot;
-        if (doorbell_drain(m->down_fd, &m->down_eof) < 0 || (m->down_eof && send_pending(g))) {
-          ring_fail(g, "slot %d closed the link", slot);
-          goto abort;
-        }
-      }
-    }
-    if (i_up >= 0 && pf[i_up].revents && m->up_shm.active) {
-      int slot = m->run_mem[(m->run_r + m->run_n - 1) % m->run_n].slot;
-      if (doorbell_drain(m->up_fd, &m->up_eof) < 0) {
-        ring_fail(g, "receive from slot %d: %s", slot, strerror(errno));
-        goto abort;
-      }
-      /* on EOF, up_recv fails once the ring is empty: data sent before
-       * the close is still delivered */
-    }
+    if (stopping || ring_expired(g, now, t_end, timed_out) || ring_wait(g, now, spin) < 0) goto abort;
   }
 abort:
   ftar_links_close(m);
