@@ -173,7 +173,8 @@ static ftar_member *member_alloc(int slot, const ftar_member_opts *o) {
 
 /* The data host and the data plane's receive and staging buffers. */
 static int member_buffers(ftar_member *m) {
-  if (strlen(m->o.data_host) > FTAR_HOST_MAX) return tr_fail(TR_EINVAL, "ftar: data host '%s' too long", m->o.data_host);
+  if (strlen(m->o.data_host) > FTAR_HOST_MAX)
+    return tr_fail(TR_EINVAL, "ftar: data host '%s' too long", m->o.data_host);
   snprintf(m->data_host, sizeof m->data_host, "%s", m->o.data_host);
   m->rx = malloc(RX_CAP);
   m->stage = malloc(m->chunk * sizeof(float));

@@ -361,7 +361,6 @@ static size_t expected_len(const ring *g) {
   return (len > g->F ? g->F : len) * sizeof(float);
 }
 
-
 /* Validates the header just read against what the ring expects next. */
 static int check_rx_header(ring *g) {
   ftar_member *m = g->m;
