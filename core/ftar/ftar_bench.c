@@ -184,14 +184,28 @@ static void read_control(rank_opts *ro, char *line, size_t *len, size_t cap) {
   }
 }
 
-static int rank_run(rank_opts *ro) {
-  if (ro->bind) { /* like mpirun --bind-to core: one core per rank, round robin */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET((int)(ro->slot % (cpus > 0 ? cpus : 1)), &set);
-    sched_setaffinity(0, sizeof set, &set);
-  }
+/* A rank's running state, from joining to ftar-done. */
+typedef struct {
+  ftar_member *m;
+  float *buf;
+  double t_start; /* when it began to join (--max-sec counts from here) */
+  uint64_t seq;   /* the next collective's */
+  int tail_seen, stop, fail;
+  char ctl[256]; /* --control-stdin: a partial line */
+  size_t ctl_len;
+} rank_state;
+
+static void rank_bind(int slot) { /* like mpirun --bind-to core: one core per rank, round robin */
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET((int)(slot % (cpus > 0 ? cpus : 1)), &set);
+  sched_setaffinity(0, sizeof set, &set);
+}
+
+/* Creates the member (retrying while the slot is still in use) and prints
+ * ftar-ready. 0, or the exit status (printed). */
+static int rank_join(rank_opts *ro, rank_state *rs) {
   ftar_member_opts mo;
   ftar_member_opts_default(&mo);
   mo.timeout = ro->timeout;
@@ -210,13 +224,11 @@ static int rank_run(rank_opts *ro) {
   }
   memcpy(host, ro->coord, (size_t)(colon - ro->coord));
   host[colon - ro->coord] = 0;
-
-  ftar_member *m = NULL;
-  double t_start = tr_now();
-  while (!m) { /* a replacement may race the coordinator noticing the old one's death */
-    m = ftar_member_create(host, port, ro->slot, &mo);
-    if (!m) {
-      if (strstr(tr_error(), "in use") && tr_now() - t_start < ro->timeout) {
+  rs->t_start = tr_now();
+  while (!rs->m) { /* a replacement may race the coordinator noticing the old one's death */
+    rs->m = ftar_member_create(host, port, ro->slot, &mo);
+    if (!rs->m) {
+      if (strstr(tr_error(), "in use") && tr_now() - rs->t_start < ro->timeout) {
         usleep(20000);
         continue;
       }
@@ -224,103 +236,120 @@ static int rank_run(rank_opts *ro) {
       return 1;
     }
   }
-  printf("ftar-ready slot=%d port=%d pid=%d\n", ro->slot, ftar_member_data_port(m), (int)getpid());
-  int rc = 0, fail = 0;
-  float *buf = NULL;
-  if (ro->wait > 1 && (rc = ftar_member_wait(m, ro->wait, ro->timeout))) {
-    printf("ftar-error slot=%d seq=0 rc=%d msg=%s\n", ro->slot, rc, tr_error());
-    fail = 1;
-    goto done;
+  printf("ftar-ready slot=%d port=%d pid=%d\n", ro->slot, ftar_member_data_port(rs->m), (int)getpid());
+  return 0;
+}
+
+/* Before a collective: 1 if the rank must stop (signal, --max-sec, or the
+ * --until-seq a controlling test sent). */
+static int rank_should_stop(rank_opts *ro, rank_state *rs) {
+  if (stop_flag || (ro->max_sec > 0 && tr_now() - rs->t_start > ro->max_sec)) return 1;
+  if (ro->control_stdin) read_control(ro, rs->ctl, &rs->ctl_len, sizeof rs->ctl);
+  return ro->until_seq > 0 && rs->seq > ro->until_seq;
+}
+
+/* --verify: 1 if buf holds exactly the sum (mean) over the contributors;
+ * else prints the first mismatch and marks the rank failed. */
+static int rank_verify(const rank_opts *ro, rank_state *rs, size_t n, const ftar_result *res) {
+  size_t at = 0;
+  float got = 0, want = 0;
+  long bad = verify(rs->buf, n, res, ro->op, ro->static_pattern, &at, &got, &want);
+  if (!bad) return 1;
+  rs->fail = 1;
+  fprintf(stderr, "ftar-bench rank %d: seq %llu: %ld of %zu elements wrong, first [%zu] = %g, want %g\n", ro->slot,
+          (unsigned long long)res->seq, bad, n, at, (double)got, (double)want);
+  return 0;
+}
+
+static void print_result(const rank_opts *ro, size_t n, int rc, const ftar_result *res, int ok, double t0, double t1) {
+  char sl[FTAR_MAX_MEMBERS * 8];
+  size_t off = 0;
+  sl[0] = 0;
+  for (int k = 0; k < res->contributors && off + 12 < sizeof sl; k++)
+    off += (size_t)snprintf(sl + off, sizeof sl - off, "%s%d", k ? "," : "", res->slots[k]);
+  printf("ftar-result slot=%d seq=%llu count=%zu rc=%d epoch=%llu contrib=%d redos=%d slots=%s ok=%d "
+         "t0=%.6f t1=%.6f\n",
+         ro->slot, (unsigned long long)res->seq, n, rc, (unsigned long long)res->epoch, res->contributors, res->redos,
+         sl, ok, t0, t1);
+}
+
+/* One all-reduce of n floats, checked and printed. -1 if it failed
+ * (printed; the rank stops). */
+static int rank_collective(rank_opts *ro, rank_state *rs, size_t n, ftar_result *res, double *t0, double *t1) {
+  if (ro->verify) fill(rs->buf, n, ro->slot, rs->seq, ro->static_pattern);
+  *t0 = tr_now();
+  int rc = ftar_allreduce(rs->m, rs->buf, n, ro->op, rs->seq, res);
+  *t1 = tr_now();
+  if (rc < 0) {
+    printf("ftar-error slot=%d seq=%llu rc=%d msg=%s\n", ro->slot, (unsigned long long)rs->seq, rc, tr_error());
+    rs->fail = 1;
+    return -1;
   }
+  int ok = ro->verify ? rank_verify(ro, rs, n, res) : 1;
+  if (!ro->quiet) print_result(ro, n, rc, res, ok, *t0, *t1);
+  return 0;
+}
+
+/* After a collective: the next seq, and whether a --until-* goal is met. */
+static void rank_advance(const rank_opts *ro, rank_state *rs, const ftar_result *res) {
+  rs->seq = res->seq + 1;
+  int has_slot = 0;
+  for (int k = 0; k < res->contributors; k++) has_slot |= res->slots[k] == ro->until_slot;
+  if (ro->until_contrib > 0 && res->contributors >= ro->until_contrib && ++rs->tail_seen >= ro->tail) rs->stop = 1;
+  if (ro->until_slot >= 0 && has_slot && ++rs->tail_seen >= ro->tail) rs->stop = 1;
+  if (ro->until_seq > 0 && res->seq >= ro->until_seq) rs->stop = 1;
+}
+
+/* warmup + iters collectives of n floats; with --quiet, ftar-time. */
+static void rank_size(rank_opts *ro, rank_state *rs, size_t n) {
+  int iters = ro->iters > 0 ? ro->iters : auto_iters(n * 4);
+  int total = ro->warmup + iters;
+  double t_first = 0, t_last = 0;
+  if (!ro->verify) fill(rs->buf, n, ro->slot, rs->seq, ro->static_pattern);
+  for (int it = 0; it < total; it++) {
+    ftar_result res;
+    double t0, t1;
+    if (rank_should_stop(ro, rs) || rank_collective(ro, rs, n, &res, &t0, &t1)) {
+      rs->stop = 1;
+      break;
+    }
+    if (it == ro->warmup) t_first = t0;
+    t_last = t1;
+    rank_advance(ro, rs, &res);
+    if (rs->stop) break;
+  }
+  if (ro->quiet && t_last > t_first && t_first > 0)
+    printf("ftar-time slot=%d count=%zu iters=%d sec=%.9f\n", ro->slot, n, iters, t_last - t_first);
+}
+
+static int rank_run(rank_opts *ro) {
+  if (ro->bind) rank_bind(ro->slot);
+  rank_state rs = {.seq = ro->seq0};
+  int rc = rank_join(ro, &rs);
+  if (rc) return rc;
   uint64_t maxc = 1;
   for (int i = 0; i < ro->ncounts; i++)
     if (ro->counts[i] > maxc) maxc = ro->counts[i];
-  buf = malloc(maxc * sizeof(float));
-  if (!buf) {
+  if (ro->wait > 1 && (rc = ftar_member_wait(rs.m, ro->wait, ro->timeout))) {
+    printf("ftar-error slot=%d seq=0 rc=%d msg=%s\n", ro->slot, rc, tr_error());
+    rs.fail = 1;
+  } else if (!(rs.buf = malloc(maxc * sizeof(float)))) {
     printf("ftar-error slot=%d seq=0 rc=-1 msg=out of memory\n", ro->slot);
-    fail = 1;
-    goto done;
+    rs.fail = 1;
+  } else {
+    do {
+      for (int ci = 0; ci < ro->ncounts && !rs.stop; ci++) rank_size(ro, &rs, (size_t)ro->counts[ci]);
+    } while (!rs.stop && ro->loop);
   }
-  uint64_t seq = ro->seq0;
-  int tail_seen = 0, stop = 0;
-  char ctl[256];
-  size_t ctl_len = 0;
-  while (!stop) {
-    for (int ci = 0; ci < ro->ncounts && !stop; ci++) {
-      size_t n = (size_t)ro->counts[ci];
-      int iters = ro->iters > 0 ? ro->iters : auto_iters(n * 4);
-      int total = ro->warmup + iters;
-      double t_first = 0, t_last = 0;
-      if (!ro->verify) fill(buf, n, ro->slot, seq, ro->static_pattern);
-      for (int it = 0; it < total; it++) {
-        if (stop_flag || (ro->max_sec > 0 && tr_now() - t_start > ro->max_sec)) {
-          stop = 1;
-          break;
-        }
-        if (ro->control_stdin) read_control(ro, ctl, &ctl_len, sizeof ctl);
-        if (ro->until_seq > 0 && seq > ro->until_seq) {
-          stop = 1;
-          break;
-        }
-        if (ro->verify) fill(buf, n, ro->slot, seq, ro->static_pattern);
-        ftar_result res;
-        double t0 = tr_now();
-        rc = ftar_allreduce(m, buf, n, ro->op, seq, &res);
-        double t1 = tr_now();
-        if (rc < 0) {
-          printf("ftar-error slot=%d seq=%llu rc=%d msg=%s\n", ro->slot, (unsigned long long)seq, rc, tr_error());
-          fail = 1;
-          stop = 1;
-          break;
-        }
-        int ok = 1;
-        if (ro->verify) {
-          size_t at = 0;
-          float got = 0, want = 0;
-          long bad = verify(buf, n, &res, ro->op, ro->static_pattern, &at, &got, &want);
-          if (bad) {
-            ok = 0;
-            fail = 1;
-            fprintf(stderr, "ftar-bench rank %d: seq %llu: %ld of %zu elements wrong, first [%zu] = %g, want %g\n",
-                    ro->slot, (unsigned long long)res.seq, bad, n, at, (double)got, (double)want);
-          }
-        }
-        if (!ro->quiet) {
-          char sl[FTAR_MAX_MEMBERS * 8];
-          size_t off = 0;
-          sl[0] = 0;
-          for (int k = 0; k < res.contributors && off + 12 < sizeof sl; k++)
-            off += (size_t)snprintf(sl + off, sizeof sl - off, "%s%d", k ? "," : "", res.slots[k]);
-          printf("ftar-result slot=%d seq=%llu count=%zu rc=%d epoch=%llu contrib=%d redos=%d slots=%s ok=%d "
-                 "t0=%.6f t1=%.6f\n",
-                 ro->slot, (unsigned long long)res.seq, n, rc, (unsigned long long)res.epoch, res.contributors,
-                 res.redos, sl, ok, t0, t1);
-        }
-        if (it == ro->warmup) t_first = t0;
-        t_last = t1;
-        seq = res.seq + 1;
-        int has_slot = 0;
-        for (int k = 0; k < res.contributors; k++) has_slot |= res.slots[k] == ro->until_slot;
-        if (ro->until_contrib > 0 && res.contributors >= ro->until_contrib && ++tail_seen >= ro->tail) stop = 1;
-        if (ro->until_slot >= 0 && has_slot && ++tail_seen >= ro->tail) stop = 1;
-        if (ro->until_seq > 0 && res.seq >= ro->until_seq) stop = 1;
-        if (stop) break;
-      }
-      if (ro->quiet && t_last > t_first && t_first > 0)
-        printf("ftar-time slot=%d count=%zu iters=%d sec=%.9f\n", ro->slot, n, iters, t_last - t_first);
-    }
-    if (!ro->loop) break;
-  }
-done:;
   ftar_stats st;
-  ftar_member_stats(m, &st);
+  ftar_member_stats(rs.m, &st);
   printf("ftar-done slot=%d collectives=%llu redos=%llu epochs=%llu rejected=%llu shm_links=%llu tcp_links=%llu\n",
          ro->slot, (unsigned long long)st.collectives, (unsigned long long)st.redos, (unsigned long long)st.epochs,
          (unsigned long long)st.conns_rejected, (unsigned long long)st.links_shm, (unsigned long long)st.links_tcp);
   fflush(stdout);
-  free(buf);
-  ftar_member_free(m);
-  return fail ? 1 : 0;
+  free(rs.buf);
+  ftar_member_free(rs.m);
+  return rs.fail ? 1 : 0;
 }
 
 /* --- child processes --- */
@@ -452,6 +481,94 @@ typedef struct {
   int nsizes;
 } sweep_opts;
 
+/* The command line of sweep rank r (argv points into bufs). */
+static void sweep_rank_argv(const sweep_opts *so, const char *coordaddr, char *sizes, int r, char **argv,
+                            char bufs[][64]) {
+  int k = 0, b = 0;
+  common_rank_args(argv, &k, bufs, &b, coordaddr, r);
+  argv[k++] = "--counts";
+  argv[k++] = sizes;
+  argv[k++] = "--wait";
+  snprintf(bufs[b], 64, "%d", so->ranks);
+  argv[k++] = bufs[b++];
+  argv[k++] = "--warmup";
+  snprintf(bufs[b], 64, "%d", so->warmup);
+  argv[k++] = bufs[b++];
+  argv[k++] = "--iters";
+  snprintf(bufs[b], 64, "%d", so->iters);
+  argv[k++] = so->iters > 0 ? bufs[b++] : "auto";
+  argv[k++] = "--op";
+  argv[k++] = so->op == FTAR_MEAN ? "mean" : "sum";
+  if (so->chunk) {
+    argv[k++] = "--chunk";
+    snprintf(bufs[b], 64, "%llu", (unsigned long long)so->chunk);
+    argv[k++] = bufs[b++];
+  }
+  if (so->sockbuf >= 0) {
+    argv[k++] = "--sockbuf";
+    snprintf(bufs[b], 64, "%lld", (long long)so->sockbuf);
+    argv[k++] = bufs[b++];
+  }
+  argv[k++] = "--spin";
+  snprintf(bufs[b], 64, "%d", so->spin_us);
+  argv[k++] = bufs[b++];
+  argv[k++] = "--quiet";
+  if (so->verify) argv[k++] = "--verify";
+  if (so->bind) argv[k++] = "--bind";
+  if (so->no_shm) argv[k++] = "--tcp";
+  argv[k] = NULL;
+}
+
+/* Spawns every rank. 0, or 1 (printed) with the ones started killed and
+ * reaped. */
+static int sweep_spawn(const sweep_opts *so, const char *coordaddr, char *sizes, child *cs) {
+  char bufs[16][64];
+  for (int r = 0; r < so->ranks; r++) {
+    char *argv[40];
+    sweep_rank_argv(so, coordaddr, sizes, r, argv, bufs);
+    cs[r].slot = r;
+    cs[r].fd = -1;
+    if (spawn_rank(&cs[r], argv)) {
+      fprintf(stderr, "ftar-bench: %s\n", tr_error());
+      for (int i = 0; i < r; i++) kill(cs[i].pid, SIGTERM);
+      reap(cs, r);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* The table (and ftar-bw lines): per size, the slowest rank's time. 1 if
+ * a size has no time. */
+static int sweep_report(const sweep_opts *so, const sweep_state *st) {
+  int rc = 0;
+  printf("ftar-bench: %d ranks on 127.0.0.1 | op %s | max frame %llu B | sockbuf %lld | deadline %.2f s | %s%s\n",
+         so->ranks, so->op == FTAR_MEAN ? "mean" : "sum", (unsigned long long)(so->chunk ? so->chunk : 256 * 1024),
+         (long long)(so->sockbuf >= 0 ? so->sockbuf : 4 << 20), so->deadline,
+         so->bind ? "ranks pinned one per core" : "ranks not pinned", so->verify ? " | verified" : "");
+  printf("%12s %12s %7s %12s %12s %12s\n", "size", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+  for (int i = 0; i < so->nsizes; i++) {
+    double worst = 0;
+    for (int r = 0; r < so->ranks; r++)
+      if (st->sec[i][r] > worst) worst = st->sec[i][r];
+    char h[32];
+    if (worst <= 0 || st->iters[i] <= 0) {
+      printf("%12s %12llu %7s %12s %12s %12s\n", human(so->sizes[i], h, sizeof h),
+             (unsigned long long)(so->sizes[i] / 4), "-", "failed", "-", "-");
+      rc = 1;
+      continue;
+    }
+    double t = worst / st->iters[i];
+    double alg = (double)so->sizes[i] / t / 1e9, bus = alg * 2.0 * (so->ranks - 1) / so->ranks;
+    printf("%12s %12llu %7d %12.1f %12.3f %12.3f\n", human(so->sizes[i], h, sizeof h),
+           (unsigned long long)(so->sizes[i] / 4), st->iters[i], t * 1e6, alg, bus);
+    printf("ftar-bw ranks=%d bytes=%llu iters=%d us=%.3f algbw=%.4f busbw=%.4f\n", so->ranks,
+           (unsigned long long)so->sizes[i], st->iters[i], t * 1e6, alg, bus);
+  }
+  fflush(stdout);
+  return rc;
+}
+
 static int run_sweep(const sweep_opts *so) {
   ftar_coord_opts co;
   ftar_coord_opts_default(&co);
@@ -461,7 +578,7 @@ static int run_sweep(const sweep_opts *so) {
     fprintf(stderr, "ftar-bench: %s\n", tr_error());
     return 1;
   }
-  char coordaddr[64], sizes[1024], bufs[16][64];
+  char coordaddr[64], sizes[1024];
   snprintf(coordaddr, sizeof coordaddr, "127.0.0.1:%d", ftar_coord_port(coord));
   size_t off = 0;
   for (int i = 0; i < so->nsizes; i++)
@@ -474,84 +591,19 @@ static int run_sweep(const sweep_opts *so) {
   memcpy(st.sizes, so->sizes, sizeof st.sizes);
   child cs[MAX_RANKS];
   memset(cs, 0, sizeof cs);
-  int rc = 0;
-  for (int r = 0; r < so->ranks; r++) {
-    char *argv[40];
-    int k = 0, b = 0;
-    common_rank_args(argv, &k, bufs, &b, coordaddr, r);
-    argv[k++] = "--counts";
-    argv[k++] = sizes;
-    argv[k++] = "--wait";
-    snprintf(bufs[b], 64, "%d", so->ranks);
-    argv[k++] = bufs[b++];
-    argv[k++] = "--warmup";
-    snprintf(bufs[b], 64, "%d", so->warmup);
-    argv[k++] = bufs[b++];
-    argv[k++] = "--iters";
-    snprintf(bufs[b], 64, "%d", so->iters);
-    argv[k++] = so->iters > 0 ? bufs[b++] : "auto";
-    argv[k++] = "--op";
-    argv[k++] = so->op == FTAR_MEAN ? "mean" : "sum";
-    if (so->chunk) {
-      argv[k++] = "--chunk";
-      snprintf(bufs[b], 64, "%llu", (unsigned long long)so->chunk);
-      argv[k++] = bufs[b++];
-    }
-    if (so->sockbuf >= 0) {
-      argv[k++] = "--sockbuf";
-      snprintf(bufs[b], 64, "%lld", (long long)so->sockbuf);
-      argv[k++] = bufs[b++];
-    }
-    argv[k++] = "--spin";
-    snprintf(bufs[b], 64, "%d", so->spin_us);
-    argv[k++] = bufs[b++];
-    argv[k++] = "--quiet";
-    if (so->verify) argv[k++] = "--verify";
-    if (so->bind) argv[k++] = "--bind";
-    if (so->no_shm) argv[k++] = "--tcp";
-    argv[k] = NULL;
-    cs[r].slot = r;
-    cs[r].fd = -1;
-    if (spawn_rank(&cs[r], argv)) {
-      fprintf(stderr, "ftar-bench: %s\n", tr_error());
-      rc = 1;
-      for (int i = 0; i < r; i++) kill(cs[i].pid, SIGTERM);
-      reap(cs, r);
-      ftar_coord_free(coord);
-      return rc;
-    }
+  if (sweep_spawn(so, coordaddr, sizes, cs)) {
+    ftar_coord_free(coord);
+    return 1;
   }
   while (pump_children(cs, so->ranks, 200, sweep_line, &st) > 0) {
   }
   reap(cs, so->ranks);
   ftar_coord_free(coord);
+  int rc = 0;
   for (int r = 0; r < so->ranks; r++)
     if (!WIFEXITED(cs[r].status) || WEXITSTATUS(cs[r].status) != 0) rc = 1;
   if (st.errors) rc = 1;
-  printf("ftar-bench: %d ranks on 127.0.0.1 | op %s | max frame %llu B | sockbuf %lld | deadline %.2f s | %s%s\n",
-         so->ranks, so->op == FTAR_MEAN ? "mean" : "sum", (unsigned long long)(so->chunk ? so->chunk : 256 * 1024),
-         (long long)(so->sockbuf >= 0 ? so->sockbuf : 4 << 20), so->deadline,
-         so->bind ? "ranks pinned one per core" : "ranks not pinned", so->verify ? " | verified" : "");
-  printf("%12s %12s %7s %12s %12s %12s\n", "size", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
-  for (int i = 0; i < so->nsizes; i++) {
-    double worst = 0;
-    for (int r = 0; r < so->ranks; r++)
-      if (st.sec[i][r] > worst) worst = st.sec[i][r];
-    char h[32];
-    if (worst <= 0 || st.iters[i] <= 0) {
-      printf("%12s %12llu %7s %12s %12s %12s\n", human(so->sizes[i], h, sizeof h),
-             (unsigned long long)(so->sizes[i] / 4), "-", "failed", "-", "-");
-      rc = 1;
-      continue;
-    }
-    double t = worst / st.iters[i];
-    double alg = (double)so->sizes[i] / t / 1e9, bus = alg * 2.0 * (so->ranks - 1) / so->ranks;
-    printf("%12s %12llu %7d %12.1f %12.3f %12.3f\n", human(so->sizes[i], h, sizeof h),
-           (unsigned long long)(so->sizes[i] / 4), st.iters[i], t * 1e6, alg, bus);
-    printf("ftar-bw ranks=%d bytes=%llu iters=%d us=%.3f algbw=%.4f busbw=%.4f\n", so->ranks,
-           (unsigned long long)so->sizes[i], st.iters[i], t * 1e6, alg, bus);
-  }
-  fflush(stdout);
+  if (sweep_report(so, &st)) rc = 1;
   return rc;
 }
 
@@ -594,109 +646,140 @@ static void rec_line(void *ud, child *c, const char *line) {
   }
 }
 
-static int run_recovery(int ranks, uint64_t count, double deadline, int use_stop, int trials, uint64_t chunk,
-                        int64_t sockbuf) {
-  int rc = 0;
-  double ms[16];
-  if (trials > 16) trials = 16;
-  srand((unsigned)time(NULL));
-  for (int trial = 0; trial < trials; trial++) {
-    ftar_coord_opts co;
-    ftar_coord_opts_default(&co);
-    co.deadline = deadline;
-    ftar_coord *coord = ftar_coord_start("127.0.0.1", 0, &co);
-    if (!coord) {
+typedef struct {
+  int ranks, use_stop, trials;
+  uint64_t count, chunk;
+  double deadline;
+  int64_t sockbuf;
+} rec_opts;
+
+/* Spawns the ranks of one trial; *spawned counts those started. 0, or 1
+ * (printed). */
+static int rec_spawn(const rec_opts *ro, const char *coordaddr, child *cs, int *spawned) {
+  char bufs[16][64];
+  for (int r = 0; r < ro->ranks; r++) {
+    char *argv[40];
+    int k = 0, b = 0;
+    common_rank_args(argv, &k, bufs, &b, coordaddr, r);
+    argv[k++] = "--counts";
+    snprintf(bufs[b], 64, "%llu", (unsigned long long)ro->count);
+    argv[k++] = bufs[b++];
+    argv[k++] = "--wait";
+    snprintf(bufs[b], 64, "%d", ro->ranks);
+    argv[k++] = bufs[b++];
+    argv[k++] = "--iters";
+    argv[k++] = "1000000";
+    argv[k++] = "--max-sec";
+    argv[k++] = "60";
+    argv[k++] = "--verify";
+    if (ro->chunk) {
+      argv[k++] = "--chunk";
+      snprintf(bufs[b], 64, "%llu", (unsigned long long)ro->chunk);
+      argv[k++] = bufs[b++];
+    }
+    if (ro->sockbuf >= 0) {
+      argv[k++] = "--sockbuf";
+      snprintf(bufs[b], 64, "%lld", (long long)ro->sockbuf);
+      argv[k++] = bufs[b++];
+    }
+    argv[k] = NULL;
+    cs[r].slot = r;
+    if (spawn_rank(&cs[r], argv)) {
       fprintf(stderr, "ftar-bench: %s\n", tr_error());
       return 1;
     }
-    char coordaddr[64], bufs[16][64];
-    snprintf(coordaddr, sizeof coordaddr, "127.0.0.1:%d", ftar_coord_port(coord));
-    child cs[MAX_RANKS];
-    memset(cs, 0, sizeof cs);
-    rec_state st;
-    memset(&st, 0, sizeof st);
-    st.nranks = ranks;
-    st.victim = ranks - 1;
-    int spawned = 0;
-    for (int r = 0; r < ranks; r++) {
-      char *argv[40];
-      int k = 0, b = 0;
-      common_rank_args(argv, &k, bufs, &b, coordaddr, r);
-      argv[k++] = "--counts";
-      snprintf(bufs[b], 64, "%llu", (unsigned long long)count);
-      argv[k++] = bufs[b++];
-      argv[k++] = "--wait";
-      snprintf(bufs[b], 64, "%d", ranks);
-      argv[k++] = bufs[b++];
-      argv[k++] = "--iters";
-      argv[k++] = "1000000";
-      argv[k++] = "--max-sec";
-      argv[k++] = "60";
-      argv[k++] = "--verify";
-      if (chunk) {
-        argv[k++] = "--chunk";
-        snprintf(bufs[b], 64, "%llu", (unsigned long long)chunk);
-        argv[k++] = bufs[b++];
-      }
-      if (sockbuf >= 0) {
-        argv[k++] = "--sockbuf";
-        snprintf(bufs[b], 64, "%lld", (long long)sockbuf);
-        argv[k++] = bufs[b++];
-      }
-      argv[k] = NULL;
-      cs[r].slot = r;
-      if (spawn_rank(&cs[r], argv)) {
-        fprintf(stderr, "ftar-bench: %s\n", tr_error());
-        rc = 1;
-        break;
-      }
-      spawned++;
+    (*spawned)++;
+  }
+  return 0;
+}
+
+/* Waits (up to 30 s) until every rank has done two collectives. */
+static void rec_wait_ready(const rec_opts *ro, child *cs, int spawned, rec_state *st) {
+  double t_lim = tr_now() + 30;
+  while (tr_now() < t_lim) {
+    pump_children(cs, spawned, 100, rec_line, st);
+    int ready = 1;
+    for (int r = 0; r < ro->ranks; r++) ready &= st->results[r] >= 2;
+    if (ready) break;
+  }
+}
+
+/* Signals the victim at a random point of a collective and waits for the
+ * survivors' redo; prints the trial's line. 0 with *ms (the slowest
+ * survivor, from the signal), or 1. */
+static int rec_strike(const rec_opts *ro, int trial, child *cs, int spawned, rec_state *st, double *ms) {
+  const char *sig = ro->use_stop ? "stop" : "kill";
+  double avg = st->dur_sum / st->dur_n;
+  usleep((useconds_t)(avg * (0.2 + 0.6 * rand() / (double)RAND_MAX) * 1e6));
+  st->t_sig = tr_now();
+  kill(cs[st->victim].pid, ro->use_stop ? SIGSTOP : SIGKILL);
+  double t_lim = st->t_sig + ro->deadline + 10;
+  for (;;) {
+    pump_children(cs, spawned, 50, rec_line, st);
+    int all = 1;
+    for (int r = 0; r < ro->ranks; r++)
+      if (r != st->victim) all &= st->done_at[r] > 0;
+    if (all || tr_now() > t_lim) break;
+  }
+  double worst = 0;
+  int got = 1;
+  for (int r = 0; r < ro->ranks; r++)
+    if (r != st->victim) {
+      if (st->done_at[r] == 0) got = 0;
+      else if (st->done_at[r] - st->t_sig > worst) worst = st->done_at[r] - st->t_sig;
     }
-    double t_lim = tr_now() + 30;
-    while (rc == 0 && tr_now() < t_lim) { /* everyone has done two collectives */
-      pump_children(cs, spawned, 100, rec_line, &st);
-      int ready = 1;
-      for (int r = 0; r < ranks; r++) ready &= st.results[r] >= 2;
-      if (ready) break;
-    }
-    if (rc == 0 && st.dur_n > 0) {
-      double avg = st.dur_sum / st.dur_n;
-      usleep((useconds_t)(avg * (0.2 + 0.6 * rand() / (double)RAND_MAX) * 1e6));
-      st.t_sig = tr_now();
-      kill(cs[st.victim].pid, use_stop ? SIGSTOP : SIGKILL);
-      t_lim = st.t_sig + deadline + 10;
-      for (;;) {
-        pump_children(cs, spawned, 50, rec_line, &st);
-        int all = 1;
-        for (int r = 0; r < ranks; r++)
-          if (r != st.victim) all &= st.done_at[r] > 0;
-        if (all || tr_now() > t_lim) break;
-      }
-      double worst = 0;
-      int got = 1;
-      for (int r = 0; r < ranks; r++)
-        if (r != st.victim) {
-          if (st.done_at[r] == 0) got = 0;
-          else if (st.done_at[r] - st.t_sig > worst) worst = st.done_at[r] - st.t_sig;
-        }
-      if (!got || st.bad) {
-        printf("ftar-recovery trial=%d signal=%s failed (%s)\n", trial + 1, use_stop ? "stop" : "kill",
-               got ? "wrong results" : "no redo in time");
-        rc = 1;
-      } else {
-        ms[trial] = worst * 1e3;
-        printf("ftar-recovery trial=%d signal=%s ranks=%d bytes=%llu deadline=%.2f ms=%.1f redos=%d contrib=%d\n",
-               trial + 1, use_stop ? "stop" : "kill", ranks, (unsigned long long)count * 4, deadline, worst * 1e3,
-               st.redos[0], st.contrib[0]);
-      }
-    } else if (rc == 0) {
-      printf("ftar-recovery trial=%d failed (ranks did not start)\n", trial + 1);
-      rc = 1;
-    }
-    for (int r = 0; r < spawned; r++) kill(cs[r].pid, SIGKILL);
-    reap(cs, spawned);
-    ftar_coord_free(coord);
-    fflush(stdout);
+  if (!got || st->bad) {
+    printf("ftar-recovery trial=%d signal=%s failed (%s)\n", trial + 1, sig, got ? "wrong results" : "no redo in time");
+    return 1;
+  }
+  *ms = worst * 1e3;
+  printf("ftar-recovery trial=%d signal=%s ranks=%d bytes=%llu deadline=%.2f ms=%.1f redos=%d contrib=%d\n",
+         trial + 1, sig, ro->ranks, (unsigned long long)ro->count * 4, ro->deadline, worst * 1e3, st->redos[0],
+         st->contrib[0]);
+  return 0;
+}
+
+/* One trial: a coordinator, the ranks, the signal, the redo. 0 with *ms,
+ * or 1 (printed). */
+static int rec_trial(const rec_opts *ro, int trial, double *ms) {
+  ftar_coord_opts co;
+  ftar_coord_opts_default(&co);
+  co.deadline = ro->deadline;
+  ftar_coord *coord = ftar_coord_start("127.0.0.1", 0, &co);
+  if (!coord) {
+    fprintf(stderr, "ftar-bench: %s\n", tr_error());
+    return 1;
+  }
+  char coordaddr[64];
+  snprintf(coordaddr, sizeof coordaddr, "127.0.0.1:%d", ftar_coord_port(coord));
+  child cs[MAX_RANKS];
+  memset(cs, 0, sizeof cs);
+  rec_state st;
+  memset(&st, 0, sizeof st);
+  st.nranks = ro->ranks;
+  st.victim = ro->ranks - 1;
+  int spawned = 0;
+  int rc = rec_spawn(ro, coordaddr, cs, &spawned);
+  if (rc == 0) rec_wait_ready(ro, cs, spawned, &st);
+  if (rc == 0 && st.dur_n > 0) {
+    rc = rec_strike(ro, trial, cs, spawned, &st, ms);
+  } else if (rc == 0) {
+    printf("ftar-recovery trial=%d failed (ranks did not start)\n", trial + 1);
+    rc = 1;
+  }
+  for (int r = 0; r < spawned; r++) kill(cs[r].pid, SIGKILL);
+  reap(cs, spawned);
+  ftar_coord_free(coord);
+  fflush(stdout);
+  return rc;
+}
+
+static int run_recovery(const rec_opts *ro) {
+  double ms[16];
+  int trials = ro->trials > 16 ? 16 : ro->trials;
+  srand((unsigned)time(NULL));
+  for (int trial = 0; trial < trials; trial++) {
+    int rc = rec_trial(ro, trial, &ms[trial]);
     if (rc) return rc;
   }
   /* median */
@@ -709,8 +792,8 @@ static int run_recovery(int ranks, uint64_t count, double deadline, int use_stop
   char h[32];
   printf("recovery (%s, %d ranks, %s all-reduce, deadline %.2f s): survivors completed the redo %.1f ms after the "
          "signal (median of %d; min %.1f, max %.1f)\n",
-         use_stop ? "SIGSTOP" : "kill -9", ranks, human(count * 4, h, sizeof h), deadline, ms[trials / 2], trials,
-         ms[0], ms[trials - 1]);
+         ro->use_stop ? "SIGSTOP" : "kill -9", ro->ranks, human(ro->count * 4, h, sizeof h), ro->deadline,
+         ms[trials / 2], trials, ms[0], ms[trials - 1]);
   return 0;
 }
 
@@ -765,6 +848,158 @@ static const char usage[] =
     "the survivors finished the redo. coord and rank are the building blocks (tests use them); ranks\n"
     "print machine-readable ftar-ready/ftar-result/ftar-time/ftar-error/ftar-done lines.\n";
 
+/* Everything the command line sets, for every mode. */
+typedef struct {
+  rank_opts ro;
+  sweep_opts so;
+  const char *host;
+  int port, ranks, use_stop, trials;
+  double deadline, heartbeat;
+  uint64_t count;
+} bench_args;
+
+static void args_default(bench_args *a) {
+  *a = (bench_args){
+      .ro = {.slot = -1, .until_slot = -1, .spin_us = -1, .wait = 1, .min_members = 1, .iters = 1, .timeout = 60,
+             .sockbuf = -1, .seq0 = 1, .tail = 1},
+      .so = {.ranks = 2, .warmup = 2, .iters = 0, .deadline = 3, .sockbuf = -1, .spin_us = -1, .bind = -1},
+      .host = "127.0.0.1",
+      .ranks = -1,
+      .trials = 3,
+      .deadline = -1,
+      .count = 4 << 20,
+  };
+  uint64_t dsizes[] = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
+  memcpy(a->so.sizes, dsizes, sizeof dsizes);
+  a->so.nsizes = 5;
+}
+
+/* An option without a value: 1 if name is one (and sets it). */
+static int parse_flag(bench_args *a, const char *name) {
+  rank_opts *ro = &a->ro;
+  sweep_opts *so = &a->so;
+  if (strcmp(name, "--verify") == 0) ro->verify = so->verify = 1;
+  else if (strcmp(name, "--quiet") == 0) ro->quiet = 1;
+  else if (strcmp(name, "--loop") == 0) ro->loop = 1;
+  else if (strcmp(name, "--control-stdin") == 0) ro->control_stdin = 1;
+  else if (strcmp(name, "--bind") == 0) ro->bind = so->bind = 1;
+  else if (strcmp(name, "--no-bind") == 0) ro->bind = so->bind = 0;
+  else if (strcmp(name, "--tcp") == 0) ro->no_shm = so->no_shm = 1;
+  else return 0;
+  return 1;
+}
+
+/* parse_value's second half: the options of rank, coord and recovery. */
+static int parse_value_rank(bench_args *a, const char *n, const char *v, int *bad) {
+  rank_opts *ro = &a->ro;
+  uint64_t u;
+  if (strcmp(n, "--slot") == 0) *bad = parse_u64(v, &u) || u >= (1u << 30) || ((ro->slot = (int)u), 0);
+  else if (strcmp(n, "--wait") == 0) *bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro->wait = (int)u), 0);
+  else if (strcmp(n, "--min-members") == 0)
+    *bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro->min_members = (int)u), 0);
+  else if (strcmp(n, "--seq0") == 0) *bad = parse_u64(v, &ro->seq0);
+  else if (strcmp(n, "--until-contrib") == 0)
+    *bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro->until_contrib = (int)u), 0);
+  else if (strcmp(n, "--until-slot") == 0)
+    *bad = parse_u64(v, &u) || u >= (1u << 30) || ((ro->until_slot = (int)u), 0);
+  else if (strcmp(n, "--until-seq") == 0) *bad = parse_u64(v, &ro->until_seq);
+  else if (strcmp(n, "--tail") == 0) *bad = parse_u64(v, &u) || u < 1 || u > 1000000 || ((ro->tail = (int)u), 0);
+  else if (strcmp(n, "--host") == 0) a->host = v;
+  else if (strcmp(n, "--port") == 0) *bad = parse_u64(v, &u) || u > 65535 || ((a->port = (int)u), 0);
+  else if (strcmp(n, "--count") == 0) *bad = parse_u64(v, &a->count) || a->count == 0;
+  else if (strcmp(n, "--signal") == 0) {
+    if (strcmp(v, "kill") == 0) a->use_stop = 0;
+    else if (strcmp(v, "stop") == 0) a->use_stop = 1;
+    else *bad = 1;
+  } else if (strcmp(n, "--trials") == 0) *bad = parse_u64(v, &u) || u < 1 || u > 16 || ((a->trials = (int)u), 0);
+  else return 0;
+  return 1;
+}
+
+/* An option with value v: 0 if name is none, else 1 with *bad set when v
+ * is out of range. */
+static int parse_value(bench_args *a, const char *name, const char *v, int *bad) {
+  rank_opts *ro = &a->ro;
+  sweep_opts *so = &a->so;
+  const char *n = name;
+  uint64_t u;
+  if (strcmp(n, "--ranks") == 0) *bad = parse_u64(v, &u) || u < 1 || u > MAX_RANKS || !(a->ranks = (int)u);
+  else if (strcmp(n, "--sizes") == 0) {
+    int k = parse_list(v, so->sizes, MAX_SIZES);
+    *bad = k <= 0;
+    for (int i = 0; i < k && !*bad; i++) *bad = so->sizes[i] == 0 || so->sizes[i] % 4 != 0;
+    if (!*bad) {
+      so->nsizes = k;
+      ro->ncounts = k;
+      for (int i = 0; i < k; i++) ro->counts[i] = so->sizes[i] / 4;
+    }
+  } else if (strcmp(n, "--counts") == 0) {
+    int k = parse_list(v, ro->counts, MAX_SIZES);
+    *bad = k <= 0;
+    ro->ncounts = k;
+  } else if (strcmp(n, "--iters") == 0) {
+    if (strcmp(v, "auto") == 0) ro->iters = so->iters = 0;
+    else *bad = parse_u64(v, &u) || u < 1 || u > 100000000 || !(ro->iters = so->iters = (int)u);
+  } else if (strcmp(n, "--warmup") == 0) {
+    *bad = parse_u64(v, &u) || u > 1000000;
+    ro->warmup = so->warmup = (int)u;
+  } else if (strcmp(n, "--op") == 0) {
+    if (strcmp(v, "sum") == 0) ro->op = so->op = FTAR_SUM;
+    else if (strcmp(v, "mean") == 0) ro->op = so->op = FTAR_MEAN;
+    else *bad = 1;
+  } else if (strcmp(n, "--pattern") == 0) {
+    if (strcmp(v, "seq") == 0) ro->static_pattern = 0;
+    else if (strcmp(v, "static") == 0) ro->static_pattern = 1;
+    else *bad = 1;
+  } else if (strcmp(n, "--deadline") == 0) *bad = parse_double(v, &a->deadline);
+  else if (strcmp(n, "--heartbeat") == 0) *bad = parse_double(v, &a->heartbeat);
+  else if (strcmp(n, "--timeout") == 0) *bad = parse_double(v, &ro->timeout) || ro->timeout <= 0;
+  else if (strcmp(n, "--max-sec") == 0) *bad = parse_double(v, &ro->max_sec);
+  else if (strcmp(n, "--chunk") == 0) *bad = parse_u64(v, &u) || u < 64 || !(ro->chunk = so->chunk = u);
+  else if (strcmp(n, "--sockbuf") == 0) {
+    *bad = parse_u64(v, &u) || u > (1u << 30);
+    ro->sockbuf = so->sockbuf = (int64_t)u;
+  } else if (strcmp(n, "--coord") == 0) ro->coord = v;
+  else if (strcmp(n, "--spin") == 0) {
+    long sv = strtol(v, NULL, 10);
+    *bad = sv < -1 || sv > 1000000;
+    ro->spin_us = so->spin_us = (int)sv;
+  } else return parse_value_rank(a, n, v, bad);
+  return 1;
+}
+
+/* Runs the mode with the options parsed. */
+static int run_mode(const char *mode, bench_args *a) {
+  if (strcmp(mode, "rank") == 0) {
+    if (!a->ro.coord || a->ro.slot < 0 || a->ro.ncounts == 0) {
+      fprintf(stderr, "transom ftar-bench rank: --coord, --slot and --counts (or --sizes) are required\n");
+      return 2;
+    }
+    a->ro.deadline = a->deadline > 0 ? a->deadline : 0;
+    return rank_run(&a->ro);
+  }
+  if (strcmp(mode, "coord") == 0) return run_coord(a->host, a->port, a->deadline > 0 ? a->deadline : 3, a->heartbeat);
+  if (strcmp(mode, "recovery") == 0) {
+    rec_opts ro = {.ranks = a->ranks > 0 ? a->ranks : 3,
+                   .use_stop = a->use_stop,
+                   .trials = a->trials,
+                   .count = a->count,
+                   .chunk = a->so.chunk,
+                   .deadline = a->deadline > 0 ? a->deadline : 1,
+                   .sockbuf = a->so.sockbuf};
+    return run_recovery(&ro);
+  }
+  if (strcmp(mode, "sweep") == 0) {
+    sweep_opts *so = &a->so;
+    so->ranks = a->ranks > 0 ? a->ranks : 2;
+    if (a->deadline > 0) so->deadline = a->deadline;
+    if (so->bind < 0) so->bind = so->ranks <= sysconf(_SC_NPROCESSORS_ONLN); /* mpirun's default policy */
+    return run_sweep(so);
+  }
+  fprintf(stderr, "transom ftar-bench: unknown mode '%s' (see --help)\n", mode);
+  return 2;
+}
+
 int ftar_bench_main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   signal(SIGTERM, on_term);
@@ -775,124 +1010,26 @@ int ftar_bench_main(int argc, char **argv) {
     mode = argv[0];
     i = 1;
   }
-  rank_opts ro = {.slot = -1, .until_slot = -1, .spin_us = -1, .wait = 1, .min_members = 1, .iters = 1, .timeout = 60, .sockbuf = -1, .seq0 = 1,
-                  .tail = 1};
-  sweep_opts so = {.ranks = 2, .warmup = 2, .iters = 0, .deadline = 3, .sockbuf = -1, .spin_us = -1, .bind = -1};
-  uint64_t dsizes[] = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
-  memcpy(so.sizes, dsizes, sizeof dsizes);
-  so.nsizes = 5;
-  const char *host = "127.0.0.1";
-  int port = 0, ranks = -1, use_stop = 0, trials = 3;
-  double deadline = -1, heartbeat = 0;
-  uint64_t count = 4 << 20;
+  bench_args a;
+  args_default(&a);
   for (; i < argc; i++) {
-    const char *a = argv[i];
+    const char *name = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    uint64_t u;
-    int bad = 0;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
       fputs(usage, stdout);
       return 0;
-    } else if (strcmp(a, "--verify") == 0) ro.verify = so.verify = 1;
-    else if (strcmp(a, "--quiet") == 0) ro.quiet = 1;
-    else if (strcmp(a, "--loop") == 0) ro.loop = 1;
-    else if (strcmp(a, "--control-stdin") == 0) ro.control_stdin = 1;
-    else if (strcmp(a, "--bind") == 0) ro.bind = so.bind = 1;
-    else if (strcmp(a, "--no-bind") == 0) ro.bind = so.bind = 0;
-    else if (strcmp(a, "--tcp") == 0) ro.no_shm = so.no_shm = 1;
-    else if (!v) bad = 1;
-    else if (strcmp(a, "--ranks") == 0) bad = parse_u64(v, &u) || u < 1 || u > MAX_RANKS || !(ranks = (int)u);
-    else if (strcmp(a, "--sizes") == 0) {
-      int n = parse_list(v, so.sizes, MAX_SIZES);
-      bad = n <= 0;
-      for (int k = 0; k < n && !bad; k++) bad = so.sizes[k] == 0 || so.sizes[k] % 4 != 0;
-      if (!bad) {
-        so.nsizes = n;
-        ro.ncounts = n;
-        for (int k = 0; k < n; k++) ro.counts[k] = so.sizes[k] / 4;
-      }
-    } else if (strcmp(a, "--counts") == 0) {
-      int n = parse_list(v, ro.counts, MAX_SIZES);
-      bad = n <= 0;
-      ro.ncounts = n;
-    } else if (strcmp(a, "--iters") == 0) {
-      if (strcmp(v, "auto") == 0) ro.iters = so.iters = 0;
-      else bad = parse_u64(v, &u) || u < 1 || u > 100000000 || !(ro.iters = so.iters = (int)u);
-    } else if (strcmp(a, "--warmup") == 0) {
-      bad = parse_u64(v, &u) || u > 1000000;
-      ro.warmup = so.warmup = (int)u;
-    } else if (strcmp(a, "--op") == 0) {
-      if (strcmp(v, "sum") == 0) ro.op = so.op = FTAR_SUM;
-      else if (strcmp(v, "mean") == 0) ro.op = so.op = FTAR_MEAN;
-      else bad = 1;
-    } else if (strcmp(a, "--pattern") == 0) {
-      if (strcmp(v, "seq") == 0) ro.static_pattern = 0;
-      else if (strcmp(v, "static") == 0) ro.static_pattern = 1;
-      else bad = 1;
-    } else if (strcmp(a, "--deadline") == 0) bad = parse_double(v, &deadline);
-    else if (strcmp(a, "--heartbeat") == 0) bad = parse_double(v, &heartbeat);
-    else if (strcmp(a, "--timeout") == 0) bad = parse_double(v, &ro.timeout) || ro.timeout <= 0;
-    else if (strcmp(a, "--max-sec") == 0) bad = parse_double(v, &ro.max_sec);
-    else if (strcmp(a, "--chunk") == 0) bad = parse_u64(v, &u) || u < 64 || !(ro.chunk = so.chunk = u);
-    else if (strcmp(a, "--sockbuf") == 0) {
-      bad = parse_u64(v, &u) || u > (1u << 30);
-      ro.sockbuf = so.sockbuf = (int64_t)u;
-    } else if (strcmp(a, "--coord") == 0) ro.coord = v;
-    else if (strcmp(a, "--spin") == 0) {
-      long sv = strtol(v, NULL, 10);
-      bad = sv < -1 || sv > 1000000;
-      ro.spin_us = so.spin_us = (int)sv;
     }
-    else if (strcmp(a, "--slot") == 0) bad = parse_u64(v, &u) || u >= (1u << 30) || ((ro.slot = (int)u), 0);
-    else if (strcmp(a, "--wait") == 0) bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro.wait = (int)u), 0);
-    else if (strcmp(a, "--min-members") == 0)
-      bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro.min_members = (int)u), 0);
-    else if (strcmp(a, "--seq0") == 0) bad = parse_u64(v, &ro.seq0);
-    else if (strcmp(a, "--until-contrib") == 0)
-      bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro.until_contrib = (int)u), 0);
-    else if (strcmp(a, "--until-slot") == 0)
-      bad = parse_u64(v, &u) || u >= (1u << 30) || ((ro.until_slot = (int)u), 0);
-    else if (strcmp(a, "--until-seq") == 0) bad = parse_u64(v, &ro.until_seq);
-    else if (strcmp(a, "--tail") == 0) bad = parse_u64(v, &u) || u < 1 || u > 1000000 || ((ro.tail = (int)u), 0);
-    else if (strcmp(a, "--host") == 0) host = v;
-    else if (strcmp(a, "--port") == 0) bad = parse_u64(v, &u) || u > 65535 || ((port = (int)u), 0);
-    else if (strcmp(a, "--count") == 0) bad = parse_u64(v, &count) || count == 0;
-    else if (strcmp(a, "--signal") == 0) {
-      if (strcmp(v, "kill") == 0) use_stop = 0;
-      else if (strcmp(v, "stop") == 0) use_stop = 1;
-      else bad = 1;
-    } else if (strcmp(a, "--trials") == 0) bad = parse_u64(v, &u) || u < 1 || u > 16 || ((trials = (int)u), 0);
-    else {
-      fprintf(stderr, "transom ftar-bench: unknown option '%s' (see --help)\n", a);
+    if (parse_flag(&a, name)) continue;
+    int bad = !v;
+    if (v && !parse_value(&a, name, v, &bad)) {
+      fprintf(stderr, "transom ftar-bench: unknown option '%s' (see --help)\n", name);
       return 2;
     }
     if (bad) {
-      fprintf(stderr, "transom ftar-bench: bad or missing value for %s\n", a);
+      fprintf(stderr, "transom ftar-bench: bad or missing value for %s\n", name);
       return 2;
     }
-    if (v && a[0] == '-' && a[1] == '-' && strcmp(a, "--verify") && strcmp(a, "--quiet") && strcmp(a, "--loop") &&
-        strcmp(a, "--control-stdin") && strcmp(a, "--bind") && strcmp(a, "--no-bind") &&
-        strcmp(a, "--tcp"))
-      i++;
+    i++; /* the value */
   }
-  if (strcmp(mode, "rank") == 0) {
-    if (!ro.coord || ro.slot < 0 || ro.ncounts == 0) {
-      fprintf(stderr, "transom ftar-bench rank: --coord, --slot and --counts (or --sizes) are required\n");
-      return 2;
-    }
-    ro.deadline = deadline > 0 ? deadline : 0;
-    return rank_run(&ro);
-  }
-  if (strcmp(mode, "coord") == 0) return run_coord(host, port, deadline > 0 ? deadline : 3, heartbeat);
-  if (strcmp(mode, "recovery") == 0)
-    return run_recovery(ranks > 0 ? ranks : 3, count, deadline > 0 ? deadline : 1, use_stop, trials, so.chunk,
-                        so.sockbuf);
-  if (strcmp(mode, "sweep") == 0) {
-    so.ranks = ranks > 0 ? ranks : 2;
-    if (deadline > 0) so.deadline = deadline;
-    if (so.bind < 0) so.bind = so.ranks <= sysconf(_SC_NPROCESSORS_ONLN); /* mpirun's default policy */
-    return run_sweep(&so);
-  }
-  fprintf(stderr, "transom ftar-bench: unknown mode '%s' (see --help)\n", mode);
-  return 2;
+  return run_mode(mode, &a);
 }

@@ -25,9 +25,10 @@
  * after a join or a clean leave the collective in flight still finishes in
  * the epoch it started in.
  *
- * Not here: the data plane (ftar.c); any notion of training steps beyond the
- * seq numbers members report. Called by: the standalone driver
- * (ftar_bench.c), later the operator, which embeds it in its own loop.
+ * Not here: the member and its data plane (ftar_member.c and the files it
+ * names); any notion of training steps beyond the seq numbers members
+ * report. Called by: the standalone driver (ftar_bench.c), later the
+ * operator, which embeds it in its own loop.
  * Malformed input (bad magic, oversized length, bad checksum, unexpected
  * frame) closes that connection with a logged reason.
  */

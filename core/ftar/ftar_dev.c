@@ -1,9 +1,9 @@
 /* ftar_dev.c — FTAR on backend ("device") buffers: the communicator data
  * plane (see ftar_allreduce_dev in ftar.h).
  *
- * The control round (SYNC, GO, redo, who returns what) is ftar.c's
- * ftar_collective, unchanged; this file is a data plane for it
- * (ftar_internal.h). Per member it keeps, in the member (freed with it):
+ * The control round (SYNC, GO, redo, who returns what) is
+ * ftar_collective.c's ftar_collective, unchanged; this file is a data plane
+ * for it (ftar_internal.h). Per member it keeps, in the member (freed with it):
  * the backend, the communicator of one epoch, a device copy of the caller's
  * input, one device float for the commit round, and a host buffer for
  * backends without collectives.

@@ -1,11 +1,12 @@
-/* ftar_internal.h — what the FTAR member (ftar.c) lends its device data
- * plane (ftar_dev.c). Internal: not for other modules (tests use the
- * communicator-id hooks).
+/* ftar_internal.h — what the FTAR member lends its device data plane
+ * (ftar_dev.c). Internal: not for other modules (tests use the
+ * communicator-id hooks). The member's own state and the functions its
+ * files share are in ftar_member_internal.h, which ftar_dev.c does not see.
  *
- * ftar.c owns the collective's control round: SYNC, the coordinator's GO
- * (RUN / COMMIT / ESEQ), redo after an abort, the result. The bytes move
- * through a data plane: ftar.c's TCP / shared-memory ring, or ftar_dev.c's
- * per-epoch communicator. A plane only runs one attempt in the member's run
+ * ftar_collective.c owns the collective's control round: SYNC, the
+ * coordinator's GO (RUN / COMMIT / ESEQ), redo after an abort, the result.
+ * The bytes move through a data plane: ftar_ring.c's TCP / shared-memory
+ * ring, or ftar_dev.c's per-epoch communicator. A plane only runs one attempt in the member's run
  * epoch and puts the caller's input back when told; the decision of what
  * survivors return stays in one place (ftar_collective).
  */

@@ -1,5 +1,6 @@
-/* ftar_wire.h — FTAR frame format, shared by members (ftar.c) and the
- * coordinator (ftar_coord.c). Internal: not for other modules.
+/* ftar_wire.h — FTAR frame format, shared by members (ftar_control.c,
+ * ftar_port.c, ftar_ring.c) and the coordinator (ftar_coord.c). Internal:
+ * not for other modules.
  *
  * Every frame, control or data, is a 40-byte little-endian header and a
  * payload of `len` bytes:

@@ -1,0 +1,207 @@
+/* ftar_member_internal.h — the FTAR member's state and the functions its
+ * files lend each other: ftar_member.c (lifecycle), ftar_control.c (control
+ * thread, coordinator link), ftar_shm.c (same-host rings), ftar_port.c (data
+ * port, links), ftar_ring.c (the ring data plane), ftar_collective.c (the
+ * control round). How the pieces fit: the comment at the top of ftar_ring.c
+ * (data) and ftar_control.c (control).
+ *
+ * Not for ftar_dev.c or other modules: the device data plane sees the member
+ * only through the hooks of ftar_internal.h, and this header is not
+ * installed (core/ftar/, not core/ftar/include/).
+ *
+ * Threads: fields are grouped by owner. "control thread" fields are the
+ * libevent thread's; "under mu" fields are shared and read or written only
+ * with mu held (gen is the lock-free hint that something changed); "data
+ * plane" fields belong to the thread inside ftar_allreduce.
+ */
+#ifndef TRANSOM_FTAR_MEMBER_INTERNAL_H
+#define TRANSOM_FTAR_MEMBER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "ftar.h"
+#include "ftar_internal.h"
+#include "ftar_wire.h"
+
+struct event_base;
+struct bufferevent;
+struct event;
+
+#define PENDING_MAX 16
+#define RX_CAP (64 * 1024)
+
+typedef struct {
+  int slot;
+  uint64_t uid;
+  uint16_t port;
+  char host[FTAR_HOST_MAX + 1];
+} peer;
+
+typedef struct { /* a connection on the data port that has not shown a valid CONNECT yet */
+  int fd;
+  size_t got;
+  double t0;
+  int complete; /* valid CONNECT read; parked until its epoch is ours */
+  ftar_hdr h;
+  uint64_t uid;
+  uint8_t b[FTAR_HDR + FTAR_CONNECT_LEN];
+} pending;
+
+enum { DOWN_NONE = 0, DOWN_CONNECTING, DOWN_HELLO, DOWN_ACK, DOWN_READY };
+
+/* A same-host link's frames go through this ring: a memfd the sender
+ * creates and the receiver maps through /proc/<pid>/fd/<n>. Single producer,
+ * single consumer; head/tail count bytes; the *_waiting flags ask the other
+ * side for a 1-byte doorbell on the TCP link before sleeping in poll(). */
+#define SHM_RING (4u << 20)
+#define SHM_DATA 4096
+#define SHM_MAGIC 0x4d485346u /* "FSHM" */
+typedef struct {
+  uint32_t magic, size;
+  uint64_t token;
+  uint8_t pad0[48];
+  _Atomic uint64_t head;
+  uint8_t pad1[56];
+  _Atomic uint64_t tail;
+  uint8_t pad2[56];
+  _Atomic uint32_t cons_waiting;
+  uint8_t pad3[60];
+  _Atomic uint32_t prod_waiting;
+  uint8_t pad4[60];
+} shm_hdr;
+
+typedef struct {
+  shm_hdr *h; /* NULL: not mapped */
+  uint8_t *data;
+  size_t size;
+  uint64_t pos;   /* our side's counter: head for the producer, tail for the consumer */
+  int memfd;      /* producer, until the receiver answered */
+  int active;     /* frames flow through the ring */
+  int armed;      /* we set our *_waiting flag */
+} shm_link;
+
+struct ftar_member {
+  ftar_member_opts o;
+  char data_host[FTAR_HOST_MAX + 1];
+  int slot;
+  uint64_t uid;
+  double deadline, coord_deadline, hb_interval;
+  size_t chunk; /* floats per frame */
+
+  /* control thread */
+  pthread_t th;
+  int th_started;
+  struct event_base *base;
+  struct bufferevent *bev;
+  struct event *hb_ev, *cmd_ev;
+  int cmd[2];  /* data thread -> control thread */
+  int wake[2]; /* control thread -> data thread */
+  uint8_t ctl_buf[4 + FTAR_ENTRY_LEN * FTAR_MAX_MEMBERS];
+
+  /* shared with the control thread, under mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t ep; /* latest epoch published */
+  int ep_n;
+  peer ep_mem[FTAR_MAX_MEMBERS];
+  uint64_t abort_ep; /* latest epoch that aborts the collectives of older ones */
+  uint64_t go_ep, go_seq;
+  int go_dec;
+  int sync_n; /* the member list of the epoch we last sent SYNC for */
+  peer sync_mem[FTAR_MAX_MEMBERS];
+  int failed; /* FTAR_ECOORD / FTAR_EEVICTED once the control link is gone */
+  char fail_msg[256];
+  int q_sync, q_abort, q_quit, q_commid;
+  ftar_hdr sync_h, abort_h, commid_h;
+  uint8_t commid_pay[FTAR_COMMID_LEN];
+  uint64_t cid_ep; /* latest epoch whose communicator id arrived (COMMID) */
+  uint8_t cid[FTAR_COMMID_LEN];
+  uint64_t epochs_seen;
+  atomic_uint gen; /* bumped on every change above; the data thread polls it */
+
+  /* data plane: the calling thread only */
+  int lfd, lport;
+  pending pend[PENDING_MAX];
+  int npend;
+  uint64_t run_ep; /* epoch we were told to run in (GO) */
+  int run_aborted; /* a collective failed in run_ep: do not run there again */
+  int run_n, run_r;
+  peer run_mem[FTAR_MAX_MEMBERS];
+  int up_fd, down_fd, down_state;
+  int up_eof, down_eof; /* the peer closed; fatal only while that link still has work */
+  shm_link up_shm, down_shm;
+  uint8_t *rx;
+  size_t rx_head, rx_tail;
+  float *in_copy, *stage;
+  size_t in_cap;
+  uint64_t last_seq, last_ep;
+  int completed_any;
+  ftar_stats st;
+  void *dev_state; /* ftar_dev.c's, freed by dev_free */
+  void (*dev_free)(void *);
+};
+
+/* --- ftar_member.c: descriptors, sockets, waiting --- */
+
+void ftar_set_nonblock(int fd);
+void ftar_tune_socket(int fd, int sockbuf);
+void ftar_close_fd(int *fd); /* closes *fd if open; *fd = -1 */
+void ftar_wake_fd(int fd);   /* one byte into a wake-up pipe */
+void ftar_drain_fd(int fd);  /* empties a wake-up pipe */
+/* Waits until fd is ready for ev (POLLIN / POLLOUT): 0, or -1 when t_end
+ * (tr_now() clock) passed or poll failed. */
+int ftar_io_wait(int fd, short ev, double t_end);
+/* Waits on m->cv (mu held) until t_end or a short slice, whichever is first. */
+void ftar_cv_wait(ftar_member *m, double t_end);
+/* A non-blocking TCP connection to host:port (IPv4). t_end <= 0: returns
+ * with the connect in progress (the caller completes it); else waits for it
+ * until t_end. 0 with *out set, or a negative code with tr_error() set. */
+int ftar_connect_to(const char *host, int port, int sockbuf, double t_end, int *out);
+
+/* --- ftar_control.c: the control thread and the coordinator link --- */
+
+/* Connects to the coordinator and registers (HELLO / WELCOME): sets uid,
+ * coord_deadline, hb_interval. 0 with *cfd the connection, or a negative
+ * code with tr_error() set ("ftar: ..."). Constructor. */
+int ftar_ctl_register(ftar_member *m, const char *coord_host, int coord_port, double t_end, int *cfd);
+/* Starts the control thread on cfd; *cfd = -1 once the thread's bufferevent
+ * owns it. 0, or a negative code with tr_error() set. Constructor. */
+int ftar_ctl_start(ftar_member *m, int *cfd);
+/* Stops the control thread, says LEAVE to the coordinator and frees the
+ * libevent state. Harmless on a partly started member. ftar_member_free. */
+void ftar_ctl_stop(ftar_member *m);
+/* Queues a control frame for the control thread: ABORT (abort_frame) or
+ * SYNC. Data thread. */
+void ftar_ctl_queue(ftar_member *m, int abort_frame, const ftar_hdr *h);
+
+/* --- ftar_shm.c: same-host shared-memory rings --- */
+
+int ftar_shm_create(ftar_member *m);                     /* producer: maps down_shm; 0 or -1 */
+int ftar_shm_attach(ftar_member *m, const uint8_t *pay); /* consumer: maps up_shm from CONNECT; 0 or -1 */
+void ftar_shm_unmap(shm_link *L);
+ssize_t ftar_shm_write(ftar_member *m, const struct iovec *iov, int niov);
+ssize_t ftar_shm_read(ftar_member *m, void *dst, size_t cap);
+const uint8_t *ftar_shm_peek(ftar_member *m, size_t *n, int *bad);
+void ftar_shm_consume(ftar_member *m, size_t n);
+
+/* --- ftar_port.c: the data port and the ring's links --- */
+
+void ftar_port_accept(ftar_member *m); /* accepts strangers on the data port */
+void ftar_port_read(ftar_member *m);   /* reads and checks their CONNECT frames */
+void ftar_port_match(ftar_member *m);  /* adopts our upstream's CONNECT for run_ep */
+void ftar_port_close(ftar_member *m);  /* closes every stranger */
+void ftar_links_close(ftar_member *m); /* closes both ring links of run_ep */
+
+/* --- ftar_ring.c: the ring as a data plane --- */
+
+/* The ring plane over buf[0..n) for ftar_allreduce. NULL when out of memory
+ * (no message). Freed with ftar_ring_plane_free (NULL ok). */
+ftar_plane *ftar_ring_plane_new(float *buf, size_t n, ftar_op op);
+void ftar_ring_plane_free(ftar_plane *pl);
+
+#endif

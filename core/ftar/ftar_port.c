@@ -1,0 +1,165 @@
+/* ftar_port.c — an FTAR member's data port and the two links of its ring
+ * position.
+ *
+ * Anyone may connect to the data port. A connection is a stranger, kept in
+ * a small bounded list (PENDING_MAX, the oldest dropped first), until its
+ * CONNECT frame is complete and checked (header, type, exact length, CRC);
+ * then it is parked until the member runs the epoch it names. In that epoch
+ * the CONNECT of our upstream neighbour becomes the upstream link (answered
+ * 'S' when we mapped its shared-memory ring, 'T' for TCP); stale epochs,
+ * the wrong sender, a second CONNECT, a bad byte or a stranger that
+ * overstayed the deadline are closed with a logged reason.
+ *
+ * Not here: the downstream side of the handshake (ftar_ring.c sends
+ * CONNECT), the rings themselves (ftar_shm.c). Called by: ftar_ring.c's
+ * poll loop, ftar_member_free.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ftar_member_internal.h"
+#include "util.h"
+
+/* --- the links of run_ep --- */
+
+void ftar_links_close(ftar_member *m) {
+  ftar_close_fd(&m->up_fd);
+  ftar_close_fd(&m->down_fd);
+  ftar_shm_unmap(&m->up_shm);
+  ftar_shm_unmap(&m->down_shm);
+  m->down_state = DOWN_NONE;
+  m->up_eof = m->down_eof = 0;
+  m->rx_head = m->rx_tail = 0;
+}
+
+/* --- strangers and CONNECT handshakes --- */
+
+static void pend_remove(ftar_member *m, int i, int close_it) {
+  if (close_it) close(m->pend[i].fd);
+  memmove(m->pend + i, m->pend + i + 1, (size_t)(m->npend - i - 1) * sizeof m->pend[0]);
+  m->npend--;
+}
+
+static void pend_reject(ftar_member *m, int i, const char *why) {
+  ftar_member_log(m, "data port: closing a connection: %s", why);
+  m->st.conns_rejected++;
+  pend_remove(m, i, 1);
+}
+
+void ftar_port_accept(ftar_member *m) {
+  for (;;) {
+    int fd = accept(m->lfd, NULL, NULL);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      return; /* EAGAIN, or out of descriptors: try again next round */
+    }
+    ftar_set_nonblock(fd);
+    ftar_tune_socket(fd, m->o.sockbuf);
+    if (m->npend == PENDING_MAX) pend_reject(m, 0, "too many unidentified connections, dropping the oldest");
+    pending *q = &m->pend[m->npend++];
+    memset(q, 0, sizeof *q);
+    q->fd = fd;
+    q->t0 = tr_now();
+  }
+}
+
+/* Reads what each stranger sent; validates the CONNECT frame as it comes. */
+void ftar_port_read(ftar_member *m) {
+  char why[200];
+  for (int i = 0; i < m->npend; i++) {
+    pending *q = &m->pend[i];
+    if (q->complete) continue;
+    ssize_t k = recv(q->fd, q->b + q->got, sizeof q->b - q->got, 0);
+    if (k == 0) {
+      snprintf(why, sizeof why, "truncated handshake (%zu of %zu bytes, then EOF)", q->got, sizeof q->b);
+      pend_reject(m, i--, why);
+      continue;
+    }
+    if (k < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        snprintf(why, sizeof why, "handshake: %s", strerror(errno));
+        pend_reject(m, i--, why);
+      }
+      continue;
+    }
+    size_t before = q->got;
+    q->got += (size_t)k;
+    if (before < FTAR_HDR && q->got >= FTAR_HDR) {
+      ftar_hdr_decode(q->b, &q->h);
+      int bad = ftar_hdr_check(&q->h, 0, why, sizeof why) != 0;
+      if (!bad && (q->h.type != FT_CONNECT || q->h.len != FTAR_CONNECT_LEN)) {
+        snprintf(why, sizeof why, "expected CONNECT, got %s with length %u", ftar_type_name(q->h.type), q->h.len);
+        bad = 1;
+      }
+      if (bad) {
+        pend_reject(m, i--, why);
+        continue;
+      }
+    }
+    if (q->got == sizeof q->b) {
+      if (ftar_frame_crc(q->b, q->b + FTAR_HDR, FTAR_CONNECT_LEN) != q->h.crc) {
+        pend_reject(m, i--, "bad checksum on CONNECT");
+        continue;
+      }
+      q->uid = ftw_get64(q->b + FTAR_HDR);
+      q->complete = 1;
+    }
+  }
+}
+
+/* Adopts a parked CONNECT from our upstream for run_ep; drops stale ones and
+ * strangers that overstayed. */
+void ftar_port_match(ftar_member *m) {
+  double now = tr_now();
+  const peer *up = m->run_n > 1 ? &m->run_mem[(m->run_r + m->run_n - 1) % m->run_n] : NULL;
+  char why[200];
+  for (int i = 0; i < m->npend; i++) {
+    pending *q = &m->pend[i];
+    if (!q->complete) {
+      if (now - q->t0 > m->deadline) {
+        snprintf(why, sizeof why, "no valid CONNECT within %.2f s (%zu bytes)", m->deadline, q->got);
+        pend_reject(m, i--, why);
+      }
+      continue;
+    }
+    if (q->h.epoch < m->run_ep) {
+      snprintf(why, sizeof why, "CONNECT from slot %u for stale epoch %llu (current %llu)", q->h.index,
+               (unsigned long long)q->h.epoch, (unsigned long long)m->run_ep);
+      pend_reject(m, i--, why);
+    } else if (q->h.epoch == m->run_ep) {
+      if (!up || q->h.aux != (uint32_t)m->slot || q->h.index != (uint32_t)up->slot || q->uid != up->uid) {
+        snprintf(why, sizeof why, "CONNECT from slot %u (uid %llu) to slot %u is not from our upstream", q->h.index,
+                 (unsigned long long)q->uid, q->h.aux);
+        pend_reject(m, i--, why);
+      } else if (m->up_fd >= 0) {
+        pend_reject(m, i--, "second CONNECT from our upstream in one epoch");
+      } else {
+        m->up_fd = q->fd;
+        m->up_eof = 0;
+        m->rx_head = m->rx_tail = 0;
+        char ack = 'T';
+        if ((q->h.flags & FTF_SHM) && m->o.shm && ftar_shm_attach(m, q->b + FTAR_HDR) == 0) ack = 'S';
+        if (send(m->up_fd, &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+          ftar_member_log(m, "data port: cannot answer slot %u's CONNECT: %s", q->h.index, strerror(errno));
+          ftar_close_fd(&m->up_fd);
+          ftar_shm_unmap(&m->up_shm);
+          pend_remove(m, i--, 0);
+          continue;
+        }
+        if (ack == 'S') m->st.links_shm++;
+        else m->st.links_tcp++;
+        pend_remove(m, i--, 0);
+      }
+    } else if (now - q->t0 > m->o.timeout) {
+      pend_reject(m, i--, "CONNECT for a future epoch that never came");
+    }
+  }
+}
+
+/* Closes every stranger (and parked CONNECT). */
+void ftar_port_close(ftar_member *m) {
+  while (m->npend) pend_remove(m, m->npend - 1, 1);
+}

@@ -1,0 +1,965 @@
+/* ftar_ring.c — FTAR's ring data plane: one attempt of a collective over
+ * host memory in the member's run epoch (ftar_internal.h's ftar_plane).
+ *
+ * Members of an epoch, ordered by slot, form a ring; each keeps one TCP
+ * link to its downstream neighbour (it connects, sends CONNECT) and one
+ * from its upstream (accepted, CONNECT checked: ftar_port.c). Links live for
+ * the epoch. A collective:
+ *   reduce-scatter, p-1 steps: send segment (r-s), receive (r-s-1) and add;
+ *   all-gather,     p-1 steps: send segment (r+1-t), receive (r-t) in place;
+ *   commit tokens:  p-1 small frames around the ring; token v from upstream
+ *                   means the v members before us hold the full result.
+ * A member returns only after token p-1: then every member holds the full
+ * result, which is what lets the coordinator resolve an abort consistently
+ * (COMMIT if anyone could have returned, RUN again otherwise).
+ * Each segment is cut into frames (frame_floats); frame j of a step may be
+ * sent as soon as frame j of the previous step has arrived, so sending and
+ * receiving overlap (non-blocking sockets, one poll loop, no extra threads:
+ * on a loopback ring the kernel copy is the work, and it runs in the caller).
+ * The caller's input is saved frame by frame into in_copy in the same pass
+ * that first overwrites it (CRC+copy when sending our own segment,
+ * CRC+save+add when reducing), so an abort restores exactly the modified
+ * ranges and there is no up-front copy of the whole buffer.
+ * Same-host peers (the default when the advertised hosts are equal) move
+ * frames through a shared-memory ring instead of the socket (ftar_shm.c);
+ * frames are read in place and verified with the same header checks and
+ * CRC. Before sleeping, the loop polls (yielding the core between rounds)
+ * for up to 500 us.
+ *
+ * Malformed input never crashes or allocates: headers are checked (magic,
+ * type, epoch, seq, frame number, exact length) before any payload is read,
+ * the CRC after; a bad frame closes the links with a logged reason and
+ * aborts the attempt, which ftar_collective.c then redoes.
+ *
+ * Not here: SYNC / GO, redo and what the caller gets back
+ * (ftar_collective.c), the data port (ftar_port.c), the device data plane
+ * (ftar_dev.c). Called by: ftar_allreduce (ftar_collective.c) through
+ * ftar_ring_plane_new.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "ftar.h"
+#include "ftar_internal.h"
+#include "ftar_member_internal.h"
+#include "ftar_wire.h"
+#include "util.h"
+
+#define POLL_MS 50
+
+/* --- ring state, frame geometry --- */
+
+enum { R_DONE = 0, R_ABORT = 1, R_FATAL = 2 };
+
+typedef struct {
+  ftar_member *m;
+  float *buf;
+  size_t n, F;
+  int p, r, nsteps;
+  ftar_op op;
+  uint64_t ep, seq;
+  /* send cursor: next frame (ss, sj), global frame number sidx */
+  int ss;
+  size_t sj;
+  uint32_t sidx;
+  int s_busy, s_token, s_connect;
+  uint8_t s_hdr[FTAR_HDR], s_extra[FTAR_CONNECT_LEN];
+  const uint8_t *s_pay;
+  size_t s_len, s_off;
+  /* receive cursor */
+  int rs;
+  size_t rj;
+  uint32_t ridx;
+  int r_have;
+  ftar_hdr rh;
+  uint8_t rhb[FTAR_HDR];
+  uint8_t *r_dst;
+  size_t r_got;
+  uint32_t r_crc; /* payload CRC so far (shared-memory path) */
+  /* commit */
+  int full, tok_sent, tok_recv;
+  /* progress */
+  int started;
+  double t_progress;
+  int fatal;
+  char why[256];
+} ring;
+
+/* Poll without sleeping (yielding the core between rounds) this long after
+ * the last progress before sleeping in poll(). A sleep costs a wake-up per
+ * ring hop, and on shared-memory links a doorbell syscall; a yielding poller
+ * costs neither and still lets a runnable peer have the core, so it pays
+ * even with more ranks than cores (OpenMPI polls with sched_yield then). */
+static double spin_seconds(const ftar_member *m) {
+  if (m->o.spin_us == 0) return 0;
+  return (m->o.spin_us < 0 ? 500 : m->o.spin_us) * 1e-6;
+}
+
+/* What was overwritten in buf (and saved in in_copy): per segment, a prefix,
+ * in the segment geometry of the ring that did it. */
+typedef struct {
+  int p;
+  size_t n;
+  size_t copied[FTAR_MAX_MEMBERS];
+} undo_log;
+
+static inline int modp(int a, int p) { return ((a % p) + p) % p; }
+
+/* Frame size in floats, the same on every member (it depends only on n, p
+ * and chunk). Big frames are whole multiples of FRAME_UNIT: 65408 payload
+ * bytes + the 40-byte header fit one 64 KiB loopback TCP segment, so with
+ * TCP_NODELAY a frame never leaves a runt segment behind (on 1500/9000-byte
+ * MTUs the unit is irrelevant). About 4 frames per segment so the steps
+ * pipeline (8 pipelined better on paper but cost more wake-ups than they
+ * saved when ranks share cores); small buffers use frames of at least
+ * 16 KiB; at most chunk. */
+#define FRAME_UNIT 16352
+static size_t frame_floats(size_t n, int p, size_t chunk) {
+  size_t seg = (n + (size_t)p - 1) / (size_t)p, f = (seg + 3) / 4;
+  size_t cap = chunk >= FRAME_UNIT ? chunk / FRAME_UNIT * FRAME_UNIT : (chunk + 15) & ~(size_t)15;
+  if (f <= FRAME_UNIT) {
+    f = (f + 15) & ~(size_t)15;
+    if (f < 4096) f = 4096;
+    if (f > FRAME_UNIT) f = FRAME_UNIT;
+  } else {
+    f = (f + FRAME_UNIT - 1) / FRAME_UNIT * FRAME_UNIT;
+  }
+  return f < cap ? f : cap;
+}
+
+static inline size_t seg_len_p(size_t n, int p, int c) { return n / (size_t)p + ((size_t)c < n % (size_t)p); }
+static inline size_t seg_off_p(size_t n, int p, int c) {
+  size_t b = n / (size_t)p, rem = n % (size_t)p;
+  return (size_t)c * b + ((size_t)c < rem ? (size_t)c : rem);
+}
+static inline size_t seg_frames(const ring *g, int c) { return (seg_len_p(g->n, g->p, c) + g->F - 1) / g->F; }
+static inline int send_seg(const ring *g, int s) {
+  return s < g->p - 1 ? modp(g->r - s, g->p) : modp(g->r + 1 - (s - (g->p - 1)), g->p);
+}
+static inline int recv_seg(const ring *g, int s) {
+  return s < g->p - 1 ? modp(g->r - s - 1, g->p) : modp(g->r - (s - (g->p - 1)), g->p);
+}
+
+static void skip_send(ring *g) {
+  while (g->ss < g->nsteps && g->sj >= seg_frames(g, send_seg(g, g->ss))) {
+    g->ss++;
+    g->sj = 0;
+  }
+}
+static void skip_recv(ring *g) {
+  while (g->rs < g->nsteps && g->rj >= seg_frames(g, recv_seg(g, g->rs))) {
+    g->rs++;
+    g->rj = 0;
+  }
+}
+
+static void undo_restore(ftar_member *m, float *buf, undo_log *u) {
+  for (int c = 0; c < u->p; c++) {
+    if (!u->copied[c]) continue;
+    size_t off = seg_off_p(u->n, u->p, c);
+    memcpy(buf + off, m->in_copy + off, u->copied[c] * sizeof(float));
+    u->copied[c] = 0;
+  }
+}
+
+static int ring_fail(ring *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int ring_fail(ring *g, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g->why, sizeof g->why, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* Our neighbours in run_ep: the upstream sends to us, we send downstream. */
+static const peer *up_peer(const ring *g) {
+  const ftar_member *m = g->m;
+  return &m->run_mem[(m->run_r + m->run_n - 1) % m->run_n];
+}
+static const peer *down_peer(const ring *g) {
+  const ftar_member *m = g->m;
+  return &m->run_mem[(m->run_r + 1) % m->run_n];
+}
+
+/* --- sending --- */
+
+static void update_full(ring *g) {
+  if (!g->full && g->rs >= g->nsteps && g->ss >= g->nsteps) g->full = 1;
+}
+
+static int send_ready(const ring *g) {
+  if (g->ss >= g->nsteps) return 0;
+  if (g->ss == 0) return 1;
+  return g->rs > g->ss - 1 || (g->rs == g->ss - 1 && g->rj > g->sj);
+}
+
+static int token_ready(const ring *g) {
+  int k = g->tok_sent + 1;
+  return g->full && k <= g->p - 1 && g->tok_recv >= k - 1;
+}
+
+static void prep_data(ring *g, undo_log *u) {
+  int c = send_seg(g, g->ss);
+  size_t off = seg_off_p(g->n, g->p, c) + g->sj * g->F;
+  size_t len = seg_len_p(g->n, g->p, c) - g->sj * g->F;
+  if (len > g->F) len = g->F;
+  float *x = g->buf + off;
+  uint32_t pcrc;
+  if (g->ss == 0) { /* our own segment, overwritten by the all-gather later: save it, same pass */
+    pcrc = tr_crc32c_copy(0, g->m->in_copy + off, x, len * sizeof(float));
+    u->copied[c] += len;
+  } else {
+    if (g->ss == g->p - 1 && g->op == FTAR_MEAN) { /* the segment we own: divide once, everyone gets these bits */
+      float d = (float)g->p;
+      for (size_t k = 0; k < len; k++) x[k] /= d;
+    }
+    pcrc = tr_crc32c(0, x, len * sizeof(float));
+  }
+  ftar_hdr h = {.type = FT_DATA,
+                .flags = (uint16_t)g->op,
+                .epoch = g->ep,
+                .seq = g->seq,
+                .index = g->sidx,
+                .len = (uint32_t)(len * 4),
+                .aux = (uint32_t)g->n};
+  ftar_frame_build_crc(g->s_hdr, &h, pcrc);
+  g->s_pay = (const uint8_t *)x;
+  g->s_len = len * sizeof(float);
+  g->s_off = 0;
+  g->s_busy = 1;
+  g->s_token = g->s_connect = 0;
+  g->sidx++;
+  g->sj++;
+  skip_send(g);
+}
+
+static void prep_token(ring *g) {
+  ftar_hdr h = {.type = FT_TOKEN, .epoch = g->ep, .seq = g->seq, .index = (uint32_t)(g->tok_sent + 1)};
+  ftar_frame_build(g->s_hdr, &h, NULL);
+  g->s_pay = NULL;
+  g->s_len = g->s_off = 0;
+  g->s_busy = g->s_token = 1;
+  g->s_connect = 0;
+}
+
+static int same_host(const ftar_member *m, const peer *p) { return strcmp(p->host, m->data_host) == 0; }
+
+static void prep_connect(ring *g) {
+  ftar_member *m = g->m;
+  const peer *d = down_peer(g);
+  memset(g->s_extra, 0, sizeof g->s_extra);
+  ftw_put64(g->s_extra, m->uid);
+  uint16_t flags = 0;
+  if (m->o.shm && same_host(m, d) && ftar_shm_create(m) == 0) {
+    flags = FTF_SHM;
+    ftw_put32(g->s_extra + 8, (uint32_t)getpid());
+    ftw_put32(g->s_extra + 12, (uint32_t)m->down_shm.memfd);
+    ftw_put32(g->s_extra + 16, (uint32_t)m->down_shm.size);
+    ftw_put64(g->s_extra + 24, m->down_shm.h->token);
+  }
+  ftar_hdr h = {.type = FT_CONNECT,
+                .flags = flags,
+                .epoch = g->ep,
+                .index = (uint32_t)m->slot,
+                .aux = (uint32_t)d->slot,
+                .len = FTAR_CONNECT_LEN};
+  ftar_frame_build(g->s_hdr, &h, g->s_extra);
+  g->s_pay = g->s_extra;
+  g->s_len = FTAR_CONNECT_LEN;
+  g->s_off = 0;
+  g->s_busy = g->s_connect = 1;
+  g->s_token = 0;
+}
+
+static int want_send(const ring *g) {
+  const ftar_member *m = g->m;
+  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK) return 1;
+  return g->s_busy || m->down_state == DOWN_HELLO || send_ready(g) || token_ready(g);
+}
+
+/* Still something to send in this collective (the downstream must live). */
+static int send_pending(const ring *g) { return g->s_busy || g->ss < g->nsteps || g->tok_sent < g->p - 1; }
+
+/* Returns 1 on progress, 0 if blocked, -1 on failure (g->why). */
+static int pump_send(ring *g, undo_log *u) {
+  ftar_member *m = g->m;
+  int progress = 0;
+  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK) return 0; /* poll reports these */
+  for (;;) {
+    if (!g->s_busy) {
+      if (m->down_state == DOWN_HELLO) prep_connect(g);
+      else if (send_ready(g)) prep_data(g, u);
+      else if (token_ready(g)) prep_token(g);
+      else return progress;
+    }
+    size_t total = FTAR_HDR + g->s_len;
+    struct iovec iov[2];
+    int niov = 0;
+    if (g->s_off < FTAR_HDR) {
+      iov[niov++] = (struct iovec){g->s_hdr + g->s_off, FTAR_HDR - g->s_off};
+      if (g->s_len) iov[niov++] = (struct iovec){(void *)g->s_pay, g->s_len};
+    } else {
+      iov[niov++] = (struct iovec){(void *)(g->s_pay + (g->s_off - FTAR_HDR)), total - g->s_off};
+    }
+    ssize_t w;
+    if (m->down_shm.active) {
+      if ((w = ftar_shm_write(m, iov, niov)) < 0)
+        return ring_fail(g, "shared-memory ring to slot %d is corrupt", down_peer(g)->slot);
+      if (w == 0) return progress;
+    } else {
+      struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+      w = sendmsg(m->down_fd, &mh, MSG_NOSIGNAL);
+    }
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return progress;
+      return ring_fail(g, "send to slot %d: %s", down_peer(g)->slot, strerror(errno));
+    }
+    progress = 1;
+    g->s_off += (size_t)w;
+    m->st.bytes_sent += (uint64_t)w;
+    if (g->s_off == total) {
+      g->s_busy = 0;
+      if (g->s_token) g->tok_sent++;
+      update_full(g);
+      if (g->s_connect) { /* nothing more until the receiver answers 'S' or 'T' */
+        g->s_connect = 0;
+        m->down_state = DOWN_ACK;
+        return progress;
+      }
+    }
+  }
+}
+
+/* --- receiving --- */
+
+static int expecting(const ring *g) { return g->rs < g->nsteps || g->tok_recv < g->p - 1; }
+
+/* Where the payload of the next DATA frame goes: stage (reduce-scatter, added
+ * after the CRC check) or its place in buf (all-gather). */
+static uint8_t *expected_dst(const ring *g) {
+  if (g->rs < g->p - 1) return (uint8_t *)g->m->stage;
+  int c = recv_seg(g, g->rs);
+  return (uint8_t *)(g->buf + seg_off_p(g->n, g->p, c) + g->rj * g->F);
+}
+
+/* Payload bytes of the next frame the upstream should send. */
+static size_t expected_len(const ring *g) {
+  if (g->rs >= g->nsteps) return 0;
+  int c = recv_seg(g, g->rs);
+  size_t len = seg_len_p(g->n, g->p, c) - g->rj * g->F;
+  return (len > g->F ? g->F : len) * sizeof(float);
+}
+
+/* Validates the header just read against what the ring expects next. */
+static int check_rx_header(ring *g) {
+  ftar_member *m = g->m;
+  ftar_hdr *h = &g->rh;
+  int upslot = up_peer(g)->slot;
+  char why[200];
+  if (ftar_hdr_check(h, (uint32_t)(g->F * 4), why, sizeof why))
+    return ring_fail(g, "malformed frame from slot %d: %s", upslot, why);
+  int want = g->rs < g->nsteps ? FT_DATA : FT_TOKEN;
+  if (h->type != want)
+    return ring_fail(g, "slot %d sent %s, expected %s", upslot, ftar_type_name(h->type), ftar_type_name((unsigned)want));
+  if (h->epoch != g->ep)
+    return ring_fail(g, "slot %d sent a frame of epoch %llu in epoch %llu (refused)", upslot,
+                     (unsigned long long)h->epoch, (unsigned long long)g->ep);
+  if (h->seq != g->seq)
+    return ring_fail(g, "slot %d sent a frame of seq %llu while running seq %llu", upslot, (unsigned long long)h->seq,
+                     (unsigned long long)g->seq);
+  if (want == FT_TOKEN) {
+    if (h->index != (uint32_t)(g->tok_recv + 1) || h->len != 0)
+      return ring_fail(g, "slot %d sent token %u, expected %d", upslot, h->index, g->tok_recv + 1);
+    g->r_dst = NULL;
+    return 0;
+  }
+  int c = recv_seg(g, g->rs);
+  size_t off = seg_off_p(g->n, g->p, c) + g->rj * g->F;
+  size_t len = seg_len_p(g->n, g->p, c) - g->rj * g->F;
+  if (len > g->F) len = g->F;
+  if (h->flags != (uint16_t)g->op || h->aux != (uint32_t)g->n)
+    return ring_fail(g, "slot %d runs op %u on %u floats, we run op %d on %zu (callers disagree)", upslot, h->flags,
+                     h->aux, (int)g->op, g->n);
+  if (h->index != g->ridx || h->len != len * 4)
+    return ring_fail(g, "slot %d sent frame %u of %u bytes, expected frame %u of %zu bytes", upslot, h->index, h->len,
+                     g->ridx, len * 4);
+  g->r_dst = g->rs < g->p - 1 ? (uint8_t *)m->stage : (uint8_t *)(g->buf + off);
+  return 0;
+}
+
+/* recv() on the upstream link into dst. Returns bytes (> 0), 0 if it would
+ * block, -1 on EOF or error (g->why). */
+static ssize_t up_recv(ring *g, void *dst, size_t cap) {
+  ftar_member *m = g->m;
+  int upslot = up_peer(g)->slot;
+  if (m->up_shm.active) {
+    ssize_t k = ftar_shm_read(m, dst, cap);
+    if (k < 0) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
+    if (k > 0) m->st.bytes_recv += (uint64_t)k;
+    else if (m->up_eof) return ring_fail(g, "slot %d closed the link", upslot);
+    return k;
+  }
+  ssize_t k = recv(m->up_fd, dst, cap, 0);
+  if (k > 0) {
+    m->st.bytes_recv += (uint64_t)k;
+    return k;
+  }
+  if (k == 0) return ring_fail(g, "slot %d closed the link", upslot);
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  return ring_fail(g, "receive from slot %d: %s", upslot, strerror(errno));
+}
+
+/* What one receive phase did (or RX_FAIL = -1, g->why set). */
+enum {
+  RX_FAIL = -1,
+  RX_BLOCKED = 0,  /* nothing more to read now: pump_recv returns */
+  RX_PROGRESS = 1, /* bytes moved: go on */
+  RX_FRAME = 2,    /* a frame completed: go on (progress was already counted) */
+};
+
+/* The header in g->rhb is the next frame's: decode and check it. */
+static int accept_header(ring *g) {
+  ftar_hdr_decode(g->rhb, &g->rh);
+  if (check_rx_header(g)) return RX_FAIL;
+  g->r_have = 1;
+  g->r_got = 0;
+  g->r_crc = 0;
+  if (!g->started) g->started = 1;
+  return RX_PROGRESS;
+}
+
+/* Shared memory: headers are copied out (40 bytes, maybe across the wrap). */
+static int recv_header_shm(ring *g) {
+  ftar_member *m = g->m;
+  size_t n;
+  int bad = 0;
+  ftar_shm_peek(m, &n, &bad);
+  uint64_t avail = bad ? 0 : atomic_load(&m->up_shm.h->head) - m->up_shm.pos;
+  if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", up_peer(g)->slot);
+  if (avail < FTAR_HDR) {
+    if (m->up_eof) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
+    return RX_BLOCKED;
+  }
+  if (ftar_shm_read(m, g->rhb, FTAR_HDR) != FTAR_HDR)
+    return ring_fail(g, "shared-memory ring from slot %d is corrupt", up_peer(g)->slot);
+  m->st.bytes_recv += FTAR_HDR;
+  return accept_header(g);
+}
+
+/* TCP, a big frame next and rx empty: header and payload in one recvmsg,
+ * the payload straight to where check_rx_header will put it. */
+static int recv_header_direct(ring *g) {
+  ftar_member *m = g->m;
+  struct iovec iov[2] = {{g->rhb, FTAR_HDR}, {expected_dst(g), expected_len(g)}};
+  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+  ssize_t k = recvmsg(m->up_fd, &mh, 0);
+  if (k == 0) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
+  if (k < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return RX_BLOCKED;
+    return ring_fail(g, "receive from slot %d: %s", up_peer(g)->slot, strerror(errno));
+  }
+  m->st.bytes_recv += (uint64_t)k;
+  if (k < FTAR_HDR) { /* a partial header: finish it through rx */
+    memcpy(m->rx, g->rhb, (size_t)k);
+    m->rx_head = 0;
+    m->rx_tail = (size_t)k;
+    return RX_PROGRESS;
+  }
+  if (accept_header(g) == RX_FAIL) return RX_FAIL;
+  g->r_got = (size_t)k - FTAR_HDR;
+  return RX_PROGRESS;
+}
+
+/* TCP, less than a header in rx: read more into rx. */
+static int fill_rx(ring *g) {
+  ftar_member *m = g->m;
+  size_t have = m->rx_tail - m->rx_head;
+  if (m->rx_head > 0) {
+    memmove(m->rx, m->rx + m->rx_head, have);
+    m->rx_head = 0;
+    m->rx_tail = have;
+  }
+  /* before a big payload read just the header, so the payload goes
+   * straight to its place instead of through rx */
+  size_t want = RX_CAP - m->rx_tail;
+  if (expected_len(g) >= RX_CAP / 2) want = FTAR_HDR - have;
+  ssize_t k = up_recv(g, m->rx + m->rx_tail, want);
+  if (k < 0) return RX_FAIL;
+  if (k == 0) return RX_BLOCKED;
+  m->rx_tail += (size_t)k;
+  return RX_PROGRESS;
+}
+
+static int recv_header_tcp(ring *g) {
+  ftar_member *m = g->m;
+  size_t have = m->rx_tail - m->rx_head;
+  if (have == 0 && expected_len(g) >= RX_CAP / 2) return recv_header_direct(g);
+  if (have < FTAR_HDR) return fill_rx(g);
+  memcpy(g->rhb, m->rx + m->rx_head, FTAR_HDR);
+  m->rx_head += FTAR_HDR;
+  return accept_header(g);
+}
+
+/* The frame being received: a reduce-scatter DATA frame (added into buf)? */
+static int rx_reducing(const ring *g) { return g->rh.type == FT_DATA && g->rs < g->p - 1; }
+
+/* Its segment (*c) and offset in buf (0 for a token). */
+static size_t rx_offset(const ring *g, int *c) {
+  *c = g->rh.type == FT_DATA ? recv_seg(g, g->rs) : 0;
+  return g->rh.type == FT_DATA ? seg_off_p(g->n, g->p, *c) + g->rj * g->F : 0;
+}
+
+/* Shared memory: the payload in place from the ring, verify-and-add or
+ * verify-and-copy in one pass. */
+static int recv_payload_shm(ring *g, undo_log *u) {
+  ftar_member *m = g->m;
+  int c, bad = 0;
+  size_t off = rx_offset(g, &c), need = g->rh.len - g->r_got, k;
+  const uint8_t *src = ftar_shm_peek(m, &k, &bad);
+  if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", up_peer(g)->slot);
+  if (k > need) k = need;
+  k &= ~(size_t)3; /* whole floats; offsets in the ring are multiples of 4 */
+  if (k == 0) {
+    if (m->up_eof) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
+    return RX_BLOCKED;
+  }
+  if (rx_reducing(g)) {
+    size_t f0 = off + g->r_got / 4;
+    g->r_crc = tr_crc32c_reduce(g->r_crc, g->buf + f0, m->in_copy + f0, (const float *)(const void *)src, k / 4);
+    u->copied[c] += k / 4;
+  } else {
+    g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
+  }
+  ftar_shm_consume(m, k);
+  m->st.bytes_recv += k;
+  g->r_got += k;
+  return RX_PROGRESS;
+}
+
+/* TCP: the payload from rx, or read: big payloads straight to their
+ * place, small ones through rx so that one recv() brings several frames. */
+static int recv_payload_tcp(ring *g) {
+  ftar_member *m = g->m;
+  size_t have = m->rx_tail - m->rx_head, need = g->rh.len - g->r_got;
+  if (have > 0) {
+    size_t k = have < need ? have : need;
+    memcpy(g->r_dst + g->r_got, m->rx + m->rx_head, k);
+    m->rx_head += k;
+    g->r_got += k;
+    return RX_PROGRESS;
+  }
+  m->rx_head = m->rx_tail = 0;
+  int direct = need >= RX_CAP / 2;
+  ssize_t k = direct ? up_recv(g, g->r_dst + g->r_got, need) : up_recv(g, m->rx, RX_CAP);
+  if (k < 0) return RX_FAIL;
+  if (k == 0) return RX_BLOCKED;
+  if (direct) g->r_got += (size_t)k;
+  else m->rx_tail = (size_t)k;
+  return RX_PROGRESS;
+}
+
+/* A whole frame: reduce (TCP: from stage) and verify; a bad frame aborts
+ * the collective and the undo log restores what was touched. */
+static int finish_frame(ring *g, undo_log *u) {
+  ftar_member *m = g->m;
+  int c;
+  size_t off = rx_offset(g, &c);
+  uint32_t pcrc;
+  if (m->up_shm.active) {
+    pcrc = g->r_crc;
+  } else if (rx_reducing(g)) {
+    size_t len = g->rh.len / 4;
+    pcrc = tr_crc32c_reduce(0, g->buf + off, m->in_copy + off, m->stage, len);
+    u->copied[c] += len;
+  } else {
+    pcrc = g->rh.len ? tr_crc32c(0, g->r_dst, g->rh.len) : 0;
+  }
+  if (ftar_frame_crc_finish(pcrc, g->rhb) != g->rh.crc)
+    return ring_fail(g, "bad checksum on %s frame %u from slot %d", ftar_type_name(g->rh.type), g->rh.index,
+                     up_peer(g)->slot);
+  g->r_have = 0;
+  if (g->rh.type == FT_TOKEN) {
+    g->tok_recv++;
+  } else {
+    g->ridx++;
+    g->rj++;
+    skip_recv(g);
+  }
+  update_full(g);
+  return RX_FRAME;
+}
+
+/* Receives what the upstream sent, frame by frame: header, payload, check.
+ * Returns 1 on progress, 0 if blocked, -1 on failure (g->why). */
+static int pump_recv(ring *g, undo_log *u) {
+  int progress = 0, shm = g->m->up_shm.active;
+  while (expecting(g)) {
+    int r;
+    if (!g->r_have) r = shm ? recv_header_shm(g) : recv_header_tcp(g);
+    else if (g->r_got < g->rh.len) r = shm ? recv_payload_shm(g, u) : recv_payload_tcp(g);
+    else r = finish_frame(g, u);
+    if (r == RX_FAIL) return -1;
+    if (r == RX_BLOCKED) return progress;
+    if (r == RX_PROGRESS) progress = 1;
+  }
+  return progress;
+}
+
+/* --- the downstream link, doorbells, control --- */
+
+/* Starts the link to our downstream for run_ep. */
+static int down_start(ring *g) {
+  ftar_member *m = g->m;
+  const peer *d = down_peer(g);
+  int fd;
+  if (ftar_connect_to(d->host, d->port, m->o.sockbuf, 0, &fd))
+    return ring_fail(g, "connect to slot %d: %s", d->slot, tr_error());
+  m->down_fd = fd;
+  m->down_state = DOWN_CONNECTING;
+  return 0;
+}
+
+static int down_finish_connect(ring *g) {
+  ftar_member *m = g->m;
+  int err = 0;
+  socklen_t el = sizeof err;
+  getsockopt(m->down_fd, SOL_SOCKET, SO_ERROR, &err, &el);
+  if (err) return ring_fail(g, "connect to slot %d: %s", down_peer(g)->slot, strerror(err));
+  m->down_state = DOWN_HELLO;
+  return 0;
+}
+
+/* The receiver's answer to CONNECT: 'S' use the ring, 'T' use TCP. */
+static int down_read_ack(ring *g) {
+  ftar_member *m = g->m;
+  int slot = down_peer(g)->slot;
+  char a;
+  ssize_t k = recv(m->down_fd, &a, 1, MSG_DONTWAIT);
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  if (k <= 0) return ring_fail(g, "slot %d closed the link before answering CONNECT", slot);
+  if (a == 'S' && m->down_shm.h) {
+    m->down_shm.active = 1;
+    ftar_close_fd(&m->down_shm.memfd); /* mapped on both sides now */
+    m->st.links_shm++;
+  } else if (a == 'T') {
+    ftar_shm_unmap(&m->down_shm);
+    m->st.links_tcp++;
+  } else {
+    return ring_fail(g, "slot %d answered CONNECT with 0x%02x", slot, (unsigned char)a);
+  }
+  m->down_state = DOWN_READY;
+  return 0;
+}
+
+/* Reads and drops doorbell bytes. Sets *eof when the peer closed. -1 on a
+ * socket error. */
+static int doorbell_drain(int fd, int *eof) {
+  char b[256];
+  for (;;) {
+    ssize_t k = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (k > 0) continue;
+    if (k == 0) {
+      *eof = 1;
+      return 0;
+    }
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+  }
+}
+
+/* Before sleeping: ask the ring peers for a doorbell, then look once more
+ * (Dekker-style with the seq_cst flag and counter accesses). 1 if there is
+ * something to do after all. */
+static int shm_arm(ring *g) {
+  ftar_member *m = g->m;
+  int ready = 0;
+  shm_link *U = &m->up_shm, *D = &m->down_shm;
+  if (U->active && expecting(g)) {
+    U->armed = 1;
+    atomic_store(&U->h->cons_waiting, 1);
+    if (atomic_load(&U->h->head) != U->pos) ready = 1;
+  }
+  if (D->active && m->down_state == DOWN_READY && (g->s_busy || send_ready(g) || token_ready(g))) {
+    D->armed = 1;
+    atomic_store(&D->h->prod_waiting, 1);
+    if (D->pos - atomic_load(&D->h->tail) < D->size) ready = 1;
+  }
+  return ready;
+}
+
+static void shm_disarm(ftar_member *m) {
+  if (m->up_shm.armed) atomic_store(&m->up_shm.h->cons_waiting, 0);
+  if (m->down_shm.armed) atomic_store(&m->down_shm.h->prod_waiting, 0);
+  m->up_shm.armed = m->down_shm.armed = 0;
+}
+
+/* Checks the control state: 1 if this collective must stop. */
+static int ctl_check(ring *g, unsigned *gen_seen) {
+  ftar_member *m = g->m;
+  unsigned gen = atomic_load(&m->gen);
+  if (gen == *gen_seen) return 0;
+  *gen_seen = gen;
+  pthread_mutex_lock(&m->mu);
+  int failed = m->failed;
+  uint64_t ab = m->abort_ep;
+  pthread_mutex_unlock(&m->mu);
+  if (failed) {
+    g->fatal = 1;
+    ring_fail(g, "control link down");
+    return 1;
+  }
+  if (ab > g->ep) {
+    ring_fail(g, "epoch %llu aborts epoch %llu", (unsigned long long)ab, (unsigned long long)g->ep);
+    return 1;
+  }
+  return 0;
+}
+
+/* --- one attempt --- */
+
+/* A fresh ring for collective seq in run_ep, and an empty undo log. */
+static void ring_init(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, ftar_op op, uint64_t seq) {
+  memset(g, 0, sizeof *g);
+  g->m = m;
+  g->buf = buf;
+  g->n = n;
+  g->F = frame_floats(n, m->run_n, m->chunk);
+  g->p = m->run_n;
+  g->r = m->run_r;
+  g->nsteps = 2 * (g->p - 1);
+  g->op = op;
+  g->ep = m->run_ep;
+  g->seq = seq;
+  skip_send(g);
+  skip_recv(g);
+  update_full(g);
+  u->p = g->p;
+  u->n = n;
+  memset(u->copied, 0, sizeof u->copied);
+}
+
+/* Sends and receives what the links take now: 1 on progress, 0 if
+ * blocked, -1 on failure (g->why). */
+static int ring_pump(ring *g, undo_log *u) {
+  ftar_member *m = g->m;
+  int pr = 0, r;
+  if (m->down_state != DOWN_CONNECTING) {
+    if ((r = pump_send(g, u)) < 0) return -1;
+    pr |= r;
+  }
+  if (m->up_fd >= 0) {
+    if ((r = pump_recv(g, u)) < 0) return -1;
+    pr |= r;
+    if (pr) { /* receiving may have unblocked sends */
+      if (m->down_state != DOWN_CONNECTING && (r = pump_send(g, u)) < 0) return -1;
+    }
+  }
+  return pr;
+}
+
+/* Every member holds the full result: the last token went around. */
+static int ring_done(const ring *g) {
+  return g->full && g->tok_recv == g->p - 1 && g->tok_sent == g->p - 1 && !g->s_busy;
+}
+
+/* No progress: 1 (g->why set) if a started collective stalled past the
+ * deadline or the call's time is up (*timed_out). */
+static int ring_expired(ring *g, double now, double t_end, int *timed_out) {
+  ftar_member *m = g->m;
+  if (g->started && now - g->t_progress > m->deadline) {
+    ring_fail(g, "no progress for %.2f s (peer stalled)", now - g->t_progress);
+    return 1;
+  }
+  if (now > t_end) {
+    ring_fail(g, "timed out after %.1f s waiting for peers", m->o.timeout);
+    *timed_out = 1;
+    return 1;
+  }
+  return 0;
+}
+
+/* The descriptors one wait watches, and where each is in pf. */
+typedef struct {
+  struct pollfd pf[4 + PENDING_MAX];
+  int np, i_up, i_down, i_lis, i_pend0;
+} ring_pollset;
+
+static void pollset_build(const ring *g, ring_pollset *ps) {
+  const ftar_member *m = g->m;
+  struct pollfd *pf = ps->pf;
+  int np = 0;
+  ps->i_up = ps->i_down = -1;
+  pf[np++] = (struct pollfd){.fd = m->wake[0], .events = POLLIN};
+  ps->i_lis = np;
+  pf[np++] = (struct pollfd){.fd = m->lfd, .events = POLLIN};
+  if (m->up_fd >= 0 && expecting(g) && !m->up_eof) { /* data, or with a ring: doorbells and EOF */
+    ps->i_up = np;
+    pf[np++] = (struct pollfd){.fd = m->up_fd, .events = POLLIN};
+  }
+  if (m->down_fd >= 0 && !m->down_eof) {
+    short ev = 0;
+    if (m->down_state == DOWN_CONNECTING) ev = POLLOUT;
+    else if (m->down_state == DOWN_ACK) ev = POLLIN;
+    else if (m->down_shm.active) ev = send_pending(g) ? POLLIN : 0;
+    else if (want_send(g)) ev = POLLOUT;
+    if (ev) {
+      ps->i_down = np;
+      pf[np++] = (struct pollfd){.fd = m->down_fd, .events = ev};
+    }
+  }
+  ps->i_pend0 = np;
+  for (int i = 0; i < m->npend; i++)
+    if (!m->pend[i].complete) pf[np++] = (struct pollfd){.fd = m->pend[i].fd, .events = POLLIN};
+  ps->np = np;
+}
+
+/* The downstream link is readable or writable: finish the connect, read
+ * the answer to CONNECT, or (shared memory) drain doorbells and see EOF. */
+static int down_event(ring *g) {
+  ftar_member *m = g->m;
+  if (m->down_state == DOWN_CONNECTING) return down_finish_connect(g);
+  if (m->down_state == DOWN_ACK) return down_read_ack(g);
+  if (m->down_shm.active) {
+    int slot = down_peer(g)->slot;
+    if (doorbell_drain(m->down_fd, &m->down_eof) < 0 || (m->down_eof && send_pending(g)))
+      return ring_fail(g, "slot %d closed the link", slot);
+  }
+  return 0;
+}
+
+/* Handles what poll reported. 0, or -1 (g->why) to abort. */
+static int pollset_handle(ring *g, const ring_pollset *ps) {
+  ftar_member *m = g->m;
+  const struct pollfd *pf = ps->pf;
+  if (pf[0].revents) ftar_drain_fd(m->wake[0]);
+  if (pf[ps->i_lis].revents) ftar_port_accept(m);
+  if (ps->np > ps->i_pend0) ftar_port_read(m);
+  if (ps->i_down >= 0 && pf[ps->i_down].revents && down_event(g)) return -1;
+  if (ps->i_up >= 0 && pf[ps->i_up].revents && m->up_shm.active) {
+    int slot = up_peer(g)->slot;
+    if (doorbell_drain(m->up_fd, &m->up_eof) < 0)
+      return ring_fail(g, "receive from slot %d: %s", slot, strerror(errno));
+    /* on EOF, up_recv fails once the ring is empty: data sent before
+     * the close is still delivered */
+  }
+  return 0;
+}
+
+/* Nothing moved: poll without sleeping while the last progress is recent
+ * (spin), else arm the shared-memory doorbells and sleep up to POLL_MS;
+ * then handle what woke us. 0, or -1 (g->why) to abort. */
+static int ring_wait(ring *g, double now, double spin) {
+  ftar_member *m = g->m;
+  ring_pollset ps;
+  pollset_build(g, &ps);
+  int spinning = now - g->t_progress < spin;
+  if (!spinning && shm_arm(g)) return 0; /* progress became possible while arming */
+  int rc = poll(ps.pf, (nfds_t)ps.np, spinning ? 0 : POLL_MS);
+  shm_disarm(m);
+  if (rc == 0 && spinning) sched_yield(); /* let a runnable peer have the core */
+  if (rc < 0 && errno != EINTR) return ring_fail(g, "poll: %s", strerror(errno));
+  if (rc <= 0) return 0;
+  return pollset_handle(g, &ps);
+}
+
+/* Runs one collective in run_ep. R_DONE, R_ABORT (links closed, g->why,
+ * g->full tells whether buf holds the full result), R_FATAL (timeout or
+ * control link down). */
+static int ring_run(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, ftar_op op, uint64_t seq,
+                    double t_end, int *timed_out) {
+  ring_init(m, g, u, buf, n, op, seq);
+  *timed_out = 0;
+  unsigned gen_seen = atomic_load(&m->gen) - 1; /* check once at the start */
+  g->t_progress = tr_now();
+  double spin = spin_seconds(m);
+  if (m->down_fd < 0 && down_start(g)) goto abort;
+  int stopping = 0;
+  for (;;) {
+    /* an aborting epoch (or a lost coordinator) stops the collective once
+     * the ring is blocked, not at once: what peers already delivered (say
+     * the last token of a member that finished and left) is consumed first */
+    if (!stopping && ctl_check(g, &gen_seen)) stopping = 1;
+    ftar_port_match(m);
+    int pr = ring_pump(g, u);
+    if (pr < 0) goto abort;
+    double now = tr_now();
+    if (pr) g->t_progress = now;
+    if (ring_done(g)) return R_DONE;
+    if (pr) continue;
+    if (stopping || ring_expired(g, now, t_end, timed_out) || ring_wait(g, now, spin) < 0) goto abort;
+  }
+abort:
+  ftar_links_close(m);
+  return g->fatal || *timed_out ? R_FATAL : R_ABORT;
+}
+
+/* --- the ring as a data plane --- */
+
+typedef struct {
+  ftar_plane base; /* first: a ftar_plane * is a ring_plane * */
+  float *buf;
+  size_t n;
+  ftar_op op;
+  undo_log *u;
+  ring *g;
+} ring_plane;
+
+static int ring_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_end, int *full, int *fatal_rc,
+                          char *why, size_t why_len) {
+  ring_plane *rp = (ring_plane *)pl;
+  (void)fatal_rc; /* FTAR_ETIMEOUT, or the control link's failure */
+  if (rp->n > m->in_cap) {
+    float *nc = realloc(m->in_copy, rp->n * sizeof(float));
+    if (!nc) return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the input copy (%zu floats)", rp->n);
+    m->in_copy = nc;
+    m->in_cap = rp->n;
+  }
+  int timed_out;
+  int rr = ring_run(m, rp->g, rp->u, rp->buf, rp->n, rp->op, seq, t_end, &timed_out);
+  *full = rp->g->full;
+  snprintf(why, why_len, "%s", rp->g->why);
+  return rr == R_DONE ? FTAR_PLANE_DONE : rr == R_FATAL ? FTAR_PLANE_FATAL : FTAR_PLANE_ABORT;
+}
+
+static void ring_plane_restore(ftar_plane *pl, ftar_member *m) {
+  ring_plane *rp = (ring_plane *)pl;
+  undo_restore(m, rp->buf, rp->u);
+}
+
+static void ring_plane_leave(ftar_plane *pl, ftar_member *m) {
+  (void)pl;
+  ftar_links_close(m);
+}
+
+ftar_plane *ftar_ring_plane_new(float *buf, size_t n, ftar_op op) {
+  ring_plane *rp = calloc(1, sizeof *rp);
+  if (!rp) return NULL;
+  *rp = (ring_plane){.base = {ring_plane_run, ring_plane_restore, ring_plane_leave}, .buf = buf, .n = n, .op = op};
+  rp->u = calloc(1, sizeof *rp->u);
+  rp->g = calloc(1, sizeof *rp->g);
+  if (!rp->u || !rp->g) {
+    ftar_ring_plane_free(&rp->base);
+    return NULL;
+  }
+  rp->u->p = 1;
+  return &rp->base;
+}
+
+void ftar_ring_plane_free(ftar_plane *pl) {
+  ring_plane *rp = (ring_plane *)pl;
+  if (!rp) return;
+  free(rp->g);
+  free(rp->u);
+  free(rp);
+}
