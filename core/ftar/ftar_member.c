@@ -113,8 +113,12 @@ int ftar_connect_to(const char *host, int port, int sockbuf, double t_end, int *
     close(fd);
     return tr_fail(FTAR_ECOORD, "connect %s:%d: %s", host, port, strerror(e));
   }
-  *out = fd;
-  if (t_end <= 0) return 0; /* caller completes the connect */
+  if (t_end <= 0) { /* caller completes the connect */
+    *out = fd;
+    return 0;
+  }
+  /* *out is set only on success: a closed number left there would be
+   * closed again by the caller, maybe after another thread reused it */
   if (ftar_io_wait(fd, POLLOUT, t_end)) {
     close(fd);
     return tr_fail(FTAR_ETIMEOUT, "connect %s:%d: timed out", host, port);
@@ -126,6 +130,7 @@ int ftar_connect_to(const char *host, int port, int sockbuf, double t_end, int *
     close(fd);
     return tr_fail(FTAR_ECOORD, "connect %s:%d: %s", host, port, strerror(err));
   }
+  *out = fd;
   return 0;
 }
 
