@@ -42,6 +42,13 @@ describe("transom attach", function()
     out, rc = sh(A .. "'while true do end'")
     assert.equal(1, rc)
     assert.matches("instruction budget", out)
+    -- ... and while it ran, no replica stalled into an eviction or a restart
+    out, rc = sh(A .. "'#workers()'")
+    assert.equal(0, rc, out)
+    assert.matches("^3", out)
+    local ev = read(run .. "/events.jsonl") or ""
+    assert.is_nil(ev:find('"kind":"evict"', 1, true), ev)
+    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
     -- errors are reported, not fatal
     out, rc = sh(A .. "'evict(99)'")
     assert.equal(1, rc)
@@ -54,12 +61,21 @@ describe("transom attach", function()
     out, rc = sh("printf 'x = 41\\nx + 1\\n' | " .. BIN .. " attach " .. run)
     assert.equal(0, rc, out)
     assert.matches("42", out)
-    -- another uid is refused (the socket is 0600 and the peer uid is checked)
+    -- another uid is refused: the socket is 0600, and the peer's uid is
+    -- checked (SO_PEERCRED). To test the check itself, the socket's mode is
+    -- opened up first, so only the uid check stands in the way.
     local whoami = sh("id -u")
     if whoami:match("^0") then
+      assert(os.execute("chmod 0755 " .. run .. " && chmod 0666 " .. run .. "/control.sock"))
       out, rc = sh("su nobody -s /bin/sh -c \"" .. A .. "'1'\"")
       assert.are_not.equal(0, rc)
       assert.not_matches("^1\n", out)
+      assert.matches("refused", out)
+      local nobody = sh("id -u nobody"):match("%d+")
+      assert.matches('"kind":"attach_refused","detail":"a client of uid ' .. nobody .. ' was refused"',
+        read(run .. "/events.jsonl") or "", 1, true)
+    else
+      print("\n  (not root: the other-uid refusal is not tested)")
     end
     -- the job finishes; every replica saw the new lr from the same step
     for _ = 1, 1200 do
