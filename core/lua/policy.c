@@ -133,9 +133,9 @@ static int sb_pcall(lua_State *L) {
 static int sb_print(lua_State *L) {
   policy_engine *e = engine_of(L);
   if (e->dry_run || !e->o.on_print) return 0;
+  int n = lua_gettop(L); /* before luaL_buffinit, which may push a placeholder */
   luaL_Buffer b;
   luaL_buffinit(L, &b);
-  int n = lua_gettop(L);
   for (int i = 1; i <= n; i++) {
     if (i > 1) luaL_addchar(&b, '\t');
     luaL_tolstring(L, i, NULL);
