@@ -2,9 +2,10 @@
  * operator feeds in, the tick (every rule over every worker, dedup, policy,
  * callbacks), events and their JSON form, and the copies the REPL reads.
  *
- * The Lua VM, sandbox, views and loading live in detector_lua.c; the inotify
- * watcher in detector_watch.c; the Prometheus output in prom.c. Single
- * thread: the operator's event loop.
+ * The Lua VM, sandbox, loading and the inotify watcher are the policy
+ * engine's (core/lua/policy.c); the detector's checks and dry runs live in
+ * detector_lua.c, the views in detector_views.c, the Prometheus output in
+ * prom.c. Single thread: the operator's event loop.
  */
 #include <lauxlib.h>
 #include <limits.h>
@@ -119,21 +120,17 @@ detector *detector_create(const detector_opts *o) {
     return NULL;
   }
   d->o = *o;
-  d->ino_fd = -1;
-  d->files[DET_FILE_RULES].name = "rules.lua";
-  d->files[DET_FILE_ACTIONS].name = "actions.lua";
-  for (int i = 0; i < DET_NFILES; i++) d->files[i].env_ref = LUA_NOREF;
-  d->actions_ref = LUA_NOREF;
   int workers = o->max_workers ? o->max_workers : 256, history = o->history ? o->history : 256;
   long budget = o->budget ? o->budget : 200000;
-  d->mem_limit = o->mem_limit ? o->mem_limit : (size_t)64 << 20;
+  size_t mem_limit = o->mem_limit ? o->mem_limit : (size_t)64 << 20;
   if (o->debounce_ms <= 0) d->o.debounce_ms = 200;
-  if (budget < 1000 || budget > INT_MAX || d->mem_limit < (1u << 20) || workers < 1 || workers > 65536) {
+  if (budget < 1000 || budget > INT_MAX || mem_limit < (1u << 20) || workers < 1 || workers > 65536) {
     tr_fail(TR_EINVAL, "detector: bad options (budget %ld: 1000..%d; mem_limit >= 1 MiB; max_workers 1..65536)",
             budget, INT_MAX);
     goto error;
   }
-  d->budget = (int)budget;
+  d->o.budget = budget;
+  d->o.mem_limit = mem_limit;
   const char *dir = lua_host_dir();
   if (o->policy_dir) snprintf(d->policy_dir, sizeof d->policy_dir, "%s", o->policy_dir);
   else snprintf(d->policy_dir, sizeof d->policy_dir, "%s/policies", dir);
@@ -153,7 +150,7 @@ detector *detector_create(const detector_opts *o) {
   for (int i = 0; i < workers; i++) d->real.hb[i] = d->real.first_seen[i] = NAN;
   if (det_lua_init(d)) goto error;
   d->busy = 1;
-  int rc = det_reload(d, 1, 1);
+  int rc = det_reload(d, 1);
   d->busy = 0;
   if (rc) goto error;
   return d;
@@ -164,8 +161,7 @@ error:
 
 void detector_destroy(detector *d) {
   if (!d || d->busy) return;
-  detector_unwatch(d);
-  det_lua_close(d);
+  det_lua_close(d); /* the watcher too */
   series_free(d->real.s);
   free(d->real.hb);
   free(d->real.first_seen);
@@ -260,7 +256,7 @@ static void count_kind(detector *d, const char *kind) {
 }
 
 /* A rule or policy call failed: an event, once per distinct message in a row. */
-static void call_failed(detector *d, det_rule *r, const char *who, int worker, int64_t step, const det_err *e) {
+static void call_failed(detector *d, det_rule *r, const char *who, int worker, int64_t step, const policy_err *e) {
   d->rule_errors_total++;
   if (r) {
     r->failed_this_tick = 1;
@@ -269,9 +265,9 @@ static void call_failed(detector *d, det_rule *r, const char *who, int worker, i
   }
   char detail[DET_MSG + 64];
   snprintf(detail, sizeof detail, "%s%s", e->msg, e->budget ? " (stopped by the instruction budget)" : "");
-  const det_file *f = &d->files[strncmp(e->file, "actions", 7) == 0 ? DET_FILE_ACTIONS : DET_FILE_RULES];
+  const char *path = policy_path(d->files[strncmp(e->file, "actions", 7) == 0 ? DET_FILE_ACTIONS : DET_FILE_RULES]);
   detector_event ev = {.type = DET_EV_RULE_ERROR, .kind = "rule_error", .step = step, .worker = worker,
-                       .rule = who, .file = f->path[0] ? f->path : NULL, .line = e->line, .detail = detail};
+                       .rule = who, .file = path[0] ? path : NULL, .line = e->line, .detail = detail};
   det_emit(d, &ev);
 }
 
@@ -289,7 +285,7 @@ static void run_rule(detector *d, det_rule *r) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, d->state_ref);
     d->cur_rule = r->name;
     d->cur_worker = w;
-    det_err e;
+    policy_err e;
     if (det_call(d, 3, 1, &e)) {
       call_failed(d, r, r->name, w, wstep, &e);
       over = e.budget;
@@ -311,9 +307,9 @@ static void run_rule(detector *d, det_rule *r) {
     snprintf(detail, sizeof detail,
              "rule '%s' disabled: over its instruction budget (%d) in %d ticks in a row; it comes back when "
              "rules.lua is reloaded",
-             r->name, d->budget, DET_OVER_BUDGET_OFF);
+             r->name, (int)policy_engine_budget(d->eng), DET_OVER_BUDGET_OFF);
     detector_event ev = {.type = DET_EV_RULE_ERROR, .kind = "rule_error", .step = -1, .worker = -1,
-                         .rule = r->name, .file = d->files[DET_FILE_RULES].path, .detail = detail};
+                         .rule = r->name, .file = policy_path(d->files[DET_FILE_RULES]), .detail = detail};
     det_emit(d, &ev);
   }
   if (!r->failed_this_tick) r->last_err[0] = 0;
@@ -344,7 +340,7 @@ static void decide(detector *d, const detector_anomaly *a, detector_action *act,
   int top = lua_gettop(L);
   char who[DET_NAME + 16];
   snprintf(who, sizeof who, "actions.%s", a->kind);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, d->actions_ref); /* [actions] */
+  policy_push(d->files[DET_FILE_ACTIONS]); /* [actions] */
   lua_pushstring(L, a->kind);
   if (lua_rawget(L, -2) == LUA_TNIL) { /* [actions, nil] */
     lua_pop(L, 1);
@@ -356,7 +352,7 @@ static void decide(detector *d, const detector_anomaly *a, detector_action *act,
   act->worker = INT_MIN;
   act->step = INT64_MIN;
   detail[0] = 0;
-  det_err e;
+  policy_err e;
   memset(&e, 0, sizeof e);
   if (lua_isfunction(L, -1)) { /* [actions, fn] */
     push_anomaly(L, a);
@@ -447,7 +443,7 @@ int detector_tick(detector *d, double now) {
 int detector_reload(detector *d) {
   if (d->busy) return tr_fail(TR_ESTATE, "detector_reload: called from a detector callback");
   d->busy = 1;
-  int rc = det_reload(d, 1, 0);
+  int rc = det_reload(d, 1);
   d->busy = 0;
   return rc;
 }

@@ -1,7 +1,9 @@
 /* detector_internal.h — the detector's layout, shared by detector.c (the
- * engine), detector_lua.c (VM, sandbox, loading), detector_views.c (the
- * read-only views), detector_watch.c (inotify) and prom.c (the exposition). Nothing outside detector/ includes
- * it: the operator sees only detector.h.
+ * engine), detector_lua.c (its policy files on the policy engine: checks,
+ * dry runs, parsing results), detector_views.c (the read-only views) and
+ * prom.c (the exposition). Nothing outside detector/ includes it: the
+ * operator sees only detector.h. The VM, sandbox, budget, loading and
+ * inotify are the policy engine's (core/lua/policy.c).
  */
 #ifndef TRANSOM_DETECTOR_INTERNAL_H
 #define TRANSOM_DETECTOR_INTERNAL_H
@@ -11,16 +13,14 @@
 #include <stdint.h>
 
 #include "detector.h"
+#include "policy.h"
 #include "stats.h"
-
-struct event;
-struct event_base;
 
 #define DET_MAX_RULES 64   /* rule functions in rules.lua */
 #define DET_NAME 48        /* rule and anomaly-kind names, bytes with the NUL */
 #define DET_SEV 16
 #define DET_DETAIL 256     /* anomaly details are cut to this */
-#define DET_MSG 512        /* error messages */
+#define DET_MSG POLICY_MSG /* error messages */
 #define DET_RECENT 256     /* anomalies kept for the REPL */
 #define DET_DEDUP 1024     /* (rule, kind, worker, step) identities remembered */
 #define DET_MAX_KINDS 64   /* anomaly kinds counted separately for Prometheus */
@@ -49,21 +49,6 @@ typedef struct {
   char last_err[DET_MSG]; /* the last error reported, to report each distinct one once */
 } det_rule;
 
-typedef struct {
-  const char *name;   /* "rules.lua" | "actions.lua" */
-  char path[PATH_MAX];/* where the version in force came from ("" before the first load) */
-  uint64_t hash;      /* of its bytes */
-  uint64_t failed_hash; /* bytes that failed last (the watcher does not retry them) */
-  int env_ref;        /* its sandbox environment */
-} det_file;
-
-/* An error out of Lua, structured: message, file, line. */
-typedef struct {
-  char msg[DET_MSG];
-  char file[DET_NAME]; /* chunk name ("rules.lua"), "" when unknown */
-  int line;            /* 0 when unknown */
-  int budget;          /* the instruction budget ran out */
-} det_err;
 
 typedef struct {
   char rule[DET_NAME], kind[DET_NAME], severity[DET_SEV], detail[DET_DETAIL];
@@ -81,12 +66,9 @@ typedef struct {
 struct detector {
   detector_opts o;
   char policy_dir[PATH_MAX], fallback_dir[PATH_MAX];
-  lua_State *L;
-  size_t mem_used, mem_limit;
-  int mem_enforce;   /* the limit holds only inside rule/policy calls */
-  int budget;        /* instructions per call */
-  int budget_hit;    /* set by the hook; the sandbox's pcall re-raises while set */
-  int dry_run;       /* inside a reload's dry calls: print() is silent */
+  policy_engine *eng; /* the VM, sandbox, budget, loading, watching */
+  policy *files[DET_NFILES]; /* rules.lua, actions.lua */
+  lua_State *L;      /* the engine's VM */
   int busy;          /* inside tick / reload: callbacks may be running */
   int prints;        /* print() lines this tick */
   const char *cur_rule; /* the rule or policy being called (print() names it) */
@@ -94,8 +76,9 @@ struct detector {
   det_world real, dry;
   int nrules;
   det_rule rules[DET_MAX_RULES];
-  int actions_ref, state_ref, views_ref; /* registry refs */
-  det_file files[DET_NFILES];
+  det_rule staged[DET_MAX_RULES]; /* rules.lua being loaded: checked, not yet in force */
+  int nstaged;
+  int state_ref, views_ref; /* registry refs */
   /* (rule, kind, worker, step) identities already reported */
   struct {
     uint64_t key;
@@ -115,10 +98,6 @@ struct detector {
   int nkinds;
   det_pending pend[DET_TICK_MAX];
   int npend, dropped;
-  /* the watcher */
-  struct event_base *base;
-  int ino_fd;
-  struct event *ino_ev, *debounce_ev;
 };
 
 /* --- detector.c --- */
@@ -127,7 +106,7 @@ void det_emit(detector *d, detector_event *e);
 double det_wall_time(void);
 
 /* --- detector_views.c --- */
-/* The detector a Lua state belongs to (kept in its extra space). */
+/* The detector a Lua state belongs to (the policy engine's ud). */
 detector *det_of(lua_State *L);
 /* Creates the view metatables in L's registry. */
 void det_views_init(lua_State *L);
@@ -138,16 +117,15 @@ void det_push_worker_view(detector *d, int w);
 void det_push_fleet_view(detector *d);
 
 /* --- detector_lua.c --- */
-/* Lua VM with the allocator limit, view metatables and the dry world. */
+/* The policy engine (budget, memory limit from d->o) with rules.lua and
+ * actions.lua registered, the view metatables, `state`, the dry world. */
 int det_lua_init(detector *d);
 void det_lua_close(detector *d);
 /* Reloads the policy files: force = every file, else only those whose bytes
- * changed. at_create: a missing file comes from fallback_dir and any failure
- * is fatal. */
-int det_reload(detector *d, int force, int at_create);
-/* The one protected call for rules and policies: budget hook and memory
- * limit on, lua_host_pcall, structured error into e. */
-int det_call(detector *d, int nargs, int nresults, det_err *e);
+ * changed. The first load takes a missing file from fallback_dir. */
+int det_reload(detector *d, int force);
+/* A rule or policy call (policy_call on the detector's engine). */
+int det_call(detector *d, int nargs, int nresults, policy_err *e);
 /* Parses what a rule returned (at stack index idx) into d->pend (store) or
  * just checks it. Returns the number of anomalies or -1 with err set. */
 int det_collect(detector *d, int idx, const char *rule, int worker, int64_t wstep, int store, char *err, size_t n);

@@ -1,20 +1,21 @@
-/* detector_lua.c — the Lua side of the detector: its VM (memory limit,
- * instruction-budget hook, the protected call every rule and policy goes
- * through), the sandbox the policy files run in, parsing what rules and
- * policies return, and loading/checking/swapping rules.lua and actions.lua.
+/* detector_lua.c — the detector's policy files on the policy engine
+ * (core/lua/policy.c): rules.lua and actions.lua registered there with the
+ * detector's checks (shapes, dry runs on a synthetic world) and commits,
+ * the `state` global, print() as "rule_print" events, reloads as
+ * "policy_reload" / "policy_reload_failed" events; and parsing what rules
+ * and policies return.
  *
- * It does not run ticks or decide what happens to an anomaly (detector.c),
- * build the views (detector_views.c) or watch files (detector_watch.c).
- * Everything runs on the detector's thread.
+ * The VM, the sandbox, the instruction budget, the memory limit, loading
+ * and swapping files, and inotify are the engine's. It does not run ticks or
+ * decide what happens to an anomaly (detector.c) or build the views
+ * (detector_views.c). Everything runs on the detector's thread.
  */
 #include <lauxlib.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "detector_internal.h"
 #include "lua_host.h"
@@ -22,176 +23,7 @@
 
 #define DRY_STEPS 24 /* steps of the dry runs' synthetic worker */
 
-
-/* --- the VM: memory limit, budget hook, protected call --- */
-
-/* realloc/free like Lua's default allocator (the state is created with that
- * one and switched over), counting bytes; refuses to grow past mem_limit while
- * a rule or policy runs. */
-static void *limited_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
-  detector *d = ud;
-  size_t old = ptr ? osize : 0;
-  if (nsize == 0) {
-    free(ptr);
-    d->mem_used -= old;
-    return NULL;
-  }
-  if (d->mem_enforce && nsize > old && d->mem_used - old + nsize > d->mem_limit) return NULL;
-  void *p = realloc(ptr, nsize);
-  if (p) d->mem_used = d->mem_used - old + nsize;
-  return p;
-}
-
-/* The count hook: the running rule is past its budget. The error names the
- * line it was on; the sandbox's pcall cannot swallow it (budget_hit). */
-static void budget_hook(lua_State *L, lua_Debug *ar) {
-  (void)ar;
-  detector *d = det_of(L);
-  d->budget_hit = 1;
-  lua_Debug here;
-  if (lua_getstack(L, 0, &here) && lua_getinfo(L, "Sl", &here) && here.currentline > 0)
-    lua_pushfstring(L, "%s:%d: instruction budget of %d exceeded", here.short_src, here.currentline, d->budget);
-  else
-    lua_pushfstring(L, "instruction budget of %d exceeded", d->budget);
-  lua_error(L);
-}
-
-/* "rules.lua:12: msg" -> file "rules.lua", line 12. When the message has no
- * position (an error raised with a table, out of memory), the innermost
- * policy-file frame of the traceback gives the line. */
-static void err_parse(det_err *e, const char *msg, const char *tb) {
-  snprintf(e->msg, sizeof e->msg, "%s", msg && *msg ? msg : "(no message)");
-  e->file[0] = 0;
-  e->line = 0;
-  const char *c = strchr(e->msg, ':');
-  if (c && c > e->msg && (size_t)(c - e->msg) < sizeof e->file && c[1] >= '0' && c[1] <= '9' && !memchr(e->msg, ' ', (size_t)(c - e->msg))) {
-    char *end;
-    long line = strtol(c + 1, &end, 10);
-    if (*end == ':') {
-      memcpy(e->file, e->msg, (size_t)(c - e->msg));
-      e->file[c - e->msg] = 0;
-      e->line = (int)line;
-      return;
-    }
-  }
-  static const char *const names[] = {"rules.lua:", "actions.lua:"};
-  const char *best = NULL;
-  int which = 0;
-  for (int i = 0; i < 2 && tb; i++) {
-    const char *p = strstr(tb, names[i]);
-    if (p && (!best || p < best)) best = p, which = i;
-  }
-  if (best) {
-    snprintf(e->file, sizeof e->file, "%.*s", (int)strlen(names[which]) - 1, names[which]);
-    e->line = atoi(best + strlen(names[which]));
-  }
-}
-
-int det_call(detector *d, int nargs, int nresults, det_err *e) {
-  lua_State *L = d->L;
-  d->budget_hit = 0;
-  lua_sethook(L, budget_hook, LUA_MASKCOUNT, d->budget);
-  d->mem_enforce = 1;
-  int rc = lua_host_pcall(L, nargs, nresults);
-  d->mem_enforce = 0;
-  lua_sethook(L, NULL, 0, 0);
-  if (rc == TR_OK) return TR_OK;
-  err_parse(e, tr_error(), lua_host_traceback());
-  e->budget = d->budget_hit;
-  d->budget_hit = 0;
-  return rc;
-}
-
-/* --- the sandbox --- */
-
-/* pcall for policy files: like the real one, except that running out of
- * instructions or memory cannot be caught. */
-static int sb_pcall(lua_State *L) {
-  detector *d = det_of(L);
-  luaL_checkany(L, 1);
-  int status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
-  if (status != LUA_OK && (d->budget_hit || status == LUA_ERRMEM)) return lua_error(L);
-  lua_pushboolean(L, status == LUA_OK);
-  lua_insert(L, 1);
-  return lua_gettop(L);
-}
-
-/* print(...) -> a "rule_print" event (at most DET_PRINTS a tick; silent in dry runs). */
-static int sb_print(lua_State *L) {
-  detector *d = det_of(L);
-  if (d->dry_run || d->prints >= DET_PRINTS) return 0;
-  d->prints++;
-  luaL_Buffer b;
-  luaL_buffinit(L, &b);
-  int n = lua_gettop(L);
-  for (int i = 1; i <= n; i++) {
-    if (i > 1) luaL_addchar(&b, '\t');
-    luaL_tolstring(L, i, NULL);
-    luaL_addvalue(&b);
-  }
-  luaL_pushresult(&b);
-  detector_event e = {.type = DET_EV_PRINT, .kind = "rule_print", .step = -1, .worker = d->cur_worker,
-                      .rule = d->cur_rule, .detail = lua_tostring(L, -1)};
-  det_emit(d, &e);
-  return 0;
-}
-
-static int sb_undefined(lua_State *L) {
-  return luaL_error(L, "undefined global '%s'", lua_type(L, 2) == LUA_TSTRING ? lua_tostring(L, 2) : luaL_typename(L, 2));
-}
-
-/* Pushes a fresh sandbox environment: the safe base functions, copies of
- * math/string/table/utf8, os.time/os.clock, the guarded pcall, print, the
- * detector's `state`; reading any other global raises. */
-static void push_env(detector *d) {
-  lua_State *L = d->L;
-  static const char *const base[] = {"assert", "error", "ipairs", "next", "pairs", "select", "tonumber",
-                                     "tostring", "type", "rawequal", "rawlen", "rawget", "_VERSION", NULL};
-  static const char *const libs[] = {"math", "string", "table", "utf8", NULL};
-  lua_newtable(L); /* [env] */
-  for (int i = 0; base[i]; i++) {
-    lua_getglobal(L, base[i]);
-    lua_setfield(L, -2, base[i]);
-  }
-  for (int i = 0; libs[i]; i++) {
-    lua_newtable(L);         /* [env, copy] */
-    lua_getglobal(L, libs[i]); /* [env, copy, lib] */
-    lua_pushnil(L);
-    while (lua_next(L, -2)) { /* [env, copy, lib, k, v] */
-      lua_pushvalue(L, -2);   /* [env, copy, lib, k, v, k] */
-      lua_insert(L, -2);      /* [env, copy, lib, k, k, v] */
-      lua_settable(L, -5);    /* [env, copy, lib, k] */
-    }
-    lua_pop(L, 1); /* [env, copy] */
-    if (strcmp(libs[i], "string") == 0) {
-      lua_pushnil(L);
-      lua_setfield(L, -2, "dump");
-    }
-    lua_setfield(L, -2, libs[i]); /* [env] */
-  }
-  lua_newtable(L);        /* [env, os'] */
-  lua_getglobal(L, "os"); /* [env, os', os] */
-  lua_getfield(L, -1, "time");
-  lua_setfield(L, -3, "time");
-  lua_getfield(L, -1, "clock");
-  lua_setfield(L, -3, "clock");
-  lua_pop(L, 1);
-  lua_setfield(L, -2, "os"); /* [env] */
-  lua_pushcfunction(L, sb_pcall);
-  lua_setfield(L, -2, "pcall");
-  lua_pushcfunction(L, sb_print);
-  lua_setfield(L, -2, "print");
-  lua_rawgeti(L, LUA_REGISTRYINDEX, d->state_ref);
-  lua_setfield(L, -2, "state");
-  lua_pushvalue(L, -1);
-  lua_setfield(L, -2, "_G");
-  lua_createtable(L, 0, 2); /* [env, meta] */
-  lua_pushcfunction(L, sb_undefined);
-  lua_setfield(L, -2, "__index");
-  lua_pushboolean(L, 0);
-  lua_setfield(L, -2, "__metatable");
-  lua_setmetatable(L, -2); /* [env] */
-}
+int det_call(detector *d, int nargs, int nresults, policy_err *e) { return policy_call(d->eng, nargs, nresults, e); }
 
 /* --- parsing what rules and policies return --- */
 
@@ -402,68 +234,53 @@ int det_parse_action(lua_State *L, int idx, detector_action *a, char *detail, si
   return 0;
 }
 
-/* --- loading policy files --- */
-
-static uint64_t fnv1a(const void *p, size_t n) {
-  const unsigned char *s = p;
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
-  return h;
-}
+/* --- checking and adopting policy files (the engine's check and commit) --- */
 
 static int cmp_rule(const void *a, const void *b) { return strcmp(((const det_rule *)a)->name, ((const det_rule *)b)->name); }
 
-/* Line where the function at idx is defined, 0 if not a Lua function. */
-static int fn_line(lua_State *L, int idx) {
-  lua_Debug ar;
-  lua_pushvalue(L, idx);
-  if (!lua_getinfo(L, ">S", &ar)) return 0;
-  return ar.linedefined > 0 ? ar.linedefined : 0;
-}
-
-static int fail_at(det_err *e, const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail_at(det_err *e, const char *file, int line, const char *fmt, ...) {
-  char msg[DET_MSG];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (line > 0) snprintf(e->msg, sizeof e->msg, "%s:%d: %s", file, line, msg);
-  else snprintf(e->msg, sizeof e->msg, "%s: %s", file, msg);
-  snprintf(e->file, sizeof e->file, "%s", file);
-  e->line = line;
-  return TR_ELUA;
-}
-
 /* A dry call failed: prefix its message, keep its position. */
-static int dry_failed(det_err *e, const char *what) {
+static int dry_failed(policy_err *e, const char *what) {
   char msg[DET_MSG];
   snprintf(msg, sizeof msg, "%s", e->msg);
   snprintf(e->msg, sizeof e->msg, "dry run of %s: %s", what, msg);
   return TR_ELUA;
 }
 
-/* The rules table is at index t (its env at env). Checks it, dry-runs each
- * rule on the synthetic world, and on success swaps the rules in. */
-static int check_rules(detector *d, int t, const char *file, det_err *e) {
-  lua_State *L = d->L;
-  det_rule nr[DET_MAX_RULES];
+/* Dry runs must not touch the real state through the global either: env.state
+ * is a scratch table while they run. */
+static void set_env_state(detector *d, lua_State *L, int env, int real) {
+  lua_pushliteral(L, "state");
+  if (real) lua_rawgeti(L, LUA_REGISTRYINDEX, d->state_ref);
+  else lua_newtable(L);
+  lua_rawset(L, env);
+}
+
+/* rules.lua returned the table at t: every value a function(w, fleet, state)
+ * named by a string, each dry-run on the synthetic world (a worker with a
+ * few steady steps and a worker with none); the sorted list is staged for
+ * commit_rules. */
+static int check_rules(void *ud, lua_State *L, int t, int env, policy_err *e) {
+  detector *d = ud;
+  const char *file = policy_name(d->files[DET_FILE_RULES]);
+  det_rule *nr = d->staged;
   int n = 0;
+  d->nstaged = 0;
   lua_pushnil(L);
   while (lua_next(L, t)) { /* [.., k, v] */
     if (lua_type(L, -2) != LUA_TSTRING) {
+      int rc = policy_fail(e, file, 0, "the returned table has a %s key; rules are named by strings", luaL_typename(L, -2));
       lua_pop(L, 2);
-      return fail_at(e, file, 0, "the returned table has a %s key; rules are named by strings", luaL_typename(L, -2));
+      return rc;
     }
     const char *name = lua_tostring(L, -2);
     if (!lua_isfunction(L, -1)) {
-      int rc = fail_at(e, file, 0, "rule '%s' is a %s, expected a function(w, fleet, state)", name, luaL_typename(L, -1));
+      int rc = policy_fail(e, file, 0, "rule '%s' is a %s, expected a function(w, fleet, state)", name, luaL_typename(L, -1));
       lua_pop(L, 2);
       return rc;
     }
     if (n == DET_MAX_RULES || strlen(name) >= DET_NAME) {
       lua_pop(L, 2);
-      return fail_at(e, file, 0, "at most %d rules with names shorter than %d bytes", DET_MAX_RULES, DET_NAME);
+      return policy_fail(e, file, 0, "at most %d rules with names shorter than %d bytes", DET_MAX_RULES, DET_NAME);
     }
     memset(&nr[n], 0, sizeof nr[n]);
     snprintf(nr[n].name, sizeof nr[n].name, "%s", name);
@@ -472,9 +289,8 @@ static int check_rules(detector *d, int t, const char *file, det_err *e) {
     lua_pop(L, 1);
   }
   qsort(nr, (size_t)n, sizeof nr[0], cmp_rule);
-  /* dry runs: a worker with a few steady steps and a worker with none */
-  int rc = TR_OK;
-  d->dry_run = 1;
+  int rc = TR_OK, top = lua_gettop(L);
+  set_env_state(d, L, env, 0);
   for (int i = 0; i < n && !rc; i++) {
     for (int w = 0; w < 2 && !rc; w++) {
       lua_getfield(L, t, nr[i].name);
@@ -491,23 +307,27 @@ static int check_rules(detector *d, int t, const char *file, det_err *e) {
       char err[DET_MSG];
       if (det_collect(d, -1, nr[i].name, w, w ? -1 : DRY_STEPS, 0, err, sizeof err) < 0) {
         lua_getfield(L, t, nr[i].name);
-        rc = fail_at(e, file, fn_line(L, lua_gettop(L)), "dry run: %s", err);
-        lua_pop(L, 1);
+        rc = policy_fail(e, file, policy_fn_line(L, lua_gettop(L)), "dry run: %s", err);
       }
-      lua_pop(L, 1);
+      lua_settop(L, top);
     }
   }
-  d->dry_run = 0;
-  if (rc) return rc;
-  /* swap in */
+  set_env_state(d, L, env, 1);
+  if (rc == TR_OK) d->nstaged = n;
+  return rc;
+}
+
+/* The checked rules replace the ones in force (a disabled rule comes back). */
+static void commit_rules(void *ud, lua_State *L, int t) {
+  detector *d = ud;
   for (int i = 0; i < d->nrules; i++) luaL_unref(L, LUA_REGISTRYINDEX, d->rules[i].fn_ref);
-  for (int i = 0; i < n; i++) {
-    lua_getfield(L, t, nr[i].name);
-    nr[i].fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    d->rules[i] = nr[i];
+  for (int i = 0; i < d->nstaged; i++) {
+    lua_getfield(L, t, d->staged[i].name);
+    d->staged[i].fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    d->rules[i] = d->staged[i];
   }
-  d->nrules = n;
-  return TR_OK;
+  d->nrules = d->nstaged;
+  d->nstaged = 0;
 }
 
 /* Pushes the synthetic anomaly a dry run hands a policy. */
@@ -529,19 +349,25 @@ static void push_dry_anomaly(lua_State *L, const char *kind, int worker) {
   lua_setfield(L, -2, "time");
 }
 
-static int check_actions(detector *d, int t, const char *file, det_err *e) {
-  lua_State *L = d->L;
+/* actions.lua returned the table at t: anomaly kind (or "default") -> an
+ * action name or a function(anomaly, state, fleet), each function dry-run on
+ * a worker's anomaly and the fleet's. decide() reads the table in force
+ * through policy_push: no commit. */
+static int check_actions(void *ud, lua_State *L, int t, int env, policy_err *e) {
+  detector *d = ud;
+  const char *file = policy_name(d->files[DET_FILE_ACTIONS]);
   int rc = TR_OK;
-  d->dry_run = 1;
+  set_env_state(d, L, env, 0);
   lua_pushnil(L);
   while (!rc && lua_next(L, t)) { /* [.., k, v] */
     int v = lua_gettop(L);
     if (lua_type(L, -2) != LUA_TSTRING) {
-      rc = fail_at(e, file, 0, "the returned table has a %s key; expected anomaly kinds", luaL_typename(L, -2));
+      rc = policy_fail(e, file, 0, "the returned table has a %s key; expected anomaly kinds", luaL_typename(L, -2));
     } else if (lua_type(L, v) == LUA_TSTRING) {
       if (detector_action_index(lua_tostring(L, v)) < 0)
-        rc = fail_at(e, file, 0, "%s = '%s': unknown action (ignore, alert, evict, rollback, skip_update, checkpoint_now)",
-                     lua_tostring(L, -2), lua_tostring(L, v));
+        rc = policy_fail(e, file, 0,
+                         "%s = '%s': unknown action (ignore, alert, evict, rollback, skip_update, checkpoint_now)",
+                         lua_tostring(L, -2), lua_tostring(L, v));
     } else if (lua_isfunction(L, v)) {
       const char *kind = lua_tostring(L, -2);
       for (int w = 0; w >= -1 && !rc; w--) { /* a worker's anomaly and the fleet's */
@@ -559,150 +385,79 @@ static int check_actions(detector *d, int t, const char *file, det_err *e) {
         detector_action a;
         char detail[DET_DETAIL], err[DET_MSG];
         if (det_parse_action(L, -1, &a, detail, sizeof detail, err, sizeof err) < 0)
-          rc = fail_at(e, file, fn_line(L, v), "dry run of policy '%s': %s", kind, err);
+          rc = policy_fail(e, file, policy_fn_line(L, v), "dry run of policy '%s': %s", kind, err);
         lua_pop(L, 1);
       }
     } else {
-      rc = fail_at(e, file, 0, "%s is a %s; expected an action name or a function(anomaly, state, fleet)",
-                   lua_tostring(L, -2), luaL_typename(L, v));
+      rc = policy_fail(e, file, 0, "%s is a %s; expected an action name or a function(anomaly, state, fleet)",
+                       lua_tostring(L, -2), luaL_typename(L, v));
     }
     lua_pop(L, 1); /* [.., k] */
     if (rc) lua_pop(L, 1);
   }
-  d->dry_run = 0;
-  if (rc) return rc;
-  luaL_unref(L, LUA_REGISTRYINDEX, d->actions_ref);
-  lua_pushvalue(L, t);
-  d->actions_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  return TR_OK;
-}
-
-/* Compiles buf in a fresh sandbox, runs it, checks and dry-runs what it
- * returns; swaps it in only if all of that worked. */
-static int load_one(detector *d, int which, const char *buf, size_t len, det_err *e) {
-  lua_State *L = d->L;
-  det_file *f = &d->files[which];
-  int top = lua_gettop(L), rc;
-  char chunk[DET_NAME + 2];
-  snprintf(chunk, sizeof chunk, "@%s", f->name);
-  if (luaL_loadbufferx(L, buf, len, chunk, "t") != LUA_OK) { /* [chunk | msg] */
-    err_parse(e, lua_tostring(L, -1), NULL);
-    lua_settop(L, top);
-    return TR_ELUA;
-  }
-  push_env(d);              /* [chunk, env] */
-  lua_pushvalue(L, -1);     /* [chunk, env, env] */
-  lua_setupvalue(L, -3, 1); /* _ENV of the chunk: [chunk, env] */
-  lua_insert(L, -2);        /* [env, chunk] */
-  int env = lua_gettop(L) - 1;
-  d->cur_rule = f->name;
-  d->dry_run = 1; /* top-level prints of a file being loaded are not events */
-  rc = det_call(d, 0, 1, e); /* [env, result] */
-  d->dry_run = 0;
-  if (rc) {
-    lua_settop(L, top);
-    return rc;
-  }
-  if (!lua_istable(L, -1)) {
-    rc = fail_at(e, f->name, 0, "must return a table, returned a %s", luaL_typename(L, -1));
-    lua_settop(L, top);
-    return rc;
-  }
-  /* dry runs must not touch the real state through the global either */
-  lua_newtable(L);
-  lua_setfield(L, env, "state");
-  rc = which == DET_FILE_RULES ? check_rules(d, lua_gettop(L), f->name, e) : check_actions(d, lua_gettop(L), f->name, e);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, d->state_ref);
-  lua_setfield(L, env, "state");
-  if (rc == TR_OK) {
-    luaL_unref(L, LUA_REGISTRYINDEX, f->env_ref);
-    lua_pushvalue(L, env);
-    f->env_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  }
-  lua_settop(L, top);
-  lua_gc(L, LUA_GCCOLLECT, 0); /* drop the old version's closures now, not at the next cycle */
+  set_env_state(d, L, env, 1);
   return rc;
 }
 
-static void reload_event(detector *d, det_file *f, const char *path, int ok, const det_err *e, int at_create) {
+/* --- the engine's callbacks --- */
+
+/* Every sandbox gets the detector's `state` (kept across reloads). */
+static void init_env(void *ud, lua_State *L, int env) {
+  set_env_state(ud, L, env, 1);
+}
+
+/* print() from a rule or policy: a "rule_print" event, at most DET_PRINTS a tick. */
+static void on_print(void *ud, const char *text) {
+  detector *d = ud;
+  if (d->prints >= DET_PRINTS) return;
+  d->prints++;
+  detector_event e = {.type = DET_EV_PRINT, .kind = "rule_print", .step = -1, .worker = d->cur_worker,
+                      .rule = d->cur_rule, .detail = text};
+  det_emit(d, &e);
+}
+
+static void on_reload(void *ud, const policy_reload_info *r) {
+  detector *d = ud;
   char detail[DET_MSG + 160];
-  if (ok && f == &d->files[DET_FILE_RULES]) {
-    int k = snprintf(detail, sizeof detail, "%s in force: %d rules (", f->name, d->nrules);
+  const char *text = r->detail;
+  if (r->ok && r->p == d->files[DET_FILE_RULES]) {
+    int k = snprintf(detail, sizeof detail, "%s in force: %d rules (", r->name, d->nrules);
     for (int i = 0; i < d->nrules && k < (int)sizeof detail; i++)
       k += snprintf(detail + k, sizeof detail - (size_t)k, "%s%s", i ? ", " : "", d->rules[i].name);
     if (k < (int)sizeof detail) snprintf(detail + k, sizeof detail - (size_t)k, ")");
-  } else if (ok) {
-    snprintf(detail, sizeof detail, "%s in force", f->name);
-  } else if (at_create || !f->path[0]) {
-    snprintf(detail, sizeof detail, "%s", e->msg);
-  } else {
-    snprintf(detail, sizeof detail, "%s; the previous version stays in force", e->msg);
+    text = detail;
   }
-  detector_event ev = {.type = ok ? DET_EV_RELOAD : DET_EV_RELOAD_FAILED,
-                       .kind = ok ? "policy_reload" : "policy_reload_failed",
+  if (r->p) {
+    if (r->ok) d->reloads_total++;
+    else d->reload_failures_total++;
+  }
+  detector_event ev = {.type = r->ok ? DET_EV_RELOAD : DET_EV_RELOAD_FAILED,
+                       .kind = r->ok ? "policy_reload" : "policy_reload_failed",
                        .step = -1,
                        .worker = -1,
-                       .file = path,
-                       .line = ok ? 0 : e->line,
-                       .detail = detail};
+                       .file = r->path,
+                       .line = r->ok ? 0 : r->err->line,
+                       .detail = text};
   det_emit(d, &ev);
 }
 
-static int reload_file(detector *d, int which, int force, int at_create) {
-  det_file *f = &d->files[which];
-  char path[PATH_MAX];
-  struct stat st;
-  det_err e;
-  memset(&e, 0, sizeof e);
-  snprintf(path, sizeof path, "%s/%s", d->policy_dir, f->name);
-  if (stat(path, &st) != 0) {
-    if (at_create) snprintf(path, sizeof path, "%s/%s", d->fallback_dir, f->name);
-    else if (strcmp(path, f->path) != 0) return TR_OK; /* in force from the fallback folder: nothing here to load */
-  }
-  size_t len;
-  char *buf = tr_read_file(path, &len);
-  if (!buf) {
-    snprintf(e.msg, sizeof e.msg, "%s", tr_error());
-    d->reload_failures_total++;
-    reload_event(d, f, path, 0, &e, at_create);
-    return tr_fail(TR_EIO, "%s", e.msg);
-  }
-  uint64_t h = fnv1a(buf, len);
-  if (!force && !at_create && ((h == f->hash && strcmp(path, f->path) == 0) || h == f->failed_hash)) {
-    free(buf);
-    return TR_OK; /* unchanged, or the same bytes that already failed */
-  }
-  int rc = load_one(d, which, buf, len, &e);
-  free(buf);
-  if (rc == TR_OK) {
-    f->hash = h;
-    f->failed_hash = 0;
-    snprintf(f->path, sizeof f->path, "%s", path);
-    d->reloads_total++;
-    reload_event(d, f, path, 1, &e, at_create);
-    return TR_OK;
-  }
-  f->failed_hash = h;
-  d->reload_failures_total++;
-  reload_event(d, f, path, 0, &e, at_create);
-  return tr_fail(TR_ELUA, "%s (%s)", e.msg, path);
+/* The watcher saw a change: reload what changed, unless a tick or reload is
+ * running (callbacks then). */
+static void on_change(void *ud) {
+  detector *d = ud;
+  if (d->busy) return;
+  d->busy = 1;
+  policy_engine_reload(d->eng, 0); /* failures are events; the version in force stays */
+  d->busy = 0;
 }
 
-int det_reload(detector *d, int force, int at_create) {
-  int rc = TR_OK;
-  char first[DET_MSG + PATH_MAX];
-  first[0] = 0;
-  for (int i = 0; i < DET_NFILES; i++) {
-    int r = reload_file(d, i, force, at_create);
-    if (r && !rc) {
-      rc = r;
-      snprintf(first, sizeof first, "%s", tr_error());
-    }
-  }
-  return rc ? tr_fail(rc, "%s", first) : TR_OK;
-}
+int det_reload(detector *d, int force) { return policy_engine_reload(d->eng, force); }
 
-/* --- VM set-up --- */
+int detector_watch(detector *d, struct event_base *base) { return policy_watch(d->eng, base); }
+
+void detector_unwatch(detector *d) { policy_unwatch(d->eng); }
+
+/* --- set-up --- */
 
 /* The dry runs' world: worker 0 with DRY_STEPS steady steps (past every
  * warm-up) and a checksum at the last (heartbeat fresh), worker 1 known but
@@ -739,25 +494,40 @@ static int dry_world_init(det_world *W) {
   return TR_OK;
 }
 
+
 int det_lua_init(detector *d) {
-  lua_State *L = lua_host_new();
-  if (!L) return TR_ENOMEM;
-  d->L = L;
-  *(detector **)lua_getextraspace(L) = d;
-  d->mem_used = (size_t)lua_gc(L, LUA_GCCOUNT, 0) * 1024 + (size_t)lua_gc(L, LUA_GCCOUNTB, 0);
-  lua_setallocf(L, limited_alloc, d);
+  policy_engine_opts eo = {.budget = d->o.budget,
+                           .mem_limit = d->o.mem_limit,
+                           .debounce_ms = d->o.debounce_ms,
+                           .on_reload = on_reload,
+                           .on_print = on_print,
+                           .on_change = on_change,
+                           .ud = d};
+  d->eng = policy_engine_new(&eo);
+  if (!d->eng) return tr_fail_prefix(TR_EINVAL, "detector");
+  lua_State *L = d->L = policy_engine_lua(d->eng);
   det_views_init(L);
   lua_newtable(L);
   d->state_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
   d->views_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  d->actions_ref = LUA_NOREF;
-  for (int i = 0; i < DET_NFILES; i++) d->files[i].env_ref = LUA_NOREF;
+  static const char *const names[DET_NFILES] = {"rules.lua", "actions.lua"};
+  for (int i = 0; i < DET_NFILES; i++) {
+    policy_opts po = {.name = names[i],
+                      .dir = d->policy_dir,
+                      .fallback_dir = d->fallback_dir,
+                      .init_env = init_env,
+                      .check = i == DET_FILE_RULES ? check_rules : check_actions,
+                      .commit = i == DET_FILE_RULES ? commit_rules : NULL,
+                      .ud = d};
+    if (!(d->files[i] = policy_add(d->eng, &po))) return TR_ENOMEM;
+  }
   return dry_world_init(&d->dry);
 }
 
 void det_lua_close(detector *d) {
-  if (d->L) lua_host_close(d->L);
+  policy_engine_free(d->eng); /* the VM, and every ref into it */
+  d->eng = NULL;
   d->L = NULL;
   series_free(d->dry.s);
   free(d->dry.hb);

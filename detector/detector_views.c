@@ -18,7 +18,7 @@
 #define WORKER_VIEW_MT "transom.detector.worker_view"
 #define FLEET_VIEW_MT "transom.detector.fleet_view"
 
-detector *det_of(lua_State *L) { return *(detector **)lua_getextraspace(L); }
+detector *det_of(lua_State *L) { return policy_engine_ud(L); }
 
 /* A worker view: userdata pointing at a world and a worker id. It holds no
  * resources (no __gc): the detector closes its VM before freeing the worlds,

@@ -4,7 +4,8 @@
 --   one replica slowed (chaos slow)      -> straggler -> evict
 --   SIGSTOP from outside                 -> dead -> evict, replaced
 --   a flipped parameter bit (chaos)      -> divergence -> evict the minority
--- plus: a clean run raises no anomaly; a policy file saved broken mid-run
+-- plus: a clean run raises no anomaly; a policy file (actions.lua, and the
+-- operator's restart.lua: one engine loads both) saved broken mid-run
 -- leaves the old one in force with an event; promtool accepts /metrics;
 -- transom plot draws the run. Detection latencies are printed.
 -- Thresholds come from a copy of lua/policies with HANG_T/DEAD_T = 3 s.
@@ -150,21 +151,34 @@ describe("Eagle Eye on a live job", function()
     if not have_corpus then return skip() end
     local name = "reload"
     local saved = read(policies .. "/actions.lua")
+    local saved_restart = read(policies .. "/restart.lua")
     local cmd = BIN .. " run " .. job(name, 1500) .. " --set run_dir=" .. tmp .. "/" .. name
     local op = tonumber((sh(cmd .. " > " .. tmp .. "/reload.log 2>&1 & echo $!")):match("(%d+)"))
     sleep(2)
     write(policies .. "/actions.lua", saved .. "\nthis is not lua\n") -- an editor's save
+    write(policies .. "/restart.lua", (saved_restart:gsub("local M = {}", "local M = {}\nM.backoff_first = backof_first", 1)))
     sleep(1.5)
     write(policies .. "/actions.lua", saved)
+    write(policies .. "/restart.lua", saved_restart)
     for _ = 1, 1200 do
       if not (sh("kill -0 " .. op .. " 2>/dev/null && echo yes")):match("yes") then break end
       sleep(0.1)
     end
     local ev = read(tmp .. "/" .. name .. "/events.jsonl")
-    local _, line = first(ev, "policy_reload_failed")
+    -- the two engines (the detector's, the restart policy's) report in either order
+    local failed = {}
+    for l in ev:gmatch("[^\n]+") do
+      local file = l:find('"kind":"policy_reload_failed"', 1, true) and l:match('"file":"[^"]*/([^/"]+)"')
+      if file then failed[file] = failed[file] or l end
+    end
+    local line = failed["actions.lua"]
     assert.is_truthy(line, ev)
-    assert.matches("actions.lua", line, 1, true)
     assert.matches('"line":%d+', line)
+    local restart_line = failed["restart.lua"]
+    assert.is_truthy(restart_line, ev)
+    assert.matches("undefined global 'backof_first'", restart_line, 1, true)
+    local m_line = select(2, saved_restart:sub(1, saved_restart:find("local M = {}", 1, true)):gsub("\n", "")) + 1
+    assert.matches('"line":' .. (m_line + 1), restart_line, 1, true)
     assert.matches("finished at step 1500", read(tmp .. "/reload.log"), 1, true)
   end)
 

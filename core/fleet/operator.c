@@ -5,8 +5,10 @@
  *
  *   - a replica that exits, crashes or is killed: the survivors go on (FTAR
  *     drops it and redoes the step among them); the restart policy
- *     (lua/policies/restart.lua) decides on a replacement, which catches up
- *     from a healthy donor and joins at a step boundary;
+ *     (operator_policy.c: restart.lua in the job's policies folder, else
+ *     lua/policies, on the policy engine: sandboxed, budgeted, hot-reloaded)
+ *     decides on a replacement, which catches up from a healthy donor and
+ *     joins at a step boundary;
  *   - every replica gone: all restart from the newest committed checkpoint;
  *   - on_failure = "restart_all": the torchrun baseline (stop everything,
  *     reload the last checkpoint), for comparison;
@@ -47,6 +49,7 @@
 #include "job.h"
 #include "lua_host.h"
 #include "operator.h"
+#include "policy.h"
 #include "proto.h"
 #include "util.h"
 
@@ -72,91 +75,6 @@ int live_count(op *o) {
   int n = 0;
   for (int i = 0; i < o->nslots; i++) n += o->slots[i].state == SLOT_STARTING || o->slots[i].state == SLOT_RUNNING;
   return n;
-}
-
-/* --- the restart policy (Lua) --- */
-
-int load_policy(op *o) {
-  char path[PATH_MAX];
-  const char *dir = o->cfg->policies[0] ? o->cfg->policies : NULL;
-  if (dir) snprintf(path, sizeof path, "%s/restart.lua", dir);
-  else snprintf(path, sizeof path, "%s/policies/restart.lua", lua_host_dir());
-  lua_State *L = o->L;
-  /* sandbox: pure functions only */
-  if (luaL_loadfile(L, path) != LUA_OK) {
-    int rc = tr_fail(TR_ELUA, "restart policy: %s", lua_tostring(L, -1));
-    lua_pop(L, 1);
-    return rc;
-  }
-  lua_newtable(L); /* [chunk, env] */
-  static const char *const allowed[] = {"math", "string", "table", "ipairs", "pairs", "type", "tostring", "tonumber",
-                                        "error", "assert", "pcall", "select", "next", NULL};
-  for (int i = 0; allowed[i]; i++) {
-    lua_getglobal(L, allowed[i]);
-    lua_setfield(L, -2, allowed[i]);
-  }
-  lua_setupvalue(L, -2, 1); /* _ENV of the chunk: [chunk] */
-  int rc = lua_host_pcall(L, 0, 1);
-  if (rc) return tr_fail_prefix(rc, "restart policy %s", path);
-  if (!lua_istable(L, -1)) {
-    lua_pop(L, 1);
-    return tr_fail(TR_ELUA, "restart policy %s must return a table", path);
-  }
-  o->policy_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);
-  o->state_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  return TR_OK;
-}
-
-/* Calls policy[fn](ev, state); returns action in out ("none" on error). */
-static void call_policy(op *o, const char *fn, const slot *s, const char *reason, int sig, int code, char *action,
-                        size_t n, double *delay, char *detail, size_t dn) {
-  lua_State *L = o->L;
-  snprintf(action, n, "none");
-  *delay = 0;
-  detail[0] = 0;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, o->policy_ref);
-  lua_getfield(L, -1, fn);
-  if (!lua_isfunction(L, -1)) {
-    lua_pop(L, 2);
-    snprintf(detail, dn, "the restart policy has no %s", fn);
-    return;
-  }
-  lua_newtable(L);
-  lua_pushinteger(L, s ? s->slot : -1);
-  lua_setfield(L, -2, "slot");
-  lua_pushstring(L, reason);
-  lua_setfield(L, -2, "reason");
-  lua_pushinteger(L, sig);
-  lua_setfield(L, -2, "signal");
-  lua_pushinteger(L, code);
-  lua_setfield(L, -2, "code");
-  lua_pushinteger(L, s ? s->step : o->best_step);
-  lua_setfield(L, -2, "step");
-  lua_pushinteger(L, live_count(o));
-  lua_setfield(L, -2, "live");
-  lua_pushinteger(L, o->nslots);
-  lua_setfield(L, -2, "replicas");
-  lua_pushinteger(L, s ? s->restarts : 0);
-  lua_setfield(L, -2, "restarts_slot");
-  lua_pushinteger(L, o->restarts_total);
-  lua_setfield(L, -2, "restarts_total");
-  lua_rawgeti(L, LUA_REGISTRYINDEX, o->state_ref);
-  if (lua_host_pcall(L, 2, 1)) {
-    snprintf(detail, dn, "restart policy %s failed: %s", fn, tr_error());
-    lua_pop(L, 1);
-    return;
-  }
-  if (lua_istable(L, -1)) {
-    lua_getfield(L, -1, "action");
-    if (lua_isstring(L, -1)) snprintf(action, n, "%s", lua_tostring(L, -1));
-    lua_getfield(L, -2, "delay");
-    if (lua_isnumber(L, -1)) *delay = lua_tonumber(L, -1);
-    lua_getfield(L, -3, "detail");
-    if (lua_isstring(L, -1)) snprintf(detail, dn, "%s", lua_tostring(L, -1));
-    lua_pop(L, 3);
-  }
-  lua_pop(L, 2);
 }
 
 /* --- spawning --- */
@@ -726,8 +644,6 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   o.threads = cfg->threads > 0 ? (int)cfg->threads : (int)(cores / o.nslots > 1 ? cores / o.nslots : 1);
   o.width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
   o.chaos_fired = calloc((size_t)cfg->nchaos + 1, sizeof(int));
-  int rc = load_policy(&o);
-  if (rc) return rc;
   snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
   o.metrics = fopen(path, resume ? "a" : "w");
   snprintf(path, sizeof path, "%s/events.jsonl", dir);
@@ -735,8 +651,13 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   snprintf(path, sizeof path, "%s/coordinator.log", dir);
   o.coord_log = fopen(path, "a");
   if (!o.metrics || !o.events) return tr_fail(TR_EIO, "cannot open the logs in %s", dir);
+  int rc = load_policy(&o); /* after the logs: its load is an event */
+  if (rc) return rc;
   o.base = event_base_new();
   if (!o.base) return tr_fail(TR_ENOMEM, "cannot create the event loop");
+  if (policy_watch(o.pol, o.base))
+    event_log(&o, 0, -1, "watch_failed", "restart.lua is not watched (reload() from attach still works): %s",
+              tr_error());
   ftar_coord_opts co;
   ftar_coord_opts_default(&co);
   co.deadline = cfg->deadline;
@@ -817,6 +738,7 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   if (o.ctl) evconnlistener_free(o.ctl);
   evconnlistener_free(o.lis);
   ftar_coord_free(o.coord);
+  free_policy(&o); /* its watcher, before the base */
   event_base_free(o.base);
   snprintf(path, sizeof path, "%s/control.sock", dir);
   unlink(path);
@@ -824,8 +746,6 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   fclose(o.events);
   if (o.coord_log) fclose(o.coord_log);
   free(o.chaos_fired);
-  luaL_unref(L, LUA_REGISTRYINDEX, o.policy_ref);
-  luaL_unref(L, LUA_REGISTRYINDEX, o.state_ref);
   if (!o.stopping && o.best_step < cfg->max_steps && o.exit_code == 0) o.exit_code = 1;
   return o.exit_code ? tr_fail(TR_ESTATE, "the job did not finish (step %lld of %lld)", (long long)o.best_step,
                                (long long)cfg->max_steps)

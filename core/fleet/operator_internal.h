@@ -1,6 +1,6 @@
 /* operator_internal.h — the operator's state, shared by operator.c (the
- * loop, spawning, supervision) and operator_repl.c (the control socket and
- * the attach REPL). Not for other modules: they use operator.h. Everything
+ * loop, spawning, supervision), operator_policy.c (the restart policy) and
+ * operator_repl.c (the control socket and the attach REPL). Not for other modules: they use operator.h. Everything
  * here lives on the operator's event-loop thread. */
 #ifndef TRANSOM_OPERATOR_INTERNAL_H
 #define TRANSOM_OPERATOR_INTERNAL_H
@@ -16,6 +16,7 @@
 #include "detector.h"
 #include "ftar.h"
 #include "job.h"
+#include "policy.h"
 #include "prom.h"
 #include "step_record.h"
 
@@ -63,7 +64,9 @@ struct op {
   int port, threads, nslots;
   slot slots[MAX_SLOTS];
   FILE *metrics, *events, *coord_log;
-  int policy_ref, state_ref; /* restart policy module and its state table */
+  policy_engine *pol;        /* the restart policy's engine: its own VM, watched */
+  policy *restart;           /* restart.lua */
+  int state_ref;             /* the policy's state table (in pol's VM), kept across reloads */
   int restarts_total, restart_all_pending, stopping, finished, exit_code;
   int64_t best_step, stop_at, last_ckpt;
   char adv_host[256]; /* the coordinator's address as workers see it */
@@ -86,7 +89,24 @@ struct op {
 void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 int live_count(op *o);
+/* operator_policy.c: the restart policy, restart.lua from the job's
+ * policies folder (else lua/policies, also when that folder lacks it) on a
+ * policy engine of its own, checked and dry-run. Needs o->cfg, writes its load to o->events.
+ * TR_ELUA/TR_EIO with tr_error() naming restart.lua:LINE; nothing is left
+ * allocated then. Hot reload: policy_watch(o->pol, base). */
 int load_policy(op *o);
+/* Reloads restart.lua now (the REPL's reload()). 0 when in force; else the
+ * previous version stays and an event (policy_reload_failed) says why. */
+int reload_policy(op *o);
+void free_policy(op *o);
+/* Asks restart.lua's fn ("on_failure" | "on_all_dead") about slot s (NULL:
+ * none) failing; the decision lands in action ("replace"/"none",
+ * "restart"/"stop"), delay (seconds) and detail. When the policy raises, runs
+ * past its instruction budget or returns no valid decision, a
+ * "policy_error" event names file:line and the operator's built-in rule
+ * decides (replace with backoff within 5 restarts per slot, 20 per job). */
+void call_policy(op *o, const char *fn, const slot *s, const char *reason, int sig, int code, char *action, size_t n,
+                 double *delay, char *detail, size_t dn);
 void spawn(op *o, int k, const char *mode);
 void stop_all(op *o, const char *why);
 /* Newest committed checkpoint at or before step (read-only look at the

@@ -207,22 +207,14 @@ static int l_set(lua_State *L) {
   return 1;
 }
 
+/* Every policy file, through the policy engine: each failure is an event
+ * (policy_reload_failed, file and line) and leaves the old version in force. */
 static int l_reload(lua_State *L) {
   op *o = get_op(L);
-  int old_policy = o->policy_ref, old_state = o->state_ref;
-  if (o->det && detector_reload(o->det) != 0) /* rules.lua, actions.lua: the old ones stay on error */
-    event_log(o, o->best_step, -1, "policy_reload_failed", "%s", tr_error());
-  if (load_policy(o) != 0) { /* the old policy stays in force */
-    o->policy_ref = old_policy;
-    o->state_ref = old_state;
-    event_log(o, o->best_step, -1, "policy_reload_failed", "%s", tr_error());
-    return luaL_error(L, "reload failed, the previous policy stays: %s", tr_error());
-  }
-  /* keep the state table across reloads */
-  luaL_unref(L, LUA_REGISTRYINDEX, o->state_ref);
-  o->state_ref = old_state;
-  luaL_unref(L, LUA_REGISTRYINDEX, old_policy);
-  event_log(o, o->best_step, -1, "policy_reloaded", "restart policy reloaded from the REPL");
+  char first[1024] = "";
+  if (o->det && detector_reload(o->det) != 0) snprintf(first, sizeof first, "%s", tr_error());
+  if (reload_policy(o) != 0 && !first[0]) snprintf(first, sizeof first, "%s", tr_error());
+  if (first[0]) return luaL_error(L, "reload failed, the previous policy stays: %s", first);
   lua_pushboolean(L, 1);
   return 1;
 }

@@ -15,13 +15,14 @@
  *   on_action, on_event("action")          the operator carries it out
  *
  * Rules and policies are Lua files in the policy directory (rules.lua,
- * actions.lua; the shipped ones are lua/policies/). They run in the
- * detector's own Lua VM, each file in a fresh sandboxed environment: no io,
- * os (but os.time/os.clock), load, dofile, require, package, debug,
- * collectgarbage, coroutine; reading an undefined global raises an error that
- * names it; every call runs under an instruction budget (a count hook) and
- * the VM under a memory limit. `state` (a global and the last argument) is a
- * table the detector keeps across calls and reloads.
+ * actions.lua; the shipped ones are lua/policies/). They are loaded, called
+ * and hot-reloaded by the policy engine (core/lua/include/policy.h), on a
+ * VM of the detector's own, each file in a fresh sandboxed environment: no
+ * io, os (but os.time/os.clock), load, dofile, require, package, debug,
+ * collectgarbage, coroutine; reading or assigning an undefined global raises
+ * an error that names it; every call runs under an instruction budget (a
+ * count hook) and the VM under a memory limit. `state` (a global and the
+ * last argument) is a table the detector keeps across calls and reloads.
  *
  * What it does not do: act. Evicting, rolling back, skipping an update and
  * checkpointing are the operator's, through on_action. It never exits the

@@ -1,7 +1,19 @@
 -- restart.lua — what the operator does when a replica fails. Plain Lua
--- functions that get an event table and return an action table; the
--- operator calls them (sandboxed) on every failure. `state` is a table the
--- operator keeps for the policy across calls.
+-- functions that get an event table and return a decision; the operator
+-- calls them on every failure. `state` is a table the operator keeps for the
+-- policy across calls and reloads.
+--
+-- Loaded by the policy engine (core/lua/policy.c) like rules.lua and
+-- actions.lua: sandboxed, strict globals (a misspelled name is an error at
+-- load, naming the line: keep helpers in locals), an instruction budget per
+-- call, and hot reload: save it while the job runs and, once it loads and
+-- both handlers pass a dry run, it is in force; otherwise the previous
+-- version stays and events.jsonl says why. When a handler raises, runs past
+-- its budget or returns no valid decision, the operator decides by the
+-- built-in rule (what this file does by default) and logs a policy_error.
+--
+-- Decisions: on_failure -> "replace" | "none"; on_all_dead -> "restart" |
+-- "stop"; as a string or { action = ..., delay = seconds, detail = "..." }.
 --
 -- ev = { slot = 1, reason = "killed" | "exited" | "evicted", signal = 9,
 --        code = 0, step = 120, live = 2, replicas = 3,
