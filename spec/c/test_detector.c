@@ -1148,8 +1148,8 @@ static void test_plot(void) {
   FILE *f = fopen(path, "w");
   for (int s = 1; s <= 200; s++) {
     for (int w = 0; w < 2; w++)
-      fprintf(f, "{\"step\":%d,\"worker\":%d,\"loss\":%.4f,\"grad_norm\":1,\"ms\":%.2f,\"tok_s\":1000}\n", s, w,
-              s == 120 && w == 1 ? NAN : 3 * exp(-s / 50.0) + 0.5, w == 1 && s > 150 ? 250.0 : 50.0);
+      fprintf(f, "{\"step\":%d,\"worker\":%d,\"loss\":%.4f,\"grad_norm\":1,\"step_s\":%.5f,\"tokens_per_s\":1000}\n", s, w,
+              s == 120 && w == 1 ? NAN : 3 * exp(-s / 50.0) + 0.5, w == 1 && s > 150 ? 0.250 : 0.050);
     if (s % 50 == 0) fprintf(f, "{\"step\":%d,\"val_loss\":%.4f}\n", s, 3 * exp(-s / 50.0) + 0.6);
   }
   fclose(f);
@@ -1171,7 +1171,7 @@ static void test_plot(void) {
   /* single-replica metrics (no "worker"), and a missing run */
   snprintf(path, sizeof path, "%s/metrics.jsonl", run);
   f = fopen(path, "w");
-  for (int s = 1; s <= 20; s++) fprintf(f, "{\"step\":%d,\"loss\":%.3f,\"lr\":0.001,\"ms\":40.0}\n", s, 4.0 - s * 0.1);
+  for (int s = 1; s <= 20; s++) fprintf(f, "{\"step\":%d,\"loss\":%.3f,\"lr\":0.001,\"step_s\":0.040}\n", s, 4.0 - s * 0.1);
   fclose(f);
   unlink(out);
   char *argv2[] = {run, NULL};
