@@ -59,7 +59,7 @@ const char *slot_names[] = {"empty", "starting", "running", "done", "dead", "wai
 
 /* --- logs --- */
 
-void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...) {
+void operator_event(operator_state *o, int64_t step, int worker, const char *kind, const char *fmt, ...) {
   char detail[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -71,7 +71,7 @@ void event_log(op *o, int64_t step, int worker, const char *kind, const char *fm
   fflush(stdout);
 }
 
-int live_count(op *o) {
+int operator_live_count(operator_state *o) {
   int n = 0;
   for (int i = 0; i < o->nslots; i++) n += o->slots[i].state == SLOT_STARTING || o->slots[i].state == SLOT_RUNNING;
   return n;
@@ -79,7 +79,7 @@ int live_count(op *o) {
 
 /* --- spawning --- */
 
-void spawn(op *o, int k, const char *mode) {
+void operator_spawn(operator_state *o, int k, const char *mode) {
   slot *s = &o->slots[k];
   char log[PATH_MAX], addr[64], slotstr[16], threads[16];
   snprintf(log, sizeof log, "%s/worker-%d.log", o->dir, k);
@@ -102,7 +102,7 @@ void spawn(op *o, int k, const char *mode) {
     _exit(127); /* ok-exit: exec failed in the child */
   }
   if (pid < 0) {
-    event_log(o, o->best_step, k, "spawn_failed", "fork: %s", strerror(errno));
+    operator_event(o, o->best_step, k, "spawn_failed", "fork: %s", strerror(errno));
     s->state = SLOT_DEAD;
     return;
   }
@@ -111,11 +111,11 @@ void spawn(op *o, int k, const char *mode) {
   s->started = tr_now();
   s->done = 0;
   snprintf(s->mode, sizeof s->mode, "%s", mode);
-  event_log(o, o->best_step, k, "spawn", "replica %d started (pid %d, %s)", k, (int)pid, mode);
+  operator_event(o, o->best_step, k, "spawn", "replica %d started (pid %d, %s)", k, (int)pid, mode);
 }
 
 /* A running replica to catch up from: the one furthest ahead. */
-static const slot *pick_donor(op *o, int except) {
+static const slot *pick_donor(operator_state *o, int except) {
   const slot *best = NULL;
   for (int i = 0; i < o->nslots; i++) {
     const slot *s = &o->slots[i];
@@ -129,27 +129,27 @@ static void replace_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   slot *s = arg;
-  op *o = s->o;
+  operator_state *o = s->o;
   if (o->stopping || o->finished) return;
   s->restarts++;
   o->restarts_total++;
-  spawn(o, s->slot, pick_donor(o, s->slot) ? "join" : "resume");
+  operator_spawn(o, s->slot, pick_donor(o, s->slot) ? "join" : "resume");
 }
 
-static void schedule(op *o, slot *s, double delay) {
+static void schedule(operator_state *o, slot *s, double delay) {
   if (!s->timer) s->timer = evtimer_new(o->base, replace_cb, s);
   struct timeval tv = {(time_t)delay, (suseconds_t)((delay - (time_t)delay) * 1e6)};
   s->state = SLOT_WAITING;
   evtimer_add(s->timer, &tv);
 }
 
-static void restart_everything(op *o, double delay) {
+static void restart_everything(operator_state *o, double delay) {
   for (int i = 0; i < o->nslots; i++) schedule(o, &o->slots[i], delay);
 }
 
 /* --- failures --- */
 
-static void check_finished(op *o) {
+static void check_finished(operator_state *o) {
   for (int i = 0; i < o->nslots; i++) {
     slot_state st = o->slots[i].state;
     if (st == SLOT_STARTING || st == SLOT_RUNNING || st == SLOT_WAITING) return;
@@ -158,7 +158,7 @@ static void check_finished(op *o) {
   event_base_loopexit(o->base, NULL);
 }
 
-static void on_exit_slot(op *o, slot *s, int status) {
+static void on_exit_slot(operator_state *o, slot *s, int status) {
   int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0, code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (s->bev) {
     bufferevent_free(s->bev);
@@ -179,24 +179,24 @@ static void on_exit_slot(op *o, slot *s, int status) {
     return;
   }
   if (o->rollback_pending) { /* every replica was stopped on purpose */
-    if (live_count(o) == 0) {
+    if (operator_live_count(o) == 0) {
       o->rollback_pending = 0;
-      for (int i = 0; i < o->nslots; i++) spawn(o, i, "resume");
+      for (int i = 0; i < o->nslots; i++) operator_spawn(o, i, "resume");
     }
     return;
   }
-  event_log(o, s->step, s->slot, "replica_failed", "replica %d %s (%s %d) at step %lld; %d live", s->slot, reason,
-            sig ? "signal" : "exit code", sig ? sig : code, (long long)s->step, live_count(o));
+  operator_event(o, s->step, s->slot, "replica_failed", "replica %d %s (%s %d) at step %lld; %d live", s->slot, reason,
+            sig ? "signal" : "exit code", sig ? sig : code, (long long)s->step, operator_live_count(o));
   if (strcmp(o->cfg->on_failure, "restart_all") == 0) {
     /* the torchrun way: everything stops and reloads the last checkpoint */
     if (!o->restart_all_pending) {
       o->restart_all_pending = 1;
       o->restarts_total++;
-      event_log(o, s->step, -1, "restart_all", "stopping every replica to restart from the newest checkpoint");
+      operator_event(o, s->step, -1, "restart_all", "stopping every replica to restart from the newest checkpoint");
       for (int i = 0; i < o->nslots; i++)
         if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
     }
-    if (live_count(o) == 0) {
+    if (operator_live_count(o) == 0) {
       o->restart_all_pending = 0;
       for (int i = 0; i < o->nslots; i++) o->slots[i].state = SLOT_DEAD;
       restart_everything(o, 0.0);
@@ -205,9 +205,9 @@ static void on_exit_slot(op *o, slot *s, int status) {
   }
   char action[32], detail[256];
   double delay;
-  if (live_count(o) == 0) {
-    call_policy(o, "on_all_dead", s, reason, sig, code, action, sizeof action, &delay, detail, sizeof detail);
-    event_log(o, s->step, -1, "all_replicas_dead", "policy: %s%s%s", action, detail[0] ? ": " : "", detail);
+  if (operator_live_count(o) == 0) {
+    operator_policy_call(o, "on_all_dead", s, reason, sig, code, action, sizeof action, &delay, detail, sizeof detail);
+    operator_event(o, s->step, -1, "all_replicas_dead", "policy: %s%s%s", action, detail[0] ? ": " : "", detail);
     if (strcmp(action, "restart") == 0) {
       o->restarts_total++;
       restart_everything(o, delay);
@@ -217,14 +217,14 @@ static void on_exit_slot(op *o, slot *s, int status) {
     }
     return;
   }
-  call_policy(o, "on_failure", s, reason, sig, code, action, sizeof action, &delay, detail, sizeof detail);
-  event_log(o, s->step, s->slot, "policy", "on_failure -> %s%s%s (delay %.2f s)", action, detail[0] ? ": " : "",
+  operator_policy_call(o, "on_failure", s, reason, sig, code, action, sizeof action, &delay, detail, sizeof detail);
+  operator_event(o, s->step, s->slot, "policy", "on_failure -> %s%s%s (delay %.2f s)", action, detail[0] ? ": " : "",
             detail, delay);
   if (strcmp(action, "replace") == 0) schedule(o, s, delay);
   else check_finished(o);
 }
 
-int64_t newest_checkpoint(op *o, int64_t step) {
+int64_t operator_newest_checkpoint(operator_state *o, int64_t step) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/ckpt", o->dir);
   ckpt_reader *r = ckpt_reader_open(path);
@@ -240,7 +240,7 @@ int64_t newest_checkpoint(op *o, int64_t step) {
 /* --- Eagle Eye: the detector's events and actions --- */
 
 static void det_event(void *ud, const detector_event *e) {
-  op *o = ud;
+  operator_state *o = ud;
   char buf[4096];
   int n = detector_event_json(e, buf, sizeof buf);
   if (n > 0 && n < (int)sizeof buf) {
@@ -255,23 +255,23 @@ static void det_event(void *ud, const detector_event *e) {
 }
 
 static void det_action(void *ud, const detector_action *a) {
-  op *o = ud;
+  operator_state *o = ud;
   const char *why = a->cause ? a->cause->kind : "detector";
   switch (a->action) {
     case DET_ACT_EVICT:
       if (a->worker >= 0 && a->worker < o->nslots && o->slots[a->worker].pid > 0) {
-        event_log(o, o->best_step, a->worker, "evict", "replica %d evicted: %s", a->worker, why);
+        operator_event(o, o->best_step, a->worker, "evict", "replica %d evicted: %s", a->worker, why);
         kill(o->slots[a->worker].pid, SIGKILL); /* also ends a stopped (SIGSTOP) process */
       }
       break;
     case DET_ACT_ROLLBACK: {
-      int64_t target = newest_checkpoint(o, a->step);
+      int64_t target = operator_newest_checkpoint(o, a->step);
       if (target < 0) {
-        event_log(o, o->best_step, -1, "rollback_refused", "%s: no checkpoint at or before step %lld", why,
+        operator_event(o, o->best_step, -1, "rollback_refused", "%s: no checkpoint at or before step %lld", why,
                   (long long)a->step);
         break;
       }
-      rollback_all(o, target, 1, why);
+      operator_rollback_all(o, target, 1, why);
       detector_rewind(o->det, target);
       break;
     }
@@ -281,7 +281,7 @@ static void det_action(void *ud, const detector_action *a) {
       if (k + 24 < sizeof o->skips) snprintf(o->skips + k, sizeof o->skips - k, "%s%lld", k ? "," : "", (long long)at);
       for (int i = 0; i < o->nslots; i++)
         if (o->slots[i].bev) evbuffer_add_printf(bufferevent_get_output(o->slots[i].bev), "SKIP at=%lld\n", (long long)at);
-      event_log(o, o->best_step, a->worker, "skip_update", "%s: every replica drops the update of step %lld", why,
+      operator_event(o, o->best_step, a->worker, "skip_update", "%s: every replica drops the update of step %lld", why,
                 (long long)at + 1);
       break;
     }
@@ -301,7 +301,7 @@ static void det_action(void *ud, const detector_action *a) {
  * all-reduce past the deadline. Only what a heartbeat said counts (its
  * `for`, as of when it came): a stopped process sends none, so its time
  * stops growing and it can never pass for hung (it is dead). */
-static void find_hung(op *o) {
+static void find_hung(operator_state *o) {
   int waiting = 0;
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
@@ -312,10 +312,10 @@ static void find_hung(op *o) {
     slot *s = &o->slots[i];
     double busy = s->phase_for;
     if (s->state != SLOT_RUNNING || s->in_allreduce || s->pid <= 0 || busy < o->cfg->hang_seconds) continue;
-    event_log(o, s->step, i, "anomaly",
+    operator_event(o, s->step, i, "anomaly",
               "hang: replica %d has computed step %lld for %.1f s while %d replica(s) wait for it in the all-reduce",
               i, (long long)s->step + 1, busy, waiting);
-    event_log(o, s->step, i, "evict", "replica %d evicted: hang", i);
+    operator_event(o, s->step, i, "evict", "replica %d evicted: hang", i);
     kill(s->pid, SIGKILL);
     s->in_allreduce = 1; /* once */
   }
@@ -324,15 +324,15 @@ static void find_hung(op *o) {
 static void tick_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
-  op *o = arg;
+  operator_state *o = arg;
   if (o->stopping) return;
   if (o->det) detector_tick(o->det, tr_now());
   find_hung(o);
 }
 
-static void prom_extra_cb(void *ud, prom_extra *x) { x->restarts_total = ((op *)ud)->restarts_total; }
+static void prom_extra_cb(void *ud, prom_extra *x) { x->restarts_total = ((operator_state *)ud)->restarts_total; }
 
-static int start_detector(op *o) {
+static int start_detector(operator_state *o) {
   detector_opts d = {0};
   d.policy_dir = o->cfg->policies[0] ? o->cfg->policies : NULL;
   d.max_workers = o->nslots;
@@ -342,7 +342,7 @@ static int start_detector(op *o) {
   o->det = detector_create(&d);
   if (!o->det) return tr_fail_prefix(TR_ELUA, "detector");
   if (detector_watch(o->det, o->base))
-    event_log(o, 0, -1, "watch_failed", "policies are not watched (reload() from attach still works): %s", tr_error());
+    operator_event(o, 0, -1, "watch_failed", "policies are not watched (reload() from attach still works): %s", tr_error());
   int rc = prom_serve(o->base, "127.0.0.1", (int)o->cfg->metrics_port, o->det, prom_extra_cb, o, &o->prom);
   if (rc) return tr_fail_prefix(rc, "metrics_port %lld", (long long)o->cfg->metrics_port);
   o->tick = event_new(o->base, -1, EV_PERSIST, tick_cb, o);
@@ -351,12 +351,12 @@ static int start_detector(op *o) {
   return TR_OK;
 }
 
-void rollback_all(op *o, int64_t step, int skip, const char *why) {
+void operator_rollback_all(operator_state *o, int64_t step, int skip, const char *why) {
   if (o->stopping || o->rollback_pending) return;
   o->rollback_pending = 1;
   for (int i = 0; i < o->nslots; i++) o->slots[i].resume_step = step;
   o->data_skip += skip;
-  event_log(o, o->best_step, -1, "rollback",
+  operator_event(o, o->best_step, -1, "rollback",
             "%s: every replica reloads the newest checkpoint at or before step %lld%s", why, (long long)step,
             skip ? " and skips the batch" : "");
   for (int i = 0; i < o->nslots; i++) {
@@ -365,16 +365,16 @@ void rollback_all(op *o, int64_t step, int skip, const char *why) {
     if (s->pid > 0) kill(s->pid, SIGKILL);
     else if (s->state == SLOT_WAITING) s->state = SLOT_DEAD;
   }
-  if (live_count(o) == 0) {
+  if (operator_live_count(o) == 0) {
     o->rollback_pending = 0;
-    for (int i = 0; i < o->nslots; i++) spawn(o, i, "resume");
+    for (int i = 0; i < o->nslots; i++) operator_spawn(o, i, "resume");
   }
 }
 
 static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
-  op *o = arg;
+  operator_state *o = arg;
   int status;
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
@@ -385,16 +385,16 @@ static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {
 static void kill_stragglers(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
-  op *o = arg;
+  operator_state *o = arg;
   for (int i = 0; i < o->nslots; i++)
     if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
 }
 
-void stop_all(op *o, const char *why) {
+void operator_stop_all(operator_state *o, const char *why) {
   if (o->stopping) return;
   o->stopping = 1;
   o->stop_at = o->best_step + 1;
-  event_log(o, o->best_step, -1, "stopping", "%s: every replica finishes step %lld, the leader checkpoints it", why,
+  operator_event(o, o->best_step, -1, "stopping", "%s: every replica finishes step %lld, the leader checkpoints it", why,
             (long long)o->stop_at);
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
@@ -409,7 +409,7 @@ void stop_all(op *o, const char *why) {
 
 static void sigterm_cb(evutil_socket_t fd, short what, void *arg) {
   (void)what;
-  stop_all(arg, fd == SIGINT ? "SIGINT" : "SIGTERM");
+  operator_stop_all(arg, fd == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
 /* --- worker connections --- */
@@ -417,7 +417,7 @@ static void sigterm_cb(evutil_socket_t fd, short what, void *arg) {
 /* Sends the slot's chaos entries not yet fired. An entry counts as fired
  * when the worker says it injected it (FIRED), so one sent to a process that
  * died first (a rollback, another fault) goes to the next one. */
-static void send_chaos(op *o, slot *s) {
+static void send_chaos(operator_state *o, slot *s) {
   for (int i = 0; o->cfg->nchaos > 0 && i < o->cfg->nchaos; i++) {
     const job_chaos *c = &o->cfg->chaos[i];
     if (o->chaos_fired[i] || c->replica != s->slot || c->at_step <= s->step) continue;
@@ -428,7 +428,7 @@ static void send_chaos(op *o, slot *s) {
 
 /* The detector's view of a step: the same fields (its metrics extend the
  * step record's). */
-static void observe_step(op *o, const step_record *r) {
+static void observe_step(operator_state *o, const step_record *r) {
   detector_sample ds = {0};
 #define D_NUM(ID, name, help, prom, phase) ds.name = r->name;
   STEP_METRICS(D_NUM)
@@ -442,7 +442,7 @@ static void observe_step(op *o, const step_record *r) {
 
 /* A worker's STEP line: metrics.jsonl, the detector, the fleet's log line
  * once every replica reported the step. */
-static void on_step(op *o, slot *s, const char *line) {
+static void on_step(operator_state *o, slot *s, const char *line) {
   step_record r;
   step_record_parse(line, &r);
   r.worker = s->slot; /* the connection says who it is */
@@ -467,75 +467,105 @@ static void on_step(op *o, slot *s, const char *line) {
   fflush(o->metrics);
 }
 
-static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *line) {
+/* HELLO: a worker claims its slot; WELCOME tells it the run, the
+ * coordinator, how to get its state (start, resume, join a donor) and the
+ * decisions every replica must share. Returns the slot, or NULL (refused). */
+static slot *on_hello(operator_state *o, struct bufferevent *bev, const char *line) {
+  struct evbuffer *out = bufferevent_get_output(bev);
+  int k = (int)proto_int(line, "slot", -1);
+  if (k < 0 || k >= o->nslots) {
+    evbuffer_add_printf(out, "REFUSE why=no%%20such%%20slot\n");
+    return NULL;
+  }
+  slot *s = &o->slots[k];
+  if (s->bev && s->bev != bev) {
+    evbuffer_add_printf(out, "REFUSE why=slot%%20in%%20use\n");
+    return NULL;
+  }
+  s->bev = bev;
+  if (s->pid <= 0) { /* started by an external launcher */
+    s->pid = 0;
+    s->state = SLOT_STARTING;
+    const slot *d = pick_donor(o, k);
+    snprintf(s->mode, sizeof s->mode, "%s", d ? "join" : o->best_step > 0 ? "resume" : "start");
+  }
+  const slot *d = strcmp(s->mode, "join") == 0 ? pick_donor(o, k) : NULL;
+  if (strcmp(s->mode, "join") == 0 && !d) snprintf(s->mode, sizeof s->mode, "resume");
+  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d data_skip=%lld "
+                      "resume_step=%lld lr=%s skips=%s\n",
+                      o->dir, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads,
+                      (long long)o->data_skip, (long long)s->resume_step, o->lr_changes, o->skips);
+  s->resume_step = -1; /* a rollback's target applies to the start it asked for only */
+  if (d)
+    operator_event(o, o->best_step, k, "replica_joining", "replica %d catches up from replica %d (at step %lld)", k,
+                   d->slot, (long long)d->step);
+  return s;
+}
+
+static void on_ready(operator_state *o, slot *s, struct bufferevent *bev, const char *line) {
+  proto_get(line, "donor", s->donor, sizeof s->donor);
+  s->step = proto_int(line, "step", 0);
+  s->state = SLOT_RUNNING;
+  s->ready_at = tr_now();
+  operator_event(o, s->step, s->slot, "replica_ready",
+                 "replica %d ready at step %lld (%s, state in %.2f s, %.2f s since spawn)", s->slot,
+                 (long long)s->step, s->mode, proto_num(line, "state_s", 0), s->ready_at - s->started);
+  send_chaos(o, s);
+  if (o->stopping) evbuffer_add_printf(bufferevent_get_output(bev), "STOP at=%lld\n", (long long)o->stop_at);
+}
+
+static void on_heartbeat(operator_state *o, slot *s, const char *line) {
+  char ph[16];
+  proto_get(line, "phase", ph, sizeof ph);
+  s->in_allreduce = strcmp(ph, "allreduce") == 0;
+  s->phase_for = proto_num(line, "for", 0);
+  if (o->det) detector_heartbeat(o->det, s->slot, tr_now());
+}
+
+static void on_eval(operator_state *o, const char *line) {
+  int64_t step = proto_int(line, "step", 0);
+  double val = proto_num(line, "val", NAN);
+  fprintf(o->metrics, "{\"step\":%lld,\"val_loss\":%.9g}\n", (long long)step, val);
+  fflush(o->metrics);
+  printf("step %*lld/%lld | val loss %.4f\n", o->width, (long long)step, (long long)o->cfg->max_steps, val);
+  fflush(stdout);
+}
+
+static void on_ckpt(operator_state *o, slot *s, const char *line) {
+  int64_t step = proto_int(line, "step", 0);
+  if (!proto_int(line, "ok", 0)) {
+    char what[600];
+    proto_get(line, "what", what, sizeof what);
+    operator_event(o, step, s->slot, "checkpoint_failed", "%s", what);
+    return;
+  }
+  if (step > o->last_ckpt) o->last_ckpt = step;
+  operator_event(o, step, s->slot, "checkpoint", "committed by replica %d in %.1f ms", s->slot,
+                 proto_num(line, "commit_ms", 0));
+}
+
+/* One line from a worker; *sp is the connection's slot (NULL before HELLO). */
+static void handle_line(operator_state *o, slot **sp, struct bufferevent *bev, const char *line) {
   slot *s = *sp;
   if (proto_is(line, "HELLO")) {
-    int k = (int)proto_int(line, "slot", -1);
-    if (k < 0 || k >= o->nslots) {
-      evbuffer_add_printf(bufferevent_get_output(bev), "REFUSE why=no%%20such%%20slot\n");
-      return;
-    }
-    s = &o->slots[k];
-    if (s->bev && s->bev != bev) {
-      evbuffer_add_printf(bufferevent_get_output(bev), "REFUSE why=slot%%20in%%20use\n");
-      return;
-    }
-    *sp = s;
-    s->bev = bev;
-    if (s->pid <= 0) { /* started by an external launcher */
-      s->pid = (pid_t)proto_int(line, "pid", 0) * 0;
-      s->state = SLOT_STARTING;
-      const slot *d = pick_donor(o, k);
-      snprintf(s->mode, sizeof s->mode, "%s", d ? "join" : o->best_step > 0 ? "resume" : "start");
-    }
-    const slot *d = strcmp(s->mode, "join") == 0 ? pick_donor(o, k) : NULL;
-    if (strcmp(s->mode, "join") == 0 && !d) snprintf(s->mode, sizeof s->mode, "resume");
-    evbuffer_add_printf(bufferevent_get_output(bev), "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d data_skip=%lld "
-                        "resume_step=%lld lr=%s skips=%s\n",
-                        o->dir, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads,
-                        (long long)o->data_skip, (long long)s->resume_step, o->lr_changes, o->skips);
-    s->resume_step = -1; /* a rollback's target applies to the start it asked for only */
-    if (d)
-      event_log(o, o->best_step, k, "replica_joining", "replica %d catches up from replica %d (at step %lld)", k,
-                d->slot, (long long)d->step);
+    slot *k = on_hello(o, bev, line);
+    if (k) *sp = k;
   } else if (!s) {
     return; /* nothing else before HELLO */
   } else if (proto_is(line, "READY")) {
-    proto_get(line, "donor", s->donor, sizeof s->donor);
-    s->step = proto_int(line, "step", 0);
-    s->state = SLOT_RUNNING;
-    s->ready_at = tr_now();
-    event_log(o, s->step, s->slot, "replica_ready", "replica %d ready at step %lld (%s, state in %.2f s, %.2f s since spawn)",
-              s->slot, (long long)s->step, s->mode, proto_num(line, "state_s", 0), s->ready_at - s->started);
-    send_chaos(o, s);
-    if (o->stopping) evbuffer_add_printf(bufferevent_get_output(bev), "STOP at=%lld\n", (long long)o->stop_at);
+    on_ready(o, s, bev, line);
   } else if (proto_is(line, "STEP")) {
     on_step(o, s, line);
   } else if (proto_is(line, "FIRED")) {
     for (int i = 0; i < o->cfg->nchaos; i++)
-      if (o->cfg->chaos[i].replica == s->slot && o->cfg->chaos[i].at_step == proto_int(line, "at", -1)) o->chaos_fired[i] = 1;
+      if (o->cfg->chaos[i].replica == s->slot && o->cfg->chaos[i].at_step == proto_int(line, "at", -1))
+        o->chaos_fired[i] = 1;
   } else if (proto_is(line, "HB")) {
-    char ph[16];
-    proto_get(line, "phase", ph, sizeof ph);
-    s->in_allreduce = strcmp(ph, "allreduce") == 0;
-    s->phase_for = proto_num(line, "for", 0);
-    if (o->det) detector_heartbeat(o->det, s->slot, tr_now());
+    on_heartbeat(o, s, line);
   } else if (proto_is(line, "EVAL")) {
-    int64_t step = proto_int(line, "step", 0);
-    double val = proto_num(line, "val", NAN);
-    fprintf(o->metrics, "{\"step\":%lld,\"val_loss\":%.9g}\n", (long long)step, val);
-    fflush(o->metrics);
-    printf("step %*lld/%lld | val loss %.4f\n", o->width, (long long)step, (long long)o->cfg->max_steps, val);
-    fflush(stdout);
+    on_eval(o, line);
   } else if (proto_is(line, "CKPT")) {
-    char what[600];
-    proto_get(line, "what", what, sizeof what);
-    if (proto_int(line, "ok", 0) && proto_int(line, "step", 0) > o->last_ckpt) o->last_ckpt = proto_int(line, "step", 0);
-    if (proto_int(line, "ok", 0))
-      event_log(o, proto_int(line, "step", 0), s->slot, "checkpoint", "committed by replica %d in %.1f ms", s->slot,
-                proto_num(line, "commit_ms", 0));
-    else
-      event_log(o, proto_int(line, "step", 0), s->slot, "checkpoint_failed", "%s", what);
+    on_ckpt(o, s, line);
   } else if (proto_is(line, "DONE")) {
     char crc[16];
     proto_get(line, "crc", crc, sizeof crc);
@@ -545,12 +575,12 @@ static void handle_line(op *o, slot **sp, struct bufferevent *bev, const char *l
   } else if (proto_is(line, "FAIL")) {
     char why[600];
     proto_get(line, "why", why, sizeof why);
-    event_log(o, s->step, s->slot, "replica_error", "%s", why);
+    operator_event(o, s->step, s->slot, "replica_error", "%s", why);
   }
 }
 
 typedef struct {
-  op *o;
+  operator_state *o;
   slot *s;
 } conn;
 
@@ -564,7 +594,7 @@ static void conn_read(struct bufferevent *bev, void *arg) {
     free(line);
   }
   if (evbuffer_get_length(in) > PROTO_LINE_MAX) { /* a line that never ends */
-    event_log(c->o, c->o->best_step, c->s ? c->s->slot : -1, "protocol_error", "control line too long; closing");
+    operator_event(c->o, c->o->best_step, c->s ? c->s->slot : -1, "protocol_error", "control line too long; closing");
     if (c->s && c->s->bev == bev) c->s->bev = NULL;
     bufferevent_free(bev);
     free(c);
@@ -591,7 +621,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
   (void)l;
   (void)sa;
   (void)len;
-  op *o = arg;
+  operator_state *o = arg;
   struct bufferevent *bev = bufferevent_socket_new(o->base, fd, BEV_OPT_CLOSE_ON_FREE);
   conn *c = calloc(1, sizeof *c);
   if (!bev || !c) {
@@ -607,23 +637,23 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 /* --- FTAR membership --- */
 
 static void on_change(void *ud, const ftar_change *c) {
-  op *o = ud;
+  operator_state *o = ud;
   static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted"};
   char list[512] = "";
   size_t k = 0;
   for (int i = 0; i < c->n_members && k + 8 < sizeof list; i++)
     k += (size_t)snprintf(list + k, sizeof list - k, i ? ",%d" : "%d", c->slots[i]);
-  event_log(o, o->best_step, c->slot, "membership", "epoch %llu: %s slot %d; members [%s]",
+  operator_event(o, o->best_step, c->slot, "membership", "epoch %llu: %s slot %d; members [%s]",
             (unsigned long long)c->epoch, kinds[c->kind], c->slot, list);
   int finishing = 0;
   for (int i = 0; i < o->nslots; i++) finishing |= o->slots[i].done;
   if (c->n_members < (int)o->cfg->min_replicas && !o->stopping && !finishing && !o->rollback_pending)
-    event_log(o, o->best_step, -1, "paused", "%d live replicas < min_replicas %lld: waiting for replacements",
+    operator_event(o, o->best_step, -1, "paused", "%d live replicas < min_replicas %lld: waiting for replacements",
               c->n_members, (long long)o->cfg->min_replicas);
 }
 
 static void coord_log(void *ud, const char *msg) {
-  op *o = ud;
+  operator_state *o = ud;
   if (o->coord_log) {
     fprintf(o->coord_log, "%.3f %s\n", tr_now() - o->t0, msg);
     fflush(o->coord_log);
@@ -632,9 +662,136 @@ static void coord_log(void *ud, const char *msg) {
 
 /* --- entry --- */
 
+/* --- the run --- */
+
+/* metrics.jsonl, events.jsonl, coordinator.log, then the restart policy
+ * (after the logs: its load is an event). */
+static int open_logs(operator_state *o, int resume) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/metrics.jsonl", o->dir);
+  o->metrics = fopen(path, resume ? "a" : "w");
+  snprintf(path, sizeof path, "%s/events.jsonl", o->dir);
+  o->events = fopen(path, "a");
+  snprintf(path, sizeof path, "%s/coordinator.log", o->dir);
+  o->coord_log = fopen(path, "a");
+  if (!o->metrics || !o->events) return tr_fail(TR_EIO, "cannot open the logs in %s", o->dir);
+  return operator_policy_load(o);
+}
+
+/* The FTAR coordinator and the workers' control port. Under an external
+ * launcher both must be reachable from other nodes: they listen on every
+ * address, the coordinator advertised as MASTER_ADDR, the port MASTER_PORT. */
+static int start_listeners(operator_state *o) {
+  ftar_coord_opts co;
+  ftar_coord_opts_default(&co);
+  co.deadline = o->cfg->deadline;
+  co.on_change = on_change;
+  co.ud = o;
+  co.log = coord_log;
+  co.log_ud = o;
+  const char *maddr = getenv("MASTER_ADDR");
+  snprintf(o->adv_host, sizeof o->adv_host, "%s", maddr && *maddr ? maddr : "127.0.0.1");
+  o->coord = ftar_coord_create(o->base, maddr && *maddr ? "0.0.0.0" : "127.0.0.1", 0, &co);
+  if (!o->coord) return tr_fail_prefix(TR_EIO, "coordinator");
+  const char *mp = getenv("MASTER_PORT");
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(mp ? atoi(mp) : 0))};
+  sa.sin_addr.s_addr = htonl(mp ? INADDR_ANY : INADDR_LOOPBACK);
+  o->lis = evconnlistener_new_bind(o->base, accept_cb, o, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 64,
+                                   (struct sockaddr *)&sa, sizeof sa);
+  if (!o->lis) return tr_fail(TR_EIO, "cannot listen for workers: %s", strerror(errno));
+  socklen_t sl = sizeof sa;
+  getsockname(evconnlistener_get_fd(o->lis), (struct sockaddr *)&sa, &sl);
+  o->port = ntohs(sa.sin_port);
+  o->ctl = operator_ctl_listen(o);
+  return 0;
+}
+
+/* The loop, its policy watcher, the listeners, the detector, the signals. */
+static int start(operator_state *o) {
+  int rc = open_logs(o, o->resume);
+  if (rc) return rc;
+  o->base = event_base_new();
+  if (!o->base) return tr_fail(TR_ENOMEM, "cannot create the event loop");
+  if (policy_watch(o->pol, o->base))
+    operator_event(o, 0, -1, "watch_failed", "restart.lua is not watched (reload() from attach still works): %s",
+                   tr_error());
+  if ((rc = start_listeners(o))) return rc;
+  if (o->cfg->detector && (rc = start_detector(o))) return rc;
+  o->ev_chld = evsignal_new(o->base, SIGCHLD, sigchld_cb, o);
+  o->ev_term = evsignal_new(o->base, SIGTERM, sigterm_cb, o);
+  o->ev_int = evsignal_new(o->base, SIGINT, sigterm_cb, o);
+  evsignal_add(o->ev_chld, NULL);
+  evsignal_add(o->ev_term, NULL);
+  evsignal_add(o->ev_int, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  return 0;
+}
+
+/* Every slot, and its worker unless an external launcher starts them. */
+static void spawn_all(operator_state *o) {
+  const char *mode = o->resume ? "resume" : "start";
+  int external = getenv("TRANSOM_EXTERNAL_WORKERS") != NULL;
+  for (int i = 0; i < o->nslots; i++) {
+    o->slots[i].o = o;
+    o->slots[i].slot = i;
+    o->slots[i].resume_step = -1;
+    snprintf(o->slots[i].mode, sizeof o->slots[i].mode, "%s", mode);
+    if (!external) operator_spawn(o, i, mode);
+  }
+}
+
+/* Do the finished replicas hold the same parameters? And what the run did. */
+static void verdict(operator_state *o) {
+  double wall = tr_now() - o->t0;
+  int done = 0, agree = 1;
+  uint32_t crc0 = 0;
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    if (s->state != SLOT_DONE) continue;
+    if (!done++) crc0 = s->crc;
+    else if (s->crc != crc0) agree = 0;
+  }
+  if (done > 1) {
+    if (agree)
+      operator_event(o, o->best_step, -1, "replicas_agree", "%d replicas finished with parameter crc32c %08x", done,
+                     crc0);
+    else operator_event(o, o->best_step, -1, "replicas_differ", "replicas finished with different parameters");
+  }
+  if (o->stopping)
+    printf("operator: stopped at step %lld (checkpointed) | %d restarts | %.1f s\nresume with: transom run --resume %s\n",
+           (long long)o->last_ckpt, o->restarts_total, wall, o->dir);
+  else
+    printf("operator: finished at step %lld | %d replicas finished | %d restarts | %.1f s\n", (long long)o->best_step,
+           done, o->restarts_total, wall);
+}
+
+/* Frees what start() made, whatever it got to. */
+static void teardown(operator_state *o) {
+  for (int i = 0; i < o->nslots; i++)
+    if (o->slots[i].timer) event_free(o->slots[i].timer);
+  if (o->tick) event_free(o->tick);
+  prom_server_free(o->prom);
+  detector_destroy(o->det);
+  if (o->ev_chld) event_free(o->ev_chld);
+  if (o->ev_term) event_free(o->ev_term);
+  if (o->ev_int) event_free(o->ev_int);
+  if (o->ctl) evconnlistener_free(o->ctl);
+  if (o->lis) evconnlistener_free(o->lis);
+  ftar_coord_free(o->coord);
+  operator_policy_free(o); /* its watcher, before the base */
+  if (o->base) event_base_free(o->base);
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/control.sock", o->dir);
+  unlink(path);
+  if (o->metrics) fclose(o->metrics);
+  if (o->events) fclose(o->events);
+  if (o->coord_log) fclose(o->coord_log);
+  free(o->chaos_fired);
+}
+
 int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
-  op o = {.cfg = cfg, .L = L, .dir = dir, .exit_code = 0};
-  char self[PATH_MAX], path[PATH_MAX];
+  operator_state o = {.cfg = cfg, .L = L, .dir = dir, .exit_code = 0, .resume = resume};
+  char self[PATH_MAX];
   ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
   if (sn <= 0) return tr_fail(TR_EIO, "cannot find the transom executable");
   self[sn] = 0;
@@ -644,108 +801,21 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   o.threads = cfg->threads > 0 ? (int)cfg->threads : (int)(cores / o.nslots > 1 ? cores / o.nslots : 1);
   o.width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
   o.chaos_fired = calloc((size_t)cfg->nchaos + 1, sizeof(int));
-  snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-  o.metrics = fopen(path, resume ? "a" : "w");
-  snprintf(path, sizeof path, "%s/events.jsonl", dir);
-  o.events = fopen(path, "a");
-  snprintf(path, sizeof path, "%s/coordinator.log", dir);
-  o.coord_log = fopen(path, "a");
-  if (!o.metrics || !o.events) return tr_fail(TR_EIO, "cannot open the logs in %s", dir);
-  int rc = load_policy(&o); /* after the logs: its load is an event */
-  if (rc) return rc;
-  o.base = event_base_new();
-  if (!o.base) return tr_fail(TR_ENOMEM, "cannot create the event loop");
-  if (policy_watch(o.pol, o.base))
-    event_log(&o, 0, -1, "watch_failed", "restart.lua is not watched (reload() from attach still works): %s",
-              tr_error());
-  ftar_coord_opts co;
-  ftar_coord_opts_default(&co);
-  co.deadline = cfg->deadline;
-  co.on_change = on_change;
-  co.ud = &o;
-  co.log = coord_log;
-  co.log_ud = &o;
-  /* under an external launcher the coordinator must be reachable from other
-   * nodes: it listens on every address and is advertised as MASTER_ADDR */
-  const char *maddr = getenv("MASTER_ADDR");
-  snprintf(o.adv_host, sizeof o.adv_host, "%s", maddr && *maddr ? maddr : "127.0.0.1");
-  o.coord = ftar_coord_create(o.base, maddr && *maddr ? "0.0.0.0" : "127.0.0.1", 0, &co);
-  if (!o.coord) return tr_fail_prefix(TR_EIO, "coordinator");
-  /* the workers' control port: MASTER_PORT if set (external launchers) */
-  const char *mp = getenv("MASTER_PORT");
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(mp ? atoi(mp) : 0))};
-  sa.sin_addr.s_addr = htonl(mp ? INADDR_ANY : INADDR_LOOPBACK);
-  o.lis = evconnlistener_new_bind(o.base, accept_cb, &o, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 64,
-                                  (struct sockaddr *)&sa, sizeof sa);
-  if (!o.lis) return tr_fail(TR_EIO, "cannot listen for workers: %s", strerror(errno));
-  socklen_t sl = sizeof sa;
-  getsockname(evconnlistener_get_fd(o.lis), (struct sockaddr *)&sa, &sl);
-  o.port = ntohs(sa.sin_port);
-  o.ctl = ctl_listen(&o);
-  if (cfg->detector && (rc = start_detector(&o))) return rc;
-  struct event *ev_chld = evsignal_new(o.base, SIGCHLD, sigchld_cb, &o);
-  struct event *ev_term = evsignal_new(o.base, SIGTERM, sigterm_cb, &o);
-  struct event *ev_int = evsignal_new(o.base, SIGINT, sigterm_cb, &o);
-  evsignal_add(ev_chld, NULL);
-  evsignal_add(ev_term, NULL);
-  evsignal_add(ev_int, NULL);
-  signal(SIGPIPE, SIG_IGN);
-
+  int rc = o.chaos_fired ? start(&o) : tr_fail(TR_ENOMEM, "out of memory");
+  if (rc) {
+    teardown(&o);
+    return rc;
+  }
   printf("operator: %d replicas x %d threads | on_failure %s | min_replicas %lld | workers at 127.0.0.1:%d | control "
          "%s/control.sock\n",
          o.nslots, o.threads, cfg->on_failure, (long long)cfg->min_replicas, o.port, dir);
   fflush(stdout);
-  event_log(&o, 0, -1, resume ? "resume" : "start", "%d replicas", o.nslots);
+  operator_event(&o, 0, -1, resume ? "resume" : "start", "%d replicas", o.nslots);
   o.t0 = tr_now();
-  int external = getenv("TRANSOM_EXTERNAL_WORKERS") != NULL;
-  for (int i = 0; i < o.nslots; i++) {
-    o.slots[i].o = &o;
-    o.slots[i].slot = i;
-    o.slots[i].resume_step = -1;
-    snprintf(o.slots[i].mode, sizeof o.slots[i].mode, "%s", resume ? "resume" : "start");
-    if (!external) spawn(&o, i, resume ? "resume" : "start");
-  }
+  spawn_all(&o);
   event_base_dispatch(o.base);
-
-  /* the verdict */
-  double wall = tr_now() - o.t0;
-  int done = 0, agree = 1;
-  uint32_t crc0 = 0;
-  for (int i = 0; i < o.nslots; i++) {
-    slot *s = &o.slots[i];
-    if (s->state != SLOT_DONE) continue;
-    if (!done++) crc0 = s->crc;
-    else if (s->crc != crc0) agree = 0;
-  }
-  if (done > 1) {
-    if (agree) event_log(&o, o.best_step, -1, "replicas_agree", "%d replicas finished with parameter crc32c %08x", done, crc0);
-    else event_log(&o, o.best_step, -1, "replicas_differ", "replicas finished with different parameters");
-  }
-  if (o.stopping)
-    printf("operator: stopped at step %lld (checkpointed) | %d restarts | %.1f s\nresume with: transom run --resume %s\n",
-           (long long)o.last_ckpt, o.restarts_total, wall, dir);
-  else
-    printf("operator: finished at step %lld | %d replicas finished | %d restarts | %.1f s\n", (long long)o.best_step,
-           done, o.restarts_total, wall);
-  for (int i = 0; i < o.nslots; i++)
-    if (o.slots[i].timer) event_free(o.slots[i].timer);
-  if (o.tick) event_free(o.tick);
-  prom_server_free(o.prom);
-  detector_destroy(o.det);
-  event_free(ev_chld);
-  event_free(ev_term);
-  event_free(ev_int);
-  if (o.ctl) evconnlistener_free(o.ctl);
-  evconnlistener_free(o.lis);
-  ftar_coord_free(o.coord);
-  free_policy(&o); /* its watcher, before the base */
-  event_base_free(o.base);
-  snprintf(path, sizeof path, "%s/control.sock", dir);
-  unlink(path);
-  fclose(o.metrics);
-  fclose(o.events);
-  if (o.coord_log) fclose(o.coord_log);
-  free(o.chaos_fired);
+  verdict(&o);
+  teardown(&o);
   if (!o.stopping && o.best_step < cfg->max_steps && o.exit_code == 0) o.exit_code = 1;
   return o.exit_code ? tr_fail(TR_ESTATE, "the job did not finish (step %lld of %lld)", (long long)o.best_step,
                                (long long)cfg->max_steps)

@@ -26,10 +26,10 @@
 typedef enum { SLOT_EMPTY, SLOT_STARTING, SLOT_RUNNING, SLOT_DONE, SLOT_DEAD, SLOT_WAITING } slot_state;
 extern const char *slot_names[];
 
-typedef struct op op;
+typedef struct operator_state operator_state;
 
 typedef struct {
-  op *o;
+  operator_state *o;
   int slot;
   slot_state state;
   pid_t pid;
@@ -54,7 +54,7 @@ typedef struct {
   double loss, ms, tok_s;
 } step_acc;
 
-struct op {
+struct operator_state {
   job_config *cfg;
   lua_State *L;
   const char *dir, *self;
@@ -82,41 +82,43 @@ struct op {
   detector *det;          /* Eagle Eye: rules and policies over the replicas' metrics */
   prom_server *prom;
   struct event *tick;
+  struct event *ev_chld, *ev_term, *ev_int; /* SIGCHLD, SIGTERM, SIGINT */
+  int resume;             /* started by --resume */
 };
 
 
 /* operator.c */
-void event_log(op *o, int64_t step, int worker, const char *kind, const char *fmt, ...)
+void operator_event(operator_state *o, int64_t step, int worker, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-int live_count(op *o);
+int operator_live_count(operator_state *o);
 /* operator_policy.c: the restart policy, restart.lua from the job's
  * policies folder (else lua/policies, also when that folder lacks it) on a
  * policy engine of its own, checked and dry-run. Needs o->cfg, writes its load to o->events.
  * TR_ELUA/TR_EIO with tr_error() naming restart.lua:LINE; nothing is left
  * allocated then. Hot reload: policy_watch(o->pol, base). */
-int load_policy(op *o);
+int operator_policy_load(operator_state *o);
 /* Reloads restart.lua now (the REPL's reload()). 0 when in force; else the
  * previous version stays and an event (policy_reload_failed) says why. */
-int reload_policy(op *o);
-void free_policy(op *o);
+int operator_policy_reload(operator_state *o);
+void operator_policy_free(operator_state *o);
 /* Asks restart.lua's fn ("on_failure" | "on_all_dead") about slot s (NULL:
  * none) failing; the decision lands in action ("replace"/"none",
  * "restart"/"stop"), delay (seconds) and detail. When the policy raises, runs
  * past its instruction budget or returns no valid decision, a
  * "policy_error" event names file:line and the operator's built-in rule
  * decides (replace with backoff within 5 restarts per slot, 20 per job). */
-void call_policy(op *o, const char *fn, const slot *s, const char *reason, int sig, int code, char *action, size_t n,
+void operator_policy_call(operator_state *o, const char *fn, const slot *s, const char *reason, int sig, int code, char *action, size_t n,
                  double *delay, char *detail, size_t dn);
-void spawn(op *o, int k, const char *mode);
-void stop_all(op *o, const char *why);
+void operator_spawn(operator_state *o, int k, const char *mode);
+void operator_stop_all(operator_state *o, const char *why);
 /* Newest committed checkpoint at or before step (read-only look at the
  * store), or -1. */
-int64_t newest_checkpoint(op *o, int64_t step);
+int64_t operator_newest_checkpoint(operator_state *o, int64_t step);
 /* Kills every replica and restarts them all from the newest checkpoint at or
  * before step, skipping `skip` more batches. */
-void rollback_all(op *o, int64_t step, int skip, const char *why);
+void operator_rollback_all(operator_state *o, int64_t step, int skip, const char *why);
 
 /* operator_repl.c: the control socket RUN/control.sock */
-struct evconnlistener *ctl_listen(op *o);
+struct evconnlistener *operator_ctl_listen(operator_state *o);
 
 #endif

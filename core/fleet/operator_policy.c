@@ -37,7 +37,7 @@
 
 /* One events.jsonl line with a file and a line, in the detector's form
  * (detector_event_json); failures are printed too. */
-static void policy_event(op *o, int failed, const char *kind, int64_t step, int worker, const char *rule,
+static void policy_event(operator_state *o, int failed, const char *kind, int64_t step, int worker, const char *rule,
                          const char *file, int line, const char *detail) {
   detector_event e = {.kind = kind, .step = step, .worker = worker, .rule = rule, .file = file, .line = line,
                       .detail = detail};
@@ -56,14 +56,14 @@ static void policy_event(op *o, int failed, const char *kind, int64_t step, int 
 }
 
 static void on_policy_reload(void *ud, const policy_reload_info *r) {
-  op *o = ud;
+  operator_state *o = ud;
   policy_event(o, !r->ok, r->ok ? "policy_reload" : "policy_reload_failed", -1, -1, NULL, r->path,
                r->ok ? 0 : r->err->line, r->detail);
 }
 
 static void on_policy_print(void *ud, const char *text) {
-  op *o = ud;
-  event_log(o, o->best_step, -1, "policy_print", "restart.lua: %s", text);
+  operator_state *o = ud;
+  operator_event(o, o->best_step, -1, "policy_print", "restart.lua: %s", text);
 }
 
 /* The decision a handler returned (at idx): "action" or {action = ..,
@@ -147,7 +147,7 @@ static void push_policy_event(lua_State *L, int slot, const char *reason, int si
  * each gives a valid decision on a dry run (a replica killed at step 10, one
  * of two, no restarts yet; a scratch state). */
 static int check_restart(void *ud, lua_State *L, int mod, int env, policy_err *e) {
-  op *o = ud;
+  operator_state *o = ud;
   (void)env;
   static const char *const fns[] = {"on_failure", "on_all_dead"};
   const char *file = policy_name(o->restart);
@@ -189,7 +189,7 @@ static int check_restart(void *ud, lua_State *L, int mod, int env, policy_err *e
 }
 
 /* The built-in decision when restart.lua cannot make one. */
-static void fallback_decision(op *o, const char *fn, const slot *s, char *action, size_t n, double *delay) {
+static void fallback_decision(operator_state *o, const char *fn, const slot *s, char *action, size_t n, double *delay) {
   int slot_restarts = s ? s->restarts : 0;
   if (strcmp(fn, "on_failure") == 0) {
     int go = slot_restarts < FALLBACK_MAX_SLOT && o->restarts_total < FALLBACK_MAX_TOTAL;
@@ -202,7 +202,7 @@ static void fallback_decision(op *o, const char *fn, const slot *s, char *action
   }
 }
 
-int load_policy(op *o) {
+int operator_policy_load(operator_state *o) {
   char fallback[PATH_MAX];
   snprintf(fallback, sizeof fallback, "%s/policies", lua_host_dir());
   policy_engine_opts eo = {.on_reload = on_policy_reload, .on_print = on_policy_print, .ud = o};
@@ -218,20 +218,20 @@ int load_policy(op *o) {
   int rc = (o->restart = policy_add(o->pol, &po)) ? policy_reload(o->restart, 1) : TR_EINVAL;
   if (rc) {
     rc = tr_fail_prefix(rc, "restart policy");
-    free_policy(o);
+    operator_policy_free(o);
   }
   return rc;
 }
 
-int reload_policy(op *o) { return o->restart ? policy_reload(o->restart, 1) : tr_fail(TR_ESTATE, "no restart policy"); }
+int operator_policy_reload(operator_state *o) { return o->restart ? policy_reload(o->restart, 1) : tr_fail(TR_ESTATE, "no restart policy"); }
 
-void free_policy(op *o) {
+void operator_policy_free(operator_state *o) {
   policy_engine_free(o->pol); /* the watcher, the VM, the state table */
   o->pol = NULL;
   o->restart = NULL;
 }
 
-void call_policy(op *o, const char *fn, const slot *s, const char *reason, int sig, int code, char *action, size_t n,
+void operator_policy_call(operator_state *o, const char *fn, const slot *s, const char *reason, int sig, int code, char *action, size_t n,
                  double *delay, char *detail, size_t dn) {
   lua_State *L = policy_engine_lua(o->pol);
   int top = lua_gettop(L);
@@ -242,7 +242,7 @@ void call_policy(op *o, const char *fn, const slot *s, const char *reason, int s
   policy_push(o->restart); /* [M] */
   lua_getfield(L, -1, fn); /* [M, fn] (checked at load: a function) */
   int line = policy_fn_line(L, -1);
-  push_policy_event(L, s ? s->slot : -1, reason, sig, code, s ? s->step : o->best_step, live_count(o), o->nslots,
+  push_policy_event(L, s ? s->slot : -1, reason, sig, code, s ? s->step : o->best_step, operator_live_count(o), o->nslots,
                     s ? s->restarts : 0, o->restarts_total);
   lua_rawgeti(L, LUA_REGISTRYINDEX, o->state_ref); /* [M, fn, ev, state] */
   int rc = policy_call(o->pol, 2, 1, &e);          /* [M, decision] */

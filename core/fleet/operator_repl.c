@@ -38,7 +38,7 @@
 #define REPL_BUDGET_HOOKS 20
 
 typedef struct {
-  op *o;
+  operator_state *o;
   struct bufferevent *bev;
   char *pending; /* an incomplete chunk so far */
   int env_ref;
@@ -53,16 +53,16 @@ static void conn_free(ctl_conn *c) {
 
 /* --- chaos and status --- */
 
-static void do_chaos(op *o, struct evbuffer *out, const char *fault, int k) {
+static void do_chaos(operator_state *o, struct evbuffer *out, const char *fault, int k) {
   slot *s = &o->slots[k];
   if (s->pid <= 0 && !s->bev) {
     evbuffer_add_printf(out, "error: replica %d is not running\n", k);
   } else if (strcmp(fault, "kill") == 0 || strcmp(fault, "hang") == 0) {
-    event_log(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
+    operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
     if (s->pid > 0) kill(s->pid, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
     evbuffer_add_printf(out, "ok\n");
   } else if ((strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0) && s->bev) {
-    event_log(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
+    operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
     evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=%lld fault=%s ms=200 steps=0\n",
                         (long long)s->step + 2, fault);
     evbuffer_add_printf(out, "ok\n");
@@ -71,11 +71,11 @@ static void do_chaos(op *o, struct evbuffer *out, const char *fault, int k) {
   }
 }
 
-/* --- the REPL's functions (upvalue 1: the op; 2: the connection) --- */
+/* --- the REPL's functions (upvalue 1: the operator; 2: the connection) --- */
 
-static op *get_op(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
+static operator_state *get_op(lua_State *L) { return lua_touserdata(L, lua_upvalueindex(1)); }
 
-static int check_slot(lua_State *L, op *o, int arg) {
+static int check_slot(lua_State *L, operator_state *o, int arg) {
   lua_Integer k = luaL_checkinteger(L, arg);
   if (k < 0 || k >= o->nslots) return luaL_argerror(L, arg, "no such replica");
   return (int)k;
@@ -87,7 +87,7 @@ static void set_num(lua_State *L, const char *k, double v) {
 }
 
 static int l_workers(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   lua_createtable(L, o->nslots, 0);
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
@@ -111,7 +111,7 @@ static int l_workers(lua_State *L) {
 
 /* The slot's latest step record, keys as in metrics.jsonl (one table). */
 static int l_metrics(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   slot *s = &o->slots[check_slot(L, o, 1)];
   const step_record *r = &s->last;
   lua_createtable(L, 0, 24);
@@ -129,7 +129,7 @@ static int l_metrics(lua_State *L) {
 }
 
 static int l_events(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   lua_Integer n = luaL_optinteger(L, 1, 10);
   char path[4200];
   snprintf(path, sizeof path, "%s/events.jsonl", o->dir);
@@ -155,17 +155,17 @@ static int l_events(lua_State *L) {
 }
 
 static int l_evict(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   slot *s = &o->slots[check_slot(L, o, 1)];
   if (s->pid <= 0) return luaL_error(L, "replica %d is not running", s->slot);
-  event_log(o, s->step, s->slot, "evict", "replica %d evicted from the REPL", s->slot);
+  operator_event(o, s->step, s->slot, "evict", "replica %d evicted from the REPL", s->slot);
   kill(s->pid, SIGKILL);
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static int l_checkpoint(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   int n = 0;
   for (int i = 0; i < o->nslots; i++)
     if (o->slots[i].bev && o->slots[i].state == SLOT_RUNNING) {
@@ -173,24 +173,24 @@ static int l_checkpoint(lua_State *L) {
       n++;
     }
   if (!n) return luaL_error(L, "no replica is running");
-  event_log(o, o->best_step, -1, "checkpoint_now", "asked from the REPL; the leader checkpoints its next step");
+  operator_event(o, o->best_step, -1, "checkpoint_now", "asked from the REPL; the leader checkpoints its next step");
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static int l_rollback(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   lua_Integer step = luaL_optinteger(L, 1, o->best_step);
   if (step < 0) return luaL_argerror(L, 1, "step must be >= 0");
-  int64_t target = newest_checkpoint(o, step);
+  int64_t target = operator_newest_checkpoint(o, step);
   if (target < 0) return luaL_error(L, "no committed checkpoint at or before step %d", (int)step);
-  rollback_all(o, target, 1, "asked from the REPL");
+  operator_rollback_all(o, target, 1, "asked from the REPL");
   lua_pushinteger(L, target);
   return 1;
 }
 
 static int l_set(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   const char *name = luaL_checkstring(L, 1);
   lua_Number v = luaL_checknumber(L, 2);
   if (strcmp(name, "lr") != 0) return luaL_argerror(L, 1, "only 'lr' can be changed while the job runs");
@@ -202,7 +202,7 @@ static int l_set(lua_State *L) {
   for (int i = 0; i < o->nslots; i++)
     if (o->slots[i].bev) evbuffer_add_printf(bufferevent_get_output(o->slots[i].bev), "SET at=%lld lr=%.9g\n",
                                              (long long)at, v);
-  event_log(o, o->best_step, -1, "set", "lr = %g from step %lld (from the REPL)", v, (long long)at);
+  operator_event(o, o->best_step, -1, "set", "lr = %g from step %lld (from the REPL)", v, (long long)at);
   lua_pushinteger(L, at);
   return 1;
 }
@@ -210,24 +210,24 @@ static int l_set(lua_State *L) {
 /* Every policy file, through the policy engine: each failure is an event
  * (policy_reload_failed, file and line) and leaves the old version in force. */
 static int l_reload(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   char first[1024] = "";
   if (o->det && detector_reload(o->det) != 0) snprintf(first, sizeof first, "%s", tr_error());
-  if (reload_policy(o) != 0 && !first[0]) snprintf(first, sizeof first, "%s", tr_error());
+  if (operator_policy_reload(o) != 0 && !first[0]) snprintf(first, sizeof first, "%s", tr_error());
   if (first[0]) return luaL_error(L, "reload failed, the previous policy stays: %s", first);
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static int l_series(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   int w = check_slot(L, o, 1);
   if (!o->det || detector_push_worker(o->det, L, w, (int)luaL_optinteger(L, 2, 20))) lua_pushnil(L);
   return 1;
 }
 
 static int l_anomalies(lua_State *L) {
-  op *o = get_op(L);
+  operator_state *o = get_op(L);
   if (!o->det || detector_push_anomalies(o->det, L, (int)luaL_optinteger(L, 1, 10))) lua_newtable(L);
   return 1;
 }
@@ -365,7 +365,7 @@ static void repl_eval(ctl_conn *c, const char *line) {
 
 static void ctl_read(struct bufferevent *bev, void *arg) {
   ctl_conn *c = arg;
-  op *o = c->o;
+  operator_state *o = c->o;
   char *line;
   size_t n;
   struct evbuffer *out = bufferevent_get_output(bev);
@@ -407,11 +407,11 @@ static void ctl_accept(struct evconnlistener *l, evutil_socket_t fd, struct sock
   (void)l;
   (void)sa;
   (void)len;
-  op *o = arg;
+  operator_state *o = arg;
   struct ucred cred;
   socklen_t cl = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != getuid()) {
-    event_log(o, o->best_step, -1, "attach_refused", "a client of uid %d was refused", (int)cred.uid);
+    operator_event(o, o->best_step, -1, "attach_refused", "a client of uid %d was refused", (int)cred.uid);
     close(fd); /* only the job's own user */
     return;
   }
@@ -428,7 +428,7 @@ static void ctl_accept(struct evconnlistener *l, evutil_socket_t fd, struct sock
   bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
 
-struct evconnlistener *ctl_listen(op *o) {
+struct evconnlistener *operator_ctl_listen(operator_state *o) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control.sock", o->dir) >= (int)sizeof sa.sun_path) return NULL;
   unlink(sa.sun_path);

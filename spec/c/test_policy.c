@@ -475,15 +475,15 @@ typedef struct {
   double delay;
 } decision;
 
-static decision decide(op *o, const char *fn, int slot) {
+static decision decide(operator_state *o, const char *fn, int slot) {
   decision d;
-  call_policy(o, fn, slot >= 0 ? &o->slots[slot] : NULL, "killed", 9, -1, d.action, sizeof d.action, &d.delay,
+  operator_policy_call(o, fn, slot >= 0 ? &o->slots[slot] : NULL, "killed", 9, -1, d.action, sizeof d.action, &d.delay,
               d.detail, sizeof d.detail);
   return d;
 }
 
 /* Runs base until slot 1's on_failure decides `action` or bound seconds pass. */
-static decision wait_decision(struct event_base *base, op *o, const char *action, double bound) {
+static decision wait_decision(struct event_base *base, operator_state *o, const char *action, double bound) {
   double t0 = tr_now();
   decision d = decide(o, "on_failure", 1);
   while (strcmp(d.action, action) != 0 && tr_now() - t0 < bound) {
@@ -498,7 +498,7 @@ static void test_restart_policy(void) {
   subdir(dir, sizeof dir, "policies");
   snprintf(events_path, sizeof events_path, "%s/events.jsonl", tdir);
   job_config *cfg = calloc(1, sizeof *cfg);
-  op *o = calloc(1, sizeof *o);
+  operator_state *o = calloc(1, sizeof *o);
   if (!cfg || !o) return;
   snprintf(cfg->policies, sizeof cfg->policies, "%s", dir);
   o->cfg = cfg;
@@ -518,7 +518,7 @@ static void test_restart_policy(void) {
   free(bad);
   char want[64];
   snprintf(want, sizeof want, "restart.lua:%d: undefined global 'backof_max'", bad_line);
-  CHECK(load_policy(o) == TR_ELUA && strstr(tr_error(), want) && o->pol == NULL,
+  CHECK(operator_policy_load(o) == TR_ELUA && strstr(tr_error(), want) && o->pol == NULL,
         "a misspelled global in on_failure is refused at load (dry run): %s", tr_error());
   CHECK(strstr(event_line("policy_reload_failed"), "restart.lua") && strstr(event_line("policy_reload_failed"), "\"line\""),
         "events.jsonl says why: %s", event_line("policy_reload_failed"));
@@ -527,11 +527,11 @@ static void test_restart_policy(void) {
   snprintf(want, sizeof want, "restart.lua:%d: undefined global 'max_restarts_total'", line_of(bad, "M.max_total"));
   put(dir, "restart.lua", bad);
   free(bad);
-  CHECK(load_policy(o) == TR_ELUA && strstr(tr_error(), want), "a misspelled global at the top level: %s",
+  CHECK(operator_policy_load(o) == TR_ELUA && strstr(tr_error(), want), "a misspelled global at the top level: %s",
         tr_error());
   bad = patched("function M.on_all_dead(", "function M.on_all_ded(");
   put(dir, "restart.lua", bad);
-  CHECK(load_policy(o) == TR_ELUA && strstr(tr_error(), "unknown handler 'on_all_ded'") &&
+  CHECK(operator_policy_load(o) == TR_ELUA && strstr(tr_error(), "unknown handler 'on_all_ded'") &&
             strstr(tr_error(), "restart.lua:") ,
         "a misspelled handler: %s", tr_error());
   free(bad);
@@ -540,7 +540,7 @@ static void test_restart_policy(void) {
   char path[700];
   snprintf(path, sizeof path, "%s/restart.lua", dir);
   unlink(path);
-  CHECK(load_policy(o) == 0, "shipped restart.lua from the fallback: %s", tr_error());
+  CHECK(operator_policy_load(o) == 0, "shipped restart.lua from the fallback: %s", tr_error());
   if (!o->pol) return;
   decision d = decide(o, "on_failure", 1);
   CHECK(strcmp(d.action, "replace") == 0 && d.delay > 0.19 && d.delay < 0.21, "shipped: replace after 0.2 s (%s %g)",
@@ -632,7 +632,7 @@ static void test_restart_policy(void) {
   CHECK(strstr(event_line("unknown field 'dealy'"), "policy_reload_failed") != NULL,
         "a misspelled decision field is refused by the dry run: %s", event_line("dealy"));
 
-  free_policy(o);
+  operator_policy_free(o);
   event_base_free(base);
   free(none);
   free(v2);
