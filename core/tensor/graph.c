@@ -444,30 +444,20 @@ int graph_set_bf16(graph *g, int on) {
 
 int graph_plan(graph *g, int with_grad) { return graph_plan_on(g, with_grad, backend_cpu()); }
 
-int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
-  if (g->planned) return tr_fail(TR_ESTATE, "the graph is already planned");
-  if (g->nn == 0) return tr_fail(TR_EINVAL, "the graph has no operations");
-  /* Keep the nodes that the outputs depend on (all nodes if none is named).
-   * Reverse creation order visits consumers before producers. */
-  char *need_t = calloc((size_t)g->nt, 1);
-  int *producer = malloc(sizeof(int) * (size_t)g->nt);
+/* Keeps the nodes that the outputs depend on (all nodes if none is named),
+ * in creation order, in g->order; marks in need_t the tensors they read and
+ * the outputs. Reverse creation order visits consumers before producers. */
+static int select_nodes(graph *g, char *need_t) {
+  char *keep = calloc((size_t)g->nn, 1);
+  free(g->order);
   g->order = malloc(sizeof(int) * (size_t)g->nn);
-  if (!need_t || !producer || !g->order) {
-    free(need_t);
-    free(producer);
+  if (!keep || !g->order) {
+    free(keep);
     return tr_fail(TR_ENOMEM, "out of memory planning the graph");
   }
-  for (int i = 0; i < g->nt; i++) producer[i] = -1;
-  for (int n = 0; n < g->nn; n++) producer[g->nodes[n].out] = n;
   if (g->no == 0)
     for (int n = 0; n < g->nn; n++) need_t[g->nodes[n].out] = 1;
   for (int i = 0; i < g->no; i++) need_t[g->outputs[i].t] = 1;
-  char *keep = calloc((size_t)g->nn, 1);
-  if (!keep) {
-    free(need_t);
-    free(producer);
-    return tr_fail(TR_ENOMEM, "out of memory planning the graph");
-  }
   for (int n = g->nn - 1; n >= 0; n--) {
     if (!need_t[g->nodes[n].out]) continue;
     keep[n] = 1;
@@ -478,43 +468,55 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
   for (int n = 0; n < g->nn; n++)
     if (keep[n]) g->order[g->norder++] = n;
   free(keep);
-  free(producer);
+  return TR_OK;
+}
 
-  if (g->bf16 && !be->bf16) {
-    free(need_t);
-    return tr_fail(TR_EINVAL, "precision = \"bf16\": the %s backend has no bf16 kernels", be->name);
-  }
-  if (g->bf16) { /* activations as bf16, but for layernorm's saved statistics and the loss */
-    for (int i = 0; i < g->nt; i++)
-      if (g->tensors[i].kind == TK_ACT) g->tensors[i].eb = 2;
-    for (int n = 0; n < g->nn; n++) { /* ops.def's 'f' roles stay fp32 */
-      const node *x = &g->nodes[n];
-      if (ops[x->op].out == 'f') g->tensors[x->out].eb = 4;
-      for (int k = 0; k < 2; k++)
-        if (ops[x->op].aux[k] == 'f' && x->aux[k] >= 0) g->tensors[x->aux[k]].eb = 4;
-    }
-  }
-  for (int n = 0; g->bf16 && n < g->nn; n++) { /* bf16 kernels: bf16 activations in, fp32 parameters beside them */
-    const node *x = &g->nodes[n];
-    for (int k = 0; k < 3; k++) { /* ops.def's input roles */
-      int t = x->in[k];
-      char r = ops[x->op].ins[k];
+/* bf16 kernels take bf16 activations where ops.def's roles say 'a' and fp32
+ * parameters where they say 'p' (token ids are int32 either way). */
+static int check_bf16_inputs(const graph *g) {
+  for (int n = 0; n < g->nn; n++) {
+    const node *nd = &g->nodes[n];
+    for (int k = 0; k < 3; k++) {
+      int t = nd->in[k];
+      char r = ops[nd->op].ins[k];
       if (t < 0 || r == 't' || r == '-') continue;
       const tensor *in = &g->tensors[t];
       const char *want = NULL;
       if (in->kind != (r == 'a' ? TK_ACT : TK_PARAM)) want = r == 'a' ? "an activation" : "a parameter";
       else if (r == 'a' && in->eb != 2) /* a loss: its bits are fp32, the op would read them as bf16 */
         want = "a bf16 activation, not an fp32 one (a cross_entropy loss stays fp32 under bf16)";
-      if (want) {
-        for (int i = 0; i < g->nt; i++) g->tensors[i].eb = 4; /* as before planning */
-        free(need_t);
+      if (want)
         return tr_fail(TR_EINVAL, "precision = \"bf16\": %s (node %d) takes %s as input %d, which must be %s",
-                       ops[x->op].name, n, describe(g, t), k + 1, want);
-      }
+                       ops[nd->op].name, n, describe(g, t), k + 1, want);
     }
   }
-  /* Lay out every family. Parameters are laid out even when unused, so the
-   * slab layout depends only on the parameter declarations. */
+  return TR_OK;
+}
+
+/* Under bf16, activations are stored as bf16 but for those ops.def marks
+ * 'f' (layernorm's saved statistics, the loss). On failure every tensor is
+ * fp32 again, as before planning. */
+static int plan_bf16(graph *g, const tr_backend *be) {
+  if (!g->bf16) return TR_OK;
+  if (!be->bf16) return tr_fail(TR_EINVAL, "precision = \"bf16\": the %s backend has no bf16 kernels", be->name);
+  for (int i = 0; i < g->nt; i++)
+    if (g->tensors[i].kind == TK_ACT) g->tensors[i].eb = 2;
+  for (int n = 0; n < g->nn; n++) {
+    const node *nd = &g->nodes[n];
+    if (ops[nd->op].out == 'f') g->tensors[nd->out].eb = 4;
+    for (int k = 0; k < 2; k++)
+      if (ops[nd->op].aux[k] == 'f' && nd->aux[k] >= 0) g->tensors[nd->aux[k]].eb = 4;
+  }
+  int rc = check_bf16_inputs(g);
+  if (rc)
+    for (int i = 0; i < g->nt; i++) g->tensors[i].eb = 4;
+  return rc;
+}
+
+/* Lays out every family. Parameters are laid out even when unused, so the
+ * slab layout depends only on the parameter declarations; an activation no
+ * kept node reads and no output names gets no storage. */
+static void lay_out(graph *g, const char *need_t, int with_grad) {
   memset(&g->sz, 0, sizeof g->sz);
   for (int i = 0; i < g->nt; i++) {
     tensor *t = &g->tensors[i];
@@ -542,8 +544,12 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
         break;
     }
   }
-  free(need_t);
   g->sz.grads = with_grad ? g->sz.params : 0;
+}
+
+/* One allocation per family in be's memory (inputs: host, and a device copy
+ * where be's memory is not the host's). */
+static int alloc_slabs(graph *g, int with_grad, const tr_backend *be) {
   g->be = be;
   g->params = be->alloc(sizeof(float) * (size_t)g->sz.params);
   g->acts = be->alloc(sizeof(float) * (size_t)g->sz.acts);
@@ -561,6 +567,17 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
   g->planned = 1;
   g->with_grad = with_grad;
   return TR_OK;
+}
+
+int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
+  if (g->planned) return tr_fail(TR_ESTATE, "the graph is already planned");
+  if (g->nn == 0) return tr_fail(TR_EINVAL, "the graph has no operations");
+  char *need_t = calloc((size_t)g->nt, 1);
+  int rc = need_t ? select_nodes(g, need_t) : tr_fail(TR_ENOMEM, "out of memory planning the graph");
+  if (!rc) rc = plan_bf16(g, be);
+  if (!rc) lay_out(g, need_t, with_grad);
+  free(need_t);
+  return rc ? rc : alloc_slabs(g, with_grad, be);
 }
 
 int graph_planned(const graph *g) { return g->planned; }
