@@ -145,6 +145,8 @@ static int l_param(lua_State *L) {
   return result(L, graph_param(lg->g, name, nd, dim, init, std, decay));
 }
 
+/* --- the ops: one binding l_<name> per op of ops.def (graph_<name>) --- */
+
 static int l_embed(lua_State *L) {
   lgraph *lg = check_lgraph(L, 1);
   return result(L, graph_embed(lg->g, check_tensor_arg(L, 2, 0), check_tensor_arg(L, 3, 0), check_tensor_arg(L, 4, 1)));
@@ -364,9 +366,9 @@ static int l_tensor_tostring(lua_State *L) {
 /* --- registration --- */
 
 static const luaL_Reg graph_methods[] = {
-    {"input", l_input},         {"param", l_param},         {"embed", l_embed},
-    {"linear", l_linear},       {"layernorm", l_layernorm}, {"gelu", l_gelu},
-    {"add", l_add},             {"attention", l_attention}, {"cross_entropy", l_cross_entropy},
+    {"input", l_input},         {"param", l_param},
+#define TR_OP(ID, NAME, ...) {#NAME, l_##NAME}, /* every op of ops.def: g:<name>(...) */
+#include "ops.def"
     {"output", l_output},       {"plan", l_plan},           {"init", l_init},
     {"nparams", l_nparams},     {"nnodes", l_nnodes},       {"set", l_set},
     {"get", l_get},             {"forward", l_forward},     {"backward", l_backward},

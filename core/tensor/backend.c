@@ -1,5 +1,6 @@
 /* backend.c — the cpu backend and the loader of the CUDA plugin (see
- * backend.h); the emu backend is backend_emu.c. */
+ * backend.h); the emu backend is backend_emu.c. The cpu table's graph-op
+ * entries are generated from ops.def (its HOST column names the kernels). */
 #include "backend.h"
 
 #include <dlfcn.h>
@@ -46,29 +47,26 @@ static void host_adamw(float *p, const float *g, float *m, float *v, int64_t n, 
   }
 }
 
-static void host_xent_forward(float *loss, float *probs, const float *logits, const int32_t *targets, int N, int V) {
+/* cross_entropy under the table's contract (ops.def): the loss is written to
+ * and its gradient read from memory; kernels.h's return and take them. */
+static void host_crossentropy_forward(float *loss, float *probs, const float *logits, const int32_t *targets, int N,
+                                      int V) {
   loss[0] = crossentropy_forward(probs, logits, targets, N, V);
 }
-static void host_xent_backward(float *dlogits, const float *probs, const int32_t *targets, const float *dloss, int N,
-                               int V) {
+static void host_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, const float *dloss,
+                                       int N, int V) {
   crossentropy_backward(dlogits, probs, targets, dloss[0], N, V);
 }
-
-#define HOST_KERNELS                                                                                          \
-  .zero = par_zero, .sumsq = par_sumsq, .scale = par_scale, .adamw = host_adamw,                              \
-  .embed_forward = embed_forward, .embed_backward = embed_backward, .linear_forward = linear_forward,         \
-  .linear_backward = linear_backward, .layernorm_forward = layernorm_forward,                                 \
-  .layernorm_backward = layernorm_backward, .gelu_forward = gelu_forward, .gelu_backward = gelu_backward,     \
-  .add_forward = add_forward, .add_backward = add_backward, .attention_forward = attention_forward,           \
-  .attention_backward = attention_backward, .crossentropy_forward = host_xent_forward,                        \
-  .crossentropy_backward = host_xent_backward, .bf16 = &kernels_bf16_ops
 
 static const tr_backend cpu_backend = {
     .abi = TR_BACKEND_ABI, .name = "cpu", .host_memory = 1,
     .init = host_init, .describe = cpu_describe, .error = host_error,
     .alloc = host_alloc, .free = host_free, .upload = host_memcpy, .download = host_memcpy, .copy = host_memcpy,
     .sync = host_sync,
-    HOST_KERNELS,
+    .zero = par_zero, .sumsq = par_sumsq, .scale = par_scale, .adamw = host_adamw,
+#define TR_OP(ID, NAME, K, HOST, ...) .K##_forward = HOST##_forward, .K##_backward = HOST##_backward,
+#include "ops.def"
+    .bf16 = &kernels_bf16_ops,
 };
 
 const tr_backend *backend_cpu(void) { return &cpu_backend; }
@@ -89,6 +87,16 @@ int backend_cuda_path(char *buf, size_t len) {
   if (slash) *slash = 0;
   snprintf(buf, len, "%s/libtransom_cuda.so", exe);
   return TR_OK;
+}
+
+/* The first op of ops.def the table has no kernel for (a NULL member), or
+ * NULL: the plugin's tables are generated from ops.def, this checks it. */
+static const char *missing_op(const tr_backend *be) {
+  const tr_bf16_ops *b = be->bf16;
+#define TR_OP(ID, NAME, K, ...) \
+  if (!be->K##_forward || !be->K##_backward || (b && (!b->K##_forward || !b->K##_backward))) return #NAME;
+#include "ops.def"
+  return b && !b->to_bf16 ? "to_bf16" : NULL;
 }
 
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -114,6 +122,12 @@ static const tr_backend *load_cuda(void) {
   const tr_backend *be = get ? get(TR_BACKEND_ABI) : NULL;
   if (!be) {
     tr_fail(TR_EIO, "device = \"cuda\": %s is not a transom backend of ABI %d", path, TR_BACKEND_ABI);
+    dlclose(h);
+    return NULL;
+  }
+  const char *missing = missing_op(be);
+  if (missing) {
+    tr_fail(TR_EIO, "device = \"cuda\": %s has no kernel for the op '%s'", path, missing);
     dlclose(h);
     return NULL;
   }

@@ -12,7 +12,8 @@
  * memory; faster).
  *
  * Otherwise it is the cpu backend: the same kernels in the same order, so a
- * run on emu gives the bits of a run on cpu.
+ * run on emu gives the bits of a run on cpu. The wrappers of the graph ops
+ * (open the memory, call the cpu table, close it) are generated from ops.def.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -150,77 +151,26 @@ WRAPV(adamw,
       (float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps, float wd,
        float c1, float c2),
       (p, g, m, v, n, lr, b1, b2, eps, wd, c1, c2))
-WRAPV(embed_forward, (float *o, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C),
-      (o, tok, wte, wpe, B, T, C))
-WRAPV(embed_backward, (float *dwte, float *dwpe, const float *d, const int32_t *tok, int B, int T, int C),
-      (dwte, dwpe, d, tok, B, T, C))
-WRAPV(linear_forward, (float *o, const float *x, const float *w, const float *b, int N, int C, int OC),
-      (o, x, w, b, N, C, OC))
-WRAPV(linear_backward,
-      (float *dx, float *dw, float *db, const float *d, const float *x, const float *w, int N, int C, int OC),
-      (dx, dw, db, d, x, w, N, C, OC))
-WRAPV(layernorm_forward,
-      (float *o, float *mean, float *rstd, const float *x, const float *w, const float *b, int N, int C),
-      (o, mean, rstd, x, w, b, N, C))
-WRAPV(layernorm_backward,
-      (float *dx, float *dw, float *db, const float *d, const float *x, const float *w, const float *mean,
-       const float *rstd, int N, int C),
-      (dx, dw, db, d, x, w, mean, rstd, N, C))
-WRAPV(gelu_forward, (float *o, const float *x, int64_t n), (o, x, n))
-WRAPV(gelu_backward, (float *dx, const float *x, const float *d, int64_t n), (dx, x, d, n))
-WRAPV(add_forward, (float *o, const float *a, const float *b, int64_t n), (o, a, b, n))
-WRAPV(add_backward, (float *da, float *db, const float *d, int64_t n), (da, db, d, n))
-WRAPV(attention_forward, (float *o, float *att, const float *qkv, int B, int T, int C, int NH),
-      (o, att, qkv, B, T, C, NH))
-WRAPV(attention_backward,
-      (float *dqkv, float *s, const float *d, const float *qkv, const float *att, int B, int T, int C, int NH),
-      (dqkv, s, d, qkv, att, B, T, C, NH))
-WRAPV(crossentropy_forward, (float *loss, float *p, const float *l, const int32_t *t, int N, int V),
-      (loss, p, l, t, N, V))
-WRAPV(crossentropy_backward, (float *dl, const float *p, const int32_t *t, const float *dloss, int N, int V),
-      (dl, p, t, dloss, N, V))
-
 WRAPB(to_bf16, (tr_bf16 * d, const float *s, int64_t n), (d, s, n))
-WRAPB(embed_forward, (tr_bf16 * o, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C),
-      (o, tok, wte, wpe, B, T, C))
-WRAPB(embed_backward, (float *dwte, float *dwpe, const tr_bf16 *d, const int32_t *tok, int B, int T, int C),
-      (dwte, dwpe, d, tok, B, T, C))
-WRAPB(linear_forward, (tr_bf16 * o, const tr_bf16 *x, const tr_bf16 *w, const float *b, int N, int C, int OC),
-      (o, x, w, b, N, C, OC))
-WRAPB(linear_backward,
-      (tr_bf16 * dx, float *dw, float *db, const tr_bf16 *d, const tr_bf16 *x, const tr_bf16 *w, int N, int C,
-       int OC),
-      (dx, dw, db, d, x, w, N, C, OC))
-WRAPB(layernorm_forward,
-      (tr_bf16 * o, float *mean, float *rstd, const tr_bf16 *x, const float *w, const float *b, int N, int C),
-      (o, mean, rstd, x, w, b, N, C))
-WRAPB(layernorm_backward,
-      (tr_bf16 * dx, float *dw, float *db, const tr_bf16 *d, const tr_bf16 *x, const float *w, const float *mean,
-       const float *rstd, int N, int C),
-      (dx, dw, db, d, x, w, mean, rstd, N, C))
-WRAPB(gelu_forward, (tr_bf16 * o, const tr_bf16 *x, int64_t n), (o, x, n))
-WRAPB(gelu_backward, (tr_bf16 * dx, const tr_bf16 *x, const tr_bf16 *d, int64_t n), (dx, x, d, n))
-WRAPB(add_forward, (tr_bf16 * o, const tr_bf16 *a, const tr_bf16 *b, int64_t n), (o, a, b, n))
-WRAPB(add_backward, (tr_bf16 * da, tr_bf16 *db, const tr_bf16 *d, int64_t n), (da, db, d, n))
-WRAPB(attention_forward, (tr_bf16 * o, tr_bf16 *att, const tr_bf16 *qkv, int B, int T, int C, int NH),
-      (o, att, qkv, B, T, C, NH))
-WRAPB(attention_backward,
-      (tr_bf16 * dqkv, tr_bf16 *s, const tr_bf16 *d, const tr_bf16 *qkv, const tr_bf16 *att, int B, int T, int C,
-       int NH),
-      (dqkv, s, d, qkv, att, B, T, C, NH))
-WRAPB(crossentropy_forward, (float *loss, tr_bf16 *p, const tr_bf16 *l, const int32_t *t, int N, int V),
-      (loss, p, l, t, N, V))
-WRAPB(crossentropy_backward, (tr_bf16 * dl, const tr_bf16 *p, const int32_t *t, const float *dloss, int N, int V),
-      (dl, p, t, dloss, N, V))
+
+/* the graph ops (ops.def): e_<K>_* over the fp32 table, eb_<K>_* over bf16 */
+#define TR_ACT float
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, FP, FA, FC, BP, BA, BC) \
+  WRAPV(K##_forward, FP, FA)                                                 \
+  WRAPV(K##_backward, BP, BA)
+#include "ops.def"
+#undef TR_ACT
+#define TR_ACT tr_bf16
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, FP, FA, FC, BP, BA, BC) \
+  WRAPB(K##_forward, FP, FA)                                                 \
+  WRAPB(K##_backward, BP, BA)
+#include "ops.def"
+#undef TR_ACT
 
 static const tr_bf16_ops emu_bf16 = {
-    .to_bf16 = eb_to_bf16, .embed_forward = eb_embed_forward, .embed_backward = eb_embed_backward,
-    .linear_forward = eb_linear_forward, .linear_backward = eb_linear_backward,
-    .layernorm_forward = eb_layernorm_forward, .layernorm_backward = eb_layernorm_backward,
-    .gelu_forward = eb_gelu_forward, .gelu_backward = eb_gelu_backward, .add_forward = eb_add_forward,
-    .add_backward = eb_add_backward, .attention_forward = eb_attention_forward,
-    .attention_backward = eb_attention_backward, .crossentropy_forward = eb_crossentropy_forward,
-    .crossentropy_backward = eb_crossentropy_backward,
+    .to_bf16 = eb_to_bf16,
+#define TR_OP(ID, NAME, K, ...) .K##_forward = eb_##K##_forward, .K##_backward = eb_##K##_backward,
+#include "ops.def"
 };
 
 /* --- level-1 checkpoint copies (the engine's copy thread) and the communicator --- */
@@ -239,13 +189,8 @@ static const tr_backend emu_backend = {
     .init = e_init, .describe = e_describe, .error = e_error,
     .alloc = e_alloc, .free = e_free, .upload = e_memcpy, .download = e_memcpy, .copy = e_memcpy, .sync = e_sync,
     .zero = e_zero, .sumsq = e_sumsq, .scale = e_scale, .adamw = e_adamw,
-    .embed_forward = e_embed_forward, .embed_backward = e_embed_backward,
-    .linear_forward = e_linear_forward, .linear_backward = e_linear_backward,
-    .layernorm_forward = e_layernorm_forward, .layernorm_backward = e_layernorm_backward,
-    .gelu_forward = e_gelu_forward, .gelu_backward = e_gelu_backward,
-    .add_forward = e_add_forward, .add_backward = e_add_backward,
-    .attention_forward = e_attention_forward, .attention_backward = e_attention_backward,
-    .crossentropy_forward = e_crossentropy_forward, .crossentropy_backward = e_crossentropy_backward,
+#define TR_OP(ID, NAME, K, ...) .K##_forward = e_##K##_forward, .K##_backward = e_##K##_backward,
+#include "ops.def"
     .ckpt_mark = e_ckpt_nothing, .ckpt_copy = e_memcpy, .ckpt_wait = e_ckpt_nothing,
     .comm_id = emu_comm_id, .comm_create = emu_comm_create, .comm_allreduce = e_comm_allreduce,
     .comm_destroy = emu_comm_destroy,

@@ -4,7 +4,11 @@
  * it is used, creation order is already a topological order. The planner keeps
  * the nodes the outputs depend on, in that order, and lays every tensor out in
  * its family's slab. Forward walks the order; backward walks it in reverse.
- * Kernels live in kernels.c; this file only dispatches.
+ * Kernels live behind the backend table (backend.h); this file only
+ * dispatches. The ops, their inputs' roles and the arguments each kernel
+ * gets from a node come from ops.def: the enum, the op table and the four
+ * dispatch switches (fp32/bf16, forward/backward) below are generated from
+ * it. The builders (graph_embed, ...) hold each op's shape rule.
  */
 #include "graph.h"
 
@@ -18,9 +22,29 @@
 #include "rng.h"
 #include "util.h"
 
-typedef enum { OP_EMBED, OP_LINEAR, OP_LAYERNORM, OP_GELU, OP_ADD, OP_ATTENTION, OP_XENT } op_kind;
+/* --- the ops (ops.def) --- */
 
-static const char *op_names[] = {"embed", "linear", "layernorm", "gelu", "add", "attention", "cross_entropy"};
+typedef enum {
+#define TR_OP(ID, ...) OP_##ID,
+#include "ops.def"
+} op_kind;
+
+/* What the planner and executor know of an op besides its kernels. */
+typedef struct {
+  const char *name;
+  char ins[4]; /* roles of inputs 0..2: 'a' activation, 'p' parameter, 't' tokens, '-' none */
+  char out;    /* 'a', or 'f': stays fp32 under bf16 (the loss) */
+  char aux[3]; /* roles of the op-private tensors 0..1: 'a', 'f', '-' */
+} op_info;
+
+static const op_info ops[TR_OP_COUNT] = {
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, ...) [OP_##ID] = {#NAME, INS, OUT, AUX},
+#include "ops.def"
+};
+
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, ...) \
+  _Static_assert(sizeof INS == 4 && sizeof AUX == 3, #NAME ": ops.def names 3 input roles and 2 aux roles");
+#include "ops.def"
 
 typedef struct {
   char name[GRAPH_NAME_MAX];
@@ -176,7 +200,7 @@ static int add_node(graph *g, op_kind op, int a, int b, int c, int ndim, const i
   int rc = grow((void **)&g->nodes, &g->capn, g->nn, sizeof(node));
   if (rc) return rc;
   char name[GRAPH_NAME_MAX];
-  snprintf(name, sizeof name, "%s_%d", op_names[op], g->nn);
+  snprintf(name, sizeof name, "%s_%d", ops[op].name, g->nn);
   int out = add_tensor(g, name, TK_ACT, DT_F32, ndim, dim);
   if (out < 0) return out;
   node *n = &g->nodes[g->nn++];
@@ -201,7 +225,7 @@ static int rollback(graph *g, int nt0, int nn0, int rc) {
 static int add_aux(graph *g, int slot, const char *suffix, int ndim, const int64_t *dim) {
   node *n = &g->nodes[g->nn - 1];
   char name[GRAPH_NAME_MAX];
-  snprintf(name, sizeof name, "%s_%d.%s", op_names[n->op], g->nn - 1, suffix);
+  snprintf(name, sizeof name, "%s_%d.%s", ops[n->op].name, g->nn - 1, suffix);
   int t = add_tensor(g, name, TK_ACT, DT_F32, ndim, dim);
   if (t < 0) return t;
   g->tensors[t].aux = 1;
@@ -215,8 +239,8 @@ static int64_t rows_of(const tensor *t) { /* product of all but the last dim */
   return r;
 }
 
-static int need_f32(const graph *g, int t, const char *op) {
-  if (g->tensors[t].dtype != DT_F32) return tr_fail(TR_EINVAL, "%s: %s must be float32", op, describe(g, t));
+static int need_f32(const graph *g, int t, const char *what) {
+  if (g->tensors[t].dtype != DT_F32) return tr_fail(TR_EINVAL, "%s: %s must be float32", what, describe(g, t));
   return TR_OK;
 }
 
@@ -385,7 +409,7 @@ int graph_output(graph *g, const char *name, int t) {
 
 int graph_ntensors(const graph *g) { return g->nt; }
 int graph_nnodes(const graph *g) { return g->nn; }
-const char *graph_op_name(const graph *g, int n) { return n >= 0 && n < g->nn ? op_names[g->nodes[n].op] : "?"; }
+const char *graph_op_name(const graph *g, int n) { return n >= 0 && n < g->nn ? ops[g->nodes[n].op].name : "?"; }
 
 int graph_tensor(const graph *g, int t, tensor_desc *out) {
   int rc = check_tensor(g, t, "graph_tensor");
@@ -420,30 +444,20 @@ int graph_set_bf16(graph *g, int on) {
 
 int graph_plan(graph *g, int with_grad) { return graph_plan_on(g, with_grad, backend_cpu()); }
 
-int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
-  if (g->planned) return tr_fail(TR_ESTATE, "the graph is already planned");
-  if (g->nn == 0) return tr_fail(TR_EINVAL, "the graph has no operations");
-  /* Keep the nodes that the outputs depend on (all nodes if none is named).
-   * Reverse creation order visits consumers before producers. */
-  char *need_t = calloc((size_t)g->nt, 1);
-  int *producer = malloc(sizeof(int) * (size_t)g->nt);
+/* Keeps the nodes that the outputs depend on (all nodes if none is named),
+ * in creation order, in g->order; marks in need_t the tensors they read and
+ * the outputs. Reverse creation order visits consumers before producers. */
+static int select_nodes(graph *g, char *need_t) {
+  char *keep = calloc((size_t)g->nn, 1);
+  free(g->order);
   g->order = malloc(sizeof(int) * (size_t)g->nn);
-  if (!need_t || !producer || !g->order) {
-    free(need_t);
-    free(producer);
+  if (!keep || !g->order) {
+    free(keep);
     return tr_fail(TR_ENOMEM, "out of memory planning the graph");
   }
-  for (int i = 0; i < g->nt; i++) producer[i] = -1;
-  for (int n = 0; n < g->nn; n++) producer[g->nodes[n].out] = n;
   if (g->no == 0)
     for (int n = 0; n < g->nn; n++) need_t[g->nodes[n].out] = 1;
   for (int i = 0; i < g->no; i++) need_t[g->outputs[i].t] = 1;
-  char *keep = calloc((size_t)g->nn, 1);
-  if (!keep) {
-    free(need_t);
-    free(producer);
-    return tr_fail(TR_ENOMEM, "out of memory planning the graph");
-  }
   for (int n = g->nn - 1; n >= 0; n--) {
     if (!need_t[g->nodes[n].out]) continue;
     keep[n] = 1;
@@ -454,46 +468,55 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
   for (int n = 0; n < g->nn; n++)
     if (keep[n]) g->order[g->norder++] = n;
   free(keep);
-  free(producer);
+  return TR_OK;
+}
 
-  if (g->bf16 && !be->bf16) {
-    free(need_t);
-    return tr_fail(TR_EINVAL, "precision = \"bf16\": the %s backend has no bf16 kernels", be->name);
-  }
-  if (g->bf16) { /* activations as bf16, but for layernorm's saved statistics and the loss */
-    for (int i = 0; i < g->nt; i++)
-      if (g->tensors[i].kind == TK_ACT) g->tensors[i].eb = 2;
-    for (int n = 0; n < g->nn; n++) {
-      const node *x = &g->nodes[n];
-      if (x->op == OP_LAYERNORM) g->tensors[x->aux[0]].eb = g->tensors[x->aux[1]].eb = 4;
-      if (x->op == OP_XENT) g->tensors[x->out].eb = 4;
-    }
-  }
-  for (int n = 0; g->bf16 && n < g->nn; n++) { /* bf16 kernels: bf16 activations in, fp32 parameters beside them */
-    const node *x = &g->nodes[n];
-    static const char roles[][3] = {/* per op, inputs 0..2: 'a' activation, 'p' parameter, 't' tokens */
-                                    [OP_EMBED] = {'t', 'p', 'p'}, [OP_LINEAR] = {'a', 'p', 'p'},
-                                    [OP_LAYERNORM] = {'a', 'p', 'p'}, [OP_GELU] = {'a'}, [OP_ADD] = {'a', 'a'},
-                                    [OP_ATTENTION] = {'a'}, [OP_XENT] = {'a', 't'}};
+/* bf16 kernels take bf16 activations where ops.def's roles say 'a' and fp32
+ * parameters where they say 'p' (token ids are int32 either way). */
+static int check_bf16_inputs(const graph *g) {
+  for (int n = 0; n < g->nn; n++) {
+    const node *nd = &g->nodes[n];
     for (int k = 0; k < 3; k++) {
-      int t = x->in[k];
-      char r = roles[x->op][k];
-      if (t < 0 || r == 't' || !r) continue;
+      int t = nd->in[k];
+      char r = ops[nd->op].ins[k];
+      if (t < 0 || r == 't' || r == '-') continue;
       const tensor *in = &g->tensors[t];
       const char *want = NULL;
       if (in->kind != (r == 'a' ? TK_ACT : TK_PARAM)) want = r == 'a' ? "an activation" : "a parameter";
       else if (r == 'a' && in->eb != 2) /* a loss: its bits are fp32, the op would read them as bf16 */
         want = "a bf16 activation, not an fp32 one (a cross_entropy loss stays fp32 under bf16)";
-      if (want) {
-        for (int i = 0; i < g->nt; i++) g->tensors[i].eb = 4; /* as before planning */
-        free(need_t);
+      if (want)
         return tr_fail(TR_EINVAL, "precision = \"bf16\": %s (node %d) takes %s as input %d, which must be %s",
-                       op_names[x->op], n, describe(g, t), k + 1, want);
-      }
+                       ops[nd->op].name, n, describe(g, t), k + 1, want);
     }
   }
-  /* Lay out every family. Parameters are laid out even when unused, so the
-   * slab layout depends only on the parameter declarations. */
+  return TR_OK;
+}
+
+/* Under bf16, activations are stored as bf16 but for those ops.def marks
+ * 'f' (layernorm's saved statistics, the loss). On failure every tensor is
+ * fp32 again, as before planning. */
+static int plan_bf16(graph *g, const tr_backend *be) {
+  if (!g->bf16) return TR_OK;
+  if (!be->bf16) return tr_fail(TR_EINVAL, "precision = \"bf16\": the %s backend has no bf16 kernels", be->name);
+  for (int i = 0; i < g->nt; i++)
+    if (g->tensors[i].kind == TK_ACT) g->tensors[i].eb = 2;
+  for (int n = 0; n < g->nn; n++) {
+    const node *nd = &g->nodes[n];
+    if (ops[nd->op].out == 'f') g->tensors[nd->out].eb = 4;
+    for (int k = 0; k < 2; k++)
+      if (ops[nd->op].aux[k] == 'f' && nd->aux[k] >= 0) g->tensors[nd->aux[k]].eb = 4;
+  }
+  int rc = check_bf16_inputs(g);
+  if (rc)
+    for (int i = 0; i < g->nt; i++) g->tensors[i].eb = 4;
+  return rc;
+}
+
+/* Lays out every family. Parameters are laid out even when unused, so the
+ * slab layout depends only on the parameter declarations; an activation no
+ * kept node reads and no output names gets no storage. */
+static void lay_out(graph *g, const char *need_t, int with_grad) {
   memset(&g->sz, 0, sizeof g->sz);
   for (int i = 0; i < g->nt; i++) {
     tensor *t = &g->tensors[i];
@@ -521,8 +544,12 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
         break;
     }
   }
-  free(need_t);
   g->sz.grads = with_grad ? g->sz.params : 0;
+}
+
+/* One allocation per family in be's memory (inputs: host, and a device copy
+ * where be's memory is not the host's). */
+static int alloc_slabs(graph *g, int with_grad, const tr_backend *be) {
   g->be = be;
   g->params = be->alloc(sizeof(float) * (size_t)g->sz.params);
   g->acts = be->alloc(sizeof(float) * (size_t)g->sz.acts);
@@ -540,6 +567,17 @@ int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
   g->planned = 1;
   g->with_grad = with_grad;
   return TR_OK;
+}
+
+int graph_plan_on(graph *g, int with_grad, const tr_backend *be) {
+  if (g->planned) return tr_fail(TR_ESTATE, "the graph is already planned");
+  if (g->nn == 0) return tr_fail(TR_EINVAL, "the graph has no operations");
+  char *need_t = calloc((size_t)g->nt, 1);
+  int rc = need_t ? select_nodes(g, need_t) : tr_fail(TR_ENOMEM, "out of memory planning the graph");
+  if (!rc) rc = plan_bf16(g, be);
+  if (!rc) lay_out(g, need_t, with_grad);
+  free(need_t);
+  return rc ? rc : alloc_slabs(g, with_grad, be);
 }
 
 int graph_planned(const graph *g) { return g->planned; }
@@ -621,8 +659,26 @@ void graph_zero_grad(graph *g) {
 #define F(t) ((float *)graph_data(g, (t)))
 #define I(t) ((int32_t *)dev_input(g, (t))) /* token ids: the device copy */
 #define G(t) ((t) >= 0 ? graph_grad(g, (t)) : NULL)
+#define H(t) ((tr_bf16 *)graph_data(g, (t)))                     /* a bf16 activation */
+#define GH(t) ((t) >= 0 ? (tr_bf16 *)graph_grad(g, (t)) : NULL) /* its bf16 gradient */
+#define W16(t) (g->w16 + g->tensors[t].off)                      /* a parameter's bf16 shadow */
+
+/* ops.def's call vocabulary: what does not depend on the precision ... */
+#define PAR(t) F(t)
+#define OPTPAR(t) ((t) >= 0 ? F(t) : NULL)
+#define DPAR(t) G(t)
+#define F32(t) F(t)
+#define DF32(t) G(t)
+#define TOK(t) I(t)
 #define DIM(t, i) ((int)g->tensors[t].dim[i])
 #define LAST(t) ((int)g->tensors[t].dim[g->tensors[t].ndim - 1])
+#define ROWS(t) ((int)rows_of(&g->tensors[t]))
+#define SIZE(t) (g->tensors[t].size)
+/* ... and a node's operands, as locals */
+#define OPERANDS(n)                                                                                 \
+  int a = (n)->in[0], b = (n)->in[1], c = (n)->in[2], o = (n)->out, s0 = (n)->aux[0], s1 = (n)->aux[1], \
+      attr = (n)->iattr;                                                                            \
+  (void)a, (void)b, (void)c, (void)o, (void)s0, (void)s1, (void)attr
 
 static void *dev_input(graph *g, int t) { return g->dinputs + g->tensors[t].off; }
 
@@ -637,22 +693,45 @@ static int check_tokens(graph *g, int tok, int64_t V, const char *what) {
   return TR_OK;
 }
 
+/* The vocabulary a node's token input indexes (ops.def's VOCAB). */
+static int64_t vocab_of(graph *g, const node *n) {
+  OPERANDS(n);
+  switch (n->op) {
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, ...) \
+  case OP_##ID: return VOCAB;
+#include "ops.def"
+  }
+  return 0;
+}
+
+/* Every token input of the kept nodes, in order, before any kernel runs. */
+static int check_all_tokens(graph *g) {
+  for (int k = 0; k < g->norder; k++) {
+    const node *n = &g->nodes[g->order[k]];
+    for (int i = 0; i < 3; i++)
+      if (ops[n->op].ins[i] == 't' && n->in[i] >= 0) {
+        int rc = check_tokens(g, n->in[i], vocab_of(g, n), ops[n->op].name);
+        if (rc) return rc;
+      }
+  }
+  return TR_OK;
+}
+
 /* --- per-op timing (TRANSOM_PROFILE=1): totals printed at exit --- */
 
-#define NOPS 7
-static double prof_s[2][NOPS];
-static long prof_n[2][NOPS];
+static double prof_s[2][TR_OP_COUNT];
+static long prof_n[2][TR_OP_COUNT];
 static int prof_on = -1;
 
 static void prof_report(void) {
   double total = 0;
   for (int d = 0; d < 2; d++)
-    for (int i = 0; i < NOPS; i++) total += prof_s[d][i];
+    for (int i = 0; i < TR_OP_COUNT; i++) total += prof_s[d][i];
   fprintf(stderr, "op profile (TRANSOM_PROFILE): %.1f s in ops\n", total);
   for (int d = 0; d < 2; d++)
-    for (int i = 0; i < NOPS; i++)
+    for (int i = 0; i < TR_OP_COUNT; i++)
       if (prof_n[d][i])
-        fprintf(stderr, "  %-14s %-8s %8.3f s %5.1f%%  %8.1f us/call\n", op_names[i], d ? "backward" : "forward",
+        fprintf(stderr, "  %-14s %-8s %8.3f s %5.1f%%  %8.1f us/call\n", ops[i].name, d ? "backward" : "forward",
                 prof_s[d][i], 100 * prof_s[d][i] / total, 1e6 * prof_s[d][i] / prof_n[d][i]);
 }
 
@@ -676,68 +755,74 @@ static int check_device(graph *g, const char *what) {
   return rc ? tr_fail(rc, "%s on the %s device: %s", what, g->be->name, g->be->error()) : TR_OK;
 }
 
-/* --- bf16 activations (backend.h, tr_bf16_ops) --- */
+/* --- dispatch: one case per op of ops.def, fp32 and bf16 --- */
 
-#define H(t) ((tr_bf16 *)graph_data(g, (t)))                              /* a bf16 activation */
-#define GH(t) ((t) >= 0 ? (tr_bf16 *)graph_grad(g, (t)) : NULL)          /* its bf16 gradient */
-#define W16(t) (g->w16 + g->tensors[t].off)                               /* a parameter's bf16 shadow */
+/* fp32: activations are float */
+#define ACT(t) F(t)
+#define DACT(t) G(t)
+#define MAT(t) F(t)
+
+static void forward_f32(graph *g, const node *n) {
+  const tr_backend *be = g->be;
+  OPERANDS(n);
+  switch (n->op) {
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, FP, FA, FC, BP, BA, BC) \
+  case OP_##ID: be->K##_forward FC; break;
+#include "ops.def"
+  }
+}
+
+static void backward_f32(graph *g, const node *n) {
+  const tr_backend *be = g->be;
+  OPERANDS(n);
+  switch (n->op) {
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, FP, FA, FC, BP, BA, BC) \
+  case OP_##ID: be->K##_backward BC; break;
+#include "ops.def"
+  }
+}
+
+#undef ACT
+#undef DACT
+#undef MAT
+
+/* bf16 (backend.h, tr_bf16_ops): activations are bf16, matmuls read the
+ * parameters' bf16 shadow */
+#define ACT(t) H(t)
+#define DACT(t) GH(t)
+#define MAT(t) W16(t)
 
 static void forward_bf16(graph *g, const node *n) {
-  const tr_bf16_ops *b = g->be->bf16;
-  int x = n->in[0], y = n->in[1], z = n->in[2], o = n->out;
+  const tr_bf16_ops *bf = g->be->bf16;
+  OPERANDS(n);
   switch (n->op) {
-    case OP_EMBED: b->embed_forward(H(o), I(x), F(y), z >= 0 ? F(z) : NULL, DIM(x, 0), DIM(x, 1), DIM(y, 1)); break;
-    case OP_LINEAR:
-      b->linear_forward(H(o), H(x), W16(y), z >= 0 ? F(z) : NULL, (int)rows_of(&g->tensors[x]), LAST(x), DIM(y, 0));
-      break;
-    case OP_LAYERNORM:
-      b->layernorm_forward(H(o), F(n->aux[0]), F(n->aux[1]), H(x), F(y), F(z), (int)rows_of(&g->tensors[x]), LAST(x));
-      break;
-    case OP_GELU: b->gelu_forward(H(o), H(x), g->tensors[x].size); break;
-    case OP_ADD: b->add_forward(H(o), H(x), H(y), g->tensors[x].size); break;
-    case OP_ATTENTION:
-      b->attention_forward(H(o), H(n->aux[0]), H(x), DIM(x, 0), DIM(x, 1), DIM(x, 2) / 3, n->iattr);
-      break;
-    case OP_XENT:
-      b->crossentropy_forward(F(o), H(n->aux[0]), H(x), I(y), (int)rows_of(&g->tensors[x]), LAST(x));
-      break;
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, FP, FA, FC, BP, BA, BC) \
+  case OP_##ID: bf->K##_forward FC; break;
+#include "ops.def"
   }
 }
 
 static void backward_bf16(graph *g, const node *n) {
-  const tr_bf16_ops *b = g->be->bf16;
-  int x = n->in[0], y = n->in[1], z = n->in[2], o = n->out;
+  const tr_bf16_ops *bf = g->be->bf16;
+  OPERANDS(n);
   switch (n->op) {
-    case OP_EMBED: b->embed_backward(G(y), G(z), GH(o), I(x), DIM(x, 0), DIM(x, 1), DIM(y, 1)); break;
-    case OP_LINEAR:
-      b->linear_backward(GH(x), G(y), G(z), GH(o), H(x), W16(y), (int)rows_of(&g->tensors[x]), LAST(x), DIM(y, 0));
-      break;
-    case OP_LAYERNORM:
-      b->layernorm_backward(GH(x), G(y), G(z), GH(o), H(x), F(y), F(n->aux[0]), F(n->aux[1]),
-                            (int)rows_of(&g->tensors[x]), LAST(x));
-      break;
-    case OP_GELU: b->gelu_backward(GH(x), H(x), GH(o), g->tensors[x].size); break;
-    case OP_ADD: b->add_backward(GH(x), GH(y), GH(o), g->tensors[x].size); break;
-    case OP_ATTENTION:
-      b->attention_backward(GH(x), H(n->aux[1]), GH(o), H(x), H(n->aux[0]), DIM(x, 0), DIM(x, 1), DIM(x, 2) / 3,
-                            n->iattr);
-      break;
-    case OP_XENT:
-      b->crossentropy_backward(GH(x), H(n->aux[0]), I(y), G(o), (int)rows_of(&g->tensors[x]), LAST(x));
-      break;
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, FP, FA, FC, BP, BA, BC) \
+  case OP_##ID: bf->K##_backward BC; break;
+#include "ops.def"
   }
 }
+
+#undef ACT
+#undef DACT
+#undef MAT
+
+/* --- forward, backward --- */
 
 int graph_forward(graph *g) {
   if (!g->planned) return tr_fail(TR_ESTATE, "graph_forward: plan the graph first");
   const tr_backend *be = g->be;
-  for (int k = 0; k < g->norder; k++) { /* every token input is checked before any kernel runs */
-    const node *n = &g->nodes[g->order[k]];
-    int rc = n->op == OP_EMBED  ? check_tokens(g, n->in[0], g->tensors[n->in[1]].dim[0], "embed")
-             : n->op == OP_XENT ? check_tokens(g, n->in[1], LAST(n->in[0]), "cross_entropy")
-                                : TR_OK;
-    if (rc) return rc;
-  }
+  int rc = check_all_tokens(g);
+  if (rc) return rc;
   if (!be->host_memory && g->sz.inputs && be->upload(g->dinputs, g->inputs, 4 * (size_t)g->sz.inputs))
     return tr_fail(TR_EIO, "uploading the inputs to the %s device: %s", be->name, be->error());
   if (g->bf16) be->bf16->to_bf16(g->w16, g->params, g->sz.params); /* the matmuls' view of the master weights */
@@ -745,31 +830,8 @@ int graph_forward(graph *g) {
   for (int k = 0; k < g->norder; k++) {
     double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
-    int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
-    if (g->bf16) {
-      forward_bf16(g, n);
-      if (prof) prof_add(g, 0, n->op, t0);
-      continue;
-    }
-    switch (n->op) {
-      case OP_EMBED:
-        be->embed_forward(F(o), I(a), F(b), c >= 0 ? F(c) : NULL, DIM(a, 0), DIM(a, 1), DIM(b, 1));
-        break;
-      case OP_LINEAR:
-        be->linear_forward(F(o), F(a), F(b), c >= 0 ? F(c) : NULL, (int)rows_of(&g->tensors[a]), LAST(a), DIM(b, 0));
-        break;
-      case OP_LAYERNORM:
-        be->layernorm_forward(F(o), F(n->aux[0]), F(n->aux[1]), F(a), F(b), F(c), (int)rows_of(&g->tensors[a]), LAST(a));
-        break;
-      case OP_GELU: be->gelu_forward(F(o), F(a), g->tensors[a].size); break;
-      case OP_ADD: be->add_forward(F(o), F(a), F(b), g->tensors[a].size); break;
-      case OP_ATTENTION:
-        be->attention_forward(F(o), F(n->aux[0]), F(a), DIM(a, 0), DIM(a, 1), DIM(a, 2) / 3, n->iattr);
-        break;
-      case OP_XENT:
-        be->crossentropy_forward(F(o), F(n->aux[0]), F(a), I(b), (int)rows_of(&g->tensors[a]), LAST(a));
-        break;
-    }
+    if (g->bf16) forward_bf16(g, n);
+    else forward_f32(g, n);
     if (prof) prof_add(g, 0, n->op, t0);
   }
   return be->host_memory ? TR_OK : check_device(g, "forward");
@@ -789,32 +851,8 @@ int graph_backward(graph *g, int loss) {
   for (int k = g->norder - 1; k >= 0; k--) {
     double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
-    int a = n->in[0], b = n->in[1], c = n->in[2], o = n->out;
-    if (g->bf16) {
-      backward_bf16(g, n);
-      if (prof) prof_add(g, 1, n->op, t0);
-      continue;
-    }
-    float *dout = G(o);
-    switch (n->op) {
-      case OP_EMBED: be->embed_backward(G(b), G(c), dout, I(a), DIM(a, 0), DIM(a, 1), DIM(b, 1)); break;
-      case OP_LINEAR:
-        be->linear_backward(G(a), G(b), G(c), dout, F(a), F(b), (int)rows_of(&g->tensors[a]), LAST(a), DIM(b, 0));
-        break;
-      case OP_LAYERNORM:
-        be->layernorm_backward(G(a), G(b), G(c), dout, F(a), F(b), F(n->aux[0]), F(n->aux[1]),
-                           (int)rows_of(&g->tensors[a]), LAST(a));
-        break;
-      case OP_GELU: be->gelu_backward(G(a), F(a), dout, g->tensors[a].size); break;
-      case OP_ADD: be->add_backward(G(a), G(b), dout, g->tensors[a].size); break;
-      case OP_ATTENTION:
-        be->attention_backward(G(a), F(n->aux[1]), dout, F(a), F(n->aux[0]), DIM(a, 0), DIM(a, 1), DIM(a, 2) / 3,
-                           n->iattr);
-        break;
-      case OP_XENT:
-        be->crossentropy_backward(G(a), F(n->aux[0]), I(b), dout, (int)rows_of(&g->tensors[a]), LAST(a));
-        break;
-    }
+    if (g->bf16) backward_bf16(g, n);
+    else backward_f32(g, n);
     if (prof) prof_add(g, 1, n->op, t0);
   }
   return be->host_memory ? TR_OK : check_device(g, "backward");

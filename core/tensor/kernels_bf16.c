@@ -208,18 +208,6 @@ static void b_crossentropy_backward(tr_bf16 *dlogits, const tr_bf16 *probs, cons
 
 const tr_bf16_ops kernels_bf16_ops = {
     .to_bf16 = b_to_bf16,
-    .embed_forward = b_embed_forward,
-    .embed_backward = b_embed_backward,
-    .linear_forward = b_linear_forward,
-    .linear_backward = b_linear_backward,
-    .layernorm_forward = b_layernorm_forward,
-    .layernorm_backward = b_layernorm_backward,
-    .gelu_forward = b_gelu_forward,
-    .gelu_backward = b_gelu_backward,
-    .add_forward = b_add_forward,
-    .add_backward = b_add_backward,
-    .attention_forward = b_attention_forward,
-    .attention_backward = b_attention_backward,
-    .crossentropy_forward = b_crossentropy_forward,
-    .crossentropy_backward = b_crossentropy_backward,
+#define TR_OP(ID, NAME, K, ...) .K##_forward = b_##K##_forward, .K##_backward = b_##K##_backward,
+#include "ops.def"
 };

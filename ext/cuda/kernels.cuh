@@ -51,25 +51,13 @@ void tk_scale(float *p, int64_t n, float s);
 void tk_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
               float wd, float c1, float c2);
 
-void tk_embed_forward(float *out, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C);
-void tk_embed_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B, int T, int C);
-void tk_linear_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC);
-void tk_linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
-                        int N, int C, int OC);
-void tk_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
-                          int N, int C);
-void tk_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
-                           const float *mean, const float *rstd, int N, int C);
-void tk_gelu_forward(float *out, const float *inp, int64_t n);
-void tk_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
-void tk_add_forward(float *out, const float *a, const float *b, int64_t n);
-void tk_add_backward(float *da, float *db, const float *dout, int64_t n);
-void tk_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-void tk_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att, int B,
-                           int T, int C, int NH);
-void tk_crossentropy_forward(float *loss, float *probs, const float *logits, const int32_t *targets, int N, int V);
-void tk_crossentropy_backward(float *dlogits, const float *probs, const int32_t *targets, const float *dloss, int N,
-                              int V);
+/* the graph ops: tk_<K>_forward, tk_<K>_backward for every op of ops.def */
+#define TR_ACT float
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, FP, FA, FC, BP, BA, BC) \
+  void tk_##K##_forward FP;                                                  \
+  void tk_##K##_backward BP;
+#include "ops.def"
+#undef TR_ACT
 
 /* --- kernels_bf16.cu: backend.h's tr_bf16_ops (bf16 activations, fp32 master
  * weights), launchers with the same discipline as the tk_* above --- */

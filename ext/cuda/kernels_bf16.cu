@@ -393,26 +393,16 @@ static void tb_crossentropy_backward(tr_bf16 *dlogits, const tr_bf16 *probs, con
   tc_queued(cudaSuccess, "bf16 crossentropy_backward");
 }
 
-/* --- the table --- */
+/* --- the table (its graph-op entries generated from ops.def) --- */
 
 static tr_bf16_ops make_bf16_table(void) {
   tr_bf16_ops t;
   memset(&t, 0, sizeof t);
   t.to_bf16 = tb_to_bf16;
-  t.embed_forward = tb_embed_forward;
-  t.embed_backward = tb_embed_backward;
-  t.linear_forward = tb_linear_forward;
-  t.linear_backward = tb_linear_backward;
-  t.layernorm_forward = tb_layernorm_forward;
-  t.layernorm_backward = tb_layernorm_backward;
-  t.gelu_forward = tb_gelu_forward;
-  t.gelu_backward = tb_gelu_backward;
-  t.add_forward = tb_add_forward;
-  t.add_backward = tb_add_backward;
-  t.attention_forward = tb_attention_forward;
-  t.attention_backward = tb_attention_backward;
-  t.crossentropy_forward = tb_crossentropy_forward;
-  t.crossentropy_backward = tb_crossentropy_backward;
+#define TR_OP(ID, NAME, K, ...)   \
+  t.K##_forward = tb_##K##_forward; \
+  t.K##_backward = tb_##K##_backward;
+#include "ops.def"
   return t;
 }
 

@@ -1,10 +1,11 @@
 /* backend.h — where a graph's tensors live and which kernels run them.
  *
  * A backend is a table of functions: memory (alloc/free/upload/download), the
- * forward and backward kernel of every graph op with the contracts of
- * kernels.h, and the vector ops the optimizer needs. The graph and the trainer
- * call only this table, so the same graph, job file and fault tolerance run
- * on any backend, chosen at run time by the job's `device` field:
+ * forward and backward kernel of every graph op (ops.def) with the contracts
+ * of kernels.h, and the vector kernels the optimizer needs. The graph and the
+ * trainer call only this table, so the same graph, job file and fault
+ * tolerance run on any backend, chosen at run time by the job's `device`
+ * field:
  *
  *   "cpu"   core's kernels on host memory (the default). Device pointers ARE
  *           host pointers (host_memory = 1): nothing is copied.
@@ -19,9 +20,10 @@
  *           use, so a binary built with it still runs where no CUDA driver is.
  *
  * Conventions for every backend:
- *   - Pointers passed to kernels and vector ops are the backend's ("device")
- *     pointers from alloc(). Kernels are asynchronous: they are queued in
- *     order on the backend's compute stream; upload/download/sync wait.
+ *   - Pointers passed to kernels (of graph ops and vector kernels alike) are
+ *     the backend's ("device") pointers from alloc(). Kernels are
+ *     asynchronous: they are queued in order on the backend's compute
+ *     stream; upload/download/sync wait.
  *   - Errors: functions that return int return 0 or a negative TR_* code; the
  *     message is in error(). Kernel launches do not return errors; a failed
  *     launch is reported by the next sync()/download().
@@ -38,7 +40,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TR_BACKEND_ABI 2
+/* The number of graph ops (ops.def): the tables below have two members per op. */
+enum {
+  TR_OP_COUNT = 0
+#define TR_OP(...) +1
+#include "ops.def"
+};
+
+/* The table's layout version; the op count is part of it, so a plugin built
+ * from another ops.def is refused rather than called through a shifted
+ * table. Bump the 2 when a member's signature changes. */
+#define TR_BACKEND_ABI (2 * 1000 + TR_OP_COUNT)
+
+/* bfloat16 storage: the top 16 bits of an IEEE float32. Conversions round to
+ * nearest even (NaN stays NaN). */
+typedef uint16_t tr_bf16;
 
 typedef struct tr_backend tr_backend;
 
@@ -72,7 +88,7 @@ struct tr_backend {
   int (*copy)(void *dst, const void *src, size_t bytes);          /* device to device, queued */
   int (*sync)(void); /* waits for every queued kernel; reports a failed one */
 
-  /* --- vector ops (n elements) --- */
+  /* --- vector kernels (n elements) --- */
   void (*zero)(float *p, int64_t n);
   /* sum of squares, accumulated in double; waits for the result.
    * Deterministic for a fixed configuration. */
@@ -85,28 +101,15 @@ struct tr_backend {
   void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
                 float wd, float c1, float c2);
 
-  /* --- graph ops: the contracts of kernels.h, on device pointers --- */
-  void (*embed_forward)(float *out, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C);
-  void (*embed_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B, int T, int C);
-  void (*linear_forward)(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC);
-  void (*linear_backward)(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                          const float *w, int N, int C, int OC);
-  void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                            const float *b, int N, int C);
-  void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                             const float *w, const float *mean, const float *rstd, int N, int C);
-  void (*gelu_forward)(float *out, const float *inp, int64_t n);
-  void (*gelu_backward)(float *dinp, const float *inp, const float *dout, int64_t n);
-  void (*add_forward)(float *out, const float *a, const float *b, int64_t n);
-  void (*add_backward)(float *da, float *db, const float *dout, int64_t n);
-  void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-  void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att,
-                             int B, int T, int C, int NH);
-  /* Writes the mean loss to loss[0] (a device pointer) instead of returning it. */
-  void (*crossentropy_forward)(float *loss, float *probs, const float *logits, const int32_t *targets, int N,
-                               int V);
-  void (*crossentropy_backward)(float *dlogits, const float *probs, const int32_t *targets, const float *dloss,
-                                int N, int V);
+  /* --- graph ops: <K>_forward and <K>_backward for every op of ops.def,
+   * with the contracts of kernels.h on device pointers (cross_entropy's loss
+   * and its gradient are device memory too: loss[0], dloss[0]) --- */
+#define TR_ACT float
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, FP, FA, FC, BP, BA, BC) \
+  void(*K##_forward) FP;                                                     \
+  void(*K##_backward) BP;
+#include "ops.def"
+#undef TR_ACT
 
   /* --- level-1 checkpoint copies (called by the checkpoint engine) ---
    * ckpt_pin page-locks a host staging buffer (so device-to-host copies run
@@ -142,10 +145,6 @@ struct tr_backend {
   const struct tr_bf16_ops *bf16;
 };
 
-/* bfloat16 storage: the top 16 bits of an IEEE float32. Conversions round to
- * nearest even (NaN stays NaN). */
-typedef uint16_t tr_bf16;
-
 /* The graph ops with activations and activation gradients stored as bf16.
  * Parameters, their gradients and the optimizer stay fp32 (the master
  * weights); matmuls read `w16`, a bf16 shadow of the fp32 parameter slab that
@@ -157,27 +156,12 @@ typedef uint16_t tr_bf16;
  * NULL outputs skipped). Same argument order as the fp32 table. */
 typedef struct tr_bf16_ops {
   void (*to_bf16)(tr_bf16 *dst, const float *src, int64_t n);
-  void (*embed_forward)(tr_bf16 *out, const int32_t *tok, const float *wte, const float *wpe, int B, int T, int C);
-  void (*embed_backward)(float *dwte, float *dwpe, const tr_bf16 *dout, const int32_t *tok, int B, int T, int C);
-  void (*linear_forward)(tr_bf16 *out, const tr_bf16 *inp, const tr_bf16 *w16, const float *bias, int N, int C,
-                         int OC);
-  void (*linear_backward)(tr_bf16 *dinp, float *dw, float *dbias, const tr_bf16 *dout, const tr_bf16 *inp,
-                          const tr_bf16 *w16, int N, int C, int OC);
-  void (*layernorm_forward)(tr_bf16 *out, float *mean, float *rstd, const tr_bf16 *inp, const float *w,
-                            const float *b, int N, int C);
-  void (*layernorm_backward)(tr_bf16 *dinp, float *dw, float *db, const tr_bf16 *dout, const tr_bf16 *inp,
-                             const float *w, const float *mean, const float *rstd, int N, int C);
-  void (*gelu_forward)(tr_bf16 *out, const tr_bf16 *inp, int64_t n);
-  void (*gelu_backward)(tr_bf16 *dinp, const tr_bf16 *inp, const tr_bf16 *dout, int64_t n);
-  void (*add_forward)(tr_bf16 *out, const tr_bf16 *a, const tr_bf16 *b, int64_t n);
-  void (*add_backward)(tr_bf16 *da, tr_bf16 *db, const tr_bf16 *dout, int64_t n);
-  void (*attention_forward)(tr_bf16 *out, tr_bf16 *att, const tr_bf16 *qkv, int B, int T, int C, int NH);
-  void (*attention_backward)(tr_bf16 *dqkv, tr_bf16 *scratch, const tr_bf16 *dout, const tr_bf16 *qkv,
-                             const tr_bf16 *att, int B, int T, int C, int NH);
-  void (*crossentropy_forward)(float *loss, tr_bf16 *probs, const tr_bf16 *logits, const int32_t *targets, int N,
-                               int V);
-  void (*crossentropy_backward)(tr_bf16 *dlogits, const tr_bf16 *probs, const int32_t *targets, const float *dloss,
-                                int N, int V);
+#define TR_ACT tr_bf16
+#define TR_OP(ID, NAME, K, HOST, INS, OUT, AUX, VOCAB, FP, FA, FC, BP, BA, BC) \
+  void(*K##_forward) FP;                                                     \
+  void(*K##_backward) BP;
+#include "ops.def"
+#undef TR_ACT
 } tr_bf16_ops;
 
 /* The backend named `name` ("cpu", "emu", "cuda"), initialised (see init;

@@ -1,4 +1,5 @@
-/* kernels.h — CPU forward and backward kernels for every op of the graph.
+/* kernels.h — CPU forward and backward kernels for every op of the graph
+ * (the ops are listed in ops.def; the cpu backend's table points at these).
  *
  * Legend: B = batch, T = time (sequence), C = channels, OC = output channels,
  * V = vocabulary, NH = heads, N = B*T rows. All tensors are row-major float32
@@ -13,7 +14,8 @@
  *
  * Threads: the non-GEMM loops are OpenMP loops; GEMMs go to OpenBLAS. Both use
  * kernels_set_threads(). Results are deterministic for a fixed thread count.
- * Called only by graph.c (and the tests).
+ * Called through the cpu backend's table (backend.c), by the host bf16 ops
+ * (kernels_bf16.c) and by the tests.
  */
 #ifndef TRANSOM_KERNELS_H
 #define TRANSOM_KERNELS_H
