@@ -245,9 +245,10 @@ describe("operator (3 replicas)", function()
   it("checkpoint.every_seconds also times the replicas' checkpoints (one loop for 1 and N)", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/secs"
-    -- by time only, and slowed to about 50 ms a step so the run lasts seconds
+    -- by time only, and slowed to about 50 ms a step from step 5 (the chaos
+    -- list reaches a worker after it started) so the run lasts seconds
     local jobfile = tmp .. "/secs-job.lua"
-    write(jobfile, 'return { data = "' .. data .. '", chaos = { { at_step = 1, replica = 0, fault = "slow", ms = 50 } } }\n')
+    write(jobfile, 'return { data = "' .. data .. '", chaos = { { at_step = 5, replica = 0, fault = "slow", ms = 50 } } }\n')
     local cmd = job(run, "--set checkpoint.every_steps=0 --set checkpoint.every_seconds=0.5 --set max_steps=120")
     local out, rc = sh((cmd:gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1)))
     assert.equal(0, rc, out)
