@@ -36,6 +36,21 @@ local function spawn(cmd, log, env)
   return assert(tonumber(out:match("(%d+)")), out)
 end
 
+-- Like spawn, and the command's exit status lands in a file: returns the
+-- pid and a function that reads the status (nil while it runs).
+local function spawn_rc(cmd, log)
+  local pidf, rcf = log .. ".pid", log .. ".rc"
+  os.remove(pidf)
+  os.remove(rcf)
+  os.execute("(" .. cmd .. " > " .. log .. " 2>&1 & echo $! > " .. pidf .. "; wait $!; echo $? > " .. rcf .. ") &")
+  for _ = 1, 200 do
+    local pid = tonumber(read(pidf) or "")
+    if pid then return pid, function() return tonumber(read(rcf) or "") end end
+    S.sleep(0.05)
+  end
+  error("no pid for " .. cmd)
+end
+
 local function alive(pid) return (sh("kill -0 " .. pid .. " 2>/dev/null && echo yes || echo no")):match("yes") end
 
 local function wait_exit(pid, seconds)
@@ -200,10 +215,15 @@ describe("operator (3 replicas)", function()
   it("SIGTERM to the operator checkpoints and exits 0; --resume finishes the job", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/term"
-    local op = spawn(job(run), tmp .. "/term.log")
+    local op, status = spawn_rc(job(run), tmp .. "/term.log")
     assert.is_true(wait_step(run, 100))
     os.execute("kill -TERM " .. op)
     assert.is_true(wait_exit(op, 60))
+    for _ = 1, 100 do
+      if status() then break end
+      sleep(0.05)
+    end
+    assert.equal(0, status())
     local out = read(tmp .. "/term.log")
     local stopped = tonumber(out:match("stopped at step (%d+)"))
     assert.is_truthy(stopped, out)
@@ -245,10 +265,12 @@ describe("operator (3 replicas)", function()
   it("checkpoint.every_seconds also times the replicas' checkpoints (one loop for 1 and N)", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/secs"
-    -- by time only, and slowed to about 50 ms a step from step 5 (the chaos
-    -- list reaches a worker after it started) so the run lasts seconds
+    -- by time only, every replica slowed alike (one alone is a straggler the
+    -- detector evicts) to about 50 ms a step from step 5 (the chaos list
+    -- reaches a worker after it started), so the run lasts seconds
     local jobfile = tmp .. "/secs-job.lua"
-    write(jobfile, 'return { data = "' .. data .. '", chaos = { { at_step = 5, replica = 0, fault = "slow", ms = 50 } } }\n')
+    write(jobfile, 'return { data = "' .. data .. '", chaos = { { at_step = 5, replica = 0, fault = "slow", ms = 50 }, '
+      .. '{ at_step = 5, replica = 1, fault = "slow", ms = 50 }, { at_step = 5, replica = 2, fault = "slow", ms = 50 } } }\n')
     local cmd = job(run, "--set checkpoint.every_steps=0 --set checkpoint.every_seconds=0.5 --set max_steps=120")
     local out, rc = sh((cmd:gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1)))
     assert.equal(0, rc, out)
@@ -262,9 +284,54 @@ describe("operator (3 replicas)", function()
       end
     end
     assert.is_true(last_t - first_t >= 3, "the run lasted " .. (last_t - first_t) .. " s: too short to test")
+    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
     -- by time: several before the end (not multiples of any step count), and the last state
     assert.is_true(#steps >= 3, "checkpoints at steps " .. table.concat(steps, ","))
     assert.equal(120, steps[#steps])
     assert.is_true(steps[1] < 120)
+  end)
+  it("the operator killed before its first checkpoint: --resume starts from step 0, once", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/early"
+    local op = spawn(job(run, "--set checkpoint.every_steps=1000"), tmp .. "/early.log")
+    assert.is_true(wait_step(run, 30))
+    os.execute("kill -9 " .. op)
+    assert.is_true(wait_exit(op, 10))
+    -- its workers see the connection drop and exit (a bounded wait)
+    for _ = 1, 200 do
+      if not sh("pgrep -f 'transom worker' | head -1"):match("%d") then break end
+      sleep(0.05)
+    end
+    local out, rc = sh(BIN .. " run --resume " .. run)
+    assert.equal(0, rc, out)
+    assert.matches("no committed checkpoint in " .. run .. "/ckpt: starting from step 0", out, 1, true)
+    assert_agree(run, out)
+    local ev = events(run)
+    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
+    -- metrics start over: one step 1 per replica
+    local ones = select(2, (read(run .. "/metrics.jsonl") or ""):gsub('{"step":1,', ""))
+    assert.equal(3, ones)
+  end)
+
+  it("a start-up error that repeats on every try is not retried", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/badresume"
+    local out, rc = sh(job(run, "--set max_steps=40"))
+    assert.equal(0, rc, out)
+    -- the run's job now describes another model: its checkpoints do not fit
+    local jobf = run .. "/job.lua"
+    local text = read(jobf)
+    local edited = text:gsub("n_embd = 64", "n_embd = 32")
+    assert.are_not.equal(text, edited)
+    write(jobf, edited)
+    out, rc = sh(BIN .. " run --resume " .. run .. " --set max_steps=80")
+    assert.are_not.equal(0, rc)
+    local ev = events(run):match('"kind":"resume".*$') -- this attempt's events
+    local failed = select(2, ev:gsub('"kind":"replica_failed"', ""))
+    local spawns = select(2, ev:gsub('"kind":"spawn"', ""))
+    assert.equal(3, failed, ev)
+    assert.matches("startup_error", ev, 1, true)
+    assert.matches("config", ev) -- the reason, from the worker
+    assert.is_true(spawns <= 3, "replaced after a start-up error: " .. ev)
   end)
 end)

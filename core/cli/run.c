@@ -182,11 +182,7 @@ static int open_ckpt(run_ctx *r) {
 static int run_replicas(lua_State *L, run_ctx *r, int resume) {
   char path[PATH_MAX];
   char *dump = job_dump(L, &r->cfg);
-  int rc = dump ? tr_mkdirs(r->dir) : TR_ENOMEM;
-  if (!rc && resume) {
-    path_in(r, "ckpt/data.mdb", path, sizeof path);
-    if (access(path, R_OK) != 0) rc = tr_fail(TR_EINVAL, "resume: no checkpoint store in %s/ckpt", r->dir);
-  }
+  int rc = dump ? tr_mkdirs(r->dir) : TR_ENOMEM; /* without a checkpoint the operator starts from step 0 */
   if (!rc) {
     path_in(r, "job.lua", path, sizeof path);
     rc = tr_write_file_atomic(path, dump, strlen(dump));
@@ -302,26 +298,30 @@ static void choose_dir(run_ctx *r) {
 /* Everything that can fail before training, before anything is written:
  * the directory, the checkpoint store, the resumed state. Returns 0 or the
  * exit status (with the error printed). */
-static int open_run(lua_State *L, run_ctx *r, char **dump, int resume) {
+static int open_run(lua_State *L, run_ctx *r, char **dump, int *resume) {
   *dump = job_dump(L, &r->cfg);
-  int rc = *dump ? tr_mkdirs(r->dir) : TR_ENOMEM;
+  int rc = *dump ? tr_mkdirs(r->dir) : TR_ENOMEM, asked = *resume;
   if (!rc) rc = open_ckpt(r);
-  if (!rc && resume) {
+  if (!rc && *resume && !r->ck) rc = tr_fail(TR_EINVAL, "checkpoints are off in this job: nothing to resume from");
+  if (!rc && *resume) {
     char report[4096] = "";
-    ckpt_reader *rd = r->ck ? ckpt_engine_reader(r->ck) : NULL;
-    rc = rd ? trainer_ckpt_load(r->t, rd, -1, report, sizeof report)
-            : tr_fail(TR_EINVAL, "checkpoints are off in this job (checkpoint.every_steps = 0)");
+    int64_t newest;
+    ckpt_reader *rd = ckpt_engine_reader(r->ck);
+    if (!rd) rc = TR_EIO;
+    else if (ckpt_reader_steps(rd, &newest, 1) <= 0) *resume = 0; /* killed before its first checkpoint */
+    else rc = trainer_ckpt_load(r->t, rd, -1, report, sizeof report);
     ckpt_reader_close(rd);
     if (report[0]) fputs(report, stderr);
   }
   if (!rc) return 0;
-  fprintf(stderr, "transom: %s: %s\n", resume ? "resume" : "run directory", tr_error());
-  return resume ? 1 : 2;
+  fprintf(stderr, "transom: %s: %s\n", asked ? "resume" : "run directory", tr_error());
+  return asked ? 1 : 2;
 }
 
 /* job.lua, the initial weights and vocabulary, the logs (a resumed run's
- * metrics after its checkpoint are dropped: it does them again). */
-static int write_run(run_ctx *r, const char *dump, int resume, int64_t step) {
+ * metrics after its checkpoint are dropped: it does them again). scratch:
+ * --resume found no committed checkpoint and starts from step 0. */
+static int write_run(run_ctx *r, const char *dump, int resume, int scratch, int64_t step) {
   char path[PATH_MAX];
   path_in(r, "job.lua", path, sizeof path);
   int rc = tr_write_file_atomic(path, dump, strlen(dump));
@@ -329,6 +329,7 @@ static int write_run(run_ctx *r, const char *dump, int resume, int64_t step) {
   if (rc) return rc;
   path_in(r, "events.jsonl", path, sizeof path);
   r->events = fopen(path, "a");
+  if (scratch) event(r, 0, "resume", "no committed checkpoint in %s/ckpt: starting from step 0", r->dir);
   if (resume) {
     event(r, step, "resume", "resumed from the checkpoint of step %lld", (long long)step);
     rc = truncate_metrics(r, step);
@@ -420,16 +421,22 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   }
   choose_dir(&r);
   int resume = a.resume != NULL;
+  if (resume && r.cfg.ckpt_every_steps == 0 && r.cfg.ckpt_every_seconds == 0) {
+    fprintf(stderr, "transom: resume: checkpoints are off in this job (%s): nothing to resume from\n", r.cfg.path);
+    close_run(&r);
+    return 2;
+  }
   if (r.cfg.replicas > 1) return run_replicas(L, &r, resume);
   char *dump;
-  if ((rc = open_run(L, &r, &dump, resume))) {
+  if ((rc = open_run(L, &r, &dump, &resume))) {
     free(dump);
     close_run(&r);
     return rc;
   }
+  if (a.resume && !resume) printf("resume: no committed checkpoint in %s/ckpt: starting from step 0\n", r.dir);
   trainer_state ts;
   trainer_get_state(r.t, &ts);
-  rc = write_run(&r, dump, resume, ts.step);
+  rc = write_run(&r, dump, resume, a.resume && !resume, ts.step);
   free(dump);
   if (rc) {
     fprintf(stderr, "transom: run directory: %s\n", tr_error());

@@ -173,7 +173,8 @@ static void on_exit_slot(operator_state *o, slot *s, int status) {
     return;
   }
   s->state = SLOT_DEAD;
-  const char *reason = sig ? "killed" : code == 3 ? "evicted" : "exited";
+  /* exit status 2: a start-up error that repeats on every try (worker.c) */
+  const char *reason = sig ? "killed" : code == 3 ? "evicted" : code == 2 ? "startup_error" : "exited";
   if (o->stopping) {
     check_finished(o);
     return;
@@ -708,6 +709,9 @@ static int start_listeners(operator_state *o) {
 
 /* The loop, its policy watcher, the listeners, the detector, the signals. */
 static int start(operator_state *o) {
+  /* a run killed before its first checkpoint resumes from step 0 */
+  o->from_scratch = o->resume && operator_newest_checkpoint(o, INT64_MAX) < 0;
+  if (o->from_scratch) o->resume = 0;
   int rc = open_logs(o, o->resume);
   if (rc) return rc;
   o->base = event_base_new();
@@ -810,7 +814,9 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
          "%s/control.sock\n",
          o.nslots, o.threads, cfg->on_failure, (long long)cfg->min_replicas, o.port, dir);
   fflush(stdout);
-  operator_event(&o, 0, -1, resume ? "resume" : "start", "%d replicas", o.nslots);
+  if (o.from_scratch)
+    operator_event(&o, 0, -1, "resume", "no committed checkpoint in %s/ckpt: starting from step 0", dir);
+  operator_event(&o, 0, -1, o.resume ? "resume" : "start", "%d replicas", o.nslots);
   o.t0 = tr_now();
   spawn_all(&o);
   event_base_dispatch(o.base);

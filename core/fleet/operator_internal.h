@@ -83,7 +83,8 @@ struct operator_state {
   prom_server *prom;
   struct event *tick;
   struct event *ev_chld, *ev_term, *ev_int; /* SIGCHLD, SIGTERM, SIGINT */
-  int resume;             /* started by --resume */
+  int resume;             /* started by --resume, from a committed checkpoint */
+  int from_scratch;       /* started by --resume, but nothing was committed: from step 0 */
 };
 
 

@@ -189,14 +189,16 @@ static int check_restart(void *ud, lua_State *L, int mod, int env, policy_err *e
 }
 
 /* The built-in decision when restart.lua cannot make one. */
-static void fallback_decision(operator_state *o, const char *fn, const slot *s, char *action, size_t n, double *delay) {
+static void fallback_decision(operator_state *o, const char *fn, const slot *s, const char *reason, char *action,
+                              size_t n, double *delay) {
   int slot_restarts = s ? s->restarts : 0;
+  int again = strcmp(reason, "startup_error") != 0; /* it would fail the same way */
   if (strcmp(fn, "on_failure") == 0) {
-    int go = slot_restarts < FALLBACK_MAX_SLOT && o->restarts_total < FALLBACK_MAX_TOTAL;
+    int go = again && slot_restarts < FALLBACK_MAX_SLOT && o->restarts_total < FALLBACK_MAX_TOTAL;
     snprintf(action, n, "%s", go ? "replace" : "none");
     *delay = go ? fmin(FALLBACK_BACKOFF_MAX, FALLBACK_BACKOFF * pow(2, slot_restarts)) : 0;
   } else {
-    int go = o->restarts_total < FALLBACK_MAX_TOTAL;
+    int go = again && o->restarts_total < FALLBACK_MAX_TOTAL;
     snprintf(action, n, "%s", go ? "restart" : "stop");
     *delay = go ? FALLBACK_BACKOFF : 0;
   }
@@ -252,7 +254,7 @@ void operator_policy_call(operator_state *o, const char *fn, const slot *s, cons
   }
   lua_settop(L, top);
   if (rc == TR_OK) return;
-  fallback_decision(o, fn, s, action, n, delay);
+  fallback_decision(o, fn, s, reason, action, n, delay);
   char msg[POLICY_MSG + 128];
   snprintf(msg, sizeof msg, "%s%s; the operator decides instead: %s", e.msg,
            e.budget ? " (stopped by the instruction budget)" : "", action);

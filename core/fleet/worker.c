@@ -73,6 +73,8 @@ static const char usage[] =
     "usage: transom worker --operator HOST:PORT --slot K [--threads N]\n"
     "\n"
     "One replica of a `transom run` job; the operator starts these itself.\n"
+    "Exit status: 0 done, 1 failed, 2 a start-up error that would repeat on\n"
+    "every try (the job, its data, its checkpoint), 3 evicted.\n"
     "Under an external launcher, torchrun's RANK/MASTER_ADDR/MASTER_PORT or\n"
     "Slurm's SLURM_PROCID (with MASTER_ADDR/MASTER_PORT set to the operator)\n"
     "stand in for --slot and --operator.\n";
@@ -416,7 +418,7 @@ static int train(worker *w, ckpt_engine *ck, const char *run) {
 
 int worker_main(int argc, char **argv) {
   worker w = {.slot = -1, .opfd = -1, .donor_fd = -1, .send_mu = PTHREAD_MUTEX_INITIALIZER};
-  int done, rc = parse_args(&w, argc, argv, &done), exit_code = 1;
+  int done, rc = parse_args(&w, argc, argv, &done), exit_code = 1, startup = 0;
   if (rc || done) return rc;
   signal(SIGPIPE, SIG_IGN);
 
@@ -439,6 +441,9 @@ int worker_main(int argc, char **argv) {
   const char *sets[] = {setthreads};
   job_config cfg;
   L = lua_host_new();
+  /* from here to the state: what fails here fails the same way on every try
+   * (the job, its data, the checkpoint), so the operator must not retry */
+  startup = 1;
   if (!L || (rc = job_load(L, path, sets, 1, &cfg))) goto fail;
   if (!(w.t = trainer_create(L, &cfg))) goto fail;
   w.cfg = trainer_config(w.t);
@@ -446,7 +451,9 @@ int worker_main(int argc, char **argv) {
   apply_welcome(w.t, line);
   if (!(ck = open_ckpt(&cfg, w.t, run)) && (cfg.ckpt_every_steps > 0 || cfg.ckpt_every_seconds > 0)) goto fail;
   double t_state = tr_now();
+  startup = strcmp(mode, "join") != 0; /* a donor's failure is not deterministic */
   if ((rc = get_state(&w, ck, mode, donor_addr, proto_int(line, "resume_step", -1)))) goto fail;
+  startup = 0;
   const char *me = env_any("TRANSOM_HOST", NULL); /* the address peers reach us at: multi-node launches */
   if ((rc = enter_ring(&w, coord, me ? me : "127.0.0.1", tr_now() - t_state, strcmp(mode, "join") == 0))) goto fail;
   if ((rc = train(&w, ck, run))) goto fail;
@@ -457,9 +464,9 @@ fail:
   if (w.opfd >= 0) {
     char why[600];
     proto_escape(tr_error(), why, sizeof why);
-    SEND(&w, "FAIL slot=%d why=%s", w.slot, why);
+    SEND(&w, "FAIL slot=%d startup=%d why=%s", w.slot, startup, why);
   }
-  exit_code = rc == FTAR_EEVICTED ? 3 : 1;
+  exit_code = rc == FTAR_EEVICTED ? 3 : startup ? 2 : 1;
 done:
   if (w.hb) {
     w.hb_stop = 1;

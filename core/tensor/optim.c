@@ -16,18 +16,26 @@ typedef struct {
 struct adamw {
   adamw_config cfg;
   int64_t n; /* parameter slab size */
-  float *state;
+  const tr_backend *be;
+  float *state; /* host copy of m | v (the moments themselves on a host-memory backend) */
+  float *dmv;   /* the moments in device memory (NULL on a host-memory backend) */
   prange *ranges;
   int nranges;
   int64_t t;
 };
 
-adamw *adamw_create(const graph *g, const adamw_config *cfg) {
+adamw *adamw_create(const graph *g, const adamw_config *cfg, const tr_backend *be) {
   adamw *o = calloc(1, sizeof *o);
   if (!o) goto nomem;
   o->cfg = *cfg;
   o->n = graph_nparams(g);
+  o->be = be ? be : backend_cpu();
   o->state = tr_alloc_aligned(sizeof(float) * 2 * (size_t)o->n);
+  if (!o->be->host_memory && !(o->dmv = o->be->alloc(sizeof(float) * 2 * (size_t)o->n))) { /* zeroed */
+    tr_fail(TR_ENOMEM, "out of %s memory for the optimizer state", o->be->name);
+    adamw_free(o);
+    return NULL;
+  }
   o->ranges = malloc(sizeof(prange) * (size_t)(graph_ntensors(g) + 1));
   if (!o->state || !o->ranges) goto nomem;
   for (int i = 0; i < graph_ntensors(g); i++) {
@@ -45,22 +53,32 @@ nomem:
 
 void adamw_free(adamw *o) {
   if (!o) return;
+  if (o->dmv) o->be->free(o->dmv);
   tr_free_aligned(o->state);
   free(o->ranges);
   free(o);
 }
 
 float *adamw_state(adamw *o) { return o->state; }
+float *adamw_moments(adamw *o) { return o->dmv ? o->dmv : o->state; }
+
+int adamw_pull(adamw *o) {
+  if (!o->dmv || !o->be->download(o->state, o->dmv, sizeof(float) * 2 * (size_t)o->n)) return TR_OK;
+  return tr_fail(TR_EIO, "copying the optimizer state from the %s device: %s", o->be->name, o->be->error());
+}
+
+int adamw_push(adamw *o) {
+  if (!o->dmv || !o->be->upload(o->dmv, o->state, sizeof(float) * 2 * (size_t)o->n)) return TR_OK;
+  return tr_fail(TR_EIO, "copying the optimizer state to the %s device: %s", o->be->name, o->be->error());
+}
 int64_t adamw_state_size(const adamw *o) { return 2 * o->n; }
 int64_t adamw_steps(const adamw *o) { return o->t; }
 void adamw_set_steps(adamw *o, int64_t t) { o->t = t; }
 
 void adamw_step(adamw *o, float *params, const float *grads, float lr) {
-  adamw_step_on(o, backend_cpu(), params, grads, o->state, lr);
-}
-
-void adamw_step_on(adamw *o, const tr_backend *be, float *params, const float *grads, float *mv, float lr) {
   o->t++;
+  const tr_backend *be = o->be;
+  float *mv = adamw_moments(o);
   const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
   const float c1 = 1.0f - powf(b1, (float)o->t), c2 = 1.0f - powf(b2, (float)o->t);
   float *m = mv, *v = mv + o->n;

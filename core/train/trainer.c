@@ -46,7 +46,6 @@ struct trainer {
    * device memory; the host keeps mirrors that trainer_pull/push sync */
   const tr_backend *be;
   int dev;
-  float *dmv;    /* device: Adam moments m | v (2n); the host's are adamw_state() */
   float *hparams; /* host mirror of the parameters */
   float *hgrads;  /* host copy of the gradients (collectives over the host, donors) */
 };
@@ -205,14 +204,13 @@ trainer *trainer_create(lua_State *L, const job_config *cfg) {
   t->loss = graph_find(t->g, "loss");
   if (graph_init_params(t->g, (uint64_t)cfg->seed)) goto fail;
   adamw_config oc = {(float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps, (float)cfg->weight_decay};
-  t->opt = adamw_create(t->g, &oc);
+  t->opt = adamw_create(t->g, &oc, t->be); /* it owns the moments, on the device too */
   if (!t->opt) goto fail;
   if (t->dev) {
     size_t n = (size_t)graph_nparams(t->g);
-    t->dmv = t->be->alloc(sizeof(float) * 2 * n);
     t->hparams = tr_alloc_aligned(sizeof(float) * n);
     t->hgrads = tr_alloc_aligned(sizeof(float) * n);
-    if (!t->dmv || !t->hparams || !t->hgrads) {
+    if (!t->hparams || !t->hgrads) {
       tr_fail(TR_ENOMEM, "out of %s memory for the optimizer state", t->be->name);
       goto fail;
     }
@@ -230,7 +228,6 @@ void trainer_free(trainer *t) {
   graph_free(t->g);
   graph_free(t->infer);
   adamw_free(t->opt);
-  if (t->dmv) t->be->free(t->dmv);
   tr_free_aligned(t->hparams);
   tr_free_aligned(t->hgrads);
   free(t);
@@ -288,7 +285,7 @@ int trainer_apply_grads(trainer *t, step_stats *st) {
       sched.lr = t->lr_to[i];
     }
   float lr = lr_at(&sched, t->step);
-  if (!skip) adamw_step_on(t->opt, t->be, graph_params(t->g), grads, t->dev ? t->dmv : adamw_state(t->opt), lr);
+  if (!skip) adamw_step(t->opt, graph_params(t->g), grads, lr);
   else t->skipped++;
   st->skipped = skip;
   graph_zero_grad(t->g);
@@ -377,7 +374,7 @@ typedef int (*state_fn)(void *ctx, const char *name, float *p, int ndim, const i
  * 0: its host copy (what a load fills before trainer_push). */
 static int for_each_state(trainer *t, int device, state_fn fn, void *ctx) {
   float *params = device ? graph_params(t->g) : host_params(t);
-  float *m = device && t->dev ? t->dmv : adamw_state(t->opt), *v = m + graph_nparams(t->g);
+  float *m = device ? adamw_moments(t->opt) : adamw_state(t->opt), *v = m + graph_nparams(t->g);
   for (int i = 0; i < graph_ntensors(t->g); i++) {
     tensor_desc d;
     graph_tensor(t->g, i, &d);
@@ -507,19 +504,17 @@ int trainer_set_lr(trainer *t, int64_t from_step, float lr) {
 int trainer_pull(trainer *t, int with_moments) {
   if (!t->dev) return TR_OK;
   size_t n = (size_t)graph_nparams(t->g);
-  int rc = t->be->download(t->hparams, graph_params(t->g), sizeof(float) * n);
-  if (!rc && with_moments) rc = t->be->download(adamw_state(t->opt), t->dmv, sizeof(float) * 2 * n);
-  return rc ? tr_fail(TR_EIO, "copying the training state from the %s device: %s", t->be->name, t->be->error())
-            : TR_OK;
+  if (t->be->download(t->hparams, graph_params(t->g), sizeof(float) * n))
+    return tr_fail(TR_EIO, "copying the training state from the %s device: %s", t->be->name, t->be->error());
+  return with_moments ? adamw_pull(t->opt) : TR_OK;
 }
 
 int trainer_push(trainer *t) {
   if (!t->dev) return TR_OK;
   size_t n = (size_t)graph_nparams(t->g);
-  int rc = t->be->upload(graph_params(t->g), t->hparams, sizeof(float) * n);
-  if (!rc) rc = t->be->upload(t->dmv, adamw_state(t->opt), sizeof(float) * 2 * n);
-  return rc ? tr_fail(TR_EIO, "copying the training state to the %s device: %s", t->be->name, t->be->error())
-            : TR_OK;
+  if (t->be->upload(graph_params(t->g), t->hparams, sizeof(float) * n))
+    return tr_fail(TR_EIO, "copying the training state to the %s device: %s", t->be->name, t->be->error());
+  return adamw_push(t->opt);
 }
 
 float *trainer_grads_host(trainer *t) {

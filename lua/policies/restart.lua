@@ -15,9 +15,11 @@
 -- Decisions: on_failure -> "replace" | "none"; on_all_dead -> "restart" |
 -- "stop"; as a string or { action = ..., delay = seconds, detail = "..." }.
 --
--- ev = { slot = 1, reason = "killed" | "exited" | "evicted", signal = 9,
---        code = 0, step = 120, live = 2, replicas = 3,
+-- ev = { slot = 1, reason = "killed" | "exited" | "evicted" | "startup_error",
+--        signal = 9, code = 0, step = 120, live = 2, replicas = 3,
 --        restarts_slot = 0, restarts_total = 0 }
+-- "startup_error": the worker could not start for a reason that repeats on
+-- every try (the job file, its data, its checkpoint; its exit status 2).
 
 local M = {}
 
@@ -29,6 +31,9 @@ M.backoff_max = 10            -- exponential backoff cap
 -- A replica failed while others survive: replace it (the replacement
 -- catches up from a healthy peer) after an exponential backoff.
 function M.on_failure(ev, state)
+  if ev.reason == "startup_error" then -- the job, its data, its checkpoint: the same on every try
+    return { action = "none", detail = "a start-up error is not retried" }
+  end
   if ev.restarts_total >= M.max_restarts_total then
     return { action = "none", detail = "job-wide restart budget spent" }
   end
@@ -41,6 +46,9 @@ end
 
 -- Every replica is gone: start them all again from the newest checkpoint.
 function M.on_all_dead(ev, state)
+  if ev.reason == "startup_error" then
+    return { action = "stop", detail = "a start-up error is not retried" }
+  end
   if ev.restarts_total >= M.max_restarts_total then
     return { action = "stop", detail = "job-wide restart budget spent" }
   end

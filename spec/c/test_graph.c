@@ -177,7 +177,7 @@ static void test_optim(void) {
   CHECK(graph_plan(g, 1) == 0, "plan: %s", tr_error());
   graph_init_params(g, 1);
   adamw_config c = {0.9f, 0.95f, 1e-8f, 0.5f};
-  adamw *o = adamw_create(g, &c);
+  adamw *o = adamw_create(g, &c, NULL);
   float *p = graph_params(g), *gr = graph_grads(g);
   tensor_desc dw, db;
   graph_tensor(g, 0, &dw);

@@ -21,19 +21,23 @@ typedef struct {
 
 typedef struct adamw adamw;
 
-/* Reads the parameter table of a planned graph. NULL on failure. */
-adamw *adamw_create(const graph *g, const adamw_config *cfg);
+/* Reads the parameter table of a planned graph; the moments live on
+ * backend be (NULL: the cpu), zeroed, with a host copy beside them on a
+ * device. The optimizer owns both. NULL with tr_error() on failure. */
+struct tr_backend;
+adamw *adamw_create(const graph *g, const adamw_config *cfg, const struct tr_backend *be);
 void adamw_free(adamw *o);
 
-/* One update: params -= lr * (mhat / (sqrt(vhat) + eps) + wd * params). */
+/* One update on the backend's memory: params -= lr * (mhat / (sqrt(vhat) +
+ * eps) + wd * params); params and grads are the backend's pointers. On a
+ * device it is queued, not waited for. */
 void adamw_step(adamw *o, float *params, const float *grads, float lr);
 
-/* The same update on a backend's memory (backend.h): params, grads and the
- * moments mv (m | v, 2*P floats) are device pointers. Queued, not waited. */
-struct tr_backend;
-void adamw_step_on(adamw *o, const struct tr_backend *be, float *params, const float *grads, float *mv, float lr);
-
-float *adamw_state(adamw *o);          /* 2*P floats */
+float *adamw_moments(adamw *o);        /* m | v where they live (device memory on a device) */
+float *adamw_state(adamw *o);          /* their host copy, 2*P floats (the same memory on the cpu) */
+/* Device -> host copy and back (no-ops on a host-memory backend). */
+int adamw_pull(adamw *o);
+int adamw_push(adamw *o);
 int64_t adamw_state_size(const adamw *o);
 int64_t adamw_steps(const adamw *o);   /* updates done so far */
 void adamw_set_steps(adamw *o, int64_t t);
