@@ -14,6 +14,7 @@ assert(os.execute("mkdir -p " .. tmp .. " && chmod 755 " .. tmp))
 local have_corpus = read(CORPUS) ~= nil
 
 describe("transom attach", function()
+  after_each(function() S.cleanup() end) -- a failed test leaves no process behind
   it("drives a live job: -e, several clients, runaway stopped, lr changed, detach, other uid refused", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: attach spec skipped") end
     local data = tmp .. "/corpus.txt"
@@ -25,7 +26,7 @@ describe("transom attach", function()
       "--set data=" .. data, "--set run_dir=" .. run, "--set max_steps=1500",
       "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
       "--set eval_interval=0 --set sample_tokens=0 --set log_interval=500 --set checkpoint.every_steps=100" }, " ")
-    local pid = tonumber((sh(cmd .. " > " .. tmp .. "/op.log 2>&1 & echo $!")):match("(%d+)"))
+    local pid = S.spawn(cmd, tmp .. "/op.log")
     local A = BIN .. " attach " .. run .. " -e "
     local out, rc
     for _ = 1, 100 do -- wait for the control socket and the replicas

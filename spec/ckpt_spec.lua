@@ -37,10 +37,7 @@ local function args(run, extra)
 end
 
 -- starts a run in the background; returns its pid
-local function spawn(cmd, log)
-  local out = sh(cmd .. " > " .. log .. " 2>&1 & echo $!")
-  return assert(tonumber(out:match("(%d+)")), out)
-end
+local function spawn(cmd, log) return S.spawn(cmd, log) end
 
 -- waits (bounded) until the run's metrics have at least n lines
 local function wait_metrics(run, n)
@@ -52,6 +49,7 @@ local function wait_metrics(run, n)
 end
 
 describe("checkpoints", function()
+  after_each(function() S.cleanup() end) -- a failed test leaves no process behind
   it("resume after kill -9 gives the same loss sequence as an uninterrupted run", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: checkpoint spec skipped") end
     local a, b = tmp .. "/plain", tmp .. "/killed"

@@ -55,6 +55,7 @@ end
 local function skip() return pending("no ../shared/data/tinyshakespeare.txt: Eagle Eye spec skipped") end
 
 describe("Eagle Eye on a live job", function()
+  after_each(function() S.cleanup() end) -- a failed test leaves no process behind
   it("a clean 500-step run raises no anomaly", function()
     if not have_corpus then return skip() end
     local out, rc, ev = run("clean", 500)
@@ -92,7 +93,7 @@ describe("Eagle Eye on a live job", function()
     if not have_corpus then return skip() end
     local name = "stop"
     local cmd = BIN .. " run " .. job(name, 1200) .. " --set run_dir=" .. tmp .. "/" .. name
-    local op = tonumber((sh(cmd .. " > " .. tmp .. "/stop.log 2>&1 & echo $!")):match("(%d+)"))
+    local op = S.spawn(cmd, tmp .. "/stop.log")
     local pid
     for _ = 1, 200 do
       pid = (sh(BIN .. " chaos " .. tmp .. "/" .. name .. " status")):match("replica 1: running pid (%d+) step (%d+)")
@@ -153,11 +154,35 @@ describe("Eagle Eye on a live job", function()
     local saved = read(policies .. "/actions.lua")
     local saved_restart = read(policies .. "/restart.lua")
     local cmd = BIN .. " run " .. job(name, 1500) .. " --set run_dir=" .. tmp .. "/" .. name
-    local op = tonumber((sh(cmd .. " > " .. tmp .. "/reload.log 2>&1 & echo $!")):match("(%d+)"))
+    local op = S.spawn(cmd, tmp .. "/reload.log")
     sleep(2)
     write(policies .. "/actions.lua", saved .. "\nthis is not lua\n") -- an editor's save
     write(policies .. "/restart.lua", (saved_restart:gsub("local M = {}", "local M = {}\nM.backoff_first = backof_first", 1)))
-    sleep(1.5)
+    local evf, run_dir = tmp .. "/" .. name .. "/events.jsonl", tmp .. "/" .. name
+    local function wait_for(pattern, from) -- bounded: 30 s
+      for _ = 1, 300 do
+        local ev = read(evf) or ""
+        local at = ev:find(pattern, from or 1)
+        if at then return at, ev end
+        sleep(0.1)
+      end
+    end
+    local _, ev0 = wait_for('"kind":"policy_reload_failed".*"kind":"policy_reload_failed"')
+    assert.is_truthy(ev0, "no reload failures: " .. (read(evf) or ""))
+    -- while the broken versions sit on disk, the old ones still act: a NaN
+    -- is rolled back (actions.lua), a killed replica replaced by restart.lua
+    -- itself (not the built-in fallback that stands in for a broken one)
+    local mark = #ev0
+    sh(BIN .. " chaos " .. run_dir .. " nan 1")
+    assert.is_truthy(wait_for('"kind":"rollback"', mark), "no rollback under the old actions.lua")
+    assert.is_truthy(wait_for('"kind":"replica_ready".*"kind":"replica_ready"', mark), "replicas not back after the rollback")
+    mark = #(read(evf) or "")
+    local pid1 = sh(BIN .. " chaos " .. run_dir .. " status"):match("replica 1: running pid (%d+)")
+    assert.is_truthy(pid1)
+    os.execute("kill -9 " .. pid1)
+    local at, ev1 = wait_for('"kind":"policy","detail":"on_failure %-> replace', mark)
+    assert.is_truthy(at, "no restart decision: " .. (read(evf) or ""))
+    assert.is_nil(ev1:sub(mark):find("built-in fallback", 1, true), ev1:sub(mark))
     write(policies .. "/actions.lua", saved)
     write(policies .. "/restart.lua", saved_restart)
     for _ = 1, 1200 do
@@ -189,7 +214,7 @@ describe("Eagle Eye on a live job", function()
     local name = "prom"
     local port = 19000 + math.random(0, 999)
     local cmd = BIN .. " run " .. job(name, 2500, nil, "metrics_port = " .. port .. ",") .. " --set run_dir=" .. tmp .. "/" .. name
-    local op = tonumber((sh(cmd .. " > " .. tmp .. "/prom.log 2>&1 & echo $!")):match("(%d+)"))
+    local op = S.spawn(cmd, tmp .. "/prom.log")
     local text
     for _ = 1, 100 do
       sleep(0.2)

@@ -31,25 +31,7 @@ local function job(run, extra)
     "--set checkpoint.every_steps=20 --set deadline=2", extra or "" }, " ")
 end
 
-local function spawn(cmd, log, env)
-  local out = sh((env or "") .. " " .. cmd .. " > " .. log .. " 2>&1 & echo $!")
-  return assert(tonumber(out:match("(%d+)")), out)
-end
-
--- Like spawn, and the command's exit status lands in a file: returns the
--- pid and a function that reads the status (nil while it runs).
-local function spawn_rc(cmd, log)
-  local pidf, rcf = log .. ".pid", log .. ".rc"
-  os.remove(pidf)
-  os.remove(rcf)
-  os.execute("(" .. cmd .. " > " .. log .. " 2>&1 & echo $! > " .. pidf .. "; wait $!; echo $? > " .. rcf .. ") &")
-  for _ = 1, 200 do
-    local pid = tonumber(read(pidf) or "")
-    if pid then return pid, function() return tonumber(read(rcf) or "") end end
-    S.sleep(0.05)
-  end
-  error("no pid for " .. cmd)
-end
+local spawn, spawn_rc = S.spawn, S.spawn_rc
 
 local function alive(pid) return (sh("kill -0 " .. pid .. " 2>/dev/null && echo yes || echo no")):match("yes") end
 
@@ -139,6 +121,7 @@ local function baseline()
 end
 
 describe("operator (3 replicas)", function()
+  after_each(function() S.cleanup() end) -- a failed test leaves no process behind
   it("kill -9 of one worker from outside: every step done, replacement joins, replicas agree", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local clean = baseline()
@@ -195,7 +178,15 @@ describe("operator (3 replicas)", function()
     assert.is_true(wait_exit(op, 180))
     local out = read(tmp .. "/donor.log")
     assert_agree(run, out)
-    assert.matches("replica " .. donor .. " killed", events(run), 1, true)
+    local ev = events(run)
+    assert.matches("replica " .. donor .. " killed", ev, 1, true)
+    -- slot 1 caught up in the end from a donor alive after the kill (another
+    -- replica, or the killed slot's replacement), and joined
+    local killed_at = ev:find("replica " .. donor .. " killed", 1, true)
+    local last_catchup
+    for pos in ev:gmatch("()replica 1 catches up from replica %d+") do last_catchup = pos end
+    assert.is_truthy(last_catchup and last_catchup > killed_at, "slot 1 never switched donors: " .. ev)
+    assert.is_truthy(ev:find("replica 1 ready at step %d+ %(join", killed_at), ev)
   end)
 
   it("all workers killed: the job restarts from the newest checkpoint and finishes", function()

@@ -21,6 +21,46 @@ end
 
 function S.sleep(s) os.execute("sleep " .. s) end
 
+-- Background processes: S.spawn starts cmd in a process group of its own
+-- (setsid: the operator's workers, forked by it, join the group), output to
+-- log, env an optional "VAR=value ..." prefix; returns its pid. S.cleanup()
+-- kills every group spawned so far, stopped processes too (SIGKILL reaches
+-- them; SIGCONT first for good measure): every spec that spawns calls it
+-- after each test, so a failing test leaves nothing behind.
+S.spawned = {}
+
+function S.spawn(cmd, log, env)
+  local out = S.sh((env or "") .. " setsid " .. cmd .. " > " .. log .. " 2>&1 & echo $!")
+  local pid = assert(tonumber(out:match("(%d+)%s*$")), out)
+  S.spawned[#S.spawned + 1] = pid
+  return pid
+end
+
+-- The same, and the exit status lands in a file: returns the pid and a
+-- function that reads the status (nil while it runs).
+function S.spawn_rc(cmd, log)
+  local pidf, rcf = log .. ".pid", log .. ".rc"
+  os.remove(pidf)
+  os.remove(rcf)
+  os.execute("(setsid " .. cmd .. " > " .. log .. " 2>&1 & echo $! > " .. pidf .. "; wait $!; echo $? > " .. rcf .. ") &")
+  for _ = 1, 200 do
+    local pid = tonumber(S.read(pidf) or "")
+    if pid then
+      S.spawned[#S.spawned + 1] = pid
+      return pid, function() return tonumber(S.read(rcf) or "") end
+    end
+    S.sleep(0.05)
+  end
+  error("no pid for " .. cmd)
+end
+
+function S.cleanup()
+  for _, pid in ipairs(S.spawned) do
+    os.execute("kill -CONT -- -" .. pid .. " 2>/dev/null; kill -KILL -- -" .. pid .. " 2>/dev/null")
+  end
+  S.spawned = {}
+end
+
 function S.read(path)
   local f = io.open(path, "rb")
   if not f then return nil end

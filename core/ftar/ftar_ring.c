@@ -40,6 +40,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -56,6 +57,34 @@
 #include "util.h"
 
 #define POLL_MS 50
+
+/* --- a fault at an exact point, for tests ---
+ * TRANSOM_TEST_FTAR_FAULT="kill|stop:SEQ:FRAMES": this process raises
+ * SIGKILL or SIGSTOP on itself once it has received FRAMES data frames of
+ * collective SEQ, so a fault test lands mid-collective every time (a signal
+ * from outside may land between collectives). Read once; unset: nothing. */
+static struct {
+  int sig;
+  uint64_t seq;
+  uint32_t frames;
+} test_fault;
+static pthread_once_t test_fault_once = PTHREAD_ONCE_INIT;
+
+static void test_fault_read(void) {
+  const char *v = getenv("TRANSOM_TEST_FTAR_FAULT");
+  char what[8];
+  unsigned long long seq;
+  unsigned frames;
+  if (v && sscanf(v, "%7[a-z]:%llu:%u", what, &seq, &frames) == 3 && frames > 0) {
+    test_fault.sig = strcmp(what, "kill") == 0 ? SIGKILL : strcmp(what, "stop") == 0 ? SIGSTOP : 0;
+    test_fault.seq = seq;
+    test_fault.frames = frames;
+  }
+}
+
+static void test_fault_check(uint64_t seq, uint32_t frames) {
+  if (test_fault.sig && seq == test_fault.seq && frames == test_fault.frames) raise(test_fault.sig);
+}
 
 /* --- ring state, frame geometry --- */
 
@@ -595,6 +624,7 @@ static int finish_frame(ring *g, undo_log *u) {
     g->ridx++;
     g->rj++;
     skip_recv(g);
+    test_fault_check(g->seq, g->ridx);
   }
   update_full(g);
   return RX_FRAME;
@@ -741,6 +771,7 @@ static void ring_init(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n
   g->op = op;
   g->ep = m->run_ep;
   g->seq = seq;
+  pthread_once(&test_fault_once, test_fault_read);
   skip_send(g);
   skip_recv(g);
   update_full(g);
