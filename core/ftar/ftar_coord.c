@@ -642,7 +642,7 @@ ftar_coord *ftar_coord_create(struct event_base *base, const char *host, int por
     tr_fail(TR_EINVAL, "ftar coordinator: '%s' is not an IPv4 address", host);
     goto error;
   }
-  c->lis = evconnlistener_new_bind(base, accept_cb, c, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 128,
+  c->lis = evconnlistener_new_bind(base, accept_cb, c, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC | LEV_OPT_REUSEABLE, 128,
                                    (struct sockaddr *)&sa, sizeof sa);
   if (!c->lis) {
     tr_fail(TR_EIO, "ftar coordinator: cannot listen on %s:%d: %s", host, port, strerror(errno));
