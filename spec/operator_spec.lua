@@ -1,6 +1,8 @@
 -- operator_spec.lua — `transom run` with 3 replicas under real faults: kill -9
 -- from outside (one, two at once, the donor during a catch-up, all of them),
--- SIGTERM to the operator and --resume, the job's chaos list, restart_all.
+-- SIGTERM to the operator and --resume, the job's chaos list, restart_all,
+-- kill -9 of the operator itself (a restarted one adopts the live workers;
+-- none restarted: they exit after operator_grace).
 -- Each case asserts what survived: every step done, no survivor's step going
 -- back, the replacement joined, every replica's parameters equal at the end,
 -- the final validation loss within 2% of a fault-free run.
@@ -284,11 +286,11 @@ describe("operator (3 replicas)", function()
   it("the operator killed before its first checkpoint: --resume starts from step 0, once", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/early"
-    local op = spawn(job(run, "--set checkpoint.every_steps=1000"), tmp .. "/early.log")
+    local op = spawn(job(run, "--set checkpoint.every_steps=1000 --set operator_grace=1"), tmp .. "/early.log")
     assert.is_true(wait_step(run, 30))
     os.execute("kill -9 " .. op)
     assert.is_true(wait_exit(op, 10))
-    -- its workers see the connection drop and exit (a bounded wait)
+    -- its workers see the connection drop and exit after operator_grace (a bounded wait)
     for _ = 1, 200 do
       if not sh("pgrep -f 'transom worker' | head -1"):match("%d") then break end
       sleep(0.05)
@@ -302,6 +304,70 @@ describe("operator (3 replicas)", function()
     -- metrics start over: one step 1 per replica
     local ones = select(2, (read(run .. "/metrics.jsonl") or ""):gsub('{"step":1,', ""))
     assert.equal(3, ones)
+  end)
+
+  -- a process that is gone (a zombie whose parent died counts as gone)
+  local function gone(pid)
+    return not (sh("ps -o stat= -p " .. pid .. " 2>/dev/null || true")):match("^%s*[^Z%s]")
+  end
+
+  it("kill -9 of the operator at a random step: --resume adopts the live workers, no step lost", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    for round = 1, 2 do
+      local run = tmp .. "/opkill" .. round
+      local op = spawn(job(run, "--set operator_grace=30"), tmp .. "/opkill" .. round .. ".log")
+      local at = math.random(30, 220)
+      assert.is_true(wait_step(run, at))
+      local pids = { pid_of(run, 0), pid_of(run, 1), pid_of(run, 2) }
+      os.execute("kill -9 " .. op)
+      assert.is_true(wait_exit(op, 10))
+      sleep(0.2 + math.random() * 1.5)
+      local out, rc = sh(BIN .. " run --resume " .. run)
+      assert.equal(0, rc, out)
+      assert_agree(run, out)
+      local ev = events(run)
+      local first = assert(ev:find('"kind":"adopted"', 1, true), ev)
+      local after = ev:sub(first)
+      assert.matches("3 of 3 replicas adopted live", after, 1, true)
+      -- no reload, no restart: the same three processes finished the job
+      assert.is_nil(after:find('"kind":"resume"', 1, true), after)
+      assert.is_nil(after:find('"kind":"replica_failed"', 1, true), after)
+      assert.is_nil(after:find('"kind":"spawn"', 1, true), after)
+      for _, pid in ipairs(pids) do
+        assert.matches("adopted by the operator", read(run .. "/worker-" .. _ - 1 .. ".log") or "", 1, true)
+        assert.is_true(gone(pid) or wait_exit(pid, 10))
+      end
+      -- every step once per worker, in order: no gap, nothing went back
+      for w, steps in pairs(steps_by_worker(run)) do
+        assert.equal(STEPS, #steps, "worker " .. w)
+        for i = 1, #steps do assert.equal(i, steps[i], "worker " .. w .. " line " .. i) end
+      end
+      S.cleanup()
+    end
+  end)
+
+  it("kill -9 of the operator, never restarted: the workers exit after operator_grace", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/orphans"
+    local op = spawn(job(run, "--set operator_grace=2"), tmp .. "/orphans.log")
+    assert.is_true(wait_step(run, math.random(20, 120)))
+    local pids = { pid_of(run, 0), pid_of(run, 1), pid_of(run, 2) }
+    os.execute("kill -9 " .. op)
+    local t0 = os.time()
+    for _, pid in ipairs(pids) do
+      local ok = false
+      for _ = 1, 300 do -- 15 s: the grace, and the next heartbeat round
+        if gone(pid) then
+          ok = true
+          break
+        end
+        sleep(0.05)
+      end
+      assert.is_true(ok, "worker " .. pid .. " still runs " .. (os.time() - t0) .. " s after the operator died")
+    end
+    for k = 0, 2 do
+      assert.matches("no operator came back within 2 s", read(run .. "/worker-" .. k .. ".log") or "", 1, true)
+    end
   end)
 
   it("a start-up error that repeats on every try is not retried", function()

@@ -14,6 +14,12 @@
  *     reload the last checkpoint), for comparison;
  *   - SIGTERM/SIGINT: every replica finishes the same step, the leader
  *     checkpoints it, exit 0; `--resume` carries on;
+ *   - the operator itself killed: its workers wait operator_grace seconds;
+ *     `--resume` started again adopts them (HELLO live=1: they keep their
+ *     state and step, no checkpoint reload) during an adoption window in
+ *     which its new coordinator holds epochs until they re-registered, and
+ *     starts only the slots with no live worker (join, else resume);
+ *     RUN/operator.addr says where this operator listens;
  *   - chaos: the job's fault list, and `transom chaos RUN FAULT SLOT` over
  *     RUN/control.sock.
  *
@@ -107,6 +113,7 @@ void operator_spawn(operator_state *o, int k, const char *mode) {
     return;
   }
   s->pid = pid;
+  s->adopted = 0;
   s->state = SLOT_STARTING;
   s->started = tr_now();
   s->done = 0;
@@ -447,6 +454,7 @@ static void on_step(operator_state *o, slot *s, const char *line) {
   step_record r;
   step_record_parse(line, &r);
   r.worker = s->slot; /* the connection says who it is */
+  if (s->adopted && r.step <= s->logged) return; /* replayed, and the previous operator logged it */
   s->step = r.step;
   s->last = r;
   if (r.step > o->best_step) o->best_step = r.step;
@@ -468,6 +476,35 @@ static void on_step(operator_state *o, slot *s, const char *line) {
   fflush(o->metrics);
 }
 
+/* HELLO live=1: a worker of a previous operator, holding its state and
+ * step. It is running from here on: no checkpoint reload, nothing started
+ * for its slot. Refused when the slot already has a worker. */
+static slot *adopt(operator_state *o, slot *s, struct bufferevent *bev, const char *line) {
+  struct evbuffer *out = bufferevent_get_output(bev);
+  if (s->state == SLOT_STARTING || s->state == SLOT_RUNNING || o->stopping || o->finished) {
+    evbuffer_add_printf(out, "REFUSE why=slot%%20has%%20a%%20worker\n");
+    return NULL;
+  }
+  if (s->timer) evtimer_del(s->timer);
+  s->bev = bev;
+  s->pid = (pid_t)proto_int(line, "pid", 0);
+  s->adopted = 1;
+  s->done = 0;
+  s->state = SLOT_RUNNING;
+  s->step = proto_int(line, "step", 0);
+  s->started = s->ready_at = tr_now();
+  proto_get(line, "donor", s->donor, sizeof s->donor);
+  if (strcmp(s->donor, "-") == 0) s->donor[0] = 0;
+  snprintf(s->mode, sizeof s->mode, "adopt");
+  if (s->step > o->best_step) o->best_step = s->step;
+  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=adopt\n", o->dir, o->adv_host, ftar_coord_port(o->coord));
+  operator_event(o, s->step, s->slot, "adopted",
+                 "replica %d adopted at step %lld (pid %d): live state, no checkpoint reload", s->slot,
+                 (long long)s->step, (int)s->pid);
+  send_chaos(o, s);
+  return s;
+}
+
 /* HELLO: a worker claims its slot; WELCOME tells it the run, the
  * coordinator, how to get its state (start, resume, join a donor) and the
  * decisions every replica must share. Returns the slot, or NULL (refused). */
@@ -483,6 +520,7 @@ static slot *on_hello(operator_state *o, struct bufferevent *bev, const char *li
     evbuffer_add_printf(out, "REFUSE why=slot%%20in%%20use\n");
     return NULL;
   }
+  if (proto_int(line, "live", 0)) return adopt(o, s, bev, line);
   s->bev = bev;
   if (s->pid <= 0) { /* started by an external launcher */
     s->pid = 0;
@@ -608,7 +646,8 @@ static void conn_event(struct bufferevent *bev, short what, void *arg) {
   slot *s = c->s;
   if (s && s->bev == bev) {
     s->bev = NULL;
-    if (s->pid == 0 && s->state == SLOT_RUNNING) { /* external worker: the connection is its life */
+    if ((s->pid == 0 || s->adopted) && s->state == SLOT_RUNNING) { /* external or adopted: the connection is its life */
+      if (s->adopted && !s->done && s->pid > 0) kill(s->pid, SIGKILL); /* not our child: make sure it is gone */
       s->state = s->done ? SLOT_DONE : SLOT_DEAD;
       if (!s->done) on_exit_slot(c->o, s, 0x100 /* exit code 1 */);
       else check_finished(c->o);
@@ -697,22 +736,29 @@ static int start_listeners(operator_state *o) {
   const char *mp = getenv("MASTER_PORT");
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(mp ? atoi(mp) : 0))};
   sa.sin_addr.s_addr = htonl(mp ? INADDR_ANY : INADDR_LOOPBACK);
-  o->lis = evconnlistener_new_bind(o->base, accept_cb, o, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 64,
+  o->lis = evconnlistener_new_bind(o->base, accept_cb, o, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC | LEV_OPT_REUSEABLE, 64,
                                    (struct sockaddr *)&sa, sizeof sa);
   if (!o->lis) return tr_fail(TR_EIO, "cannot listen for workers: %s", strerror(errno));
   socklen_t sl = sizeof sa;
   getsockname(evconnlistener_get_fd(o->lis), (struct sockaddr *)&sa, &sl);
   o->port = ntohs(sa.sin_port);
   o->ctl = operator_ctl_listen(o);
-  return 0;
+  /* where waiting workers of a killed operator find the next one */
+  char path[PATH_MAX], addr[300];
+  int n = snprintf(addr, sizeof addr, "%s:%d\n", o->adv_host, o->port);
+  snprintf(path, sizeof path, "%s/operator.addr", o->dir);
+  return tr_write_file_atomic(path, addr, (size_t)n);
 }
 
 /* The loop, its policy watcher, the listeners, the detector, the signals. */
 static int start(operator_state *o) {
   /* a run killed before its first checkpoint resumes from step 0 */
-  o->from_scratch = o->resume && operator_newest_checkpoint(o, INT64_MAX) < 0;
+  o->restarted = o->resume;
+  o->last_ckpt = o->resume ? operator_newest_checkpoint(o, INT64_MAX) : 0;
+  o->from_scratch = o->resume && o->last_ckpt < 0;
   if (o->from_scratch) o->resume = 0;
-  int rc = open_logs(o, o->resume);
+  if (o->last_ckpt < 0) o->last_ckpt = 0;
+  int rc = open_logs(o, o->restarted); /* from scratch: truncated once no worker was adopted */
   if (rc) return rc;
   o->base = event_base_new();
   if (!o->base) return tr_fail(TR_ENOMEM, "cannot create the event loop");
@@ -735,13 +781,89 @@ static int start(operator_state *o) {
 static void spawn_all(operator_state *o) {
   const char *mode = o->resume ? "resume" : "start";
   int external = getenv("TRANSOM_EXTERNAL_WORKERS") != NULL;
+  operator_event(o, 0, -1, o->resume ? "resume" : "start", "%d replicas", o->nslots);
   for (int i = 0; i < o->nslots; i++) {
-    o->slots[i].o = o;
-    o->slots[i].slot = i;
-    o->slots[i].resume_step = -1;
     snprintf(o->slots[i].mode, sizeof o->slots[i].mode, "%s", mode);
     if (!external) operator_spawn(o, i, mode);
   }
+}
+
+/* --- adoption: live workers of a killed operator --- */
+
+#define ADOPT_WINDOW 2.0   /* seconds a restarted operator listens for live workers before starting any */
+#define ADOPT_REGISTER 10.0 /* and then at most this long for the adopted to re-register with FTAR */
+
+/* The last step metrics.jsonl holds per worker: what a replay may skip. */
+static void load_logged(operator_state *o) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/metrics.jsonl", o->dir);
+  size_t len;
+  char *text = tr_read_file(path, &len);
+  for (int i = 0; i < o->nslots; i++) o->slots[i].logged = -1;
+  for (char *line = text; line && *line;) {
+    char *nl = strchr(line, '\n');
+    long long st, wk;
+    if (nl && sscanf(line, "{\"step\":%lld,\"worker\":%lld,", &st, &wk) == 2 && wk >= 0 && wk < o->nslots &&
+        st > o->slots[wk].logged)
+      o->slots[wk].logged = st;
+    line = nl ? nl + 1 : line + strlen(line);
+  }
+  free(text);
+}
+
+/* The window closes when every slot is adopted, or after ADOPT_WINDOW; then
+ * (once the adopted re-registered with FTAR, bounded) the coordinator
+ * publishes one epoch with all of them, and the slots with no live worker
+ * start: join from a live donor, else (nobody adopted) the plain resume. */
+static void adopt_tick(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  operator_state *o = arg;
+  double t = tr_now() - o->adopt_t0;
+  int adopted = 0;
+  for (int i = 0; i < o->nslots; i++) adopted += o->slots[i].adopted && o->slots[i].state == SLOT_RUNNING;
+  if (t < ADOPT_WINDOW && adopted < o->nslots) return;
+  if (ftar_coord_registered(o->coord) < adopted && t < ADOPT_WINDOW + ADOPT_REGISTER) return;
+  evtimer_del(o->adopt_ev);
+  o->adopting = 0;
+  ftar_coord_hold(o->coord, 0);
+  if (o->stopping) return;
+  if (!adopted) {
+    for (int i = 0; i < o->nslots; i++)
+      if (o->slots[i].state == SLOT_WAITING) o->slots[i].state = SLOT_EMPTY;
+    if (o->from_scratch) {
+      operator_event(o, 0, -1, "resume", "no committed checkpoint in %s/ckpt: starting from step 0", o->dir);
+      fflush(o->metrics);
+      if (ftruncate(fileno(o->metrics), 0) != 0)
+        operator_event(o, 0, -1, "metrics_error", "cannot truncate metrics.jsonl: %s", strerror(errno));
+    }
+    spawn_all(o);
+    return;
+  }
+  operator_event(o, o->best_step, -1, "adoption", "%d of %d replicas adopted live at step %lld; %d to start", adopted,
+                 o->nslots, (long long)o->best_step, o->nslots - adopted);
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    if (s->state != SLOT_WAITING || (s->timer && evtimer_pending(s->timer, NULL))) continue;
+    if (getenv("TRANSOM_EXTERNAL_WORKERS")) { /* the launcher starts them; they say HELLO */
+      s->state = SLOT_EMPTY;
+      continue;
+    }
+    operator_spawn(o, i, pick_donor(o, i) ? "join" : "resume");
+  }
+}
+
+/* --resume: wait for live workers first (they poll RUN/operator.addr). */
+static void start_adoption(operator_state *o) {
+  load_logged(o);
+  o->adopting = 1;
+  o->adopt_t0 = tr_now();
+  for (int i = 0; i < o->nslots; i++) o->slots[i].state = SLOT_WAITING;
+  ftar_coord_hold(o->coord, 1);
+  o->adopt_ev = event_new(o->base, -1, EV_PERSIST, adopt_tick, o);
+  struct timeval tv = {0, 100000};
+  if (o->adopt_ev) evtimer_add(o->adopt_ev, &tv);
+  else spawn_all(o);
 }
 
 /* Do the finished replicas hold the same parameters? And what the run did. */
@@ -787,6 +909,9 @@ static void teardown(operator_state *o) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/control.sock", o->dir);
   unlink(path);
+  snprintf(path, sizeof path, "%s/operator.addr", o->dir);
+  if (o->lis) unlink(path);
+  if (o->adopt_ev) event_free(o->adopt_ev);
   if (o->metrics) fclose(o->metrics);
   if (o->events) fclose(o->events);
   if (o->coord_log) fclose(o->coord_log);
@@ -814,11 +939,14 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
          "%s/control.sock\n",
          o.nslots, o.threads, cfg->on_failure, (long long)cfg->min_replicas, o.port, dir);
   fflush(stdout);
-  if (o.from_scratch)
-    operator_event(&o, 0, -1, "resume", "no committed checkpoint in %s/ckpt: starting from step 0", dir);
-  operator_event(&o, 0, -1, o.resume ? "resume" : "start", "%d replicas", o.nslots);
   o.t0 = tr_now();
-  spawn_all(&o);
+  for (int i = 0; i < o.nslots; i++) {
+    o.slots[i].o = &o;
+    o.slots[i].slot = i;
+    o.slots[i].resume_step = -1;
+  }
+  if (o.restarted) start_adoption(&o);
+  else spawn_all(&o);
   event_base_dispatch(o.base);
   verdict(&o);
   teardown(&o);

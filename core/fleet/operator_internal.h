@@ -46,6 +46,8 @@ typedef struct {
   int in_allreduce;     /* from its heartbeat: waiting in the all-reduce */
   double phase_for;     /* seconds in that phase, as of its last heartbeat */
   step_record last; /* its latest step report */
+  int adopted;      /* a live worker of a previous operator (not our child: its connection is its life) */
+  int64_t logged;   /* the last step metrics.jsonl holds for it (a replay drops what is older) */
 } slot;
 
 typedef struct {
@@ -85,6 +87,10 @@ struct operator_state {
   struct event *ev_chld, *ev_term, *ev_int; /* SIGCHLD, SIGTERM, SIGINT */
   int resume;             /* started by --resume, from a committed checkpoint */
   int from_scratch;       /* started by --resume, but nothing was committed: from step 0 */
+  int restarted;          /* started by --resume: live workers of the previous operator may be adopted */
+  int adopting;           /* the adoption window is open: nothing spawned, the coordinator held */
+  double adopt_t0;
+  struct event *adopt_ev;
 };
 
 

@@ -433,7 +433,7 @@ struct evconnlistener *operator_ctl_listen(operator_state *o) {
   if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control.sock", o->dir) >= (int)sizeof sa.sun_path) return NULL;
   unlink(sa.sun_path);
   mode_t old = umask(0177); /* the socket is created 0600 */
-  struct evconnlistener *l = evconnlistener_new_bind(o->base, ctl_accept, o, LEV_OPT_CLOSE_ON_FREE, 16,
+  struct evconnlistener *l = evconnlistener_new_bind(o->base, ctl_accept, o, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 16,
                                                      (struct sockaddr *)&sa, sizeof sa);
   umask(old);
   return l;

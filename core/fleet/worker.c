@@ -9,6 +9,15 @@
  * the exchange, the donor's step boundary, and STEP/EVAL/CKPT lines to the
  * operator.
  *
+ * The operator can die: when its connection drops, the replica keeps its
+ * state and pauses at its next step boundary; the heartbeat thread (the
+ * link thread) looks for a restarted operator (RUN/operator.addr, or
+ * MASTER_ADDR/MASTER_PORT under an external launcher) for operator_grace
+ * seconds, says HELLO live=1 with its step, re-registers FTAR with the new
+ * coordinator and replays its last STEP lines (the operator keeps the ones
+ * it lacks); then training goes on. No operator in time: exit status 4,
+ * no checkpoint (the newest committed one stays).
+ *
  * The replica with the lowest slot among the contributors of a step is the
  * leader: the only one that writes checkpoints (all replicas hold the same
  * bits). Identity is the slot and the run, never the PID or rank order.
@@ -17,6 +26,8 @@
  *   RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun) or SLURM_PROCID/
  *   SLURM_NTASKS (srun) stand in for --slot and --operator.
  */
+#define _GNU_SOURCE /* POLLRDHUP */
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -39,6 +50,7 @@
 int worker_main(int argc, char **argv);
 
 #define MAX_CHAOS 64
+#define REPLAY 16 /* STEP lines kept to replay to a restarted operator */
 
 typedef struct {
   int64_t at;
@@ -61,7 +73,16 @@ typedef struct {
   ftar_member *fm;
   donor *dn;
   int donor_fd;    /* >= 0 while catching up from a donor */
-  pthread_mutex_t send_mu; /* the training and heartbeat threads both write to opfd */
+  pthread_mutex_t send_mu; /* the training and heartbeat threads both write to opfd; guards the link below */
+  pthread_cond_t link_cv;  /* the link came back, or the grace ran out */
+  int down, gone;          /* the operator connection dropped; no operator came back within the grace */
+  double down_since;
+  int addr_from_env;       /* MASTER_ADDR/MASTER_PORT: a restarted operator is there too */
+  char run[1024];          /* the run directory (RUN/operator.addr) */
+  char me_donor[300];      /* our donor service, host:port, for HELLO live=1 */
+  volatile int64_t cur_step; /* the latest step reported (the link thread's HELLO) */
+  char (*replay)[PROTO_LINE_MAX]; /* the last REPLAY STEP lines, a ring */
+  int nreplay;
   pthread_t hb;
   volatile int hb_stop;
   volatile int in_allreduce;   /* the training thread's phase, for the heartbeat */
@@ -74,7 +95,8 @@ static const char usage[] =
     "\n"
     "One replica of a `transom run` job; the operator starts these itself.\n"
     "Exit status: 0 done, 1 failed, 2 a start-up error that would repeat on\n"
-    "every try (the job, its data, its checkpoint), 3 evicted.\n"
+    "every try (the job, its data, its checkpoint), 3 evicted, 4 the operator\n"
+    "was lost and none came back within operator_grace seconds.\n"
     "Under an external launcher, torchrun's RANK/MASTER_ADDR/MASTER_PORT or\n"
     "Slurm's SLURM_PROCID (with MASTER_ADDR/MASTER_PORT set to the operator)\n"
     "stand in for --slot and --operator.\n";
@@ -86,34 +108,156 @@ static const char *env_any(const char *a, const char *b) {
   return v && *v ? v : NULL;
 }
 
-/* One line to the operator, from either thread. */
-#define SEND(w, ...)                                 \
-  ({                                                 \
-    pthread_mutex_lock(&(w)->send_mu);               \
-    int rc_ = proto_send((w)->opfd, __VA_ARGS__);    \
-    pthread_mutex_unlock(&(w)->send_mu);             \
-    rc_;                                             \
+/* The link is down (send_mu held): the training thread pauses at its next
+ * step boundary, the link thread looks for a restarted operator. */
+static void link_down(worker *w) {
+  if (w->down) return;
+  w->down = 1;
+  w->down_since = tr_now();
+  fprintf(stderr, "worker %d: lost the operator at step %lld; waiting up to %.0f s for a restarted one\n", w->slot,
+          (long long)w->cur_step, w->cfg ? w->cfg->operator_grace : 0.0);
+  fflush(stderr);
+}
+
+/* One line to the operator, from either thread. While the link is down
+ * nothing is sent (and nothing fails: the replay covers STEP lines). */
+#define SEND(w, ...)                                          \
+  ({                                                          \
+    pthread_mutex_lock(&(w)->send_mu);                        \
+    int rc_ = (w)->down ? 0 : proto_send((w)->opfd, __VA_ARGS__); \
+    if (rc_ && (w)->cfg) { /* once running: a dead operator is waited for */ \
+      link_down(w);                                           \
+      rc_ = 0;                                                \
+    }                                                         \
+    pthread_mutex_unlock(&(w)->send_mu);                      \
+    rc_;                                                      \
   })
 
+/* Where a restarted operator listens: MASTER_ADDR/MASTER_PORT under an
+ * external launcher, else RUN/operator.addr (written by every operator). */
+static int operator_addr(worker *w, char *host, size_t n, int *port) {
+  if (w->addr_from_env) {
+    snprintf(host, n, "%s", w->op_host);
+    *port = w->op_port;
+    return 0;
+  }
+  char path[1100], *text;
+  snprintf(path, sizeof path, "%s/operator.addr", w->run);
+  size_t len;
+  if (!(text = tr_read_file(path, &len))) return -1;
+  text[strcspn(text, "\r\n")] = 0;
+  int rc = net_split(text, host, n, port);
+  free(text);
+  return rc;
+}
+
+/* One try at a restarted operator: HELLO live=1 with our step, its WELCOME
+ * (the new coordinator), FTAR re-registered, then the link swapped in and
+ * our last STEP lines replayed before any new one. 0 when back. */
+static int link_try(worker *w) {
+  char host[256], line[PROTO_LINE_MAX], coord[300], ch[256];
+  int port, cp;
+  if (operator_addr(w, host, sizeof host, &port)) return -1;
+  int fd = net_connect(host, port, 1.0);
+  if (fd < 0) return -1;
+  fprintf(stderr, "worker %d: trying the operator at %s:%d\n", w->slot, host, port);
+  char me[256];
+  gethostname(me, sizeof me);
+  proto_reader rd = {.fd = fd};
+  if (proto_send(fd, "HELLO slot=%d pid=%d host=%s live=1 step=%lld donor=%s", w->slot, (int)getpid(), me,
+                 (long long)w->cur_step, w->me_donor[0] ? w->me_donor : "-"))
+    goto fail;
+  for (;;) {
+    if (proto_read(&rd, line, sizeof line, 3000) <= 0) goto fail; /* a listener nobody accepts on: a dead one */
+    if (proto_is(line, "WELCOME")) break;
+    if (proto_is(line, "REFUSE")) {
+      fprintf(stderr, "worker %d: the operator at %s:%d refused us: %s\n", w->slot, host, port, line);
+      goto fail;
+    }
+  }
+  proto_get(line, "coord", coord, sizeof coord);
+  if (net_split(coord, ch, sizeof ch, &cp) || (w->fm && ftar_member_reconnect(w->fm, ch, cp, 10.0))) {
+    fprintf(stderr, "worker %d: the restarted operator's coordinator %s: %s\n", w->slot, coord, tr_error());
+    goto fail;
+  }
+  pthread_mutex_lock(&w->send_mu);
+  if (w->opfd >= 0) close(w->opfd);
+  w->opfd = fd;
+  w->rd = rd; /* with whatever came after the WELCOME */
+  w->down = 0;
+  int n = w->nreplay < REPLAY ? w->nreplay : REPLAY;
+  for (int i = w->nreplay - n; i < w->nreplay; i++) proto_send(fd, "%s", w->replay[i % REPLAY]);
+  pthread_cond_broadcast(&w->link_cv);
+  pthread_mutex_unlock(&w->send_mu);
+  fprintf(stderr, "worker %d: adopted by the operator at %s:%d at step %lld\n", w->slot, host, port,
+          (long long)w->cur_step);
+  fflush(stderr);
+  return 0;
+fail:
+  close(fd);
+  return -1;
+}
+
 /* Liveness, apart from progress: a hung training thread still heartbeats
- * (the detector's "hang"), a stopped or dead process does not ("dead"). */
+ * (the detector's "hang"), a stopped or dead process does not ("dead").
+ * Also the link's keeper: it notices a dead operator (a hang-up on the
+ * connection) and looks for a restarted one while the grace lasts. */
 static void *heartbeat_main(void *arg) {
   worker *w = arg;
   while (!w->hb_stop) {
-    if (SEND(w, "HB slot=%d phase=%s for=%.3f", w->slot, w->in_allreduce ? "allreduce" : "compute",
-             tr_now() - w->phase_since))
+    pthread_mutex_lock(&w->send_mu);
+    int down = w->down;
+    if (!down) {
+      struct pollfd p = {.fd = w->opfd, .events = POLLRDHUP};
+      if (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) link_down(w), down = 1;
+    }
+    double since = w->down_since;
+    pthread_mutex_unlock(&w->send_mu);
+    if (!down) {
+      SEND(w, "HB slot=%d phase=%s for=%.3f", w->slot, w->in_allreduce ? "allreduce" : "compute",
+           tr_now() - w->phase_since);
+    } else if (tr_now() - since > w->cfg->operator_grace) {
+      pthread_mutex_lock(&w->send_mu);
+      w->gone = 1;
+      pthread_cond_broadcast(&w->link_cv);
+      pthread_mutex_unlock(&w->send_mu);
+      fprintf(stderr, "worker %d: no operator came back within %.0f s: exiting without a checkpoint\n", w->slot,
+              w->cfg->operator_grace);
+      ftar_member_abandon(w->fm, "no operator came back"); /* a collective waiting for a coordinator returns */
       break;
-    for (int i = 0; i < 5 && !w->hb_stop; i++) usleep(100000);
+    } else if (link_try(w) == 0) {
+      continue;
+    }
+    for (int i = 0; i < (down ? 2 : 5) && !w->hb_stop; i++) usleep(100000);
   }
   return NULL;
 }
 
-/* Reads the operator's commands that are waiting (never blocks). */
+/* The operator is gone: pause here (a step boundary) until a restarted one
+ * adopted us or the grace ran out (send_mu held). */
+static int await_operator(worker *w) {
+  while (w->down && !w->gone) pthread_cond_wait(&w->link_cv, &w->send_mu);
+  if (w->gone)
+    return tr_fail(TR_EIO, "the operator was lost at step %lld and none came back within operator_grace (%.0f s)",
+                   (long long)w->cur_step, w->cfg->operator_grace);
+  return TR_OK;
+}
+
+/* Reads the operator's commands that are waiting (never blocks, unless the
+ * operator is gone: then it waits for a restarted one). */
 static int poll_commands(worker *w) {
   char line[PROTO_LINE_MAX];
   for (;;) {
-    int rc = proto_read(&w->rd, line, sizeof line, 0);
-    if (rc == 0) return tr_fail(TR_EIO, "the operator closed the connection");
+    pthread_mutex_lock(&w->send_mu);
+    int rc = w->down ? 0 : proto_read(&w->rd, line, sizeof line, 0);
+    if (rc == 0) {
+      link_down(w);
+      rc = await_operator(w);
+      pthread_mutex_unlock(&w->send_mu);
+      if (rc) return rc;
+      continue;
+    }
+    pthread_mutex_unlock(&w->send_mu);
     if (rc < 0) return w->rd.len < PROTO_LINE_MAX ? TR_OK : rc; /* nothing waiting */
     if (proto_is(line, "STOP")) {
       w->stop_at = proto_int(line, "at", 1);
@@ -245,7 +389,12 @@ static int hook_report(void *ud, const step_record *r) {
   worker *w = ud;
   char body[PROTO_LINE_MAX - 64];
   if (step_record_line(body, sizeof body, r) < 0) return tr_fail(TR_EINVAL, "step record too long");
-  return SEND(w, "STEP slot=%d %s", w->slot, body);
+  pthread_mutex_lock(&w->send_mu); /* kept for a restarted operator, in order with the replay */
+  snprintf(w->replay[w->nreplay % REPLAY], PROTO_LINE_MAX, "STEP slot=%d %s", w->slot, body);
+  w->nreplay++;
+  w->cur_step = r->step;
+  pthread_mutex_unlock(&w->send_mu);
+  return SEND(w, "%s", w->replay[(w->nreplay - 1) % REPLAY]);
 }
 
 static int hook_eval(void *ud, int64_t step, float val) {
@@ -300,6 +449,7 @@ static int parse_args(worker *w, int argc, char **argv, int *done) {
     fputs(usage, stderr);
     return 2;
   }
+  w->addr_from_env = opaddr == envaddr;
   if (net_split(opaddr, w->op_host, sizeof w->op_host, &w->op_port)) {
     fprintf(stderr, "transom worker: %s\n", tr_error());
     return 2;
@@ -387,10 +537,13 @@ static int enter_ring(worker *w, const char *coord, const char *me, double state
   fo.min_members = (int)w->cfg->min_replicas;
   fo.data_host = me;
   fo.strict_seq = 1; /* a joiner must enter at exactly its own step */
+  fo.survive_coord_loss = 1; /* the operator (its coordinator) may die and come back */
   w->fm = ftar_member_create(ch, cp, w->slot, &fo);
   if (!w->fm) return TR_EIO;
   trainer_state ts; /* where training is: no state leaves the device for this */
   trainer_get_state(w->t, &ts);
+  w->cur_step = ts.step;
+  snprintf(w->me_donor, sizeof w->me_donor, "%s:%d", me, dport);
   rc = SEND(w, "READY slot=%d step=%lld donor=%s:%d state_s=%.3f", w->slot, (long long)ts.step, me, dport, state_s);
   if (rc) return rc;
   w->phase_since = tr_now();
@@ -417,18 +570,20 @@ static int train(worker *w, ckpt_engine *ck, const char *run) {
 }
 
 int worker_main(int argc, char **argv) {
-  worker w = {.slot = -1, .opfd = -1, .donor_fd = -1, .send_mu = PTHREAD_MUTEX_INITIALIZER};
+  worker w = {.slot = -1, .opfd = -1, .donor_fd = -1, .send_mu = PTHREAD_MUTEX_INITIALIZER,
+              .link_cv = PTHREAD_COND_INITIALIZER};
   int done, rc = parse_args(&w, argc, argv, &done), exit_code = 1, startup = 0;
   if (rc || done) return rc;
   signal(SIGPIPE, SIG_IGN);
 
-  char line[PROTO_LINE_MAX], run[1024], coord[300], donor_addr[300], mode[16];
+  char line[PROTO_LINE_MAX], *run = w.run, coord[300], donor_addr[300], mode[16];
+  if (!(w.replay = calloc(REPLAY, PROTO_LINE_MAX))) return 1;
   lua_State *L = NULL;
   ckpt_engine *ck = NULL;
   w.opfd = net_connect(w.op_host, w.op_port, 60.0);
   w.rd.fd = w.opfd;
   if (w.opfd < 0 || (rc = welcome(&w, line, sizeof line))) goto fail;
-  proto_get(line, "run", run, sizeof run);
+  proto_get(line, "run", run, sizeof w.run);
   proto_get(line, "coord", coord, sizeof coord);
   proto_get(line, "mode", mode, sizeof mode);
   proto_get(line, "donor", donor_addr, sizeof donor_addr);
@@ -466,7 +621,7 @@ fail:
     proto_escape(tr_error(), why, sizeof why);
     SEND(&w, "FAIL slot=%d startup=%d why=%s", w.slot, startup, why);
   }
-  exit_code = rc == FTAR_EEVICTED ? 3 : startup ? 2 : 1;
+  exit_code = w.gone ? 4 : rc == FTAR_EEVICTED ? 3 : startup ? 2 : 1;
 done:
   if (w.hb) {
     w.hb_stop = 1;
@@ -479,5 +634,6 @@ done:
   trainer_free(w.t);
   lua_host_close(L);
   if (w.opfd >= 0) close(w.opfd);
+  free(w.replay);
   return exit_code;
 }

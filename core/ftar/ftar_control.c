@@ -9,7 +9,11 @@
  * / COMMID frames for it (cmd pipe). Frames from the coordinator are checked
  * (header, type, length, CRC) before they change anything; a bad one, a
  * lost connection or a BYE fails the member (m->failed), which every wait
- * and the ring's control check notice.
+ * and the ring's control check notice. With opts.survive_coord_loss a lost
+ * connection only aborts the collective in flight (abort_ep past the
+ * current epoch, as an aborting epoch would) and the member waits for
+ * ftar_member_reconnect: a new registration on a fresh connection, which
+ * the control thread takes over (q_fd).
  *
  * Not here: what SYNC / GO mean for a collective (ftar_collective.c), the
  * coordinator's side (ftar_coord.c), the data plane (ftar_ring.c).
@@ -196,13 +200,47 @@ static void ctl_read_cb(struct bufferevent *bev, void *arg) {
   }
 }
 
+/* survive_coord_loss: the collective in flight aborts (its input kept for
+ * the redo) and the member waits for a new coordinator. */
+static void ctl_lost(ftar_member *m) {
+  pthread_mutex_lock(&m->mu);
+  m->coord_lost = 1;
+  if (m->abort_ep <= m->ep) m->abort_ep = m->ep + 1;
+  atomic_fetch_add(&m->gen, 1);
+  pthread_cond_broadcast(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  ftar_wake_fd(m->wake[1]);
+  if (m->bev) {
+    bufferevent_free(m->bev);
+    m->bev = NULL;
+  }
+}
+
 static void ctl_event_cb(struct bufferevent *bev, short what, void *arg) {
   (void)bev;
   ftar_member *m = arg;
   if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
-    ftar_member_log(m, "lost the coordinator connection");
-    ctl_fail(m, FTAR_ECOORD, "lost the coordinator connection");
+    ftar_member_log(m, "lost the coordinator connection%s",
+                    m->o.survive_coord_loss ? "; waiting for a new coordinator" : "");
+    if (m->o.survive_coord_loss) ctl_lost(m);
+    else ctl_fail(m, FTAR_ECOORD, "lost the coordinator connection");
   }
+}
+
+/* A new coordinator connection from ftar_member_reconnect, registered. */
+static void ctl_adopt_fd(ftar_member *m, int fd) {
+  if (m->bev) bufferevent_free(m->bev);
+  m->bev = bufferevent_socket_new(m->base, fd, BEV_OPT_CLOSE_ON_FREE);
+  if (!m->bev) {
+    close(fd);
+    ctl_fail(m, TR_ENOMEM, "ftar: bufferevent_socket_new failed");
+    return;
+  }
+  bufferevent_setcb(m->bev, ctl_read_cb, NULL, ctl_event_cb, m);
+  bufferevent_enable(m->bev, EV_READ | EV_WRITE);
+  pthread_mutex_lock(&m->mu);
+  m->coord_lost = 0;
+  pthread_mutex_unlock(&m->mu);
 }
 
 static void ctl_hb_cb(evutil_socket_t fd, short what, void *arg) {
@@ -220,12 +258,14 @@ static void ctl_cmd_cb(evutil_socket_t fd, short what, void *arg) {
   ftar_member *m = arg;
   ftar_drain_fd(fd);
   pthread_mutex_lock(&m->mu);
-  int sync = m->q_sync, abrt = m->q_abort, quit = m->q_quit, cid = m->q_commid;
+  int sync = m->q_sync, abrt = m->q_abort, quit = m->q_quit, cid = m->q_commid, nfd = m->q_fd;
+  m->q_fd = -1;
   ftar_hdr sh = m->sync_h, ah = m->abort_h, ch = m->commid_h;
   uint8_t cpay[FTAR_COMMID_LEN];
   memcpy(cpay, m->commid_pay, sizeof cpay);
   m->q_sync = m->q_abort = m->q_commid = 0;
   pthread_mutex_unlock(&m->mu);
+  if (nfd >= 0) ctl_adopt_fd(m, nfd);
   if (abrt) ctl_send(m, &ah);
   if (sync) ctl_send(m, &sh);
   if (cid) ctl_send_pay(m, &ch, cpay, FTAR_COMMID_LEN);
@@ -275,7 +315,13 @@ static int io_all(int fd, void *buf, size_t n, int writing, double t_end) {
   return 0;
 }
 
-static int handshake(ftar_member *m, int fd, double t_end) {
+typedef struct {
+  uint64_t uid;
+  double deadline, hb_interval;
+} welcome;
+
+/* HELLO (with the epoch we are in: 0 for a new member) and the WELCOME. */
+static int handshake(ftar_member *m, int fd, uint64_t epoch, double t_end, welcome *w) {
   uint8_t hb[FTAR_HDR], pay[FTAR_REASON_MAX + 1];
   uint8_t hello[FTAR_HELLO_LEN] = {0};
   size_t hl = strlen(m->data_host);
@@ -283,7 +329,7 @@ static int handshake(ftar_member *m, int fd, double t_end) {
   ftw_put16(hello + 4, (uint16_t)m->lport);
   ftw_put16(hello + 6, (uint16_t)hl);
   memcpy(hello + 8, m->data_host, hl);
-  ftar_hdr h = {.type = FT_HELLO, .index = (uint32_t)m->slot, .len = FTAR_HELLO_LEN};
+  ftar_hdr h = {.type = FT_HELLO, .epoch = epoch, .index = (uint32_t)m->slot, .len = FTAR_HELLO_LEN};
   ftar_frame_build(hb, &h, hello);
   int rc;
   if ((rc = io_all(fd, hb, FTAR_HDR, 1, t_end)) || (rc = io_all(fd, hello, sizeof hello, 1, t_end)))
@@ -301,18 +347,67 @@ static int handshake(ftar_member *m, int fd, double t_end) {
     return tr_fail(FTAR_ECOORD, "coordinator refused slot %d: %s", m->slot, (char *)pay);
   }
   if (h.len != FTAR_WELCOME_LEN) return tr_fail(FTAR_ECOORD, "coordinator handshake: malformed WELCOME");
-  m->uid = ftw_get64(pay);
-  m->coord_deadline = ftw_get32(pay + 8) / 1000.0;
-  m->hb_interval = ftw_get32(pay + 12) / 1000.0;
-  if (!(m->coord_deadline > 0)) m->coord_deadline = 3.0;
-  if (!(m->hb_interval > 0) || m->hb_interval > m->coord_deadline / 2) m->hb_interval = m->coord_deadline / 6;
+  w->uid = ftw_get64(pay);
+  w->deadline = ftw_get32(pay + 8) / 1000.0;
+  w->hb_interval = ftw_get32(pay + 12) / 1000.0;
+  if (!(w->deadline > 0)) w->deadline = 3.0;
+  if (!(w->hb_interval > 0) || w->hb_interval > w->deadline / 2) w->hb_interval = w->deadline / 6;
   return 0;
 }
 int ftar_ctl_register(ftar_member *m, const char *coord_host, int coord_port, double t_end, int *cfd) {
   if (ftar_connect_to(coord_host, coord_port, 0, t_end, cfd)) return tr_fail_prefix(FTAR_ECOORD, "ftar: coordinator");
-  int rc = handshake(m, *cfd, t_end);
+  welcome w;
+  int rc = handshake(m, *cfd, 0, t_end, &w);
   if (rc) return tr_fail_prefix(rc, "ftar");
+  m->uid = w.uid;
+  m->coord_deadline = w.deadline;
+  m->hb_interval = w.hb_interval;
   return 0;
+}
+
+/* --- a new coordinator (survive_coord_loss) --- */
+
+int ftar_member_reconnect(ftar_member *m, const char *host, int port, double timeout) {
+  if (!m || !host || port <= 0 || port > 65535) return tr_fail(TR_EINVAL, "ftar_member_reconnect: bad arguments");
+  double t_end = tr_now() + timeout;
+  int fd = -1;
+  if (ftar_connect_to(host, port, 0, t_end, &fd)) return tr_fail_prefix(FTAR_ECOORD, "ftar: new coordinator");
+  pthread_mutex_lock(&m->mu);
+  uint64_t ep = m->abort_ep > m->ep ? m->abort_ep : m->ep;
+  int failed = m->failed;
+  pthread_mutex_unlock(&m->mu);
+  if (failed) {
+    close(fd);
+    return tr_fail(failed, "ftar: %s", m->fail_msg);
+  }
+  welcome w;
+  int rc = handshake(m, fd, ep, t_end, &w);
+  if (rc) {
+    close(fd);
+    return tr_fail_prefix(rc, "ftar: new coordinator");
+  }
+  pthread_mutex_lock(&m->mu);
+  m->uid = w.uid;
+  if (m->q_fd >= 0) close(m->q_fd); /* an earlier one the control thread has not taken: superseded */
+  m->q_fd = fd;
+  pthread_mutex_unlock(&m->mu);
+  ftar_wake_fd(m->cmd[1]);
+  ftar_member_log(m, "registered with the coordinator at %s:%d (was in epoch %llu)", host, port,
+                  (unsigned long long)ep);
+  return 0;
+}
+
+void ftar_member_abandon(ftar_member *m, const char *why) {
+  if (!m) return;
+  pthread_mutex_lock(&m->mu);
+  if (!m->failed) {
+    m->failed = FTAR_ECOORD;
+    snprintf(m->fail_msg, sizeof m->fail_msg, "%s", why);
+  }
+  atomic_fetch_add(&m->gen, 1);
+  pthread_cond_broadcast(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  ftar_wake_fd(m->wake[1]);
 }
 
 /* --- start and stop --- */
@@ -380,6 +475,8 @@ void ftar_ctl_stop(ftar_member *m) {
   if (m->bev) bufferevent_free(m->bev);
   if (m->hb_ev) event_free(m->hb_ev);
   if (m->cmd_ev) event_free(m->cmd_ev);
+  if (m->q_fd >= 0) close(m->q_fd);
+  m->q_fd = -1;
   if (m->base) event_base_free(m->base);
   m->bev = NULL;
   m->hb_ev = m->cmd_ev = NULL;

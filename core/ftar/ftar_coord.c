@@ -16,8 +16,16 @@
  *   RUN     (re)run the group's collective in this epoch (a fresh joiner
  *           adopts the group's seq);
  *   ESEQ    its seq is not the group's: the caller is out of step.
- * Heartbeat lapse is libevent's read timeout on the member's connection:
- * any frame from it re-arms it.
+ * Heartbeat lapse: every frame from a member stamps it; a timer (every
+ * deadline/4) drops members silent past the deadline. The ages are judged
+ * from when the loop last ran: a loop that stalled (a host's long REPL
+ * expression, say) gives every member a fresh deadline instead of evicting
+ * healthy members whose heartbeats sat unread in their sockets.
+ * Adoption: a member of a lost coordinator re-registers with a new one
+ * (ftar_member_reconnect), its HELLO carrying the epoch it was in; the new
+ * coordinator numbers its epochs above every such epoch, and while the host
+ * holds it (ftar_coord_hold) it publishes nothing, so the re-registering
+ * members enter one epoch together rather than a series of partial ones.
  * Device data plane (ftar_dev.c): the rank 0 of an epoch (its first member)
  * offers a communicator id (COMMID); the coordinator keeps it for that epoch
  * and sends it to every member, and forgets it when it publishes the next
@@ -74,6 +82,7 @@ struct cconn {
   int synced;
   uint16_t sync_flags;
   uint64_t sync_seq;
+  double seen; /* tr_now() of its last frame */
   cconn *prev, *next;
 };
 
@@ -85,6 +94,9 @@ struct ftar_coord {
   int port;
   int cmd[2];
   struct event *cmd_ev;
+  struct event *lapse_ev; /* the heartbeat check */
+  double last_check;      /* tr_now() when it last ran: a larger gap is a stalled loop */
+  int held, held_change;  /* ftar_coord_hold; an epoch is owed at the release */
   ftar_coord_opts o;
   struct timeval deadline_tv;
   cconn *conns;
@@ -185,6 +197,10 @@ static const char *change_name(ftar_change_kind k) {
 
 /* clean: a CLOSED that was a clean leave (LEAVE frame) */
 static void publish(ftar_coord *c, ftar_change_kind kind, int slot, int clean) {
+  if (c->held) { /* owed: one epoch with everyone at the release */
+    c->held_change = 1;
+    return;
+  }
   c->epoch++;
   c->go_sent = 0;
   c->cid_set = 0;
@@ -345,6 +361,12 @@ static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   k->host[hl] = 0;
   k->uid = ++c->next_uid;
   k->state = CS_MEMBER;
+  k->seen = tr_now();
+  bufferevent_set_timeouts(k->bev, NULL, NULL); /* a member's silence is the lapse timer's */
+  if (h->epoch >= c->epoch) { /* a lost coordinator's member: our epochs follow its */
+    clog_(c, "slot %d was in epoch %llu of a previous coordinator", slot, (unsigned long long)h->epoch);
+    c->epoch = h->epoch + 1;
+  }
   int i = c->n;
   while (i > 0 && c->mem[i - 1]->slot > slot) {
     c->mem[i] = c->mem[i - 1];
@@ -367,6 +389,7 @@ static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
 /* Returns 1 if k was closed (stop reading it). */
 static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   ftar_coord *c = k->c;
+  k->seen = tr_now();
   if (h->type == FT_HELLO) {
     if (k->state != CS_NEW) {
       conn_fail(k, "second HELLO");
@@ -379,7 +402,7 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
     return 1;
   }
   switch (h->type) {
-  case FT_HEARTBEAT: break; /* the read itself re-armed the lapse timer */
+  case FT_HEARTBEAT: break; /* on_frame stamped it */
   case FT_SYNC:
     if (h->epoch == c->epoch && !c->go_sent) {
       k->synced = 1;
@@ -464,14 +487,9 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
   (void)bev;
   cconn *k = arg;
   ftar_coord *c = k->c;
-  if (what & BEV_EVENT_TIMEOUT) {
-    if (k->state == CS_MEMBER) {
-      clog_(c, "slot %d: heartbeat lapsed (no frame for %.2f s)", k->slot, c->o.deadline);
-      member_drop(k, FTAR_CHANGE_LAPSED, "heartbeat lapsed", 0);
-    } else {
-      clog_(c, "closing connection from %s: no HELLO within %.2f s", k->peer, c->o.deadline);
-      conn_drop(k);
-    }
+  if (what & BEV_EVENT_TIMEOUT) { /* only a connection that has not said HELLO has a read timeout */
+    clog_(c, "closing connection from %s: no HELLO within %.2f s", k->peer, c->o.deadline);
+    conn_drop(k);
   } else if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
     if (k->state == CS_MEMBER) {
       clog_(c, "slot %d: connection closed", k->slot);
@@ -526,6 +544,48 @@ static void listen_error_cb(struct evconnlistener *l, void *arg) {
   ftar_coord *c = arg;
   clog_(c, "accept failed: %s (continuing)", strerror(errno));
 }
+
+/* --- heartbeat lapse --- */
+
+/* Every deadline/4: drops the members silent past the deadline, unless the
+ * loop itself stalled since the last check (then every member gets a fresh
+ * deadline: their frames sat unread, the silence was ours). */
+static void lapse_cb(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  ftar_coord *c = arg;
+  double now = tr_now(), gap = now - c->last_check, period = c->o.deadline / 4;
+  c->last_check = now;
+  if (gap > period + c->o.deadline / 4) {
+    clog_(c, "the event loop stalled for %.2f s: every member gets a fresh deadline", gap - period);
+    for (int i = 0; i < c->n; i++) c->mem[i]->seen = now;
+    return;
+  }
+  for (int i = 0; i < c->n;) {
+    cconn *k = c->mem[i];
+    if (now - k->seen <= c->o.deadline) {
+      i++;
+      continue;
+    }
+    clog_(c, "slot %d: heartbeat lapsed (no frame for %.2f s)", k->slot, now - k->seen);
+    member_drop(k, FTAR_CHANGE_LAPSED, "heartbeat lapsed", 0); /* removes mem[i] */
+  }
+}
+
+void ftar_coord_hold(ftar_coord *c, int hold) {
+  if (hold) {
+    c->held = 1;
+    return;
+  }
+  if (!c->held) return;
+  c->held = 0;
+  if (c->held_change) {
+    c->held_change = 0;
+    publish(c, FTAR_CHANGE_JOIN, c->n ? c->mem[0]->slot : -1, 0);
+  }
+}
+
+int ftar_coord_registered(ftar_coord *c) { return c->n; }
 
 /* --- commands from other threads --- */
 
@@ -582,7 +642,7 @@ ftar_coord *ftar_coord_create(struct event_base *base, const char *host, int por
     tr_fail(TR_EINVAL, "ftar coordinator: '%s' is not an IPv4 address", host);
     goto error;
   }
-  c->lis = evconnlistener_new_bind(base, accept_cb, c, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 128,
+  c->lis = evconnlistener_new_bind(base, accept_cb, c, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC | LEV_OPT_REUSEABLE, 128,
                                    (struct sockaddr *)&sa, sizeof sa);
   if (!c->lis) {
     tr_fail(TR_EIO, "ftar coordinator: cannot listen on %s:%d: %s", host, port, strerror(errno));
@@ -608,6 +668,14 @@ ftar_coord *ftar_coord_create(struct event_base *base, const char *host, int por
     tr_fail(TR_ENOMEM, "ftar coordinator: cannot create its command event");
     goto error;
   }
+  c->lapse_ev = event_new(base, -1, EV_PERSIST, lapse_cb, c);
+  double period = c->o.deadline / 4;
+  struct timeval ptv = {(time_t)period, (suseconds_t)((period - (double)(time_t)period) * 1e6)};
+  if (!c->lapse_ev || event_add(c->lapse_ev, &ptv) != 0) {
+    tr_fail(TR_ENOMEM, "ftar coordinator: cannot create its heartbeat timer");
+    goto error;
+  }
+  c->last_check = tr_now();
   snapshot(c);
   return c;
 error:
@@ -655,6 +723,7 @@ void ftar_coord_free(ftar_coord *c) {
   while (c->conns) conn_drop(c->conns);
   if (c->lis) evconnlistener_free(c->lis);
   if (c->cmd_ev) event_free(c->cmd_ev);
+  if (c->lapse_ev) event_free(c->lapse_ev);
   if (c->cmd[0] >= 0) close(c->cmd[0]);
   if (c->cmd[1] >= 0) close(c->cmd[1]);
   if (c->own_base) event_base_free(c->base);

@@ -156,7 +156,7 @@ static ftar_member *member_alloc(int slot, const ftar_member_opts *o) {
     tr_fail(TR_ENOMEM, "ftar_member_create: out of memory");
     return NULL;
   }
-  m->cmd[0] = m->cmd[1] = m->wake[0] = m->wake[1] = m->lfd = m->up_fd = m->down_fd = -1;
+  m->cmd[0] = m->cmd[1] = m->wake[0] = m->wake[1] = m->lfd = m->up_fd = m->down_fd = m->q_fd = -1;
   m->up_shm.memfd = m->down_shm.memfd = -1;
   pthread_mutex_init(&m->mu, NULL);
   pthread_condattr_t ca;

@@ -115,6 +115,8 @@ struct ftar_member {
   int sync_n; /* the member list of the epoch we last sent SYNC for */
   peer sync_mem[FTAR_MAX_MEMBERS];
   int failed; /* FTAR_ECOORD / FTAR_EEVICTED once the control link is gone */
+  int coord_lost; /* survive_coord_loss: the link is gone, waiting for ftar_member_reconnect */
+  int q_fd;       /* a new coordinator connection for the control thread (-1: none) */
   char fail_msg[256];
   int q_sync, q_abort, q_quit, q_commid;
   ftar_hdr sync_h, abort_h, commid_h;

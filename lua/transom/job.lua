@@ -81,6 +81,8 @@ local SCHEMA = {
   { "deadline", "number", 3.0, "seconds a silent or stalled replica is tolerated before it is dropped", gt = 0 },
   { "hang_seconds", "number", 60, "a replica computing one step this long while the others wait for it is hung "
     .. "(evicted)", gt = 0 },
+  { "operator_grace", "number", 60, "seconds a replica waits for a restarted operator (`transom run --resume RUN`) "
+    .. "after losing it, holding its state; then it exits without a checkpoint", gt = 0 },
   { "policies", "string", nil, "directory of policy files (default: transom's lua/policies)", optional = true },
   { "checksum_interval", "integer", 50, "replicas report a parameter checksum every N steps (0 = never)", min = 0 },
   { "detector", "boolean", true, "Eagle Eye: rules and policies over the replicas' metrics (false = off)" },

@@ -24,6 +24,8 @@
  * The deadline is 1.5 s here. TRANSOM_LONG=1 repeats kill/stop more times.
  */
 #include <errno.h>
+#include <event2/event.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -580,6 +582,173 @@ static void test_api(void) {
   ftar_coord_free(c);
 }
 
+/* --- a coordinator on a loop the test drives: stalls, new coordinators --- */
+
+typedef struct {
+  struct event_base *base;
+  ftar_coord *c;
+  _Atomic int quit, stall_ms, release_at; /* release_at: lift the hold at this many registrations */
+  pthread_t th;
+} loop_drv;
+
+static void *drv_main(void *p) {
+  loop_drv *d = p;
+  while (!d->quit) {
+    int st = d->stall_ms;
+    if (st) { /* what a long REPL expression does to the operator's loop */
+      usleep((useconds_t)st * 1000);
+      d->stall_ms = 0;
+    }
+    if (d->release_at && ftar_coord_registered(d->c) >= d->release_at) {
+      ftar_coord_hold(d->c, 0);
+      d->release_at = 0;
+    }
+    event_base_loop(d->base, EVLOOP_NONBLOCK);
+    usleep(1000);
+  }
+  return NULL;
+}
+
+static int drv_start(loop_drv *d, int hold) {
+  memset(d, 0, sizeof *d);
+  pthread_mutex_lock(&log_mu);
+  coord_log_len = 0;
+  coord_log[0] = 0;
+  memset(changes, 0, sizeof changes);
+  pthread_mutex_unlock(&log_mu);
+  ftar_coord_opts o;
+  ftar_coord_opts_default(&o);
+  o.deadline = 1.0;
+  o.log = coord_log_fn;
+  o.on_change = coord_change_fn;
+  d->base = event_base_new();
+  d->c = d->base ? ftar_coord_create(d->base, "127.0.0.1", 0, &o) : NULL;
+  CHECK(d->c != NULL, "embedded coordinator: %s", tr_error());
+  if (!d->c) return -1;
+  if (hold) ftar_coord_hold(d->c, 1);
+  pthread_create(&d->th, NULL, drv_main, d);
+  return 0;
+}
+
+static void drv_stop(loop_drv *d) {
+  if (d->c) {
+    d->quit = 1;
+    pthread_join(d->th, NULL);
+    ftar_coord_free(d->c);
+  }
+  if (d->base) event_base_free(d->base);
+}
+
+static int changes_of(int kind) {
+  pthread_mutex_lock(&log_mu);
+  int n = changes[kind];
+  pthread_mutex_unlock(&log_mu);
+  return n;
+}
+
+/* The coordinator's loop stalls 3 s (3 x its deadline, as a long expression
+ * typed into `transom attach` would): no healthy member lapses, the group
+ * keeps its epoch and goes on. */
+static void test_stall(void) {
+  loop_drv d;
+  if (drv_start(&d, 0)) return;
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = 20;
+  ftar_member *a = ftar_member_create("127.0.0.1", ftar_coord_port(d.c), 0, &mo);
+  ftar_member *b = a ? ftar_member_create("127.0.0.1", ftar_coord_port(d.c), 1, &mo) : NULL;
+  CHECK(a && b, "stall: members: %s", tr_error());
+  if (a && b) {
+    CHECK(ftar_member_wait(a, 2, 5) == 0, "stall: wait for 2 members: %s", tr_error());
+    uint64_t ep0 = ftar_member_epoch(a, NULL);
+    d.stall_ms = 3000;
+    usleep(3600 * 1000); /* the stall, then a moment of the loop running again */
+    usleep(1500 * 1000); /* more than the deadline: a member dropped after the stall would be gone by now */
+    CHECK(changes_of(FTAR_CHANGE_LAPSED) == 0, "stall: a healthy member lapsed during a stalled loop");
+    CHECK(coord_log_has("stalled"), "stall: the stall is logged");
+    CHECK(ftar_member_epoch(a, NULL) == ep0, "stall: the epoch changed (%llu -> %llu)", (unsigned long long)ep0,
+          (unsigned long long)ftar_member_epoch(a, NULL));
+    thr_arg ta = {.m = a, .slot = 0, .n = 1001}, tb = {.m = b, .slot = 1, .n = 1001};
+    ta.buf = malloc(1001 * sizeof(float));
+    tb.buf = malloc(1001 * sizeof(float));
+    pthread_t t1, t2;
+    pthread_create(&t1, NULL, thr_allreduce, &ta);
+    pthread_create(&t2, NULL, thr_allreduce, &tb);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    CHECK(ta.rc == 0 && tb.rc == 0, "stall: collectives after the stall: %d %d", ta.rc, tb.rc);
+    free(ta.buf);
+    free(tb.buf);
+  }
+  ftar_member_free(a);
+  ftar_member_free(b);
+  drv_stop(&d);
+}
+
+/* The coordinator dies with a collective in flight; members that survive
+ * the loss re-register with a new one (held until both are back): the
+ * collective is redone there by both, exact, in one epoch above the old. */
+static void test_new_coordinator(void) {
+  ftar_coord *c1 = coord_start();
+  if (!c1) return;
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = 20;
+  mo.survive_coord_loss = 1;
+  ftar_member *a = ftar_member_create("127.0.0.1", ftar_coord_port(c1), 0, &mo);
+  ftar_member *b = a ? ftar_member_create("127.0.0.1", ftar_coord_port(c1), 1, &mo) : NULL;
+  CHECK(a && b, "new coordinator: members: %s", tr_error());
+  loop_drv d = {0};
+  if (a && b && ftar_member_wait(a, 2, 5) == 0) {
+    thr_arg ta = {.m = a, .slot = 0, .n = 1001}, tb = {.m = b, .slot = 1, .n = 1001};
+    ta.buf = malloc(1001 * sizeof(float));
+    tb.buf = malloc(1001 * sizeof(float));
+    pthread_t t1, t2;
+    pthread_create(&t1, NULL, thr_allreduce, &ta);
+    pthread_create(&t2, NULL, thr_allreduce, &tb);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    CHECK(ta.rc == 0 && tb.rc == 0, "new coordinator: before: %d %d", ta.rc, tb.rc);
+    free(ta.buf);
+    free(tb.buf);
+    uint64_t ep_old = ftar_member_epoch(a, NULL);
+    /* a is inside its next collective when the coordinator goes; b comes later */
+    thr_one oa = {.m = a, .seq = 22, .n = 4097, .slot = 0}, ob = {.m = b, .seq = 22, .n = 4097, .slot = 1};
+    oa.buf = calloc(4097, sizeof(float));
+    ob.buf = calloc(4097, sizeof(float));
+    pthread_t ha, hb;
+    pthread_create(&ha, NULL, thr_once, &oa);
+    usleep(100 * 1000);
+    ftar_coord_free(c1);
+    c1 = NULL;
+    usleep(300 * 1000);
+    pthread_create(&hb, NULL, thr_once, &ob);
+    if (drv_start(&d, 1) == 0) {
+      d.release_at = 2;
+      int port = ftar_coord_port(d.c);
+      CHECK(ftar_member_reconnect(a, "127.0.0.1", port, 5) == 0, "reconnect a: %s", tr_error());
+      usleep(200 * 1000); /* held: a must not run alone meanwhile */
+      CHECK(changes_of(FTAR_CHANGE_JOIN) == 0, "new coordinator: an epoch went out while held");
+      CHECK(ftar_member_reconnect(b, "127.0.0.1", port, 5) == 0, "reconnect b: %s", tr_error());
+    }
+    pthread_join(ha, NULL);
+    pthread_join(hb, NULL);
+    CHECK(oa.rc >= 0 && ob.rc >= 0, "new coordinator: the collective in flight: %d %d", oa.rc, ob.rc);
+    CHECK(oa.res.contributors == 2 && ob.res.contributors == 2 && oa.buf[0] == 2.0f && ob.buf[4096] == 2.0f,
+          "new coordinator: redone by both: contributors %d %d, %g %g", oa.res.contributors, ob.res.contributors,
+          (double)oa.buf[0], (double)ob.buf[4096]);
+    CHECK(oa.res.epoch > ep_old && oa.res.epoch == ob.res.epoch, "new coordinator: epoch %llu after %llu",
+          (unsigned long long)oa.res.epoch, (unsigned long long)ep_old);
+    CHECK(changes_of(FTAR_CHANGE_JOIN) == 1, "new coordinator: one epoch for both (%d)", changes_of(FTAR_CHANGE_JOIN));
+    free(oa.buf);
+    free(ob.buf);
+  }
+  ftar_member_free(a);
+  ftar_member_free(b);
+  ftar_coord_free(c1);
+  drv_stop(&d);
+}
+
 /* --- sizes: exact sums at 2, 3, 4 ranks --- */
 
 static void test_sizes(int p, const char *op, int tcp, const char *counts_csv) {
@@ -1015,6 +1184,8 @@ int main(void) {
   double t0 = tr_now();
   test_wire();
   test_api();
+  test_stall();
+  test_new_coordinator();
   const char *counts = "1,2,3,5,7,31,1000,4097,65537,262147,1048573,4194301,16777216";
   for (int tcp = 0; tcp < 2; tcp++) { /* same-host shared-memory rings, then plain TCP links */
     test_sizes(2, "sum", tcp, counts);

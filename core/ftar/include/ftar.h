@@ -139,6 +139,14 @@ int ftar_coord_port(const ftar_coord *c);
 /* Current epoch and member slots (ascending; at most max written). Returns
  * the number of members. Any thread (a consistent snapshot). */
 int ftar_coord_members(ftar_coord *c, uint64_t *epoch, int *slots, int max);
+/* Hold (1) or release (0) the publication of epochs: while held, members
+ * register and heartbeat but no epoch goes out; the release publishes one
+ * epoch with every member registered meanwhile. A new coordinator holds
+ * while the members of a lost one re-register, so they never run a
+ * collective in a partial group. Loop thread. */
+void ftar_coord_hold(ftar_coord *c, int hold);
+/* Members registered now (published or held). Loop thread. */
+int ftar_coord_registered(ftar_coord *c);
 /* Closes slot's connection (it gets FTAR_EEVICTED) and publishes epoch+1.
  * Asynchronous: done on the loop thread shortly after. Any thread. Returns
  * TR_EIO if the request could not be queued. */
@@ -167,6 +175,10 @@ typedef struct {
                             group's seq. 1: it gets FTAR_ESEQ with res->seq = the group's seq
                             instead; it stays a member and the group waits for it: call
                             again with exactly that seq (after catching up to it) */
+  int survive_coord_loss; /* 0 (default): losing the coordinator fails the member (FTAR_ECOORD).
+                            1: it aborts the collective in flight (kept for a redo, as after a
+                            membership change) and the member waits, up to timeout, for
+                            ftar_member_reconnect to a new coordinator */
   ftar_log_fn log;       /* default: stderr, "ftar[slot N]: ..." */
   void *log_ud;
 } ftar_member_opts;
@@ -231,6 +243,19 @@ int ftar_allreduce_dev(ftar_member *m, const tr_backend *be, float *buf, size_t 
 /* Waits until the latest epoch has at least n members including this one
  * (startup). 0, FTAR_ETIMEOUT, FTAR_ECOORD or FTAR_EEVICTED. Any thread. */
 int ftar_member_wait(ftar_member *m, int n, double timeout);
+/* Registers m with a new coordinator at host:port after the old one was
+ * lost (opts.survive_coord_loss): a fresh connection, HELLO carrying the
+ * member's epoch (the new coordinator numbers its epochs above it), a new
+ * uid, and the control thread takes the connection over. The collective in
+ * flight, already aborted, is redone in the first epoch the new coordinator
+ * publishes. Blocks up to timeout seconds. 0, or FTAR_ECOORD / FTAR_ETIMEOUT
+ * (the member stays as it was: call again). Any thread but the control
+ * thread; may run while another thread is inside ftar_allreduce. */
+int ftar_member_reconnect(ftar_member *m, const char *host, int port, double timeout);
+/* Fails m for good with FTAR_ECOORD and why: a call waiting inside
+ * ftar_allreduce returns (input restored). For a host that gives up on
+ * every coordinator. Any thread. */
+void ftar_member_abandon(ftar_member *m, const char *why);
 /* Latest epoch known and its member count. Any thread. */
 uint64_t ftar_member_epoch(ftar_member *m, int *n_members);
 /* Port of the data listener. Any thread. */
