@@ -5,11 +5,13 @@
  *
  * LMDB layout, one environment per run (RUN/ckpt/):
  *   db "manifest": key = step (8 bytes big-endian, so keys sort by step)
- *                  value = manifest (see encode_manifest)
+ *                  value = manifest (see encode_manifest; decoded by
+ *                  ckpt_manifest_decode, ckpt_internal.h)
  *   db "data":     key = step (8 BE) | tensor index (4 BE) | chunk (4 BE)
  *                  value = at most CHUNK bytes of the tensor
  */
 #include "ckpt.h"
+#include "ckpt_internal.h"
 
 #include <errno.h>
 #include <lmdb.h>
@@ -116,9 +118,9 @@ static int encode_manifest(wbuf *b, const ckpt_state *s, const ckpt_tensor_info 
   return b->oom ? tr_fail(TR_ENOMEM, "out of memory encoding a manifest") : TR_OK;
 }
 
-/* Decodes into m (tensors malloc'd into *tensors). */
-static int decode_manifest(const void *data, size_t len, ckpt_manifest *m, ckpt_tensor_info **tensors,
-                           uint64_t *chunk) {
+/* Decodes into m (tensors malloc'd into *tensors); see ckpt_internal.h. */
+int ckpt_manifest_decode(const void *data, size_t len, ckpt_manifest *m, ckpt_tensor_info **tensors,
+                         uint64_t *chunk) {
   rbuf r = {data, len, 0, 0};
   uint32_t magic, version, nt, crc;
   if (len < 8 + 4) return tr_fail(TR_EFORMAT, "manifest too short (%zu bytes)", len);
@@ -729,7 +731,7 @@ static int read_manifest(ckpt_reader *r, MDB_txn *txn, int64_t step, ckpt_manife
   if (rc) return mdb_fail(rc, "reading a manifest");
   free(r->tensors);
   r->tensors = NULL;
-  rc = decode_manifest(v.mv_data, v.mv_size, m, &r->tensors, chunk);
+  rc = ckpt_manifest_decode(v.mv_data, v.mv_size, m, &r->tensors, chunk);
   if (rc) return tr_fail_prefix(rc, "step %lld", (long long)step);
   if (m->state.step != step) return tr_fail(TR_EFORMAT, "step %lld: manifest says step %lld", (long long)step,
                                             (long long)m->state.step);
