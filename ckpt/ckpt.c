@@ -140,7 +140,11 @@ int ckpt_manifest_decode(const void *data, size_t len, ckpt_manifest *m, ckpt_te
   rb_get(&r, &m->state.wall_time, 8);
   rb_get(&r, &nt, 4);
   rb_get(&r, chunk, 8);
-  if (r.bad || nt > 1000000 || *chunk == 0) return tr_fail(TR_EFORMAT, "malformed manifest header");
+  /* a tensor entry takes at least 16 bytes (name length, dtype, ndim, bytes,
+   * crc): a count the value cannot hold is refused before the table is
+   * allocated, so a short value cannot make the reader allocate much */
+  if (r.bad || nt > 1000000 || nt > (r.n - r.off) / 16 || *chunk == 0)
+    return tr_fail(TR_EFORMAT, "malformed manifest header");
   ckpt_tensor_info *t = calloc(nt ? nt : 1, sizeof *t);
   if (!t) return tr_fail(TR_ENOMEM, "out of memory reading a manifest");
   for (uint32_t i = 0; i < nt && !r.bad; i++) {
@@ -787,7 +791,7 @@ int ckpt_reader_verify(ckpt_reader *r, int64_t step) {
   int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, &m, &chunk);
-  for (int i = 0; i < m.ntensors && !rc; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL);
+  for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL);
   mdb_txn_abort(txn);
   return rc;
 }
@@ -800,7 +804,7 @@ int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, 
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, &m, &chunk);
   int found = -1;
-  for (int i = 0; i < m.ntensors && !rc && found < 0; i++)
+  for (int i = 0; !rc && i < m.ntensors && found < 0; i++)
     if (strcmp(m.tensors[i].name, name) == 0) found = i;
   if (!rc && found < 0) rc = tr_fail(TR_EINVAL, "step %lld has no tensor '%s'", (long long)step, name);
   if (!rc && m.tensors[found].bytes != bytes)
@@ -833,7 +837,7 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
       break;
     }
     rc = read_manifest(r, txn, steps[k], &m, &chunk);
-    for (int i = 0; i < m.ntensors && !rc; i++) rc = read_tensor(r, txn, steps[k], i, &m.tensors[i], chunk, NULL);
+    for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, steps[k], i, &m.tensors[i], chunk, NULL);
     /* every target must be present with its size; only then copy */
     for (int j = 0; j < n && !rc; j++) {
       int found = -1;
