@@ -10,8 +10,10 @@
  *
  * A job file may do anything its sandbox allows; job_load must return, with
  * a config or an error message, never crash. What bounds a runaway file:
- *   - instructions: job_load's own budget (job.c) stops a loop that never
- *     ends, including one that pcalls the loop;
+ *   - instructions and time: job_load's own budget (job.c: 100 million
+ *     instructions or 2 s of CPU) stops a loop that never ends, including
+ *     one that pcalls the loop (regress-pcall-undefined-global: it ran
+ *     30 s under the instruction budget alone);
  *   - memory: this harness caps the VM's allocations at 256 MiB (an
  *     allocator wrapper; Lua then raises "not enough memory", which job_load
  *     reports), so `("x"):rep(1e12)` is an error here, not libFuzzer's
@@ -35,6 +37,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fuzz.h"
@@ -67,9 +70,16 @@ __attribute__((used, section("__libfuzzer_extra_counters"))) static uint8_t lua_
 static const char *cov_skip; /* the job file itself: its lines are the input, not coverage */
 static int cov_prev;
 static long cov_left;
+static double cov_cpu_end;
+
+static double cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static void cov_hook(lua_State *L, lua_Debug *ar) {
-  if (ar->event == LUA_HOOKCOUNT) cov_left -= 1000;
+  if (ar->event == LUA_HOOKCOUNT && ((cov_left -= 1000) <= 0 || cpu_s() > cov_cpu_end)) cov_left = 0;
   if (cov_left <= 0) luaL_error(L, "harness budget spent"); /* at every event from then on: past any pcall */
   if (ar->event == LUA_HOOKCOUNT) return;
   if (!lua_getinfo(L, "S", ar) || strcmp(ar->source + (ar->source[0] == '@'), cov_skip) == 0) return;
@@ -99,6 +109,7 @@ static void run_covered(lua_State *L, const char *path, const char *const *sets,
   cov_skip = path;
   cov_prev = 0;
   cov_left = 2000000; /* a job that loads takes ~30k instructions, a misspelled key ~150k */
+  cov_cpu_end = cpu_s() + 0.5;
   lua_sethook(L, cov_hook, LUA_MASKLINE | LUA_MASKCOUNT, 1000);
   (void)lua_pcall(L, 2, 0, 0);
   lua_sethook(L, NULL, 0, 0);
