@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # test.sh — the whole test suite: set-up, a release build with the C tests
 # and every Lua spec (ctest), then the C tests and the single-process Lua
-# specs again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# specs again under AddressSanitizer + UndefinedBehaviorSanitizer, then each
+# libFuzzer target for 10 s (spec/fuzz/run.sh; skipped without clang).
 #
 #   ./test.sh           everything (what CI runs)
-#   ./test.sh --quick   release build only, no sanitizer pass
+#   ./test.sh --quick   release build only, no sanitizer or fuzz pass
 #   ./test.sh --long    also the long soak scenarios (TRANSOM_LONG=1)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -51,5 +52,16 @@ if [ "$quick" = 0 ]; then
   (cd build-asan && ctest --output-on-failure -j1 -E lua_specs)
   TRANSOM_BIN=$PWD/build-asan/transom build-asan/transom test spec/job_spec.lua spec/graph_spec.lua \
     spec/e2e_spec.lua spec/ckpt_spec.lua spec/detector_spec.lua spec/device_spec.lua
+
+  # the readers of untrusted bytes under libFuzzer (spec/fuzz/), 10 s each
+  spec/fuzz/deps.sh || echo "=== fuzz targets: could not install clang (spec/fuzz/deps.sh failed)"
+  if command -v clang >/dev/null 2>&1 &&
+    echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }' |
+    clang -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1; then
+    echo "=== fuzz targets (libFuzzer + ASan + UBSan, 10 s each)"
+    JOBS=$jobs spec/fuzz/run.sh 10
+  else
+    echo "=== fuzz targets: SKIPPED (no clang with libFuzzer; spec/fuzz/deps.sh installs clang libclang-rt-dev libomp-dev)"
+  fi
 fi
 echo "=== all tests passed"

@@ -5,11 +5,13 @@
  *
  * LMDB layout, one environment per run (RUN/ckpt/):
  *   db "manifest": key = step (8 bytes big-endian, so keys sort by step)
- *                  value = manifest (see encode_manifest)
+ *                  value = manifest (see encode_manifest; decoded by
+ *                  ckpt_manifest_decode, ckpt_internal.h)
  *   db "data":     key = step (8 BE) | tensor index (4 BE) | chunk (4 BE)
  *                  value = at most CHUNK bytes of the tensor
  */
 #include "ckpt.h"
+#include "ckpt_internal.h"
 
 #include <errno.h>
 #include <lmdb.h>
@@ -116,9 +118,9 @@ static int encode_manifest(wbuf *b, const ckpt_state *s, const ckpt_tensor_info 
   return b->oom ? tr_fail(TR_ENOMEM, "out of memory encoding a manifest") : TR_OK;
 }
 
-/* Decodes into m (tensors malloc'd into *tensors). */
-static int decode_manifest(const void *data, size_t len, ckpt_manifest *m, ckpt_tensor_info **tensors,
-                           uint64_t *chunk) {
+/* Decodes into m (tensors malloc'd into *tensors); see ckpt_internal.h. */
+int ckpt_manifest_decode(const void *data, size_t len, ckpt_manifest *m, ckpt_tensor_info **tensors,
+                         uint64_t *chunk) {
   rbuf r = {data, len, 0, 0};
   uint32_t magic, version, nt, crc;
   if (len < 8 + 4) return tr_fail(TR_EFORMAT, "manifest too short (%zu bytes)", len);
@@ -138,7 +140,11 @@ static int decode_manifest(const void *data, size_t len, ckpt_manifest *m, ckpt_
   rb_get(&r, &m->state.wall_time, 8);
   rb_get(&r, &nt, 4);
   rb_get(&r, chunk, 8);
-  if (r.bad || nt > 1000000 || *chunk == 0) return tr_fail(TR_EFORMAT, "malformed manifest header");
+  /* a tensor entry takes at least 16 bytes (name length, dtype, ndim, bytes,
+   * crc): a count the value cannot hold is refused before the table is
+   * allocated, so a short value cannot make the reader allocate much */
+  if (r.bad || nt > 1000000 || nt > (r.n - r.off) / 16 || *chunk == 0)
+    return tr_fail(TR_EFORMAT, "malformed manifest header");
   ckpt_tensor_info *t = calloc(nt ? nt : 1, sizeof *t);
   if (!t) return tr_fail(TR_ENOMEM, "out of memory reading a manifest");
   for (uint32_t i = 0; i < nt && !r.bad; i++) {
@@ -729,7 +735,7 @@ static int read_manifest(ckpt_reader *r, MDB_txn *txn, int64_t step, ckpt_manife
   if (rc) return mdb_fail(rc, "reading a manifest");
   free(r->tensors);
   r->tensors = NULL;
-  rc = decode_manifest(v.mv_data, v.mv_size, m, &r->tensors, chunk);
+  rc = ckpt_manifest_decode(v.mv_data, v.mv_size, m, &r->tensors, chunk);
   if (rc) return tr_fail_prefix(rc, "step %lld", (long long)step);
   if (m->state.step != step) return tr_fail(TR_EFORMAT, "step %lld: manifest says step %lld", (long long)step,
                                             (long long)m->state.step);
@@ -785,7 +791,7 @@ int ckpt_reader_verify(ckpt_reader *r, int64_t step) {
   int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, &m, &chunk);
-  for (int i = 0; i < m.ntensors && !rc; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL);
+  for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL);
   mdb_txn_abort(txn);
   return rc;
 }
@@ -798,7 +804,7 @@ int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, 
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, &m, &chunk);
   int found = -1;
-  for (int i = 0; i < m.ntensors && !rc && found < 0; i++)
+  for (int i = 0; !rc && i < m.ntensors && found < 0; i++)
     if (strcmp(m.tensors[i].name, name) == 0) found = i;
   if (!rc && found < 0) rc = tr_fail(TR_EINVAL, "step %lld has no tensor '%s'", (long long)step, name);
   if (!rc && m.tensors[found].bytes != bytes)
@@ -831,7 +837,7 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
       break;
     }
     rc = read_manifest(r, txn, steps[k], &m, &chunk);
-    for (int i = 0; i < m.ntensors && !rc; i++) rc = read_tensor(r, txn, steps[k], i, &m.tensors[i], chunk, NULL);
+    for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, steps[k], i, &m.tensors[i], chunk, NULL);
     /* every target must be present with its size; only then copy */
     for (int j = 0; j < n && !rc; j++) {
       int found = -1;

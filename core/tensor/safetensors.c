@@ -25,7 +25,7 @@ static void sb_add(sbuf *b, const char *fmt, ...) {
   for (;;) {
     va_list ap;
     va_start(ap, fmt);
-    int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+    int k = vsnprintf(b->cap ? b->p + b->n : NULL, b->cap - b->n, fmt, ap); /* no NULL + 0 before the first realloc */
     va_end(ap);
     if (k >= 0 && b->n + (size_t)k < b->cap) {
       b->n += (size_t)k;

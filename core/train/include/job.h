@@ -47,7 +47,10 @@ typedef struct {
 } job_config;
 
 /* Loads and checks path with --set overrides (sets[0..nsets)). On error
- * returns a negative code with tr_error() = "file:line: message". */
+ * returns a negative code with tr_error() = "file:line: message"; a file
+ * that runs past 100 million VM instructions or 2 s of CPU time is such an
+ * error. L's hook,
+ * if any, is suspended during the call and restored after it. */
 int job_load(lua_State *L, const char *path, const char *const *sets, int nsets, job_config *cfg);
 
 /* Lua text of the resolved job (for RUN/job.lua); caller frees. */

@@ -1,0 +1,1 @@
+return { data = os.getenv("HOME") .. tostring(undefined_thing) }

@@ -1,0 +1,1 @@
+return { data = 5, n_layer = 1.5 }

@@ -1,0 +1,2 @@
+local s = ("x"):rep(1e10)
+return { data = s }

@@ -1,0 +1,1 @@
+while true do pcall(function() while truesetlo do end end) end
