@@ -31,6 +31,7 @@ int proto_send(int fd, const char *fmt, ...) {
 }
 
 void proto_escape(const char *s, char *out, size_t n) {
+  if (n == 0) return; /* no room even for the terminator */
   size_t k = 0;
   for (; *s && k + 4 < n; s++) {
     unsigned char c = (unsigned char)*s;
@@ -46,6 +47,7 @@ int proto_is(const char *line, const char *verb) {
 }
 
 int proto_get(const char *line, const char *key, char *out, size_t n) {
+  if (n == 0) return 0; /* no room even for the terminator */
   size_t kl = strlen(key);
   for (const char *p = strchr(line, ' '); p; p = strchr(p + 1, ' ')) {
     if (strncmp(p + 1, key, kl) == 0 && p[1 + kl] == '=') {
