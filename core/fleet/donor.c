@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,7 @@ struct donor {
   pthread_t th;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  int stop;
+  atomic_int stop; /* set under mu (for the waits on cv), read anywhere */
   /* snapshot */
   int snap_req, snap_ready;
   float *snap; /* params | m | v: 3n */
@@ -120,10 +121,10 @@ static void serve(donor *d, int fd) {
         pthread_cond_timedwait(&d->cv, &d->mu, &ts);
       }
       int gone = !d->hist_on || from < d->first;
-      int64_t last = d->last;
+      int64_t first = d->first, last = d->last;
       pthread_mutex_unlock(&d->mu);
       if (gone) {
-        if (proto_send(fd, "GONE first=%lld", (long long)d->first)) break;
+        if (proto_send(fd, "GONE first=%lld", (long long)first)) break;
         continue;
       }
       int64_t count = from <= last ? last - from + 1 : 0;

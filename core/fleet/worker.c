@@ -30,6 +30,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,9 +85,11 @@ typedef struct {
   char (*replay)[PROTO_LINE_MAX]; /* the last REPLAY STEP lines, a ring */
   int nreplay;
   pthread_t hb;
-  volatile int hb_stop;
-  volatile int in_allreduce;   /* the training thread's phase, for the heartbeat */
-  volatile double phase_since; /* tr_now() when it entered that phase */
+  atomic_int hb_stop;
+  /* the training thread's phase, for the heartbeat: both under send_mu, so
+   * that a heartbeat never pairs one phase with the other's start */
+  int in_allreduce;
+  double phase_since; /* tr_now() when it entered that phase */
   int64_t slow_until, slow_ms, nan_until;
 } worker;
 
@@ -196,6 +199,14 @@ static int link_try(worker *w) {
 fail:
   close(fd);
   return -1;
+}
+
+/* The training thread enters a phase (1: the all-reduce, 0: compute). */
+static void set_phase(worker *w, int in_allreduce) {
+  pthread_mutex_lock(&w->send_mu);
+  w->phase_since = tr_now();
+  w->in_allreduce = in_allreduce;
+  pthread_mutex_unlock(&w->send_mu);
 }
 
 /* Liveness, apart from progress: a hung training thread still heartbeats
@@ -351,12 +362,10 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
   trainer *t = w->t;
   const tr_backend *be = trainer_backend(t);
   float *g = trainer_grads(t); /* the backend's memory: FTAR moves it with the device's communicator */
-  w->phase_since = tr_now();
-  w->in_allreduce = 1;
+  set_phase(w, 1);
   ftar_result res;
   int rc = ftar_allreduce_dev(w->fm, be, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)next, &res);
-  w->phase_since = tr_now();
-  w->in_allreduce = 0;
+  set_phase(w, 0);
   if (rc == FTAR_ESEQ && w->donor_fd >= 0 && res.seq > (uint64_t)next) {
     int applied = donor_catch_up(w->donor_fd, t, (int64_t)res.seq - 1);
     return applied < 0 ? applied : LOOP_RECOMPUTE;
