@@ -5,6 +5,7 @@
  */
 #include <editline/readline.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,9 @@ int attach_main(int argc, char **argv) {
     fprintf(stderr, "transom attach: cannot reach %s (is the job running, and is it yours?)\n", sa.sun_path);
     return 1;
   }
+  /* a job that refuses us closes at once: our first write must fail with
+   * EPIPE and say so below, not kill us silently with SIGPIPE */
+  signal(SIGPIPE, SIG_IGN);
   FILE *in = fdopen(dup(fd), "r");
   if (!in) return 1;
   int rc = 0;
