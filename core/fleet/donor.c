@@ -91,12 +91,26 @@ static void end_session(donor *d) {
   pthread_mutex_unlock(&d->mu);
 }
 
+/* The joiner's next request, waiting in short polls (so that donor_stop is
+ * seen) up to DONOR_IDLE_S between requests: a joiner may load the snapshot
+ * into a device, or be paused, for a while before it asks for gradients.
+ * Returns 1 with a line, 0 when the joiner left or went silent. */
+#define DONOR_IDLE_S 120.0
+static int next_request(donor *d, proto_reader *r, char *line, size_t n) {
+  double idle_end = tr_now() + DONOR_IDLE_S;
+  while (!d->stop && tr_now() < idle_end) {
+    struct pollfd p = {r->fd, POLLIN, 0};
+    if (r->len == 0 && poll(&p, 1, 200) == 0) continue;
+    return proto_read(r, line, n, 10000) == 1; /* the rest of a started line comes promptly */
+  }
+  return 0;
+}
+
 /* Serves one joiner connection until it leaves. */
 static void serve(donor *d, int fd) {
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
-  while (!d->stop && proto_read(&r, line, sizeof line, 1000) >= 0) {
-    if (line[0] == 0 && r.len == 0) continue;
+  while (next_request(d, &r, line, sizeof line)) {
     if (proto_is(line, "SNAP")) {
       pthread_mutex_lock(&d->mu);
       d->snap_req = 1;

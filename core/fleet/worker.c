@@ -505,6 +505,9 @@ static ckpt_engine *open_ckpt(const job_config *cfg, trainer *t, const char *run
   return ck;
 }
 
+/* Snapshots a joiner fetches at most before it gives up on its donor. */
+#define JOIN_SNAPSHOTS 4
+
 /* Fresh, from the newest checkpoint (or resume_step), or from a donor peer. */
 static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *donor_addr, int64_t resume_step) {
   trainer *t = w->t;
@@ -518,11 +521,22 @@ static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *d
   }
   if (strcmp(mode, "join") != 0) return 0;
   char dh[256];
-  int dp, rc;
-  if ((rc = net_split(donor_addr, dh, sizeof dh, &dp)) || (rc = donor_fetch_snapshot(dh, dp, t, &w->donor_fd))) return rc;
-  const char *delay = getenv("TRANSOM_TEST_CATCHUP_DELAY_MS"); /* widens the window for fault tests */
-  if (delay) usleep((useconds_t)atoi(delay) * 1000);
-  int applied = donor_catch_up(w->donor_fd, t, 0);
+  int dp, rc, applied = TR_ESTATE;
+  if ((rc = net_split(donor_addr, dh, sizeof dh, &dp))) return rc;
+  /* the group may outrun the donor's gradient history while we load the
+   * snapshot (a slow device, a loaded host): then a fresh snapshot, which is
+   * closer to the group, until the replay fits */
+  for (int attempt = 0; applied == TR_ESTATE && attempt < JOIN_SNAPSHOTS; attempt++) {
+    if (attempt > 0) {
+      fprintf(stderr, "worker %d: %s; fetching a newer snapshot\n", w->slot, tr_error());
+      donor_close(w->donor_fd);
+      w->donor_fd = -1;
+    }
+    if ((rc = donor_fetch_snapshot(dh, dp, t, &w->donor_fd))) return rc;
+    const char *delay = getenv("TRANSOM_TEST_CATCHUP_DELAY_MS"); /* widens the window for fault tests */
+    if (delay && attempt == 0) usleep((useconds_t)atoi(delay) * 1000);
+    applied = donor_catch_up(w->donor_fd, t, 0);
+  }
   if (applied < 0) return applied;
   trainer_state ts;
   trainer_get_state(t, &ts);
