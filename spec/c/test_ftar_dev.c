@@ -28,7 +28,10 @@
  *             communicator the new rank 0 made; (1) is redone after the
  *             communicator's deadline
  * Every scenario checks that /dev/shm holds no segment named after one of
- * its processes afterwards. Data goes over 127.0.0.1 only; every wait is
+ * its processes afterwards. TRANSOM_TIME_SCALE (check.h) stretches this
+ * file's own waits and the slack its latency bounds allow over the
+ * deadline; TRANSOM_TEST_SMALL makes dev's largest collective two emu
+ * chunks instead of four. Data goes over 127.0.0.1 only; every wait is
  * bounded. Children are forked while this process has no other thread and
  * leave with _exit.
  */
@@ -59,6 +62,10 @@
 #define SLOT_FLOATS 262144 /* comm_emu.c's chunk */
 
 static int verbose;
+static double tscale = 1; /* TRANSOM_TIME_SCALE */
+
+/* seconds of this file's own waiting, stretched for a slow build */
+static double T(double seconds) { return seconds * tscale; }
 
 /* --- captured coordinator log --- */
 
@@ -462,7 +469,7 @@ static void test_emu_sizes(int p) {
   emu_comm_id(j.id);
   kid ks[MAXK];
   for (int r = 0; r < p; r++) kid_start(&ks[r], emu_sizes_child, &j, r);
-  kids_finish(ks, p, 120);
+  kids_finish(ks, p, T(120));
   for (int r = 0; r < p; r++) {
     CHECK(exited_ok(&ks[r]), "emu %d ranks: rank %d exit status %d", p, r, ks[r].status);
     CHECK(kid_count(&ks[r], "size ") == j.nsizes, "emu %d ranks: rank %d reported %d of %d sizes", p, r,
@@ -527,7 +534,7 @@ static int emu_kill_child(void *arg, int r, int out) {
   size_t n = 600000;
   float *buf = malloc(n * sizeof(float));
   int rc = 0;
-  double end = tr_now() + 60;
+  double end = tr_now() + T(60);
   for (int k = 0; tr_now() < end; k++) {
     for (size_t i = 0; i < n; i++) buf[i] = val(r, (uint64_t)k, i);
     rc = emu_comm_allreduce(c, buf, n, 1.0f, DEADLINE);
@@ -591,11 +598,11 @@ static void test_emu_kill(int use_stop) {
   CHECK(memcmp(j.id, j.id2, sizeof j.id) != 0, "two ids differ");
   kid ks[MAXK];
   for (int r = 0; r < 3; r++) kid_start(&ks[r], emu_kill_child, &j, r);
-  CHECK(all_have(ks, 3, "ok ", 3, 30), "emu %s: all ranks completed 3 collectives", what);
+  CHECK(all_have(ks, 3, "ok ", 3, T(30)), "emu %s: all ranks completed 3 collectives", what);
   kill(ks[2].pid, use_stop ? SIGSTOP : SIGKILL);
   double t_kill = tr_now();
   double t_fail[2] = {0, 0};
-  double end = t_kill + DEADLINE + 5;
+  double end = t_kill + DEADLINE + T(5);
   while (tr_now() < end && (!t_fail[0] || !t_fail[1])) {
     kids_pump(ks, 2, 10);
     for (int r = 0; r < 2; r++)
@@ -607,7 +614,7 @@ static void test_emu_kill(int use_stop) {
     CHECK(i >= 0, "emu %s: rank %d failed", what, r);
     if (i < 0) continue;
     double dt = t_fail[r] - t_kill;
-    CHECK(dt <= DEADLINE + 1.0, "emu %s: rank %d failed %.2f s after the fault (deadline %.1f s)", what, r, dt,
+    CHECK(dt <= DEADLINE + T(1.0), "emu %s: rank %d failed %.2f s after the fault (deadline %.1f s)", what, r, dt,
           DEADLINE);
     CHECK(strncmp(ks[r].lines[i], "fail -3 ", 8) == 0, "emu %s: rank %d failed with TR_EIO: %s", what, r,
           ks[r].lines[i]);
@@ -618,13 +625,13 @@ static void test_emu_kill(int use_stop) {
   if (use_stop) {
     double t_cont = tr_now();
     kill(ks[2].pid, SIGCONT);
-    double tend = t_cont + 3;
+    double tend = t_cont + T(3);
     while (kid_find(&ks[2], "fail ", 0) < 0 && tr_now() < tend) kids_pump(&ks[2], 1, 10);
     int i = kid_find(&ks[2], "fail ", 0);
-    CHECK(i >= 0 && tr_now() - t_cont < 1.0, "emu SIGSTOP: the continued rank fails at once (%.2f s): %s",
+    CHECK(i >= 0 && tr_now() - t_cont < T(1.0), "emu SIGSTOP: the continued rank fails at once (%.2f s): %s",
           tr_now() - t_cont, i >= 0 ? ks[2].lines[i] : "-");
   }
-  kids_finish(ks, 3, 30);
+  kids_finish(ks, 3, T(30));
   for (int r = 0; r < 2; r++) {
     int i = kid_find(&ks[r], "again ", 0);
     int rc2 = 0;
@@ -685,7 +692,7 @@ static int dev_child(void *arg, int r, int out) {
   int ring = j->backend != BE_EMU; /* the TCP ring divides a mean; the communicator multiplies by 1/p */
   ftar_member_opts mo;
   ftar_member_opts_default(&mo);
-  mo.timeout = 30;
+  mo.timeout = T(30);
   mo.log = quiet_log;
   ftar_member *m = ftar_member_create("127.0.0.1", port, r, &mo);
   if (!m) {
@@ -697,7 +704,7 @@ static int dev_child(void *arg, int r, int out) {
     ftar_member_free(m);
     return 1;
   }
-  static const size_t sizes[] = {1, 1000, 3 * SLOT_FLOATS + 7};
+  const size_t sizes[] = {1, 1000, (test_small() ? 1 : 3) * SLOT_FLOATS + 7};
   size_t maxn = sizes[2];
   float *host = malloc(maxn * sizeof(float));
   float *dev = be->alloc(maxn * sizeof(float));
@@ -797,18 +804,18 @@ static void test_dev(int mode, int backend) {
                                                 : "dev";
   double t_kill = 0;
   if (mode == DEV_KILL_WAITED) {
-    double end = tr_now() + 60;
+    double end = tr_now() + T(60);
     while (kid_find(&ks[victim], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
     CHECK(kid_find(&ks[victim], "stalling", 0) >= 0, "%s: slot 0 reached seq %d", what, j.stall_seq);
     usleep(300000); /* the others are inside seq 10 by now */
     kill(ks[victim].pid, SIGKILL);
     t_kill = tr_now();
   } else if (mode == DEV_KILL_ANYTIME) {
-    CHECK(all_have(ks, 3, "res ", 8, 60), "%s: every member completed 8 collectives", what);
+    CHECK(all_have(ks, 3, "res ", 8, T(60)), "%s: every member completed 8 collectives", what);
     kill(ks[victim].pid, SIGKILL);
     t_kill = tr_now();
   }
-  kids_finish(ks, j.p, 180);
+  kids_finish(ks, j.p, T(180));
   int sv[MAXK], ns = 0;
   for (int r = 0; r < j.p; r++)
     if (mode == DEV_PLAIN || r != victim) sv[ns++] = r;
@@ -859,7 +866,7 @@ static void test_dev(int mode, int backend) {
     dev_res d;
     double t_res = 0;
     if (dev_parse(&ks[sv[0]], reduced_at, &d, &t_res)) recovery = t_res - t_kill;
-    CHECK(recovery < DEADLINE + 3.0, "%s: seq %d completed %.2f s after the kill (deadline %.1f s)", what, reduced_at,
+    CHECK(recovery < DEADLINE + T(3.0), "%s: seq %d completed %.2f s after the kill (deadline %.1f s)", what, reduced_at,
           recovery, DEADLINE);
     CHECK(redos_at <= 2, "%s: seq %d redone %d times", what, reduced_at, redos_at);
     if (mode == DEV_KILL_WAITED)
@@ -884,6 +891,7 @@ static void test_dev(int mode, int backend) {
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   verbose = getenv("TRANSOM_VERBOSE") != NULL;
+  tscale = test_time_scale();
   test_emu_sizes(2);
   test_emu_sizes(3);
   test_emu_kill(0);
