@@ -3,10 +3,12 @@
 -- on, set('lr') takes effect on every replica at the same step (they still
 -- agree bit for bit at the end), detaching never stops the job, and a client
 -- of another uid is refused (run as `nobody` when this runs as root).
+-- Its waits stretch with TRANSOM_TIME_SCALE (support.lua).
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
 local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
 local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
+local N = S.N
 
 local tmp = os.tmpname()
 os.remove(tmp)
@@ -29,7 +31,7 @@ describe("transom attach", function()
     local pid = S.spawn(cmd, tmp .. "/op.log")
     local A = BIN .. " attach " .. run .. " -e "
     local out, rc
-    for _ = 1, 100 do -- wait for the control socket and the replicas
+    for _ = 1, N(100) do -- wait for the control socket and the replicas
       out, rc = sh(A .. "'#workers()'")
       if rc == 0 and out:match("^3") then break end
       sleep(0.1)
@@ -79,7 +81,7 @@ describe("transom attach", function()
       print("\n  (not root: the other-uid refusal is not tested)")
     end
     -- the job finishes; every replica saw the new lr from the same step
-    for _ = 1, 1200 do
+    for _ = 1, N(1200) do
       if not (sh("kill -0 " .. pid .. " 2>/dev/null && echo yes")):match("yes") then break end
       sleep(0.1)
     end

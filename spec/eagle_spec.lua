@@ -9,10 +9,14 @@
 -- leaves the old one in force with an event; promtool accepts /metrics;
 -- transom plot draws the run. Detection latencies are printed.
 -- Thresholds come from a copy of lua/policies with HANG_T/DEAD_T = 3 s.
+-- Under TRANSOM_TIME_SCALE (support.lua) those, the jobs' deadline and
+-- hang_seconds, the slow fault's delay, the waits and the latency bounds
+-- in seconds stretch alike; bounds in steps stay.
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
 local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
 local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
+local T, N = S.T, S.N
 
 local tmp = os.tmpname()
 os.remove(tmp)
@@ -23,7 +27,7 @@ if have_corpus then
   write(data, read(CORPUS):sub(1, 200000))
   assert(os.execute("mkdir -p " .. policies .. " && cp " .. ROOT .. "/lua/policies/*.lua " .. policies))
   local rules = read(policies .. "/rules.lua")
-  rules = rules:gsub("local HANG_T = %d+", "local HANG_T = 3"):gsub("local DEAD_T = %d+", "local DEAD_T = 3")
+  rules = rules:gsub("local HANG_T = %d+", "local HANG_T = " .. T(3)):gsub("local DEAD_T = %d+", "local DEAD_T = " .. T(3))
   write(policies .. "/rules.lua", rules)
 end
 
@@ -32,9 +36,9 @@ local function job(name, steps, chaos, extra)
   write(path, string.format([[
 return { data = %q, replicas = 2, max_steps = %d, n_layer = 2, n_head = 2, n_embd = 64, block_size = 32,
   batch_size = 8, eval_interval = 0, eval_steps = 5, sample_tokens = 0, log_interval = 100,
-  checkpoint = { every_steps = 20 }, checksum_interval = 10, deadline = 2, policies = %q,
+  checkpoint = { every_steps = 20 }, checksum_interval = 10, deadline = %s, policies = %q,
   chaos = { %s }, %s }
-]], data, steps, policies, chaos or "", extra or ""))
+]], data, steps, T(2), policies, chaos or "", extra or ""))
   return path
 end
 
@@ -85,7 +89,8 @@ describe("Eagle Eye on a live job", function()
 
   it("a slow replica: straggler within m + 2 steps, then evicted", function()
     if not have_corpus then return skip() end
-    local out, rc, ev = run("slow", 250, '{ at_step = 60, replica = 1, fault = "slow", ms = 80, steps = 60 }')
+    local slow = string.format('{ at_step = 60, replica = 1, fault = "slow", ms = %d, steps = 60 }', math.floor(T(80)))
+    local out, rc, ev = run("slow", 250, slow)
     assert.equal(0, rc, out)
     local at = first(ev, "anomaly", "straggler")
     assert.is_truthy(at, ev)
@@ -102,7 +107,7 @@ describe("Eagle Eye on a live job", function()
     local cmd = BIN .. " run " .. job(name, 1200) .. " --set run_dir=" .. tmp .. "/" .. name
     local op = S.spawn(cmd, tmp .. "/stop.log")
     local pid
-    for _ = 1, 200 do
+    for _ = 1, N(200) do
       pid = (sh(BIN .. " chaos " .. tmp .. "/" .. name .. " status")):match("replica 1: running pid (%d+) step (%d+)")
       local st = select(2, (sh(BIN .. " chaos " .. tmp .. "/" .. name .. " status")):match("replica 1: running pid (%d+) step (%d+)"))
       if pid and tonumber(st or 0) > 50 then break end
@@ -111,7 +116,7 @@ describe("Eagle Eye on a live job", function()
     assert.is_truthy(pid)
     local t0 = os.time()
     os.execute("kill -STOP " .. pid)
-    for _ = 1, 1200 do
+    for _ = 1, N(1200) do
       if not (sh("kill -0 " .. op .. " 2>/dev/null && echo yes")):match("yes") then break end
       sleep(0.1)
     end
@@ -119,8 +124,8 @@ describe("Eagle Eye on a live job", function()
     local _, line = first(ev, "anomaly", "dead")
     assert.is_truthy(line, ev)
     local t_det = tonumber(line:match('"time":([%d%.]+)'))
-    print(string.format("\n  detection latency, dead (SIGSTOP): %.1f s (T = 3 s)", t_det - t0))
-    assert.is_true(t_det - t0 <= 3 + 1 + 1) -- T + 1 s, and 1 s for os.time()'s resolution
+    print(string.format("\n  detection latency, dead (SIGSTOP): %.1f s (T = %g s)", t_det - t0, T(3)))
+    assert.is_true(t_det - t0 <= T(3 + 1) + 1) -- T + 1 s, and 1 s for os.time()'s resolution
     assert.is_truthy(first(ev, "evict"), ev)
     assert.matches("finished at step 1200", read(tmp .. "/stop.log"), 1, true)
     assert.matches("replicas_agree", ev, 1, true)
@@ -128,7 +133,7 @@ describe("Eagle Eye on a live job", function()
 
   it("a hung training thread (heartbeat alive): found and evicted within T + 1 s", function()
     if not have_corpus then return skip() end
-    local out, rc, ev = run("hang", 300, '{ at_step = 100, replica = 1, fault = "hang" }', "hang_seconds = 3,")
+    local out, rc, ev = run("hang", 300, '{ at_step = 100, replica = 1, fault = "hang" }', "hang_seconds = " .. T(3) .. ",")
     assert.equal(0, rc, out)
     local line = ev:match('[^\n]*"kind":"anomaly","detail":"hang: replica 1[^\n]*')
     assert.is_truthy(line, ev)
@@ -136,8 +141,8 @@ describe("Eagle Eye on a live job", function()
     assert.matches('"worker":1', ev_line)
     assert.matches("replicas_agree", ev, 1, true)
     local secs = tonumber(line:match("for ([%d%.]+) s"))
-    print(string.format("\n  detection latency, hang: %.1f s (hang_seconds = 3)", secs))
-    assert.is_true(secs <= 3 + 1)
+    print(string.format("\n  detection latency, hang: %.1f s (hang_seconds = %g)", secs, T(3)))
+    assert.is_true(secs <= T(3 + 1))
   end)
 
   it("a flipped parameter bit: divergence within one checksum interval, the minority evicted", function()
@@ -162,12 +167,12 @@ describe("Eagle Eye on a live job", function()
     local saved_restart = read(policies .. "/restart.lua")
     local cmd = BIN .. " run " .. job(name, 1500) .. " --set run_dir=" .. tmp .. "/" .. name
     local op = S.spawn(cmd, tmp .. "/reload.log")
-    sleep(2)
+    sleep(T(2))
     write(policies .. "/actions.lua", saved .. "\nthis is not lua\n") -- an editor's save
     write(policies .. "/restart.lua", (saved_restart:gsub("local M = {}", "local M = {}\nM.backoff_first = backof_first", 1)))
     local evf, run_dir = tmp .. "/" .. name .. "/events.jsonl", tmp .. "/" .. name
-    local function wait_for(pattern, from) -- bounded: 30 s
-      for _ = 1, 300 do
+    local function wait_for(pattern, from) -- bounded: 30 s (scaled)
+      for _ = 1, N(300) do
         local ev = read(evf) or ""
         local at = ev:find(pattern, from or 1)
         if at then return at, ev end
@@ -192,7 +197,7 @@ describe("Eagle Eye on a live job", function()
     assert.is_nil(ev1:sub(mark):find("built-in fallback", 1, true), ev1:sub(mark))
     write(policies .. "/actions.lua", saved)
     write(policies .. "/restart.lua", saved_restart)
-    for _ = 1, 1200 do
+    for _ = 1, N(1200) do
       if not (sh("kill -0 " .. op .. " 2>/dev/null && echo yes")):match("yes") then break end
       sleep(0.1)
     end
@@ -223,7 +228,7 @@ describe("Eagle Eye on a live job", function()
     local cmd = BIN .. " run " .. job(name, 2500, nil, "metrics_port = " .. port .. ",") .. " --set run_dir=" .. tmp .. "/" .. name
     local op = S.spawn(cmd, tmp .. "/prom.log")
     local text
-    for _ = 1, 100 do
+    for _ = 1, N(100) do
       sleep(0.2)
       text = sh("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" .. port .. " && printf \"GET /metrics HTTP/1.0\\r\\n\\r\\n\" >&3 && cat <&3'")
       if text:find("transom_loss", 1, true) then break end
@@ -238,7 +243,7 @@ describe("Eagle Eye on a live job", function()
     elseif os.getenv("TRANSOM_REQUIRE_PROMTOOL") then
       error("promtool is not installed")
     end
-    for _ = 1, 200 do
+    for _ = 1, N(200) do
       if not (sh("kill -0 " .. op .. " 2>/dev/null && echo yes")):match("yes") then break end
       sleep(0.1)
     end

@@ -7,10 +7,12 @@
 -- back, the replacement joined, every replica's parameters equal at the end,
 -- the final validation loss within 2% of a fault-free run.
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
+-- Its waits and the jobs' deadline stretch with TRANSOM_TIME_SCALE (support.lua).
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
 local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
 local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
+local T, N = S.T, S.N
 
 local tmp = os.tmpname()
 os.remove(tmp)
@@ -30,7 +32,7 @@ local function job(run, extra)
     "--set run_dir=" .. run, "--set max_steps=" .. STEPS,
     "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
     "--set eval_interval=0 --set eval_steps=10 --set sample_tokens=0 --set log_interval=50",
-    "--set checkpoint.every_steps=20 --set deadline=2", extra or "" }, " ")
+    "--set checkpoint.every_steps=20 --set deadline=" .. T(2), extra or "" }, " ")
 end
 
 local spawn, spawn_rc = S.spawn, S.spawn_rc
@@ -38,7 +40,7 @@ local spawn, spawn_rc = S.spawn, S.spawn_rc
 local function alive(pid) return (sh("kill -0 " .. pid .. " 2>/dev/null && echo yes || echo no")):match("yes") end
 
 local function wait_exit(pid, seconds)
-  for _ = 1, seconds * 20 do
+  for _ = 1, N(seconds * 20) do
     if not alive(pid) then return true end
     sleep(0.05)
   end
@@ -72,7 +74,7 @@ local function events(run) return read(run .. "/events.jsonl") or "" end
 
 -- pid of a slot, from the operator itself (`transom chaos RUN status`)
 local function pid_of(run, slot)
-  for _ = 1, 100 do
+  for _ = 1, N(100) do
     local out = sh(BIN .. " chaos " .. run .. " status")
     local pid = tonumber(out:match("replica " .. slot .. ": running pid (%d+)"))
     if pid and pid > 0 then return pid end
@@ -83,7 +85,7 @@ end
 
 -- waits (bounded) until the run's leader reported step >= n
 local function wait_step(run, n)
-  for _ = 1, 400 do
+  for _ = 1, N(400) do
     local by = steps_by_worker(run)
     for _, steps in pairs(by) do
       if steps[#steps] and steps[#steps] >= n then return true end
@@ -170,11 +172,11 @@ describe("operator (3 replicas)", function()
     -- in that pause, so every joiner here also takes the path that fetches a
     -- newer snapshot
     local cmd = job(run, "--set max_steps=2000")
-    local op = spawn(cmd, tmp .. "/donor.log", "TRANSOM_TEST_CATCHUP_DELAY_MS=1500")
+    local op = spawn(cmd, tmp .. "/donor.log", "TRANSOM_TEST_CATCHUP_DELAY_MS=" .. math.floor(T(1500)))
     assert.is_true(wait_step(run, 60))
     os.execute("kill -9 " .. pid_of(run, 1))
     local donor
-    for _ = 1, 200 do
+    for _ = 1, N(200) do
       donor = events(run):match("replica 1 catches up from replica (%d+)")
       if donor then break end
       sleep(0.05)
@@ -220,7 +222,7 @@ describe("operator (3 replicas)", function()
     assert.is_true(wait_step(run, 100))
     os.execute("kill -TERM " .. op)
     assert.is_true(wait_exit(op, 60))
-    for _ = 1, 100 do
+    for _ = 1, N(100) do
       if status() then break end
       sleep(0.05)
     end
@@ -299,7 +301,7 @@ describe("operator (3 replicas)", function()
     os.execute("kill -9 " .. op)
     assert.is_true(wait_exit(op, 10))
     -- its workers see the connection drop and exit after operator_grace (a bounded wait)
-    for _ = 1, 200 do
+    for _ = 1, N(200) do
       if not sh("pgrep -f 'transom worker' | head -1"):match("%d") then break end
       sleep(0.05)
     end
@@ -364,7 +366,7 @@ describe("operator (3 replicas)", function()
     local t0 = os.time()
     for _, pid in ipairs(pids) do
       local ok = false
-      for _ = 1, 300 do -- 15 s: the grace, and the next heartbeat round
+      for _ = 1, N(300) do -- 15 s: the grace, and the next heartbeat round
         if gone(pid) then
           ok = true
           break

@@ -1,6 +1,7 @@
 -- support.lua — what the process-level specs share: the binary under test,
 -- the repository root, the corpus, running shell commands, reading and
--- writing files, quoting, running the binary. Loaded with dofile by every
+-- writing files, quoting, running the binary, the time scale of a slow
+-- (sanitizer) build. Loaded with dofile by every
 -- spec that spawns transom (busted does not run it: no _spec suffix).
 
 local S = {}
@@ -60,6 +61,15 @@ function S.cleanup()
   end
   S.spawned = {}
 end
+-- TRANSOM_TIME_SCALE (default 1, never below): the sanitizer pass of
+-- test.sh runs the specs against a binary several times slower. S.T
+-- stretches a spec's own waits, the thresholds it sets in its jobs and
+-- policy copies (deadline, hang_seconds, HANG_T/DEAD_T, a slow fault's
+-- delay) and the latencies it asserts; S.N stretches a count of polling
+-- rounds alike. The product's defaults are never scaled.
+S.SCALE = math.max(1, tonumber(os.getenv("TRANSOM_TIME_SCALE") or "") or 1)
+function S.T(seconds) return seconds * S.SCALE end
+function S.N(rounds) return math.ceil(rounds * S.SCALE) end
 
 function S.read(path)
   local f = io.open(path, "rb")
