@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # test.sh — the whole test suite: set-up, a release build with the C tests
-# and every Lua spec (ctest), then the C tests and the single-process Lua
-# specs again under AddressSanitizer + UndefinedBehaviorSanitizer, then each
-# libFuzzer target for 10 s (spec/fuzz/run.sh; skipped without clang).
+# and every Lua spec (ctest), then the C tests and the Lua specs again under
+# AddressSanitizer + UndefinedBehaviorSanitizer (of the multi-process specs,
+# 11 of 19 cases, timing stretched), then the threaded C tests (FTAR, the
+# checkpoint engine, the detector, the policy engine) and a short
+# multi-replica job under ThreadSanitizer, then each libFuzzer target for
+# 10 s (spec/fuzz/run.sh; skipped without clang).
 #
 #   ./test.sh           everything (what CI runs)
 #   ./test.sh --quick   release build only, no sanitizer or fuzz pass
 #   ./test.sh --long    also the long soak scenarios (TRANSOM_LONG=1)
+#
+# TRANSOM_JOBS=N builds with N jobs (default: every core).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -20,7 +25,7 @@ for a in "$@"; do
 done
 
 ./setup.sh
-jobs=$(nproc)
+jobs=${TRANSOM_JOBS:-$(nproc)}
 detector/test_deps.sh   # gnuplot (transom plot) and promtool (the /metrics check)
 export TRANSOM_REQUIRE_PROMTOOL=1 TRANSOM_REQUIRE_GNUPLOT=1
 
@@ -46,12 +51,75 @@ if [ "$quick" = 0 ]; then
   cmake --build build-asan -j"$jobs"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   export LSAN_OPTIONS=suppressions=$PWD/spec/lsan.supp:print_suppressions=0
-  # the C tests, and the Lua specs that run in one process or a few short
-  # ones; the multi-process fault scenarios (operator, Eagle Eye, attach)
-  # ran above: under the sanitizers' slowdown they would test timing, not code
+  # the C tests, and the Lua specs that run in one process or a few short ones
   (cd build-asan && ctest --output-on-failure -j1 -E lua_specs)
   TRANSOM_BIN=$PWD/build-asan/transom build-asan/transom test spec/job_spec.lua spec/graph_spec.lua \
     spec/e2e_spec.lua spec/ckpt_spec.lua spec/detector_spec.lua spec/device_spec.lua
+  # The multi-process fault scenarios (operator, Eagle Eye, attach): every
+  # process they spawn is the ASan binary, so a leak or a use-after-free in
+  # a worker, the operator or the donor fails them. TRANSOM_TIME_SCALE
+  # stretches the specs' own waits and the thresholds they set (deadline,
+  # hang_seconds, HANG_T/DEAD_T) for the slowdown (spec/support.lua); the
+  # product's defaults stay. All 19 cases pass so but take about 7 minutes
+  # on 2 cores (3.5 in release), too much for CI's 20 minutes: the 8 left
+  # out go through code another case here already takes (two killed at once
+  # and the chaos list's kill: the replace and join of the kill -9 case;
+  # restart_all: every replica restarted from the checkpoint, as after all
+  # are killed; the operator killed before its first checkpoint: the resume
+  # of SIGTERM + --resume; checkpoint.every_seconds: a timing rule; the clean
+  # 500-step run: every run's clean stretch; SIGSTOP: the hang case's
+  # eviction and replacement; a policy saved broken: the reloads of
+  # test_policy and test_detector, under ASan above). The 11 that stay take
+  # about 3 minutes.
+  echo "=== sanitizer build (ASan + UBSan): multi-process specs, time scale 3"
+  asan_skip=("two workers killed at once" "chaos list kills a replica" "restart_all"
+    "killed before its first checkpoint" "every_seconds" "a clean 500" "SIGSTOP: dead" "a policy saved broken")
+  TRANSOM_TIME_SCALE=3 TRANSOM_BIN=$PWD/build-asan/transom build-asan/transom test \
+    "${asan_skip[@]/#/--filter-out=}" spec/operator_spec.lua spec/eagle_spec.lua spec/attach_spec.lua
+  unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
+
+  echo "=== ThreadSanitizer build: FTAR, checkpoint engine, detector, policy"
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=thread -DTRANSOM_CUDA=OFF >/dev/null
+  tsan_tests=(test_ftar test_ftar_dev test_ckpt test_detector test_policy)
+  cmake --build build-tsan -j"$jobs" --target transom "${tsan_tests[@]}"
+  # Every report of every process (test_ftar's ranks, the forked members
+  # and writers) lands in its own file under tsan_log: any file fails the
+  # pass, with its contents. No suppressions: no report so far came from a
+  # library. OMP_NUM_THREADS=1: libgomp is not instrumented, its barriers
+  # would read as races (these tests hardly use OpenMP anyway).
+  # TRANSOM_TEST_SMALL: thread interactions, not throughput, are what this
+  # pass checks (spec/c/check.h); 1 to 2 minutes on 2 cores, the build 1 more.
+  tsan_log=$(mktemp -d)
+  tsan_rc=0
+  (cd build-tsan && TSAN_OPTIONS="log_path=$tsan_log/tsan second_deadlock_stack=1" OMP_NUM_THREADS=1 \
+    TRANSOM_TEST_SMALL=1 TRANSOM_TIME_SCALE=3 \
+    ctest --output-on-failure -j1 -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$") || tsan_rc=$?
+  # The fleet's threads (a worker's heartbeat and donor, FTAR's control
+  # thread, the checkpoint engine's copier and writer) run in no C test: a
+  # short 2-replica job where the chaos list kills replica 1 at step 30 and
+  # its replacement catches up from a donor (about 20 s).
+  corpus=$PWD/../shared/data/tinyshakespeare.txt
+  if [ -f "$corpus" ]; then
+    cat > "$tsan_log/job.lua" <<EOF
+return { data = "$corpus", replicas = 2, max_steps = 80, warmup_steps = 10, n_layer = 2, n_head = 2, n_embd = 64,
+  block_size = 32, batch_size = 8, eval_interval = 0, eval_steps = 5, sample_tokens = 0, log_interval = 20,
+  checkpoint = { every_steps = 10 }, checksum_interval = 10, chaos = { { at_step = 30, replica = 1, fault = "kill" } } }
+EOF
+    TSAN_OPTIONS="log_path=$tsan_log/tsan second_deadlock_stack=1" OMP_NUM_THREADS=1 \
+      build-tsan/transom run "$tsan_log/job.lua" --set run_dir="$tsan_log/run" >"$tsan_log/run.log" 2>&1 ||
+      { tail -20 "$tsan_log/run.log"; tsan_rc=1; }
+    grep -q "catches up from replica" "$tsan_log/run/events.jsonl" 2>/dev/null ||
+      echo "(the TSan job's replacement did not catch up from a donor: the donor's serving went unchecked)"
+  else
+    echo "(no $corpus: the TSan fleet job is skipped)"
+  fi
+  if compgen -G "$tsan_log/tsan.*" >/dev/null; then
+    cat "$tsan_log"/tsan.*
+    echo "=== ThreadSanitizer reported the above" >&2
+    tsan_rc=1
+  fi
+  rm -rf "$tsan_log"
+  [ "$tsan_rc" = 0 ] || exit 1
 
   # the readers of untrusted bytes under libFuzzer (spec/fuzz/), 10 s each
   spec/fuzz/deps.sh || echo "=== fuzz targets: could not install clang (spec/fuzz/deps.sh failed)"
