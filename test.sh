@@ -2,7 +2,7 @@
 # test.sh — the whole test suite: set-up, a release build with the C tests
 # and every Lua spec (ctest), then the C tests and the Lua specs again under
 # AddressSanitizer + UndefinedBehaviorSanitizer (of the multi-process specs,
-# 11 of 19 cases, timing stretched), then the threaded C tests (FTAR, the
+# 13 of 21 cases, timing stretched), then the threaded C tests (FTAR, the
 # checkpoint engine, the detector, the policy engine) and a short
 # multi-replica job under ThreadSanitizer, then each libFuzzer target for
 # 10 s (spec/fuzz/run.sh; skipped without clang).
@@ -60,7 +60,7 @@ if [ "$quick" = 0 ]; then
   # a worker, the operator or the donor fails them. TRANSOM_TIME_SCALE
   # stretches the specs' own waits and the thresholds they set (deadline,
   # hang_seconds, HANG_T/DEAD_T) for the slowdown (spec/support.lua); the
-  # product's defaults stay. All 19 cases pass so but take about 7 minutes
+  # product's defaults stay. All 21 cases pass so but take about 8 minutes
   # on 2 cores (3.5 in release), too much for CI's 20 minutes: the 8 left
   # out go through code another case here already takes (two killed at once
   # and the chaos list's kill: the replace and join of the kill -9 case;
@@ -69,8 +69,8 @@ if [ "$quick" = 0 ]; then
   # of SIGTERM + --resume; checkpoint.every_seconds: a timing rule; the clean
   # 500-step run: every run's clean stretch; SIGSTOP: the hang case's
   # eviction and replacement; a policy saved broken: the reloads of
-  # test_policy and test_detector, under ASan above). The 11 that stay take
-  # about 3 minutes.
+  # test_policy and test_detector, under ASan above). The 13 that stay take
+  # about 4 minutes.
   echo "=== sanitizer build (ASan + UBSan): multi-process specs, time scale 3"
   asan_skip=("two workers killed at once" "chaos list kills a replica" "restart_all"
     "killed before its first checkpoint" "every_seconds" "a clean 500" "SIGSTOP: dead" "a policy saved broken")
