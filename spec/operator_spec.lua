@@ -401,4 +401,118 @@ describe("operator (3 replicas)", function()
     assert.matches("no intact checkpoint", ev, 1, true) -- the reason, from the worker
     assert.is_true(spawns <= 3, "replaced after a start-up error: " .. ev)
   end)
+
+  -- The soak (./test.sh --long): 3 replicas, 2000 steps, 50 random kill -9
+  -- or SIGSTOP of workers and 3 kill -9 of the operator (each followed by
+  -- `transom run --resume`, which adopts the live workers). Each fault lands
+  -- a random 5 to 40 steps after the previous one healed (a step reduced by
+  -- all 3 replicas again), so the job runs degraded only while it recovers,
+  -- as on a cluster where failures are hours apart. The restart budget is raised in
+  -- a copy of the shipped policies: this tests recovery, not the limits.
+  it("soak: 50 random kill -9 / SIGSTOP of workers and 3 of the operator lose no committed step", function()
+    if os.getenv("TRANSOM_LONG") ~= "1" then return pending("the soak runs with ./test.sh --long (TRANSOM_LONG=1)") end
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local SOAK, LAST = 2000, 1700
+    local pol = tmp .. "/soak-policies"
+    assert(os.execute("mkdir -p " .. pol .. " && cp " .. ROOT .. "/lua/policies/*.lua " .. pol))
+    local restart = read(pol .. "/restart.lua")
+    local raised = restart:gsub("max_restarts_per_slot = %d+", "max_restarts_per_slot = 1000")
+      :gsub("max_restarts_total = %d+", "max_restarts_total = 1000"):gsub("backoff_max = %d+", "backoff_max = 1")
+    assert.are_not.equal(restart, raised)
+    write(pol .. "/restart.lua", raised)
+    -- DEAD_T = 2 s: a SIGSTOP heals in seconds, as the eagle spec's copy does
+    local rules = read(pol .. "/rules.lua")
+    write(pol .. "/rules.lua", (rules:gsub("local DEAD_T = %d+", "local DEAD_T = " .. T(2))))
+    local extra = "--set max_steps=" .. SOAK .. " --set operator_grace=" .. T(60) .. " --set policies=" .. pol
+    -- every step sleeps 250 ms first (TRANSOM_TEST_STEP_MS): a GPU's step time,
+    -- long against a recovery, without burning the machine's cores; the clean
+    -- run goes alongside the soak
+    local pad = "TRANSOM_TEST_STEP_MS=250"
+    local clean_run = tmp .. "/soak-clean"
+    local clean_op = spawn(job(clean_run, extra), tmp .. "/soak-clean.log", pad)
+    local run = tmp .. "/soak"
+    local op = spawn(job(run, extra), tmp .. "/soak-0.log", pad)
+    math.randomseed(os.time())
+    local worker_faults, op_kills, stops = 0, 0, 0
+    local function leader_step()
+      local top = 0
+      for _, steps in pairs(steps_by_worker(run)) do top = math.max(top, steps[#steps] or 0) end
+      return top
+    end
+    -- a step after `after` all 3 replicas reduced: the last fault is healed
+    local function healed(after)
+      for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+        local step, reps = line:match('^{"step":(%d+),"worker":%d+,"replicas":(%d+)')
+        if step and tonumber(step) > after and reps == "3" then return true end
+      end
+    end
+    local function wait_for(what, ok)
+      for _ = 1, N(1800) do -- 90 s: a SIGSTOP heals after the dead rule's deadline and a catch-up
+        if ok() then return end
+        sleep(0.05)
+      end
+      error("soak: " .. what .. " after " .. worker_faults .. " worker faults and " .. op_kills .. " operator kills")
+    end
+    while worker_faults < 50 do
+      -- the next fault lands a random 5 to 40 steps after the last one healed,
+      -- and never after step LAST
+      local at = leader_step()
+      wait_for("no recovery to 3 replicas after step " .. at + 1, function() return healed(at + 1) end)
+      local target = math.min(LAST, leader_step() + math.random(5, 40))
+      wait_for("no progress to step " .. target, function() return leader_step() >= target end)
+      if op_kills < 3 and (worker_faults + 1) % 13 == 0 then
+        os.execute("kill -9 " .. op)
+        assert.is_true(wait_exit(op, 10))
+        op_kills = op_kills + 1
+        sleep(0.2 + math.random() * 1.5)
+        op = spawn(BIN .. " run --resume " .. run, tmp .. "/soak-" .. op_kills .. ".log", pad)
+      else
+        local status, running = sh(BIN .. " chaos " .. run .. " status"), {}
+        for pid in status:gmatch("replica %d+: running pid (%d+)") do running[#running + 1] = pid end
+        if #running > 0 then
+          local pid = running[math.random(#running)]
+          if math.random() < 0.3 then
+            os.execute("kill -STOP " .. pid)
+            stops = stops + 1
+          else
+            os.execute("kill -9 " .. pid)
+          end
+          worker_faults = worker_faults + 1
+        end
+      end
+    end
+    assert.is_true(wait_exit(op, 900), "the soak did not finish")
+    assert.is_true(wait_exit(clean_op, 900), "the clean run did not finish")
+    assert_agree(clean_run, read(tmp .. "/soak-clean.log"), SOAK)
+    local clean = assert(final_val(clean_run), "no val loss in the clean run")
+    local out = read(tmp .. "/soak-" .. op_kills .. ".log")
+    assert_agree(run, out, SOAK)
+    -- no committed step lost: whatever restarted from a checkpoint restarted
+    -- from the newest one committed by then
+    local committed = 0
+    for line in events(run):gmatch("[^\n]+") do
+      local kind = line:match('"kind":"([%w_]+)"')
+      local step = tonumber(line:match('"step":(%-?%d+)'))
+      if kind == "checkpoint" then committed = math.max(committed, step) end
+      local from = tonumber(line:match("ready at step (%d+) %(resume"))
+      if from then assert.is_true(from >= committed, "a resume from step " .. from .. " after step " .. committed .. " was committed") end
+    end
+    assert.equal(3, op_kills)
+    local adoptions = select(2, events(run):gsub('"kind":"adopted"', ""))
+    assert.is_true(adoptions > 0, "no worker was adopted by a restarted operator")
+    local val = assert(final_val(run))
+    assert.is_true(math.abs(val - clean) / clean < 0.02,
+      string.format("val loss %.4f vs fault-free %.4f after %d worker faults (%d SIGSTOP) and %d operator kills",
+        val, clean, worker_faults, stops, op_kills))
+    local full, seen = 0, {}
+    for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+      local step, reps = line:match('^{"step":(%d+),"worker":%d+,"replicas":(%d+)')
+      if step and not seen[step] then
+        seen[step] = true
+        if reps == "3" then full = full + 1 end
+      end
+    end
+    print(string.format("  soak: %d worker faults (%d SIGSTOP), %d operator kills, %d adoptions, %d of %d steps "
+      .. "with 3 replicas, val %.4f vs %.4f clean", worker_faults, stops, op_kills, adoptions, full, SOAK, val, clean))
+  end)
 end)

@@ -91,6 +91,7 @@ typedef struct {
   int in_allreduce;
   double phase_since; /* tr_now() when it entered that phase */
   int64_t slow_until, slow_ms, nan_until;
+  int pad_ms; /* TRANSOM_TEST_STEP_MS: every step sleeps this long first (soak tests) */
 } worker;
 
 static const char usage[] =
@@ -352,6 +353,7 @@ static int hook_before_step(void *ud, int64_t next) {
   apply_chaos(w, next);
   if (next <= w->nan_until) trainer_poison_next(w->t);
   if (next <= w->slow_until && w->slow_ms > 0) usleep((useconds_t)w->slow_ms * 1000);
+  if (w->pad_ms > 0) usleep((useconds_t)w->pad_ms * 1000);
   return 0;
 }
 
@@ -598,6 +600,10 @@ int worker_main(int argc, char **argv) {
   int done, rc = parse_args(&w, argc, argv, &done), exit_code = 1, startup = 0;
   if (rc || done) return rc;
   signal(SIGPIPE, SIG_IGN);
+  /* a soak emulates a GPU's step time (long against a recovery) without
+   * burning the test machine's cores */
+  const char *pad = getenv("TRANSOM_TEST_STEP_MS");
+  w.pad_ms = pad ? atoi(pad) : 0;
 
   char line[PROTO_LINE_MAX], *run = w.run, coord[300], donor_addr[300], mode[16];
   if (!(w.replay = calloc(REPLAY, PROTO_LINE_MAX))) return 1;
