@@ -349,6 +349,12 @@ static void test_add(int si, const shape *s) {
     cmp(names[k][0], si, dget(d_da, n), da, n, EW_ATOL, EW_RTOL);
     cmp(names[k][1], si, dget(d_db, n), db, n, EW_ATOL, EW_RTOL);
   }
+  /* add(x, x): one gradient buffer gets dout twice */
+  float *dx = hrand(n, 1);
+  float *d_dx = dput(dx, n);
+  add_backward(dx, dx, dout, n);
+  be->add_backward(d_dx, d_dx, d_dout, n);
+  cmp("add_backward da == db", si, dget(d_dx, n), dx, n, EW_ATOL, EW_RTOL);
 }
 
 static void test_attention(int si, const shape *s) {
@@ -657,6 +663,12 @@ static void test_bf16_add(int si, const shape *s) {
     cmp16(names[k][0], si, d_da, da, n, B16_EW_ATOL, B16_EW_RTOL);
     cmp16(names[k][1], si, d_db, db, n, B16_EW_ATOL, B16_EW_RTOL);
   }
+  /* add(x, x): dout twice in fp32, rounded once, on both sides (exact) */
+  tr_bf16 *dx = hround(hrand(n, 1), n);
+  tr_bf16 *d_dx = dput16(dx, n);
+  cb->add_backward(dx, dx, dout, n);
+  gb->add_backward(d_dx, d_dx, d_dout, n);
+  cmp16("bf16 add_backward da == db", si, d_dx, dx, n, 0, 0);
 }
 
 static void test_bf16_attention(int si, const shape *s) {
