@@ -23,6 +23,11 @@
  * A failed step destroys the communicator (the backend has aborted it) and
  * reports ABORT; ftar_collective reports it to the coordinator, which
  * publishes epoch+1, restores buf from the copy and runs the next attempt.
+ * Except where a retry would fail the same way: the device is unusable
+ * (TR_EDEVICE from the backend: a corrupted CUDA context, a communicator
+ * abort that hung) gives up the call with TR_EDEVICE (FATAL), so that the
+ * worker exits and is replaced instead of stalling its group epoch after
+ * epoch until the call's timeout.
  *
  * Not here: the NCCL calls (ext/cuda/comm.cu), the shared-memory
  * communicator (comm_emu.c). Called by: the trainer, tests.
@@ -106,6 +111,14 @@ static int plane_fatal(int *fatal_rc, int code) {
   return FTAR_PLANE_FATAL;
 }
 
+/* What a failed communicator call ends the attempt with: the device is
+ * unusable (FATAL, TR_EDEVICE), or a retry in the next epoch may work
+ * (ABORT). */
+static int comm_failed(int rc, int *fatal_rc) {
+  if (rc == TR_EDEVICE) return plane_fatal(fatal_rc, TR_EDEVICE);
+  return FTAR_PLANE_ABORT;
+}
+
 /* Makes sure st->comm is the communicator of ri's epoch. FTAR_PLANE_DONE
  * (0) when it is, else ABORT / FATAL with why. */
 static int comm_ready(dev_plane *p, ftar_member *m, const ftar_run_info *ri, double t_end, int *fatal_rc,
@@ -116,9 +129,10 @@ static int comm_ready(dev_plane *p, ftar_member *m, const ftar_run_info *ri, dou
   comm_drop(st);
   uint8_t id[TR_COMM_ID_BYTES];
   if (ri->rank == 0) {
-    if (be->comm_id(id)) {
+    int rc = be->comm_id(id);
+    if (rc) {
       snprintf(why, why_len, "%s: making a communicator id: %s", be->name, be->error());
-      return plane_fatal(fatal_rc, TR_EIO);
+      return plane_fatal(fatal_rc, rc == TR_EDEVICE ? TR_EDEVICE : TR_EIO);
     }
     ftar_member_comm_id_offer(m, ri->epoch, id);
   } else {
@@ -139,12 +153,13 @@ static int comm_ready(dev_plane *p, ftar_member *m, const ftar_run_info *ri, dou
     snprintf(why, why_len, "timed out after %.1f s before creating the communicator", ri->timeout);
     return plane_fatal(fatal_rc, FTAR_ETIMEOUT);
   }
-  if (be->comm_create(&st->comm, id, ri->n, ri->rank, left < bound ? left : bound)) {
+  int rc = be->comm_create(&st->comm, id, ri->n, ri->rank, left < bound ? left : bound);
+  if (rc) {
     st->comm = NULL;
     snprintf(why, why_len, "creating the communicator of epoch %llu (rank %d of %d): %s",
              (unsigned long long)ri->epoch, ri->rank, ri->n, be->error());
     if (tr_now() >= t_end) return plane_fatal(fatal_rc, FTAR_ETIMEOUT);
-    return FTAR_PLANE_ABORT;
+    return comm_failed(rc, fatal_rc);
   }
   st->comm_ep = ri->epoch;
   return FTAR_PLANE_DONE;
@@ -168,8 +183,10 @@ static int dev_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_
                        p->n, be->error());
       st->save_cap = p->n;
     }
-    if (be->copy(st->save, p->buf, p->n * sizeof(float)))
-      return tr_fail(TR_EIO, "ftar_allreduce_dev: %s: saving the input: %s", be->name, be->error());
+    int rc = be->copy(st->save, p->buf, p->n * sizeof(float));
+    if (rc)
+      return tr_fail(rc == TR_EDEVICE ? TR_EDEVICE : TR_EIO, "ftar_allreduce_dev: %s: saving the input: %s", be->name,
+                     be->error());
     p->saved = 1;
   }
   if (!st->token && !(st->token = be->alloc(sizeof(float))))
@@ -178,17 +195,19 @@ static int dev_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_
   if (r != FTAR_PLANE_DONE) return r;
   float scale = p->op == FTAR_MEAN ? 1.0f / (float)ri.n : 1.0f;
   p->dirty = 1;
-  if (be->comm_allreduce(st->comm, p->buf, p->n, scale, ri.deadline)) {
+  int rc = be->comm_allreduce(st->comm, p->buf, p->n, scale, ri.deadline);
+  if (rc) {
     snprintf(why, why_len, "seq %llu, rank %d of %d: %s", (unsigned long long)seq, ri.rank, ri.n, be->error());
     comm_drop(st);
-    return FTAR_PLANE_ABORT;
+    return comm_failed(rc, fatal_rc);
   }
   *full = 1;
-  if (be->comm_allreduce(st->comm, st->token, 1, 1.0f, ri.deadline)) {
+  rc = be->comm_allreduce(st->comm, st->token, 1, 1.0f, ri.deadline);
+  if (rc) {
     snprintf(why, why_len, "seq %llu commit round, rank %d of %d: %s", (unsigned long long)seq, ri.rank, ri.n,
              be->error());
     comm_drop(st);
-    return FTAR_PLANE_ABORT;
+    return comm_failed(rc, fatal_rc);
   }
   return FTAR_PLANE_DONE;
 }

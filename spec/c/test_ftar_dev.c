@@ -27,6 +27,11 @@
  *             victim RESHAPED with contributors 2, in a new epoch whose
  *             communicator the new rank 0 made; (1) is redone after the
  *             communicator's deadline
+ *   dev-lost  a member's device is lost in the middle of a collective (emu:
+ *             an illegal address, sticky like a corrupted CUDA context):
+ *             its call fails at once with TR_EDEVICE, not redone (a redo
+ *             could only fail again, epoch after epoch, until the timeout);
+ *             it leaves, and the survivors redo that collective without it
  * Every scenario checks that /dev/shm holds no segment named after one of
  * its processes afterwards. Data goes over 127.0.0.1 only; every wait is
  * bounded. Children are forked while this process has no other thread and
@@ -645,7 +650,7 @@ static void test_emu_kill(int use_stop) {
 
 /* --- ftar_allreduce_dev across forked members --- */
 
-enum { DEV_PLAIN = 0, DEV_KILL_WAITED = 1, DEV_KILL_ANYTIME = 2 };
+enum { DEV_PLAIN = 0, DEV_KILL_WAITED = 1, DEV_KILL_ANYTIME = 2, DEV_LOST = 3 };
 enum { BE_EMU = 0, BE_EMU_NOCOMM = 1, BE_CPU = 2 };
 
 typedef struct {
@@ -653,11 +658,29 @@ typedef struct {
   int nseq;               /* collectives per member */
   int p;
   int stall_slot, stall_seq; /* that slot sleeps 1 s before that seq (the others wait inside it) */
+  int lose_slot, lose_seq;   /* that slot's device is lost inside that seq's all-reduce */
   int backend;               /* BE_*: emu's communicator, emu without collectives (host + ring), cpu */
 } dev_job;
 
+/* emu whose device is lost inside the next all-reduce once lose_now is set:
+ * a kernel given a host pointer (an illegal address) corrupts it, then the
+ * all-reduce runs on the corrupted device, as a GPU's would after an Xid. */
+static tr_backend lose_be;
+static const tr_backend *lose_base;
+static int lose_now;
+
+static int lose_allreduce(tr_comm *c, float *buf, size_t n, float scale, double deadline) {
+  if (lose_now) {
+    lose_now = 0;
+    float host = 1;
+    lose_base->scale(&host, 1, 2.0f);
+  }
+  return lose_base->comm_allreduce(c, buf, n, scale, deadline);
+}
+
 /* Child: member of slot r; nseq collectives on emu device buffers; prints
- * "res <seq> <rc> <epoch> <contrib> <redos> <crc> <ok> <slots>" per seq. */
+ * "res <seq> <rc> <epoch> <contrib> <redos> <crc> <ok> <slots>" per seq; the
+ * slot that loses its device prints "lost <rc> <redos> <message>" and leaves. */
 static int dev_child(void *arg, int r, int out) {
   dev_job *j = arg;
   for (int i = 0; i < j->p; i++) {
@@ -681,6 +704,12 @@ static int dev_child(void *arg, int r, int out) {
     nocomm.comm_allreduce = NULL;
     nocomm.comm_destroy = NULL;
     be = &nocomm;
+  }
+  if (r == j->lose_slot) {
+    lose_base = be;
+    lose_be = *be;
+    lose_be.comm_allreduce = lose_allreduce;
+    be = &lose_be;
   }
   int ring = j->backend != BE_EMU; /* the TCP ring divides a mean; the communicator multiplies by 1/p */
   ftar_member_opts mo;
@@ -713,7 +742,16 @@ static int dev_child(void *arg, int r, int out) {
       usleep(1000000);
     }
     ftar_result res;
+    lose_now = r == j->lose_slot && s == j->lose_seq;
     int rc = ftar_allreduce_dev(m, be, dev, n, op, seq, &res);
+    if (r == j->lose_slot && s == j->lose_seq) {
+      char msg[400];
+      snprintf(msg, sizeof msg, "%s", tr_error());
+      for (char *q = msg; *q; q++)
+        if (*q == '\n') *q = ' ';
+      say(out, "lost %d %d %s", rc, res.redos, msg);
+      break; /* as a worker would: exit, to be replaced */
+    }
     be->download(host, dev, n * sizeof(float));
     int ok = rc >= 0 && res.seq == seq && res.contributors >= 1;
     for (size_t i = 0; i < n && ok; i++) {
@@ -771,11 +809,13 @@ static int dev_parse(const kid *k, int seq, dev_res *out, double *t) {
  * point it is after 8 collectives. */
 static void test_dev(int mode, int backend) {
   double t0 = tr_now();
-  int victim = mode == DEV_KILL_ANYTIME ? 1 : 0;
+  int victim = mode == DEV_KILL_ANYTIME || mode == DEV_LOST ? 1 : 0;
   dev_job j = {.p = 3,
-               .nseq = mode ? 60 : 12,
+               .nseq = mode == DEV_LOST ? 16 : mode ? 60 : 12,
                .stall_slot = mode == DEV_KILL_WAITED ? 0 : -1,
                .stall_seq = 10,
+               .lose_slot = mode == DEV_LOST ? victim : -1,
+               .lose_seq = 10,
                .backend = backend};
   for (int r = 0; r < j.p; r++)
     if (pipe(j.port_pipe[r])) CHECK(0, "pipe");
@@ -792,6 +832,7 @@ static void test_dev(int mode, int backend) {
   }
   const char *what = mode == DEV_KILL_WAITED    ? "dev kill -9 (waited for)"
                      : mode == DEV_KILL_ANYTIME ? "dev kill -9 (any time)"
+                     : mode == DEV_LOST         ? "dev lost (device corrupted mid-collective)"
                      : backend == BE_CPU        ? "dev (cpu: ftar_allreduce)"
                      : backend == BE_EMU_NOCOMM ? "dev (emu without collectives: host + ring)"
                                                 : "dev";
@@ -809,6 +850,7 @@ static void test_dev(int mode, int backend) {
     t_kill = tr_now();
   }
   kids_finish(ks, j.p, 180);
+  if (mode == DEV_LOST && kid_find(&ks[victim], "lost ", 0) >= 0) t_kill = ks[victim].t[kid_find(&ks[victim], "lost ", 0)];
   int sv[MAXK], ns = 0;
   for (int r = 0; r < j.p; r++)
     if (mode == DEV_PLAIN || r != victim) sv[ns++] = r;
@@ -854,19 +896,31 @@ static void test_dev(int mode, int backend) {
     CHECK(reshaped_seen, "%s: seq %d, the first without slot %d, is RESHAPED on both survivors, slots %s", what,
           reduced_at, victim, want_slots);
     char closed[64];
-    snprintf(closed, sizeof closed, "slot %d: connection closed", victim);
+    if (mode == DEV_LOST) snprintf(closed, sizeof closed, "slot %d leaves", victim); /* freed its member */
+    else snprintf(closed, sizeof closed, "slot %d: connection closed", victim);
     CHECK(coord_log_has(closed), "%s: the coordinator saw slot %d go", what, victim);
     dev_res d;
     double t_res = 0;
     if (dev_parse(&ks[sv[0]], reduced_at, &d, &t_res)) recovery = t_res - t_kill;
-    CHECK(recovery < DEADLINE + 3.0, "%s: seq %d completed %.2f s after the kill (deadline %.1f s)", what, reduced_at,
-          recovery, DEADLINE);
+    if (mode != DEV_LOST) /* (a member that fails fast needs no bound: its call's outcome is checked below) */
+      CHECK(recovery < DEADLINE + 3.0, "%s: seq %d completed %.2f s after the kill (deadline %.1f s)", what,
+            reduced_at, recovery, DEADLINE);
     CHECK(redos_at <= 2, "%s: seq %d redone %d times", what, reduced_at, redos_at);
     if (mode == DEV_KILL_WAITED)
       CHECK(reduced_at == j.stall_seq && redos_at >= 1,
             "%s: seq %d (the one the victim was killed in) aborted on the communicator and was redone (seq %d, %d "
             "redos)",
             what, j.stall_seq, reduced_at, redos_at);
+    if (mode == DEV_LOST) {
+      int i = kid_find(&ks[victim], "lost ", 0), rc = 0, redos = -1;
+      if (i >= 0) sscanf(ks[victim].lines[i], "lost %d %d", &rc, &redos);
+      CHECK(i >= 0 && rc == TR_EDEVICE && redos == 0 && strstr(ks[victim].lines[i], "illegal address"),
+            "%s: the member whose device was lost fails seq %d with TR_EDEVICE, not redone: %s", what, j.lose_seq,
+            i >= 0 ? ks[victim].lines[i] : "(no line)");
+      CHECK(exited_ok(&ks[victim]), "%s: slot %d exit status %d", what, victim, ks[victim].status);
+      CHECK(reduced_at == j.lose_seq, "%s: the survivors redid seq %d without it (first with 2: seq %d)", what,
+            j.lose_seq, reduced_at);
+    }
   }
   pid_t pids[MAXK + 1];
   for (int r = 0; r < j.p; r++) pids[r] = ks[r].pid;
@@ -894,6 +948,7 @@ int main(void) {
   test_dev(DEV_PLAIN, BE_CPU);
   test_dev(DEV_KILL_WAITED, BE_EMU);
   test_dev(DEV_KILL_ANYTIME, BE_EMU);
+  test_dev(DEV_LOST, BE_EMU);
   test_commid(); /* last: it starts threads, and the others fork */
   return check_report("test_ftar_dev");
 }

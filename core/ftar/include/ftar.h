@@ -229,7 +229,10 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
  *     coordinator's decision stay that of the ring. A communicator that
  *     fails (a peer died or stalled past the deadline: the backend's
  *     watchdog aborts it) is destroyed, the abort reported, buf restored
- *     from the copy and the collective redone in the next epoch.
+ *     from the copy and the collective redone in the next epoch. A device
+ *     that is unusable (the backend says TR_EDEVICE: a corrupted CUDA
+ *     context, an abort that hung) is not retried: the call fails with
+ *     TR_EDEVICE, and the process must be replaced.
  *   One member: no communicator, buf untouched.
  * Device memory the member keeps (the input copy, one float) is freed by
  * ftar_member_free, which must run while be is still usable. The calling
