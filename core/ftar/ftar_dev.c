@@ -49,6 +49,7 @@ typedef struct {
   const tr_backend *be;
   tr_comm *comm;
   uint64_t comm_ep; /* epoch of comm */
+  int comm_ok;      /* comm's last collective completed (a shutdown now is a clean one) */
   float *save;      /* device: the caller's input */
   size_t save_cap;  /* floats */
   float *token;     /* device: the commit round's float (stays 0) */
@@ -56,16 +57,24 @@ typedef struct {
   size_t host_cap;
 } dev_state;
 
-static void comm_drop(dev_state *st) {
-  if (st->comm) st->be->comm_destroy(st->comm);
+/* Destroys the communicator: finalize only at a clean shutdown (see
+ * dev_state_free); leaving an epoch aborts it, since finalizing would wait
+ * for every rank of that epoch, the one that failed included. */
+static void comm_drop(dev_state *st, int finalize) {
+  if (st->comm) st->be->comm_destroy(st->comm, finalize);
   st->comm = NULL;
   st->comm_ep = 0;
+  st->comm_ok = 0;
 }
 
+/* The member is freed: a communicator whose last collective completed is
+ * finalized (the job ends, every rank frees its own; a rank that leaves
+ * alone waits for the others at most the backend's bound, on its way out),
+ * any other aborted. */
 static void dev_state_free(void *p) {
   dev_state *st = p;
   if (!st) return;
-  comm_drop(st);
+  comm_drop(st, st->comm_ok);
   if (st->save) st->be->free(st->save);
   if (st->token) st->be->free(st->token);
   free(st->host);
@@ -126,7 +135,7 @@ static int comm_ready(dev_plane *p, ftar_member *m, const ftar_run_info *ri, dou
   dev_state *st = p->st;
   const tr_backend *be = st->be;
   if (st->comm && st->comm_ep == ri->epoch) return FTAR_PLANE_DONE;
-  comm_drop(st);
+  comm_drop(st, 0);
   uint8_t id[TR_COMM_ID_BYTES];
   if (ri->rank == 0) {
     int rc = be->comm_id(id);
@@ -195,10 +204,11 @@ static int dev_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_
   if (r != FTAR_PLANE_DONE) return r;
   float scale = p->op == FTAR_MEAN ? 1.0f / (float)ri.n : 1.0f;
   p->dirty = 1;
+  st->comm_ok = 0;
   int rc = be->comm_allreduce(st->comm, p->buf, p->n, scale, ri.deadline);
   if (rc) {
     snprintf(why, why_len, "seq %llu, rank %d of %d: %s", (unsigned long long)seq, ri.rank, ri.n, be->error());
-    comm_drop(st);
+    comm_drop(st, 0);
     return comm_failed(rc, fatal_rc);
   }
   *full = 1;
@@ -206,9 +216,10 @@ static int dev_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_
   if (rc) {
     snprintf(why, why_len, "seq %llu commit round, rank %d of %d: %s", (unsigned long long)seq, ri.rank, ri.n,
              be->error());
-    comm_drop(st);
+    comm_drop(st, 0);
     return comm_failed(rc, fatal_rc);
   }
+  st->comm_ok = 1;
   return FTAR_PLANE_DONE;
 }
 
@@ -222,7 +233,7 @@ static void dev_plane_restore(ftar_plane *pl, ftar_member *m) {
 
 static void dev_plane_leave(ftar_plane *pl, ftar_member *m) {
   (void)m;
-  comm_drop(((dev_plane *)pl)->st);
+  comm_drop(((dev_plane *)pl)->st, 0);
 }
 
 /* --- entry --- */

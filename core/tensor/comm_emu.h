@@ -16,6 +16,7 @@
 int emu_comm_id(uint8_t id[TR_COMM_ID_BYTES]);
 int emu_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout);
 int emu_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, double deadline);
-void emu_comm_destroy(tr_comm *c);
+/* finalize is backend.h's; emu never waits for the other ranks either way. */
+void emu_comm_destroy(tr_comm *c, int finalize);
 
 #endif

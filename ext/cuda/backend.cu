@@ -15,7 +15,14 @@
  *     stream by an event (ckpt_mark);
  *   - errors: a thread-local message (error()), and one deferred error for
  *     queued work, which has no return value: sync/upload/download/copy
- *     report it.
+ *     report it;
+ *   - a lost device: a CUDA error that corrupts the context (an illegal
+ *     address, a device assert, ECC, ...: tc_sticky's list, the errors
+ *     whose documentation says the process must be relaunched), or a
+ *     communicator abort that did not return in its bound (comm.cu), makes
+ *     every later call fail at once with TC_EDEVICE and the first reason,
+ *     without touching the device (a free or a sync could wait for ever on
+ *     a hung stream): the worker gives up and is replaced.
  *
  * Matmuls are plain fp32 by default (cuBLAS's default math mode; TF32 is
  * not used). TRANSOM_CUDA_TF32=1 in the environment at init lets cuBLAS
@@ -67,13 +74,71 @@ int tc_fail(int code, const char *fmt, ...) {
   return code;
 }
 
+/* The lost device: set once, never cleared (see the top of this file). */
+static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
+static volatile int g_lost;
+static char g_lost_msg[512];
+
+int tc_device_lost(const char *fmt, ...) {
+  char msg[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&lost_mu);
+  if (!g_lost) {
+    snprintf(g_lost_msg, sizeof g_lost_msg, "the CUDA device is unusable in this process: %s (replace the process)",
+             msg);
+    __atomic_store_n(&g_lost, 1, __ATOMIC_RELEASE);
+  }
+  tc_fail(TC_EDEVICE, "%s", g_lost_msg);
+  pthread_mutex_unlock(&lost_mu);
+  return TC_EDEVICE;
+}
+
+/* TC_EDEVICE with the first reason when the device is lost, else 0. */
+static int lost_check(void) {
+  if (!__atomic_load_n(&g_lost, __ATOMIC_ACQUIRE)) return TC_OK;
+  pthread_mutex_lock(&lost_mu);
+  tc_fail(TC_EDEVICE, "%s", g_lost_msg);
+  pthread_mutex_unlock(&lost_mu);
+  return TC_EDEVICE;
+}
+
+int tc_sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorContained:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorCudartUnloading:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
 int tc_check(cudaError_t e, const char *what) {
   if (e == cudaSuccess) return TC_OK;
+  if (tc_sticky(e)) return tc_device_lost("%s: %s", what, cudaGetErrorString(e));
   (void)cudaGetLastError(); /* clear a non-sticky error, so no later call reports it again */
   return tc_fail(TC_EIO, "%s: %s", what, cudaGetErrorString(e));
 }
 
 static const char *cu_error(void) { return t_err[0] ? t_err : "no error"; }
+const char *tc_last_error(void) { return cu_error(); }
 
 /* The deferred error of queued work (first one wins until reported). */
 static pthread_mutex_t defer_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -109,8 +174,9 @@ int tc_queued(cudaError_t e, const char *what) {
   if (e == cudaSuccess) e = cudaGetLastError();
   else (void)cudaGetLastError();
   if (e == cudaSuccess) return TC_OK;
-  tc_defer(TC_EIO, "%s: %s", what, cudaGetErrorString(e));
-  return TC_EIO;
+  int code = tc_sticky(e) ? tc_device_lost("%s: %s", what, cudaGetErrorString(e)) : TC_EIO;
+  tc_defer(code, "%s: %s", what, cudaGetErrorString(e));
+  return code;
 }
 
 void tc_blas_check(cublasStatus_t s, const char *what) {
@@ -122,10 +188,22 @@ void tc_blas_check(cublasStatus_t s, const char *what) {
 cudaStream_t tc_stream(void) { return g_stream; }
 cublasHandle_t tc_blas(void) { return g_blas; }
 
-/* Current device for this thread; errors returned (not deferred). */
+/* Current device for this thread; errors returned (not deferred). A lost
+ * device fails at once. */
 static int enter(void) {
   if (!g_ready) return tc_fail(TC_ESTATE, "the CUDA backend is not initialised");
-  return tc_check(cudaSetDevice(g_dev), "cudaSetDevice");
+  int rc = lost_check();
+  return rc ? rc : tc_check(cudaSetDevice(g_dev), "cudaSetDevice");
+}
+
+int tc_set_device(void) { return g_ready ? tc_check(cudaSetDevice(g_dev), "cudaSetDevice") : TC_ESTATE; }
+
+int tc_probe(void) {
+  int rc = lost_check();
+  if (rc) return rc;
+  cudaError_t e = cudaStreamQuery(g_stream);
+  if (e == cudaSuccess || e == cudaErrorNotReady) return TC_OK;
+  return tc_sticky(e) ? tc_device_lost("cudaStreamQuery: %s", cudaGetErrorString(e)) : TC_OK;
 }
 
 int tc_enter(void) {
@@ -366,10 +444,13 @@ static int cu_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, doub
   return rc ? rc : tc_comm_allreduce(c, buf, n, scale, deadline);
 }
 
-static void cu_comm_destroy(tr_comm *c) {
+static void cu_comm_destroy(tr_comm *c, int finalize) {
   if (!c) return;
-  (void)enter(); /* destroy anyway: comm.cu frees its host state */
-  tc_comm_destroy(c);
+  if (enter() == TC_EDEVICE) { /* nothing may touch a lost device (an abort could hang): free the host state */
+    tc_comm_forget(c);
+    return;
+  }
+  tc_comm_destroy(c, finalize); /* also after another failure of enter(): comm.cu frees what it can */
 }
 
 /* --- the table (its graph-op entries generated from ops.def: a launcher

@@ -455,7 +455,7 @@ static int emu_sizes_child(void *arg, int r, int out) {
     bad |= !ok;
   }
   free(buf);
-  emu_comm_destroy(c);
+  emu_comm_destroy(c, 0);
   return bad;
 }
 
@@ -513,7 +513,7 @@ static void test_emu_attach(void) {
     float v[3] = {1, 2, 3};
     CHECK(emu_comm_allreduce(c, v, 3, 0.5f, 1) == 0 && v[0] == 0.5f && v[2] == 1.5f, "1 rank all-reduce");
     CHECK(emu_comm_allreduce(c, v, 0, 1.0f, 1) == 0, "an empty all-reduce");
-    emu_comm_destroy(c);
+    emu_comm_destroy(c, 0);
   }
   pid_t me = getpid();
   CHECK(shm_leftovers(&me, 1) == 0, "failed creations leave no segment in /dev/shm");
@@ -548,7 +548,7 @@ static int emu_kill_child(void *arg, int r, int out) {
   double t = tr_now();
   int rc2 = emu_comm_allreduce(c, buf, 10, 1.0f, DEADLINE);
   say(out, "again %d %.3f", rc2, tr_now() - t);
-  emu_comm_destroy(c);
+  emu_comm_destroy(c, 0);
   if (r == j->victim) {
     free(buf);
     return 0;
@@ -570,7 +570,7 @@ static int emu_kill_child(void *arg, int r, int out) {
     for (int q = 0; q < p2; q++) want += val(q, 1, i);
     ok = buf[i] == want;
   }
-  emu_comm_destroy(c);
+  emu_comm_destroy(c, 0);
   say(out, "fresh %s", ok ? "ok" : "bad");
   free(buf);
   return ok ? 0 : 1;
@@ -662,6 +662,18 @@ typedef struct {
   int backend;               /* BE_*: emu's communicator, emu without collectives (host + ring), cpu */
 } dev_job;
 
+/* emu whose comm_destroy reports how it was asked to destroy: "destroy
+ * <finalize> run" while collectives run, "destroy <finalize> free" from
+ * ftar_member_free. */
+static tr_backend rec_be;
+static const tr_backend *rec_base;
+static int rec_out = -1, rec_freeing;
+
+static void rec_destroy(tr_comm *c, int finalize) {
+  say(rec_out, "destroy %d %s", finalize, rec_freeing ? "free" : "run");
+  rec_base->comm_destroy(c, finalize);
+}
+
 /* emu whose device is lost inside the next all-reduce once lose_now is set:
  * a kernel given a host pointer (an illegal address) corrupts it, then the
  * all-reduce runs on the corrupted device, as a GPU's would after an Xid. */
@@ -704,6 +716,13 @@ static int dev_child(void *arg, int r, int out) {
     nocomm.comm_allreduce = NULL;
     nocomm.comm_destroy = NULL;
     be = &nocomm;
+  }
+  if (j->backend == BE_EMU) {
+    rec_base = be;
+    rec_be = *be;
+    rec_be.comm_destroy = rec_destroy;
+    rec_out = out;
+    be = &rec_be;
   }
   if (r == j->lose_slot) {
     lose_base = be;
@@ -773,6 +792,7 @@ static int dev_child(void *arg, int r, int out) {
     if (rc < 0) say(out, "error seq %d: rc %d: %s", s, rc, tr_error());
     bad |= !ok;
   }
+  rec_freeing = 1;
   ftar_member_free(m); /* frees the device copies: before the backend goes */
   be->free(dev);
   free(host);
@@ -890,6 +910,19 @@ static void test_dev(int mode, int backend) {
     int e = kid_find(&ks[sv[i]], "error", 0);
     CHECK(e < 0, "%s: slot %d: %s", what, sv[i], e >= 0 ? ks[sv[i]].lines[e] : "");
   }
+  /* communicators: aborted when an epoch is left, finalized only by the
+   * member's free after a completed collective (a clean shutdown) */
+  if (backend == BE_EMU)
+    for (int i = 0; i < ns; i++) {
+      const kid *k = &ks[sv[i]];
+      CHECK(kid_count(k, "destroy 1 run") == 0 && kid_count(k, "destroy 1 free") == 1,
+            "%s: slot %d: no communicator finalized while collectives run (%d), the last one at the member's free "
+            "(%d)",
+            what, sv[i], kid_count(k, "destroy 1 run"), kid_count(k, "destroy 1 free"));
+      if (mode)
+        CHECK(kid_count(k, "destroy 0 run") >= 1, "%s: slot %d: the epoch left after the fault aborted its "
+              "communicator", what, sv[i]);
+    }
   double recovery = 0;
   if (mode) {
     CHECK(reduced_at > 0, "%s: the survivors went on with 2 contributors", what);

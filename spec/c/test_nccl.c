@@ -94,7 +94,7 @@ static void peer_main(void) {
   /* now stop taking part: wait (bounded) for the parent to say it is done */
   struct pollfd pf = {.fd = peer_to[0], .events = POLLIN};
   poll(&pf, 1, 60000);
-  be->comm_destroy(c);
+  be->comm_destroy(c, 0);
   _exit(0);
 }
 
@@ -149,7 +149,7 @@ int main(void) {
     rc = be->comm_allreduce(c, tok, 1, 1.0f, 10);
     CHECK(rc == 0, "1-float all-reduce (FTAR's commit round): %s", rc ? be->error() : "");
     t = tr_now();
-    be->comm_destroy(c); /* mid-life: finalize + destroy */
+    be->comm_destroy(c, 1); /* mid-life: finalize + destroy */
     printf("  destroyed in %.2f s\n", tr_now() - t);
     c = NULL;
   }
@@ -160,12 +160,12 @@ int main(void) {
   if (c) {
     long bad = allreduce_check(be, c, d, h, N, 0, 1.0f, 1, 10, &rc);
     CHECK(bad == 0, "re-created communicator, sum: %ld wrong (rc %d)", bad, rc);
-    be->comm_destroy(c);
+    be->comm_destroy(c, 0);
     c = NULL;
   }
   /* destroyed right after creation */
   CHECK(be->comm_id(id1) == 0 && be->comm_create(&c, id1, 1, 0, 30) == 0, "another communicator: %s", be->error());
-  be->comm_destroy(c);
+  be->comm_destroy(c, 0);
   c = NULL;
 
   /* creation deadline: rank 1 never comes */
@@ -181,7 +181,7 @@ int main(void) {
   if (c) {
     long bad = allreduce_check(be, c, d, h, 1000, 0, 1.0f, 1, 10, &rc);
     CHECK(bad == 0, "after a failed creation, sum: %ld wrong (rc %d)", bad, rc);
-    be->comm_destroy(c);
+    be->comm_destroy(c, 0);
     c = NULL;
   }
 
@@ -209,14 +209,14 @@ int main(void) {
         t = tr_now();
         rc = be->comm_allreduce(c, d, N, 1.0f, 2.0);
         CHECK(rc == TR_EIO && tr_now() - t < 0.1, "an aborted communicator fails at once (rc %d)", rc);
-        be->comm_destroy(c);
+        be->comm_destroy(c, 0);
         c = NULL;
         CHECK(be->comm_id(id2) == 0 && be->comm_create(&c, id2, 1, 0, 30) == 0,
               "a fresh communicator after an abort: %s", be->error());
         if (c) {
           bad = allreduce_check(be, c, d, h, N, 0, 1.0f, 1, 10, &rc);
           CHECK(bad == 0, "after an abort, sum: %ld wrong (rc %d)", bad, rc);
-          be->comm_destroy(c);
+          be->comm_destroy(c, 0);
           c = NULL;
         }
       }
