@@ -22,7 +22,8 @@
  *      result (*full), which the coordinator may tell it to return.
  * A failed step destroys the communicator (the backend has aborted it) and
  * reports ABORT; ftar_collective reports it to the coordinator, which
- * publishes epoch+1, restores buf from the copy and runs the next attempt.
+ * publishes epoch+1, restores buf from the copy and runs the next attempt
+ * (a copy that fails there fails the member: buf may be half reduced).
  * Except where a retry would fail the same way: the device is unusable
  * (TR_EDEVICE from the backend: a corrupted CUDA context, a communicator
  * abort that hung) gives up the call with TR_EDEVICE (FATAL), so that the
@@ -223,12 +224,17 @@ static int dev_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_
   return FTAR_PLANE_DONE;
 }
 
-static void dev_plane_restore(ftar_plane *pl, ftar_member *m) {
+static int dev_plane_restore(ftar_plane *pl, ftar_member *m) {
+  (void)m;
   dev_plane *p = (dev_plane *)pl;
-  if (!p->saved || !p->dirty) return;
-  if (p->st->be->copy(p->buf, p->st->save, p->n * sizeof(float)))
-    ftar_member_log(m, "restoring the input of an aborted collective: %s", p->st->be->error());
+  if (!p->saved || !p->dirty) return 0;
+  const tr_backend *be = p->st->be;
+  int rc = be->copy(p->buf, p->st->save, p->n * sizeof(float));
+  if (rc) /* buf may be half reduced: ftar_collective fails the member */
+    return tr_fail(rc == TR_EDEVICE ? TR_EDEVICE : TR_EIO, "%s: restoring the input of an aborted collective: %s",
+                   be->name, be->error());
   p->dirty = 0;
+  return 0;
 }
 
 static void dev_plane_leave(ftar_plane *pl, ftar_member *m) {

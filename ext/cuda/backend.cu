@@ -160,6 +160,16 @@ void tc_defer(int code, const char *fmt, ...) {
   pthread_mutex_unlock(&defer_mu);
 }
 
+/* Reports (as the calling thread's error) the deferred error, leaving it
+ * for sync, upload or download to report too. */
+static int peek_deferred(void) {
+  pthread_mutex_lock(&defer_mu);
+  int code = g_defer_code;
+  if (code) tc_fail(code, "%s", g_defer_msg);
+  pthread_mutex_unlock(&defer_mu);
+  return code;
+}
+
 /* Reports (as the calling thread's error) and clears the deferred error. */
 static int take_deferred(void) {
   pthread_mutex_lock(&defer_mu);
@@ -371,11 +381,13 @@ static int cu_download(void *dst_host, const void *src, size_t bytes) {
                 "download (cudaMemcpyAsync)");
 }
 
-/* Queued; does not wait. */
+/* Queued; does not wait. Refuses to queue after a failed kernel (its
+ * result may be what we would copy), without clearing that error: a copy's
+ * caller may only log it, and sync must still report it. */
 static int cu_copy(void *dst, const void *src, size_t bytes) {
   int rc = enter();
   if (rc) return rc;
-  if ((rc = take_deferred())) return rc;
+  if ((rc = peek_deferred())) return rc;
   if (bytes == 0) return TC_OK;
   return tc_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream), "copy (cudaMemcpyAsync)");
 }

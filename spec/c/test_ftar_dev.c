@@ -27,6 +27,11 @@
  *             victim RESHAPED with contributors 2, in a new epoch whose
  *             communicator the new rank 0 made; (1) is redone after the
  *             communicator's deadline
+ *   dev-restore  as dev-kill (1), but the survivors' device copy that would
+ *             put their input back for the redo fails: each fails that
+ *             collective (TR_EIO, naming the restore) instead of redoing it
+ *             from a buffer that may be half reduced, and its member stays
+ *             failed (the next call fails at once)
  *   dev-lost  a member's device is lost in the middle of a collective (emu:
  *             an illegal address, sticky like a corrupted CUDA context):
  *             its call fails at once with TR_EDEVICE, not redone (a redo
@@ -659,6 +664,7 @@ typedef struct {
   int p;
   int stall_slot, stall_seq; /* that slot sleeps 1 s before that seq (the others wait inside it) */
   int lose_slot, lose_seq;   /* that slot's device is lost inside that seq's all-reduce */
+  int fail_restore;          /* a device copy into the caller's buffer (a restore) fails */
   int backend;               /* BE_*: emu's communicator, emu without collectives (host + ring), cpu */
 } dev_job;
 
@@ -672,6 +678,16 @@ static int rec_out = -1, rec_freeing;
 static void rec_destroy(tr_comm *c, int finalize) {
   say(rec_out, "destroy %d %s", finalize, rec_freeing ? "free" : "run");
   rec_base->comm_destroy(c, finalize);
+}
+
+/* emu whose copies into fail_dst fail (FTAR's restore of the input) */
+static tr_backend restore_be;
+static const tr_backend *restore_base;
+static void *fail_dst;
+
+static int restore_copy(void *dst, const void *src, size_t bytes) {
+  if (dst == fail_dst) return tr_fail(TR_EIO, "injected: the device copy failed");
+  return restore_base->copy(dst, src, bytes);
 }
 
 /* emu whose device is lost inside the next all-reduce once lose_now is set:
@@ -749,6 +765,13 @@ static int dev_child(void *arg, int r, int out) {
   size_t maxn = sizes[2];
   float *host = malloc(maxn * sizeof(float));
   float *dev = be->alloc(maxn * sizeof(float));
+  if (j->fail_restore) {
+    restore_base = be;
+    restore_be = *be;
+    restore_be.copy = restore_copy;
+    fail_dst = dev;
+    be = &restore_be;
+  }
   int bad = 0;
   for (int s = 1; s <= j->nseq && !bad; s++) {
     uint64_t seq = (uint64_t)s;
@@ -763,6 +786,14 @@ static int dev_child(void *arg, int r, int out) {
     ftar_result res;
     lose_now = r == j->lose_slot && s == j->lose_seq;
     int rc = ftar_allreduce_dev(m, be, dev, n, op, seq, &res);
+    if (j->fail_restore && rc < 0) {
+      char msg[400];
+      snprintf(msg, sizeof msg, "%s", tr_error());
+      int rc2 = ftar_allreduce_dev(m, be, dev, n, op, seq + 1, &res);
+      say(out, "failed %d %d %s", s, rc, msg);
+      say(out, "after %d %s", rc2, tr_error());
+      break;
+    }
     if (r == j->lose_slot && s == j->lose_seq) {
       char msg[400];
       snprintf(msg, sizeof msg, "%s", tr_error());
@@ -968,6 +999,49 @@ static void test_dev(int mode, int backend) {
   ftar_coord_free(c);
 }
 
+/* dev-restore: see the top of the file. */
+static void test_dev_restore(void) {
+  dev_job j = {.p = 3, .nseq = 12, .stall_slot = 0, .stall_seq = 10, .lose_slot = -1, .fail_restore = 1,
+               .backend = BE_EMU};
+  for (int r = 0; r < j.p; r++)
+    if (pipe(j.port_pipe[r])) CHECK(0, "pipe");
+  kid ks[MAXK];
+  for (int r = 0; r < j.p; r++) kid_start(&ks[r], dev_child, &j, r);
+  for (int r = 0; r < j.p; r++) close(j.port_pipe[r][0]);
+  ftar_coord *c = coord_start();
+  int port = c ? ftar_coord_port(c) : -1;
+  for (int r = 0; r < j.p; r++) {
+    ssize_t w = write(j.port_pipe[r][1], &port, sizeof port);
+    (void)w;
+    close(j.port_pipe[r][1]);
+  }
+  double end = tr_now() + 60;
+  while (kid_find(&ks[0], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
+  CHECK(kid_find(&ks[0], "stalling", 0) >= 0, "dev-restore: slot 0 reached seq %d", j.stall_seq);
+  usleep(300000); /* the others are inside seq 10 by now */
+  kill(ks[0].pid, SIGKILL);
+  kids_finish(ks, j.p, 120);
+  for (int r = 1; r < j.p; r++) {
+    int i = kid_find(&ks[r], "failed ", 0), a = kid_find(&ks[r], "after ", 0), seq = 0, rc = 0, rc2 = 0;
+    if (i >= 0) sscanf(ks[r].lines[i], "failed %d %d", &seq, &rc);
+    if (a >= 0) sscanf(ks[r].lines[a], "after %d", &rc2);
+    CHECK(i >= 0 && seq == j.stall_seq && rc == TR_EIO && strstr(ks[r].lines[i], "restor"),
+          "dev-restore: slot %d fails seq %d, whose input it could not put back, instead of redoing it: %s", r,
+          j.stall_seq, i >= 0 ? ks[r].lines[i] : "(no failure)");
+    CHECK(a >= 0 && rc2 == TR_EIO, "dev-restore: slot %d's member stays failed: %s", r, a >= 0 ? ks[r].lines[a] : "-");
+    dev_res d;
+    CHECK(!dev_parse(&ks[r], j.stall_seq, &d, NULL) || d.rc < 0, "dev-restore: slot %d returned no result for seq %d",
+          r, j.stall_seq);
+  }
+  pid_t pids[MAXK + 1];
+  for (int r = 0; r < j.p; r++) pids[r] = ks[r].pid;
+  pids[j.p] = getpid();
+  CHECK(shm_leftovers(pids, j.p + 1) == 0, "dev-restore: no segment left in /dev/shm");
+  printf("  dev-restore: a failed restore fails the survivors' member instead of a redo\n");
+  kids_free(ks, j.p);
+  ftar_coord_free(c);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   verbose = getenv("TRANSOM_VERBOSE") != NULL;
@@ -982,6 +1056,7 @@ int main(void) {
   test_dev(DEV_KILL_WAITED, BE_EMU);
   test_dev(DEV_KILL_ANYTIME, BE_EMU);
   test_dev(DEV_LOST, BE_EMU);
+  test_dev_restore();
   test_commid(); /* last: it starts threads, and the others fork */
   return check_report("test_ftar_dev");
 }
