@@ -113,10 +113,29 @@ describe("device", function()
     assert.is_false(S.exists(run), "a run directory was written for a job that cannot start")
     -- the operator checks it too, before starting any replica
     out, rc = sh(args(run, "cuda", "--set max_steps=10 --set replicas=2"))
-    if out:find("built without", 1, true) then
-      assert.equals(2, rc, out)
-      assert.is_false(S.exists(run))
-    end
+    assert.equals(2, rc, out)
+    assert.matches("key 'device'", out, 1, true)
+    assert.is_false(S.exists(run))
+  end)
+
+  it("one device per replica: more replicas than devices, or a slot past them, is refused at start", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    -- emu with TRANSOM_EMU_DEVICES=N has N devices, as a host has N GPUs
+    local run = tmp .. "/toomany"
+    local out, rc = sh("TRANSOM_EMU_DEVICES=1 " .. args(run, "emu", "--set max_steps=5 --set replicas=2"))
+    assert.equals(2, rc, out)
+    assert.matches("key 'replicas': 2 replicas need a device each, but 1 emu device(s) are visible on this host",
+      out, 1, true)
+    assert.is_false(S.exists(run), "a run directory was written for a job that cannot start")
+    -- a process on a slot past the devices (an outside launcher's LOCAL_RANK) is refused before it computes
+    out, rc = sh("TRANSOM_EMU_DEVICES=1 TRANSOM_LOCAL_RANK=1 " .. args(run, "emu", "--set max_steps=5"))
+    assert.equals(2, rc, out)
+    assert.matches("replica slot 1 has no device of its own: 1 emulated device(s) are visible", out, 1, true)
+    assert.is_false(S.exists(run))
+    -- as many replicas as devices train
+    out, rc = sh("timeout 120 env TRANSOM_EMU_DEVICES=2 " .. args(run, "emu", "--set max_steps=10 --set replicas=2"))
+    assert.equals(0, rc, out)
+    assert.matches("2 replicas finished with parameter crc32c %x+", out)
   end)
 
   it("precision = bf16 follows the fp32 loss curve with half the activation memory; emu = cpu bit for bit", function()

@@ -26,9 +26,10 @@
  * (a copy that fails there fails the member: buf may be half reduced).
  * Except where a retry would fail the same way: the device is unusable
  * (TR_EDEVICE from the backend: a corrupted CUDA context, a communicator
- * abort that hung) gives up the call with TR_EDEVICE (FATAL), so that the
- * worker exits and is replaced instead of stalling its group epoch after
- * epoch until the call's timeout.
+ * abort that hung) or the ranks cannot form a communicator (TR_EINVAL: two
+ * ranks on one GPU, which NCCL refuses) gives up the call with that code
+ * (FATAL), so that the worker exits (and is replaced, or the job stops)
+ * instead of stalling its group epoch after epoch until the call's timeout.
  *
  * Not here: the NCCL calls (ext/cuda/comm.cu), the shared-memory
  * communicator (comm_emu.c). Called by: the trainer, tests.
@@ -121,11 +122,12 @@ static int plane_fatal(int *fatal_rc, int code) {
   return FTAR_PLANE_FATAL;
 }
 
-/* What a failed communicator call ends the attempt with: the device is
- * unusable (FATAL, TR_EDEVICE), or a retry in the next epoch may work
- * (ABORT). */
+/* What a failed communicator call ends the attempt with: FATAL where a
+ * retry would fail the same way (the device is unusable: TR_EDEVICE; the
+ * ranks' set-up is wrong, e.g. two on one GPU: TR_EINVAL), else ABORT (a
+ * peer failed: the next epoch's communicator may work). */
 static int comm_failed(int rc, int *fatal_rc) {
-  if (rc == TR_EDEVICE) return plane_fatal(fatal_rc, TR_EDEVICE);
+  if (rc == TR_EDEVICE || rc == TR_EINVAL) return plane_fatal(fatal_rc, rc);
   return FTAR_PLANE_ABORT;
 }
 

@@ -20,6 +20,11 @@
  * download, copy and the communicator report it; kernels do not run; alloc
  * returns NULL). Only a new process recovers.
  *
+ * TRANSOM_EMU_DEVICES=N emulates N visible devices, for the one-device-
+ * per-replica rule of cuda: init refuses an ordinal >= N, devices() says N,
+ * and the communicator refuses two ranks on one emulated device as NCCL
+ * refuses two ranks on one GPU (comm_emu.c). Unset: no limit, no check.
+ *
  * Otherwise it is the cpu backend: the same kernels in the same order, so a
  * run on emu gives the bits of a run on cpu. The wrappers of the graph ops
  * (check the pointers, open the memory, call the cpu table, close it) are
@@ -50,6 +55,7 @@ static int depth;      /* calls in flight */
 static int guard = -1; /* -1: not read yet */
 static int lost;       /* an illegal address was met: the emulated device is corrupted for good */
 static char lost_msg[300];
+static int g_dev = -1; /* the emulated device: init's ordinal (0 for -1) */
 
 static const tr_backend *cpu(void) { return backend_cpu(); }
 
@@ -212,7 +218,24 @@ static int e_sync(void) {
   return rc;
 }
 
-static int e_init(int ordinal, int threads) { return cpu()->init(ordinal, threads); }
+/* TRANSOM_EMU_DEVICES: the emulated devices visible, 0 when unset (no limit). */
+static int emu_devices(void) {
+  const char *e = getenv("TRANSOM_EMU_DEVICES");
+  return e && *e ? atoi(e) : 0;
+}
+
+static int e_init(int ordinal, int threads) {
+  int n = emu_devices();
+  if (n > 0 && ordinal >= n)
+    return tr_fail(TR_EINVAL,
+                   "replica slot %d has no device of its own: %d emulated device(s) are visible "
+                   "(TRANSOM_EMU_DEVICES); one device per replica, as on cuda",
+                   ordinal, n);
+  g_dev = ordinal < 0 ? 0 : ordinal;
+  return cpu()->init(ordinal, threads);
+}
+
+static int e_devices(void) { return emu_devices() > 0 ? emu_devices() : 0; }
 static const char *e_describe(void) {
   return "emulated device: host CPU kernels behind a device boundary (device memory closed to the host)";
 }
@@ -281,7 +304,8 @@ static int e_comm_id(uint8_t id[TR_COMM_ID_BYTES]) {
 static int e_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout) {
   *out = NULL;
   int rc = e_sync();
-  return rc ? rc : emu_comm_create(out, id, nranks, rank, timeout);
+  /* the device each rank is on, checked like NCCL's duplicate GPU (-1: no emulated devices, no check) */
+  return rc ? rc : emu_comm_create_on(out, id, nranks, rank, timeout, emu_devices() > 0 ? g_dev : -1);
 }
 
 static int e_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, double deadline) {
@@ -294,7 +318,7 @@ static int e_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, doubl
 
 static const tr_backend emu_backend = {
     .abi = TR_BACKEND_ABI, .name = "emu", .host_memory = 0,
-    .init = e_init, .describe = e_describe, .error = e_error,
+    .init = e_init, .devices = e_devices, .describe = e_describe, .error = e_error,
     .alloc = e_alloc, .free = e_free, .upload = e_upload, .download = e_download, .copy = e_copy, .sync = e_sync,
     .zero = e_zero, .sumsq = e_sumsq, .scale = e_scale, .adamw = e_adamw,
 #define TR_OP(ID, NAME, K, ...) .K##_forward = e_##K##_forward, .K##_backward = e_##K##_backward,

@@ -51,7 +51,6 @@
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_ready;          /* init succeeded */
 static int g_dev = -1;       /* the device ordinal */
-static int g_count = 1;      /* devices visible at init */
 static cudaStream_t g_stream; /* compute: kernels, cuBLAS, memory ops, collectives */
 static cudaStream_t g_side;   /* checkpoint copies */
 static cudaEvent_t g_mark;    /* recorded on g_stream by ckpt_mark */
@@ -247,10 +246,21 @@ void *tc_scratch(int slot, size_t bytes) {
 
 /* --- init and describe --- */
 
+/* The devices visible, without initialising one. 0 or TC_EIO. */
+static int device_count(int *count) {
+  *count = 0;
+  cudaError_t e = cudaGetDeviceCount(count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+  }
+  if (*count <= 0) return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: 0 devices)");
+  return TC_OK;
+}
+
 static int init_locked(int ordinal) {
   int count = 0, dev, rc, tf32, rt = 0, drv = 0;
   const char *env;
-  cudaError_t e;
   cublasStatus_t bs;
   cudaStream_t stream = NULL, side = NULL;
   cudaEvent_t mark = NULL;
@@ -258,20 +268,24 @@ static int init_locked(int ordinal) {
   cudaDeviceProp prop;
 
   if (g_ready) {
-    if (ordinal >= 0 && ordinal % g_count != g_dev)
+    if (ordinal >= 0 && ordinal != g_dev)
       return tc_fail(TC_ESTATE, "the CUDA backend is already initialised on device %d (asked for %d)", g_dev,
                      ordinal);
     return enter();
   }
-  e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+  if ((rc = device_count(&count))) return rc;
+  /* -1: device 0 of those visible; else the replica's own (the operator
+   * passes each worker's slot): two replicas on one GPU cannot share an
+   * NCCL communicator ("duplicate GPU") and would fail every epoch, so a
+   * slot past the devices is refused here, at start, not retried */
+  if (ordinal >= count) {
+    env = getenv("CUDA_VISIBLE_DEVICES");
+    return tc_fail(TC_EINVAL,
+                   "replica slot %d has no GPU of its own: %d CUDA device(s) are visible (CUDA_VISIBLE_DEVICES=%s); "
+                   "one GPU per replica: run at most %d replicas on this host",
+                   ordinal, count, env ? env : "(unset)", count);
   }
-  if (count <= 0) return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: 0 devices)");
-  /* -1: device 0 of those visible; else round robin over them (the operator
-   * passes each worker's slot, so replicas on one host get a GPU each) */
-  dev = ordinal < 0 ? 0 : ordinal % count;
+  dev = ordinal < 0 ? 0 : ordinal;
 
   if ((rc = tc_check(cudaSetDevice(dev), "cudaSetDevice"))) goto error;
   if ((rc = tc_check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties"))) goto error;
@@ -303,7 +317,6 @@ static int init_locked(int ordinal) {
            prop.multiProcessorCount, rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10,
            tf32 ? "TF32" : "fp32");
   g_dev = dev;
-  g_count = count;
   g_stream = stream;
   g_side = side;
   g_mark = mark;
@@ -330,6 +343,12 @@ static int cu_init(int ordinal, int threads) {
 }
 
 static const char *cu_describe(void) { return g_describe; }
+
+/* The operator asks before it starts any replica: one GPU each. */
+static int cu_devices(void) {
+  int count, rc = device_count(&count);
+  return rc ? rc : count;
+}
 
 /* --- memory --- */
 
@@ -475,6 +494,7 @@ static tr_backend make_table(void) {
   t.name = "cuda";
   t.host_memory = 0;
   t.init = cu_init;
+  t.devices = cu_devices;
   t.describe = cu_describe;
   t.error = cu_error;
   t.alloc = cu_alloc;

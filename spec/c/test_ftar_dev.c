@@ -27,6 +27,11 @@
  *             victim RESHAPED with contributors 2, in a new epoch whose
  *             communicator the new rank 0 made; (1) is redone after the
  *             communicator's deadline
+ *   dev-samedev  2 members on one emulated device (TRANSOM_EMU_DEVICES=2,
+ *             both TRANSOM_LOCAL_RANK=0), as two replicas on one GPU: the
+ *             communicator cannot be made (NCCL: "duplicate GPU"), and the
+ *             first collective fails on both with TR_EINVAL saying so,
+ *             instead of an abort retried epoch after epoch until timeout
  *   dev-restore  as dev-kill (1), but the survivors' device copy that would
  *             put their input back for the redo fails: each fails that
  *             collective (TR_EIO, naming the restore) instead of redoing it
@@ -665,6 +670,7 @@ typedef struct {
   int stall_slot, stall_seq; /* that slot sleeps 1 s before that seq (the others wait inside it) */
   int lose_slot, lose_seq;   /* that slot's device is lost inside that seq's all-reduce */
   int fail_restore;          /* a device copy into the caller's buffer (a restore) fails */
+  int same_device;           /* every member on emulated device 0 of 2 */
   int backend;               /* BE_*: emu's communicator, emu without collectives (host + ring), cpu */
 } dev_job;
 
@@ -719,6 +725,10 @@ static int dev_child(void *arg, int r, int out) {
   ssize_t got = read(j->port_pipe[r][0], &port, sizeof port);
   close(j->port_pipe[r][0]);
   if (got != (ssize_t)sizeof port || port <= 0) return 2;
+  if (j->same_device) {
+    setenv("TRANSOM_EMU_DEVICES", "2", 1);
+    setenv("TRANSOM_LOCAL_RANK", "0", 1);
+  }
   const tr_backend *be = backend_get(j->backend == BE_CPU ? "cpu" : "emu", 1);
   if (!be) {
     say(out, "error backend: %s", tr_error());
@@ -852,6 +862,22 @@ static int dev_parse(const kid *k, int seq, dev_res *out, double *t) {
   return 0;
 }
 
+/* Starts p dev_child members of job j and a coordinator for them. */
+static ftar_coord *dev_start(dev_job *j, kid *ks) {
+  for (int r = 0; r < j->p; r++)
+    if (pipe(j->port_pipe[r])) CHECK(0, "pipe");
+  for (int r = 0; r < j->p; r++) kid_start(&ks[r], dev_child, j, r);
+  for (int r = 0; r < j->p; r++) close(j->port_pipe[r][0]);
+  ftar_coord *c = coord_start(); /* the children exist; now this process may start threads */
+  int port = c ? ftar_coord_port(c) : -1;
+  for (int r = 0; r < j->p; r++) {
+    ssize_t w = write(j->port_pipe[r][1], &port, sizeof port);
+    (void)w;
+    close(j->port_pipe[r][1]);
+  }
+  return c;
+}
+
 /* mode DEV_PLAIN: 3 members, 12 collectives, all with 3 contributors.
  * DEV_KILL_WAITED: slot 0 (the epoch's rank 0) stalls before seq 10 while
  * the others wait inside that collective, and is killed there: they must
@@ -868,19 +894,8 @@ static void test_dev(int mode, int backend) {
                .lose_slot = mode == DEV_LOST ? victim : -1,
                .lose_seq = 10,
                .backend = backend};
-  for (int r = 0; r < j.p; r++)
-    if (pipe(j.port_pipe[r])) CHECK(0, "pipe");
   kid ks[MAXK];
-  for (int r = 0; r < j.p; r++) kid_start(&ks[r], dev_child, &j, r);
-  for (int r = 0; r < j.p; r++) close(j.port_pipe[r][0]);
-  /* the children exist; now this process may start threads */
-  ftar_coord *c = coord_start();
-  int port = c ? ftar_coord_port(c) : -1;
-  for (int r = 0; r < j.p; r++) {
-    ssize_t w = write(j.port_pipe[r][1], &port, sizeof port);
-    (void)w;
-    close(j.port_pipe[r][1]);
-  }
+  ftar_coord *c = dev_start(&j, ks);
   const char *what = mode == DEV_KILL_WAITED    ? "dev kill -9 (waited for)"
                      : mode == DEV_KILL_ANYTIME ? "dev kill -9 (any time)"
                      : mode == DEV_LOST         ? "dev lost (device corrupted mid-collective)"
@@ -999,22 +1014,34 @@ static void test_dev(int mode, int backend) {
   ftar_coord_free(c);
 }
 
+/* dev-samedev: see the top of the file. */
+static void test_dev_same_device(void) {
+  dev_job j = {.p = 2, .nseq = 3, .stall_slot = -1, .lose_slot = -1, .same_device = 1, .backend = BE_EMU};
+  kid ks[MAXK];
+  ftar_coord *c = dev_start(&j, ks);
+  kids_finish(ks, j.p, 120);
+  for (int r = 0; r < j.p; r++) {
+    int e = kid_find(&ks[r], "error seq 1: rc ", 0), rc = 0;
+    if (e >= 0) sscanf(ks[r].lines[e], "error seq 1: rc %d", &rc);
+    CHECK(e >= 0 && rc == TR_EINVAL && strstr(ks[r].lines[e], "both on emulated device 0"),
+          "dev-samedev: slot %d: two members on one device fail the first collective with TR_EINVAL, saying so: %s", r,
+          e >= 0 ? ks[r].lines[e] : "(no error)");
+  }
+  pid_t pids[MAXK + 1];
+  for (int r = 0; r < j.p; r++) pids[r] = ks[r].pid;
+  pids[j.p] = getpid();
+  CHECK(shm_leftovers(pids, j.p + 1) == 0, "dev-samedev: no segment left in /dev/shm");
+  printf("  dev-samedev: two members on one device: the communicator is refused, not retried\n");
+  kids_free(ks, j.p);
+  ftar_coord_free(c);
+}
+
 /* dev-restore: see the top of the file. */
 static void test_dev_restore(void) {
   dev_job j = {.p = 3, .nseq = 12, .stall_slot = 0, .stall_seq = 10, .lose_slot = -1, .fail_restore = 1,
                .backend = BE_EMU};
-  for (int r = 0; r < j.p; r++)
-    if (pipe(j.port_pipe[r])) CHECK(0, "pipe");
   kid ks[MAXK];
-  for (int r = 0; r < j.p; r++) kid_start(&ks[r], dev_child, &j, r);
-  for (int r = 0; r < j.p; r++) close(j.port_pipe[r][0]);
-  ftar_coord *c = coord_start();
-  int port = c ? ftar_coord_port(c) : -1;
-  for (int r = 0; r < j.p; r++) {
-    ssize_t w = write(j.port_pipe[r][1], &port, sizeof port);
-    (void)w;
-    close(j.port_pipe[r][1]);
-  }
+  ftar_coord *c = dev_start(&j, ks);
   double end = tr_now() + 60;
   while (kid_find(&ks[0], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
   CHECK(kid_find(&ks[0], "stalling", 0) >= 0, "dev-restore: slot 0 reached seq %d", j.stall_seq);
@@ -1057,6 +1084,7 @@ int main(void) {
   test_dev(DEV_KILL_ANYTIME, BE_EMU);
   test_dev(DEV_LOST, BE_EMU);
   test_dev_restore();
+  test_dev_same_device();
   test_commid(); /* last: it starts threads, and the others fork */
   return check_report("test_ftar_dev");
 }

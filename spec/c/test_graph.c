@@ -195,6 +195,23 @@ static void test_float_input(void) {
   free(grads[1]);
 }
 
+/* TRANSOM_EMU_DEVICES=N: emu has N devices, one per replica, as cuda: an
+ * ordinal past them is refused at init, naming the slot and the count. */
+static void test_emu_devices(void) {
+  const tr_backend *be = backend_emu();
+  CHECK(be->devices && be->devices() == 0, "emu: no device limit by default");
+  setenv("TRANSOM_EMU_DEVICES", "2", 1);
+  CHECK(be->devices() == 2, "emu: TRANSOM_EMU_DEVICES=2 gives 2 devices (%d)", be->devices());
+  int rc = be->init(2, 1);
+  CHECK(rc == TR_EINVAL && strstr(be->error(), "replica slot 2 has no device of its own") &&
+            strstr(be->error(), "2 emulated device(s)"),
+        "emu: slot 2 of 2 devices is refused: %d %s", rc, be->error());
+  CHECK(be->init(1, 1) == 0 && be->init(-1, 1) == 0, "emu: slots 1 and -1 of 2 devices are fine: %s", be->error());
+  unsetenv("TRANSOM_EMU_DEVICES");
+  CHECK(be->init(7, 1) == 0, "emu: no limit again: %s", be->error());
+  CHECK(backend_cpu()->devices == NULL, "cpu: no device limit");
+}
+
 static void test_builder_errors(void) {
   graph *g = graph_create();
   int64_t d23[2] = {2, 3}, d45[2] = {4, 5}, d4[1] = {4};
@@ -467,6 +484,7 @@ int main(void) {
   test_bf16(L);
   test_emu_guard();
   test_float_input();
+  test_emu_devices();
   test_builder_errors();
   test_optim();
   test_safetensors();

@@ -67,14 +67,21 @@ struct tr_backend {
   const char *name;   /* "cpu", "emu", "cuda" */
   int host_memory;    /* 1: device pointers are host pointers (cpu) */
 
-  /* Initialises the backend on device `ordinal` modulo the devices visible
-   * (-1: the default one) with `threads` host threads for host-side work
-   * (0 = all cores). backend_get passes $TRANSOM_LOCAL_RANK, which the
-   * operator sets to each worker's slot (else $LOCAL_RANK, $SLURM_LOCALID):
-   * one GPU per replica, round robin. 0 or a
-   * negative code; a backend with no usable device fails here with a
-   * message saying so ("no CUDA device is visible: ..."). Idempotent. */
+  /* Initialises the backend on device `ordinal` of those visible (-1: the
+   * default one) with `threads` host threads for host-side work (0 = all
+   * cores). backend_get passes $TRANSOM_LOCAL_RANK, which the operator sets
+   * to each worker's slot (else $LOCAL_RANK, $SLURM_LOCALID): one device per
+   * replica. 0 or a negative code; a backend with no usable device fails
+   * here with a message saying so ("no CUDA device is visible: ..."), and
+   * an ordinal past the devices visible is refused (TR_EINVAL): two
+   * replicas on one GPU cannot share an NCCL communicator. Idempotent. */
   int (*init)(int ordinal, int threads);
+  /* How many devices a process of this host can use (one per replica),
+   * without initialising one: > 0; 0 for no limit (emu unless
+   * TRANSOM_EMU_DEVICES); or a negative code with error() set (no device,
+   * no driver). NULL: no limit (cpu). The operator refuses a job with more
+   * replicas than this. */
+  int (*devices)(void);
   /* One line: device name, memory, driver/runtime versions. */
   const char *(*describe)(void);
   /* The calling thread's last error message. */
