@@ -246,6 +246,31 @@ void *tc_scratch(int slot, size_t bytes) {
 
 /* --- init and describe --- */
 
+#ifndef TRANSOM_CUDA_ARCHS
+#define TRANSOM_CUDA_ARCHS "?"
+#endif
+
+namespace {
+__global__ void arch_probe_kernel(void) {}
+} // namespace
+
+/* Does the plugin hold code this device can run (a cubin of its family or
+ * PTX it can compile)? A kernel's attributes load its image: no image is
+ * cudaErrorNoKernelImageForDevice (or InvalidDeviceFunction). Refused at
+ * init, naming the architectures built, rather than at the first kernel. */
+static int check_arch(int dev, const cudaDeviceProp *prop) {
+  cudaFuncAttributes fa;
+  cudaError_t e = cudaFuncGetAttributes(&fa, arch_probe_kernel);
+  if (e == cudaSuccess) return TC_OK;
+  if (tc_sticky(e)) return tc_check(e, "cudaFuncGetAttributes");
+  (void)cudaGetLastError();
+  return tc_fail(TC_EINVAL,
+                 "cuda:%d %s is sm_%d%d, and this plugin has no code it can run (built for %s, "
+                 "CMAKE_CUDA_ARCHITECTURES): rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d%d (%s)",
+                 dev, prop->name, prop->major, prop->minor, TRANSOM_CUDA_ARCHS, prop->major, prop->minor,
+                 cudaGetErrorString(e));
+}
+
 /* The devices visible, without initialising one. 0 or TC_EIO. */
 static int device_count(int *count) {
   *count = 0;
@@ -289,6 +314,7 @@ static int init_locked(int ordinal) {
 
   if ((rc = tc_check(cudaSetDevice(dev), "cudaSetDevice"))) goto error;
   if ((rc = tc_check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties"))) goto error;
+  if ((rc = check_arch(dev, &prop))) goto error;
   if ((rc = tc_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")))
     goto error;
   if ((rc = tc_check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")))
@@ -365,12 +391,15 @@ static void *cu_alloc(size_t bytes) {
   return p;
 }
 
-/* Kernels still queued may use p: they finish first (cudaFree also waits
- * for the device, but that is an implementation detail). An error here
- * (a failed kernel) is left for sync to report; p is freed regardless. */
+/* Kernels still queued may use p, and so may checkpoint copies on the side
+ * stream: both finish first (cudaFree also waits for the device, but that
+ * is an implementation detail). An error here (a failed kernel) is left for
+ * sync to report; p is freed regardless. */
 static void cu_free(void *p) {
-  if (!p || enter()) return;
-  (void)cudaStreamSynchronize(g_stream);
+  if (!p || enter()) return; /* a lost device: nothing is freed, the process is on its way out */
+  (void)tc_check(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize (before a free)");
+  /* and the checkpoint copies queued on the side stream, which may read p */
+  (void)tc_check(cudaStreamSynchronize(g_side), "cudaStreamSynchronize (checkpoint copies, before a free)");
   if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
 }
 
