@@ -397,6 +397,10 @@ static void print_summary(const run_ctx *r, const loop_result *res) {
            "%.2f ms in all\n",
            (unsigned long long)cs.committed, (unsigned long long)cs.failed, (unsigned long long)cs.skipped,
            (unsigned long long)cs.coalesced, cs.bytes_per_snapshot / 1048576.0, cs.stall_s * 1e3);
+    if (cs.unpinned)
+      printf("checkpoints: %d staging buffer(s) could not be page-locked (%s): their device copies ran unpinned "
+             "(slower, and they wait for the host)\n",
+             cs.unpinned, cs.unpinned_why);
   }
   double rss = (double)tr_peak_rss(), plan = (double)trainer_planned_bytes(r->t);
   printf("memory: peak RSS %.1f MiB | planned %.1f MiB (params, grads, AdamW, activations) | ratio %.2f\n",
