@@ -338,10 +338,16 @@ static int init_locked(int ordinal) {
   (void)cudaRuntimeGetVersion(&rt);
   (void)cudaDriverGetVersion(&drv);
   snprintf(g_describe, sizeof g_describe,
-           "cuda:%d %s, %.1f GiB, sm_%d%d, %d SMs; CUDA runtime %d.%d, driver %d.%d; %s matmuls", dev, prop.name,
+           "cuda:%d %s, %.1f GiB, sm_%d%d, %d SMs; CUDA runtime %d.%d, driver %d.%d; %s matmuls; %s", dev, prop.name,
            (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), prop.major, prop.minor,
            prop.multiProcessorCount, rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10,
-           tf32 ? "TF32" : "fp32");
+           tf32 ? "TF32" : "fp32",
+#ifdef TRANSOM_HAVE_NCCL
+           "NCCL collectives"
+#else
+           "no NCCL (built without it): replicas all-reduce through the host"
+#endif
+  );
   g_dev = dev;
   g_stream = stream;
   g_side = side;
@@ -487,7 +493,9 @@ static int cu_ckpt_wait(void) {
   return tc_check(cudaStreamSynchronize(g_side), "ckpt_wait (cudaStreamSynchronize)");
 }
 
-/* --- collectives: comm.cu, called with the device current --- */
+/* --- collectives: comm.cu, called with the device current (built with
+ * NCCL only; without, the table has none and FTAR goes through the host) --- */
+#ifdef TRANSOM_HAVE_NCCL
 
 static int cu_comm_id(uint8_t id[TR_COMM_ID_BYTES]) {
   int rc = enter();
@@ -512,6 +520,7 @@ static void cu_comm_destroy(tr_comm *c, int finalize) {
   }
   tc_comm_destroy(c, finalize); /* also after another failure of enter(): comm.cu frees what it can */
 }
+#endif
 
 /* --- the table (its graph-op entries generated from ops.def: a launcher
  * that no file defines fails the link, see CMakeLists.txt) --- */
@@ -546,10 +555,12 @@ static tr_backend make_table(void) {
   t.ckpt_mark = cu_ckpt_mark;
   t.ckpt_copy = cu_ckpt_copy;
   t.ckpt_wait = cu_ckpt_wait;
+#ifdef TRANSOM_HAVE_NCCL
   t.comm_id = cu_comm_id;
   t.comm_create = cu_comm_create;
   t.comm_allreduce = cu_comm_allreduce;
   t.comm_destroy = cu_comm_destroy;
+#endif
   return t;
 }
 
