@@ -19,6 +19,7 @@ if have_corpus then S.write(data, read(CORPUS):sub(1, 200000)) end
 
 -- a GPU is visible to this process: the cuda cases train instead of failing
 local gpu = select(2, sh("nvidia-smi -L >/dev/null 2>&1")) == 0
+local ngpus = gpu and tonumber((sh("nvidia-smi -L | grep -c '^GPU'")):match("%d+")) or 0
 
 local function args(run, device, extra)
   return table.concat({
@@ -116,6 +117,28 @@ describe("device", function()
     assert.equals(2, rc, out)
     assert.matches("key 'device'", out, 1, true)
     assert.is_false(S.exists(run))
+  end)
+
+  it("cuda with a GPU: bf16 follows the CPU's bf16, and 2 replicas reduce through NCCL", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    if not gpu then pending("no GPU visible: runs where one is") return end
+    local c, g = tmp .. "/b16_cpu", tmp .. "/b16_cuda"
+    assert.equals(0, select(2, sh(args(c, "cpu", "--set max_steps=30 --set precision=bf16"))))
+    local out, rc = sh(args(g, "cuda", "--set max_steps=30 --set precision=bf16"))
+    assert.equals(0, rc, out)
+    local lc, lg = losses(c), losses(g)
+    assert.equals(30, #lg)
+    for i = 1, 30 do
+      local a, b = tonumber(lc[i]:match("=(.*)")), tonumber(lg[i]:match("=(.*)"))
+      -- bf16 on both; the GPU's tensor-core matmuls round once more (test_cuda's B16_GPUROUND)
+      assert.is_true(math.abs(a - b) <= 3e-2 + 1e-2 * math.abs(a), "step " .. i .. ": cpu " .. a .. " cuda " .. b)
+    end
+    if ngpus < 2 then pending("one GPU: 2 replicas need 2 (one each)") return end
+    local r = tmp .. "/cuda2"
+    out, rc = sh("timeout 300 " .. args(r, "cuda", "--set max_steps=20 --set replicas=2"))
+    assert.equals(0, rc, out)
+    assert.matches("2 replicas finished with parameter crc32c %x+", out)
+    assert.matches('"replicas":2,', read(r .. "/metrics.jsonl") or "", 1, true)
   end)
 
   it("one device per replica: more replicas than devices, or a slot past them, is refused at start", function()
