@@ -19,6 +19,7 @@ if have_corpus then S.write(data, read(CORPUS):sub(1, 200000)) end
 
 -- a GPU is visible to this process: the cuda cases train instead of failing
 local gpu = select(2, sh("nvidia-smi -L >/dev/null 2>&1")) == 0
+local ngpus = gpu and tonumber((sh("nvidia-smi -L | grep -c '^GPU'")):match("%d+")) or 0
 
 local function args(run, device, extra)
   return table.concat({
@@ -113,10 +114,51 @@ describe("device", function()
     assert.is_false(S.exists(run), "a run directory was written for a job that cannot start")
     -- the operator checks it too, before starting any replica
     out, rc = sh(args(run, "cuda", "--set max_steps=10 --set replicas=2"))
-    if out:find("built without", 1, true) then
-      assert.equals(2, rc, out)
-      assert.is_false(S.exists(run))
+    assert.equals(2, rc, out)
+    assert.matches("key 'device'", out, 1, true)
+    assert.is_false(S.exists(run))
+  end)
+
+  it("cuda with a GPU: bf16 follows the CPU's bf16, and 2 replicas reduce through NCCL", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    if not gpu then pending("no GPU visible: runs where one is") return end
+    local c, g = tmp .. "/b16_cpu", tmp .. "/b16_cuda"
+    assert.equals(0, select(2, sh(args(c, "cpu", "--set max_steps=30 --set precision=bf16"))))
+    local out, rc = sh(args(g, "cuda", "--set max_steps=30 --set precision=bf16"))
+    assert.equals(0, rc, out)
+    local lc, lg = losses(c), losses(g)
+    assert.equals(30, #lg)
+    for i = 1, 30 do
+      local a, b = tonumber(lc[i]:match("=(.*)")), tonumber(lg[i]:match("=(.*)"))
+      -- bf16 on both; the GPU's tensor-core matmuls round once more (test_cuda's B16_GPUROUND)
+      assert.is_true(math.abs(a - b) <= 3e-2 + 1e-2 * math.abs(a), "step " .. i .. ": cpu " .. a .. " cuda " .. b)
     end
+    if ngpus < 2 then pending("one GPU: 2 replicas need 2 (one each)") return end
+    local r = tmp .. "/cuda2"
+    out, rc = sh("timeout 300 " .. args(r, "cuda", "--set max_steps=20 --set replicas=2"))
+    assert.equals(0, rc, out)
+    assert.matches("2 replicas finished with parameter crc32c %x+", out)
+    assert.matches('"replicas":2,', read(r .. "/metrics.jsonl") or "", 1, true)
+  end)
+
+  it("one device per replica: more replicas than devices, or a slot past them, is refused at start", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    -- emu with TRANSOM_EMU_DEVICES=N has N devices, as a host has N GPUs
+    local run = tmp .. "/toomany"
+    local out, rc = sh("TRANSOM_EMU_DEVICES=1 " .. args(run, "emu", "--set max_steps=5 --set replicas=2"))
+    assert.equals(2, rc, out)
+    assert.matches("key 'replicas': 2 replicas need a device each, but 1 emu device(s) are visible on this host",
+      out, 1, true)
+    assert.is_false(S.exists(run), "a run directory was written for a job that cannot start")
+    -- a process on a slot past the devices (an outside launcher's LOCAL_RANK) is refused before it computes
+    out, rc = sh("TRANSOM_EMU_DEVICES=1 TRANSOM_LOCAL_RANK=1 " .. args(run, "emu", "--set max_steps=5"))
+    assert.equals(2, rc, out)
+    assert.matches("replica slot 1 has no device of its own: 1 emulated device(s) are visible", out, 1, true)
+    assert.is_false(S.exists(run))
+    -- as many replicas as devices train
+    out, rc = sh("timeout 120 env TRANSOM_EMU_DEVICES=2 " .. args(run, "emu", "--set max_steps=10 --set replicas=2"))
+    assert.equals(0, rc, out)
+    assert.matches("2 replicas finished with parameter crc32c %x+", out)
   end)
 
   it("precision = bf16 follows the fp32 loss curve with half the activation memory; emu = cpu bit for bit", function()

@@ -68,8 +68,9 @@ int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const i
  * buffers, copies queued on a side stream after everything the training
  * thread queued before ckpt_snapshot), or be->download where the backend has
  * no ckpt_copy. Before the first snapshot; be may be a host backend (then
- * nothing changes). A staging buffer that cannot be pinned fails that
- * snapshot; the next one retries. */
+ * nothing changes). A staging buffer that cannot be pinned is used
+ * unpinned (slower device copies that wait for the host; stats.unpinned
+ * says so, with the backend's reason) and not pinned again. */
 struct tr_backend;
 int ckpt_set_device(ckpt_engine *e, const struct tr_backend *be);
 /* Starts a snapshot; returns 0, CKPT_SKIPPED (busy policy skip),
@@ -98,6 +99,8 @@ typedef struct {
   double stall_s;      /* total time the training thread waited in wait_copy */
   double copy_s, commit_s;
   uint64_t bytes_per_snapshot;
+  int unpinned;           /* staging buffers that could not be page-locked (used unpinned) */
+  char unpinned_why[160]; /* the backend's reason for the first */
 } ckpt_stats;
 void ckpt_get_stats(ckpt_engine *e, ckpt_stats *st);
 

@@ -253,7 +253,16 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "run") == 0) return run_main(argc - 2, argv + 2);
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
   if (strcmp(cmd, "ckpt") == 0) return ckpt_main(argc - 2, argv + 2);
-  if (strcmp(cmd, "worker") == 0) return worker_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "worker") == 0) {
+    int rc = worker_main(argc - 2, argv + 2);
+    if (rc == 5) { /* its device is unusable (TR_EDEVICE): a thread may be stuck in the driver (an NCCL abort
+                    * past its bound), and the CUDA runtime's exit handlers could wait on it for ever; the
+                    * worker has said why and freed what it could: leave now, so it can be replaced */
+      fflush(NULL);
+      _exit(rc);
+    }
+    return rc;
+  }
   if (strcmp(cmd, "attach") == 0) return attach_main(argc - 2, argv + 2);
   if (strcmp(cmd, "plot") == 0) return plot_main(argc - 2, argv + 2);
   if (strcmp(cmd, "chaos") == 0) return chaos_main(argc - 2, argv + 2);

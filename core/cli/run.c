@@ -269,11 +269,37 @@ static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *don
   return 0;
 }
 
+/* Replicas on this host get a device each (slot k takes device k: two on
+ * one GPU cannot share an NCCL communicator): a job with more replicas than
+ * devices is refused here, before any replica starts. */
+static int check_devices(const run_ctx *r, const tr_backend *be) {
+  if (!be->devices) return 0;
+  int n = be->devices();
+  if (n < 0) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", be->error());
+    return tr_fail(TR_EINVAL, "%s: key 'device': device = \"%s\": %s", r->cfg.path, r->cfg.device, why);
+  }
+  if (n > 0 && r->cfg.replicas > n) {
+    const char *vis = strcmp(be->name, "cuda") == 0 ? getenv("CUDA_VISIBLE_DEVICES") : NULL;
+    return tr_fail(TR_EINVAL,
+                   "%s: key 'replicas': %lld replicas need a device each, but %d %s device(s) are visible on this "
+                   "host%s%s%s: set replicas to %d or less",
+                   r->cfg.path, (long long)r->cfg.replicas, n, be->name, vis ? " (CUDA_VISIBLE_DEVICES=" : "",
+                   vis ? vis : "", vis ? ")" : "", n);
+  }
+  return 0;
+}
+
 /* The job's trainer: the operator computes nothing, so its trainer (the
- * initial weights) stays on the host; its device must still load. */
+ * initial weights) stays on the host; its device must still load, with a
+ * device for every replica. */
 static int make_trainer(lua_State *L, run_ctx *r) {
   if (r->cfg.replicas <= 1) return (r->t = trainer_create(L, &r->cfg)) ? 0 : TR_EINVAL;
-  if (!backend_load(r->cfg.device)) return tr_fail(TR_EINVAL, "%s: key 'device': %s", r->cfg.path, tr_error());
+  const tr_backend *be = backend_load(r->cfg.device);
+  if (!be) return tr_fail(TR_EINVAL, "%s: key 'device': %s", r->cfg.path, tr_error());
+  int rc = check_devices(r, be);
+  if (rc) return rc;
   job_config host = r->cfg;
   snprintf(host.device, sizeof host.device, "cpu");
   return (r->t = trainer_create(L, &host)) ? 0 : TR_EINVAL;
@@ -371,6 +397,10 @@ static void print_summary(const run_ctx *r, const loop_result *res) {
            "%.2f ms in all\n",
            (unsigned long long)cs.committed, (unsigned long long)cs.failed, (unsigned long long)cs.skipped,
            (unsigned long long)cs.coalesced, cs.bytes_per_snapshot / 1048576.0, cs.stall_s * 1e3);
+    if (cs.unpinned)
+      printf("checkpoints: %d staging buffer(s) could not be page-locked (%s): their device copies ran unpinned "
+             "(slower, and they wait for the host)\n",
+             cs.unpinned, cs.unpinned_why);
   }
   double rss = (double)tr_peak_rss(), plan = (double)trainer_planned_bytes(r->t);
   printf("memory: peak RSS %.1f MiB | planned %.1f MiB (params, grads, AdamW, activations) | ratio %.2f\n",

@@ -650,7 +650,9 @@ fail:
     proto_escape(tr_error(), why, sizeof why);
     SEND(&w, "FAIL slot=%d startup=%d why=%s", w.slot, startup, why);
   }
-  exit_code = w.gone ? 4 : rc == FTAR_EEVICTED ? 3 : startup ? 2 : 1;
+  /* 5: the device is unusable (TR_EDEVICE): main leaves without the exit
+   * handlers, which could wait on it (see core/cli/main.c) */
+  exit_code = w.gone ? 4 : rc == FTAR_EEVICTED ? 3 : rc == TR_EDEVICE ? 5 : startup ? 2 : 1;
 done:
   if (w.hb) {
     w.hb_stop = 1;

@@ -8,7 +8,8 @@
  * newer epoch already aborts it) and redone in the next epoch from the
  * input the plane puts back; a full result is remembered, since the
  * coordinator may decide COMMIT. On any failed return the input is back in
- * buf. This is the one place that decides what survivors return.
+ * buf, or the member has failed for good (the plane could not put it back).
+ * This is the one place that decides what survivors return.
  *
  * Not here: moving bytes (ftar_ring.c, ftar_dev.c), how the coordinator
  * decides (ftar_coord.c), the control thread (ftar_control.c).
@@ -121,6 +122,7 @@ typedef struct {
   int full_n;       /* with these contributors */
   peer *full_mem;   /* (allocated on the first such abort) */
   uint64_t res_ep;  /* the epoch of the result returned */
+  int unrestored;   /* the input could not be put back: the member has failed */
 } call;
 
 /* What a phase tells the loop of ftar_collective (or a negative code). */
@@ -152,6 +154,20 @@ static int await_replacement(ftar_member *m, double t_end) {
   return 0;
 }
 
+/* Puts the caller's input back (pl->restore). When that fails, buf may
+ * hold a partly reduced sum: a redo would reduce it again and return a
+ * wrong result as a good one, so the member fails for good instead
+ * (every later call fails with the same code). 0 or that code. */
+static int restore_input(ftar_member *m, ftar_plane *pl) {
+  int rc = pl->restore(pl, m);
+  if (!rc) return 0;
+  char why[400];
+  snprintf(why, sizeof why, "the input could not be put back for a redo: %s", tr_error());
+  ftar_member_log(m, "%s", why);
+  ftar_member_fail(m, rc, why);
+  return tr_fail(rc, "ftar: %s", why);
+}
+
 /* Leaves run_ep at a collective boundary, syncs the latest epoch and takes
  * the coordinator's decision: COMMIT of the full result held (STEP_DONE),
  * RUN (STEP_NEXT, buf holds the input again), a newer epoch first
@@ -179,7 +195,11 @@ static int enter_epoch(ftar_member *m, ftar_plane *pl, call *c) {
                    (unsigned long long)go_seq);
   }
   if (c->fresh) c->seq = go_seq;
-  pl->restore(pl, m);
+  int rr = restore_input(m, pl);
+  if (rr) {
+    c->unrestored = 1;
+    return rr;
+  }
   c->full = 0;
   return STEP_NEXT;
 }
@@ -278,9 +298,9 @@ int ftar_collective(ftar_member *m, ftar_plane *pl, size_t n, ftar_op op, uint64
     if (rc == STEP_DONE) return finish_call(m, &c);
     if (rc < 0) break;
   }
-  pl->restore(pl, m);
+  int rr = c.unrestored ? 0 : restore_input(m, pl);
   free(c.full_mem);
-  return rc;
+  return rr ? rr : rc;
 }
 
 /* --- ftar_allreduce: the collective on the ring plane --- */

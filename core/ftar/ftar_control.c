@@ -397,11 +397,11 @@ int ftar_member_reconnect(ftar_member *m, const char *host, int port, double tim
   return 0;
 }
 
-void ftar_member_abandon(ftar_member *m, const char *why) {
+void ftar_member_fail(ftar_member *m, int code, const char *why) {
   if (!m) return;
   pthread_mutex_lock(&m->mu);
   if (!m->failed) {
-    m->failed = FTAR_ECOORD;
+    m->failed = code;
     snprintf(m->fail_msg, sizeof m->fail_msg, "%s", why);
   }
   atomic_fetch_add(&m->gen, 1);
@@ -409,6 +409,8 @@ void ftar_member_abandon(ftar_member *m, const char *why) {
   pthread_mutex_unlock(&m->mu);
   ftar_wake_fd(m->wake[1]);
 }
+
+void ftar_member_abandon(ftar_member *m, const char *why) { ftar_member_fail(m, FTAR_ECOORD, why); }
 
 /* --- start and stop --- */
 

@@ -22,7 +22,14 @@
  *      result (*full), which the coordinator may tell it to return.
  * A failed step destroys the communicator (the backend has aborted it) and
  * reports ABORT; ftar_collective reports it to the coordinator, which
- * publishes epoch+1, restores buf from the copy and runs the next attempt.
+ * publishes epoch+1, restores buf from the copy and runs the next attempt
+ * (a copy that fails there fails the member: buf may be half reduced).
+ * Except where a retry would fail the same way: the device is unusable
+ * (TR_EDEVICE from the backend: a corrupted CUDA context, a communicator
+ * abort that hung) or the ranks cannot form a communicator (TR_EINVAL: two
+ * ranks on one GPU, which NCCL refuses) gives up the call with that code
+ * (FATAL), so that the worker exits (and is replaced, or the job stops)
+ * instead of stalling its group epoch after epoch until the call's timeout.
  *
  * Not here: the NCCL calls (ext/cuda/comm.cu), the shared-memory
  * communicator (comm_emu.c). Called by: the trainer, tests.
@@ -44,6 +51,7 @@ typedef struct {
   const tr_backend *be;
   tr_comm *comm;
   uint64_t comm_ep; /* epoch of comm */
+  int comm_ok;      /* comm's last collective completed (a shutdown now is a clean one) */
   float *save;      /* device: the caller's input */
   size_t save_cap;  /* floats */
   float *token;     /* device: the commit round's float (stays 0) */
@@ -51,16 +59,24 @@ typedef struct {
   size_t host_cap;
 } dev_state;
 
-static void comm_drop(dev_state *st) {
-  if (st->comm) st->be->comm_destroy(st->comm);
+/* Destroys the communicator: finalize only at a clean shutdown (see
+ * dev_state_free); leaving an epoch aborts it, since finalizing would wait
+ * for every rank of that epoch, the one that failed included. */
+static void comm_drop(dev_state *st, int finalize) {
+  if (st->comm) st->be->comm_destroy(st->comm, finalize);
   st->comm = NULL;
   st->comm_ep = 0;
+  st->comm_ok = 0;
 }
 
+/* The member is freed: a communicator whose last collective completed is
+ * finalized (the job ends, every rank frees its own; a rank that leaves
+ * alone waits for the others at most the backend's bound, on its way out),
+ * any other aborted. */
 static void dev_state_free(void *p) {
   dev_state *st = p;
   if (!st) return;
-  comm_drop(st);
+  comm_drop(st, st->comm_ok);
   if (st->save) st->be->free(st->save);
   if (st->token) st->be->free(st->token);
   free(st->host);
@@ -106,6 +122,15 @@ static int plane_fatal(int *fatal_rc, int code) {
   return FTAR_PLANE_FATAL;
 }
 
+/* What a failed communicator call ends the attempt with: FATAL where a
+ * retry would fail the same way (the device is unusable: TR_EDEVICE; the
+ * ranks' set-up is wrong, e.g. two on one GPU: TR_EINVAL), else ABORT (a
+ * peer failed: the next epoch's communicator may work). */
+static int comm_failed(int rc, int *fatal_rc) {
+  if (rc == TR_EDEVICE || rc == TR_EINVAL) return plane_fatal(fatal_rc, rc);
+  return FTAR_PLANE_ABORT;
+}
+
 /* Makes sure st->comm is the communicator of ri's epoch. FTAR_PLANE_DONE
  * (0) when it is, else ABORT / FATAL with why. */
 static int comm_ready(dev_plane *p, ftar_member *m, const ftar_run_info *ri, double t_end, int *fatal_rc,
@@ -113,12 +138,13 @@ static int comm_ready(dev_plane *p, ftar_member *m, const ftar_run_info *ri, dou
   dev_state *st = p->st;
   const tr_backend *be = st->be;
   if (st->comm && st->comm_ep == ri->epoch) return FTAR_PLANE_DONE;
-  comm_drop(st);
+  comm_drop(st, 0);
   uint8_t id[TR_COMM_ID_BYTES];
   if (ri->rank == 0) {
-    if (be->comm_id(id)) {
+    int rc = be->comm_id(id);
+    if (rc) {
       snprintf(why, why_len, "%s: making a communicator id: %s", be->name, be->error());
-      return plane_fatal(fatal_rc, TR_EIO);
+      return plane_fatal(fatal_rc, rc == TR_EDEVICE ? TR_EDEVICE : TR_EIO);
     }
     ftar_member_comm_id_offer(m, ri->epoch, id);
   } else {
@@ -139,12 +165,13 @@ static int comm_ready(dev_plane *p, ftar_member *m, const ftar_run_info *ri, dou
     snprintf(why, why_len, "timed out after %.1f s before creating the communicator", ri->timeout);
     return plane_fatal(fatal_rc, FTAR_ETIMEOUT);
   }
-  if (be->comm_create(&st->comm, id, ri->n, ri->rank, left < bound ? left : bound)) {
+  int rc = be->comm_create(&st->comm, id, ri->n, ri->rank, left < bound ? left : bound);
+  if (rc) {
     st->comm = NULL;
     snprintf(why, why_len, "creating the communicator of epoch %llu (rank %d of %d): %s",
              (unsigned long long)ri->epoch, ri->rank, ri->n, be->error());
     if (tr_now() >= t_end) return plane_fatal(fatal_rc, FTAR_ETIMEOUT);
-    return FTAR_PLANE_ABORT;
+    return comm_failed(rc, fatal_rc);
   }
   st->comm_ep = ri->epoch;
   return FTAR_PLANE_DONE;
@@ -168,8 +195,10 @@ static int dev_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_
                        p->n, be->error());
       st->save_cap = p->n;
     }
-    if (be->copy(st->save, p->buf, p->n * sizeof(float)))
-      return tr_fail(TR_EIO, "ftar_allreduce_dev: %s: saving the input: %s", be->name, be->error());
+    int rc = be->copy(st->save, p->buf, p->n * sizeof(float));
+    if (rc)
+      return tr_fail(rc == TR_EDEVICE ? TR_EDEVICE : TR_EIO, "ftar_allreduce_dev: %s: saving the input: %s", be->name,
+                     be->error());
     p->saved = 1;
   }
   if (!st->token && !(st->token = be->alloc(sizeof(float))))
@@ -178,32 +207,41 @@ static int dev_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_
   if (r != FTAR_PLANE_DONE) return r;
   float scale = p->op == FTAR_MEAN ? 1.0f / (float)ri.n : 1.0f;
   p->dirty = 1;
-  if (be->comm_allreduce(st->comm, p->buf, p->n, scale, ri.deadline)) {
+  st->comm_ok = 0;
+  int rc = be->comm_allreduce(st->comm, p->buf, p->n, scale, ri.deadline);
+  if (rc) {
     snprintf(why, why_len, "seq %llu, rank %d of %d: %s", (unsigned long long)seq, ri.rank, ri.n, be->error());
-    comm_drop(st);
-    return FTAR_PLANE_ABORT;
+    comm_drop(st, 0);
+    return comm_failed(rc, fatal_rc);
   }
   *full = 1;
-  if (be->comm_allreduce(st->comm, st->token, 1, 1.0f, ri.deadline)) {
+  rc = be->comm_allreduce(st->comm, st->token, 1, 1.0f, ri.deadline);
+  if (rc) {
     snprintf(why, why_len, "seq %llu commit round, rank %d of %d: %s", (unsigned long long)seq, ri.rank, ri.n,
              be->error());
-    comm_drop(st);
-    return FTAR_PLANE_ABORT;
+    comm_drop(st, 0);
+    return comm_failed(rc, fatal_rc);
   }
+  st->comm_ok = 1;
   return FTAR_PLANE_DONE;
 }
 
-static void dev_plane_restore(ftar_plane *pl, ftar_member *m) {
+static int dev_plane_restore(ftar_plane *pl, ftar_member *m) {
+  (void)m;
   dev_plane *p = (dev_plane *)pl;
-  if (!p->saved || !p->dirty) return;
-  if (p->st->be->copy(p->buf, p->st->save, p->n * sizeof(float)))
-    ftar_member_log(m, "restoring the input of an aborted collective: %s", p->st->be->error());
+  if (!p->saved || !p->dirty) return 0;
+  const tr_backend *be = p->st->be;
+  int rc = be->copy(p->buf, p->st->save, p->n * sizeof(float));
+  if (rc) /* buf may be half reduced: ftar_collective fails the member */
+    return tr_fail(rc == TR_EDEVICE ? TR_EDEVICE : TR_EIO, "%s: restoring the input of an aborted collective: %s",
+                   be->name, be->error());
   p->dirty = 0;
+  return 0;
 }
 
 static void dev_plane_leave(ftar_plane *pl, ftar_member *m) {
   (void)m;
-  comm_drop(((dev_plane *)pl)->st);
+  comm_drop(((dev_plane *)pl)->st, 0);
 }
 
 /* --- entry --- */

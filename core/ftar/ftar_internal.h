@@ -36,8 +36,11 @@ struct ftar_plane {
   int (*run)(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_end, int *full, int *fatal_rc, char *why,
              size_t why_len);
   /* Puts the caller's input back into buf: before a redo and on a failed
-   * return. Harmless when nothing was changed. */
-  void (*restore)(ftar_plane *pl, ftar_member *m);
+   * return. Harmless when nothing was changed. 0, or a negative code with
+   * tr_error() set when buf could not be restored (a device copy failed):
+   * then buf may hold a partly reduced sum, and ftar_collective fails the
+   * member for good rather than redo from it. */
+  int (*restore)(ftar_plane *pl, ftar_member *m);
   /* The member leaves its run epoch at a collective boundary (it is about to
    * sync a newer one): drop what belongs to the old epoch. */
   void (*leave_epoch)(ftar_plane *pl, ftar_member *m);
@@ -77,6 +80,10 @@ int ftar_member_comm_id_wait(ftar_member *m, uint64_t epoch, uint8_t id[FTAR_COM
 void *ftar_member_dev_state(ftar_member *m);
 /* Sets it; ftar_member_free calls free_fn(st) first thing. */
 void ftar_member_set_dev_state(ftar_member *m, void *st, void (*free_fn)(void *st));
+
+/* Fails m for good with code and why: every call fails with it from now
+ * on (a call waiting inside ftar_allreduce returns). Any thread. */
+void ftar_member_fail(ftar_member *m, int code, const char *why);
 
 /* A line in the member's log ("ftar[slot N]: ..." by default). */
 void ftar_member_log(ftar_member *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

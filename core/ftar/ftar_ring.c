@@ -963,9 +963,10 @@ static int ring_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
   return rr == R_DONE ? FTAR_PLANE_DONE : rr == R_FATAL ? FTAR_PLANE_FATAL : FTAR_PLANE_ABORT;
 }
 
-static void ring_plane_restore(ftar_plane *pl, ftar_member *m) {
+static int ring_plane_restore(ftar_plane *pl, ftar_member *m) {
   ring_plane *rp = (ring_plane *)pl;
-  undo_restore(m, rp->buf, rp->u);
+  undo_restore(m, rp->buf, rp->u); /* host memory: cannot fail */
+  return 0;
 }
 
 static void ring_plane_leave(ftar_plane *pl, ftar_member *m) {

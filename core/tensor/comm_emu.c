@@ -15,7 +15,8 @@
  *
  * Segment layout (one per communicator):
  *   header          magic, nranks, slot size, attach count, abort word
- *   rank states     one 64-byte line per rank: barrier arrivals, left flag, pid
+ *   rank states     one 64-byte line per rank: barrier arrivals, left flag, pid,
+ *                   emulated device (duplicate check, see emu_comm_create_on)
  *   slots           nranks x SLOT_BYTES, page aligned: rank r's chunk input
  *
  * An all-reduce, per chunk of at most SLOT_FLOATS: every rank copies its
@@ -74,7 +75,8 @@ typedef struct {
   _Atomic uint64_t arrived; /* the latest barrier this rank reached */
   _Atomic uint32_t left;    /* the rank destroyed its communicator */
   _Atomic int32_t pid;      /* 0 until the rank attached */
-  uint8_t pad[48];
+  _Atomic int32_t dev;      /* its emulated device + 1 (0: unchecked); set before it counts as attached */
+  uint8_t pad[44];
 } emu_rank;
 
 struct tr_comm {
@@ -225,6 +227,28 @@ static int open_segment(tr_comm *c, const char *name) {
 }
 
 int emu_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout) {
+  return emu_comm_create_on(out, id, nranks, rank, timeout, -1);
+}
+
+/* After every rank attached: are two ranks on one emulated device? Every
+ * rank sees every rank's device then, so all of them fail (TR_EINVAL). */
+static int duplicate_device(tr_comm *c, const char *name) {
+  for (int a = 0; a < c->nranks; a++) {
+    int32_t da = atomic_load(&c->ranks[a].dev);
+    for (int b = a + 1; b < c->nranks && da > 0; b++)
+      if (atomic_load(&c->ranks[b].dev) == da) {
+        atomic_store(&c->ranks[c->rank].left, 1);
+        return tr_fail(TR_EINVAL,
+                       "emu communicator %s: ranks %d and %d are both on emulated device %d (NCCL refuses two ranks "
+                       "on one GPU: one device per replica)",
+                       name, a, b, da - 1);
+      }
+  }
+  return TR_OK;
+}
+
+int emu_comm_create_on(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout,
+                       int dev) {
   *out = NULL;
   const char *name = id_name(id);
   if (!name) return tr_fail(TR_EINVAL, "emu communicator: not an emu communicator id");
@@ -254,6 +278,7 @@ int emu_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nrank
     rc = tr_fail(TR_EINVAL, "emu communicator %s: rank %d is already taken (pid %d)", name, rank, (int)zero);
     goto error;
   }
+  atomic_store(&c->ranks[rank].dev, dev >= 0 ? dev + 1 : 0);
   atomic_fetch_add(&c->h->attached, 1);
   backoff_init(&b);
   for (;;) {
@@ -278,6 +303,7 @@ int emu_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nrank
     }
   }
   shm_unlink(name); /* everyone is in: nobody needs the name any more */
+  if ((rc = duplicate_device(c, name))) goto error;
   *out = c;
   return TR_OK;
 error:
@@ -286,7 +312,8 @@ error:
   return rc;
 }
 
-void emu_comm_destroy(tr_comm *c) {
+void emu_comm_destroy(tr_comm *c, int finalize) {
+  (void)finalize; /* a rank that leaves marks its line: peers fail at once, nobody waits */
   if (!c) return;
   if (c->h) atomic_store(&c->ranks[c->rank].left, 1);
   comm_unmap(c);

@@ -15,7 +15,14 @@
 
 int emu_comm_id(uint8_t id[TR_COMM_ID_BYTES]);
 int emu_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout);
+/* The same for a rank on emulated device `dev` (>= 0): when every rank has
+ * attached, two ranks on one device fail creation on every rank with
+ * TR_EINVAL, as NCCL refuses two ranks on one GPU (a retry cannot mend
+ * it). dev < 0: not checked (emu_comm_create). */
+int emu_comm_create_on(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout,
+                       int dev);
 int emu_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, double deadline);
-void emu_comm_destroy(tr_comm *c);
+/* finalize is backend.h's; emu never waits for the other ranks either way. */
+void emu_comm_destroy(tr_comm *c, int finalize);
 
 #endif

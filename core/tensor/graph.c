@@ -656,10 +656,13 @@ void graph_zero_grad(graph *g) {
 
 /* --- execution --- */
 
-#define F(t) ((float *)graph_data(g, (t)))
-#define I(t) ((int32_t *)dev_input(g, (t))) /* token ids: the device copy */
+/* What the kernels are given is device memory: an input's device copy
+ * (graph_data is its host copy, which the caller fills and forward
+ * uploads), every other tensor where it was planned. */
+#define F(t) ((float *)kernel_data(g, (t)))
+#define I(t) ((int32_t *)kernel_data(g, (t))) /* token ids */
 #define G(t) ((t) >= 0 ? graph_grad(g, (t)) : NULL)
-#define H(t) ((tr_bf16 *)graph_data(g, (t)))                     /* a bf16 activation */
+#define H(t) ((tr_bf16 *)kernel_data(g, (t)))                    /* a bf16 activation */
 #define GH(t) ((t) >= 0 ? (tr_bf16 *)graph_grad(g, (t)) : NULL) /* its bf16 gradient */
 #define W16(t) (g->w16 + g->tensors[t].off)                      /* a parameter's bf16 shadow */
 
@@ -680,7 +683,9 @@ void graph_zero_grad(graph *g) {
       attr = (n)->iattr;                                                                            \
   (void)a, (void)b, (void)c, (void)o, (void)s0, (void)s1, (void)attr
 
-static void *dev_input(graph *g, int t) { return g->dinputs + g->tensors[t].off; }
+static void *kernel_data(graph *g, int t) {
+  return g->tensors[t].kind == TK_INPUT ? (void *)(g->dinputs + g->tensors[t].off) : graph_data(g, t);
+}
 
 /* Token ids are checked on the host, before they reach any kernel. */
 static int check_tokens(graph *g, int tok, int64_t V, const char *what) {

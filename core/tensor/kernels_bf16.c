@@ -155,12 +155,14 @@ static void b_add_forward(tr_bf16 *out, const tr_bf16 *a, const tr_bf16 *b, int6
   done(&t);
 }
 
+/* da and db may be the same buffer (add(x, x)): it is widened once and gets
+ * dout twice, as the fp32 kernel does, and is rounded once. */
 static void b_add_backward(tr_bf16 *da, tr_bf16 *db, const tr_bf16 *dout, int64_t n) {
   temps t = {0};
-  float *d = wide(&t, dout, n), *x = wide(&t, da, n), *y = wide(&t, db, n);
+  float *d = wide(&t, dout, n), *x = wide(&t, da, n), *y = db == da ? x : wide(&t, db, n);
   if (!t.failed) add_backward(x, y, d, n);
   store(&t, da, x, n);
-  store(&t, db, y, n);
+  if (db != da) store(&t, db, y, n);
   done(&t);
 }
 

@@ -15,7 +15,14 @@
  *     stream by an event (ckpt_mark);
  *   - errors: a thread-local message (error()), and one deferred error for
  *     queued work, which has no return value: sync/upload/download/copy
- *     report it.
+ *     report it;
+ *   - a lost device: a CUDA error that corrupts the context (an illegal
+ *     address, a device assert, ECC, ...: tc_sticky's list, the errors
+ *     whose documentation says the process must be relaunched), or a
+ *     communicator abort that did not return in its bound (comm.cu), makes
+ *     every later call fail at once with TC_EDEVICE and the first reason,
+ *     without touching the device (a free or a sync could wait for ever on
+ *     a hung stream): the worker gives up and is replaced.
  *
  * Matmuls are plain fp32 by default (cuBLAS's default math mode; TF32 is
  * not used). TRANSOM_CUDA_TF32=1 in the environment at init lets cuBLAS
@@ -44,7 +51,6 @@
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_ready;          /* init succeeded */
 static int g_dev = -1;       /* the device ordinal */
-static int g_count = 1;      /* devices visible at init */
 static cudaStream_t g_stream; /* compute: kernels, cuBLAS, memory ops, collectives */
 static cudaStream_t g_side;   /* checkpoint copies */
 static cudaEvent_t g_mark;    /* recorded on g_stream by ckpt_mark */
@@ -67,13 +73,71 @@ int tc_fail(int code, const char *fmt, ...) {
   return code;
 }
 
+/* The lost device: set once, never cleared (see the top of this file). */
+static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
+static volatile int g_lost;
+static char g_lost_msg[512];
+
+int tc_device_lost(const char *fmt, ...) {
+  char msg[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&lost_mu);
+  if (!g_lost) {
+    snprintf(g_lost_msg, sizeof g_lost_msg, "the CUDA device is unusable in this process: %s (replace the process)",
+             msg);
+    __atomic_store_n(&g_lost, 1, __ATOMIC_RELEASE);
+  }
+  tc_fail(TC_EDEVICE, "%s", g_lost_msg);
+  pthread_mutex_unlock(&lost_mu);
+  return TC_EDEVICE;
+}
+
+/* TC_EDEVICE with the first reason when the device is lost, else 0. */
+static int lost_check(void) {
+  if (!__atomic_load_n(&g_lost, __ATOMIC_ACQUIRE)) return TC_OK;
+  pthread_mutex_lock(&lost_mu);
+  tc_fail(TC_EDEVICE, "%s", g_lost_msg);
+  pthread_mutex_unlock(&lost_mu);
+  return TC_EDEVICE;
+}
+
+int tc_sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorContained:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorCudartUnloading:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
 int tc_check(cudaError_t e, const char *what) {
   if (e == cudaSuccess) return TC_OK;
+  if (tc_sticky(e)) return tc_device_lost("%s: %s", what, cudaGetErrorString(e));
   (void)cudaGetLastError(); /* clear a non-sticky error, so no later call reports it again */
   return tc_fail(TC_EIO, "%s: %s", what, cudaGetErrorString(e));
 }
 
 static const char *cu_error(void) { return t_err[0] ? t_err : "no error"; }
+const char *tc_last_error(void) { return cu_error(); }
 
 /* The deferred error of queued work (first one wins until reported). */
 static pthread_mutex_t defer_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -95,6 +159,16 @@ void tc_defer(int code, const char *fmt, ...) {
   pthread_mutex_unlock(&defer_mu);
 }
 
+/* Reports (as the calling thread's error) the deferred error, leaving it
+ * for sync, upload or download to report too. */
+static int peek_deferred(void) {
+  pthread_mutex_lock(&defer_mu);
+  int code = g_defer_code;
+  if (code) tc_fail(code, "%s", g_defer_msg);
+  pthread_mutex_unlock(&defer_mu);
+  return code;
+}
+
 /* Reports (as the calling thread's error) and clears the deferred error. */
 static int take_deferred(void) {
   pthread_mutex_lock(&defer_mu);
@@ -109,8 +183,9 @@ int tc_queued(cudaError_t e, const char *what) {
   if (e == cudaSuccess) e = cudaGetLastError();
   else (void)cudaGetLastError();
   if (e == cudaSuccess) return TC_OK;
-  tc_defer(TC_EIO, "%s: %s", what, cudaGetErrorString(e));
-  return TC_EIO;
+  int code = tc_sticky(e) ? tc_device_lost("%s: %s", what, cudaGetErrorString(e)) : TC_EIO;
+  tc_defer(code, "%s: %s", what, cudaGetErrorString(e));
+  return code;
 }
 
 void tc_blas_check(cublasStatus_t s, const char *what) {
@@ -122,10 +197,22 @@ void tc_blas_check(cublasStatus_t s, const char *what) {
 cudaStream_t tc_stream(void) { return g_stream; }
 cublasHandle_t tc_blas(void) { return g_blas; }
 
-/* Current device for this thread; errors returned (not deferred). */
+/* Current device for this thread; errors returned (not deferred). A lost
+ * device fails at once. */
 static int enter(void) {
   if (!g_ready) return tc_fail(TC_ESTATE, "the CUDA backend is not initialised");
-  return tc_check(cudaSetDevice(g_dev), "cudaSetDevice");
+  int rc = lost_check();
+  return rc ? rc : tc_check(cudaSetDevice(g_dev), "cudaSetDevice");
+}
+
+int tc_set_device(void) { return g_ready ? tc_check(cudaSetDevice(g_dev), "cudaSetDevice") : TC_ESTATE; }
+
+int tc_probe(void) {
+  int rc = lost_check();
+  if (rc) return rc;
+  cudaError_t e = cudaStreamQuery(g_stream);
+  if (e == cudaSuccess || e == cudaErrorNotReady) return TC_OK;
+  return tc_sticky(e) ? tc_device_lost("cudaStreamQuery: %s", cudaGetErrorString(e)) : TC_OK;
 }
 
 int tc_enter(void) {
@@ -159,10 +246,46 @@ void *tc_scratch(int slot, size_t bytes) {
 
 /* --- init and describe --- */
 
+#ifndef TRANSOM_CUDA_ARCHS
+#define TRANSOM_CUDA_ARCHS "?"
+#endif
+
+namespace {
+__global__ void arch_probe_kernel(void) {}
+} // namespace
+
+/* Does the plugin hold code this device can run (a cubin of its family or
+ * PTX it can compile)? A kernel's attributes load its image: no image is
+ * cudaErrorNoKernelImageForDevice (or InvalidDeviceFunction). Refused at
+ * init, naming the architectures built, rather than at the first kernel. */
+static int check_arch(int dev, const cudaDeviceProp *prop) {
+  cudaFuncAttributes fa;
+  cudaError_t e = cudaFuncGetAttributes(&fa, arch_probe_kernel);
+  if (e == cudaSuccess) return TC_OK;
+  if (tc_sticky(e)) return tc_check(e, "cudaFuncGetAttributes");
+  (void)cudaGetLastError();
+  return tc_fail(TC_EINVAL,
+                 "cuda:%d %s is sm_%d%d, and this plugin has no code it can run (built for %s, "
+                 "CMAKE_CUDA_ARCHITECTURES): rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d%d (%s)",
+                 dev, prop->name, prop->major, prop->minor, TRANSOM_CUDA_ARCHS, prop->major, prop->minor,
+                 cudaGetErrorString(e));
+}
+
+/* The devices visible, without initialising one. 0 or TC_EIO. */
+static int device_count(int *count) {
+  *count = 0;
+  cudaError_t e = cudaGetDeviceCount(count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+  }
+  if (*count <= 0) return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: 0 devices)");
+  return TC_OK;
+}
+
 static int init_locked(int ordinal) {
   int count = 0, dev, rc, tf32, rt = 0, drv = 0;
   const char *env;
-  cudaError_t e;
   cublasStatus_t bs;
   cudaStream_t stream = NULL, side = NULL;
   cudaEvent_t mark = NULL;
@@ -170,23 +293,28 @@ static int init_locked(int ordinal) {
   cudaDeviceProp prop;
 
   if (g_ready) {
-    if (ordinal >= 0 && ordinal % g_count != g_dev)
+    if (ordinal >= 0 && ordinal != g_dev)
       return tc_fail(TC_ESTATE, "the CUDA backend is already initialised on device %d (asked for %d)", g_dev,
                      ordinal);
     return enter();
   }
-  e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+  if ((rc = device_count(&count))) return rc;
+  /* -1: device 0 of those visible; else the replica's own (the operator
+   * passes each worker's slot): two replicas on one GPU cannot share an
+   * NCCL communicator ("duplicate GPU") and would fail every epoch, so a
+   * slot past the devices is refused here, at start, not retried */
+  if (ordinal >= count) {
+    env = getenv("CUDA_VISIBLE_DEVICES");
+    return tc_fail(TC_EINVAL,
+                   "replica slot %d has no GPU of its own: %d CUDA device(s) are visible (CUDA_VISIBLE_DEVICES=%s); "
+                   "one GPU per replica: run at most %d replicas on this host",
+                   ordinal, count, env ? env : "(unset)", count);
   }
-  if (count <= 0) return tc_fail(TC_EIO, "no CUDA device is visible (cudaGetDeviceCount: 0 devices)");
-  /* -1: device 0 of those visible; else round robin over them (the operator
-   * passes each worker's slot, so replicas on one host get a GPU each) */
-  dev = ordinal < 0 ? 0 : ordinal % count;
+  dev = ordinal < 0 ? 0 : ordinal;
 
   if ((rc = tc_check(cudaSetDevice(dev), "cudaSetDevice"))) goto error;
   if ((rc = tc_check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties"))) goto error;
+  if ((rc = check_arch(dev, &prop))) goto error;
   if ((rc = tc_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")))
     goto error;
   if ((rc = tc_check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")))
@@ -210,12 +338,17 @@ static int init_locked(int ordinal) {
   (void)cudaRuntimeGetVersion(&rt);
   (void)cudaDriverGetVersion(&drv);
   snprintf(g_describe, sizeof g_describe,
-           "cuda:%d %s, %.1f GiB, sm_%d%d, %d SMs; CUDA runtime %d.%d, driver %d.%d; %s matmuls", dev, prop.name,
+           "cuda:%d %s, %.1f GiB, sm_%d%d, %d SMs; CUDA runtime %d.%d, driver %d.%d; %s matmuls; %s", dev, prop.name,
            (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), prop.major, prop.minor,
            prop.multiProcessorCount, rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10,
-           tf32 ? "TF32" : "fp32");
+           tf32 ? "TF32" : "fp32",
+#ifdef TRANSOM_HAVE_NCCL
+           "NCCL collectives"
+#else
+           "no NCCL (built without it): replicas all-reduce through the host"
+#endif
+  );
   g_dev = dev;
-  g_count = count;
   g_stream = stream;
   g_side = side;
   g_mark = mark;
@@ -243,6 +376,12 @@ static int cu_init(int ordinal, int threads) {
 
 static const char *cu_describe(void) { return g_describe; }
 
+/* The operator asks before it starts any replica: one GPU each. */
+static int cu_devices(void) {
+  int count, rc = device_count(&count);
+  return rc ? rc : count;
+}
+
 /* --- memory --- */
 
 static void *cu_alloc(size_t bytes) {
@@ -258,12 +397,15 @@ static void *cu_alloc(size_t bytes) {
   return p;
 }
 
-/* Kernels still queued may use p: they finish first (cudaFree also waits
- * for the device, but that is an implementation detail). An error here
- * (a failed kernel) is left for sync to report; p is freed regardless. */
+/* Kernels still queued may use p, and so may checkpoint copies on the side
+ * stream: both finish first (cudaFree also waits for the device, but that
+ * is an implementation detail). An error here (a failed kernel) is left for
+ * sync to report; p is freed regardless. */
 static void cu_free(void *p) {
-  if (!p || enter()) return;
-  (void)cudaStreamSynchronize(g_stream);
+  if (!p || enter()) return; /* a lost device: nothing is freed, the process is on its way out */
+  (void)tc_check(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize (before a free)");
+  /* and the checkpoint copies queued on the side stream, which may read p */
+  (void)tc_check(cudaStreamSynchronize(g_side), "cudaStreamSynchronize (checkpoint copies, before a free)");
   if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
 }
 
@@ -293,11 +435,13 @@ static int cu_download(void *dst_host, const void *src, size_t bytes) {
                 "download (cudaMemcpyAsync)");
 }
 
-/* Queued; does not wait. */
+/* Queued; does not wait. Refuses to queue after a failed kernel (its
+ * result may be what we would copy), without clearing that error: a copy's
+ * caller may only log it, and sync must still report it. */
 static int cu_copy(void *dst, const void *src, size_t bytes) {
   int rc = enter();
   if (rc) return rc;
-  if ((rc = take_deferred())) return rc;
+  if ((rc = peek_deferred())) return rc;
   if (bytes == 0) return TC_OK;
   return tc_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream), "copy (cudaMemcpyAsync)");
 }
@@ -349,7 +493,9 @@ static int cu_ckpt_wait(void) {
   return tc_check(cudaStreamSynchronize(g_side), "ckpt_wait (cudaStreamSynchronize)");
 }
 
-/* --- collectives: comm.cu, called with the device current --- */
+/* --- collectives: comm.cu, called with the device current (built with
+ * NCCL only; without, the table has none and FTAR goes through the host) --- */
+#ifdef TRANSOM_HAVE_NCCL
 
 static int cu_comm_id(uint8_t id[TR_COMM_ID_BYTES]) {
   int rc = enter();
@@ -366,11 +512,15 @@ static int cu_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, doub
   return rc ? rc : tc_comm_allreduce(c, buf, n, scale, deadline);
 }
 
-static void cu_comm_destroy(tr_comm *c) {
+static void cu_comm_destroy(tr_comm *c, int finalize) {
   if (!c) return;
-  (void)enter(); /* destroy anyway: comm.cu frees its host state */
-  tc_comm_destroy(c);
+  if (enter() == TC_EDEVICE) { /* nothing may touch a lost device (an abort could hang): free the host state */
+    tc_comm_forget(c);
+    return;
+  }
+  tc_comm_destroy(c, finalize); /* also after another failure of enter(): comm.cu frees what it can */
 }
+#endif
 
 /* --- the table (its graph-op entries generated from ops.def: a launcher
  * that no file defines fails the link, see CMakeLists.txt) --- */
@@ -382,6 +532,7 @@ static tr_backend make_table(void) {
   t.name = "cuda";
   t.host_memory = 0;
   t.init = cu_init;
+  t.devices = cu_devices;
   t.describe = cu_describe;
   t.error = cu_error;
   t.alloc = cu_alloc;
@@ -404,10 +555,12 @@ static tr_backend make_table(void) {
   t.ckpt_mark = cu_ckpt_mark;
   t.ckpt_copy = cu_ckpt_copy;
   t.ckpt_wait = cu_ckpt_wait;
+#ifdef TRANSOM_HAVE_NCCL
   t.comm_id = cu_comm_id;
   t.comm_create = cu_comm_create;
   t.comm_allreduce = cu_comm_allreduce;
   t.comm_destroy = cu_comm_destroy;
+#endif
   return t;
 }
 

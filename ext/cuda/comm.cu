@@ -9,18 +9,41 @@
  *     return ncclInProgress, and then the communicator's state
  *     (ncclCommGetAsyncError) is polled until it is not, before any other
  *     NCCL call or any other work is queued on the stream;
- *   - creation polls until ready or `timeout`, then aborts (ncclCommAbort);
- *   - an all-reduce is queued on the compute stream between two events; a
- *     watchdog polls the end event and the communicator's state: an
- *     asynchronous error (a peer's process exited, a network error) or
- *     `deadline` seconds after the collective started on the device (the
- *     start event completed) aborts the communicator and returns TC_EIO.
- *     The start event keeps the compute queued before the collective out of
- *     its deadline; waiting for the stream to get there is bounded too
- *     (START_SLACK_S or 10 x deadline);
- *   - an aborted communicator fails every call at once; destroy frees it.
- *     A healthy one is finalized (ncclCommFinalize, polled, bounded by
- *     FINALIZE_S, abort past it) and destroyed.
+ *   - creation polls until ready or `timeout`, then aborts. Connections are
+ *     made then, not by the first all-reduce: NCCL_RUNTIME_CONNECT=0 (set
+ *     at the first id or communicator unless the environment says
+ *     otherwise) connects every peer during init, and a one-float warm-up
+ *     all-reduce, bounded by what is left of `timeout`, runs the first
+ *     collective's set-up, so that no deadline below pays for either;
+ *   - an all-reduce is cut into chunks of CHUNK_FLOATS, each queued on the
+ *     compute stream between two events, one after the other; a watchdog
+ *     polls the chunk's end event and the communicator's state: an
+ *     asynchronous error (a peer's process exited, a network error) or a
+ *     chunk not done `deadline` seconds after it started on the device (its
+ *     start event completed) aborts the communicator and returns TC_EIO. So
+ *     the deadline means "no progress for `deadline` s", as on the CPU ring,
+ *     whatever the size. The start event keeps the compute queued before
+ *     the collective out of the first chunk's deadline; waiting for the
+ *     stream to get there is bounded too (START_SLACK_S or 10 x deadline);
+ *   - aborting (ncclCommAbort, which NCCL leaves blocking even for a
+ *     non-blocking communicator, and which has been seen to hang) runs on a
+ *     helper thread and is waited for ABORT_S: past it the device is
+ *     declared lost (TC_EDEVICE, backend.cu) and the worker is replaced;
+ *   - a CUDA error that corrupts the context (an illegal address, ...), met
+ *     by the watchdog or probed after an NCCL error, is TC_EDEVICE too: a
+ *     retry in a new epoch could only fail again;
+ *   - an aborted communicator fails every call at once. Destroying one
+ *     aborts it, except at a clean shutdown (finalize = 1: every rank is
+ *     destroying its own), where it is finalized (ncclCommFinalize, polled,
+ *     bounded by FINALIZE_S, aborted past it) and destroyed: finalizing
+ *     waits for every rank, so an epoch left because a rank died must not.
+ * The id's bootstrap root: ncclGetUniqueId starts a thread (with a listening
+ * socket) in the process that makes the id, which exits only once every
+ * rank of the communicator has checked in. An epoch that aborts before all
+ * ranks joined leaves it waiting for ever. Ids made here whose communicator
+ * did not come up here are counted; at MAX_OPEN_ROOTS the next id is
+ * refused with TC_EDEVICE, so the worker is replaced (freeing them) before
+ * they pile up.
  * Waits poll: a few yields, then sleeps growing to 1 ms.
  * The mean's division is a multiplication by `scale` after the sum, in a
  * kernel of this file (the ring of core/ftar/ftar.c divides: bits may differ).
@@ -29,6 +52,7 @@
  * survivors return (core/ftar/ftar.c).
  */
 #include <nccl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,15 +64,19 @@
 
 static_assert(sizeof(ncclUniqueId) == TR_COMM_ID_BYTES, "backend.h's id is an ncclUniqueId");
 
-#define DEFAULT_S 60.0    /* a timeout or deadline <= 0 */
+#define DEFAULT_S 60.0     /* a timeout or deadline <= 0 */
 #define START_SLACK_S 60.0 /* least bound on the stream reaching a collective */
-#define FINALIZE_S 10.0   /* bound on finalizing a healthy communicator */
+#define FINALIZE_S 10.0    /* bound on finalizing a healthy communicator at shutdown */
+#define ABORT_S 20.0       /* bound on ncclCommAbort; past it the device is lost */
+#define CHUNK_FLOATS ((size_t)8 << 20) /* 32 MiB: the unit of progress the deadline watches */
+#define MAX_OPEN_ROOTS 16  /* bootstrap roots left waiting by aborted epochs before the process is replaced */
 
 struct tr_comm {
   ncclComm_t comm; /* NULL once aborted */
   int nranks, rank;
   int aborted;
   cudaEvent_t ev_start, ev_done;
+  float *warm;   /* device: the warm-up float */
   char why[384]; /* why it was aborted, repeated by later calls */
 };
 
@@ -80,9 +108,13 @@ static const char *last_error(void) {
   return last && *last ? last : "no detail; NCCL_DEBUG=WARN says more";
 }
 
-/* "file:line: what: <NCCL's string> (<NCCL's last error>)" as TC_EIO. */
+/* Usage errors (a duplicate GPU, mismatched versions or arguments) fail
+ * every retry the same way: TC_EINVAL; the rest TC_EIO. */
+static int nccl_code(ncclResult_t r) { return r == ncclInvalidUsage || r == ncclInvalidArgument ? TC_EINVAL : TC_EIO; }
+
+/* "file:line: what: <NCCL's string> (<NCCL's last error>)". */
 static int nccl_fail(ncclResult_t r, const char *what, const char *file, int line) {
-  return tc_fail(TC_EIO, "%s:%d: %s: %s (%s)", file, line, what, ncclGetErrorString(r), last_error());
+  return tc_fail(nccl_code(r), "%s:%d: %s: %s (%s)", file, line, what, ncclGetErrorString(r), last_error());
 }
 #define NCCL_FAIL(r, what) nccl_fail((r), (what), __FILE__, __LINE__)
 
@@ -100,17 +132,141 @@ static ncclResult_t wait_state(ncclComm_t comm, double t_end) {
   }
 }
 
+/* NCCL_RUNTIME_CONNECT=0 before NCCL reads it (the first id or init),
+ * unless the environment already chose. */
+static void set_connect_at_init(void) { setenv("NCCL_RUNTIME_CONNECT", "0", 0); }
+static void connect_at_init(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, set_connect_at_init);
+}
+
+/* --- aborting, bounded --- */
+
+typedef struct {
+  ncclComm_t comm;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done, refs; /* refs: the helper and the waiter; the last one frees */
+} abort_job;
+
+static void abort_job_put(abort_job *j) {
+  pthread_mutex_lock(&j->mu);
+  int last = --j->refs == 0;
+  pthread_mutex_unlock(&j->mu);
+  if (!last) return;
+  pthread_cond_destroy(&j->cv);
+  pthread_mutex_destroy(&j->mu);
+  free(j);
+}
+
+static void *abort_main(void *arg) {
+  abort_job *j = (abort_job *)arg;
+  (void)tc_set_device(); /* NCCL frees device memory: the right device, even if lost */
+  (void)ncclCommAbort(j->comm);
+  pthread_mutex_lock(&j->mu);
+  j->done = 1;
+  pthread_cond_signal(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  abort_job_put(j);
+  return NULL;
+}
+
+/* ncclCommAbort(comm) on a helper thread, waited for at most ABORT_S: 0, or
+ * TC_EDEVICE (the device declared lost; the helper is left behind). */
+static int abort_bounded(ncclComm_t comm) {
+  abort_job *j = (abort_job *)calloc(1, sizeof *j);
+  pthread_condattr_t ca;
+  pthread_t th;
+  pthread_attr_t ta;
+  if (!j || pthread_condattr_init(&ca) != 0) {
+    free(j);
+    (void)ncclCommAbort(comm); /* no memory for a helper: unbounded, as before */
+    return TC_OK;
+  }
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_cond_init(&j->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  j->comm = comm;
+  j->refs = 2;
+  pthread_attr_init(&ta);
+  pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+  int started = pthread_create(&th, &ta, abort_main, j) == 0;
+  pthread_attr_destroy(&ta);
+  if (!started) {
+    j->refs = 1;
+    abort_job_put(j);
+    (void)ncclCommAbort(comm);
+    return TC_OK;
+  }
+  struct timespec end;
+  clock_gettime(CLOCK_MONOTONIC, &end);
+  end.tv_sec += (time_t)ABORT_S;
+  pthread_mutex_lock(&j->mu);
+  while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &end) == 0) {
+  }
+  int done = j->done;
+  pthread_mutex_unlock(&j->mu);
+  abort_job_put(j);
+  if (done) return TC_OK;
+  return tc_device_lost("ncclCommAbort did not return within %.0f s", ABORT_S);
+}
+
 /* Aborts the communicator: c is dead from now on. Returns TC_EIO with the
- * message. */
+ * message, or TC_EDEVICE when the abort hung or the context is corrupted. */
 __attribute__((format(printf, 2, 3))) static int comm_die(tr_comm *c, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(c->why, sizeof c->why, fmt, ap);
   va_end(ap);
-  if (c->comm) ncclCommAbort(c->comm); /* blocking; the queued collective's kernels quit */
+  int rc = c->comm ? abort_bounded(c->comm) : TC_OK; /* the queued collective's kernels quit */
   c->comm = NULL;
   c->aborted = 1;
+  if (!rc) rc = tc_probe(); /* an NCCL error may be a CUDA one that corrupted the context */
+  if (rc) {
+    char lost[512];
+    snprintf(lost, sizeof lost, "%s", tc_last_error());
+    return tc_fail(TC_EDEVICE, "%s; %s", c->why, lost);
+  }
   return tc_fail(TC_EIO, "%s", c->why);
+}
+
+/* comm_die for a CUDA error e met while watching: a context-corrupting one
+ * loses the device first. */
+static int cuda_die(tr_comm *c, cudaError_t e, const char *what) {
+  if (tc_sticky(e)) tc_device_lost("%s: %s", what, cudaGetErrorString(e));
+  else (void)cudaGetLastError();
+  return comm_die(c, "NCCL all-reduce (rank %d of %d): %s: %s", c->rank, c->nranks, what, cudaGetErrorString(e));
+}
+
+/* --- bootstrap roots of the ids made here --- */
+
+static pthread_mutex_t roots_mu = PTHREAD_MUTEX_INITIALIZER;
+static ncclUniqueId g_roots[MAX_OPEN_ROOTS]; /* ids made here whose communicator did not come up here */
+static int g_nroots;
+
+/* Records a new root; TC_EDEVICE when too many are open already. */
+static int root_open(const ncclUniqueId *id) {
+  pthread_mutex_lock(&roots_mu);
+  int n = g_nroots;
+  if (n < MAX_OPEN_ROOTS) g_roots[g_nroots++] = *id;
+  pthread_mutex_unlock(&roots_mu);
+  if (n < MAX_OPEN_ROOTS) return TC_OK;
+  return tc_fail(TC_EDEVICE,
+                 "%d NCCL bootstrap threads (each with a listening socket) wait for ever for ranks of aborted epochs "
+                 "that never joined; this process must be replaced to free them",
+                 n);
+}
+
+/* The communicator of id came up: every rank checked in with its root. */
+static void root_done(const ncclUniqueId *id) {
+  pthread_mutex_lock(&roots_mu);
+  for (int i = 0; i < g_nroots; i++)
+    if (memcmp(&g_roots[i], id, sizeof *id) == 0) {
+      g_roots[i] = g_roots[--g_nroots];
+      break;
+    }
+  pthread_mutex_unlock(&roots_mu);
 }
 
 namespace {
@@ -120,20 +276,85 @@ __global__ void comm_scale_kernel(float *p, size_t n, float s) {
 }
 } // namespace
 
+/* --- one watched collective --- */
+
+/* All-reduces buf[0..n) (n <= CHUNK_FLOATS) in place, watched: done, or
+ * the communicator aborted (comm_die's code) when the stream does not reach
+ * it by start_limit, a peer fails, or it is not done `deadline` s after it
+ * started on the device. */
+static int allreduce_watched(tr_comm *c, float *buf, size_t n, double deadline, double start_limit) {
+  cudaStream_t stream = tc_stream();
+  cudaError_t e = cudaEventRecord(c->ev_start, stream);
+  if (e != cudaSuccess) return cuda_die(c, e, "queueing the all-reduce (cudaEventRecord)");
+  double t0 = now_s();
+  ncclResult_t st = ncclSuccess, r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c->comm, stream);
+  if (r == ncclInProgress) r = wait_state(c->comm, t0 + deadline);
+  if (r == ncclInProgress)
+    return comm_die(c, "NCCL all-reduce (rank %d of %d): not queued within %.2f s", c->rank, c->nranks, deadline);
+  if (r != ncclSuccess)
+    return comm_die(c, "NCCL all-reduce (rank %d of %d): ncclAllReduce: %s (%s)", c->rank, c->nranks,
+                    ncclGetErrorString(r), last_error());
+  e = cudaEventRecord(c->ev_done, stream);
+  if (e != cudaSuccess) return cuda_die(c, e, "queueing the all-reduce (cudaEventRecord)");
+  double t_dl = 0; /* the deadline, once the chunk started on the device */
+  int k = 0;
+  for (;;) {
+    e = cudaEventQuery(c->ev_done);
+    if (e == cudaSuccess) return TC_OK;
+    if (e != cudaErrorNotReady) return cuda_die(c, e, "waiting for it (cudaEventQuery)");
+    r = ncclCommGetAsyncError(c->comm, &st);
+    if (r != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+      return comm_die(c, "NCCL all-reduce (rank %d of %d): %s (%s): a peer failed or left", c->rank, c->nranks,
+                      ncclGetErrorString(r != ncclSuccess ? r : st), last_error());
+    double now = now_s();
+    if (t_dl == 0) {
+      e = cudaEventQuery(c->ev_start);
+      if (e == cudaSuccess) {
+        t_dl = now + deadline;
+      } else if (e != cudaErrorNotReady) {
+        return cuda_die(c, e, "waiting for it to start (cudaEventQuery)");
+      } else if (now > start_limit) {
+        return comm_die(c, "NCCL all-reduce (rank %d of %d): the compute stream did not reach it within %.0f s",
+                        c->rank, c->nranks, start_limit - t0);
+      }
+    } else if (now > t_dl) {
+      return comm_die(c, "NCCL all-reduce of %zu floats (rank %d of %d): no progress for %.2f s: a peer died or "
+                      "stalled",
+                      n, c->rank, c->nranks, deadline);
+    }
+    poll_pause(&k);
+  }
+}
+
 /* --- the table's functions --- */
 
 int tc_comm_id(uint8_t id[TR_COMM_ID_BYTES]) {
+  connect_at_init();
   ncclUniqueId uid;
   ncclResult_t r = ncclGetUniqueId(&uid);
   if (r != ncclSuccess) return NCCL_FAIL(r, "ncclGetUniqueId");
+  int rc = root_open(&uid);
+  if (rc) return rc; /* (this id's root is one more; the process is replaced now) */
   memcpy(id, &uid, sizeof uid);
   return TC_OK;
+}
+
+/* Frees c's host and device state; aborts its communicator if any (bounded). */
+static int comm_free(tr_comm *c) {
+  int rc = c->comm ? abort_bounded(c->comm) : TC_OK;
+  c->comm = NULL;
+  if (c->ev_start) (void)cudaEventDestroy(c->ev_start);
+  if (c->ev_done) (void)cudaEventDestroy(c->ev_done);
+  if (c->warm) (void)cudaFree(c->warm);
+  free(c);
+  return rc;
 }
 
 int tc_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout) {
   *out = NULL;
   if (nranks < 1 || rank < 0 || rank >= nranks) return tc_fail(TC_EINVAL, "NCCL communicator: rank %d of %d", rank, nranks);
   if (!(timeout > 0)) timeout = DEFAULT_S;
+  connect_at_init();
   tr_comm *c = (tr_comm *)calloc(1, sizeof *c);
   if (!c) return tc_fail(TC_ENOMEM, "NCCL communicator: out of memory");
   c->nranks = nranks;
@@ -155,98 +376,78 @@ int tc_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks
                  nranks, timeout);
     goto error;
   }
-  if (r != ncclSuccess) {
+  if (r != ncclSuccess) { /* ncclInvalidUsage: e.g. two ranks on one GPU, which no retry mends */
     rc = NCCL_FAIL(r, "creating the NCCL communicator (ncclCommInitRankConfig)");
     goto error;
   }
+  root_done(&uid); /* every rank checked in: the root (here or elsewhere) is gone */
   if ((rc = tc_check(cudaEventCreateWithFlags(&c->ev_start, cudaEventDisableTiming), "cudaEventCreateWithFlags")) ||
-      (rc = tc_check(cudaEventCreateWithFlags(&c->ev_done, cudaEventDisableTiming), "cudaEventCreateWithFlags")))
+      (rc = tc_check(cudaEventCreateWithFlags(&c->ev_done, cudaEventDisableTiming), "cudaEventCreateWithFlags")) ||
+      (rc = tc_check(cudaMalloc(&c->warm, sizeof(float)), "cudaMalloc (the warm-up float)")) ||
+      (rc = tc_check(cudaMemsetAsync(c->warm, 0, sizeof(float), tc_stream()), "cudaMemsetAsync")))
     goto error;
+  { /* the first collective's set-up, inside the creation's bound */
+    double left = t_end - now_s();
+    if (left < 1.0) left = 1.0;
+    rc = allreduce_watched(c, c->warm, 1, left, now_s() + left);
+    if (rc) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", tc_last_error());
+      rc = tc_fail(rc, "NCCL communicator (rank %d of %d): the warm-up all-reduce: %s", rank, nranks, why);
+      goto error;
+    }
+  }
   *out = c;
   return TC_OK;
-error:
-  if (c->comm) ncclCommAbort(c->comm); /* a partly initialised one included */
-  if (c->ev_start) cudaEventDestroy(c->ev_start);
-  if (c->ev_done) cudaEventDestroy(c->ev_done);
-  free(c);
-  return rc;
+error: {
+  char why[512];
+  snprintf(why, sizeof why, "%s", tc_last_error());
+  int rc2 = comm_free(c); /* a partly initialised communicator included */
+  if (rc2) return tc_fail(rc2, "%s; %s", why, tc_last_error());
+  return tc_fail(rc, "%s", why);
+}
 }
 
 int tc_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, double deadline) {
   if (!c || (!buf && n)) return tc_fail(TC_EINVAL, "NCCL all-reduce: bad arguments");
   if (c->aborted) return tc_fail(TC_EIO, "NCCL communicator is aborted: %s", c->why);
   if (!(deadline > 0)) deadline = DEFAULT_S;
-  cudaStream_t stream = tc_stream();
   ncclResult_t st = ncclSuccess;
   ncclResult_t r = ncclCommGetAsyncError(c->comm, &st);
   if (r == ncclSuccess && st == ncclInProgress) st = wait_state(c->comm, now_s() + deadline); /* settle first */
   if (r != ncclSuccess || st != ncclSuccess)
     return comm_die(c, "NCCL communicator (rank %d of %d) failed before the all-reduce: %s", c->rank, c->nranks,
                     ncclGetErrorString(r != ncclSuccess ? r : st));
-  cudaError_t e = cudaEventRecord(c->ev_start, stream);
-  if (e != cudaSuccess) return comm_die(c, "queueing the all-reduce: cudaEventRecord: %s", cudaGetErrorString(e));
-  double t0 = now_s();
-  r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c->comm, stream);
-  if (r == ncclInProgress) r = wait_state(c->comm, t0 + deadline);
-  if (r == ncclInProgress)
-    return comm_die(c, "NCCL all-reduce (rank %d of %d): not queued within %.2f s", c->rank, c->nranks, deadline);
-  if (r != ncclSuccess)
-    return comm_die(c, "NCCL all-reduce (rank %d of %d): ncclAllReduce: %s (%s)", c->rank, c->nranks,
-                    ncclGetErrorString(r), last_error());
-  e = cudaEventRecord(c->ev_done, stream);
-  if (e != cudaSuccess) return comm_die(c, "queueing the all-reduce: cudaEventRecord: %s", cudaGetErrorString(e));
-  /* watchdog */
-  double start_limit = t0 + (START_SLACK_S > 10 * deadline ? START_SLACK_S : 10 * deadline);
-  double t_dl = 0; /* deadline, once the collective started on the device */
-  int k = 0;
-  for (;;) {
-    e = cudaEventQuery(c->ev_done);
-    if (e == cudaSuccess) break;
-    if (e != cudaErrorNotReady)
-      return comm_die(c, "NCCL all-reduce (rank %d of %d): %s", c->rank, c->nranks, cudaGetErrorString(e));
-    r = ncclCommGetAsyncError(c->comm, &st);
-    if (r != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
-      return comm_die(c, "NCCL all-reduce (rank %d of %d): %s (%s): a peer failed or left", c->rank, c->nranks,
-                      ncclGetErrorString(r != ncclSuccess ? r : st), last_error());
-    double now = now_s();
-    if (t_dl == 0) {
-      e = cudaEventQuery(c->ev_start);
-      if (e == cudaSuccess) {
-        t_dl = now + deadline;
-      } else if (e != cudaErrorNotReady) {
-        return comm_die(c, "NCCL all-reduce (rank %d of %d): %s", c->rank, c->nranks, cudaGetErrorString(e));
-      } else if (now > start_limit) {
-        return comm_die(c, "NCCL all-reduce (rank %d of %d): the compute stream did not reach it within %.0f s",
-                        c->rank, c->nranks, start_limit - t0);
-      }
-    } else if (now > t_dl) {
-      return comm_die(c, "NCCL all-reduce of %zu floats (rank %d of %d) not complete %.2f s after it started: a peer "
-                      "died or stalled",
-                      n, c->rank, c->nranks, deadline);
-    }
-    poll_pause(&k);
-  }
+  double start_limit = now_s() + (START_SLACK_S > 10 * deadline ? START_SLACK_S : 10 * deadline);
+  size_t off = 0;
+  do { /* one chunk at least: n = 0 is still a collective every rank takes part in */
+    size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
+    int rc = allreduce_watched(c, buf + off, len, deadline, start_limit);
+    if (rc) return rc;
+    off += len;
+    start_limit = now_s() + START_SLACK_S; /* the next chunk follows at once: the stream is there */
+  } while (off < n);
   if (scale != 1.0f && n) {
     int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-    comm_scale_kernel<<<blocks, 256, 0, stream>>>(buf, n, scale);
+    comm_scale_kernel<<<blocks, 256, 0, tc_stream()>>>(buf, n, scale);
     int rc = tc_check(cudaGetLastError(), "scaling the all-reduce's result");
     if (rc) return rc;
   }
   return TC_OK;
 }
 
-void tc_comm_destroy(tr_comm *c) {
+void tc_comm_destroy(tr_comm *c, int finalize) {
   if (!c) return;
-  if (c->comm && !c->aborted) {
+  if (c->comm && !c->aborted && finalize) { /* a clean shutdown: every rank is here too */
     ncclResult_t r = ncclCommFinalize(c->comm);
     if (r == ncclSuccess || r == ncclInProgress) r = wait_state(c->comm, now_s() + FINALIZE_S);
     if (r == ncclSuccess) r = ncclCommDestroy(c->comm);
-    if (r != ncclSuccess) ncclCommAbort(c->comm); /* finalize failed or hung: free it the hard way */
-  } else if (c->comm) {
-    ncclCommAbort(c->comm);
+    if (r == ncclSuccess) c->comm = NULL; /* else finalize failed or hung: comm_free aborts it */
   }
-  c->comm = NULL;
-  if (c->ev_start) cudaEventDestroy(c->ev_start);
-  if (c->ev_done) cudaEventDestroy(c->ev_done);
-  free(c);
+  (void)comm_free(c); /* a hung abort loses the device: the next call says so */
+}
+
+void tc_comm_forget(tr_comm *c) {
+  if (!c) return;
+  free(c); /* the device is lost: leave its NCCL and CUDA state to the process's end */
 }

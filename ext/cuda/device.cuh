@@ -200,10 +200,16 @@ template <typename E> static __global__ void add_forward_kernel(E *out, const E 
   GRID_STRIDE(i, n) st(&out[i], ld(a[i]) + ld(b[i]));
 }
 
-/* da and db may be NULL, or the same buffer (then it gets dout twice, as on the CPU) */
+/* da and db may be NULL, or the same buffer (add(x, x)): then it gets dout
+ * twice, added in fp32 as (g + d) + d like the CPU, and is stored (rounded,
+ * for bf16) once, like the host bf16 reference */
 template <typename E> static __global__ void add_backward_kernel(E *da, E *db, const E *dout, int64_t n) {
   GRID_STRIDE(i, n) {
     const float d = ld(dout[i]);
+    if (da && da == db) {
+      st(&da[i], ld(da[i]) + d + d);
+      continue;
+    }
     if (da) st(&da[i], ld(da[i]) + d);
     if (db) st(&db[i], ld(db[i]) + d);
   }

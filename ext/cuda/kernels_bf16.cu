@@ -38,6 +38,7 @@
 #include <math.h>
 #include <math_constants.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "device.cuh"
@@ -248,9 +249,13 @@ static __global__ void causal_softmax_backward_kernel(bf16 *dpre, const float *d
   for (int j = lane; j < T; j += 32) out[j] = rn(j <= t ? f32(ar[j]) * (dr[j] - dot) * scale : 0.0f);
 }
 
-/* heads per chunk of the fp32 score scratch */
+/* heads per chunk of the fp32 score scratch. TRANSOM_TEST_ATTN_SCORE_FLOATS
+ * (a test hook) makes the scratch that small, so that test_cuda's small
+ * shapes go through several chunks and a partial last one. */
 static int attn_chunk(int BH, int T) {
-  int64_t c = ATTN_SCORE_FLOATS / ((int64_t)T * T);
+  const char *e = getenv("TRANSOM_TEST_ATTN_SCORE_FLOATS");
+  int64_t floats = e && atoll(e) > 0 ? atoll(e) : ATTN_SCORE_FLOATS;
+  int64_t c = floats / ((int64_t)T * T);
   if (c < 1) c = 1;
   return c < BH ? (int)c : BH;
 }

@@ -55,6 +55,12 @@
  *   values), forward outputs start as garbage, backward ops run on the
  *   reference's saved forward results on both sides (mean/rstd, att, probs).
  *
+ * Paths that only some sizes or data take: elementwise kernels past one
+ * grid's worth of elements (a second grid-stride pass), bf16 attention in
+ * chunks of heads (the score scratch shrunk by TRANSOM_TEST_ATTN_SCORE_FLOATS,
+ * a partial last chunk included), and embed_backward with long runs of one
+ * token (bitwise against the CPU: the same summation order).
+ *
  * Without the plugin or without a GPU it prints "test_cuda: SKIP: <why>"
  * and exits 77 (ctest: skipped).
  */
@@ -349,6 +355,12 @@ static void test_add(int si, const shape *s) {
     cmp(names[k][0], si, dget(d_da, n), da, n, EW_ATOL, EW_RTOL);
     cmp(names[k][1], si, dget(d_db, n), db, n, EW_ATOL, EW_RTOL);
   }
+  /* add(x, x): one gradient buffer gets dout twice */
+  float *dx = hrand(n, 1);
+  float *d_dx = dput(dx, n);
+  add_backward(dx, dx, dout, n);
+  be->add_backward(d_dx, d_dx, d_dout, n);
+  cmp("add_backward da == db", si, dget(d_dx, n), dx, n, EW_ATOL, EW_RTOL);
 }
 
 static void test_attention(int si, const shape *s) {
@@ -657,6 +669,12 @@ static void test_bf16_add(int si, const shape *s) {
     cmp16(names[k][0], si, d_da, da, n, B16_EW_ATOL, B16_EW_RTOL);
     cmp16(names[k][1], si, d_db, db, n, B16_EW_ATOL, B16_EW_RTOL);
   }
+  /* add(x, x): dout twice in fp32, rounded once, on both sides (exact) */
+  tr_bf16 *dx = hround(hrand(n, 1), n);
+  tr_bf16 *d_dx = dput16(dx, n);
+  cb->add_backward(dx, dx, dout, n);
+  gb->add_backward(d_dx, d_dx, d_dout, n);
+  cmp16("bf16 add_backward da == db", si, d_dx, dx, n, 0, 0);
 }
 
 static void test_bf16_attention(int si, const shape *s) {
@@ -722,6 +740,64 @@ static void test_bf16_crossentropy(int si, const shape *s) {
   gb->crossentropy_forward(d_loss, d_probs, d_logits, d_tg, N, V);
   float *gl = dget(d_loss, 1);
   CHECK(isnan(loss) && isnan(gl[0]), "bf16 bad target: cpu loss %g, gpu loss %g (both should be NaN)", loss, gl[0]);
+}
+
+/* --- sizes and data that take other paths --- */
+
+/* Past EW_MAX_BLOCKS x EW_THREADS elements (65536 x 256, device.cuh) the
+ * grid-stride loops of the elementwise kernels take a second pass: every
+ * element of the tail must still be done once. */
+static void test_big(void) {
+  const int64_t n = ((int64_t)65536 * 256) + 12345;
+  float *x = hrand(n, 1), *y = hrand(n, 1);
+  float *d_x = dput(x, n), *d_y = dput(y, n);
+  float *out = hzero(n), *d_out = dgarbage(n);
+  add_forward(out, x, y, n);
+  be->add_forward(d_out, d_x, d_y, n);
+  cmp("big add_forward (second grid-stride pass)", 0, dget(d_out, n), out, n, 0, 0);
+  gelu_forward(out, x, n);
+  be->gelu_forward(d_out, d_x, n);
+  cmp("big gelu_forward", 0, dget(d_out, n), out, n, EW_ATOL, EW_RTOL);
+  float *s = hdup(x, n);
+  par_scale(s, n, 0.37f);
+  be->scale(d_x, n, 0.37f);
+  cmp("big scale", 0, dget(d_x, n), s, n, 0, 0);
+  double cs = par_sumsq(s, n), gs = be->sumsq(d_x, n);
+  CHECK(fabs(gs - cs) <= 1e-10 * cs, "big sumsq: gpu %.17g cpu %.17g", gs, cs);
+  tr_bf16 *w16 = hkeep(malloc(sizeof(tr_bf16) * (size_t)n)), *d_w16 = dalloc(sizeof(tr_bf16) * (size_t)n);
+  tr_bf16_round(w16, s, n);
+  be->bf16->to_bf16(d_w16, d_x, n);
+  tr_bf16 *g16 = hkeep(malloc(sizeof(tr_bf16) * (size_t)n));
+  CHECK(be->download(g16, d_w16, sizeof(tr_bf16) * (size_t)n) == 0, "download: %s", be->error());
+  CHECK(memcmp(g16, w16, sizeof(tr_bf16) * (size_t)n) == 0, "big to_bf16 differs from the host rounding");
+}
+
+/* embed_backward sorts positions by token and sums each token's run in
+ * position order (no atomics): long runs of one token (one block walks a
+ * run of thousands) give the CPU's bits, fp32 and bf16. */
+static void test_embed_runs(void) {
+  const int B = 4, T = 1024, C = 96, V = 50, N = B * T;
+  int32_t *tok = hkeep(malloc(sizeof(int32_t) * (size_t)N));
+  for (int i = 0; i < N; i++) tok[i] = i < 3000 ? 7 : (i / 250) % 2 ? 3 : 41; /* one run of 3000, then runs of 250 */
+  int32_t *d_tok = dput_i(tok, N);
+  float *dout = hrand((int64_t)N * C, 1), *dwte = hrand((int64_t)V * C, 1), *dwpe = hrand((int64_t)T * C, 1);
+  float *d_dout = dput(dout, (int64_t)N * C), *d_dwte = dput(dwte, (int64_t)V * C), *d_dwpe = dput(dwpe, (int64_t)T * C);
+  embed_backward(dwte, dwpe, dout, tok, B, T, C);
+  be->embed_backward(d_dwte, d_dwpe, d_dout, d_tok, B, T, C);
+  cmp("embed_backward dwte, long runs of one token", 0, dget(d_dwte, (int64_t)V * C), dwte, (int64_t)V * C, 0, 0);
+  cmp("embed_backward dwpe, long runs of one token", 0, dget(d_dwpe, (int64_t)T * C), dwpe, (int64_t)T * C, EW_ATOL,
+      EW_RTOL);
+  if (!be->bf16) return;
+  tr_bf16 *dout16 = hkeep(malloc(sizeof(tr_bf16) * (size_t)N * C));
+  tr_bf16_round(dout16, dout, (int64_t)N * C);
+  tr_bf16 *d_dout16 = dalloc(sizeof(tr_bf16) * (size_t)N * C);
+  CHECK(be->upload(d_dout16, dout16, sizeof(tr_bf16) * (size_t)N * C) == 0, "upload: %s", be->error());
+  float *dwte2 = hrand((int64_t)V * C, 1);
+  float *d_dwte2 = dput(dwte2, (int64_t)V * C);
+  backend_cpu()->bf16->embed_backward(dwte2, NULL, dout16, tok, B, T, C);
+  be->bf16->embed_backward(d_dwte2, NULL, d_dout16, d_tok, B, T, C);
+  cmp("bf16 embed_backward dwte, long runs of one token", 0, dget(d_dwte2, (int64_t)V * C), dwte2, (int64_t)V * C, 0,
+      0);
 }
 
 /* --- vector ops --- */
@@ -898,7 +974,24 @@ int main(void) {
       test_bf16_crossentropy(si, s);
       release();
     }
+    /* the bf16 attention's fp32 score scratch goes by chunks of heads (256
+     * MiB of scores each): shrunk by the test hook, so these shapes take
+     * one chunk, several whole ones, and whole ones plus a partial one */
+    setenv("TRANSOM_TEST_ATTN_SCORE_FLOATS", "8192", 1);
+    for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++) {
+      const shape *s = &shapes[si];
+      const int64_t per = (int64_t)s->T * s->T, ch = 8192 / per < 1 ? 1 : 8192 / per;
+      printf("bf16 attention in chunks of %lld of %d heads, shape %d\n", (long long)ch, s->B * s->NH, si);
+      test_bf16_attention(si, s);
+      release();
+    }
+    unsetenv("TRANSOM_TEST_ATTN_SCORE_FLOATS");
   }
+  printf("big tensors, long token runs:\n");
+  test_big();
+  release();
+  test_embed_runs();
+  release();
   CHECK(be->sync() == 0, "sync at the end: %s", be->error());
   return check_report("test_cuda");
 }

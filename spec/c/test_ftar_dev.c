@@ -27,6 +27,21 @@
  *             victim RESHAPED with contributors 2, in a new epoch whose
  *             communicator the new rank 0 made; (1) is redone after the
  *             communicator's deadline
+ *   dev-samedev  2 members on one emulated device (TRANSOM_EMU_DEVICES=2,
+ *             both TRANSOM_LOCAL_RANK=0), as two replicas on one GPU: the
+ *             communicator cannot be made (NCCL: "duplicate GPU"), and the
+ *             first collective fails on both with TR_EINVAL saying so,
+ *             instead of an abort retried epoch after epoch until timeout
+ *   dev-restore  as dev-kill (1), but the survivors' device copy that would
+ *             put their input back for the redo fails: each fails that
+ *             collective (TR_EIO, naming the restore) instead of redoing it
+ *             from a buffer that may be half reduced, and its member stays
+ *             failed (the next call fails at once)
+ *   dev-lost  a member's device is lost in the middle of a collective (emu:
+ *             an illegal address, sticky like a corrupted CUDA context):
+ *             its call fails at once with TR_EDEVICE, not redone (a redo
+ *             could only fail again, epoch after epoch, until the timeout);
+ *             it leaves, and the survivors redo that collective without it
  * Every scenario checks that /dev/shm holds no segment named after one of
  * its processes afterwards. TRANSOM_TIME_SCALE (check.h) stretches this
  * file's own waits and the slack its latency bounds allow over the
@@ -457,7 +472,7 @@ static int emu_sizes_child(void *arg, int r, int out) {
     bad |= !ok;
   }
   free(buf);
-  emu_comm_destroy(c);
+  emu_comm_destroy(c, 0);
   return bad;
 }
 
@@ -515,7 +530,7 @@ static void test_emu_attach(void) {
     float v[3] = {1, 2, 3};
     CHECK(emu_comm_allreduce(c, v, 3, 0.5f, 1) == 0 && v[0] == 0.5f && v[2] == 1.5f, "1 rank all-reduce");
     CHECK(emu_comm_allreduce(c, v, 0, 1.0f, 1) == 0, "an empty all-reduce");
-    emu_comm_destroy(c);
+    emu_comm_destroy(c, 0);
   }
   pid_t me = getpid();
   CHECK(shm_leftovers(&me, 1) == 0, "failed creations leave no segment in /dev/shm");
@@ -550,7 +565,7 @@ static int emu_kill_child(void *arg, int r, int out) {
   double t = tr_now();
   int rc2 = emu_comm_allreduce(c, buf, 10, 1.0f, DEADLINE);
   say(out, "again %d %.3f", rc2, tr_now() - t);
-  emu_comm_destroy(c);
+  emu_comm_destroy(c, 0);
   if (r == j->victim) {
     free(buf);
     return 0;
@@ -572,7 +587,7 @@ static int emu_kill_child(void *arg, int r, int out) {
     for (int q = 0; q < p2; q++) want += val(q, 1, i);
     ok = buf[i] == want;
   }
-  emu_comm_destroy(c);
+  emu_comm_destroy(c, 0);
   say(out, "fresh %s", ok ? "ok" : "bad");
   free(buf);
   return ok ? 0 : 1;
@@ -652,7 +667,7 @@ static void test_emu_kill(int use_stop) {
 
 /* --- ftar_allreduce_dev across forked members --- */
 
-enum { DEV_PLAIN = 0, DEV_KILL_WAITED = 1, DEV_KILL_ANYTIME = 2 };
+enum { DEV_PLAIN = 0, DEV_KILL_WAITED = 1, DEV_KILL_ANYTIME = 2, DEV_LOST = 3 };
 enum { BE_EMU = 0, BE_EMU_NOCOMM = 1, BE_CPU = 2 };
 
 typedef struct {
@@ -660,11 +675,53 @@ typedef struct {
   int nseq;               /* collectives per member */
   int p;
   int stall_slot, stall_seq; /* that slot sleeps 1 s before that seq (the others wait inside it) */
+  int lose_slot, lose_seq;   /* that slot's device is lost inside that seq's all-reduce */
+  int fail_restore;          /* a device copy into the caller's buffer (a restore) fails */
+  int same_device;           /* every member on emulated device 0 of 2 */
   int backend;               /* BE_*: emu's communicator, emu without collectives (host + ring), cpu */
 } dev_job;
 
+/* emu whose comm_destroy reports how it was asked to destroy: "destroy
+ * <finalize> run" while collectives run, "destroy <finalize> free" from
+ * ftar_member_free. */
+static tr_backend rec_be;
+static const tr_backend *rec_base;
+static int rec_out = -1, rec_freeing;
+
+static void rec_destroy(tr_comm *c, int finalize) {
+  say(rec_out, "destroy %d %s", finalize, rec_freeing ? "free" : "run");
+  rec_base->comm_destroy(c, finalize);
+}
+
+/* emu whose copies into fail_dst fail (FTAR's restore of the input) */
+static tr_backend restore_be;
+static const tr_backend *restore_base;
+static void *fail_dst;
+
+static int restore_copy(void *dst, const void *src, size_t bytes) {
+  if (dst == fail_dst) return tr_fail(TR_EIO, "injected: the device copy failed");
+  return restore_base->copy(dst, src, bytes);
+}
+
+/* emu whose device is lost inside the next all-reduce once lose_now is set:
+ * a kernel given a host pointer (an illegal address) corrupts it, then the
+ * all-reduce runs on the corrupted device, as a GPU's would after an Xid. */
+static tr_backend lose_be;
+static const tr_backend *lose_base;
+static int lose_now;
+
+static int lose_allreduce(tr_comm *c, float *buf, size_t n, float scale, double deadline) {
+  if (lose_now) {
+    lose_now = 0;
+    float host = 1;
+    lose_base->scale(&host, 1, 2.0f);
+  }
+  return lose_base->comm_allreduce(c, buf, n, scale, deadline);
+}
+
 /* Child: member of slot r; nseq collectives on emu device buffers; prints
- * "res <seq> <rc> <epoch> <contrib> <redos> <crc> <ok> <slots>" per seq. */
+ * "res <seq> <rc> <epoch> <contrib> <redos> <crc> <ok> <slots>" per seq; the
+ * slot that loses its device prints "lost <rc> <redos> <message>" and leaves. */
 static int dev_child(void *arg, int r, int out) {
   dev_job *j = arg;
   for (int i = 0; i < j->p; i++) {
@@ -675,6 +732,10 @@ static int dev_child(void *arg, int r, int out) {
   ssize_t got = read(j->port_pipe[r][0], &port, sizeof port);
   close(j->port_pipe[r][0]);
   if (got != (ssize_t)sizeof port || port <= 0) return 2;
+  if (j->same_device) {
+    setenv("TRANSOM_EMU_DEVICES", "2", 1);
+    setenv("TRANSOM_LOCAL_RANK", "0", 1);
+  }
   const tr_backend *be = backend_get(j->backend == BE_CPU ? "cpu" : "emu", 1);
   if (!be) {
     say(out, "error backend: %s", tr_error());
@@ -688,6 +749,19 @@ static int dev_child(void *arg, int r, int out) {
     nocomm.comm_allreduce = NULL;
     nocomm.comm_destroy = NULL;
     be = &nocomm;
+  }
+  if (j->backend == BE_EMU) {
+    rec_base = be;
+    rec_be = *be;
+    rec_be.comm_destroy = rec_destroy;
+    rec_out = out;
+    be = &rec_be;
+  }
+  if (r == j->lose_slot) {
+    lose_base = be;
+    lose_be = *be;
+    lose_be.comm_allreduce = lose_allreduce;
+    be = &lose_be;
   }
   int ring = j->backend != BE_EMU; /* the TCP ring divides a mean; the communicator multiplies by 1/p */
   ftar_member_opts mo;
@@ -708,6 +782,13 @@ static int dev_child(void *arg, int r, int out) {
   size_t maxn = sizes[2];
   float *host = malloc(maxn * sizeof(float));
   float *dev = be->alloc(maxn * sizeof(float));
+  if (j->fail_restore) {
+    restore_base = be;
+    restore_be = *be;
+    restore_be.copy = restore_copy;
+    fail_dst = dev;
+    be = &restore_be;
+  }
   int bad = 0;
   for (int s = 1; s <= j->nseq && !bad; s++) {
     uint64_t seq = (uint64_t)s;
@@ -720,7 +801,24 @@ static int dev_child(void *arg, int r, int out) {
       usleep(1000000);
     }
     ftar_result res;
+    lose_now = r == j->lose_slot && s == j->lose_seq;
     int rc = ftar_allreduce_dev(m, be, dev, n, op, seq, &res);
+    if (j->fail_restore && rc < 0) {
+      char msg[400];
+      snprintf(msg, sizeof msg, "%s", tr_error());
+      int rc2 = ftar_allreduce_dev(m, be, dev, n, op, seq + 1, &res);
+      say(out, "failed %d %d %s", s, rc, msg);
+      say(out, "after %d %s", rc2, tr_error());
+      break;
+    }
+    if (r == j->lose_slot && s == j->lose_seq) {
+      char msg[400];
+      snprintf(msg, sizeof msg, "%s", tr_error());
+      for (char *q = msg; *q; q++)
+        if (*q == '\n') *q = ' ';
+      say(out, "lost %d %d %s", rc, res.redos, msg);
+      break; /* as a worker would: exit, to be replaced */
+    }
     be->download(host, dev, n * sizeof(float));
     int ok = rc >= 0 && res.seq == seq && res.contributors >= 1;
     for (size_t i = 0; i < n && ok; i++) {
@@ -742,6 +840,7 @@ static int dev_child(void *arg, int r, int out) {
     if (rc < 0) say(out, "error seq %d: rc %d: %s", s, rc, tr_error());
     bad |= !ok;
   }
+  rec_freeing = 1;
   ftar_member_free(m); /* frees the device copies: before the backend goes */
   be->free(dev);
   free(host);
@@ -770,6 +869,22 @@ static int dev_parse(const kid *k, int seq, dev_res *out, double *t) {
   return 0;
 }
 
+/* Starts p dev_child members of job j and a coordinator for them. */
+static ftar_coord *dev_start(dev_job *j, kid *ks) {
+  for (int r = 0; r < j->p; r++)
+    if (pipe(j->port_pipe[r])) CHECK(0, "pipe");
+  for (int r = 0; r < j->p; r++) kid_start(&ks[r], dev_child, j, r);
+  for (int r = 0; r < j->p; r++) close(j->port_pipe[r][0]);
+  ftar_coord *c = coord_start(); /* the children exist; now this process may start threads */
+  int port = c ? ftar_coord_port(c) : -1;
+  for (int r = 0; r < j->p; r++) {
+    ssize_t w = write(j->port_pipe[r][1], &port, sizeof port);
+    (void)w;
+    close(j->port_pipe[r][1]);
+  }
+  return c;
+}
+
 /* mode DEV_PLAIN: 3 members, 12 collectives, all with 3 contributors.
  * DEV_KILL_WAITED: slot 0 (the epoch's rank 0) stalls before seq 10 while
  * the others wait inside that collective, and is killed there: they must
@@ -778,27 +893,19 @@ static int dev_parse(const kid *k, int seq, dev_res *out, double *t) {
  * point it is after 8 collectives. */
 static void test_dev(int mode, int backend) {
   double t0 = tr_now();
-  int victim = mode == DEV_KILL_ANYTIME ? 1 : 0;
+  int victim = mode == DEV_KILL_ANYTIME || mode == DEV_LOST ? 1 : 0;
   dev_job j = {.p = 3,
-               .nseq = mode ? 60 : 12,
+               .nseq = mode == DEV_LOST ? 16 : mode ? 60 : 12,
                .stall_slot = mode == DEV_KILL_WAITED ? 0 : -1,
                .stall_seq = 10,
+               .lose_slot = mode == DEV_LOST ? victim : -1,
+               .lose_seq = 10,
                .backend = backend};
-  for (int r = 0; r < j.p; r++)
-    if (pipe(j.port_pipe[r])) CHECK(0, "pipe");
   kid ks[MAXK];
-  for (int r = 0; r < j.p; r++) kid_start(&ks[r], dev_child, &j, r);
-  for (int r = 0; r < j.p; r++) close(j.port_pipe[r][0]);
-  /* the children exist; now this process may start threads */
-  ftar_coord *c = coord_start();
-  int port = c ? ftar_coord_port(c) : -1;
-  for (int r = 0; r < j.p; r++) {
-    ssize_t w = write(j.port_pipe[r][1], &port, sizeof port);
-    (void)w;
-    close(j.port_pipe[r][1]);
-  }
+  ftar_coord *c = dev_start(&j, ks);
   const char *what = mode == DEV_KILL_WAITED    ? "dev kill -9 (waited for)"
                      : mode == DEV_KILL_ANYTIME ? "dev kill -9 (any time)"
+                     : mode == DEV_LOST         ? "dev lost (device corrupted mid-collective)"
                      : backend == BE_CPU        ? "dev (cpu: ftar_allreduce)"
                      : backend == BE_EMU_NOCOMM ? "dev (emu without collectives: host + ring)"
                                                 : "dev";
@@ -816,6 +923,7 @@ static void test_dev(int mode, int backend) {
     t_kill = tr_now();
   }
   kids_finish(ks, j.p, T(180));
+  if (mode == DEV_LOST && kid_find(&ks[victim], "lost ", 0) >= 0) t_kill = ks[victim].t[kid_find(&ks[victim], "lost ", 0)];
   int sv[MAXK], ns = 0;
   for (int r = 0; r < j.p; r++)
     if (mode == DEV_PLAIN || r != victim) sv[ns++] = r;
@@ -855,25 +963,50 @@ static void test_dev(int mode, int backend) {
     int e = kid_find(&ks[sv[i]], "error", 0);
     CHECK(e < 0, "%s: slot %d: %s", what, sv[i], e >= 0 ? ks[sv[i]].lines[e] : "");
   }
+  /* communicators: aborted when an epoch is left, finalized only by the
+   * member's free after a completed collective (a clean shutdown) */
+  if (backend == BE_EMU)
+    for (int i = 0; i < ns; i++) {
+      const kid *k = &ks[sv[i]];
+      CHECK(kid_count(k, "destroy 1 run") == 0 && kid_count(k, "destroy 1 free") == 1,
+            "%s: slot %d: no communicator finalized while collectives run (%d), the last one at the member's free "
+            "(%d)",
+            what, sv[i], kid_count(k, "destroy 1 run"), kid_count(k, "destroy 1 free"));
+      if (mode)
+        CHECK(kid_count(k, "destroy 0 run") >= 1, "%s: slot %d: the epoch left after the fault aborted its "
+              "communicator", what, sv[i]);
+    }
   double recovery = 0;
   if (mode) {
     CHECK(reduced_at > 0, "%s: the survivors went on with 2 contributors", what);
     CHECK(reshaped_seen, "%s: seq %d, the first without slot %d, is RESHAPED on both survivors, slots %s", what,
           reduced_at, victim, want_slots);
     char closed[64];
-    snprintf(closed, sizeof closed, "slot %d: connection closed", victim);
+    if (mode == DEV_LOST) snprintf(closed, sizeof closed, "slot %d leaves", victim); /* freed its member */
+    else snprintf(closed, sizeof closed, "slot %d: connection closed", victim);
     CHECK(coord_log_has(closed), "%s: the coordinator saw slot %d go", what, victim);
     dev_res d;
     double t_res = 0;
     if (dev_parse(&ks[sv[0]], reduced_at, &d, &t_res)) recovery = t_res - t_kill;
-    CHECK(recovery < DEADLINE + T(3.0), "%s: seq %d completed %.2f s after the kill (deadline %.1f s)", what, reduced_at,
-          recovery, DEADLINE);
+    if (mode != DEV_LOST) /* (a member that fails fast needs no bound: its call's outcome is checked below) */
+      CHECK(recovery < DEADLINE + T(3.0), "%s: seq %d completed %.2f s after the kill (deadline %.1f s)", what,
+            reduced_at, recovery, DEADLINE);
     CHECK(redos_at <= 2, "%s: seq %d redone %d times", what, reduced_at, redos_at);
     if (mode == DEV_KILL_WAITED)
       CHECK(reduced_at == j.stall_seq && redos_at >= 1,
             "%s: seq %d (the one the victim was killed in) aborted on the communicator and was redone (seq %d, %d "
             "redos)",
             what, j.stall_seq, reduced_at, redos_at);
+    if (mode == DEV_LOST) {
+      int i = kid_find(&ks[victim], "lost ", 0), rc = 0, redos = -1;
+      if (i >= 0) sscanf(ks[victim].lines[i], "lost %d %d", &rc, &redos);
+      CHECK(i >= 0 && rc == TR_EDEVICE && redos == 0 && strstr(ks[victim].lines[i], "illegal address"),
+            "%s: the member whose device was lost fails seq %d with TR_EDEVICE, not redone: %s", what, j.lose_seq,
+            i >= 0 ? ks[victim].lines[i] : "(no line)");
+      CHECK(exited_ok(&ks[victim]), "%s: slot %d exit status %d", what, victim, ks[victim].status);
+      CHECK(reduced_at == j.lose_seq, "%s: the survivors redid seq %d without it (first with 2: seq %d)", what,
+            j.lose_seq, reduced_at);
+    }
   }
   pid_t pids[MAXK + 1];
   for (int r = 0; r < j.p; r++) pids[r] = ks[r].pid;
@@ -884,6 +1017,61 @@ static void test_dev(int mode, int backend) {
            what, j.nseq, reduced_at, victim, recovery, redos_at, tr_now() - t0);
   else
     printf("  %s: 3 members, %d collectives: %.1f s\n", what, j.nseq, tr_now() - t0);
+  kids_free(ks, j.p);
+  ftar_coord_free(c);
+}
+
+/* dev-samedev: see the top of the file. */
+static void test_dev_same_device(void) {
+  dev_job j = {.p = 2, .nseq = 3, .stall_slot = -1, .lose_slot = -1, .same_device = 1, .backend = BE_EMU};
+  kid ks[MAXK];
+  ftar_coord *c = dev_start(&j, ks);
+  kids_finish(ks, j.p, 120);
+  for (int r = 0; r < j.p; r++) {
+    int e = kid_find(&ks[r], "error seq 1: rc ", 0), rc = 0;
+    if (e >= 0) sscanf(ks[r].lines[e], "error seq 1: rc %d", &rc);
+    CHECK(e >= 0 && rc == TR_EINVAL && strstr(ks[r].lines[e], "both on emulated device 0"),
+          "dev-samedev: slot %d: two members on one device fail the first collective with TR_EINVAL, saying so: %s", r,
+          e >= 0 ? ks[r].lines[e] : "(no error)");
+  }
+  pid_t pids[MAXK + 1];
+  for (int r = 0; r < j.p; r++) pids[r] = ks[r].pid;
+  pids[j.p] = getpid();
+  CHECK(shm_leftovers(pids, j.p + 1) == 0, "dev-samedev: no segment left in /dev/shm");
+  printf("  dev-samedev: two members on one device: the communicator is refused, not retried\n");
+  kids_free(ks, j.p);
+  ftar_coord_free(c);
+}
+
+/* dev-restore: see the top of the file. */
+static void test_dev_restore(void) {
+  dev_job j = {.p = 3, .nseq = 12, .stall_slot = 0, .stall_seq = 10, .lose_slot = -1, .fail_restore = 1,
+               .backend = BE_EMU};
+  kid ks[MAXK];
+  ftar_coord *c = dev_start(&j, ks);
+  double end = tr_now() + 60;
+  while (kid_find(&ks[0], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
+  CHECK(kid_find(&ks[0], "stalling", 0) >= 0, "dev-restore: slot 0 reached seq %d", j.stall_seq);
+  usleep(300000); /* the others are inside seq 10 by now */
+  kill(ks[0].pid, SIGKILL);
+  kids_finish(ks, j.p, 120);
+  for (int r = 1; r < j.p; r++) {
+    int i = kid_find(&ks[r], "failed ", 0), a = kid_find(&ks[r], "after ", 0), seq = 0, rc = 0, rc2 = 0;
+    if (i >= 0) sscanf(ks[r].lines[i], "failed %d %d", &seq, &rc);
+    if (a >= 0) sscanf(ks[r].lines[a], "after %d", &rc2);
+    CHECK(i >= 0 && seq == j.stall_seq && rc == TR_EIO && strstr(ks[r].lines[i], "restor"),
+          "dev-restore: slot %d fails seq %d, whose input it could not put back, instead of redoing it: %s", r,
+          j.stall_seq, i >= 0 ? ks[r].lines[i] : "(no failure)");
+    CHECK(a >= 0 && rc2 == TR_EIO, "dev-restore: slot %d's member stays failed: %s", r, a >= 0 ? ks[r].lines[a] : "-");
+    dev_res d;
+    CHECK(!dev_parse(&ks[r], j.stall_seq, &d, NULL) || d.rc < 0, "dev-restore: slot %d returned no result for seq %d",
+          r, j.stall_seq);
+  }
+  pid_t pids[MAXK + 1];
+  for (int r = 0; r < j.p; r++) pids[r] = ks[r].pid;
+  pids[j.p] = getpid();
+  CHECK(shm_leftovers(pids, j.p + 1) == 0, "dev-restore: no segment left in /dev/shm");
+  printf("  dev-restore: a failed restore fails the survivors' member instead of a redo\n");
   kids_free(ks, j.p);
   ftar_coord_free(c);
 }
@@ -902,6 +1090,9 @@ int main(void) {
   test_dev(DEV_PLAIN, BE_CPU);
   test_dev(DEV_KILL_WAITED, BE_EMU);
   test_dev(DEV_KILL_ANYTIME, BE_EMU);
+  test_dev(DEV_LOST, BE_EMU);
+  test_dev_restore();
+  test_dev_same_device();
   test_commid(); /* last: it starts threads, and the others fork */
   return check_report("test_ftar_dev");
 }

@@ -148,6 +148,70 @@ static void test_planner(lua_State *L) {
   luaL_unref(L, LUA_REGISTRYINDEX, ref);
 }
 
+/* A graph with a float input (a linear layer on it, then add(h, h) and a
+ * loss) on emu gives the cpu's loss and gradients bit for bit: every input
+ * reaches the kernels as device memory (its uploaded copy), not as the
+ * host copy the caller fills, which a GPU (and emu) would refuse. */
+static void test_float_input(void) {
+  const tr_backend *bes[2] = {backend_cpu(), backend_get("emu", 1)};
+  CHECK(bes[1] != NULL, "emu: %s", tr_error());
+  if (!bes[1]) return;
+  enum { N = 6, C = 5, OC = 7 };
+  float loss[2] = {0, 0}, *grads[2] = {NULL, NULL};
+  int64_t np = 0;
+  for (int k = 0; k < 2; k++) {
+    graph *g = graph_create();
+    int64_t dx[2] = {N, C}, dw[2] = {OC, C}, db[1] = {OC}, dt[1] = {N};
+    int x = graph_input(g, "x", 2, dx, DT_F32), tg = graph_input(g, "targets", 1, dt, DT_I32);
+    int w = graph_param(g, "w", 2, dw, INIT_NORMAL, 0.5f, -1), b = graph_param(g, "b", 1, db, INIT_NORMAL, 0.1f, -1);
+    int h = graph_linear(g, x, w, b);
+    int l = graph_cross_entropy(g, graph_add(g, h, h), tg);
+    CHECK(l >= 0 && graph_plan_on(g, 1, bes[k]) == 0, "%s: float-input graph: %s", bes[k]->name, tr_error());
+    if (l < 0 || !graph_planned(g)) {
+      graph_free(g);
+      break;
+    }
+    CHECK(graph_init_params(g, 7) == 0, "init: %s", tr_error());
+    float *hx = graph_data(g, x);
+    int32_t *ht = graph_data(g, tg);
+    for (int i = 0; i < N * C; i++) hx[i] = (float)((i * 37) % 11) / 5.0f - 1.0f;
+    for (int i = 0; i < N; i++) ht[i] = (i * 3) % OC;
+    graph_zero_grad(g);
+    int rf = graph_forward(g), rb = rf ? rf : graph_backward(g, l);
+    CHECK(rf == 0 && rb == 0, "%s: forward %d, backward %d: %s", bes[k]->name, rf, rb, tr_error());
+    graph_read(g, l, &loss[k]);
+    np = graph_nparams(g);
+    grads[k] = malloc(sizeof(float) * (size_t)np);
+    CHECK(bes[k]->download(grads[k], graph_grads(g), sizeof(float) * (size_t)np) == 0, "%s: gradients: %s",
+          bes[k]->name, bes[k]->error());
+    graph_free(g);
+  }
+  if (grads[0] && grads[1]) {
+    CHECK(loss[0] == loss[1] && loss[0] > 0, "float input: loss cpu %.9g, emu %.9g", loss[0], loss[1]);
+    CHECK(memcmp(grads[0], grads[1], sizeof(float) * (size_t)np) == 0, "float input: emu's gradients are cpu's");
+  }
+  CHECK(bes[1]->sync() == 0, "emu is healthy afterwards: %s", bes[1]->error());
+  free(grads[0]);
+  free(grads[1]);
+}
+
+/* TRANSOM_EMU_DEVICES=N: emu has N devices, one per replica, as cuda: an
+ * ordinal past them is refused at init, naming the slot and the count. */
+static void test_emu_devices(void) {
+  const tr_backend *be = backend_emu();
+  CHECK(be->devices && be->devices() == 0, "emu: no device limit by default");
+  setenv("TRANSOM_EMU_DEVICES", "2", 1);
+  CHECK(be->devices() == 2, "emu: TRANSOM_EMU_DEVICES=2 gives 2 devices (%d)", be->devices());
+  int rc = be->init(2, 1);
+  CHECK(rc == TR_EINVAL && strstr(be->error(), "replica slot 2 has no device of its own") &&
+            strstr(be->error(), "2 emulated device(s)"),
+        "emu: slot 2 of 2 devices is refused: %d %s", rc, be->error());
+  CHECK(be->init(1, 1) == 0 && be->init(-1, 1) == 0, "emu: slots 1 and -1 of 2 devices are fine: %s", be->error());
+  unsetenv("TRANSOM_EMU_DEVICES");
+  CHECK(be->init(7, 1) == 0, "emu: no limit again: %s", be->error());
+  CHECK(backend_cpu()->devices == NULL, "cpu: no device limit");
+}
+
 static void test_builder_errors(void) {
   graph *g = graph_create();
   int64_t d23[2] = {2, 3}, d45[2] = {4, 5}, d4[1] = {4};
@@ -381,6 +445,30 @@ static void test_emu_guard(void) {
   waitpid(pid, &st, 0);
   CHECK((WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV) || (WIFEXITED(st) && WEXITSTATUS(st) != 0),
         "a host read of emu device memory must fault (status %d)", st);
+  /* the other way round: a host pointer given to a kernel is an illegal
+   * address; the kernel does not run and the device is lost for good (in a
+   * child: it cannot be undone) */
+  fflush(NULL);
+  pid = fork();
+  if (pid == 0) {
+    float host[4] = {1, 2, 3, 4};
+    int bad = 0;
+    be->scale(host, 4, 2.0f);
+    bad |= (host[0] != 1) << 0; /* did not run */
+    int rc = be->sync();
+    bad |= (rc != TR_EDEVICE || !strstr(be->error(), "illegal address") || !strstr(be->error(), "scale")) << 1;
+    bad |= (be->upload(d, in, sizeof in) != TR_EDEVICE) << 2; /* sticky */
+    bad |= (be->alloc(16) != NULL) << 3;
+    bad |= (be->sync() != TR_EDEVICE || !strstr(be->error(), "scale")) << 4; /* still the first error */
+    if (bad) fprintf(stderr, "emu illegal address: bad = %#x (%s)\n", bad, be->error());
+    _exit(bad);
+  }
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+        "emu: a host pointer at a kernel does not run it, and sync, upload and alloc fail for good with TR_EDEVICE "
+        "(child status %#x)",
+        st);
+  CHECK(be->sync() == 0, "this process's emu is unaffected: %s", be->error());
   be->free(d);
 }
 
@@ -395,6 +483,8 @@ int main(void) {
   test_planner(L);
   test_bf16(L);
   test_emu_guard();
+  test_float_input();
+  test_emu_devices();
   test_builder_errors();
   test_optim();
   test_safetensors();

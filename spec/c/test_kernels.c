@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "check.h"
 #include "kernels.h"
 #include "rng.h"
@@ -138,6 +139,30 @@ static void test_elementwise(void) {
   free(ea), free(eb), free(g.out), free(g.weights), free(a.out), free(a.weights), free(da), free(db);
 }
 
+/* add(x, x): one gradient buffer is both da and db and gets dout twice.
+ * The host bf16 kernel (the reference of the CUDA bf16 ones) must do the
+ * same: widen once, add twice in fp32, round once; exact. */
+static void test_add_aliased_bf16(void) {
+  const tr_bf16_ops *b = &kernels_bf16_ops;
+  int64_t n = rnd(1, 300);
+  float *g = rand_buf(n, 1), *d = rand_buf(n, 1), *want = malloc(sizeof(float) * (size_t)n);
+  uint16_t *g16 = malloc(sizeof(uint16_t) * (size_t)n), *d16 = malloc(sizeof(uint16_t) * (size_t)n);
+  tr_bf16_round(g16, g, n);
+  tr_bf16_round(d16, d, n);
+  tr_bf16_widen(want, g16, n);
+  tr_bf16_widen(d, d16, n);
+  add_backward(want, want, d, n); /* the fp32 kernel: want += d twice */
+  b->add_backward(g16, g16, d16, n);
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (g16[i] != tr_f32_to_bf16(want[i]) && bad++ < 5)
+      fprintf(stderr, "  bf16 add_backward(x, x)[%lld] = %g, want %g\n", (long long)i, tr_bf16_to_f32(g16[i]),
+              tr_bf16_to_f32(tr_f32_to_bf16(want[i])));
+  CHECK(bad == 0, "bf16 add_backward with da == db: %d of %lld gradients wrong (the gradient must be added twice)",
+        bad, (long long)n);
+  free(g), free(d), free(want), free(g16), free(d16);
+}
+
 /* --- embedding (gradient w.r.t. the tables) --- */
 static int mB, mT, mC, mV;
 static int32_t *mtok;
@@ -234,6 +259,7 @@ int main(void) {
       test_linear(rep % 2);
       test_layernorm();
       test_elementwise();
+      test_add_aliased_bf16();
       test_embed();
       test_attention();
       test_crossentropy();

@@ -4,17 +4,24 @@
  * One GPU, one rank:
  *   - a communicator of 1 rank: all-reduce is the identity (exact), with
  *     scale 0.5 it halves (exact), a 1-float all-reduce (FTAR's commit
- *     round) works;
- *   - destroyed mid-life (finalize path) and re-created from a new id, as
- *     for a new epoch: works again; destroyed right after creation too;
+ *     round) works, and so does a large one that the watchdog takes in
+ *     several chunks (2.5 x 32 MiB: every chunk boundary exact);
+ *   - destroyed mid-life with finalize (a clean shutdown) and re-created
+ *     from a new id, as for a new epoch: works again; destroyed with abort
+ *     right after creation too;
  *   - the creation deadline: a communicator of 2 ranks whose other rank
- *     never comes fails with TR_EIO within its timeout + 3 s, and the next
- *     communicator still works.
- * Two GPUs (a forked second rank on the second visible device; skipped
- * with a note where there is one): a 2-rank all-reduce sums exactly; then
- * the second rank stops taking part and the first rank's all-reduce is
- * aborted by the watchdog within deadline + 3 s with TR_EIO; a further call
- * on it fails at once; a fresh 1-rank communicator works afterwards.
+ *     never comes fails with TR_EIO (not TR_EDEVICE: the device is fine)
+ *     within its timeout, and the next communicator still works.
+ * More GPUs (forked peer ranks, one per further visible device, up to 3;
+ * skipped with a note where there is one GPU):
+ *   - all ranks: exact sums of 1 M + 3 floats and of the large size;
+ *   - a stalled peer (alive, not taking part): the others' all-reduce is
+ *     aborted by the watchdog with TR_EIO; a further call on it fails at
+ *     once; a fresh communicator of the others works afterwards;
+ *   - a killed peer (kill -9 after it joined, before the collective): the
+ *     others' all-reduce fails with TR_EIO (a peer's death is not a device
+ *     error), and a fresh communicator of the survivors sums exactly.
+ * Times are printed, not asserted.
  *
  * Without the plugin or a GPU it prints "test_nccl: SKIP: <why>" and exits
  * 77 (ctest: skipped).
@@ -33,14 +40,18 @@
 #include "util.h"
 
 #define N ((size_t)(1 << 20) + 3)
+#define BIG ((size_t)(5 << 22) + 7) /* 2.5 chunks of comm.cu's 8 M floats, and a bit */
+#define MAXP 3                      /* peer ranks, on the 2nd..4th visible GPU */
 
 static float val(int who, size_t i) { return (float)((long)((i * 131 + (size_t)who * 977) % 2001) - 1000); }
 
 /* Uploads val(who, .), all-reduces with scale, downloads; returns the
- * number of elements that differ from want(i) (-1 on an error). */
+ * number of elements that differ from the sum over ranks of `who`s
+ * (-1 on an error, with *rc_out the all-reduce's code). */
 static long allreduce_check(const tr_backend *be, tr_comm *c, float *d, float *h, size_t n, int who, float scale,
-                            int nranks, double deadline, int *rc_out) {
+                            const int *ranks, int nranks, double deadline, int *rc_out) {
   for (size_t i = 0; i < n; i++) h[i] = val(who, i);
+  if (rc_out) *rc_out = 0;
   if (be->upload(d, h, n * sizeof(float))) return -1;
   int rc = be->comm_allreduce(c, d, n, scale, deadline);
   if (rc_out) *rc_out = rc;
@@ -49,7 +60,7 @@ static long allreduce_check(const tr_backend *be, tr_comm *c, float *d, float *h
   long bad = 0;
   for (size_t i = 0; i < n; i++) {
     float want = 0;
-    for (int r = 0; r < nranks; r++) want += val(r, i);
+    for (int r = 0; r < nranks; r++) want += val(ranks[r], i);
     if (h[i] != want * scale) {
       if (!bad) fprintf(stderr, "  [%zu] = %g, want %g\n", i, (double)h[i], (double)(want * scale));
       bad++;
@@ -58,99 +69,149 @@ static long allreduce_check(const tr_backend *be, tr_comm *c, float *d, float *h
   return bad;
 }
 
-/* --- the second rank, on the second GPU (forked before CUDA starts here) --- */
+/* --- peer ranks, one GPU each, forked before CUDA starts here --- */
 
-static int peer_to[2], peer_from[2]; /* parent -> child: id; child -> parent: status bytes */
-
-/* Says 'g' (a GPU) or 'n' (none), then waits for an id, joins as rank 1
- * of 2, all-reduces once, says 'y' (exact) or 'b', and stops taking part. */
-static void peer_main(void) {
+/* A command to a peer. */
+typedef struct {
+  char op;    /* 'j' join (aborting any previous communicator), 'a' all-reduce, 's' stall, 'q' quit */
+  int nranks; /* 'j': of the communicator; 'a': of the sum */
+  int rank;   /* 'j': this peer's rank */
+  int who[MAXP + 1]; /* 'a': whose values are summed (ids: 0 the parent, 1.. the peers) */
+  size_t n;   /* 'a' */
   uint8_t id[TR_COMM_ID_BYTES];
-  char st = 'x';
+} cmd;
+
+typedef struct {
+  pid_t pid;
+  int to, from; /* pipes: commands in, status bytes out */
+  int gpu;      /* it has one */
+} peer;
+
+static peer peers[MAXP];
+static int npeers;
+
+/* Peer k (id k+1): says 'g' (a GPU) or 'n' (none), then runs commands,
+ * answering each with one byte: 'y' done (exact), 'b' wrong sums, 'e' a
+ * failed call, 'c' a failed creation, 'k' stalled. */
+static void peer_main(int k, int in, int out) {
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-  char second[64] = "1";
-  if (vis && *vis) { /* the second entry of the caller's list */
-    const char *comma = strchr(vis, ',');
-    if (!comma) second[0] = 0;
-    else snprintf(second, sizeof second, "%.*s", (int)strcspn(comma + 1, ","), comma + 1);
+  char mine[64];
+  if (vis && *vis) { /* entry k+1 of the caller's list */
+    const char *p = vis;
+    for (int i = 0; i < k + 1 && p; i++) p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
+    if (p) snprintf(mine, sizeof mine, "%.*s", (int)strcspn(p, ","), p);
+    else mine[0] = 0;
+  } else {
+    snprintf(mine, sizeof mine, "%d", k + 1);
   }
-  const tr_backend *be = second[0] && setenv("CUDA_VISIBLE_DEVICES", second, 1) == 0 ? backend_get("cuda", 0) : NULL;
-  st = be ? 'g' : 'n'; /* no second GPU: the parent skips */
-  ssize_t w = write(peer_from[1], &st, 1);
+  const tr_backend *be = mine[0] && setenv("CUDA_VISIBLE_DEVICES", mine, 1) == 0 ? backend_get("cuda", 0) : NULL;
+  char st = be ? 'g' : 'n';
+  ssize_t w = write(out, &st, 1);
   if (!be) _exit(0);
-  ssize_t got = read(peer_to[0], id, sizeof id);
-  if (got != (ssize_t)sizeof id) _exit(0); /* the parent skipped */
+  float *h = malloc(BIG * sizeof(float)), *d = be->alloc(BIG * sizeof(float));
   tr_comm *c = NULL;
-  if (be->comm_create(&c, id, 2, 1, 30)) {
-    st = 'c';
-    w = write(peer_from[1], &st, 1);
-    _exit(0);
+  cmd m;
+  while (read(in, &m, sizeof m) == (ssize_t)sizeof m) {
+    if (m.op == 'q') break;
+    if (m.op == 'j') {
+      if (c) be->comm_destroy(c, 0);
+      c = NULL;
+      st = be->comm_create(&c, m.id, m.nranks, m.rank, 30) ? 'c' : 'y';
+    } else if (m.op == 'a') {
+      long bad = c && h && d ? allreduce_check(be, c, d, h, m.n, k + 1, 1.0f, m.who, m.nranks, 10, NULL) : -1;
+      st = bad == 0 ? 'y' : bad < 0 ? 'e' : 'b';
+    } else {
+      st = 'k'; /* stalled: alive, taking no part */
+    }
+    w = write(out, &st, 1);
   }
-  float *h = malloc(N * sizeof(float)), *d = be->alloc(N * sizeof(float));
-  long bad = d && h ? allreduce_check(be, c, d, h, N, 1, 1.0f, 2, 30, NULL) : -1;
-  st = bad == 0 ? 'y' : 'b';
-  w = write(peer_from[1], &st, 1);
   (void)w;
-  /* now stop taking part: wait (bounded) for the parent to say it is done */
-  struct pollfd pf = {.fd = peer_to[0], .events = POLLIN};
-  poll(&pf, 1, 60000);
-  be->comm_destroy(c);
+  if (c) be->comm_destroy(c, 0);
   _exit(0);
 }
 
-static char peer_status(double seconds) {
-  struct pollfd pf = {.fd = peer_from[0], .events = POLLIN};
+static void peers_start(void) {
+  for (int k = 0; k < MAXP; k++) {
+    int to[2], from[2];
+    if (pipe(to) || pipe(from)) break;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(to[1]);
+      close(from[0]);
+      for (int j = 0; j < npeers; j++) close(peers[j].to), close(peers[j].from);
+      peer_main(k, to[0], from[1]);
+    }
+    close(to[0]);
+    close(from[1]);
+    if (pid < 0) {
+      close(to[1]);
+      close(from[0]);
+      break;
+    }
+    peers[npeers++] = (peer){pid, to[1], from[0], 0};
+  }
+}
+
+static char peer_status(const peer *p, double seconds) {
+  struct pollfd pf = {.fd = p->from, .events = POLLIN};
   char st = 0;
-  if (poll(&pf, 1, (int)(seconds * 1000)) == 1 && read(peer_from[0], &st, 1) == 1) return st;
+  if (poll(&pf, 1, (int)(seconds * 1000)) == 1 && read(p->from, &st, 1) == 1) return st;
   return 0;
 }
 
-int main(void) {
-  setvbuf(stdout, NULL, _IONBF, 0);
-  pid_t peer = -1;
-  if (pipe(peer_to) == 0 && pipe(peer_from) == 0) {
-    peer = fork();
-    if (peer == 0) {
-      close(peer_to[1]);
-      close(peer_from[0]);
-      peer_main();
-    }
-    close(peer_to[0]);
-    close(peer_from[1]);
-  }
-  const tr_backend *be = backend_get("cuda", 0);
-  if (!be) {
-    printf("test_nccl: SKIP: %s\n", tr_error());
-    if (peer > 0) {
-      close(peer_to[1]);
-      waitpid(peer, NULL, 0);
-    }
-    return 77;
-  }
-  printf("  %s\n", be->describe());
-  CHECK(be->comm_id && be->comm_create && be->comm_allreduce && be->comm_destroy, "the cuda table has collectives");
-  float *h = malloc(N * sizeof(float)), *d = be->alloc(N * sizeof(float)), *tok = be->alloc(sizeof(float));
-  CHECK(h && d && tok, "buffers: %s", be->error());
-  if (!h || !d || !tok) return check_report("test_nccl");
+static void peer_send(const peer *p, const cmd *m) {
+  ssize_t w = write(p->to, m, sizeof *m);
+  (void)w;
+}
 
-  /* one rank */
+static void peers_stop(void) {
+  cmd q = {.op = 'q'};
+  for (int k = 0; k < npeers; k++) {
+    if (peers[k].pid <= 0) continue;
+    peer_send(&peers[k], &q);
+    close(peers[k].to);
+    int status = 0;
+    for (int i = 0; i < 300 && waitpid(peers[k].pid, &status, WNOHANG) == 0; i++) usleep(100000);
+    if (waitpid(peers[k].pid, &status, WNOHANG) == 0) {
+      kill(peers[k].pid, SIGKILL);
+      waitpid(peers[k].pid, &status, 0);
+    }
+    close(peers[k].from);
+  }
+}
+
+/* --- scenarios --- */
+
+static const tr_backend *be;
+static float *h, *d;
+
+static void one_rank(void) {
   uint8_t id1[TR_COMM_ID_BYTES], id2[TR_COMM_ID_BYTES];
   tr_comm *c = NULL;
+  const int me[1] = {0};
+  int rc;
   CHECK(be->comm_id(id1) == 0, "comm_id: %s", be->error());
   double t = tr_now();
-  int rc = be->comm_create(&c, id1, 1, 0, 30);
+  rc = be->comm_create(&c, id1, 1, 0, 30);
   CHECK(rc == 0 && c, "1-rank communicator: %s", be->error());
-  printf("  1-rank communicator created in %.2f s\n", tr_now() - t);
+  printf("  1-rank communicator created (and warmed up) in %.2f s\n", tr_now() - t);
   if (c) {
-    long bad = allreduce_check(be, c, d, h, N, 0, 1.0f, 1, 10, &rc);
+    long bad = allreduce_check(be, c, d, h, N, 0, 1.0f, me, 1, 10, &rc);
     CHECK(bad == 0, "1 rank, sum: %ld wrong (rc %d: %s)", bad, rc, rc ? be->error() : "");
-    bad = allreduce_check(be, c, d, h, N, 0, 0.5f, 1, 10, &rc);
+    bad = allreduce_check(be, c, d, h, N, 0, 0.5f, me, 1, 10, &rc);
     CHECK(bad == 0, "1 rank, scale 0.5: %ld wrong (rc %d: %s)", bad, rc, rc ? be->error() : "");
-    rc = be->comm_allreduce(c, tok, 1, 1.0f, 10);
-    CHECK(rc == 0, "1-float all-reduce (FTAR's commit round): %s", rc ? be->error() : "");
     t = tr_now();
-    be->comm_destroy(c); /* mid-life: finalize + destroy */
-    printf("  destroyed in %.2f s\n", tr_now() - t);
+    bad = allreduce_check(be, c, d, h, BIG, 0, 0.5f, me, 1, 10, &rc);
+    CHECK(bad == 0, "1 rank, %zu floats in chunks: %ld wrong (rc %d: %s)", BIG, bad, rc, rc ? be->error() : "");
+    printf("  %zu floats (%.0f MiB, 3 chunks): %.3f s\n", BIG, BIG * 4.0 / 1048576, tr_now() - t);
+    float *tok = be->alloc(sizeof(float));
+    rc = tok ? be->comm_allreduce(c, tok, 1, 1.0f, 10) : -1;
+    CHECK(rc == 0, "1-float all-reduce (FTAR's commit round): %s", rc ? be->error() : "");
+    be->free(tok);
+    t = tr_now();
+    be->comm_destroy(c, 1); /* a clean shutdown: finalize + destroy */
+    printf("  finalized and destroyed in %.2f s\n", tr_now() - t);
     c = NULL;
   }
   /* the next epoch: a new id, a new communicator */
@@ -158,14 +219,16 @@ int main(void) {
   rc = be->comm_create(&c, id2, 1, 0, 30);
   CHECK(rc == 0 && c, "re-created communicator: %s", be->error());
   if (c) {
-    long bad = allreduce_check(be, c, d, h, N, 0, 1.0f, 1, 10, &rc);
+    long bad = allreduce_check(be, c, d, h, N, 0, 1.0f, me, 1, 10, &rc);
     CHECK(bad == 0, "re-created communicator, sum: %ld wrong (rc %d)", bad, rc);
-    be->comm_destroy(c);
+    be->comm_destroy(c, 0);
     c = NULL;
   }
-  /* destroyed right after creation */
+  /* aborted right after creation */
   CHECK(be->comm_id(id1) == 0 && be->comm_create(&c, id1, 1, 0, 30) == 0, "another communicator: %s", be->error());
-  be->comm_destroy(c);
+  t = tr_now();
+  be->comm_destroy(c, 0);
+  printf("  aborted in %.2f s\n", tr_now() - t);
   c = NULL;
 
   /* creation deadline: rank 1 never comes */
@@ -173,65 +236,139 @@ int main(void) {
   t = tr_now();
   rc = be->comm_create(&c, id1, 2, 0, 2.0);
   double dt = tr_now() - t;
-  CHECK(rc == TR_EIO && c == NULL && dt < 2.0 + 3.0, "2 ranks, one missing: TR_EIO after %.2f s (rc %d: %s)", dt, rc,
-        be->error());
+  CHECK(rc == TR_EIO && c == NULL, "2 ranks, one missing: TR_EIO (rc %d after %.2f s: %s)", rc, dt, be->error());
   printf("  creation with a missing rank failed after %.2f s: %s\n", dt, be->error());
   CHECK(be->comm_id(id1) == 0 && be->comm_create(&c, id1, 1, 0, 30) == 0, "a communicator after a failed one: %s",
         be->error());
   if (c) {
-    long bad = allreduce_check(be, c, d, h, 1000, 0, 1.0f, 1, 10, &rc);
+    long bad = allreduce_check(be, c, d, h, 1000, 0, 1.0f, me, 1, 10, &rc);
     CHECK(bad == 0, "after a failed creation, sum: %ld wrong (rc %d)", bad, rc);
-    be->comm_destroy(c);
+    be->comm_destroy(c, 0);
+  }
+}
+
+/* A communicator of the parent (rank 0) and the peers listed (ranks 1..):
+ * NULL when it could not be made. */
+static tr_comm *group(const int *ks, int nk) {
+  cmd m = {.op = 'j', .nranks = nk + 1};
+  if (be->comm_id(m.id)) {
+    CHECK(0, "comm_id: %s", be->error());
+    return NULL;
+  }
+  for (int i = 0; i < nk; i++) {
+    m.rank = i + 1;
+    peer_send(&peers[ks[i]], &m);
+  }
+  tr_comm *c = NULL;
+  int rc = be->comm_create(&c, m.id, nk + 1, 0, 30);
+  int ok = rc == 0;
+  for (int i = 0; i < nk; i++) ok &= peer_status(&peers[ks[i]], 60) == 'y';
+  CHECK(ok, "a communicator of %d ranks: %s", nk + 1, rc ? be->error() : "a peer failed");
+  if (!ok && c) {
+    be->comm_destroy(c, 0);
     c = NULL;
   }
+  return c;
+}
 
-  /* two GPUs: the watchdog */
-  char st = peer > 0 ? peer_status(60) : 0;
-  if (st != 'g') {
-    printf("  2-rank watchdog: skipped (no second GPU for a peer rank)\n");
-  } else {
-    CHECK(be->comm_id(id1) == 0, "comm_id: %s", be->error());
-    ssize_t w = write(peer_to[1], id1, sizeof id1);
-    (void)w;
-    rc = be->comm_create(&c, id1, 2, 0, 30);
-    CHECK(rc == 0, "2-rank communicator: %s", be->error());
-    {
-      long bad = c ? allreduce_check(be, c, d, h, N, 0, 1.0f, 2, 30, &rc) : -1;
-      st = peer_status(30);
-      CHECK(bad == 0 && st == 'y', "2 ranks, sum: %ld wrong here, peer says '%c'", bad, st ? st : '?');
-      if (c) {
-        /* the peer no longer takes part: the watchdog aborts after the deadline */
-        t = tr_now();
-        rc = be->comm_allreduce(c, d, N, 1.0f, 2.0);
-        dt = tr_now() - t;
-        CHECK(rc == TR_EIO && dt < 2.0 + 3.0, "a stalled peer: TR_EIO after %.2f s (rc %d: %s)", dt, rc, be->error());
-        printf("  stalled peer: aborted after %.2f s: %s\n", dt, be->error());
-        t = tr_now();
-        rc = be->comm_allreduce(c, d, N, 1.0f, 2.0);
-        CHECK(rc == TR_EIO && tr_now() - t < 0.1, "an aborted communicator fails at once (rc %d)", rc);
-        be->comm_destroy(c);
-        c = NULL;
-        CHECK(be->comm_id(id2) == 0 && be->comm_create(&c, id2, 1, 0, 30) == 0,
-              "a fresh communicator after an abort: %s", be->error());
-        if (c) {
-          bad = allreduce_check(be, c, d, h, N, 0, 1.0f, 1, 10, &rc);
-          CHECK(bad == 0, "after an abort, sum: %ld wrong (rc %d)", bad, rc);
-          be->comm_destroy(c);
-          c = NULL;
-        }
-      }
-    }
+/* The parent and peers ks all-reduce n floats: the parent's code (peer
+ * answers in st[]). */
+static int group_allreduce(tr_comm *c, const int *ks, int nk, size_t n, double deadline, long *bad, char *st) {
+  cmd m = {.op = 'a', .nranks = nk + 1, .n = n};
+  m.who[0] = 0;
+  for (int i = 0; i < nk; i++) m.who[i + 1] = ks[i] + 1;
+  for (int i = 0; i < nk; i++) peer_send(&peers[ks[i]], &m);
+  int rc = 0;
+  *bad = allreduce_check(be, c, d, h, n, 0, 1.0f, m.who, nk + 1, deadline, &rc);
+  for (int i = 0; i < nk; i++) st[i] = peer_status(&peers[ks[i]], deadline + 30);
+  return rc;
+}
+
+static void several_ranks(void) {
+  int ks[MAXP], nk = 0;
+  char st[MAXP];
+  long bad;
+  for (int k = 0; k < npeers; k++)
+    if (peers[k].gpu) ks[nk++] = k;
+  printf("  %d ranks (this process and %d peer%s, a GPU each)\n", nk + 1, nk, nk == 1 ? "" : "s");
+
+  /* exact sums, small and chunked */
+  tr_comm *c = group(ks, nk);
+  if (!c) return;
+  for (int s = 0; s < 2; s++) {
+    size_t n = s ? BIG : N;
+    double t = tr_now();
+    int rc = group_allreduce(c, ks, nk, n, 30, &bad, st);
+    int peers_ok = 1;
+    for (int i = 0; i < nk; i++) peers_ok &= st[i] == 'y';
+    CHECK(rc == 0 && bad == 0 && peers_ok, "%d ranks, %zu floats: rc %d, %ld wrong here, peers ok %d (%s)", nk + 1, n,
+          rc, bad, peers_ok, rc ? be->error() : "");
+    printf("  %d ranks, %zu floats: %.3f s\n", nk + 1, n, tr_now() - t);
   }
-  if (peer > 0) {
-    close(peer_to[1]);
-    int status = 0;
-    for (int i = 0; i < 700 && waitpid(peer, &status, WNOHANG) == 0; i++) usleep(100000);
-    if (waitpid(peer, &status, WNOHANG) == 0) {
-      kill(peer, SIGKILL);
-      waitpid(peer, &status, 0);
-    }
+
+  /* a stalled peer: the last one stays alive and takes no part */
+  cmd stall = {.op = 's'};
+  peer_send(&peers[ks[nk - 1]], &stall);
+  CHECK(peer_status(&peers[ks[nk - 1]], 30) == 'k', "the stalled peer answers");
+  double t = tr_now();
+  int rc = group_allreduce(c, ks, nk - 1, N, 2.0, &bad, st);
+  CHECK(rc == TR_EIO, "a stalled peer: the watchdog aborts with TR_EIO (rc %d: %s)", rc, be->error());
+  printf("  stalled peer: aborted after %.2f s: %s\n", tr_now() - t, be->error());
+  t = tr_now();
+  rc = be->comm_allreduce(c, d, N, 1.0f, 2.0);
+  CHECK(rc == TR_EIO, "an aborted communicator fails at once (rc %d, %.3f s)", rc, tr_now() - t);
+  be->comm_destroy(c, 0);
+  c = group(ks, nk); /* everyone again, the stalled peer included (it joins afresh) */
+  if (!c) return;
+
+  /* a killed peer: dies after it joined, before the collective */
+  int victim = ks[nk - 1];
+  kill(peers[victim].pid, SIGKILL);
+  waitpid(peers[victim].pid, NULL, 0);
+  peers[victim].pid = -1;
+  peers[victim].gpu = 0;
+  t = tr_now();
+  rc = group_allreduce(c, ks, nk - 1, N, 5.0, &bad, st);
+  CHECK(rc == TR_EIO, "a killed peer: the all-reduce fails with TR_EIO, not a device error (rc %d: %s)", rc,
+        be->error());
+  printf("  killed peer: failed after %.2f s: %s\n", tr_now() - t, be->error());
+  be->comm_destroy(c, 0);
+  /* the survivors go on with a communicator of their own */
+  c = group(ks, nk - 1);
+  if (!c) return;
+  rc = group_allreduce(c, ks, nk - 1, N, 30, &bad, st);
+  int peers_ok = 1;
+  for (int i = 0; i < nk - 1; i++) peers_ok &= st[i] == 'y';
+  CHECK(rc == 0 && bad == 0 && peers_ok, "the survivors of a kill sum exactly: rc %d, %ld wrong (%s)", rc, bad,
+        rc ? be->error() : "");
+  be->comm_destroy(c, 0);
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  signal(SIGPIPE, SIG_IGN); /* a peer without a GPU has gone */
+  peers_start(); /* before this process touches CUDA */
+  be = backend_get("cuda", 0);
+  if (!be) {
+    printf("test_nccl: SKIP: %s\n", tr_error());
+    peers_stop();
+    return 77;
   }
-  be->free(tok);
+  printf("  %s\n", be->describe());
+  CHECK(be->comm_id && be->comm_create && be->comm_allreduce && be->comm_destroy,
+        "the cuda table has collectives (a plugin built without NCCL has none)");
+  h = malloc(BIG * sizeof(float));
+  d = be->alloc(BIG * sizeof(float));
+  CHECK(h && d, "buffers: %s", be->error());
+  if (!h || !d || !be->comm_id) return check_report("test_nccl");
+
+  one_rank();
+  int gpus = 0;
+  for (int k = 0; k < npeers; k++) gpus += peers[k].gpu = peer_status(&peers[k], 60) == 'g';
+  if (gpus == 0) printf("  several ranks: skipped (one GPU visible)\n");
+  else several_ranks();
+
+  peers_stop();
   be->free(d);
   free(h);
   return check_report("test_nccl");

@@ -20,6 +20,8 @@ enum {
   TR_ELUA = -4,     /* a Lua script raised an error */
   TR_EFORMAT = -5,  /* malformed file contents */
   TR_ESTATE = -6,   /* call not allowed in the object's current state */
+  TR_EDEVICE = -7,  /* the device is unusable in this process (a corrupted CUDA context, a hung
+                       communicator): nothing on it can be retried; the process must be replaced */
 };
 
 /* Sets the calling thread's error message (printf-style) and returns code,

@@ -220,7 +220,10 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
  *     created by the first collective of an epoch (the epoch's rank 0 calls
  *     be->comm_id and hands the id to the coordinator, which sends it to
  *     every member; creation waits at most min(time left, max(10 s, 4 x
- *     deadline))) and destroyed when the member moves to another epoch.
+ *     deadline))) and destroyed when the member moves to another epoch:
+ *     aborted (comm_destroy's finalize = 0), since finalizing waits for
+ *     every rank, a failed one included. ftar_member_free finalizes it
+ *     when its last collective completed (a clean shutdown), else aborts.
  *     The input is saved (be->copy into a buffer the member keeps) before
  *     the first attempt. An attempt is the all-reduce (scale 1/contributors
  *     for FTAR_MEAN, a multiplication: bits may differ from the ring's
@@ -229,7 +232,10 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
  *     coordinator's decision stay that of the ring. A communicator that
  *     fails (a peer died or stalled past the deadline: the backend's
  *     watchdog aborts it) is destroyed, the abort reported, buf restored
- *     from the copy and the collective redone in the next epoch.
+ *     from the copy and the collective redone in the next epoch. A device
+ *     that is unusable (the backend says TR_EDEVICE: a corrupted CUDA
+ *     context, an abort that hung) is not retried: the call fails with
+ *     TR_EDEVICE, and the process must be replaced.
  *   One member: no communicator, buf untouched.
  * Device memory the member keeps (the input copy, one float) is freed by
  * ftar_member_free, which must run while be is still usable. The calling

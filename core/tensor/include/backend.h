@@ -50,7 +50,7 @@ enum {
 /* The table's layout version; the op count is part of it, so a plugin built
  * from another ops.def is refused rather than called through a shifted
  * table. Bump the 2 when a member's signature changes. */
-#define TR_BACKEND_ABI (2 * 1000 + TR_OP_COUNT)
+#define TR_BACKEND_ABI (3 * 1000 + TR_OP_COUNT)
 
 /* bfloat16 storage: the top 16 bits of an IEEE float32. Conversions round to
  * nearest even (NaN stays NaN). */
@@ -67,14 +67,21 @@ struct tr_backend {
   const char *name;   /* "cpu", "emu", "cuda" */
   int host_memory;    /* 1: device pointers are host pointers (cpu) */
 
-  /* Initialises the backend on device `ordinal` modulo the devices visible
-   * (-1: the default one) with `threads` host threads for host-side work
-   * (0 = all cores). backend_get passes $TRANSOM_LOCAL_RANK, which the
-   * operator sets to each worker's slot (else $LOCAL_RANK, $SLURM_LOCALID):
-   * one GPU per replica, round robin. 0 or a
-   * negative code; a backend with no usable device fails here with a
-   * message saying so ("no CUDA device is visible: ..."). Idempotent. */
+  /* Initialises the backend on device `ordinal` of those visible (-1: the
+   * default one) with `threads` host threads for host-side work (0 = all
+   * cores). backend_get passes $TRANSOM_LOCAL_RANK, which the operator sets
+   * to each worker's slot (else $LOCAL_RANK, $SLURM_LOCALID): one device per
+   * replica. 0 or a negative code; a backend with no usable device fails
+   * here with a message saying so ("no CUDA device is visible: ..."), and
+   * an ordinal past the devices visible is refused (TR_EINVAL): two
+   * replicas on one GPU cannot share an NCCL communicator. Idempotent. */
   int (*init)(int ordinal, int threads);
+  /* How many devices a process of this host can use (one per replica),
+   * without initialising one: > 0; 0 for no limit (emu unless
+   * TRANSOM_EMU_DEVICES); or a negative code with error() set (no device,
+   * no driver). NULL: no limit (cpu). The operator refuses a job with more
+   * replicas than this. */
+  int (*devices)(void);
   /* One line: device name, memory, driver/runtime versions. */
   const char *(*describe)(void);
   /* The calling thread's last error message. */
@@ -132,13 +139,21 @@ struct tr_backend {
    * after `timeout` seconds. comm_allreduce sums buf[0..n) in place and
    * scales by `scale` (1/contributors for a mean); the collective is issued
    * non-blocking and a watchdog polls the communicator: when a peer fails or
-   * `deadline` seconds pass it aborts the communicator and returns TR_EIO
-   * (the communicator is then dead: destroy it and create the next epoch's).
-   * comm_destroy frees (aborting if needed). */
+   * no progress is made for `deadline` seconds (the sum is watched in
+   * chunks, so the deadline does not grow with n) it aborts the
+   * communicator and returns TR_EIO (the communicator is then dead: destroy
+   * it and create the next epoch's). A failure that no new communicator
+   * would mend is not TR_EIO: TR_EINVAL where the ranks' set-up is wrong
+   * (NCCL refuses two ranks on one GPU), TR_EDEVICE where the device is
+   * unusable (a corrupted CUDA context, an abort that hung).
+   * comm_destroy frees it: finalize = 0 aborts it at once (an epoch left
+   * because a rank failed: finalizing would wait for that rank);
+   * finalize = 1 is for a clean shutdown, where every rank destroys its
+   * own: NCCL finalizes (waiting for the others, bounded) before it frees. */
   int (*comm_id)(uint8_t id[TR_COMM_ID_BYTES]);
   int (*comm_create)(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout);
   int (*comm_allreduce)(tr_comm *c, float *buf, size_t n, float scale, double deadline);
-  void (*comm_destroy)(tr_comm *c);
+  void (*comm_destroy)(tr_comm *c, int finalize);
 
   /* bf16 activations with fp32 master weights (job: precision = "bf16");
    * NULL when the backend has none. */
