@@ -297,6 +297,15 @@ static void *copy_main(void *arg) {
   return NULL;
 }
 
+/* mdb_txn_begin that adopts a map another process grew: every replica's
+ * engine and reader opens the one store, and the leader's writer may have
+ * grown it since (LMDB's MDB_MAP_RESIZED; a size of 0 adopts the new one). */
+static int txn_begin(MDB_env *env, unsigned flags, MDB_txn **txn) {
+  int rc = mdb_txn_begin(env, NULL, flags, txn);
+  if (rc == MDB_MAP_RESIZED && (rc = mdb_env_set_mapsize(env, 0)) == 0) rc = mdb_txn_begin(env, NULL, flags, txn);
+  return rc;
+}
+
 /* Level 2: one write transaction for the whole checkpoint plus retention. */
 static int commit(ckpt_engine *e, stage_buf *b) {
   ckpt_tensor_info *info = malloc(sizeof *info * (size_t)(e->nt ? e->nt : 1));
@@ -313,7 +322,7 @@ static int commit(ckpt_engine *e, stage_buf *b) {
     return rc;
   }
   MDB_txn *txn = NULL;
-  int mrc = mdb_txn_begin(e->env, NULL, 0, &txn);
+  int mrc = txn_begin(e->env, 0, &txn);
   if (mrc) {
     free(mb.p);
     return mdb_fail(mrc, "beginning a checkpoint transaction");
@@ -451,7 +460,7 @@ ckpt_engine *ckpt_open(const ckpt_opts *o) {
     goto fail;
   }
   MDB_txn *txn;
-  if ((rc = mdb_txn_begin(e->env, NULL, 0, &txn)) || (rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &e->man)) ||
+  if ((rc = txn_begin(e->env, 0, &txn)) || (rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &e->man)) ||
       (rc = mdb_dbi_open(txn, "data", MDB_CREATE, &e->data)) || (rc = mdb_txn_commit(txn))) {
     mdb_fail(rc, "opening the checkpoint databases");
     goto fail;
@@ -678,7 +687,7 @@ ckpt_reader *ckpt_reader_open(const char *dir) {
   int rc = mdb_env_create(&r->env);
   if (!rc) mdb_env_set_maxdbs(r->env, 4);
   if (!rc) rc = mdb_env_open(r->env, dir, MDB_RDONLY, 0644);
-  if (!rc) rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  if (!rc) rc = txn_begin(r->env, MDB_RDONLY, &txn);
   if (!rc) rc = mdb_dbi_open(txn, "manifest", 0, &r->man);
   if (!rc) rc = mdb_dbi_open(txn, "data", 0, &r->data);
   if (txn) { /* commit, not abort: handles opened in an aborted txn are discarded */
@@ -717,7 +726,7 @@ void ckpt_reader_close(ckpt_reader *r) {
 int ckpt_reader_steps(ckpt_reader *r, int64_t *steps, int cap) {
   MDB_txn *txn;
   MDB_cursor *c;
-  int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  int rc = txn_begin(r->env, MDB_RDONLY, &txn);
   if (rc) return mdb_fail(rc, "reading checkpoints");
   if ((rc = mdb_cursor_open(txn, r->man, &c))) {
     mdb_txn_abort(txn);
@@ -752,7 +761,7 @@ static int read_manifest(ckpt_reader *r, MDB_txn *txn, int64_t step, ckpt_manife
 int ckpt_reader_manifest(ckpt_reader *r, int64_t step, ckpt_manifest *m) {
   MDB_txn *txn;
   uint64_t chunk;
-  int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  int rc = txn_begin(r->env, MDB_RDONLY, &txn);
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, m, &chunk);
   mdb_txn_abort(txn);
@@ -795,7 +804,7 @@ int ckpt_reader_verify(ckpt_reader *r, int64_t step) {
   MDB_txn *txn;
   ckpt_manifest m;
   uint64_t chunk;
-  int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  int rc = txn_begin(r->env, MDB_RDONLY, &txn);
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, &m, &chunk);
   for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL);
@@ -807,7 +816,7 @@ int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, 
   MDB_txn *txn;
   ckpt_manifest m;
   uint64_t chunk;
-  int rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+  int rc = txn_begin(r->env, MDB_RDONLY, &txn);
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, &m, &chunk);
   int found = -1;
@@ -838,7 +847,7 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
     MDB_txn *txn;
     ckpt_manifest m;
     uint64_t chunk;
-    rc = mdb_txn_begin(r->env, NULL, MDB_RDONLY, &txn);
+    rc = txn_begin(r->env, MDB_RDONLY, &txn);
     if (rc) {
       rc = mdb_fail(rc, "reading checkpoints");
       break;

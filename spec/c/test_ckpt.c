@@ -503,11 +503,69 @@ static void test_when_busy(int busy) {
   free(a);
 }
 
+/* Every replica's engine opens the one store, and the leader's may grow its
+ * map: the child (forked before any LMDB environment exists here, as LMDB
+ * wants) commits a checkpoint far larger than this process's engine mapped;
+ * this engine's next commit must adopt the grown map, not fail with
+ * MDB_MAP_RESIZED (a joiner failed so at start-up under load). */
+static void test_map_grown_elsewhere(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "grown");
+  int go[2];
+  CHECK(pipe(go) == 0, "pipe");
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(go[1]);
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(3);
+    enum { BIG = 12 << 20 }; /* 48 MiB: past the whole map of the parent's engine (about 28 MiB) */
+    ckpt_opts o = {dir, 0, 3, 0, CKPT_COALESCE};
+    ckpt_engine *e = ckpt_open(&o);
+    float *b = malloc(sizeof(float) * BIG);
+    int64_t d[1] = {BIG};
+    if (!e || !b || ckpt_register(e, "param/big", CKPT_F32, 1, d, b)) _exit(4);
+    fill(b, BIG, 100);
+    ckpt_state s = {.step = 100};
+    ckpt_event ev = {0};
+    if (ckpt_snapshot(e, &s) < 0 || (ckpt_wait_copy(e), ckpt_flush(e)) || !ckpt_poll(e, &ev) || !ev.ok) _exit(5);
+    ckpt_close(e);
+    _exit(0);
+  }
+  close(go[0]);
+  enum { N = 1000 };
+  float a[N];
+  int64_t d[1] = {N};
+  ckpt_engine *e = open_engine(dir, 10, 0, CKPT_COALESCE, 0);
+  if (!e) return;
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  int ok = 0;
+  char why[256] = "";
+  for (int64_t step = 1; step <= 2; step++) {
+    fill(a, N, step);
+    ckpt_state s = {.step = step};
+    ckpt_snapshot(e, &s);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+    ckpt_event ev;
+    while (ckpt_poll(e, &ev)) ev.ok ? ok++ : snprintf(why, sizeof why, "%s", ev.what);
+    if (step == 1) { /* now the other process grows the store */
+      int status = -1;
+      CHECK(write(go[1], "g", 1) == 1 && waitpid(pid, &status, 0) == pid, "the growing child");
+      CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's big commit (status %d)", status);
+    }
+  }
+  close(go[1]);
+  ckpt_close(e);
+  CHECK(ok == 2, "both commits after the store grew elsewhere (%d ok): %s", ok, why);
+  CHECK(newest(dir) == 100, "the child's step is the newest (%lld)", (long long)newest(dir));
+}
+
 int main(void) {
   if (!mkdtemp(root)) return 1;
   test_lazy_copy_and_retention();
   test_corruption();
   test_full_store();
+  test_map_grown_elsewhere();
   test_kill9();
   test_unwritable();
   test_device_staging();
