@@ -1,4 +1,5 @@
 /* util.c — error buffer, clocks, file helpers. See util.h. */
+#define _GNU_SOURCE /* fallocate */
 #include "util.h"
 
 #include <errno.h>
@@ -54,6 +55,19 @@ void tr_json_str(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* Room kept ahead of an event log on its file system (best effort, where
+ * fallocate works): when checkpoints fill the disk, the events that say so
+ * still land. Renewed once a quarter of it is left. */
+#define TR_LOG_RESERVE (256 << 10)
+
+void tr_log_reserve(FILE *f) {
+  struct stat st;
+  int fd = f ? fileno(f) : -1;
+  if (fd < 0 || fstat(fd, &st) != 0) return;
+  if ((off_t)st.st_blocks * 512 - st.st_size >= TR_LOG_RESERVE / 4) return;
+  (void)fallocate(fd, FALLOC_FL_KEEP_SIZE, st.st_size, TR_LOG_RESERVE);
+}
+
 void tr_event_line(FILE *f, int64_t step, int worker, const char *kind, const char *detail) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -63,7 +77,11 @@ void tr_event_line(FILE *f, int64_t step, int worker, const char *kind, const ch
   fprintf(f, ",\"detail\":");
   tr_json_str(f, detail);
   fprintf(f, "}\n");
-  fflush(f);
+  if (fflush(f) != 0 || ferror(f)) { /* not silently: the line goes to stderr instead */
+    fprintf(stderr, "transom: an event could not be logged (%s): %s: %s\n", strerror(errno), kind, detail);
+    clearerr(f);
+  }
+  tr_log_reserve(f);
 }
 
 /* --- clocks and memory --- */

@@ -355,6 +355,7 @@ static int write_run(run_ctx *r, const char *dump, int resume, int scratch, int6
   if (rc) return rc;
   path_in(r, "events.jsonl", path, sizeof path);
   r->events = fopen(path, "a");
+  tr_log_reserve(r->events);
   if (scratch) event(r, 0, "resume", "no committed checkpoint in %s/ckpt: starting from step 0", r->dir);
   if (resume) {
     event(r, step, "resume", "resumed from the checkpoint of step %lld", (long long)step);

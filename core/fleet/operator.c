@@ -712,6 +712,7 @@ static int open_logs(operator_state *o, int resume) {
   o->metrics = fopen(path, resume ? "a" : "w");
   snprintf(path, sizeof path, "%s/events.jsonl", o->dir);
   o->events = fopen(path, "a");
+  tr_log_reserve(o->events);
   snprintf(path, sizeof path, "%s/coordinator.log", o->dir);
   o->coord_log = fopen(path, "a");
   if (!o->metrics || !o->events) return tr_fail(TR_EIO, "cannot open the logs in %s", o->dir);

@@ -38,6 +38,10 @@ void tr_json_str(FILE *f, const char *s);
 /* Appends one events.jsonl line, {"time","step","worker","kind","detail"}
  * (wall-clock time), and flushes. */
 void tr_event_line(FILE *f, int64_t step, int worker, const char *kind, const char *detail);
+/* Keeps room reserved on disk ahead of an append-only log (call after
+ * opening it; tr_event_line renews it), so that a full disk does not
+ * swallow the events that report it. */
+void tr_log_reserve(FILE *f);
 
 /* Monotonic time in seconds. */
 double tr_now(void);
