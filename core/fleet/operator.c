@@ -77,6 +77,12 @@ void operator_event(operator_state *o, int64_t step, int worker, const char *kin
   fflush(stdout);
 }
 
+void operator_count_restart(operator_state *o, slot *s) {
+  double now = tr_now() - o->t0;
+  if (s) s->restart_at[s->restarts++ % RESTART_TIMES] = now;
+  o->restart_at[o->restarts_total++ % RESTART_TIMES_JOB] = now;
+}
+
 int operator_live_count(operator_state *o) {
   int n = 0;
   for (int i = 0; i < o->nslots; i++) n += o->slots[i].state == SLOT_STARTING || o->slots[i].state == SLOT_RUNNING;
@@ -138,8 +144,7 @@ static void replace_cb(evutil_socket_t fd, short what, void *arg) {
   slot *s = arg;
   operator_state *o = s->o;
   if (o->stopping || o->finished) return;
-  s->restarts++;
-  o->restarts_total++;
+  operator_count_restart(o, s);
   operator_spawn(o, s->slot, pick_donor(o, s->slot) ? "join" : "resume");
 }
 
@@ -199,7 +204,7 @@ static void on_exit_slot(operator_state *o, slot *s, int status) {
     /* the torchrun way: everything stops and reloads the last checkpoint */
     if (!o->restart_all_pending) {
       o->restart_all_pending = 1;
-      o->restarts_total++;
+      operator_count_restart(o, NULL);
       operator_event(o, s->step, -1, "restart_all", "stopping every replica to restart from the newest checkpoint");
       for (int i = 0; i < o->nslots; i++)
         if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
@@ -217,7 +222,7 @@ static void on_exit_slot(operator_state *o, slot *s, int status) {
     operator_policy_call(o, "on_all_dead", s, reason, sig, code, action, sizeof action, &delay, detail, sizeof detail);
     operator_event(o, s->step, -1, "all_replicas_dead", "policy: %s%s%s", action, detail[0] ? ": " : "", detail);
     if (strcmp(action, "restart") == 0) {
-      o->restarts_total++;
+      operator_count_restart(o, NULL);
       restart_everything(o, delay);
     } else {
       o->exit_code = 1;

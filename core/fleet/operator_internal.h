@@ -28,6 +28,11 @@ extern const char *slot_names[];
 
 typedef struct operator_state operator_state;
 
+/* Restart times kept for the restart policy's windows: a slot's last, the
+ * job's last. */
+#define RESTART_TIMES 32
+#define RESTART_TIMES_JOB 128
+
 typedef struct {
   operator_state *o;
   int slot;
@@ -38,6 +43,7 @@ typedef struct {
   char donor[64];       /* its donor service, host:port */
   int64_t step;
   int restarts;
+  double restart_at[RESTART_TIMES]; /* when its last restarts were (seconds since the operator started), a ring */
   struct event *timer;  /* pending replacement */
   double started, ready_at;
   uint32_t crc;
@@ -70,6 +76,7 @@ struct operator_state {
   policy *restart;           /* restart.lua */
   int state_ref;             /* the policy's state table (in pol's VM), kept across reloads */
   int restarts_total, restart_all_pending, stopping, finished, exit_code;
+  double restart_at[RESTART_TIMES_JOB]; /* every slot's restarts and full restarts, a ring (times as a slot's) */
   int64_t best_step, stop_at, last_ckpt;
   char adv_host[256]; /* the coordinator's address as workers see it */
   int *chaos_fired;
@@ -98,6 +105,8 @@ struct operator_state {
 void operator_event(operator_state *o, int64_t step, int worker, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 int operator_live_count(operator_state *o);
+/* Counts a restart of slot s (NULL: every replica restarted at once). */
+void operator_count_restart(operator_state *o, slot *s);
 /* operator_policy.c: the restart policy, restart.lua from the job's
  * policies folder (else lua/policies, also when that folder lacks it) on a
  * policy engine of its own, checked and dry-run. Needs o->cfg, writes its load to o->events.

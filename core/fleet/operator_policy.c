@@ -118,28 +118,53 @@ static int parse_decision(lua_State *L, int idx, const char *fn, char *action, s
   return good ? 0 : -1;
 }
 
-/* Pushes the event table a handler gets. */
-static void push_policy_event(lua_State *L, int slot, const char *reason, int sig, int code, int64_t step, int live,
-                              int replicas, int restarts_slot, int restarts_total) {
-  lua_createtable(L, 0, 9);
-  lua_pushinteger(L, slot);
+/* Pushes the last n of a ring of cap times (count ever written) as an
+ * array, oldest first. */
+static void push_times(lua_State *L, const double *ring, int cap, int count) {
+  int n = count < cap ? count : cap;
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushnumber(L, ring[(count - n + i) % cap]);
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+/* What a handler learns of a failure: the ev table. */
+typedef struct {
+  int slot, sig, code, live, replicas;
+  const char *reason;
+  int64_t step;
+  double time;                       /* seconds since the operator started */
+  const double *slot_times, *times; /* restart rings (NULL: none) */
+  int slot_restarts, restarts;
+} policy_ev;
+
+static void push_policy_event(lua_State *L, const policy_ev *e) {
+  lua_createtable(L, 0, 12);
+  lua_pushinteger(L, e->slot);
   lua_setfield(L, -2, "slot");
-  lua_pushstring(L, reason);
+  lua_pushstring(L, e->reason);
   lua_setfield(L, -2, "reason");
-  lua_pushinteger(L, sig);
+  lua_pushinteger(L, e->sig);
   lua_setfield(L, -2, "signal");
-  lua_pushinteger(L, code);
+  lua_pushinteger(L, e->code);
   lua_setfield(L, -2, "code");
-  lua_pushinteger(L, step);
+  lua_pushinteger(L, e->step);
   lua_setfield(L, -2, "step");
-  lua_pushinteger(L, live);
+  lua_pushinteger(L, e->live);
   lua_setfield(L, -2, "live");
-  lua_pushinteger(L, replicas);
+  lua_pushinteger(L, e->replicas);
   lua_setfield(L, -2, "replicas");
-  lua_pushinteger(L, restarts_slot);
+  lua_pushinteger(L, e->slot_restarts);
   lua_setfield(L, -2, "restarts_slot");
-  lua_pushinteger(L, restarts_total);
+  lua_pushinteger(L, e->restarts);
   lua_setfield(L, -2, "restarts_total");
+  lua_pushnumber(L, e->time);
+  lua_setfield(L, -2, "time");
+  push_times(L, e->slot_times, RESTART_TIMES, e->slot_times ? e->slot_restarts : 0);
+  lua_setfield(L, -2, "slot_restart_times");
+  push_times(L, e->times, RESTART_TIMES_JOB, e->times ? e->restarts : 0);
+  lua_setfield(L, -2, "restart_times");
 }
 
 /* The engine's check of a new restart.lua (the table at mod): on_failure and
@@ -170,7 +195,9 @@ static int check_restart(void *ud, lua_State *L, int mod, int env, policy_err *e
       break;
     }
     int line = policy_fn_line(L, -1);
-    push_policy_event(L, i == 0 ? 0 : -1, "killed", 9, -1, 10, i == 0 ? 1 : 0, 2, 0, 0); /* [fn, ev] */
+    policy_ev dry = {.slot = i == 0 ? 0 : -1, .reason = "killed", .sig = 9, .code = -1, .step = 10,
+                     .live = i == 0 ? 1 : 0, .replicas = 2, .time = 10.0};
+    push_policy_event(L, &dry); /* [fn, ev] */
     lua_newtable(L);                                                                  /* [fn, ev, state] */
     if ((rc = policy_call(o->pol, 2, 1, e))) {                                         /* [decision] */
       char msg[POLICY_MSG];
@@ -244,8 +271,11 @@ void operator_policy_call(operator_state *o, const char *fn, const slot *s, cons
   policy_push(o->restart); /* [M] */
   lua_getfield(L, -1, fn); /* [M, fn] (checked at load: a function) */
   int line = policy_fn_line(L, -1);
-  push_policy_event(L, s ? s->slot : -1, reason, sig, code, s ? s->step : o->best_step, operator_live_count(o), o->nslots,
-                    s ? s->restarts : 0, o->restarts_total);
+  policy_ev ev = {.slot = s ? s->slot : -1, .reason = reason, .sig = sig, .code = code,
+                  .step = s ? s->step : o->best_step, .live = operator_live_count(o), .replicas = o->nslots,
+                  .time = tr_now() - o->t0, .slot_times = s ? s->restart_at : NULL, .times = o->restart_at,
+                  .slot_restarts = s ? s->restarts : 0, .restarts = o->restarts_total};
+  push_policy_event(L, &ev);
   lua_rawgeti(L, LUA_REGISTRYINDEX, o->state_ref); /* [M, fn, ev, state] */
   int rc = policy_call(o->pol, 2, 1, &e);          /* [M, decision] */
   if (rc == TR_OK && parse_decision(L, -1, fn, action, n, delay, detail, dn, err, sizeof err) < 0) {

@@ -17,16 +17,32 @@
 --
 -- ev = { slot = 1, reason = "killed" | "exited" | "evicted" | "startup_error",
 --        signal = 9, code = 0, step = 120, live = 2, replicas = 3,
---        restarts_slot = 0, restarts_total = 0 }
+--        restarts_slot = 0, restarts_total = 0,  -- since the operator started
+--        time = 812.5,                           -- seconds since the operator started
+--        slot_restart_times = { 20.1, 700.4 },   -- this slot's last 32 restarts (same clock)
+--        restart_times = { ... } }               -- the job's last 128 (every slot, full restarts)
 -- "startup_error": the worker could not start for a reason that repeats on
 -- every try (the job file, its data, its checkpoint; its exit status 2).
 
 local M = {}
 
-M.max_restarts_per_slot = 5   -- a slot that keeps failing is given up
-M.max_restarts_total = 20     -- job-wide budget
+-- The limits count restarts within a sliding window, not since the start: a
+-- job of weeks on a flaky cluster sees dozens of unrelated failures; only a
+-- slot (or a job) failing again and again in a short time is broken.
+M.window_seconds = 3600       -- the window the limits count in
+M.max_restarts_per_slot = 5   -- a slot restarted this often within the window is given up
+M.max_restarts_total = 20     -- job-wide, within the window
 M.backoff_first = 0.2         -- seconds before the first replacement of a slot
 M.backoff_max = 10            -- exponential backoff cap
+
+-- How many of times lie within the window before now.
+local function recent(times, now)
+  local n = 0
+  for _, t in ipairs(times) do
+    if now - t < M.window_seconds then n = n + 1 end
+  end
+  return n
+end
 
 -- A replica failed while others survive: replace it (the replacement
 -- catches up from a healthy peer) after an exponential backoff.
@@ -34,13 +50,14 @@ function M.on_failure(ev, state)
   if ev.reason == "startup_error" then -- the job, its data, its checkpoint: the same on every try
     return { action = "none", detail = "a start-up error is not retried" }
   end
-  if ev.restarts_total >= M.max_restarts_total then
-    return { action = "none", detail = "job-wide restart budget spent" }
+  local slot, all = recent(ev.slot_restart_times, ev.time), recent(ev.restart_times, ev.time)
+  if all >= M.max_restarts_total then
+    return { action = "none", detail = "job-wide restart budget spent (" .. all .. " in " .. M.window_seconds .. " s)" }
   end
-  if ev.restarts_slot >= M.max_restarts_per_slot then
-    return { action = "none", detail = "slot " .. ev.slot .. " failed too often" }
+  if slot >= M.max_restarts_per_slot then
+    return { action = "none", detail = "slot " .. ev.slot .. " failed too often (" .. slot .. " in " .. M.window_seconds .. " s)" }
   end
-  local delay = math.min(M.backoff_max, M.backoff_first * 2 ^ ev.restarts_slot)
+  local delay = math.min(M.backoff_max, M.backoff_first * 2 ^ slot)
   return { action = "replace", delay = delay }
 end
 
@@ -49,8 +66,9 @@ function M.on_all_dead(ev, state)
   if ev.reason == "startup_error" then
     return { action = "stop", detail = "a start-up error is not retried" }
   end
-  if ev.restarts_total >= M.max_restarts_total then
-    return { action = "stop", detail = "job-wide restart budget spent" }
+  local all = recent(ev.restart_times, ev.time)
+  if all >= M.max_restarts_total then
+    return { action = "stop", detail = "job-wide restart budget spent (" .. all .. " in " .. M.window_seconds .. " s)" }
   end
   return { action = "restart", delay = M.backoff_first }
 end

@@ -548,6 +548,21 @@ static void test_restart_policy(void) {
   d = decide(o, "on_all_dead", -1);
   CHECK(strcmp(d.action, "restart") == 0, "shipped on_all_dead: restart (%s)", d.action);
 
+  /* the limits count restarts within the last hour: five long ago do not
+   * count (nor double the backoff), five within it give the slot up */
+  o->t0 = tr_now() - 7200; /* the operator started two hours ago */
+  for (int i = 0; i < 5; i++) operator_count_restart(o, &o->slots[1]);
+  for (int i = 0; i < 5; i++) o->slots[1].restart_at[i] = o->restart_at[i] = 100.0 + i;
+  d = decide(o, "on_failure", 1);
+  CHECK(strcmp(d.action, "replace") == 0 && d.delay > 0.19 && d.delay < 0.21,
+        "5 restarts two hours ago: replace after 0.2 s (%s %g %s)", d.action, d.delay, d.detail);
+  for (int i = 0; i < 5; i++) o->slots[1].restart_at[i] = o->restart_at[i] = 7000.0 + i;
+  d = decide(o, "on_failure", 1);
+  CHECK(strcmp(d.action, "none") == 0 && strstr(d.detail, "failed too often"),
+        "5 restarts in the last hour: the slot is given up (%s %s)", d.action, d.detail);
+  o->slots[1].restarts = o->restarts_total = 0;
+  o->t0 = 0;
+
   struct event_base *base = event_base_new();
   CHECK(policy_watch(o->pol, base) == 0, "watching %s: %s", dir, tr_error());
 
