@@ -22,6 +22,21 @@ end
 
 function S.sleep(s) os.execute("sleep " .. s) end
 
+-- Waits for pid to exit while the file `progress` keeps growing: it fails
+-- (returns false) only after `stall` seconds without a new byte there, so a
+-- slow machine or a sanitizer build waits longer, and a stuck job fails as
+-- soon. Every wait stays bounded: a job cannot grow its log forever.
+function S.wait_exit_progress(pid, progress, stall)
+  local size, quiet = -1, 0
+  while quiet < stall do
+    if not (S.sh("kill -0 " .. pid .. " 2>/dev/null && echo yes")):match("yes") then return true end
+    local now = #(S.read(progress) or "")
+    if now ~= size then size, quiet = now, 0 else quiet = quiet + 0.1 end
+    S.sleep(0.1)
+  end
+  return false
+end
+
 -- Background processes: S.spawn starts cmd in a process group of its own
 -- (setsid: the operator's workers, forked by it, join the group), output to
 -- log, env an optional "VAR=value ..." prefix; returns its pid. S.cleanup()
