@@ -466,11 +466,22 @@ static int parse_args(worker *w, int argc, char **argv, int *done) {
   return 0;
 }
 
-/* The operator's decisions so far, from the WELCOME line: dropped updates
- * (skips=STEP,STEP) and live learning-rate changes (lr=STEP:VALUE,...). */
+/* The operator's decisions so far, from the WELCOME line: skipped batches
+ * (batch_skips=KEY,KEY, ascending), dropped updates (skips=STEP,STEP) and
+ * live learning-rate changes (lr=STEP:VALUE,...). */
 static void apply_welcome(trainer *t, const char *line) {
-  char sk[1024], lrs[1024];
-  trainer_set_data_skip(t, proto_int(line, "data_skip", 0));
+  char sk[1024], lrs[1024], bs[64 * 21];
+  int64_t keys[64];
+  int nkeys = 0;
+  proto_get(line, "batch_skips", bs, sizeof bs);
+  for (char *p = bs; *p && nkeys < 64;) {
+    char *end;
+    long long k = strtoll(p, &end, 10);
+    if (end == p) break;
+    keys[nkeys++] = k;
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (trainer_set_batch_skips(t, keys, nkeys)) fprintf(stderr, "worker: batch_skips ignored: %s\n", tr_error());
   proto_get(line, "skips", sk, sizeof sk);
   for (char *p = sk; *p;) {
     char *end;

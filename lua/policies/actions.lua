@@ -12,7 +12,8 @@
 -- Actions:
 --   evict           kill the replica; the restart policy replaces it
 --   rollback        every replica reloads the newest checkpoint at or before
---                   `step` (default: the anomaly's step - 1) and skips the batch
+--                   `step` (default: the anomaly's step - 1) and never draws
+--                   the anomaly's batch again (the steps before it keep theirs)
 --   skip_update     drop the optimizer update of `step`
 --   alert           an event, nothing else
 --   checkpoint_now  snapshot as soon as possible

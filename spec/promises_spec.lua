@@ -1,0 +1,159 @@
+-- promises_spec.lua — what the README promises of a live multi-replica job
+-- that no other spec checks: the actions `skip_update` and `checkpoint_now`
+-- decided by a rule on a live job and what they visibly do, the batch that
+-- a rollback skips, `min_replicas`, the restart policy's limits and backoff
+-- driven by `transom chaos RUN kill 1`, and the default job
+-- (examples/fortunes.lua, what the README's first command runs).
+-- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
+-- Each case is a small 2-replica job (a few seconds); the restart-limit case
+-- waits out the shipped backoff (0.2 + 0.4 + 0.8 + 1.6 + 3.2 s).
+
+local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
+local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
+local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
+
+local tmp = os.tmpname()
+os.remove(tmp)
+assert(os.execute("mkdir -p " .. tmp))
+local data = tmp .. "/corpus.txt"
+local have_corpus = read(CORPUS) ~= nil
+if have_corpus then write(data, read(CORPUS):sub(1, 300000)) end
+
+local function skip() return pending("no ../shared/data/tinyshakespeare.txt: promises spec skipped") end
+
+-- A 2-replica job of the small model; extra: more --set items.
+local function job(run, extra)
+  return table.concat({
+    BIN, "run", ROOT .. "/examples/shakespeare.lua", "--replicas 2", "--set data=" .. data,
+    "--set run_dir=" .. run, "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
+    "--set eval_interval=0 --set eval_steps=5 --set sample_tokens=0 --set log_interval=100 --set deadline=2",
+    extra or "" }, " ")
+end
+
+-- A copy of lua/policies in tmp/name, with Lua added to rules.lua and
+-- actions.lua (before their `return`) and restart.lua edited by a function.
+local function policies(name, rules, actions, restart)
+  local dir = tmp .. "/" .. name
+  assert(os.execute("mkdir -p " .. dir .. " && cp " .. ROOT .. "/lua/policies/*.lua " .. dir))
+  local function add(file, text)
+    if not text then return end
+    local src = read(dir .. "/" .. file)
+    local n
+    src, n = src:gsub("\nreturn ([AR])%s*$", "\n" .. text .. "\nreturn %1\n")
+    assert(n == 1, "no final return in " .. file)
+    write(dir .. "/" .. file, src)
+  end
+  add("rules.lua", rules)
+  add("actions.lua", actions)
+  if restart then write(dir .. "/restart.lua", restart(read(dir .. "/restart.lua"))) end
+  return dir
+end
+
+local function events(run) return read(run .. "/events.jsonl") or "" end
+
+-- metrics.jsonl's step records in file order: {step, worker, replicas,
+-- skipped, loss (the string: runs compare bit for bit), checksum}
+local function records(run)
+  local t = {}
+  for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+    local step, w = line:match('^{"step":(%d+),"worker":(%d+),')
+    if step then
+      t[#t + 1] = { step = tonumber(step), worker = tonumber(w), replicas = tonumber(line:match('"replicas":(%d+)')),
+        skipped = tonumber(line:match('"skipped":(%d+)')), loss = line:match('"loss":([^,}]+)'),
+        checksum = line:match('"checksum":"(%x+)"') }
+    end
+  end
+  return t
+end
+
+-- events of a kind, in order: {step, worker, time, detail, line}
+local function events_of(run, kind)
+  local t = {}
+  for line in events(run):gmatch("[^\n]+") do
+    if line:find('"kind":"' .. kind .. '"', 1, true) then
+      t[#t + 1] = { step = tonumber(line:match('"step":(%-?%d+)')), worker = tonumber(line:match('"worker":(%-?%d+)')),
+        time = tonumber(line:match('"time":([%d%.]+)')), detail = line:match('"detail":"(.-)"[,}]') or "", line = line }
+    end
+  end
+  return t
+end
+
+local function alive(pid) return (sh("kill -0 " .. pid .. " 2>/dev/null && echo yes || echo no")):match("yes") end
+
+local function wait_exit(pid, seconds)
+  for _ = 1, seconds * 20 do
+    if not alive(pid) then return true end
+    sleep(0.05)
+  end
+  return false
+end
+
+-- (slot state, pid, step) from the operator itself (`transom chaos RUN status`)
+local function status(run, slot)
+  local out = sh(BIN .. " chaos " .. run .. " status")
+  local st, pid, step = out:match("replica " .. slot .. ": (%a+) pid (%d+) step (%d+)")
+  return st, tonumber(pid), tonumber(step)
+end
+
+-- waits (bounded) until fn() is true; returns whether it came
+local function wait_for(fn, seconds)
+  for _ = 1, (seconds or 30) * 20 do
+    if fn() then return true end
+    sleep(0.05)
+  end
+  return false
+end
+
+local function assert_agree(run, out, n)
+  assert.matches('"kind":"replicas_agree","detail":"' .. (n or 2) .. ' replicas finished with parameter crc32c',
+    events(run), 1, true)
+  assert.is_truthy(out:match("finished at step %d+"), out)
+end
+
+describe("promises (2 replicas)", function()
+  after_each(function() S.cleanup() end) -- a failed test leaves no process behind
+
+  -- the step of the first anomaly of a kind
+  local function anomaly_step(run, kind)
+    for _, e in ipairs(events_of(run, "anomaly")) do
+      if e.line:find('"anomaly":"' .. kind .. '"', 1, true) then return e.step end
+    end
+  end
+
+  it("a rollback skips the anomaly's batch: the steps before it repeat bit for bit, its step draws another", function()
+    if not have_corpus then return skip() end
+    local pol = policies("pol-rollback", [[
+function R.test_mark(w, fleet, state)
+  if w.id ~= 0 or w.step == nil or w.step < 45 or state.mark then return nil end
+  state.mark = true
+  return { kind = "mark_rollback", severity = "warning", detail = "made up at step " .. w.step }
+end]], [[
+function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } end]])
+    local run = tmp .. "/rollback"
+    local out, rc = sh(job(run, "--set max_steps=100 --set checkpoint.every_steps=10 --set policies=" .. pol))
+    assert.equal(0, rc, out)
+    assert_agree(run, out)
+    local a = assert(anomaly_step(run, "mark_rollback"), events(run))
+    local rb = events_of(run, "rollback")
+    assert.equal(1, #rb, events(run))
+    local target = tonumber(rb[1].detail:match("at or before step (%d+)"))
+    assert.is_truthy(target, rb[1].line)
+    assert.is_true(target < a)
+    assert.matches("skips the batch of step " .. a, rb[1].detail, 1, true)
+    -- per worker: the first record of a step (before the rollback) and the last (after)
+    local first, last = { [0] = {}, [1] = {} }, { [0] = {}, [1] = {} }
+    for _, x in ipairs(records(run)) do
+      first[x.worker][x.step] = first[x.worker][x.step] or x.loss
+      last[x.worker][x.step] = x.loss
+    end
+    for w = 0, 1 do
+      -- from the checkpoint on, the same parameters meet the same batches ...
+      for step = target + 1, a - 1 do
+        assert.equal(first[w][step], last[w][step], "worker " .. w .. " step " .. step .. " (rolled back to " .. target
+          .. ", anomaly at " .. a .. ")")
+      end
+      -- ... until the anomaly's step, which draws the next batch instead
+      assert.are_not.equal(first[w][a], last[w][a], "worker " .. w .. " trained on step " .. a .. "'s batch again")
+    end
+  end)
+end)
