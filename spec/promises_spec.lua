@@ -113,12 +113,94 @@ end
 describe("promises (2 replicas)", function()
   after_each(function() S.cleanup() end) -- a failed test leaves no process behind
 
+  -- one run serves the two actions: a rule that reports made-up anomalies at
+  -- steps 30, 50 and 70 of replica 0, and actions.lua mapping them
+  local actions_run
+  local function run_actions()
+    if actions_run then return actions_run end
+    local pol = policies("pol-actions", [==[
+function R.test_marks(w, fleet, state)
+  if w.id ~= 0 or w.step == nil then return nil end
+  state.marks = state.marks or {}
+  for _, m in ipairs({ { 30, "mark_skip" }, { 50, "mark_skip_at" }, { 70, "mark_ckpt" } }) do
+    if w.step >= m[1] and not state.marks[m[2]] then
+      state.marks[m[2]] = true
+      return { kind = m[2], severity = "warning", detail = "made up at step " .. w.step }
+    end
+  end
+end]==], [[
+A.mark_skip = "skip_update"
+function A.mark_skip_at(a) return { action = "skip_update", step = a.step + 10 } end
+A.mark_ckpt = "checkpoint_now"]])
+    local run = tmp .. "/actions"
+    -- checkpoints by step count only past the end, a checksum every step
+    local out, rc = sh(job(run, "--set max_steps=120 --set checkpoint.every_steps=1000 --set checksum_interval=1 "
+      .. "--set policies=" .. pol))
+    actions_run = { run = run, out = out, rc = rc }
+    return actions_run
+  end
+
   -- the step of the first anomaly of a kind
   local function anomaly_step(run, kind)
     for _, e in ipairs(events_of(run, "anomaly")) do
       if e.line:find('"anomaly":"' .. kind .. '"', 1, true) then return e.step end
     end
   end
+
+  it("skip_update: every replica drops the update of the step it names, and nothing else", function()
+    if not have_corpus then return skip() end
+    local r = run_actions()
+    assert.equal(0, r.rc, r.out)
+    assert_agree(r.run, r.out)
+    local skips = events_of(r.run, "skip_update")
+    assert.equal(2, #skips, events(r.run))
+    -- the default: the next step every replica can still agree on (the
+    -- anomalous update is already applied when its step is reported)
+    local a1 = assert(anomaly_step(r.run, "mark_skip"), events(r.run))
+    local s1 = tonumber(skips[1].detail:match("drops the update of step (%d+)"))
+    assert.is_truthy(s1, skips[1].line)
+    assert.is_true(s1 > a1, skips[1].line)
+    -- a decision naming a step still ahead: exactly that one
+    local a2 = assert(anomaly_step(r.run, "mark_skip_at"), events(r.run))
+    local s2 = tonumber(skips[2].detail:match("drops the update of step (%d+)"))
+    assert.equal(a2 + 10, s2, skips[2].line)
+    -- the step records say so, on both replicas, for those steps only; the
+    -- parameters (their checksum, every step) do not change in those steps
+    -- and change in every other one
+    local crc = { [0] = {}, [1] = {} }
+    local n = 0
+    for _, x in ipairs(records(r.run)) do
+      local want = (x.step == s1 or x.step == s2) and 1 or 0
+      assert.equal(want, x.skipped, string.format("worker %d step %d skipped=%d", x.worker, x.step, x.skipped))
+      crc[x.worker][x.step] = assert(x.checksum, "no checksum at step " .. x.step)
+      n = n + 1
+    end
+    assert.equal(2 * 120, n)
+    for w = 0, 1 do
+      for step = 2, 120 do
+        if step == s1 or step == s2 then
+          assert.equal(crc[w][step - 1], crc[w][step], "worker " .. w .. ": parameters changed in skipped step " .. step)
+        else
+          assert.are_not.equal(crc[w][step - 1], crc[w][step], "worker " .. w .. ": no update in step " .. step)
+        end
+      end
+    end
+  end)
+
+  it("checkpoint_now: the leader commits a checkpoint at the next step, off the every_steps schedule", function()
+    if not have_corpus then return skip() end
+    local r = run_actions()
+    assert.equal(0, r.rc, r.out)
+    local a = assert(anomaly_step(r.run, "mark_ckpt"), events(r.run))
+    local steps = {}
+    for _, e in ipairs(events_of(r.run, "checkpoint")) do steps[#steps + 1] = e.step end
+    -- every_steps = 1000: without the action only the end (120) is checkpointed
+    assert.equal(2, #steps, events(r.run))
+    assert.is_true(steps[1] >= a and steps[1] < 120, "checkpoint at " .. steps[1] .. ", anomaly at " .. a)
+    assert.equal(120, steps[2])
+    local ls = sh(BIN .. " ckpt ls " .. r.run)
+    assert.matches("\n%s*" .. steps[1] .. "%s", ls)
+  end)
 
   it("a rollback skips the anomaly's batch: the steps before it repeat bit for bit, its step draws another", function()
     if not have_corpus then return skip() end

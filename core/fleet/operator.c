@@ -286,8 +286,12 @@ static void det_action(void *ud, const detector_action *a) {
       detector_rewind(o->det, target);
       break;
     }
-    case DET_ACT_SKIP_UPDATE: { /* the anomalous update already happened: drop the next one all agree on */
-      int64_t at = o->best_step + 3;
+    case DET_ACT_SKIP_UPDATE: {
+      /* the update of a->step, if it is far enough ahead for every replica
+       * to get the word in time; else (the default: the anomaly's own
+       * update, already applied) the next one they can all agree on */
+      int64_t at = o->best_step + 3; /* SKIP at=N drops the update that makes step N + 1 */
+      if (a->step - 1 > at) at = a->step - 1;
       size_t k = strlen(o->skips);
       if (k + 24 < sizeof o->skips) snprintf(o->skips + k, sizeof o->skips - k, "%s%lld", k ? "," : "", (long long)at);
       for (int i = 0; i < o->nslots; i++)
