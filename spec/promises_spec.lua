@@ -238,4 +238,41 @@ function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } en
       assert.are_not.equal(first[w][a], last[w][a], "worker " .. w .. " trained on step " .. a .. "'s batch again")
     end
   end)
+  it("min_replicas: below it training pauses until the replacement is back, and never trains with fewer", function()
+    if not have_corpus then return skip() end
+    -- the replacement comes 2 s after the kill (the restart policy's first
+    -- backoff, raised from 0.2 s): long enough for dozens of steps if the
+    -- survivor went on alone
+    local pol = policies("pol-min", nil, nil, function(src)
+      local out, n = src:gsub("M.backoff_first = [%d%.]+", "M.backoff_first = 2")
+      assert(n == 1)
+      return out
+    end)
+    local run = tmp .. "/min"
+    local op = S.spawn(job(run, "--set max_steps=300 --set checkpoint.every_steps=50 --set min_replicas=2 --set policies="
+      .. pol), tmp .. "/min.log")
+    assert.is_true(wait_for(function()
+      local st, _, step = status(run, 1)
+      return st == "running" and step >= 40
+    end), "replica 1 never reached step 40")
+    local _, pid = status(run, 1)
+    os.execute("kill -9 " .. pid)
+    assert.is_true(wait_exit(op, 120), "the operator did not finish")
+    local out = read(tmp .. "/min.log")
+    -- every step record of both replicas: 2 replicas averaged, and none missing
+    local by = { [0] = {}, [1] = {} }
+    for _, x in ipairs(records(run)) do
+      assert.equal(2, x.replicas, string.format("worker %d trained step %d with %d replica(s)", x.worker, x.step,
+        x.replicas))
+      by[x.worker][x.step] = true
+    end
+    for step = 1, 300 do assert.is_true(by[0][step], "worker 0 has no step " .. step) end
+    local ev = events(run)
+    assert.matches("replica 1 killed (signal 9)", ev, 1, true)
+    assert.matches("on_failure -> replace (delay 2.00 s)", ev, 1, true)
+    assert.matches('"kind":"paused","detail":"1 live replicas < min_replicas 2: waiting for replacements"', ev, 1, true)
+    -- the replacement got its state from the paused survivor
+    assert.matches("replica 1 ready at step %d+ %(join", ev)
+    assert_agree(run, out)
+  end)
 end)

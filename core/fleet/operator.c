@@ -713,7 +713,9 @@ static void on_change(void *ud, const ftar_change *c) {
             (unsigned long long)c->epoch, kinds[c->kind], c->slot, list);
   int finishing = 0;
   for (int i = 0; i < o->nslots; i++) finishing |= o->slots[i].done;
-  if (c->n_members < (int)o->cfg->min_replicas && !o->stopping && !finishing && !o->rollback_pending)
+  /* a member lost (not one still missing at the start) */
+  if (c->kind != FTAR_CHANGE_JOIN && c->n_members < (int)o->cfg->min_replicas && !o->stopping && !finishing &&
+      !o->rollback_pending)
     operator_event(o, o->best_step, -1, "paused", "%d live replicas < min_replicas %lld: waiting for replacements",
               c->n_members, (long long)o->cfg->min_replicas);
 }

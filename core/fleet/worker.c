@@ -556,6 +556,15 @@ static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *d
   return 0;
 }
 
+/* Below min_replicas a collective waits for quorum in the middle of a step,
+ * before its update: the parameters are still those of the last boundary,
+ * so a joiner's snapshot request is served from here (the training thread),
+ * or the replacement that would restore the quorum could never get one. */
+static void on_quorum_wait(void *ud) {
+  worker *w = ud;
+  donor_boundary(w->dn);
+}
+
 /* Serves joiners, enters FTAR, tells the operator it is ready, starts the
  * heartbeat. me: the address peers reach us at. */
 static int enter_ring(worker *w, const char *coord, const char *me, double state_s, int joining) {
@@ -569,6 +578,8 @@ static int enter_ring(worker *w, const char *coord, const char *me, double state
   fo.timeout = 3600; /* below min_replicas training pauses until replacements come */
   fo.deadline = w->cfg->deadline;
   fo.min_members = (int)w->cfg->min_replicas;
+  fo.quorum_wait = on_quorum_wait;
+  fo.quorum_ud = w;
   fo.data_host = me;
   fo.strict_seq = 1; /* a joiner must enter at exactly its own step */
   fo.survive_coord_loss = 1; /* the operator (its coordinator) may die and come back */
