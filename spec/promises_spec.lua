@@ -275,4 +275,86 @@ function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } en
     assert.matches("replica 1 ready at step %d+ %(join", ev)
     assert_agree(run, out)
   end)
+  it("`transom chaos RUN kill 1`: the operator kills replica 1, a replacement joins, every step done", function()
+    if not have_corpus then return skip() end
+    local run = tmp .. "/chaoskill"
+    local op = S.spawn(job(run, "--set max_steps=300 --set checkpoint.every_steps=50"), tmp .. "/chaoskill.log")
+    local pid, at
+    assert.is_true(wait_for(function()
+      local st, p, step = status(run, 1)
+      pid, at = p, step
+      return st == "running" and step >= 50
+    end), "replica 1 never reached step 50")
+    local out, rc = sh(BIN .. " chaos " .. run .. " kill 1")
+    assert.equal(0, rc, out)
+    assert.equal("ok\n", out)
+    assert.is_true(wait_exit(op, 120), "the operator did not finish")
+    local log = read(tmp .. "/chaoskill.log")
+    assert_agree(run, log)
+    local ev = events(run)
+    -- the kill went through the control socket, to the pid the operator knew
+    local chaos = events_of(run, "chaos")
+    assert.equal(1, #chaos, ev)
+    assert.equal("kill replica 1 (from transom chaos)", chaos[1].detail)
+    local failed = events_of(run, "replica_failed")
+    assert.equal(1, #failed, ev)
+    assert.matches("^replica 1 killed %(signal 9%)", failed[1].detail)
+    assert.is_true(failed[1].step >= at)
+    local spawns = events_of(run, "spawn")
+    assert.equal(3, #spawns, ev) -- 2 at the start, the replacement
+    assert.matches("^replica 1 started %(pid %d+, join%)", spawns[3].detail)
+    assert.are_not.equal(tostring(pid), spawns[3].detail:match("pid (%d+)"))
+    assert.matches("replica 1 ready at step %d+ %(join", ev)
+    -- every step of the survivor; the replacement from where it joined to the end
+    local by = { [0] = {}, [1] = {} }
+    for _, x in ipairs(records(run)) do by[x.worker][#by[x.worker] + 1] = x.step end
+    for i = 1, 300 do assert.equal(i, by[0][i], "worker 0, line " .. i) end
+    assert.equal(300, by[1][#by[1]])
+  end)
+
+  it("restart policy: replaced after 0.2, 0.4, 0.8, 1.6, 3.2 s, then the slot is given up (5 per slot)", function()
+    if not have_corpus then return skip() end
+    local run = tmp .. "/limits"
+    local op, exit_status = S.spawn_rc(job(run, "--set max_steps=100000 --set checkpoint.every_steps=500"),
+      tmp .. "/limits.log")
+    local pid
+    for kill = 1, 6 do
+      local st, p
+      assert.is_true(wait_for(function()
+        st, p = status(run, 1)
+        return st == "running" and p ~= pid
+      end, 60), "replica 1 not running again before kill " .. kill .. " (" .. tostring(st) .. ")")
+      pid = p
+      local out, rc = sh(BIN .. " chaos " .. run .. " kill 1")
+      assert.equal(0, rc, out)
+      assert.is_true(wait_for(function() return #events_of(run, "policy") >= kill end),
+        "no decision after kill " .. kill)
+    end
+    -- given up: nothing is started for slot 1 any more; slot 0 trains on
+    local _, _, step0 = status(run, 0)
+    assert.is_true(wait_for(function() return select(3, status(run, 0)) >= step0 + 20 end), "slot 0 stopped training")
+    assert.equal("dead", (status(run, 1)))
+    os.execute("kill -TERM " .. op)
+    assert.is_true(wait_exit(op, 60))
+    assert.is_true(wait_for(function() return exit_status() ~= nil end, 10))
+    assert.equal(0, exit_status())
+    assert.matches("| 5 restarts |", read(tmp .. "/limits.log"), 1, true)
+    local ev = events(run)
+    local policy, failed, spawns = events_of(run, "policy"), events_of(run, "replica_failed"), {}
+    for _, e in ipairs(events_of(run, "spawn")) do
+      if e.worker == 1 then spawns[#spawns + 1] = e end
+    end
+    assert.equal(6, #policy, ev)
+    assert.equal(6, #failed, ev)
+    assert.equal(6, #spawns, ev) -- the first start and 5 replacements
+    for i, delay in ipairs({ 0.2, 0.4, 0.8, 1.6, 3.2 }) do
+      assert.equal(string.format("on_failure -> replace (delay %.2f s)", delay), policy[i].detail)
+      -- the replacement waited out its backoff (events carry milliseconds)
+      local waited = spawns[i + 1].time - failed[i].time
+      assert.is_true(waited >= delay - 0.01, string.format("replacement %d came %.3f s after the failure, backoff %.1f s",
+        i, waited, delay))
+      assert.matches("^replica 1 started %(pid %d+, join%)", spawns[i + 1].detail)
+    end
+    assert.equal("on_failure -> none: slot 1 failed too often (delay 0.00 s)", policy[6].detail)
+  end)
 end)
