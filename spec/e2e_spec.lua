@@ -1,6 +1,8 @@
 -- e2e_spec.lua — end to end through the CLI: `transom run` trains a tiny GPT
--- on 200 KB of Tiny Shakespeare, `transom sample` generates from the saved
--- run. About 5 seconds on 2 cores (four 200-step runs at ~1 s each).
+-- on 200 KB of Tiny Shakespeare (also at threads=2), `transom sample`
+-- generates from the saved run; every command's --help and unknown options.
+-- About 8 seconds on 2 cores (four 200-step runs at ~1 s each, two 80-step
+-- runs on 2 threads).
 --
 -- The corpus is ../shared/data/tinyshakespeare.txt relative to the repository
 -- root; without it every test here is pending, not failed.
@@ -238,6 +240,28 @@ describe("end to end", function()
     assert.are.equal("", out)
     assert.is_truthy(err:find("'" .. missing .. "'", 1, true), err)
     assert.is_truthy(err:find("vocabulary", 1, true), err)
+  end)
+
+  it("threads=2 trains, bit-reproducibly at that thread count", function()
+    need_corpus()
+    -- README: "Results are bit-identical for a fixed thread count"
+    local over = { threads = 2, max_steps = 80, warmup_steps = 20, eval_interval = 0, sample_tokens = 0 }
+    local a, b = run("t2a", over), run("t2b", over)
+    assert.are.equal(0, a.code, a.err)
+    assert.are.equal(0, b.code, b.err)
+    assert.is_truthy(a.out:find(" 2 threads", 1, true), a.out)
+    local la, lb = loss_strings((metrics(a))), loss_strings((metrics(b)))
+    assert.are.equal(80, #la)
+    assert.are.same(la, lb)
+    assert.are.equal(read(a.dir .. "/model.safetensors"), read(b.dir .. "/model.safetensors"))
+    local steps = metrics(a)
+    assert.is_true(mean_loss(steps, 1, 10) - mean_loss(steps, 71, 80) >= 0.5, "the loss did not fall")
+    -- threads = 0: all cores
+    local nproc = tonumber((S.sh("nproc")))
+    local code, out, err = transom("run", a.job, "--set", "threads=0", "--set", "max_steps=1", "--set", "warmup_steps=0",
+      "--set", "run_dir=" .. dir .. "/t0")
+    assert.are.equal(0, code, err)
+    assert.is_truthy(out:find(" " .. nproc .. " thread", 1, true), out)
   end)
 
   it("rejects a data file smaller than the block size, writing nothing", function()

@@ -358,3 +358,39 @@ function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } en
     assert.equal("on_failure -> none: slot 1 failed too often (delay 0.00 s)", policy[6].detail)
   end)
 end)
+
+describe("the default job", function()
+  it("examples/fortunes.lua from the repository root, shortened: trains on data/fortunes.txt", function()
+    local fortunes = ROOT .. "/data/fortunes.txt"
+    local text = read(fortunes)
+    if not text then return pending("no data/fortunes.txt: run ./setup.sh --no-build") end
+    local run_dir = tmp .. "/fortunes"
+    local cmd = "cd " .. S.q(ROOT) .. " && " .. S.q(BIN) .. " run examples/fortunes.lua --set run_dir=" .. S.q(run_dir)
+    -- max_steps alone below its warmup_steps (100) is refused, saying what to set
+    local out, code = sh(cmd .. " --set max_steps=10")
+    assert.are.equal(2, code, out)
+    assert.is_truthy(out:find("examples/fortunes.lua:%d+: warmup_steps = 100 is past lr_decay_steps = 10"), out)
+    assert.is_truthy(out:find("defaults to max_steps", 1, true), out)
+    assert.is_false(S.exists(run_dir))
+    out, code = sh(cmd .. " --set max_steps=10 --set warmup_steps=5")
+    assert.are.equal(0, code, out)
+    assert.is_truthy(out:find("data data/fortunes.txt: " .. #text .. " tokens", 1, true), out)
+    assert.is_truthy(out:find("step 10/10 | val loss", 1, true), out)
+    -- the job's own closing sample: 400 tokens at temperature 0.8
+    assert.is_truthy(out:find("--- sample (400 tokens, temperature 0.80) ---", 1, true), out)
+    for _, f in ipairs({ "job.lua", "vocab.json", "metrics.jsonl", "events.jsonl", "model.safetensors" }) do
+      assert.is_true(S.exists(run_dir .. "/" .. f), "missing " .. f)
+    end
+    -- the example's model, and a loss that starts near log(vocab) and falls
+    local j = require("transom.job").load(run_dir .. "/job.lua")
+    assert.are.same({ 4, 4, 128, 64, 16, 0.8 }, { j.n_layer, j.n_head, j.n_embd, j.block_size, j.batch_size, j.temperature })
+    local V = tonumber(out:match("vocab (%d+)"))
+    local losses = {}
+    for line in read(run_dir .. "/metrics.jsonl"):gmatch("[^\n]+") do
+      losses[#losses + 1] = tonumber(line:match('"loss":([^,}]+)'))
+    end
+    assert.are.equal(10, #losses)
+    assert.is_true(math.abs(losses[1] - math.log(V)) < 0.3, losses[1] .. " vs log V " .. math.log(V))
+    assert.is_true(losses[10] < losses[1], "the loss did not fall")
+  end)
+end)

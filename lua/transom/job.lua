@@ -323,9 +323,12 @@ function M.check(job, origin)
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)
   end
   if job.min_lr > job.lr then at("min_lr")("min_lr = %g is above lr = %g", job.min_lr, job.lr) end
+  local decay_default = job.lr_decay_steps == nil
   job.lr_decay_steps = job.lr_decay_steps or job.max_steps
   if job.warmup_steps > job.lr_decay_steps then
-    at("warmup_steps")("warmup_steps = %d is past lr_decay_steps = %d", job.warmup_steps, job.lr_decay_steps)
+    at("warmup_steps")("warmup_steps = %d is past lr_decay_steps = %d%s", job.warmup_steps, job.lr_decay_steps,
+      decay_default and " (lr_decay_steps defaults to max_steps: for a run this short, set warmup_steps too, "
+        .. "e.g. --set warmup_steps=" .. job.max_steps // 10 .. ")" or "")
   end
   return job
 end
