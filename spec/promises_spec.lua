@@ -307,7 +307,11 @@ function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } en
     assert.matches("replica 1 ready at step %d+ %(join", ev)
     -- every step of the survivor; the replacement from where it joined to the end
     local by = { [0] = {}, [1] = {} }
-    for _, x in ipairs(records(run)) do by[x.worker][#by[x.worker] + 1] = x.step end
+    for _, x in ipairs(records(run)) do
+      by[x.worker][#by[x.worker] + 1] = x.step
+      -- max_replicas (default: replicas): never more at once, a replacement included
+      assert.is_true(x.replicas <= 2, string.format("step %d averaged %d replicas", x.step, x.replicas))
+    end
     for i = 1, 300 do assert.equal(i, by[0][i], "worker 0, line " .. i) end
     assert.equal(300, by[1][#by[1]])
   end)
