@@ -11,6 +11,8 @@
  * - kill -9 of a writing process at 20 random moments: the newest committed
  *   checkpoint always verifies and holds exactly its step's data;
  * - unwritable directories: a clear error, no crash;
+ * - the map grown by another process's commit (MDB_MAP_RESIZED): a reader
+ *   and an engine opened before it adopt the new size;
  * - device staging through a fake backend's hooks: a failed pin is retried
  *   without leaking or leaving buffers pinned, a backend without side-stream
  *   copies is read with download, a failed copy is an event, never a commit.
@@ -485,8 +487,83 @@ static void test_when_busy(int busy) {
   free(a);
 }
 
+/* Another process's commit grows the store beyond the LMDB map this
+ * process's environment was opened with (a replica that opened the store
+ * while the leader's first checkpoint committed; the operator's reader):
+ * LMDB's next transaction here says MDB_MAP_RESIZED, and the engine must
+ * adopt the new size instead of failing (a joiner took that for a start-up
+ * error and was never replaced). */
+static void commit_in_child(const char *dir, int64_t step, int64_t n) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    ckpt_opts o = {dir, 0, 3, 0, CKPT_COALESCE};
+    ckpt_engine *e = ckpt_open(&o);
+    float *v = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    int ok = e && v;
+    if (ok && n > 0) {
+      fill(v, n, step);
+      ckpt_state s = {.step = step};
+      ok = ckpt_register(e, "w", CKPT_F32, 1, &n, v) == 0 && ckpt_snapshot(e, &s) >= 0 && ckpt_flush(e) == 0;
+      ckpt_event ev;
+      while (ok && ckpt_poll(e, &ev)) ok = ev.ok;
+    }
+    ckpt_close(e);
+    free(v);
+    _exit(ok ? 0 : 1); /* ok-exit: the child of a test */
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child committed step %lld (%lld floats)", (long long)step,
+        (long long)n);
+}
+
+static void test_map_grown_elsewhere(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "grown");
+  commit_in_child(dir, 0, 0); /* an empty store: LMDB's default 1 MiB map */
+  enum { SMALL = 1 << 20, BIG = 16 << 20 }; /* 4 MiB, then 64 MiB of data */
+  float *v = malloc(sizeof(float) * BIG);
+  if (!v) return;
+  ckpt_reader *r = ckpt_reader_open(dir);
+  CHECK(r != NULL, "reader: %s", tr_error());
+  if (!r) return;
+  commit_in_child(dir, 1, SMALL);
+  int64_t steps[8];
+  int n = ckpt_reader_steps(r, steps, 8);
+  CHECK(n == 1 && steps[0] == 1, "a reader opened before sees the commit that grew the map (%d: %s)", n,
+        n < 0 ? tr_error() : "");
+  CHECK(ckpt_reader_read(r, 1, "w", v, sizeof(float) * SMALL) == 0 && holds_step(v, SMALL, 1), "and reads it: %s",
+        tr_error());
+  ckpt_reader_close(r);
+  /* an engine (a replica) opened, then the store grows past its map: its
+   * reader (the resume) and its own first commit */
+  ckpt_engine *e = open_engine(dir, 3, 0, CKPT_COALESCE, 0);
+  if (!e) return;
+  commit_in_child(dir, 2, BIG);
+  r = ckpt_engine_reader(e);
+  n = r ? ckpt_reader_steps(r, steps, 8) : -1;
+  CHECK(n == 2 && steps[1] == 2, "the engine's reader sees it (%d: %s)", n, n < 0 ? tr_error() : "");
+  CHECK(r && ckpt_reader_read(r, 2, "w", v, sizeof(float) * BIG) == 0 && holds_step(v, BIG, 2), "and reads it: %s",
+        tr_error());
+  ckpt_reader_close(r);
+  int64_t d[1] = {64};
+  fill(v, 64, 3);
+  CHECK(ckpt_register(e, "w", CKPT_F32, 1, d, v) == 0, "register: %s", tr_error());
+  ckpt_state s = {.step = 3};
+  CHECK(ckpt_snapshot(e, &s) >= 0 && ckpt_flush(e) == 0, "snapshot: %s", tr_error());
+  ckpt_event ev = {0};
+  int ok = 0, events = 0;
+  while (ckpt_poll(e, &ev)) events++, ok += ev.ok;
+  CHECK(events == 1 && ok == 1, "its own commit: %d of %d ok (%s)", ok, events, events && !ok ? ev.what : "");
+  ckpt_close(e);
+  CHECK(newest(dir) == 3, "step 3 committed (newest %lld)", (long long)newest(dir));
+  free(v);
+}
+
 int main(void) {
   if (!mkdtemp(root)) return 1;
+  test_map_grown_elsewhere();
   test_lazy_copy_and_retention();
   test_corruption();
   test_full_store();
