@@ -181,6 +181,22 @@ static int mdb_fail(int rc, const char *what) {
   return tr_fail(TR_EIO, "%s: %s", what, mdb_strerror(rc));
 }
 
+/* mdb_txn_begin, where another process may have grown the map: when the
+ * leader's writer commits with a larger map than this environment's (a
+ * replica opening the store while the first checkpoint commits, a reader
+ * opened before it), LMDB says MDB_MAP_RESIZED; its remedy is to adopt the
+ * new size and begin again. remap = 0 where this process may have other
+ * transactions on env (a borrowed reader): the remap would pull the map from
+ * under them. */
+static int txn_begin(MDB_env *env, unsigned flags, MDB_txn **txn, int remap) {
+  int rc = mdb_txn_begin(env, NULL, flags, txn);
+  for (int i = 0; rc == MDB_MAP_RESIZED && remap && i < 8; i++) {
+    rc = mdb_env_set_mapsize(env, 0);
+    if (!rc) rc = mdb_txn_begin(env, NULL, flags, txn);
+  }
+  return rc;
+}
+
 /* Deletes every data chunk and the manifest of `step` inside txn. */
 static int delete_step(MDB_txn *txn, MDB_dbi man, MDB_dbi data, int64_t step) {
   uint8_t k[16];
@@ -241,7 +257,7 @@ struct ckpt_engine {
   ckpt_stats stats;
   uint64_t seq;
   const tr_backend *dev; /* NULL: registered tensors are host memory */
-  int pinned[2];         /* 1 page-locked, -1 could not be (used unpinned), 0 not tried yet */
+  int pinned[2];
 };
 
 static void push_event(ckpt_engine *e, const ckpt_event *ev) { /* with e->mu held */
@@ -297,15 +313,6 @@ static void *copy_main(void *arg) {
   return NULL;
 }
 
-/* mdb_txn_begin that adopts a map another process grew: every replica's
- * engine and reader opens the one store, and the leader's writer may have
- * grown it since (LMDB's MDB_MAP_RESIZED; a size of 0 adopts the new one). */
-static int txn_begin(MDB_env *env, unsigned flags, MDB_txn **txn) {
-  int rc = mdb_txn_begin(env, NULL, flags, txn);
-  if (rc == MDB_MAP_RESIZED && (rc = mdb_env_set_mapsize(env, 0)) == 0) rc = mdb_txn_begin(env, NULL, flags, txn);
-  return rc;
-}
-
 /* Level 2: one write transaction for the whole checkpoint plus retention. */
 static int commit(ckpt_engine *e, stage_buf *b) {
   ckpt_tensor_info *info = malloc(sizeof *info * (size_t)(e->nt ? e->nt : 1));
@@ -322,7 +329,7 @@ static int commit(ckpt_engine *e, stage_buf *b) {
     return rc;
   }
   MDB_txn *txn = NULL;
-  int mrc = txn_begin(e->env, 0, &txn);
+  int mrc = txn_begin(e->env, 0, &txn, 1);
   if (mrc) {
     free(mb.p);
     return mdb_fail(mrc, "beginning a checkpoint transaction");
@@ -460,7 +467,7 @@ ckpt_engine *ckpt_open(const ckpt_opts *o) {
     goto fail;
   }
   MDB_txn *txn;
-  if ((rc = txn_begin(e->env, 0, &txn)) || (rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &e->man)) ||
+  if ((rc = txn_begin(e->env, 0, &txn, 1)) || (rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &e->man)) ||
       (rc = mdb_dbi_open(txn, "data", MDB_CREATE, &e->data)) || (rc = mdb_txn_commit(txn))) {
     mdb_fail(rc, "opening the checkpoint databases");
     goto fail;
@@ -510,10 +517,7 @@ int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const i
 
 /* Staging buffers, map size, threads. A failure leaves what was done in
  * place (freed by ckpt_close) and the next snapshot picks up from there:
- * nothing is allocated or pinned twice. A buffer that cannot be pinned
- * (page-locked memory is limited: ulimit -l, a container's cap) is used
- * unpinned: device copies into it are slower and wait for the host, but
- * they work; stats.unpinned counts such buffers, and it is not tried again. */
+ * nothing is allocated or pinned twice. */
 static int start(ckpt_engine *e) {
   for (int i = 0; i < 2; i++) {
     if (!e->buf[i].data) e->buf[i].data = tr_alloc_aligned(e->total ? e->total : 64);
@@ -523,17 +527,18 @@ static int start(ckpt_engine *e) {
   if (e->dev && !e->dev->host_memory && e->dev->ckpt_pin)
     for (int i = 0; i < 2; i++) {
       if (e->pinned[i]) continue;
-      int ok = e->dev->ckpt_pin(e->buf[i].data, e->total ? e->total : 64) == 0;
-      e->pinned[i] = ok ? 1 : -1;
-      if (!ok) {
-        pthread_mutex_lock(&e->mu);
-        e->stats.unpinned++;
-        snprintf(e->stats.unpinned_why, sizeof e->stats.unpinned_why, "%s", e->dev->error());
-        pthread_mutex_unlock(&e->mu);
-      }
+      if (e->dev->ckpt_pin(e->buf[i].data, e->total ? e->total : 64))
+        return tr_fail(TR_EIO, "pinning a checkpoint staging buffer (%llu bytes): %s", (unsigned long long)e->total,
+                       e->dev->error());
+      e->pinned[i] = 1;
     }
   size_t map = e->o.map_bytes;
   if (map == 0) map = (size_t)(e->total + (e->total >> 3) + (1 << 20)) * (size_t)(e->o.keep_last + 2) + (16u << 20);
+  /* never below the map another process already grew the store to (no
+   * transaction of ours is active yet: adopting it is safe here) */
+  MDB_envinfo info;
+  if (mdb_env_set_mapsize(e->env, 0) == 0 && mdb_env_info(e->env, &info) == 0 && info.me_mapsize > map)
+    map = info.me_mapsize;
   int rc = mdb_env_set_mapsize(e->env, map);
   if (rc) return mdb_fail(rc, "setting the LMDB map size");
   e->stats.bytes_per_snapshot = e->total;
@@ -648,7 +653,7 @@ void ckpt_close(ckpt_engine *e) {
   }
   if (e->env) mdb_env_close(e->env);
   for (int i = 0; i < 2; i++) {
-    if (e->pinned[i] == 1 && e->dev->ckpt_unpin) e->dev->ckpt_unpin(e->buf[i].data);
+    if (e->pinned[i] && e->dev->ckpt_unpin) e->dev->ckpt_unpin(e->buf[i].data);
     tr_free_aligned(e->buf[i].data);
   }
   free(e->t);
@@ -662,10 +667,15 @@ void ckpt_close(ckpt_engine *e) {
 struct ckpt_reader {
   MDB_env *env;
   int borrowed; /* env belongs to an engine (LMDB allows one env per file per process) */
+  const ckpt_engine *engine; /* that engine (borrowed) */
   MDB_dbi man, data;
   ckpt_tensor_info *tensors; /* last decoded manifest's table */
   char dir[1024];
 };
+
+/* A reader's environment may adopt a map grown by another process unless it
+ * is an engine's whose writer thread runs (it may be inside a transaction). */
+static int may_remap(const ckpt_reader *r) { return !r->borrowed || !r->engine->threads_started; }
 
 ckpt_reader *ckpt_reader_open(const char *dir) {
   ckpt_reader *r = calloc(1, sizeof *r);
@@ -687,7 +697,7 @@ ckpt_reader *ckpt_reader_open(const char *dir) {
   int rc = mdb_env_create(&r->env);
   if (!rc) mdb_env_set_maxdbs(r->env, 4);
   if (!rc) rc = mdb_env_open(r->env, dir, MDB_RDONLY, 0644);
-  if (!rc) rc = txn_begin(r->env, MDB_RDONLY, &txn);
+  if (!rc) rc = txn_begin(r->env, MDB_RDONLY, &txn, 1);
   if (!rc) rc = mdb_dbi_open(txn, "manifest", 0, &r->man);
   if (!rc) rc = mdb_dbi_open(txn, "data", 0, &r->data);
   if (txn) { /* commit, not abort: handles opened in an aborted txn are discarded */
@@ -710,6 +720,7 @@ ckpt_reader *ckpt_engine_reader(ckpt_engine *e) {
   }
   r->env = e->env;
   r->borrowed = 1;
+  r->engine = e;
   r->man = e->man;
   r->data = e->data;
   snprintf(r->dir, sizeof r->dir, "%s", e->dir);
@@ -726,7 +737,7 @@ void ckpt_reader_close(ckpt_reader *r) {
 int ckpt_reader_steps(ckpt_reader *r, int64_t *steps, int cap) {
   MDB_txn *txn;
   MDB_cursor *c;
-  int rc = txn_begin(r->env, MDB_RDONLY, &txn);
+  int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
   if (rc) return mdb_fail(rc, "reading checkpoints");
   if ((rc = mdb_cursor_open(txn, r->man, &c))) {
     mdb_txn_abort(txn);
@@ -761,7 +772,7 @@ static int read_manifest(ckpt_reader *r, MDB_txn *txn, int64_t step, ckpt_manife
 int ckpt_reader_manifest(ckpt_reader *r, int64_t step, ckpt_manifest *m) {
   MDB_txn *txn;
   uint64_t chunk;
-  int rc = txn_begin(r->env, MDB_RDONLY, &txn);
+  int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, m, &chunk);
   mdb_txn_abort(txn);
@@ -804,7 +815,7 @@ int ckpt_reader_verify(ckpt_reader *r, int64_t step) {
   MDB_txn *txn;
   ckpt_manifest m;
   uint64_t chunk;
-  int rc = txn_begin(r->env, MDB_RDONLY, &txn);
+  int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, &m, &chunk);
   for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL);
@@ -816,7 +827,7 @@ int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, 
   MDB_txn *txn;
   ckpt_manifest m;
   uint64_t chunk;
-  int rc = txn_begin(r->env, MDB_RDONLY, &txn);
+  int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, &m, &chunk);
   int found = -1;
@@ -847,7 +858,7 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
     MDB_txn *txn;
     ckpt_manifest m;
     uint64_t chunk;
-    rc = txn_begin(r->env, MDB_RDONLY, &txn);
+    rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
     if (rc) {
       rc = mdb_fail(rc, "reading checkpoints");
       break;

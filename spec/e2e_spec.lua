@@ -1,6 +1,8 @@
 -- e2e_spec.lua — end to end through the CLI: `transom run` trains a tiny GPT
--- on 200 KB of Tiny Shakespeare, `transom sample` generates from the saved
--- run. About 5 seconds on 2 cores (four 200-step runs at ~1 s each).
+-- on 200 KB of Tiny Shakespeare (also at threads=2), `transom sample`
+-- generates from the saved run; every command's --help and unknown options.
+-- About 8 seconds on 2 cores (four 200-step runs at ~1 s each, two 80-step
+-- runs on 2 threads).
 --
 -- The corpus is ../shared/data/tinyshakespeare.txt relative to the repository
 -- root; without it every test here is pending, not failed.
@@ -240,6 +242,28 @@ describe("end to end", function()
     assert.is_truthy(err:find("vocabulary", 1, true), err)
   end)
 
+  it("threads=2 trains, bit-reproducibly at that thread count", function()
+    need_corpus()
+    -- README: "Results are bit-identical for a fixed thread count"
+    local over = { threads = 2, max_steps = 80, warmup_steps = 20, eval_interval = 0, sample_tokens = 0 }
+    local a, b = run("t2a", over), run("t2b", over)
+    assert.are.equal(0, a.code, a.err)
+    assert.are.equal(0, b.code, b.err)
+    assert.is_truthy(a.out:find(" 2 threads", 1, true), a.out)
+    local la, lb = loss_strings((metrics(a))), loss_strings((metrics(b)))
+    assert.are.equal(80, #la)
+    assert.are.same(la, lb)
+    assert.are.equal(read(a.dir .. "/model.safetensors"), read(b.dir .. "/model.safetensors"))
+    local steps = metrics(a)
+    assert.is_true(mean_loss(steps, 1, 10) - mean_loss(steps, 71, 80) >= 0.5, "the loss did not fall")
+    -- threads = 0: all cores
+    local nproc = tonumber((S.sh("nproc")))
+    local code, out, err = transom("run", a.job, "--set", "threads=0", "--set", "max_steps=1", "--set", "warmup_steps=0",
+      "--set", "run_dir=" .. dir .. "/t0")
+    assert.are.equal(0, code, err)
+    assert.is_truthy(out:find(" " .. nproc .. " thread", 1, true), out)
+  end)
+
   it("rejects a data file smaller than the block size, writing nothing", function()
     -- needs no corpus
     local tiny = dir .. "/tiny.txt"
@@ -262,5 +286,84 @@ describe("end to end", function()
     assert.are.equal(2, code, err)
     assert.is_truthy(err:find("'data'", 1, true), err)
     assert.is_false(exists(run_dir))
+  end)
+end)
+
+describe("the command line", function()
+  local dir
+  setup(function()
+    dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. q(dir)))
+  end)
+  teardown(function()
+    if dir then os.execute("rm -rf " .. q(dir)) end
+  end)
+
+  -- the commands `transom --help` lists (its lines "  NAME ...")
+  local function commands()
+    local code, out, err = S.transom(dir, "--help")
+    assert.are.equal(0, code, err)
+    assert.is_truthy(out:find("usage: transom COMMAND", 1, true), out)
+    local cmds = {}
+    for name in out:gmatch("\n  ([%w][%w%-]*)") do cmds[#cmds + 1] = name end
+    return cmds
+  end
+
+  it("transom --help lists every command; each one's --help prints its usage and exits 0", function()
+    local cmds = commands()
+    assert.are.same({ "run", "sample", "ckpt", "attach", "plot", "chaos", "worker", "test", "lua", "ftar-bench",
+      "version" }, cmds)
+    for _, cmd in ipairs(cmds) do
+      for _, flag in ipairs({ "--help", "-h" }) do
+        local code, out, err = S.transom(dir, cmd, flag)
+        assert.are.equal(0, code, cmd .. " " .. flag .. ": " .. err)
+        assert.is_truthy(out:find("^usage: transom " .. cmd:gsub("%-", "%%-")), cmd .. " " .. flag .. ": " .. out)
+        assert.are.equal("", err, cmd .. " " .. flag)
+      end
+    end
+  end)
+
+  it("an unknown option exits non-zero with a message naming it, for every command", function()
+    for _, cmd in ipairs(commands()) do
+      local code, out, err = S.transom(dir, cmd, "--no-such-option")
+      assert.are_not.equal(0, code, cmd .. ": " .. out .. err)
+      assert.is_truthy(err:find("--no-such-option", 1, true), cmd .. ": " .. err)
+    end
+    local code, _, err = S.transom(dir, "--no-such-option")
+    assert.are.equal(2, code)
+    assert.is_truthy(err:find("'--no-such-option'", 1, true), err)
+  end)
+
+  it("transom run --help lists every job key with its type, default and meaning", function()
+    local code, out, err = S.transom(dir, "run", "--help")
+    assert.are.equal(0, code, err)
+    local function row(prefix, name)
+      return out:match("\n" .. prefix .. name:gsub("%p", "%%%0") .. " +([^\n]*)")
+    end
+    local policies = {}
+    for _, f in ipairs(job.SCHEMA) do
+      local line = row("  ", f[1])
+      assert.is_truthy(line, "no row for '" .. f[1] .. "'")
+      local typ, default, meaning = line:match("^(%S+) +(%S+) +(.*)$")
+      assert.are.equal(f[2], typ, f[1])
+      assert.are.equal(f[4], meaning, f[1])
+      if type(f[3]) == "number" or type(f[3]) == "boolean" then assert.are.equal(tostring(f[3]), default, f[1]) end
+      if f[3] == nil and f[2] ~= "table" then assert.are.equal(f.optional and "-" or "required", default, f[1]) end
+      if f.policy then
+        local path = assert(package.searchpath("policies." .. f.policy, package.path))
+        policies[f[1]] = assert(loadfile(path, "t", {}))()
+      end
+      for _, sf in ipairs(f.fields or {}) do
+        local sline = row("    %.", sf[1])
+        assert.is_truthy(sline, "no row for '" .. f[1] .. "." .. sf[1] .. "'")
+        local styp, sdefault, smeaning = sline:match("^(%S+) +(%S+) +(.*)$")
+        assert.are.equal(sf[2], styp, sf[1])
+        assert.are.equal(sf[4], smeaning, sf[1])
+        local want = f.policy and policies[f[1]][sf[1]] or sf[3]
+        if want == nil then want = "required" elseif type(want) == "string" then want = string.format("%q", want) end
+        assert.are.equal(tostring(want), sdefault, f[1] .. "." .. sf[1])
+      end
+    end
   end)
 end)

@@ -154,6 +154,25 @@ return {
     has(rejected(path, run_dir), path .. ":4:", "warmup_steps")
   end)
 
+  it("bounds the replica counts: min_replicas <= replicas <= max_replicas (default: replicas), chaos slots below it", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  replicas = 3,\n  max_replicas = 2,\n}\n")
+    has(rejected(path, run_dir), path .. ":4:", "max_replicas = 2 is below replicas = 3")
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  replicas = 2,\n  min_replicas = 3,\n}\n")
+    has(rejected(path, run_dir), path .. ":4:", "min_replicas = 3 is above replicas = 2")
+    -- the default max_replicas is replicas: slot 2 of 2 replicas does not exist
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  replicas = 2,\n"
+      .. "  chaos = { { at_step = 5, replica = 2, fault = \"kill\" } },\n}\n")
+    has(rejected(path, run_dir), "chaos[1]: replica 2 does not exist (slots 0..1)")
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n}\n")
+    has(rejected(path, run_dir, "--set", "replicas=2", "--set", "max_replicas=1"),
+      "max_replicas = 1 is below replicas = 2")
+    local j = job.load(job_file("return { data = DATA, replicas = 3 }\n"))
+    assert.are.equal(3, j.max_replicas)
+    assert.are.equal(1, j.min_replicas)
+    j = job.load(job_file("return { data = DATA, replicas = 3, min_replicas = 3, max_replicas = 5 }\n"))
+    assert.are.same({ 3, 3, 5 }, { j.min_replicas, j.replicas, j.max_replicas })
+  end)
+
   it("requires the data key", function()
     local path, run_dir = job_file("return {\n  run_dir = RUN_DIR,\n  n_layer = 2,\n}\n")
     local err = rejected(path, run_dir)

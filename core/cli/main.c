@@ -179,6 +179,10 @@ static int cmd_lua(int argc, char **argv) {
           argc < 1 ? stderr : stdout);
     return argc < 1 ? 2 : 0;
   }
+  if (argv[0][0] == '-') { /* the script's own arguments come after it */
+    fprintf(stderr, "transom lua: unknown option '%s' (see transom lua --help)\n", argv[0]);
+    return 2;
+  }
   set_self_env();
   return run_lua_main(argv[0], argc - 1, argv + 1, argv[0], 1);
 }
@@ -194,9 +198,15 @@ static const char chaos_usage[] =
     "(SIGSTOP), slow (200 ms more per step), nan (a NaN gradient once).\n";
 
 int chaos_main(int argc, char **argv) {
-  if (argc >= 1 && is_help(argv[0])) {
-    fputs(chaos_usage, stdout);
-    return 0;
+  for (int i = 0; i < argc; i++) {
+    if (is_help(argv[i])) {
+      fputs(chaos_usage, stdout);
+      return 0;
+    }
+    if (argv[i][0] == '-') {
+      fprintf(stderr, "transom chaos: unknown option '%s' (see transom chaos --help)\n", argv[i]);
+      return 2;
+    }
   }
   if (argc != 3 && !(argc == 2 && strcmp(argv[1], "status") == 0)) {
     fputs(chaos_usage, stderr);
@@ -270,6 +280,14 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "lua") == 0) return cmd_lua(argc - 2, argv + 2);
   if (strcmp(cmd, "ftar-bench") == 0) return ftar_bench_main(argc - 2, argv + 2);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+    if (argc > 2 && is_help(argv[2])) {
+      fputs("usage: transom version\n\nPrints the version and the devices a job can name in this build.\n", stdout);
+      return 0;
+    }
+    if (argc > 2) {
+      fprintf(stderr, "transom version: unexpected argument '%s' (see transom version --help)\n", argv[2]);
+      return 2;
+    }
     printf("transom %s\n", TRANSOM_VERSION);
     /* which devices a job can name here, and why not (the plugin is only loaded) */
     char path[4200] = "";

@@ -57,6 +57,7 @@
 #include "operator.h"
 #include "policy.h"
 #include "proto.h"
+#include "trainer.h"
 #include "util.h"
 
 #include "operator_internal.h"
@@ -284,12 +285,18 @@ static void det_action(void *ud, const detector_action *a) {
                   (long long)a->step);
         break;
       }
-      operator_rollback_all(o, target, 1, why);
+      /* the anomaly's batch, if it came after the checkpoint; else the one after the rollback's step */
+      int64_t bad = a->cause && a->cause->step > target ? a->cause->step : a->step + 1;
+      operator_rollback_all(o, target, bad, why);
       detector_rewind(o->det, target);
       break;
     }
-    case DET_ACT_SKIP_UPDATE: { /* the anomalous update already happened: drop the next one all agree on */
-      int64_t at = o->best_step + 3;
+    case DET_ACT_SKIP_UPDATE: {
+      /* the update of a->step, if it is far enough ahead for every replica
+       * to get the word in time; else (the default: the anomaly's own
+       * update, already applied) the next one they can all agree on */
+      int64_t at = o->best_step + 3; /* SKIP at=N drops the update that makes step N + 1 */
+      if (a->step - 1 > at) at = a->step - 1;
       size_t k = strlen(o->skips);
       if (k + 24 < sizeof o->skips) snprintf(o->skips + k, sizeof o->skips - k, "%s%lld", k ? "," : "", (long long)at);
       for (int i = 0; i < o->nslots; i++)
@@ -364,14 +371,30 @@ static int start_detector(operator_state *o) {
   return TR_OK;
 }
 
-void operator_rollback_all(operator_state *o, int64_t step, int skip, const char *why) {
+/* Every replica reloads the newest checkpoint at or before step; with
+ * skip_step > step, the batch that step skip_step drew is never drawn again
+ * (the steps before it keep theirs, the ones from it on draw the next). */
+void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, const char *why) {
   if (o->stopping || o->rollback_pending) return;
   o->rollback_pending = 1;
   for (int i = 0; i < o->nslots; i++) o->slots[i].resume_step = step;
-  o->data_skip += skip;
+  char skipped[96] = "";
+  if (skip_step > step) {
+    int64_t key = batch_key(skip_step - 1, o->batch_skips, o->nbatch_skips);
+    int n = o->nbatch_skips, at = n;
+    while (at > 0 && o->batch_skips[at - 1] > key) at--;
+    if (n < (int)(sizeof o->batch_skips / sizeof o->batch_skips[0])) {
+      memmove(o->batch_skips + at + 1, o->batch_skips + at, sizeof(int64_t) * (size_t)(n - at));
+      o->batch_skips[at] = key;
+      o->nbatch_skips++;
+      snprintf(skipped, sizeof skipped, " and skips the batch of step %lld", (long long)skip_step);
+    } else {
+      snprintf(skipped, sizeof skipped, " (no more batches can be skipped: the batch of step %lld stays)",
+               (long long)skip_step);
+    }
+  }
   operator_event(o, o->best_step, -1, "rollback",
-            "%s: every replica reloads the newest checkpoint at or before step %lld%s", why, (long long)step,
-            skip ? " and skips the batch" : "");
+            "%s: every replica reloads the newest checkpoint at or before step %lld%s", why, (long long)step, skipped);
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
     if (s->timer) evtimer_del(s->timer);
@@ -535,10 +558,13 @@ static slot *on_hello(operator_state *o, struct bufferevent *bev, const char *li
   }
   const slot *d = strcmp(s->mode, "join") == 0 ? pick_donor(o, k) : NULL;
   if (strcmp(s->mode, "join") == 0 && !d) snprintf(s->mode, sizeof s->mode, "resume");
-  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d data_skip=%lld "
+  char batches[64 * 21] = "";
+  for (int i = 0, n = 0; i < o->nbatch_skips; i++)
+    n += snprintf(batches + n, sizeof batches - (size_t)n, "%s%lld", i ? "," : "", (long long)o->batch_skips[i]);
+  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d batch_skips=%s "
                       "resume_step=%lld lr=%s skips=%s\n",
                       o->dir, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads,
-                      (long long)o->data_skip, (long long)s->resume_step, o->lr_changes, o->skips);
+                      batches, (long long)s->resume_step, o->lr_changes, o->skips);
   s->resume_step = -1; /* a rollback's target applies to the start it asked for only */
   if (d)
     operator_event(o, o->best_step, k, "replica_joining", "replica %d catches up from replica %d (at step %lld)", k,
@@ -692,7 +718,9 @@ static void on_change(void *ud, const ftar_change *c) {
             (unsigned long long)c->epoch, kinds[c->kind], c->slot, list);
   int finishing = 0;
   for (int i = 0; i < o->nslots; i++) finishing |= o->slots[i].done;
-  if (c->n_members < (int)o->cfg->min_replicas && !o->stopping && !finishing && !o->rollback_pending)
+  /* a member lost (not one still missing at the start) */
+  if (c->kind != FTAR_CHANGE_JOIN && c->n_members < (int)o->cfg->min_replicas && !o->stopping && !finishing &&
+      !o->rollback_pending)
     operator_event(o, o->best_step, -1, "paused", "%d live replicas < min_replicas %lld: waiting for replacements",
               c->n_members, (long long)o->cfg->min_replicas);
 }

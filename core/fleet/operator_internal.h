@@ -84,7 +84,8 @@ struct operator_state {
   double t0, lost_s;
   int width;
   /* state every (re)started replica must get, in WELCOME */
-  int64_t data_skip;      /* batches skipped by rollbacks */
+  int64_t batch_skips[64]; /* batch keys no replica draws again (rollbacks past a bad batch), ascending */
+  int nbatch_skips;
   char lr_changes[1024];  /* "STEP:LR,STEP:LR" */
   char skips[1024];       /* "STEP,STEP": updates every replica drops */
   int rollback_pending;
@@ -131,8 +132,9 @@ void operator_stop_all(operator_state *o, const char *why);
  * store), or -1. */
 int64_t operator_newest_checkpoint(operator_state *o, int64_t step);
 /* Kills every replica and restarts them all from the newest checkpoint at or
- * before step, skipping `skip` more batches. */
-void operator_rollback_all(operator_state *o, int64_t step, int skip, const char *why);
+ * before step; with skip_step > step, no replica draws the batch of step
+ * skip_step again (the steps before it keep their batches). */
+void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, const char *why);
 
 /* operator_repl.c: the control socket RUN/control.sock */
 struct evconnlistener *operator_ctl_listen(operator_state *o);

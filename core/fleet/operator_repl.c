@@ -184,7 +184,7 @@ static int l_rollback(lua_State *L) {
   if (step < 0) return luaL_argerror(L, 1, "step must be >= 0");
   int64_t target = operator_newest_checkpoint(o, step);
   if (target < 0) return luaL_error(L, "no committed checkpoint at or before step %d", (int)step);
-  operator_rollback_all(o, target, 1, "asked from the REPL");
+  operator_rollback_all(o, target, step + 1, "asked from the REPL");
   lua_pushinteger(L, target);
   return 1;
 }
@@ -251,7 +251,7 @@ static int l_help(lua_State *L) {
                   "evict(w)           kill replica w; the restart policy replaces it\n"
                   "checkpoint()       the leader checkpoints its next step\n"
                   "rollback(step)     every replica reloads the newest checkpoint at or before step,\n"
-                  "                   skipping the batch that followed\n"
+                  "                   never drawing the batch of step + 1 again\n"
                   "set('lr', x)       peak learning rate x from a step every replica agrees on\n"
                   "reload()           reload the policies: restart.lua, rules.lua, actions.lua\n"
                   "                   (a file that fails to load leaves the old one in force)\n"

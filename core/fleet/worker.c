@@ -468,11 +468,22 @@ static int parse_args(worker *w, int argc, char **argv, int *done) {
   return 0;
 }
 
-/* The operator's decisions so far, from the WELCOME line: dropped updates
- * (skips=STEP,STEP) and live learning-rate changes (lr=STEP:VALUE,...). */
+/* The operator's decisions so far, from the WELCOME line: skipped batches
+ * (batch_skips=KEY,KEY, ascending), dropped updates (skips=STEP,STEP) and
+ * live learning-rate changes (lr=STEP:VALUE,...). */
 static void apply_welcome(trainer *t, const char *line) {
-  char sk[1024], lrs[1024];
-  trainer_set_data_skip(t, proto_int(line, "data_skip", 0));
+  char sk[1024], lrs[1024], bs[64 * 21];
+  int64_t keys[64];
+  int nkeys = 0;
+  proto_get(line, "batch_skips", bs, sizeof bs);
+  for (char *p = bs; *p && nkeys < 64;) {
+    char *end;
+    long long k = strtoll(p, &end, 10);
+    if (end == p) break;
+    keys[nkeys++] = k;
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (trainer_set_batch_skips(t, keys, nkeys)) fprintf(stderr, "worker: batch_skips ignored: %s\n", tr_error());
   proto_get(line, "skips", sk, sizeof sk);
   for (char *p = sk; *p;) {
     char *end;
@@ -547,6 +558,15 @@ static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *d
   return 0;
 }
 
+/* Below min_replicas a collective waits for quorum in the middle of a step,
+ * before its update: the parameters are still those of the last boundary,
+ * so a joiner's snapshot request is served from here (the training thread),
+ * or the replacement that would restore the quorum could never get one. */
+static void on_quorum_wait(void *ud) {
+  worker *w = ud;
+  donor_boundary(w->dn);
+}
+
 /* Serves joiners, enters FTAR, tells the operator it is ready, starts the
  * heartbeat. me: the address peers reach us at. */
 static int enter_ring(worker *w, const char *coord, const char *me, double state_s, int joining) {
@@ -560,6 +580,8 @@ static int enter_ring(worker *w, const char *coord, const char *me, double state
   fo.timeout = 3600; /* below min_replicas training pauses until replacements come */
   fo.deadline = w->cfg->deadline;
   fo.min_members = (int)w->cfg->min_replicas;
+  fo.quorum_wait = on_quorum_wait;
+  fo.quorum_ud = w;
   fo.data_host = me;
   fo.strict_seq = 1; /* a joiner must enter at exactly its own step */
   fo.survive_coord_loss = 1; /* the operator (its coordinator) may die and come back */

@@ -1020,12 +1020,13 @@ int ftar_bench_main(int argc, char **argv) {
       return 0;
     }
     if (parse_flag(&a, name)) continue;
-    int bad = !v;
-    if (v && !parse_value(&a, name, v, &bad)) {
+    int bad = 0;
+    bench_args probe = a; /* a last option has no value: is it one at all? */
+    if (!parse_value(v ? &a : &probe, name, v ? v : "", &bad)) {
       fprintf(stderr, "transom ftar-bench: unknown option '%s' (see --help)\n", name);
       return 2;
     }
-    if (bad) {
+    if (bad || !v) {
       fprintf(stderr, "transom ftar-bench: bad or missing value for %s\n", name);
       return 2;
     }

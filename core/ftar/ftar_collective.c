@@ -55,6 +55,11 @@ static int sync_epoch(ftar_member *m, uint64_t cur_seq, int full, int fresh, dou
       goto out;
     }
     ftar_cv_wait(m, t_end);
+    if (m->o.quorum_wait) {
+      pthread_mutex_unlock(&m->mu);
+      m->o.quorum_wait(m->o.quorum_ud);
+      pthread_mutex_lock(&m->mu);
+    }
   }
   uint64_t ep = m->ep;
   m->sync_n = m->ep_n;

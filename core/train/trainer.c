@@ -34,7 +34,8 @@ struct trainer {
   lr_schedule sched;
   int tok, tgt, loss; /* tensor ids */
   int slot; /* replica slot: selects the data stream */
-  int64_t data_skip; /* batches skipped (rollback past a bad batch) */
+  int64_t batch_skips[64]; /* batch keys never drawn (rollbacks past a bad batch), ascending */
+  int nbatch_skips;
   int64_t skip_steps[64]; /* updates to drop (the operator's skip_update), by step */
   int nskip;
   int64_t skipped;
@@ -237,7 +238,7 @@ void trainer_free(trainer *t) {
  * function of where training is, so any replica's stream can be recomputed
  * after a failure, a resume or a replacement without extra state. */
 static void batch_rng(const trainer *t, int64_t step, rng_t *r) {
-  step += t->data_skip;
+  step = batch_key(step, t->batch_skips, t->nbatch_skips);
   rng_seed(r, (uint64_t)t->cfg.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t)(t->slot + 1) * 0xD1B54A32D192ED03ull ^
                   (uint64_t)step * 0x94D049BB133111EBull);
   rng_u64(r);
@@ -486,7 +487,20 @@ void trainer_get_state(const trainer *t, trainer_state *s) {
 }
 
 void trainer_set_slot(trainer *t, int slot) { t->slot = slot; }
-void trainer_set_data_skip(trainer *t, int64_t skip) { t->data_skip = skip; }
+int64_t batch_key(int64_t step, const int64_t *skips, int n) {
+  for (int i = 0; i < n; i++) /* ascending: each skipped key at or below moves it one further */
+    if (skips[i] <= step) step++;
+  return step;
+}
+
+int trainer_set_batch_skips(trainer *t, const int64_t *keys, int n) {
+  if (n < 0 || n > 64) return tr_fail(TR_EINVAL, "%d skipped batches (at most 64)", n);
+  for (int i = 1; i < n; i++)
+    if (keys[i] <= keys[i - 1]) return tr_fail(TR_EINVAL, "skipped batches must be ascending");
+  memcpy(t->batch_skips, keys, sizeof(int64_t) * (size_t)n);
+  t->nbatch_skips = n;
+  return TR_OK;
+}
 
 int trainer_skip_update(trainer *t, int64_t step) {
   if (t->nskip == 64) return tr_fail(TR_EINVAL, "too many skipped updates");

@@ -12,8 +12,12 @@
 -- Actions:
 --   evict           kill the replica; the restart policy replaces it
 --   rollback        every replica reloads the newest checkpoint at or before
---                   `step` (default: the anomaly's step - 1) and skips the batch
---   skip_update     drop the optimizer update of `step`
+--                   `step` (default: the anomaly's step - 1) and never draws
+--                   the anomaly's batch again (the steps before it keep theirs)
+--   skip_update     drop the optimizer update of `step` if it is still ahead
+--                   (3 steps or more), else of the next step every replica
+--                   can agree on (the default: the anomaly's own update was
+--                   already applied when its step was reported)
 --   alert           an event, nothing else
 --   checkpoint_now  snapshot as soon as possible
 --   ignore          nothing (still an event)

@@ -323,9 +323,12 @@ function M.check(job, origin)
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)
   end
   if job.min_lr > job.lr then at("min_lr")("min_lr = %g is above lr = %g", job.min_lr, job.lr) end
+  local decay_default = job.lr_decay_steps == nil
   job.lr_decay_steps = job.lr_decay_steps or job.max_steps
   if job.warmup_steps > job.lr_decay_steps then
-    at("warmup_steps")("warmup_steps = %d is past lr_decay_steps = %d", job.warmup_steps, job.lr_decay_steps)
+    at("warmup_steps")("warmup_steps = %d is past lr_decay_steps = %d%s", job.warmup_steps, job.lr_decay_steps,
+      decay_default and " (lr_decay_steps defaults to max_steps: for a run this short, set warmup_steps too, "
+        .. "e.g. --set warmup_steps=" .. job.max_steps // 10 .. ")" or "")
   end
   return job
 end
@@ -457,16 +460,29 @@ function M.dump(job)
   return table.concat(out)
 end
 
--- Text for `transom run --help`.
+-- A default as `transom run --help` shows it.
+local function show_default(v, optional)
+  if v == nil then return optional and "-" or "required" end
+  if type(v) == "string" then return (string.format("%q", v):gsub("\\\n", "\\n")) end
+  return tostring(v)
+end
+
+-- Text for `transom run --help`: every key with its type, default and
+-- meaning; a table's fields with the defaults of its policy file, a list's
+-- entry fields with theirs.
 function M.help()
   local lines = {}
   for _, f in ipairs(SCHEMA) do
-    local d = f[3] ~= nil and string.format("%q", f[3]):gsub("\\\n", "\\n") or (f.optional and "-" or "required")
-    if type(f[3]) ~= "string" and f[3] ~= nil then d = tostring(f[3]) end
-    if f[2] == "table" then d = "policy" end
+    local d = f[2] == "table" and "policy" or show_default(f[3], f.optional)
     lines[#lines + 1] = string.format("  %-15s %-8s %-10s %s", f[1], f[2], d, f[4])
+    local defaults = {}
+    if f.policy then
+      local ok, t = pcall(load_policy, f.policy)
+      if ok then defaults = t end
+    end
     for _, sf in ipairs(f.fields or {}) do
-      lines[#lines + 1] = string.format("    .%-13s %-8s %-10s %s", sf[1], sf[2], "", sf[4])
+      local sd = f.policy and show_default(defaults[sf[1]], true) or show_default(sf[3], false)
+      lines[#lines + 1] = string.format("    .%-13s %-8s %-10s %s", sf[1], sf[2], sd, sf[4])
     end
   end
   return table.concat(lines, "\n")

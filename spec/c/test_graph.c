@@ -295,6 +295,21 @@ static void test_safetensors(void) {
   rmdir(dir);
 }
 
+/* The batch keys after rollbacks: the step-th key that is not skipped, so
+ * the steps before a skipped key keep theirs and no skipped key is drawn. */
+static void test_batch_keys(void) {
+  CHECK(batch_key(0, NULL, 0) == 0 && batch_key(41, NULL, 0) == 41, "no skips: a step's key is the step");
+  const int64_t one[] = {5};
+  CHECK(batch_key(4, one, 1) == 4 && batch_key(5, one, 1) == 6 && batch_key(9, one, 1) == 10, "skip 5: 4, 6, 10");
+  /* nested rollbacks: 7 was skipped first, then (under that) step 2's key, 2 */
+  const int64_t two[] = {2, 7}, want[] = {0, 1, 3, 4, 5, 6, 8, 9, 10, 11};
+  int ok = 1;
+  for (int s = 0; s < 10; s++) ok &= batch_key(s, two, 2) == want[s];
+  CHECK(ok, "skips {2, 7}: steps 0..9 draw keys 0 1 3 4 5 6 8 9 10 11");
+  const int64_t run[] = {3, 4, 5};
+  CHECK(batch_key(2, run, 3) == 2 && batch_key(3, run, 3) == 6, "adjacent skips {3, 4, 5}: step 3 draws key 6");
+}
+
 static void test_data(void) {
   char dir[] = "/tmp/transom-data-XXXXXX", path[256];
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -489,6 +504,7 @@ int main(void) {
   test_optim();
   test_safetensors();
   test_data();
+  test_batch_keys();
   lua_host_close(L);
   return check_report("test_graph");
 }

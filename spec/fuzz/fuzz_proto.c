@@ -40,7 +40,7 @@ static const char *const verbs[] = {"HELLO", "READY", "STEP", "FIRED", "HB",    
 static const char *const keys[] = {"slot", "pid",   "step",  "donor", "state_s",   "at",    "phase",       "for",
                                    "val",  "what",  "from",  "lr",    "fault",     "ms",    "steps",       "why",
                                    "n",    "first", "count", "run",   "coord",     "mode",  "threads",     "resume_step",
-                                   "skips", "data_skip", "opt_steps", "loss", "checksum"};
+                                   "skips", "batch_skips", "opt_steps", "loss", "checksum"};
 
 /* A heap buffer of exactly n bytes, filled with a marker. */
 static char *exact(size_t n) {

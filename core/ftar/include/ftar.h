@@ -181,6 +181,11 @@ typedef struct {
                             ftar_member_reconnect to a new coordinator */
   ftar_log_fn log;       /* default: stderr, "ftar[slot N]: ..." */
   void *log_ud;
+  void (*quorum_wait)(void *ud); /* NULL, or called on the calling thread about every 0.2 s while
+                            a collective waits for quorum (the member's lock not held): work
+                            only that thread may do and that restoring the quorum needs,
+                            e.g. copying its state for a replacement that is joining */
+  void *quorum_ud;
 } ftar_member_opts;
 
 void ftar_member_opts_default(ftar_member_opts *o);

@@ -85,9 +85,12 @@ int trainer_skip_update(trainer *t, int64_t step);
 /* Chaos: the next trainer_compute_grads reports a NaN loss and leaves a NaN
  * in the gradients, as a numerical fault would. */
 void trainer_poison_next(trainer *t);
-/* Shifts the batch stream by skip batches (a rollback that skips the batch
- * that caused an anomaly). */
-void trainer_set_data_skip(trainer *t, int64_t skip);
+/* The batch stream without the batches of keys (ascending, at most 64):
+ * a rollback past a bad batch never draws it again. A step's batch is
+ * drawn from its key, batch_key(step, keys, n): the step-th key (from 0)
+ * that is not skipped, so the steps before a skipped key keep theirs. */
+int trainer_set_batch_skips(trainer *t, const int64_t *keys, int n);
+int64_t batch_key(int64_t step, const int64_t *skips, int n);
 /* From step from_step on, the schedule's peak learning rate is lr (min_lr
  * scaled alike). Every replica must apply the same changes at the same steps
  * (the operator sends them with the step). At most 16 per run. */
