@@ -326,7 +326,7 @@ function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } en
     assert.equal(300, by[1][#by[1]])
   end)
 
-  it("restart policy: replaced after 0.2, 0.4, 0.8, 1.6, 3.2 s, then the slot is given up (5 per slot)", function()
+  it("restart policy: replaced after 0.2, 0.4, 0.8, 1.6, 3.2 s, then the slot is given up (5 per slot within the hour)", function()
     if not have_corpus then return skip() end
     local run = tmp .. "/limits"
     local op, exit_status = S.spawn_rc(job(run, "--set max_steps=100000 --set checkpoint.every_steps=500"),
@@ -369,7 +369,7 @@ function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } en
         i, waited, delay))
       assert.matches("^replica 1 started %(pid %d+, join%)", spawns[i + 1].detail)
     end
-    assert.equal("on_failure -> none: slot 1 failed too often (delay 0.00 s)", policy[6].detail)
+    assert.equal("on_failure -> none: slot 1 failed too often (5 in 3600 s) (delay 0.00 s)", policy[6].detail)
   end)
 end)
 
