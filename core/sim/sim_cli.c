@@ -395,10 +395,20 @@ static int parse_args(int argc, char **argv, sim_args *a) {
   return 0;
 }
 
+/* Resolves every size the scenario names before anything runs, so that a
+ * cost function that fails at one of them refuses the file up front. */
+static int check_sizes(lua_State *L, const sim_scenario *s) {
+  sim_config c;
+  int rc = sim_scenario_resolve(L, s, s->sens_gpus, &c);
+  for (int i = 0; i < s->nsweep && !rc; i++) rc = sim_scenario_resolve(L, s, s->sweep[i], &c);
+  return rc;
+}
+
 static int run_all(lua_State *L, sim_scenario *s, const sim_args *a) {
   sim_config c;
   agg pt[2];
-  int rc = sim_scenario_resolve(L, s, 0, &c);
+  int rc = check_sizes(L, s);
+  if (!rc) rc = sim_scenario_resolve(L, s, 0, &c);
   if (!rc) rc = run_both(&c, s->seeds, pt);
   if (rc) return rc;
   print_point(s, &c, pt);
