@@ -122,9 +122,9 @@ static void print_header(const sim_scenario *s, const sim_config *c, const agg *
   if (c->nchaos) printf("failures: %d at given steps (failures.chaos)\n", c->nchaos);
 }
 
-static void print_point(const sim_scenario *s, const sim_config *c, const agg a[2]) {
+/* ETTR, goodput, counts and the lost time by cause, both modes. */
+static void print_table(const agg a[2]) {
   char b[2][32];
-  print_header(s, c, &a[0]);
   printf("\n%-26s %-18s %-18s\n", "", "replace", "restart_all");
   printf("%-26s %.4f ±%.4f     %.4f ±%.4f\n", "ETTR", a[0].ettr, ettr_se(&a[0]), a[1].ettr, ettr_se(&a[1]));
   printf("%-26s %-18.4f %-18.4f\n", "goodput", a[0].goodput, a[1].goodput);
@@ -139,13 +139,20 @@ static void print_point(const sim_scenario *s, const sim_config *c, const agg a[
     printf("  %-24s %-18.3f %-18.3f\n", sim_cause_name((sim_cause)i), 100 * a[0].lost_s[i] / a[0].wall_s,
            100 * a[1].lost_s[i] / a[1].wall_s);
   }
-  for (int m = 0; m < 2; m++) {
-    if (a[m].unfinished) printf("note: %s: %d of %d runs stopped at 100x the fault-free time\n", mode_name(m),
-                                a[m].unfinished, a[m].n);
+  printf("  %-24s %-18.3f %-18.3f\n", "(replicas missing)", 100 * (a[0].ettr - a[0].goodput),
+         100 * (a[1].ettr - a[1].goodput));
+  for (int m = 0; m < 2; m++)
+    if (a[m].unfinished)
+      printf("note: %s: %d of %d runs stopped at 100x the fault-free time\n", mode_name(m), a[m].unfinished, a[m].n);
+}
+
+static void print_point(const sim_scenario *s, const sim_config *c, const agg a[2]) {
+  print_header(s, c, &a[0]);
+  print_table(a);
+  for (int m = 0; m < 2; m++)
     printf("result mode=%s gpus=%lld ettr=%.5f goodput=%.5f wall_s=%.3f useful_s=%.3f failures=%.1f\n",
            mode_name(m), (long long)(c->replicas * c->gpus_per_replica), a[m].ettr, a[m].goodput, a[m].wall_s,
            (double)c->steps * c->step_s, a[m].failures);
-  }
 }
 
 /* --- the sweep --- */
@@ -180,6 +187,9 @@ static void print_sweep(const sim_scenario *s, const sweep_row *rows) {
            (long long)r->replicas, dur(r->mtbf_s, b, sizeof b),
            r->a[0].ettr, r->a[0].goodput, r->a[1].ettr, r->a[1].goodput, r->a[0].ettr / r->a[1].ettr);
   }
+}
+
+static void print_refs(const sim_scenario *s) {
   if (s->nrefs) printf("published points (not simulated):\n");
   for (int i = 0; i < s->nrefs; i++)
     printf("%8lld GPUs  %-11s ETTR %.2f  %s\n", (long long)s->refs[i].gpus, mode_name(s->refs[i].mode),
@@ -230,7 +240,14 @@ static int write_plot_script(const char *script, const char *dir, const sim_scen
   snprintf(title, sizeof title, "%s: ETTR against GPUs (simulated, mean of %lld runs)", s->name, (long long)s->seeds);
   gp_quoted(f, title);
   fprintf(f, " noenhanced\nset logscale x 2\nset xlabel 'GPUs'\nset ylabel 'ETTR / goodput'\nset yrange [0:1.02]\n"
-             "set grid\nset key bottom left\nset format x '%%.0s%%c'\n");
+             "set grid\nset key bottom left\nset xtics (");
+  for (int i = 0; i < s->nsweep; i++) {
+    int64_t g = s->sweep[i];
+    if (g % 1024 == 0) fprintf(f, "%s'%lldK' %lld", i ? ", " : "", (long long)(g / 1024), (long long)g);
+    else fprintf(f, "%s'%lld' %lld", i ? ", " : "", (long long)g, (long long)g);
+  }
+  fprintf(f, ")\n");
+  if (s->nsweep) fprintf(f, "set xrange [%g:%g]\n", (double)s->sweep[0] / 1.25, (double)s->sweep[s->nsweep - 1] * 1.25);
   const char *d = dir;
   fprintf(f, "plot '%s/sweep.dat' u 1:2 w lp lw 2 pt 7 lc rgb '#1f77b4' t 'transom replace: ETTR', \\\n", d);
   fprintf(f, "  '' u 1:3 w lp lw 1 dt 2 pt 6 lc rgb '#1f77b4' t 'transom replace: goodput', \\\n");
@@ -267,28 +284,31 @@ static int plot_sweep(const sim_scenario *s, const sweep_row *rows, const char *
 
 /* --- sensitivity --- */
 
-/* The costs the analysis moves, as offsets into sim_config (doubles, but
- * the checkpoint interval, an integer). */
+/* What the analysis moves, as offsets into sim_config (doubles, but the
+ * checkpoint interval, an integer). The failure rate and the spare hosts are
+ * not costs of a failure: they are reported apart, never named the dominant
+ * cost. */
+enum { KNOB_COST, KNOB_RATE, KNOB_CAPACITY };
 static const struct {
   const char *key;
   size_t off;
-  int integer;
+  int integer, kind;
 } knobs[] = {
-    {"failures.per_gpu_hour", offsetof(sim_config, per_gpu_hour), 0},
-    {"failures.detect_s", offsetof(sim_config, detect_s), 0},
-    {"replace.redo_s", offsetof(sim_config, redo_s), 0},
-    {"replace.delay_s", offsetof(sim_config, delay_s), 0},
-    {"replace.start_s", offsetof(sim_config, start_s), 0},
-    {"replace.catchup_s", offsetof(sim_config, catchup_s), 0},
-    {"replace.join_s", offsetof(sim_config, join_s), 0},
-    {"restart_all.restart_s", offsetof(sim_config, restart_s), 0},
-    {"checkpoint.every_steps", offsetof(sim_config, ckpt_every_steps), 1},
-    {"checkpoint.stall_s", offsetof(sim_config, ckpt_stall_s), 0},
-    {"checkpoint.write_s", offsetof(sim_config, ckpt_write_s), 0},
-    {"checkpoint.load_s", offsetof(sim_config, load_s), 0},
-    {"hosts.spare_fraction", offsetof(sim_config, spare_fraction), 0},
-    {"hosts.repair_s", offsetof(sim_config, repair_s), 0},
-    {"job.startup_s", offsetof(sim_config, startup_s), 0},
+    {"failures.per_gpu_hour", offsetof(sim_config, per_gpu_hour), 0, KNOB_RATE},
+    {"failures.detect_s", offsetof(sim_config, detect_s), 0, KNOB_COST},
+    {"replace.redo_s", offsetof(sim_config, redo_s), 0, KNOB_COST},
+    {"replace.delay_s", offsetof(sim_config, delay_s), 0, KNOB_COST},
+    {"replace.start_s", offsetof(sim_config, start_s), 0, KNOB_COST},
+    {"replace.catchup_s", offsetof(sim_config, catchup_s), 0, KNOB_COST},
+    {"replace.join_s", offsetof(sim_config, join_s), 0, KNOB_COST},
+    {"restart_all.restart_s", offsetof(sim_config, restart_s), 0, KNOB_COST},
+    {"checkpoint.every_steps", offsetof(sim_config, ckpt_every_steps), 1, KNOB_COST},
+    {"checkpoint.stall_s", offsetof(sim_config, ckpt_stall_s), 0, KNOB_COST},
+    {"checkpoint.write_s", offsetof(sim_config, ckpt_write_s), 0, KNOB_COST},
+    {"checkpoint.load_s", offsetof(sim_config, load_s), 0, KNOB_COST},
+    {"hosts.spare_fraction", offsetof(sim_config, spare_fraction), 0, KNOB_CAPACITY},
+    {"hosts.repair_s", offsetof(sim_config, repair_s), 0, KNOB_CAPACITY},
+    {"job.startup_s", offsetof(sim_config, startup_s), 0, KNOB_COST},
 };
 #define NKNOBS (sizeof knobs / sizeof knobs[0])
 
@@ -308,54 +328,99 @@ static int knob_scaled(const sim_config *base, size_t k, double f, sim_config *c
   return 1;
 }
 
+enum { COL_REPLACE, COL_REPLACE_GOODPUT, COL_RESTART_ALL, NCOL };
+static const char *col_name[NCOL] = {"replace ETTR", "replace goodput", "restart_all ETTR"};
+
 typedef struct {
   size_t k;
-  double ettr[2][2]; /* [mode][divided, multiplied] */
-  double spread[2];
+  double v[NCOL][2]; /* [column][divided, multiplied] */
+  double spread[NCOL];
 } knob_row;
 
-static int cmp_spread0(const void *x, const void *y) {
-  double a = ((const knob_row *)x)->spread[0], b = ((const knob_row *)y)->spread[0];
-  return (a < b) - (a > b);
+static int cmp_spread(const void *x, const void *y) {
+  const knob_row *a = x, *b = y;
+  double sa = fmax(a->spread[COL_REPLACE_GOODPUT], a->spread[COL_RESTART_ALL]);
+  double sb = fmax(b->spread[COL_REPLACE_GOODPUT], b->spread[COL_RESTART_ALL]);
+  return (sa < sb) - (sa > sb);
 }
 
-static const char *dominant(const knob_row *rows, size_t n, int mode) {
-  size_t best = 0;
-  for (size_t i = 1; i < n; i++)
-    if (rows[i].spread[mode] > rows[best].spread[mode]) best = i;
-  return n ? knobs[rows[best].k].key : "-";
+/* The knob of `kind` that moves column `col` most, with any within 0.001
+ * of it ("a and b"), and its spread. */
+static double dominant(const knob_row *rows, size_t n, int col, int kind, char *name, size_t cap) {
+  double best = -1;
+  for (size_t i = 0; i < n; i++)
+    if (knobs[rows[i].k].kind == kind && rows[i].spread[col] > best) best = rows[i].spread[col];
+  name[0] = 0;
+  for (size_t i = 0; i < n && best >= 0; i++)
+    if (knobs[rows[i].k].kind == kind && rows[i].spread[col] >= best - 1e-3) {
+      size_t len = strlen(name);
+      snprintf(name + len, cap - len, "%s%s", len ? " and " : "", knobs[rows[i].k].key);
+    }
+  if (!name[0]) snprintf(name, cap, "-");
+  return best;
+}
+
+static int knob_row_run(const sim_config *base, const sim_scenario *s, size_t k, knob_row *r) {
+  sim_config c;
+  agg v[2];
+  *r = (knob_row){.k = k};
+  for (int d = 0; d < 2; d++) {
+    if (!knob_scaled(base, k, d ? s->sens_factor : 1 / s->sens_factor, &c)) return 0;
+    int rc = run_both(&c, s->seeds, v);
+    if (rc) return rc;
+    r->v[COL_REPLACE][d] = v[0].ettr;
+    r->v[COL_REPLACE_GOODPUT][d] = v[0].goodput;
+    r->v[COL_RESTART_ALL][d] = v[1].ettr;
+  }
+  for (int col = 0; col < NCOL; col++) r->spread[col] = fabs(r->v[col][1] - r->v[col][0]);
+  return 1;
+}
+
+static void print_sensitivity(const sim_scenario *s, const knob_row *rows, size_t n) {
+  printf("\nsensitivity at %lld GPUs: each cost divided (/) and multiplied (x) by %g, the rest as above;\n"
+         "rows by the largest spread of replace goodput or restart_all ETTR\n", (long long)s->sens_gpus, s->sens_factor);
+  printf("%-24s", "cost");
+  for (int col = 0; col < NCOL; col++) printf("   %-24s", col_name[col]);
+  printf("\n%-24s", "");
+  for (int col = 0; col < NCOL; col++) printf("   %-24s", "   /     x     (spread)");
+  printf("\n");
+  for (size_t i = 0; i < n; i++) {
+    printf("%-24s", knobs[rows[i].k].key);
+    for (int col = 0; col < NCOL; col++)
+      printf("   %.3f %.3f (%.3f)     ", rows[i].v[col][0], rows[i].v[col][1], rows[i].spread[col]);
+    printf("\n");
+  }
+  char name[160];
+  printf("dominant cost at %lld GPUs (spread of ETTR or goodput, x%g against /%g):\n", (long long)s->sens_gpus,
+         s->sens_factor, s->sens_factor);
+  for (int col = 0; col < NCOL; col++) {
+    double d = dominant(rows, n, col, KNOB_COST, name, sizeof name);
+    printf("  %-17s %s (%.3f)", col_name[col], name, d);
+    d = dominant(rows, n, col, KNOB_RATE, name, sizeof name);
+    if (d >= 0) printf("; not a cost: the failure rate %.3f", d);
+    d = dominant(rows, n, col, KNOB_CAPACITY, name, sizeof name);
+    if (d >= 0) printf(", spare capacity (%s) %.3f", name, d);
+    printf("\n");
+  }
 }
 
 static int run_sensitivity(lua_State *L, const sim_scenario *s) {
-  sim_config base, c;
-  agg a[2], v[2];
+  sim_config base;
+  agg a[2];
   int rc = sim_scenario_resolve(L, s, s->sens_gpus, &base);
   if (!rc) rc = run_both(&base, s->seeds, a);
   if (rc) return rc;
+  printf("\nat %lld GPUs (%lld replicas):", (long long)s->sens_gpus, (long long)base.replicas);
+  print_table(a);
   knob_row rows[NKNOBS];
   size_t n = 0;
-  for (size_t k = 0; k < NKNOBS && !rc; k++) {
-    knob_row r = {.k = k};
-    for (int d = 0; d < 2 && !rc; d++) {
-      if (!knob_scaled(&base, k, d ? s->sens_factor : 1 / s->sens_factor, &c)) break;
-      if ((rc = run_both(&c, s->seeds, v))) break;
-      for (int m = 0; m < 2; m++) r.ettr[m][d] = v[m].ettr;
-      if (d == 1) {
-        for (int m = 0; m < 2; m++) r.spread[m] = fabs(r.ettr[m][1] - r.ettr[m][0]);
-        rows[n++] = r;
-      }
-    }
+  for (size_t k = 0; k < NKNOBS; k++) {
+    int got = knob_row_run(&base, s, k, &rows[n]);
+    if (got < 0) return got;
+    n += (size_t)got;
   }
-  if (rc) return rc;
-  qsort(rows, n, sizeof rows[0], cmp_spread0);
-  printf("\nsensitivity at %lld GPUs: ETTR with each cost divided / multiplied by %g (base: replace %.4f, "
-         "restart_all %.4f)\n", (long long)s->sens_gpus, s->sens_factor, a[0].ettr, a[1].ettr);
-  printf("%-24s %-26s %-26s\n", "cost", "replace  /f   xf  (spread)", "restart_all  /f   xf  (spread)");
-  for (size_t i = 0; i < n; i++)
-    printf("%-24s %.4f %.4f (%.4f)     %.4f %.4f (%.4f)\n", knobs[rows[i].k].key, rows[i].ettr[0][0],
-           rows[i].ettr[0][1], rows[i].spread[0], rows[i].ettr[1][0], rows[i].ettr[1][1], rows[i].spread[1]);
-  printf("dominant cost at %lld GPUs: replace: %s; restart_all: %s\n", (long long)s->sens_gpus,
-         dominant(rows, n, 0), dominant(rows, n, 1));
+  qsort(rows, n, sizeof rows[0], cmp_spread);
+  print_sensitivity(s, rows, n);
   return TR_OK;
 }
 
@@ -417,10 +482,13 @@ static int run_all(lua_State *L, sim_scenario *s, const sim_args *a) {
     if (!rows) return tr_fail(TR_ENOMEM, "out of memory");
     rc = run_sweep(L, s, rows);
     if (!rc) print_sweep(s, rows);
+    if (!rc) print_refs(s);
     if (!rc && a->plot) rc = plot_sweep(s, rows, a->plot);
     free(rows);
   } else if (a->plot) {
     rc = tr_fail(TR_EINVAL, "%s has no sweep to plot", s->path);
+  } else {
+    print_refs(s);
   }
   if (!rc && s->sens_gpus) rc = run_sensitivity(L, s);
   return rc;

@@ -45,7 +45,7 @@ local function restart_s(c)
 end
 
 return {
-  seeds = 5,
+  seeds = 10,
   job = {
     gpus_per_replica = REPLICA_GPUS,
     replicas = 32,                    -- 16,384 GPUs, Llama 3's size, for the single-point report
@@ -90,7 +90,8 @@ return {
     restart_s = restart_s,
   },
   hosts = {
-    spare_fraction = 0.01, -- [assumed] 1% spare hosts
+    -- [assumed] 1% spare hosts, at least 16 (a cluster's pool that a small job draws on)
+    spare_fraction = function(c) return math.max(0.01, 16 / c.hosts) end,
     repair_s = 48 * 3600,  -- [assumed] two days until a failed host is back in the pool
   },
   sweep = { gpus = { 1024, 2048, 4096, 8192, 16384, 32768, 65536, 98304, 131072 } },
