@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -230,25 +229,6 @@ end:
   return TR_OK;
 }
 
-/* Runs gnuplot on script; 0 when it exits 0. */
-static int run_gnuplot(const char *script) {
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  if (pid < 0) return tr_fail(TR_EIO, "fork: %s", strerror(errno));
-  if (pid == 0) {
-    execlp("gnuplot", "gnuplot", script, (char *)NULL);
-    _exit(127); /* ok-exit: exec failed in the child */
-  }
-  int status;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return tr_fail(TR_EIO, "waitpid: %s", strerror(errno));
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-    return tr_fail(TR_EIO, "gnuplot not found (Debian: apt-get install gnuplot-nox)");
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return tr_fail(TR_EIO, "gnuplot failed");
-  return TR_OK;
-}
-
 static void cleanup(plot_data *p) {
   char fn[PATH_MAX + 32];
   for (int w = 0; w < PLOT_MAX_WORKERS; w++)
@@ -326,10 +306,10 @@ int plot_main(int argc, char **argv) {
   if (p->val) fflush(p->val);
   snprintf(script, sizeof script, "%s/plot.gp", p->dir);
   if ((rc = write_script(p, script, out, run, width, height, "pngcairo"))) goto done;
-  if ((rc = run_gnuplot(script))) { /* a gnuplot without cairo: the libgd terminal */
+  if ((rc = tr_run_gnuplot(script))) { /* a gnuplot without cairo: the libgd terminal */
     if (strstr(tr_error(), "not found")) goto done;
     if ((rc = write_script(p, script, out, run, width, height, "png"))) goto done;
-    rc = run_gnuplot(script);
+    rc = tr_run_gnuplot(script);
   }
 done:
   if (rc) fprintf(stderr, "transom plot: %s\n", tr_error());

@@ -1,4 +1,4 @@
-/* util.c — error buffer, clocks, file helpers. See util.h. */
+/* util.c — error buffer, clocks, file helpers, running gnuplot. See util.h. */
 #define _GNU_SOURCE /* fallocate */
 #include "util.h"
 
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -212,5 +213,25 @@ int tr_mkdirs(const char *path) {
     return tr_fail(TR_EIO, "'%s' is not a directory", path);
   if (access(path, W_OK) != 0)
     return tr_fail(TR_EIO, "directory '%s' is not writable: %s", path, strerror(errno));
+  return TR_OK;
+}
+
+/* --- gnuplot --- */
+
+int tr_run_gnuplot(const char *script) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) return tr_fail(TR_EIO, "fork: %s", strerror(errno));
+  if (pid == 0) {
+    execlp("gnuplot", "gnuplot", script, (char *)NULL);
+    _exit(127); /* ok-exit: exec failed in the child */
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return tr_fail(TR_EIO, "waitpid: %s", strerror(errno));
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+    return tr_fail(TR_EIO, "gnuplot not found (Debian: apt-get install gnuplot-nox)");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return tr_fail(TR_EIO, "gnuplot failed");
   return TR_OK;
 }

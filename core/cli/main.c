@@ -7,6 +7,7 @@
  *   transom attach RUN [-e EXPR]               REPL in the live job (attach.c)
  *   transom test [busted options] [spec dir]   Lua specs inside this binary
  *   transom lua SCRIPT [args]                  run a Lua script with `transom`
+ *   transom sim SCENARIO.lua                   failures at scale, simulated (core/sim)
  *   transom version
  *
  * This is the only file that may end the process: library code returns
@@ -37,6 +38,7 @@ int ckpt_main(int argc, char **argv);   /* ckpt/ckpt_cli.c */
 int worker_main(int argc, char **argv); /* core/fleet/worker.c */
 int attach_main(int argc, char **argv); /* core/cli/attach.c */
 int plot_main(int argc, char **argv);   /* detector/plot.c */
+int sim_main(int argc, char **argv);    /* core/sim/sim_cli.c */
 int chaos_main(int argc, char **argv);  /* below */
 #include "trainer.h"
 #include "util.h"
@@ -248,6 +250,7 @@ static const char main_usage[] =
     "  attach RUN [-e EXPR]   a Lua REPL inside the live job\n"
     "  plot RUN -o run.png    loss, step times and anomalies over steps (gnuplot)\n"
     "  chaos RUN FAULT SLOT   inject a fault into a live job (kill, hang, slow, nan)\n"
+    "  sim SCENARIO.lua       ETTR under failures at 1K..128K GPUs, simulated\n"
     "  worker           one replica (started by `run`, or by srun/torchrun)\n"
     "  test [DIR]       run the Lua specs inside this binary\n"
     "  lua SCRIPT       run a Lua script with the transom module\n"
@@ -276,6 +279,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "attach") == 0) return attach_main(argc - 2, argv + 2);
   if (strcmp(cmd, "plot") == 0) return plot_main(argc - 2, argv + 2);
   if (strcmp(cmd, "chaos") == 0) return chaos_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "sim") == 0) return sim_main(argc - 2, argv + 2);
   if (strcmp(cmd, "test") == 0) return cmd_test(argc - 2, argv + 2);
   if (strcmp(cmd, "lua") == 0) return cmd_lua(argc - 2, argv + 2);
   if (strcmp(cmd, "ftar-bench") == 0) return ftar_bench_main(argc - 2, argv + 2);

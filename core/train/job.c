@@ -1,6 +1,7 @@
 /* job.c — runs the Lua job checker and reads the result into C (job.h),
- * under an instruction budget: a job file is a declarative table, and one
- * that runs away stops with an error instead of hanging its caller. */
+ * under the declarative-file budget (lua_host_pcall_file): a job file is a
+ * declarative table, and one that runs away stops with an error instead of
+ * hanging its caller. */
 #include "job.h"
 
 #include <lauxlib.h>
@@ -56,70 +57,6 @@ static void get_path(lua_State *L, const char *path) {
   lua_remove(L, -2);                                /* [cfg, value] */
 }
 
-/* --- the instruction budget --- */
-
-/* Loading and checking a job file takes well under a million VM
- * instructions (examples/fortunes.lua: 30 thousand; a misspelled key and
- * its "did you mean": 150 thousand) and a few milliseconds. The budget,
- * JOB_BUDGET instructions or JOB_BUDGET_CPU_S seconds of this thread's CPU
- * time, whichever comes first, stops a loop that never ends, in the job
- * file or in the checker (job.lua) that a huge file drives; the time bound
- * catches loops whose instructions are each expensive (an error raised and
- * caught in every iteration took 12 s for 100 million instructions). Once
- * the budget is spent the hook fires at every instruction and raises again
- * in the job file's own code, so a pcall inside the file cannot catch the
- * error for good, while the checker's handler runs on to report it. Memory
- * is not capped here: the allocator's failure is the limit ("not enough
- * memory", an error like any other). */
-#define JOB_BUDGET 100000000L
-#define JOB_BUDGET_CPU_S 2.0
-#define JOB_BUDGET_STEP 10000
-
-static _Thread_local struct {
-  long left;
-  double cpu_end;   /* thread CPU time at which the budget is spent */
-  const char *path; /* the job file: its functions' source is "@" .. path */
-} budget;
-
-static double thread_cpu_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void budget_hook(lua_State *L, lua_Debug *ar) {
-  int in_job = lua_getinfo(L, "S", ar) && ar->source[0] == '@' && strcmp(ar->source + 1, budget.path) == 0;
-  if (budget.left > 0) {
-    budget.left -= JOB_BUDGET_STEP;
-    if (budget.left > 0 && thread_cpu_s() < budget.cpu_end) return;
-    budget.left = 0;
-    lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
-  } else if (!in_job) {
-    return;
-  }
-  if (in_job) luaL_where(L, 0); /* "path:line: " of the running function (level 0 in a hook) */
-  else lua_pushfstring(L, "%s: ", budget.path);
-  lua_pushfstring(L, "the job file ran past its budget (%d million instructions or %d seconds)",
-                  (int)(JOB_BUDGET / 1000000), (int)JOB_BUDGET_CPU_S);
-  lua_concat(L, 2);
-  lua_error(L);
-}
-
-/* lua_host_pcall of the loader, under the budget; the caller's hook, if
- * any, is restored afterwards. */
-static int pcall_budgeted(lua_State *L, const char *path, int nargs, int nresults) {
-  lua_Hook old = lua_gethook(L);
-  int old_mask = lua_gethookmask(L), old_count = lua_gethookcount(L);
-  budget.left = JOB_BUDGET;
-  budget.cpu_end = thread_cpu_s() + JOB_BUDGET_CPU_S;
-  budget.path = path;
-  lua_sethook(L, budget_hook, LUA_MASKCOUNT, JOB_BUDGET_STEP);
-  int rc = lua_host_pcall(L, nargs, nresults);
-  lua_sethook(L, old, old_mask, old_count);
-  budget.path = NULL;
-  return rc;
-}
-
 /* --- loading --- */
 
 static int require_job_module(lua_State *L) {
@@ -141,7 +78,7 @@ int job_load(lua_State *L, const char *path, const char *const *sets, int nsets,
     lua_pushstring(L, sets[i]);
     lua_rawseti(L, -2, i + 1);
   }
-  rc = pcall_budgeted(L, path, 2, 1); /* [job, cfg] */
+  rc = lua_host_pcall_file(L, path, "job file", 2, 1); /* [job, cfg] */
   if (rc) {
     lua_settop(L, top);
     return rc;

@@ -95,46 +95,8 @@ M.SCHEMA = SCHEMA
 local BY_KEY = {}
 for _, f in ipairs(SCHEMA) do BY_KEY[f[1]] = f end
 
--- --- errors ---------------------------------------------------------------
-
--- Structured error: {msg = "file:line: text", source = file, line = n}
-local function fail(source, line, fmt, ...)
-  local where = source
-  if line then where = source .. ":" .. line end
-  error({ msg = where .. ": " .. string.format(fmt, ...), source = source, line = line }, 0)
-end
-
--- Line of `key =` in the source text (first occurrence), or nil.
-local function line_of(src, key)
-  if not src or not key then return nil end
-  local k = key:gsub("%p", "%%%0") -- a literal in patterns
-  local n = 0
-  for line in (src .. "\n"):gmatch("([^\n]*)\n") do
-    n = n + 1
-    -- blank out short strings, then drop the comment: a key named inside a
-    -- string value or a comment is not the key
-    local code = line:gsub('"[^"]*"', '""'):gsub("'[^']*'", "''"):gsub("%-%-.*$", "")
-    if code:find("%f[%w_]" .. k .. "%s*=[^=]") or code:find("%f[%w_]" .. k .. "%s*=$")
-      or line:gsub("%-%-[^\"']*$", ""):find("%[%s*[\"']" .. k .. "[\"']%s*%]%s*=") then
-      return n
-    end
-  end
-  return nil
-end
-
-local function distance(a, b) -- Levenshtein, for "did you mean"
-  local prev = {}
-  for j = 0, #b do prev[j] = j end
-  for i = 1, #a do
-    local cur = { [0] = i }
-    for j = 1, #b do
-      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
-      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-    end
-    prev = cur
-  end
-  return prev[#b]
-end
+local schema = require("transom.schema")
+local fail, line_of, describe, check_value = schema.fail, schema.line_of, schema.describe, schema.check_value
 
 -- nanoGPT's names for job fields, so that "learning_rate" (or a misspelling
 -- of it) suggests the field it means.
@@ -144,51 +106,12 @@ local ALIASES = {
   dataset = "data", batch = "batch_size", context_length = "block_size", n_embed = "n_embd",
 }
 
-local function suggest(key)
-  local best, bd = nil, 4
-  for _, f in ipairs(SCHEMA) do
-    local d = distance(key, f[1])
-    if d < bd then best, bd = f[1], d end
-  end
-  for alias, field in pairs(ALIASES) do
-    local d = distance(key, alias)
-    if d < bd or (d == bd and best and field < best) then best, bd = field, d end
-  end
-  return best and string.format(" (did you mean '%s'?)", best) or ""
-end
+local NAMES = {}
+for _, f in ipairs(SCHEMA) do NAMES[#NAMES + 1] = f[1] end
+
+local function suggest(key) return schema.suggest(key, NAMES, ALIASES) end
 
 -- --- checking -------------------------------------------------------------
-
-local function type_ok(ty, v)
-  if ty == "integer" then return math.type(v) == "integer" end
-  if ty == "number" then return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge end
-  return type(v) == ty
-end
-
-local function describe(v)
-  if type(v) == "string" then return string.format("the string %q", v) end
-  if math.type(v) == "float" then return "the number " .. tostring(v) end
-  return type(v) .. " " .. tostring(v)
-end
-
-local function check_value(f, v, where)
-  local key, ty = f[1], f[2]
-  if ty == "number" and type(v) == "number" and (v == math.huge or v == -math.huge) then
-    where("key '%s' must be a finite number, got %s", key, tostring(v))
-  end
-  if not type_ok(ty, v) then
-    where("key '%s' must be %s %s, got %s", key, ty == "integer" and "an" or "a", ty, describe(v))
-  end
-  if f.min and v < f.min then where("key '%s' must be >= %s, got %s", key, tostring(f.min), tostring(v)) end
-  if f.max and v > f.max then where("key '%s' must be <= %s, got %s", key, tostring(f.max), tostring(v)) end
-  if f.gt and not (v > f.gt) then where("key '%s' must be > %s, got %s", key, tostring(f.gt), tostring(v)) end
-  if f.lt and not (v < f.lt) then where("key '%s' must be < %s, got %s", key, tostring(f.lt), tostring(v)) end
-  if f.enum then
-    local ok = false
-    for _, e in ipairs(f.enum) do ok = ok or v == e end
-    if not ok then where("key '%s' must be one of %s, got %q", key, table.concat(f.enum, ", "), v) end
-  end
-end
 
 local function by_key(fields)
   local t = {}
@@ -360,48 +283,10 @@ local function parse_set(item)
   return top or key, v, sub
 end
 
--- The job file's sandbox: pure functions only; undefined globals raise.
-local function copy(t)
-  local c = {}
-  for k, v in pairs(t) do c[k] = v end
-  return c
-end
-
-local function sandbox()
-  local env = { -- copies: a job file must not change the host's libraries
-    math = copy(math), string = copy(string), table = copy(table), utf8 = copy(utf8),
-    ipairs = ipairs, pairs = pairs, next = next, select = select, type = type,
-    tostring = tostring, tonumber = tonumber, error = error, assert = assert,
-    pcall = pcall, print = print,
-    os = { getenv = os.getenv, time = os.time, date = os.date },
-  }
-  return setmetatable(env, {
-    __index = function(_, k) error(string.format("undefined global '%s'", tostring(k)), 2) end,
-  })
-end
-
 -- Loads, overrides and checks a job file. Returns the checked table, or
 -- raises a structured error {msg, source, line}.
 function M.load(path, sets)
-  local f, err = io.open(path, "rb")
-  if not f then fail(path, nil, "cannot open the job file: %s", err) end
-  local src = f:read("a")
-  f:close()
-  -- Lua's messages start "path:line:" (a long path shortened to "...tail");
-  -- restore the full path and keep the line as a field too.
-  local function lua_error(msg)
-    local where, line, rest = msg:match("^(.-):(%d+):(.*)$")
-    if where and (where == path or (where:sub(1, 3) == "..." and path:sub(-(#where - 3)) == where:sub(4))) then
-      error({ msg = path .. ":" .. line .. ":" .. rest, source = path, line = tonumber(line) }, 0)
-    end
-    error({ msg = path .. ": " .. msg, source = path }, 0)
-  end
-  local chunk, cerr = load(src, "@" .. path, "t", sandbox())
-  if not chunk then lua_error(cerr) end
-  local ok, job = pcall(chunk)
-  if not ok then
-    lua_error(type(job) == "table" and tostring(job.msg) or tostring(job))
-  end
+  local job, src = schema.run_file(path, "job file")
   if type(job) ~= "table" then fail(path, nil, "a job file must return a table, got %s", type(job)) end
   local overridden = {}
   for _, item in ipairs(sets or {}) do

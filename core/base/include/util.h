@@ -1,4 +1,4 @@
-/* util.h — error codes, the per-thread error message, clocks, small file helpers.
+/* util.h — error codes, the per-thread error message, clocks, small file helpers, gnuplot.
  *
  * Every library function in transom returns an int: 0 on success, a negative
  * TR_E* code on failure, with a human-readable message left in a thread-local
@@ -57,6 +57,11 @@ char *tr_read_file(const char *path, size_t *len);
 int tr_write_file_atomic(const char *path, const void *buf, size_t len);
 /* mkdir -p. */
 int tr_mkdirs(const char *path);
+
+/* Runs `gnuplot SCRIPT` and waits for it (transom plot, transom sim). TR_OK
+ * when it exits 0; TR_EIO with "gnuplot not found ..." when it is not
+ * installed, or "gnuplot failed". Flushes stdout and stderr first. */
+int tr_run_gnuplot(const char *script);
 
 /* 64-byte aligned, zeroed allocation; free with tr_free_aligned. */
 void *tr_alloc_aligned(size_t bytes);

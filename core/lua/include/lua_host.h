@@ -25,6 +25,17 @@ const char *lua_host_dir(void);
 int lua_host_pcall(lua_State *L, int nargs, int nresults);
 const char *lua_host_traceback(void);
 
+/* lua_host_pcall of a loader that runs a declarative file (a job file, a
+ * simulation scenario) and its checker, under a budget: 100 million VM
+ * instructions or 2 s of this thread's CPU time. Past it, the error names
+ * the file and line the file's own code was at ("the job file ran past its
+ * budget ..."; `what` names the file), and is raised again at every
+ * instruction inside the file, so a pcall in the file cannot swallow it.
+ * Functions the file defined and that are called later go through this
+ * too. The caller's hook is restored afterwards. Same returns as
+ * lua_host_pcall. */
+int lua_host_pcall_file(lua_State *L, const char *path, const char *what, int nargs, int nresults);
+
 /* Registers the `transom` module (package.preload). lua_graph.c. */
 int luaopen_transom(lua_State *L);
 
