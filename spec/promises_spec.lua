@@ -325,6 +325,36 @@ function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } en
     for i = 1, 300 do assert.equal(i, by[0][i], "worker 0, line " .. i) end
     assert.equal(300, by[1][#by[1]])
   end)
+  it("a replica lost near the end is not replaced once the survivor finished every step", function()
+    if not have_corpus then return skip() end
+    -- the replacement is due 30 s after the kill; the survivor has 5 steps left
+    local pol = policies("pol-late", nil, nil, function(src)
+      local s, n = src:gsub("M%.backoff_first = 0%.2", "M.backoff_first = 30")
+      local s2, n2 = s:gsub("M%.backoff_max = 10", "M.backoff_max = 30")
+      assert(n == 1 and n2 == 1, "no backoff_first or backoff_max in restart.lua")
+      return s2
+    end)
+    local run, file = tmp .. "/late", tmp .. "/late.lua"
+    write(file, string.format([[
+return { data = %q, replicas = 2, max_steps = 60, warmup_steps = 10, n_layer = 2, n_head = 2, n_embd = 64, block_size = 32,
+  batch_size = 8, eval_interval = 0, eval_steps = 5, sample_tokens = 0, log_interval = 100, deadline = 2,
+  policies = %q, checkpoint = { every_steps = 20 }, chaos = { { at_step = 55, replica = 1, fault = "kill" } } }
+]], data, pol))
+    local op, exit_status = S.spawn_rc(BIN .. " run " .. file .. " --set run_dir=" .. run, tmp .. "/late.log")
+    assert.is_true(wait_exit(op, 120), "the operator did not finish")
+    assert.is_true(wait_for(function() return exit_status() ~= nil end, 10))
+    local log, ev = read(tmp .. "/late.log"), events(run)
+    assert.equal(0, exit_status(), log)
+    assert.matches("finished at step 60 | 1 replicas finished", log, 1, true)
+    assert.equal(1, #events_of(run, "replica_failed"), ev)
+    assert.equal("on_failure -> replace (delay 30.00 s)", events_of(run, "policy")[1].detail)
+    -- no replacement started after the kill: it would resume at step 60 alone
+    assert.equal(2, #events_of(run, "spawn"), ev)
+    local cancelled = events_of(run, "replacement_cancelled")
+    assert.equal(1, #cancelled, ev)
+    assert.equal(1, cancelled[1].worker)
+    assert.equal("replica 1 not replaced: the others finished step 60", cancelled[1].detail)
+  end)
 
   it("restart policy: replaced after 0.2, 0.4, 0.8, 1.6, 3.2 s, then the slot is given up (5 per slot within the hour)", function()
     if not have_corpus then return skip() end

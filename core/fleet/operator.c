@@ -162,10 +162,25 @@ static void restart_everything(operator_state *o, double delay) {
 
 /* --- failures --- */
 
+/* The job is over once no replica runs or starts, and none waits for a
+ * replacement, unless one already finished every step: a replacement due
+ * after the survivors finished would only resume at the last step (and wait
+ * for peers that are gone), so its timer is cancelled. */
 static void check_finished(operator_state *o) {
+  int done = 0;
   for (int i = 0; i < o->nslots; i++) {
     slot_state st = o->slots[i].state;
-    if (st == SLOT_STARTING || st == SLOT_RUNNING || st == SLOT_WAITING) return;
+    if (st == SLOT_STARTING || st == SLOT_RUNNING) return;
+    done |= st == SLOT_DONE;
+  }
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    if (s->state != SLOT_WAITING) continue;
+    if (!done) return;
+    evtimer_del(s->timer);
+    s->state = SLOT_DEAD;
+    operator_event(o, o->best_step, s->slot, "replacement_cancelled",
+                   "replica %d not replaced: the others finished step %lld", s->slot, (long long)o->best_step);
   }
   o->finished = 1;
   event_base_loopexit(o->base, NULL);
