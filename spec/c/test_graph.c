@@ -346,6 +346,90 @@ static void test_data(void) {
   rmdir(dir);
 }
 
+/* Writes an llm.c shard of n tokens t(i) (magic/version/count overridable). */
+static void write_llmc(const char *path, int magic, int version, int count, int n, int first) {
+  int32_t h[256] = {magic, version, count};
+  FILE *f = fopen(path, "wb");
+  fwrite(h, sizeof h, 1, f);
+  for (int i = 0; i < n; i++) {
+    uint16_t t = (uint16_t)(first + i % 50);
+    fwrite(&t, 2, 1, f);
+  }
+  fclose(f);
+}
+
+/* Token shards: a glob of two llm.c shards (tokens 0..49 and 100..149) and a
+ * nanoGPT pair; every batch row lies inside one shard and is a run of the
+ * file; both shards are drawn; bad shards fail naming the file. */
+static void test_shards(void) {
+  char dir[] = "/tmp/transom-shards-XXXXXX", a[256], b[256], pat[256], val[256];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(a, sizeof a, "%s/s_000.bin", dir);
+  snprintf(b, sizeof b, "%s/s_001.bin", dir);
+  snprintf(pat, sizeof pat, "%s/s_*.bin", dir);
+  write_llmc(a, 20240520, 1, 3000, 3000, 0);
+  write_llmc(b, 20240520, 1, 1000, 1000, 100);
+  dataset d;
+  data_spec sp = {pat, NULL, "auto", 200, 16};
+  CHECK(dataset_open(&d, &sp) == 0, "open a glob of shards: %s", tr_error());
+  CHECK(d.kind == DATA_TOKENS && d.n == 4000 && d.n_train == 3600, "4000 tokens, 3600 train (got %lld, %lld)",
+        (long long)d.n, (long long)d.n_train);
+  CHECK(d.model_vocab == 256, "vocab 200 padded to 256 (got %lld)", (long long)d.model_vocab);
+  int32_t x[64 * 16], y[64 * 16];
+  rng_t r;
+  rng_seed(&r, 7);
+  int ok = 1, saw[2] = {0, 0};
+  for (int rep = 0; rep < 4; rep++) {
+    dataset_batch(&d, SPLIT_TRAIN, &r, 64, 16, x, y);
+    for (int i = 0; i < 64; i++) {
+      int32_t *row = x + i * 16, hi = row[0] >= 100;
+      saw[hi] = 1;
+      for (int t = 0; t < 16; t++) {
+        ok &= (row[t] >= 100) == hi && y[i * 16 + t] == (row[t] % 50 == 49 ? row[t] - 49 : row[t] + 1);
+      }
+    }
+  }
+  CHECK(ok, "every row is a run of one shard, targets shifted by one");
+  CHECK(saw[0] && saw[1], "rows come from both shards");
+  dataset_free(&d);
+
+  snprintf(val, sizeof val, "%s/val.bin", dir); /* nanoGPT: headerless uint16 */
+  FILE *f = fopen(val, "wb");
+  for (uint16_t t = 0; t < 500; t++) fwrite(&t, 2, 1, f);
+  fclose(f);
+  sp = (data_spec){a, val, "auto", 500, 16};
+  CHECK(dataset_open(&d, &sp) == 0 && d.n_train == 3000 && d.n == 3500, "llm.c train + nanoGPT val: %s",
+        tr_error());
+  dataset_batch(&d, SPLIT_VAL, &r, 4, 16, x, y);
+  CHECK(y[0] == x[0] + 1 && x[15] == x[0] + 15, "val rows are runs of val.bin");
+  dataset_free(&d);
+
+  sp = (data_spec){val, NULL, "auto", 100, 16};
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "val.bin") && strstr(tr_error(), "is 100"),
+        "a token >= vocab_size names the file and the token: %s", tr_error());
+  dataset_free(&d);
+  write_llmc(b, 20240519, 1, 1000, 1000, 0);
+  sp = (data_spec){pat, NULL, "auto", 200, 16};
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "s_001.bin") && strstr(tr_error(), "magic"),
+        "wrong magic: %s", tr_error());
+  dataset_free(&d);
+  write_llmc(b, 20240520, 1, 1000, 999, 0);
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "s_001.bin") && strstr(tr_error(), "truncated"),
+        "truncated: %s", tr_error());
+  dataset_free(&d);
+  sp = (data_spec){pat, NULL, "auto", 0, 16};
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "vocab_size"), "no vocab_size: %s", tr_error());
+  dataset_free(&d);
+  snprintf(pat, sizeof pat, "%s/nothing_*.bin", dir);
+  sp = (data_spec){pat, NULL, "auto", 200, 16};
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "matches no file"), "empty glob: %s", tr_error());
+  dataset_free(&d);
+  unlink(a);
+  unlink(b);
+  unlink(val);
+  rmdir(dir);
+}
+
 /* bf16 activations: the same GPT and parameters with activations stored as
  * bf16 (graph_set_bf16, the host tr_bf16_ops) give the fp32 loss and
  * parameter gradients within bf16's precision (8 significant bits), and the
@@ -504,6 +588,7 @@ int main(void) {
   test_optim();
   test_safetensors();
   test_data();
+  test_shards();
   test_batch_keys();
   lua_host_close(L);
   return check_report("test_graph");

@@ -1,0 +1,434 @@
+/* bpe.c — byte-level BPE: GPT-2's pre-tokenizer, rank-ordered merges,
+ * training on a corpus, the tokenizer.bpe file (see bpe.h). Called by
+ * `transom prepare` (core/cli/prepare.c) and by sampling (trainer.c). */
+#include "bpe.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+struct bpe {
+  int n;            /* tokens */
+  uint8_t *pool;    /* every token's bytes, back to back */
+  size_t pool_len, pool_cap;
+  int64_t *off;     /* token i: pool[off[i] .. off[i] + len[i]) */
+  int32_t *len;
+  uint8_t *special; /* 1: never merged (<|endoftext|>) */
+  int32_t *slot;    /* hash table of token bytes -> id (-1 empty) */
+  uint32_t mask;
+};
+
+/* --- token table --- */
+
+static uint64_t hash_bytes(const uint8_t *p, size_t n) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* The id of these bytes, or -1. */
+static int lookup(const bpe *b, const uint8_t *p, size_t n) {
+  for (uint32_t i = (uint32_t)hash_bytes(p, n) & b->mask;; i = (i + 1) & b->mask) {
+    int id = b->slot[i];
+    if (id < 0) return -1;
+    if ((size_t)b->len[id] == n && memcmp(b->pool + b->off[id], p, n) == 0) return id;
+  }
+}
+
+static int rehash(bpe *b, int cap) {
+  uint32_t size = 1024;
+  while (size < (uint32_t)cap * 2) size *= 2;
+  free(b->slot);
+  if (!(b->slot = malloc(sizeof(int32_t) * size))) return tr_fail(TR_ENOMEM, "out of memory");
+  memset(b->slot, 0xff, sizeof(int32_t) * size);
+  b->mask = size - 1;
+  for (int id = 0; id < b->n; id++) {
+    uint32_t i = (uint32_t)hash_bytes(b->pool + b->off[id], (size_t)b->len[id]) & b->mask;
+    while (b->slot[i] >= 0) i = (i + 1) & b->mask;
+    b->slot[i] = id;
+  }
+  return TR_OK;
+}
+
+/* Appends a token (tables sized for cap tokens by bpe_new). */
+static int add_token(bpe *b, const uint8_t *p, size_t n, int special) {
+  if (b->pool_len + n > b->pool_cap) {
+    size_t cap = (b->pool_cap + n) * 2;
+    uint8_t *q = realloc(b->pool, cap);
+    if (!q) return tr_fail(TR_ENOMEM, "out of memory");
+    b->pool = q;
+    b->pool_cap = cap;
+  }
+  memcpy(b->pool + b->pool_len, p, n);
+  int id = b->n++;
+  b->off[id] = (int64_t)b->pool_len;
+  b->len[id] = (int32_t)n;
+  b->special[id] = (uint8_t)special;
+  b->pool_len += n;
+  uint32_t i = (uint32_t)hash_bytes(p, n) & b->mask;
+  while (b->slot[i] >= 0) i = (i + 1) & b->mask;
+  b->slot[i] = id;
+  return TR_OK;
+}
+
+static bpe *bpe_new(int cap) {
+  bpe *b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  b->off = malloc(sizeof(int64_t) * (size_t)cap);
+  b->len = malloc(sizeof(int32_t) * (size_t)cap);
+  b->special = malloc((size_t)cap);
+  if (!b->off || !b->len || !b->special || rehash(b, cap)) {
+    bpe_free(b);
+    return NULL;
+  }
+  return b;
+}
+
+void bpe_free(bpe *b) {
+  if (!b) return;
+  free(b->pool);
+  free(b->off);
+  free(b->len);
+  free(b->special);
+  free(b->slot);
+  free(b);
+}
+
+int64_t bpe_vocab_size(const bpe *b) { return b->n; }
+
+int bpe_eot(const bpe *b) { return lookup(b, (const uint8_t *)"<|endoftext|>", 13); }
+
+void bpe_decode(const bpe *b, int id, FILE *out) {
+  if (id >= 0 && id < b->n) fwrite(b->pool + b->off[id], 1, (size_t)b->len[id], out);
+}
+
+/* --- GPT-2's pre-tokenizer ---
+ * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * with bytes >= 0x80 as letters (UTF-8 letters stay whole). */
+
+static int is_ws(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+static int char_class(uint8_t c) { /* 0 white, 1 letter, 2 digit, 3 other */
+  if (is_ws(c)) return 0;
+  if ((c | 32) >= 'a' && (c | 32) <= 'z') return 1;
+  if (c >= 0x80) return 1;
+  if (c >= '0' && c <= '9') return 2;
+  return 3;
+}
+
+/* The end of the piece that starts at i. */
+static size_t next_piece(const uint8_t *s, size_t len, size_t i) {
+  if (s[i] == '\'' && i + 1 < len) {
+    static const char *const cont[] = {"re", "ve", "ll", "s", "t", "m", "d"};
+    for (int k = 0; k < 7; k++) {
+      size_t m = strlen(cont[k]);
+      if (i + 1 + m <= len && memcmp(s + i + 1, cont[k], m) == 0) return i + 1 + m;
+    }
+  }
+  size_t j = i;
+  if (s[i] == ' ' && i + 1 < len && !is_ws(s[i + 1])) j = i + 1; /* the optional space */
+  int cls = char_class(s[j]);
+  if (cls) {
+    size_t k = j + 1;
+    while (k < len && char_class(s[k]) == cls) k++;
+    return k;
+  }
+  size_t k = i; /* white space: leave its last char to the word after it */
+  while (k < len && is_ws(s[k])) k++;
+  if (k == len) return k;
+  return k - i > 1 ? k - 1 : i + 1;
+}
+
+/* --- encoding --- */
+
+/* Merges one piece's bytes; writes ids to out, returns how many. */
+static int64_t encode_piece(const bpe *b, const uint8_t *p, size_t n, int32_t *start, int32_t *out) {
+  int m = (int)n; /* parts: p[start[k] .. start[k+1]) */
+  for (int k = 0; k <= m; k++) start[k] = k;
+  for (;;) {
+    int best = INT_MAX, at = -1;
+    for (int k = 0; k + 1 < m; k++) {
+      int id = lookup(b, p + start[k], (size_t)(start[k + 2] - start[k]));
+      if (id >= 0 && !b->special[id] && id < best) best = id, at = k;
+    }
+    if (at < 0) break;
+    memmove(start + at + 1, start + at + 2, sizeof(int32_t) * (size_t)(m - at - 1));
+    m--;
+  }
+  for (int k = 0; k < m; k++) {
+    int id = lookup(b, p + start[k], (size_t)(start[k + 1] - start[k]));
+    out[k] = id >= 0 ? id : 0; /* a byte-level vocabulary holds every byte */
+  }
+  return m;
+}
+
+int bpe_encode(const bpe *b, const char *text, size_t len, int32_t *out, int64_t cap, int64_t *n, int eot_first) {
+  const uint8_t *s = (const uint8_t *)text;
+  *n = 0;
+  if (cap < (int64_t)len + (eot_first ? 1 : 0)) return tr_fail(TR_EINVAL, "bpe_encode: out holds too few ids");
+  if (eot_first) {
+    int eot = bpe_eot(b);
+    if (eot < 0) return tr_fail(TR_EINVAL, "the tokenizer has no <|endoftext|>");
+    out[(*n)++] = eot;
+  }
+  int32_t *start = NULL;
+  size_t scap = 0;
+  for (size_t i = 0; i < len;) {
+    size_t e = next_piece(s, len, i);
+    if (e - i + 1 > scap) {
+      scap = (e - i + 1) * 2;
+      int32_t *q = realloc(start, sizeof(int32_t) * scap);
+      if (!q) {
+        free(start);
+        return tr_fail(TR_ENOMEM, "out of memory");
+      }
+      start = q;
+    }
+    *n += encode_piece(b, s + i, e - i, start, out + *n);
+    i = e;
+  }
+  free(start);
+  return TR_OK;
+}
+
+/* --- training --- */
+
+typedef struct {
+  int32_t *sym;
+  int n;
+  int64_t count;
+} word;
+
+typedef struct {
+  word *w;
+  int n, cap;
+  int32_t *slot; /* distinct pieces: hash -> index into w (-1 empty) */
+  const uint8_t **key;
+  size_t *klen;
+  uint32_t mask;
+} word_set;
+
+static int word_set_grow(word_set *ws) {
+  int cap = ws->cap ? ws->cap * 2 : 4096;
+  word *w = realloc(ws->w, sizeof(word) * (size_t)cap);
+  const uint8_t **key = realloc(ws->key, sizeof(*key) * (size_t)cap);
+  size_t *klen = realloc(ws->klen, sizeof(size_t) * (size_t)cap);
+  if (w) ws->w = w;
+  if (key) ws->key = key;
+  if (klen) ws->klen = klen;
+  int32_t *slot = malloc(sizeof(int32_t) * (size_t)cap * 2);
+  if (!w || !key || !klen || !slot) {
+    free(slot);
+    return tr_fail(TR_ENOMEM, "out of memory training the tokenizer");
+  }
+  memset(slot, 0xff, sizeof(int32_t) * (size_t)cap * 2);
+  free(ws->slot);
+  ws->slot = slot;
+  ws->cap = cap;
+  ws->mask = (uint32_t)cap * 2 - 1;
+  for (int k = 0; k < ws->n; k++) {
+    uint32_t i = (uint32_t)hash_bytes(ws->key[k], ws->klen[k]) & ws->mask;
+    while (ws->slot[i] >= 0) i = (i + 1) & ws->mask;
+    ws->slot[i] = k;
+  }
+  return TR_OK;
+}
+
+/* Counts one piece: a new distinct piece starts as its bytes. */
+static int word_set_add(word_set *ws, const uint8_t *p, size_t n) {
+  if (ws->n * 2 >= ws->cap && word_set_grow(ws)) return TR_ENOMEM;
+  uint32_t i = (uint32_t)hash_bytes(p, n) & ws->mask;
+  for (; ws->slot[i] >= 0; i = (i + 1) & ws->mask) {
+    int k = ws->slot[i];
+    if (ws->klen[k] == n && memcmp(ws->key[k], p, n) == 0) {
+      ws->w[k].count++;
+      return TR_OK;
+    }
+  }
+  int32_t *sym = malloc(sizeof(int32_t) * n);
+  if (!sym) return tr_fail(TR_ENOMEM, "out of memory training the tokenizer");
+  for (size_t j = 0; j < n; j++) sym[j] = p[j];
+  int k = ws->n++;
+  ws->w[k] = (word){sym, (int)n, 1};
+  ws->key[k] = p;
+  ws->klen[k] = n;
+  ws->slot[i] = k;
+  return TR_OK;
+}
+
+static void word_set_free(word_set *ws) {
+  for (int k = 0; k < ws->n; k++) free(ws->w[k].sym);
+  free(ws->w);
+  free(ws->key);
+  free(ws->klen);
+  free(ws->slot);
+}
+
+/* The most frequent adjacent pair (ties: the smallest key); 0 if no pair
+ * occurs twice. table has mask+1 slots of (key, count). */
+static uint64_t best_pair(const word_set *ws, uint64_t *keys, int64_t *counts, uint64_t mask) {
+  memset(keys, 0xff, sizeof(uint64_t) * (mask + 1));
+  uint64_t best = 0;
+  int64_t bc = 1;
+  for (int k = 0; k < ws->n; k++) {
+    const word *w = &ws->w[k];
+    for (int j = 0; j + 1 < w->n; j++) {
+      uint64_t key = (uint64_t)w->sym[j] << 32 | (uint32_t)w->sym[j + 1];
+      uint64_t i = hash_bytes((const uint8_t *)&key, sizeof key) & mask;
+      while (keys[i] != key && keys[i] != UINT64_MAX) i = (i + 1) & mask;
+      if (keys[i] == UINT64_MAX) keys[i] = key, counts[i] = 0;
+      counts[i] += w->count;
+      if (counts[i] > bc || (counts[i] == bc && key < best)) best = key, bc = counts[i];
+    }
+  }
+  return bc > 1 ? best : 0;
+}
+
+static void merge_pair(word_set *ws, int32_t a, int32_t b2, int32_t id) {
+  for (int k = 0; k < ws->n; k++) {
+    word *w = &ws->w[k];
+    int o = 0;
+    for (int j = 0; j < w->n; j++) {
+      if (j + 1 < w->n && w->sym[j] == a && w->sym[j + 1] == b2) w->sym[o++] = id, j++;
+      else w->sym[o++] = w->sym[j];
+    }
+    w->n = o;
+  }
+}
+
+/* Merges pairs until the table holds `want` tokens or no pair repeats. */
+static int train_merges(bpe *b, word_set *ws, int want) {
+  uint64_t positions = 1;
+  for (int k = 0; k < ws->n; k++) positions += (uint64_t)ws->w[k].n;
+  uint64_t size = 1024;
+  while (size < positions * 2) size *= 2;
+  uint64_t *keys = malloc(sizeof(uint64_t) * size);
+  int64_t *counts = malloc(sizeof(int64_t) * size);
+  uint8_t *tmp = NULL;
+  int rc = keys && counts ? TR_OK : tr_fail(TR_ENOMEM, "out of memory training the tokenizer");
+  while (!rc && b->n < want) {
+    uint64_t pair = best_pair(ws, keys, counts, size - 1);
+    if (!pair) break;
+    int32_t x = (int32_t)(pair >> 32), y = (int32_t)(pair & 0xffffffffu);
+    size_t lx = (size_t)b->len[x], ly = (size_t)b->len[y];
+    uint8_t *t = realloc(tmp, lx + ly);
+    if (!t) {
+      rc = tr_fail(TR_ENOMEM, "out of memory training the tokenizer");
+      break;
+    }
+    tmp = t;
+    memcpy(tmp, b->pool + b->off[x], lx);
+    memcpy(tmp + lx, b->pool + b->off[y], ly);
+    int id = lookup(b, tmp, lx + ly);
+    if (id < 0) {
+      id = b->n;
+      rc = add_token(b, tmp, lx + ly, 0);
+    }
+    merge_pair(ws, x, y, id);
+  }
+  free(tmp);
+  free(keys);
+  free(counts);
+  return rc;
+}
+
+bpe *bpe_train(const char *text, size_t len, int vocab_size) {
+  if (vocab_size < 257 || vocab_size > (1 << 20)) {
+    tr_fail(TR_EINVAL, "a tokenizer's vocabulary must be 257..1048576 tokens, not %d", vocab_size);
+    return NULL;
+  }
+  bpe *b = bpe_new(vocab_size);
+  word_set ws = {0};
+  int rc = b ? TR_OK : tr_fail(TR_ENOMEM, "out of memory");
+  for (int i = 0; i < 256 && !rc; i++) {
+    uint8_t c = (uint8_t)i;
+    rc = add_token(b, &c, 1, 0);
+  }
+  const uint8_t *s = (const uint8_t *)text;
+  for (size_t i = 0; i < len && !rc;) {
+    size_t e = next_piece(s, len, i);
+    rc = word_set_add(&ws, s + i, e - i);
+    i = e;
+  }
+  if (!rc) rc = train_merges(b, &ws, vocab_size - 1);
+  if (!rc) rc = add_token(b, (const uint8_t *)"<|endoftext|>", 13, 1);
+  word_set_free(&ws);
+  if (rc) {
+    bpe_free(b);
+    return NULL;
+  }
+  return b;
+}
+
+/* --- the tokenizer.bpe file --- */
+
+int bpe_save(const bpe *b, const char *path) {
+  size_t cap = 64 + (size_t)b->n * 2 + b->pool_len * 2, k = 0;
+  char *buf = malloc(cap);
+  if (!buf) return tr_fail(TR_ENOMEM, "out of memory");
+  k += (size_t)snprintf(buf, cap, "transom-bpe 1 %d\n", b->n);
+  static const char hex[] = "0123456789abcdef";
+  for (int id = 0; id < b->n; id++) {
+    if (b->special[id]) buf[k++] = '!';
+    for (int j = 0; j < b->len[id]; j++) {
+      uint8_t c = b->pool[b->off[id] + j];
+      buf[k++] = hex[c >> 4];
+      buf[k++] = hex[c & 15];
+    }
+    buf[k++] = '\n';
+  }
+  int rc = tr_write_file_atomic(path, buf, k);
+  free(buf);
+  return rc;
+}
+
+static int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+bpe *bpe_load(const char *path) {
+  size_t len;
+  char *s = tr_read_file(path, &len);
+  if (!s) return NULL;
+  int n = 0;
+  bpe *b = NULL;
+  uint8_t *tmp = NULL;
+  if (sscanf(s, "transom-bpe 1 %d", &n) != 1 || n < 1 || n > (1 << 24)) {
+    tr_fail(TR_EFORMAT, "%s:1: not a transom tokenizer (expected 'transom-bpe 1 N')", path);
+    goto fail;
+  }
+  b = bpe_new(n);
+  tmp = malloc(len);
+  if (!b || !tmp) {
+    tr_fail(TR_ENOMEM, "out of memory");
+    goto fail;
+  }
+  char *p = strchr(s, '\n');
+  for (int id = 0; id < n; id++) {
+    if (!p) {
+      tr_fail(TR_EFORMAT, "%s: %d tokens, the header says %d", path, id, n);
+      goto fail;
+    }
+    p++;
+    int special = *p == '!';
+    p += special;
+    size_t m = 0;
+    for (; hexval(p[0]) >= 0 && hexval(p[1]) >= 0; p += 2) tmp[m++] = (uint8_t)(hexval(p[0]) * 16 + hexval(p[1]));
+    if (*p != '\n' || m == 0 || lookup(b, tmp, m) >= 0) {
+      tr_fail(TR_EFORMAT, "%s:%d: a token is lowercase hex bytes, each token once", path, id + 2);
+      goto fail;
+    }
+    if (add_token(b, tmp, m, special)) goto fail;
+  }
+  free(tmp);
+  free(s);
+  return b;
+fail:
+  free(tmp);
+  free(s);
+  bpe_free(b);
+  return NULL;
+}
