@@ -77,6 +77,44 @@ describe("token shards", function()
     assert.matches("^%d+ %d+ %d+ %d+ %d+ \n$", out)
   end)
 
+  it("transom prepare: text -> BPE shards + tokenizer; a job trains on them and sample decodes text", function()
+    write(tmp .. "/a.txt", text:sub(1, 60000))
+    write(tmp .. "/b.txt", text:sub(60001))
+    local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/a.txt " .. tmp .. "/b.txt -o " .. tmp .. "/bpe --vocab 600 "
+      .. "--shard-tokens 20000 2>&1")
+    assert.equal(0, rc, out)
+    local ntok = tonumber(out:match("120000 bytes %-> (%d+) tokens"))
+    assert.is_truthy(ntok, out)
+    assert.is_true(ntok < 80000, "BPE shortens the text: " .. ntok .. " tokens")
+    assert.matches('vocab_size = 600', out)
+    -- shards hold every token once: the headers' counts add up
+    local sum, shards = 0, 0
+    for _, split in ipairs({ "train", "val" }) do
+      for i = 0, 9 do
+        local blob = read(string.format("%s/bpe/%s_%06d.bin", tmp, split, i))
+        if blob then
+          local magic, version, n = string.unpack("<i4i4i4", blob)
+          assert.same({ 20240520, 1, 1024 + 2 * n }, { magic, version, #blob })
+          sum, shards = sum + n, shards + 1
+        end
+      end
+    end
+    assert.equal(ntok, sum)
+    local nval = math.floor(ntok * 0.1)
+    assert.equal(-((nval - ntok) // 20000) + -(-nval // 20000), shards) -- at most 20000 tokens a shard
+    out, rc = run(tmp .. "/p", "--set 'data=" .. tmp .. "/bpe/train_*.bin' --set 'val_data=" .. tmp
+      .. "/bpe/val_*.bin' --set vocab_size=600 --set max_steps=60 --set sample_tokens=0")
+    assert.equal(0, rc, out)
+    assert.is_truthy(read(tmp .. "/p/tokenizer.bpe"), "the tokenizer is copied into the run")
+    out, rc = S.sh(BIN .. " sample " .. tmp .. "/p --prompt 'The ' --tokens 40 --seed 3 2>&1")
+    assert.equal(0, rc, out)
+    -- decoded text: the prompt, then more than 40 bytes (tokens are several bytes), mostly letters
+    assert.equal("The ", out:sub(1, 4))
+    assert.is_true(#out > 60, out)
+    local _, letters = out:gsub("[%a%s]", "")
+    assert.is_true(letters > #out / 2, out)
+  end)
+
   it("a damaged shard is an error naming it", function()
     llmc(tmp .. "/bad_000.bin", text:sub(1, 40000), 20240521)
     local out, rc = run(tmp .. "/d", "--set data=" .. tmp .. "/bad_000.bin --set max_steps=2")

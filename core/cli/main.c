@@ -3,6 +3,7 @@
  *   transom run JOB.lua [--set key=value]...   train (one replica; run.c)
  *   transom run --resume RUN                   continue from the newest checkpoint
  *   transom sample RUN [--prompt S] [--tokens N] [--temperature X] [--seed N]
+ *   transom prepare TEXT... -o DIR              text -> BPE token shards (prepare.c)
  *   transom ckpt ls|verify|export RUN          checkpoints (ckpt/ckpt_cli.c)
  *   transom attach RUN [-e EXPR]               REPL in the live job (attach.c)
  *   transom test [busted options] [spec dir]   Lua specs inside this binary
@@ -40,6 +41,7 @@ int worker_main(int argc, char **argv); /* core/fleet/worker.c */
 int attach_main(int argc, char **argv); /* core/cli/attach.c */
 int plot_main(int argc, char **argv);   /* detector/plot.c */
 int sim_main(int argc, char **argv);    /* core/sim/sim_cli.c */
+int prepare_main(int argc, char **argv); /* core/cli/prepare.c */
 int chaos_main(int argc, char **argv);  /* below */
 #include "trainer.h"
 #include "util.h"
@@ -57,7 +59,8 @@ static const char sample_usage[] =
     "usage: transom sample RUN [--prompt TEXT] [--tokens N] [--temperature X] [--seed N]\n"
     "\n"
     "Generates text from the weights a run saved (RUN/model.safetensors),\n"
-    "with the model and vocabulary of RUN/job.lua and RUN/vocab.json.\n"
+    "with the model and vocabulary of RUN/job.lua and RUN/vocab.json (a run\n"
+    "on token shards decodes with RUN/tokenizer.bpe, or prints token ids).\n"
     "Defaults: the job's sample_prompt, 200 tokens, temperature 1.0, the\n"
     "job's seed.\n";
 
@@ -256,6 +259,7 @@ static const char main_usage[] =
     "\n"
     "  run JOB.lua      train the model a job file describes\n"
     "  sample RUN       generate text from a finished run's weights\n"
+    "  prepare TEXT... -o DIR   tokenize text into token shards (byte-level BPE)\n"
     "  ckpt ls|verify|export RUN   inspect, check and export checkpoints\n"
     "  attach RUN [-e EXPR]   a Lua REPL inside the live job\n"
     "  plot RUN -o run.png    loss, step times and anomalies over steps (gnuplot)\n"
@@ -275,6 +279,7 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "run") == 0) return run_main(argc - 2, argv + 2);
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
+  if (strcmp(cmd, "prepare") == 0) return prepare_main(argc - 2, argv + 2);
   if (strcmp(cmd, "ckpt") == 0) return ckpt_main(argc - 2, argv + 2);
   if (strcmp(cmd, "worker") == 0) {
     int rc = worker_main(argc - 2, argv + 2);

@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "check.h"
+#include "bpe.h"
 #include "data.h"
 #include "graph.h"
 #include "kernels.h"
@@ -430,6 +431,62 @@ static void test_shards(void) {
   rmdir(dir);
 }
 
+/* Byte-level BPE: trained on a text, encoding then decoding gives the text
+ * back, merges shorten it, a saved tokenizer encodes the same, GPT-2's
+ * pre-tokenizer keeps " world" and "'s" as pieces, a damaged file names its
+ * line. */
+static void test_bpe(void) {
+  static const char text[] = "the cat's hat is on the mat; the cat sat.\n\n  The hat, the cat and 42 mats!\n";
+  char big[sizeof text * 40];
+  size_t len = 0;
+  for (int i = 0; i < 40; i++) memcpy(big + len, text, sizeof text - 1), len += sizeof text - 1;
+  bpe *b = bpe_train(big, len, 1000); /* stops early: when no pair repeats */
+  CHECK(b != NULL, "train: %s", tr_error());
+  if (!b) return;
+  int V = (int)bpe_vocab_size(b);
+  CHECK(V > 270 && V < 1000 && bpe_eot(b) == V - 1, "merges until none repeats, <|endoftext|> last (%lld, %d)",
+        (long long)bpe_vocab_size(b), bpe_eot(b));
+  int32_t *ids = malloc(sizeof(int32_t) * (len + 1));
+  int64_t n = 0;
+  CHECK(bpe_encode(b, big, len, ids, (int64_t)len + 1, &n, 1) == 0 && ids[0] == V - 1, "encode, eot first");
+  CHECK(n < (int64_t)len / 3, "merges shorten the text: %lld ids for %zu bytes", (long long)n, len);
+  char *back = NULL;
+  size_t blen = 0;
+  FILE *m = open_memstream(&back, &blen);
+  for (int64_t i = 1; i < n; i++) bpe_decode(b, ids[i], m);
+  fclose(m);
+  CHECK(blen == len && memcmp(back, big, len) == 0, "decode(encode(text)) == text");
+  free(back);
+  /* pieces never merge across GPT-2's split points: " cat" and "'s" are tokens, "t'" is not */
+  int32_t one[16];
+  int64_t k;
+  bpe_encode(b, " cat's", 6, one, 16, &k, 0);
+  CHECK(k == 2, "\" cat's\" is two tokens (\" cat\", \"'s\"), got %lld", (long long)k);
+  char dir[] = "/tmp/transom-bpe-XXXXXX", path[256];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(path, sizeof path, "%s/tokenizer.bpe", dir);
+  CHECK(bpe_save(b, path) == 0, "save: %s", tr_error());
+  bpe *c = bpe_load(path);
+  CHECK(c != NULL, "load: %s", tr_error());
+  int32_t *ids2 = malloc(sizeof(int32_t) * (len + 1));
+  int64_t n2 = 0;
+  if (c) bpe_encode(c, big, len, ids2, (int64_t)len + 1, &n2, 1);
+  CHECK(n2 == n && memcmp(ids, ids2, sizeof(int32_t) * (size_t)n) == 0, "the loaded tokenizer encodes the same");
+  bpe_free(c);
+  FILE *f = fopen(path, "r+");
+  fseek(f, 20, SEEK_SET); /* inside line 2 */
+  fputs("zz", f);
+  fclose(f);
+  c = bpe_load(path);
+  CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:2:"), "a damaged token names its line: %s", tr_error());
+  bpe_free(c);
+  unlink(path);
+  rmdir(dir);
+  free(ids);
+  free(ids2);
+  bpe_free(b);
+}
+
 /* bf16 activations: the same GPT and parameters with activations stored as
  * bf16 (graph_set_bf16, the host tr_bf16_ops) give the fp32 loss and
  * parameter gradients within bf16's precision (8 significant bits), and the
@@ -589,6 +646,7 @@ int main(void) {
   test_safetensors();
   test_data();
   test_shards();
+  test_bpe();
   test_batch_keys();
   lua_host_close(L);
   return check_report("test_graph");
