@@ -4,6 +4,7 @@
  *   transom run --resume RUN                   continue from the newest checkpoint
  *   transom sample RUN [--prompt S] [--tokens N] [--temperature X] [--seed N]
  *   transom prepare TEXT... -o DIR              text -> BPE token shards (prepare.c)
+ *   transom export RUN --hf DIR                 weights as a Hugging Face GPT-2 (export.c)
  *   transom ckpt ls|verify|export RUN          checkpoints (ckpt/ckpt_cli.c)
  *   transom attach RUN [-e EXPR]               REPL in the live job (attach.c)
  *   transom test [busted options] [spec dir]   Lua specs inside this binary
@@ -42,6 +43,7 @@ int attach_main(int argc, char **argv); /* core/cli/attach.c */
 int plot_main(int argc, char **argv);   /* detector/plot.c */
 int sim_main(int argc, char **argv);    /* core/sim/sim_cli.c */
 int prepare_main(int argc, char **argv); /* core/cli/prepare.c */
+int export_main(int argc, char **argv);  /* core/cli/export.c */
 int chaos_main(int argc, char **argv);  /* below */
 #include "trainer.h"
 #include "util.h"
@@ -260,6 +262,7 @@ static const char main_usage[] =
     "  run JOB.lua      train the model a job file describes\n"
     "  sample RUN       generate text from a finished run's weights\n"
     "  prepare TEXT... -o DIR   tokenize text into token shards (byte-level BPE)\n"
+    "  export RUN --hf DIR      a run's weights as a Hugging Face GPT-2 directory\n"
     "  ckpt ls|verify|export RUN   inspect, check and export checkpoints\n"
     "  attach RUN [-e EXPR]   a Lua REPL inside the live job\n"
     "  plot RUN -o run.png    loss, step times and anomalies over steps (gnuplot)\n"
@@ -280,6 +283,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "run") == 0) return run_main(argc - 2, argv + 2);
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
   if (strcmp(cmd, "prepare") == 0) return prepare_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "export") == 0) return export_main(argc - 2, argv + 2);
   if (strcmp(cmd, "ckpt") == 0) return ckpt_main(argc - 2, argv + 2);
   if (strcmp(cmd, "worker") == 0) {
     int rc = worker_main(argc - 2, argv + 2);

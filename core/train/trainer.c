@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "bpe.h"
 #include "crc32c.h"
+#include "hf.h"
 #include "kernels.h"
 #include "lua_graph.h"
 #include "lua_host.h"
@@ -229,6 +230,14 @@ static int trainer_open_tokenizer(trainer *t) {
   return TR_OK;
 }
 
+/* init_from: the parameters of a Hugging Face GPT-2 directory (hf.h). */
+static int trainer_init_from(trainer *t) {
+  hf_shape hs = {t->data.vocab_size, t->cfg.n_layer, t->cfg.n_head, t->cfg.n_embd};
+  int rc = hf_import(t->g, host_params(t), t->cfg.init_from, &hs);
+  if (!rc) rc = trainer_push(t);
+  return rc ? tr_fail_prefix(rc, "%s: key 'init_from'", t->cfg.path) : TR_OK;
+}
+
 trainer *trainer_create(lua_State *L, const job_config *cfg) {
   trainer *t = calloc(1, sizeof *t);
   if (!t) {
@@ -272,6 +281,7 @@ trainer *trainer_create(lua_State *L, const job_config *cfg) {
       goto fail;
     }
   }
+  if (cfg->init_from[0] && trainer_init_from(t)) goto fail;
   t->sched = (lr_schedule){(float)cfg->lr, (float)cfg->min_lr, cfg->warmup_steps, cfg->lr_decay_steps};
   return t;
 fail:
