@@ -311,6 +311,21 @@ static void test_batch_keys(void) {
   CHECK(batch_key(2, run, 3) == 2 && batch_key(3, run, 3) == 6, "adjacent skips {3, 4, 5}: step 3 draws key 6");
 }
 
+/* A graph of 300 chained adds: each node's shape is read from its input
+ * while the tensor table grows past 64, 128 and 256 entries (under ASan, the
+ * use-after-free GPT-2's 12 layers once hit; here: the shapes stay right). */
+static void test_graph_growth(void) {
+  graph *g = graph_create();
+  const int64_t dim[3] = {2, 3, 5};
+  int x = graph_input(g, "x", 3, dim, DT_F32);
+  for (int i = 0; i < 300 && x >= 0; i++) x = graph_add(g, x, x);
+  CHECK(x >= 0, "300 adds: %s", tr_error());
+  tensor_desc d;
+  if (x >= 0) graph_tensor(g, x, &d);
+  CHECK(x >= 0 && d.ndim == 3 && d.dim[0] == 2 && d.dim[1] == 3 && d.dim[2] == 5, "the last add keeps (2,3,5)");
+  graph_free(g);
+}
+
 static void test_data(void) {
   char dir[] = "/tmp/transom-data-XXXXXX", path[256];
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -648,6 +663,7 @@ int main(void) {
   test_shards();
   test_bpe();
   test_batch_keys();
+  test_graph_growth();
   lua_host_close(L);
   return check_report("test_graph");
 }
