@@ -91,7 +91,8 @@ if [ "$quick" = 0 ]; then
   asan_skip=("two workers killed at once" "chaos list kills a replica" "restart_all"
     "killed before its first checkpoint" "every_seconds" "a clean 500" "SIGSTOP: dead" "a policy saved broken")
   TRANSOM_TIME_SCALE=3 TRANSOM_BIN=$PWD/build-asan/transom build-asan/transom test \
-    "${asan_skip[@]/#/--filter-out=}" spec/operator_spec.lua spec/eagle_spec.lua spec/attach_spec.lua
+    "${asan_skip[@]/#/--filter-out=}" spec/operator_spec.lua spec/eagle_spec.lua spec/attach_spec.lua \
+    spec/repl_spec.lua
   unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 
   echo "=== ThreadSanitizer build: FTAR, checkpoint engine, detector, policy"
