@@ -8,6 +8,9 @@
 --   transom run examples/gpt2.lua --set 'data=fineweb10B/fineweb_train_*.bin' \
 --                                 --set 'val_data=fineweb10B/fineweb_val_*.bin'
 --
+-- (add --set tokenizer=PATH/gpt2.tiktoken, a copy of GPT-2's encoding, and
+-- the closing sample decodes to text; without it, it prints token ids)
+--
 -- Without GPT-2 shards at hand, shards of our own tokenizer fit the same
 -- shapes (its ids are below 50257):
 --

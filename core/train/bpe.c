@@ -389,10 +389,69 @@ static int hexval(char c) {
   return -1;
 }
 
+/* --- tiktoken's files (GPT-2's gpt2.tiktoken: "base64 rank" a line) --- */
+
+static int b64val(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  return c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+/* Decodes base64 at p (up to a space) into out; returns the byte count, -1 if malformed. */
+static int b64_decode(const char *p, uint8_t *out, const char **end) {
+  int n = 0, bits = 0, acc = 0;
+  for (; *p && *p != ' ' && *p != '='; p++) {
+    int v = b64val(*p);
+    if (v < 0) return -1;
+    acc = acc << 6 | v;
+    if ((bits += 6) >= 8) out[n++] = (uint8_t)(acc >> (bits -= 8));
+  }
+  while (*p == '=') p++;
+  *end = p;
+  return n;
+}
+
+/* Ranks must be 0, 1, 2, ... in order; <|endoftext|> is added last, as
+ * GPT-2 numbers it (50256). */
+static bpe *load_tiktoken(const char *path, const char *s, size_t len) {
+  int n = 0;
+  for (size_t i = 0; i < len; i++) n += s[i] == '\n';
+  bpe *b = bpe_new(n + 2);
+  uint8_t *tmp = malloc(len + 1);
+  int line = 1;
+  if (!b || !tmp) goto fail;
+  for (const char *p = s; *p; line++) {
+    const char *e = p;
+    int m = b64_decode(p, tmp, &e);
+    char *after = (char *)e;
+    long rank = *e == ' ' ? strtol(e + 1, &after, 10) : -1;
+    if (m <= 0 || rank != b->n || (*after != '\n' && *after) || lookup(b, tmp, (size_t)m) >= 0) {
+      tr_fail(TR_EFORMAT, "%s:%d: expected 'BASE64 %d' (a tiktoken file, ranks in order)", path, line, b->n);
+      goto fail;
+    }
+    if (add_token(b, tmp, (size_t)m, 0)) goto fail;
+    p = *after ? after + 1 : after;
+  }
+  if (lookup(b, (const uint8_t *)"<|endoftext|>", 13) < 0 && add_token(b, (const uint8_t *)"<|endoftext|>", 13, 1))
+    goto fail;
+  free(tmp);
+  return b;
+fail:
+  free(tmp);
+  bpe_free(b);
+  return NULL;
+}
+
 bpe *bpe_load(const char *path) {
   size_t len;
   char *s = tr_read_file(path, &len);
   if (!s) return NULL;
+  if (strncmp(s, "transom-bpe ", 12) != 0 && len > 0 && b64val(s[0]) >= 0) {
+    bpe *t = load_tiktoken(path, s, len);
+    free(s);
+    return t;
+  }
   int n = 0;
   bpe *b = NULL;
   uint8_t *tmp = NULL;

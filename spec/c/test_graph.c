@@ -495,6 +495,26 @@ static void test_bpe(void) {
   c = bpe_load(path);
   CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:2:"), "a damaged token names its line: %s", tr_error());
   bpe_free(c);
+  /* a tiktoken file (GPT-2's format): the 256 bytes, then "th", "the", " the" */
+  f = fopen(path, "w");
+  static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  for (int i = 0; i < 256; i++) fprintf(f, "%c%c== %d\n", b64[i >> 2], b64[(i & 3) << 4], i);
+  fprintf(f, "dGg= 256\ndGhl 257\nIHRoZQ== 258\n");
+  fclose(f);
+  c = bpe_load(path);
+  CHECK(c != NULL, "tiktoken load: %s", tr_error());
+  if (c) {
+    CHECK(bpe_vocab_size(c) == 260 && bpe_eot(c) == 259, "259 ranks + <|endoftext|> = 260 tokens");
+    CHECK(bpe_encode(c, "the the", 7, one, 16, &k, 0) == 0 && k == 2 && one[0] == 257 && one[1] == 258,
+          "'the the' -> 257 258 (merges by rank)");
+    bpe_free(c);
+  }
+  f = fopen(path, "w");
+  fprintf(f, "AA== 0\nAQ== 2\n");
+  fclose(f);
+  c = bpe_load(path);
+  CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:2:"), "a tiktoken rank out of order names its line: %s",
+        tr_error());
   unlink(path);
   rmdir(dir);
   free(ids);

@@ -29,7 +29,9 @@ typedef struct bpe bpe;
  * <|endoftext|> as the last id. vocab_size must be in 257..1048576. NULL
  * with tr_error() set on failure. */
 bpe *bpe_train(const char *text, size_t len, int vocab_size);
-/* Reads a tokenizer.bpe file; errors name the file and line. */
+/* Reads a tokenizer.bpe file, or a tiktoken file ("BASE64 RANK" a line,
+ * ranks 0.. in order, as GPT-2's gpt2.tiktoken: then <|endoftext|> is added
+ * as the next id, 50256 for GPT-2). Errors name the file and line. */
 bpe *bpe_load(const char *path);
 int bpe_save(const bpe *b, const char *path);
 void bpe_free(bpe *b);
