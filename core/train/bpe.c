@@ -265,50 +265,191 @@ static void word_set_free(word_set *ws) {
   free(ws->slot);
 }
 
-/* The most frequent adjacent pair (ties: the smallest key); 0 if no pair
- * occurs twice. table has mask+1 slots of (key, count). */
-static uint64_t best_pair(const word_set *ws, uint64_t *keys, int64_t *counts, uint64_t mask) {
-  memset(keys, 0xff, sizeof(uint64_t) * (mask + 1));
-  uint64_t best = 0;
-  int64_t bc = 1;
-  for (int k = 0; k < ws->n; k++) {
-    const word *w = &ws->w[k];
-    for (int j = 0; j + 1 < w->n; j++) {
-      uint64_t key = (uint64_t)w->sym[j] << 32 | (uint32_t)w->sym[j + 1];
-      uint64_t i = hash_bytes((const uint8_t *)&key, sizeof key) & mask;
-      while (keys[i] != key && keys[i] != UINT64_MAX) i = (i + 1) & mask;
-      if (keys[i] == UINT64_MAX) keys[i] = key, counts[i] = 0;
-      counts[i] += w->count;
-      if (counts[i] > bc || (counts[i] == bc && key < best)) best = key, bc = counts[i];
-    }
-  }
-  return bc > 1 ? best : 0;
+/* --- pair statistics ---
+ * Every adjacent pair's count over all words, kept up to date as merges
+ * rewrite the words: a merge touches only the words that hold its pair
+ * (each pair lists them), and a max-heap with lazy deletion finds the next
+ * pair. Ties go to the smallest (a, b). */
+
+typedef struct {
+  uint64_t key; /* a << 32 | b; UINT64_MAX: empty */
+  int64_t count;
+  int32_t *words; /* words that held the pair when it was counted (may repeat or be stale) */
+  int nwords, capw;
+} pair_ent;
+
+typedef struct {
+  int64_t count;
+  uint64_t key;
+} heap_ent;
+
+typedef struct {
+  pair_ent *e;
+  uint64_t mask, used;
+  heap_ent *h;
+  size_t nh, caph;
+  int *stamp; /* per word: the last merge that rewrote it */
+} pair_stats;
+
+static int pair_table_init(pair_ent **e, uint64_t size) {
+  *e = malloc(sizeof(pair_ent) * size);
+  if (!*e) return tr_fail(TR_ENOMEM, "out of memory training the tokenizer");
+  for (uint64_t i = 0; i < size; i++) (*e)[i] = (pair_ent){UINT64_MAX, 0, NULL, 0, 0};
+  return TR_OK;
 }
 
-static void merge_pair(word_set *ws, int32_t a, int32_t b2, int32_t id) {
-  for (int k = 0; k < ws->n; k++) {
+static uint64_t pair_slot(const pair_ent *e, uint64_t mask, uint64_t key) {
+  uint64_t i = hash_bytes((const uint8_t *)&key, sizeof key) & mask;
+  while (e[i].key != key && e[i].key != UINT64_MAX) i = (i + 1) & mask;
+  return i;
+}
+
+/* The entry of key, created if absent (NULL: out of memory). */
+static pair_ent *pair_get(pair_stats *ps, uint64_t key) {
+  if ((ps->used + 1) * 2 > ps->mask + 1) { /* grow: entries move, so callers never keep a pointer */
+    uint64_t size = (ps->mask + 1) * 2;
+    pair_ent *ne;
+    if (pair_table_init(&ne, size)) return NULL;
+    for (uint64_t i = 0; i <= ps->mask; i++)
+      if (ps->e[i].key != UINT64_MAX) ne[pair_slot(ne, size - 1, ps->e[i].key)] = ps->e[i];
+    free(ps->e);
+    ps->e = ne;
+    ps->mask = size - 1;
+  }
+  uint64_t i = pair_slot(ps->e, ps->mask, key);
+  if (ps->e[i].key == UINT64_MAX) ps->e[i].key = key, ps->used++;
+  return &ps->e[i];
+}
+
+static int heap_before(const heap_ent *x, const heap_ent *y) {
+  return x->count > y->count || (x->count == y->count && x->key < y->key);
+}
+
+static int heap_push(pair_stats *ps, int64_t count, uint64_t key) {
+  if (ps->nh == ps->caph) {
+    size_t cap = ps->caph ? ps->caph * 2 : 4096;
+    heap_ent *h = realloc(ps->h, sizeof *h * cap);
+    if (!h) return tr_fail(TR_ENOMEM, "out of memory training the tokenizer");
+    ps->h = h;
+    ps->caph = cap;
+  }
+  size_t i = ps->nh++;
+  ps->h[i] = (heap_ent){count, key};
+  while (i && heap_before(&ps->h[i], &ps->h[(i - 1) / 2])) {
+    heap_ent t = ps->h[i];
+    ps->h[i] = ps->h[(i - 1) / 2];
+    ps->h[(i - 1) / 2] = t;
+    i = (i - 1) / 2;
+  }
+  return TR_OK;
+}
+
+static heap_ent heap_pop(pair_stats *ps) {
+  heap_ent top = ps->h[0];
+  ps->h[0] = ps->h[--ps->nh];
+  for (size_t i = 0;;) {
+    size_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < ps->nh && heap_before(&ps->h[l], &ps->h[m])) m = l;
+    if (r < ps->nh && heap_before(&ps->h[r], &ps->h[m])) m = r;
+    if (m == i) break;
+    heap_ent t = ps->h[i];
+    ps->h[i] = ps->h[m];
+    ps->h[m] = t;
+    i = m;
+  }
+  return top;
+}
+
+/* count += delta for pair key; a gain lists word k under the pair and
+ * offers the new count to the heap. */
+static int pair_add(pair_stats *ps, uint64_t key, int64_t delta, int k) {
+  pair_ent *e = pair_get(ps, key);
+  if (!e) return TR_ENOMEM;
+  e->count += delta;
+  if (delta <= 0) return TR_OK;
+  if (e->nwords == e->capw) {
+    int cap = e->capw ? e->capw * 2 : 4;
+    int32_t *w = realloc(e->words, sizeof(int32_t) * (size_t)cap);
+    if (!w) return tr_fail(TR_ENOMEM, "out of memory training the tokenizer");
+    e->words = w;
+    e->capw = cap;
+  }
+  e->words[e->nwords++] = k;
+  return heap_push(ps, e->count, key);
+}
+
+static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t)a << 32 | (uint32_t)b; }
+
+/* Adds (sign 1) or removes (-1) the pairs of word k. */
+static int count_word(pair_stats *ps, const word *w, int k, int sign) {
+  int rc = TR_OK;
+  for (int j = 0; j + 1 < w->n && !rc; j++) rc = pair_add(ps, pair_key(w->sym[j], w->sym[j + 1]), sign * w->count, k);
+  return rc;
+}
+
+static int pair_stats_init(pair_stats *ps, const word_set *ws) {
+  memset(ps, 0, sizeof *ps);
+  ps->mask = 4095;
+  ps->stamp = calloc((size_t)ws->n + 1, sizeof(int));
+  int rc = ps->stamp ? pair_table_init(&ps->e, ps->mask + 1) : tr_fail(TR_ENOMEM, "out of memory");
+  for (int k = 0; k < ws->n && !rc; k++) rc = count_word(ps, &ws->w[k], k, 1);
+  return rc;
+}
+
+static void pair_stats_free(pair_stats *ps) {
+  for (uint64_t i = 0; ps->e && i <= ps->mask; i++) free(ps->e[i].words);
+  free(ps->e);
+  free(ps->h);
+  free(ps->stamp);
+}
+
+/* The most frequent pair (0 if none occurs twice). */
+static uint64_t best_pair(pair_stats *ps) {
+  while (ps->nh) {
+    heap_ent top = heap_pop(ps);
+    int64_t now = pair_get(ps, top.key)->count; /* the entry exists: it was pushed */
+    if (now == top.count) return now > 1 ? top.key : 0;
+    if (now > 1 && heap_push(ps, now, top.key)) return 0; /* stale: offer the current count */
+  }
+  return 0;
+}
+
+/* Rewrites every word that holds (a, b) with id in its place. */
+static int merge_pair(pair_stats *ps, word_set *ws, uint64_t key, int32_t id, int stamp) {
+  pair_ent *e = pair_get(ps, key);
+  int32_t *list = e->words; /* taken: pair_add may move the table */
+  int n = e->nwords, rc = TR_OK;
+  e->words = NULL;
+  e->nwords = e->capw = 0;
+  int32_t a = (int32_t)(key >> 32), b2 = (int32_t)(key & 0xffffffffu);
+  for (int i = 0; i < n && !rc; i++) {
+    int k = list[i];
     word *w = &ws->w[k];
+    if (ps->stamp[k] == stamp) continue;
+    int has = 0;
+    for (int j = 0; j + 1 < w->n && !has; j++) has = w->sym[j] == a && w->sym[j + 1] == b2;
+    if (!has) continue;
+    ps->stamp[k] = stamp;
+    rc = count_word(ps, w, k, -1);
     int o = 0;
     for (int j = 0; j < w->n; j++) {
       if (j + 1 < w->n && w->sym[j] == a && w->sym[j + 1] == b2) w->sym[o++] = id, j++;
       else w->sym[o++] = w->sym[j];
     }
     w->n = o;
+    if (!rc) rc = count_word(ps, w, k, 1);
   }
+  free(list);
+  return rc;
 }
 
 /* Merges pairs until the table holds `want` tokens or no pair repeats. */
 static int train_merges(bpe *b, word_set *ws, int want) {
-  uint64_t positions = 1;
-  for (int k = 0; k < ws->n; k++) positions += (uint64_t)ws->w[k].n;
-  uint64_t size = 1024;
-  while (size < positions * 2) size *= 2;
-  uint64_t *keys = malloc(sizeof(uint64_t) * size);
-  int64_t *counts = malloc(sizeof(int64_t) * size);
+  pair_stats ps;
   uint8_t *tmp = NULL;
-  int rc = keys && counts ? TR_OK : tr_fail(TR_ENOMEM, "out of memory training the tokenizer");
-  while (!rc && b->n < want) {
-    uint64_t pair = best_pair(ws, keys, counts, size - 1);
+  int rc = pair_stats_init(&ps, ws);
+  for (int stamp = 1; !rc && b->n < want; stamp++) {
+    uint64_t pair = best_pair(&ps);
     if (!pair) break;
     int32_t x = (int32_t)(pair >> 32), y = (int32_t)(pair & 0xffffffffu);
     size_t lx = (size_t)b->len[x], ly = (size_t)b->len[y];
@@ -325,11 +466,10 @@ static int train_merges(bpe *b, word_set *ws, int want) {
       id = b->n;
       rc = add_token(b, tmp, lx + ly, 0);
     }
-    merge_pair(ws, x, y, id);
+    if (!rc) rc = merge_pair(&ps, ws, pair, id, stamp);
   }
   free(tmp);
-  free(keys);
-  free(counts);
+  pair_stats_free(&ps);
   return rc;
 }
 
@@ -400,11 +540,12 @@ static int b64val(char c) {
 
 /* Decodes base64 at p (up to a space) into out; returns the byte count, -1 if malformed. */
 static int b64_decode(const char *p, uint8_t *out, const char **end) {
-  int n = 0, bits = 0, acc = 0;
+  int n = 0, bits = 0;
+  unsigned acc = 0;
   for (; *p && *p != ' ' && *p != '='; p++) {
     int v = b64val(*p);
     if (v < 0) return -1;
-    acc = acc << 6 | v;
+    acc = (acc << 6 | (unsigned)v) & 0x3fffu; /* at most 13 pending bits */
     if ((bits += 6) >= 8) out[n++] = (uint8_t)(acc >> (bits -= 8));
   }
   while (*p == '=') p++;
