@@ -4,7 +4,7 @@
 -- parameter count is the formula's, the first loss is ln(50304) at init, it
 -- falls) and export as a Hugging Face GPT-2 of vocab 50257. With TRANSOM_LONG=1
 -- (./test.sh --long): the real shapes, 12 layers and context 1024, one step
--- (124,475,904 parameters; about 90 s and 10 GB of memory on 2 cores), its
+-- (124,475,904 parameters; 90 to 150 s and about 10 GB of memory on 2 cores), its
 -- export loaded by transformers when a Python with it is at hand (124,439,808
 -- parameters: GPT-2's own count). The default case takes about 3 seconds.
 
