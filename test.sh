@@ -2,7 +2,7 @@
 # test.sh — the whole test suite: set-up, a release build with the C tests
 # and every Lua spec (ctest), then the C tests and the Lua specs again under
 # AddressSanitizer + UndefinedBehaviorSanitizer (of the multi-process specs,
-# 13 of 21 cases, timing stretched), then the threaded C tests (FTAR, the
+# 14 of 22 cases, timing stretched), then the threaded C tests (FTAR, the
 # checkpoint engine, the detector, the policy engine) and a short
 # multi-replica job under ThreadSanitizer, then each libFuzzer target for
 # 10 s (spec/fuzz/run.sh; skipped without clang).
@@ -86,7 +86,7 @@ if [ "$quick" = 0 ]; then
   # 500-step run: every run's clean stretch; SIGSTOP: the hang case's
   # eviction and replacement; a policy saved broken: the reloads of
   # test_policy and test_detector, under ASan above). The 13 that stay take
-  # about 4 minutes.
+  # about 4 minutes; repl_spec's one case (the REPL through tmux) adds ~5 s.
   echo "=== sanitizer build (ASan + UBSan): multi-process specs, time scale 3"
   asan_skip=("two workers killed at once" "chaos list kills a replica" "restart_all"
     "killed before its first checkpoint" "every_seconds" "a clean 500" "SIGSTOP: dead" "a policy saved broken")
