@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(build-essential cmake pkg-config liblua5.4-dev lua5.4 libevent-dev liblmdb-dev
-          libopenblas-dev libedit-dev lua-busted fortunes python3 python3-venv)
+          libopenblas-dev libedit-dev lua-busted fortunes python3 python3-venv tmux)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

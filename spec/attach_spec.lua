@@ -59,7 +59,8 @@ describe("transom attach", function()
     -- a learning-rate change from an agreed step
     out, rc = sh(A .. "'set(\"lr\", 3e-4)'")
     assert.equal(0, rc, out)
-    local at = assert(tonumber(out:match("(%d+)")))
+    assert.matches("^lr 3e%-4 from step %d+", out) -- set says what it did
+    local at = assert(tonumber(out:match("from step (%d+)")))
     -- detach: an interactive session whose input ends (^D)
     out, rc = sh("printf 'x = 41\\nx + 1\\n' | " .. BIN .. " attach " .. run)
     assert.equal(0, rc, out)

@@ -72,7 +72,9 @@ end
 
 function S.cleanup()
   for _, pid in ipairs(S.spawned) do
-    os.execute("kill -CONT -- -" .. pid .. " 2>/dev/null; kill -KILL -- -" .. pid .. " 2>/dev/null")
+    -- "-PID" right after the signal: dash's kill (Debian's /bin/sh) takes
+    -- no "--" ("Illegal number"), and the group was never killed
+    os.execute("kill -CONT -" .. pid .. " 2>/dev/null; kill -KILL -" .. pid .. " 2>/dev/null")
   end
   S.spawned = {}
 end

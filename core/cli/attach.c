@@ -1,7 +1,8 @@
 /* attach.c — `transom attach RUN [-e EXPR]`: a Lua REPL inside the live
  * operator, over RUN/control.sock (see operator_repl.c for the protocol).
- * Line editing and history from libedit. Detaching (^D), an error, or this
- * process dying never affects the job.
+ * Line editing from libedit: TAB completes the controls' names, and the
+ * history is kept in RUN/attach_history from one attach to the next.
+ * Detaching (^D), an error, or this process dying never affects the job.
  */
 #include <editline/readline.h>
 #include <limits.h>
@@ -21,7 +22,29 @@ static const char usage[] =
     "Opens a Lua REPL inside the live job in RUN (its operator's VM). help()\n"
     "lists the controls: workers(), metrics(w), events(n), evict(w),\n"
     "checkpoint(), rollback(step), set('lr', x), reload(). -e runs one\n"
-    "expression and exits (status 1 if it raised). ^D detaches.\n";
+    "expression and exits (status 1 if it raised). TAB completes the\n"
+    "controls' names; the history lives in RUN/attach_history. ^D detaches.\n";
+
+/* --- completion: the operator's controls (operator_repl.c) --- */
+
+static const char *const controls[] = {"workers(", "metrics(", "series(", "anomalies(", "events(", "evict(",
+                                       "checkpoint()", "rollback(", "set('lr', ", "reload()", "help()", "hosts(",
+                                       NULL};
+
+static char *control_match(const char *text, int state) {
+  static int i;
+  if (!state) i = 0;
+  for (size_t n = strlen(text); controls[i];)
+    if (strncmp(controls[i++], text, n) == 0) return strdup(controls[i - 1]);
+  return NULL;
+}
+
+static char **complete(const char *text, int start, int end) {
+  (void)start;
+  (void)end;
+  rl_attempted_completion_over = 1; /* no file names */
+  return rl_completion_matches(text, control_match);
+}
 
 /* Sends one line; prints the reply until its terminator. Returns 0 done,
  * 1 error, 2 needs more input, -1 connection lost. */
@@ -76,11 +99,19 @@ int attach_main(int argc, char **argv) {
     if (rc == 2) fprintf(stderr, "transom attach: incomplete expression\n");
     if (rc < 0) fprintf(stderr, "transom attach: the job closed the connection (was this client refused?)\n");
   } else {
-    printf("transom attach: %s (help() lists the controls, ^D detaches)\n", run);
-    char prompt[32] = "transom> ";
+    printf("transom attach: %s (help lists the controls, TAB completes, ^D detaches)\n", run);
+    char prompt[32] = "transom> ", hist[PATH_MAX];
+    snprintf(hist, sizeof hist, "%s/attach_history", run);
+    rl_attempted_completion_function = complete;
+    rl_completion_append_character = '\0';
+    stifle_history(1000);
+    read_history(hist);
     char *line;
     while ((line = readline(prompt))) {
-      if (*line) add_history(line);
+      if (*line) {
+        add_history(line);
+        write_history(hist); /* at once: a killed client keeps its lines too */
+      }
       int r = exchange(fd, in, line);
       free(line);
       if (r < 0) {

@@ -3,6 +3,8 @@
  *   transom run JOB.lua [--set key=value]...   train (one replica; run.c)
  *   transom run --resume RUN                   continue from the newest checkpoint
  *   transom sample RUN [--prompt S] [--tokens N] [--temperature X] [--seed N]
+ *   transom prepare TEXT... -o DIR              text -> BPE token shards (prepare.c)
+ *   transom export RUN --hf DIR                 weights as a Hugging Face GPT-2 (export.c)
  *   transom ckpt ls|verify|export RUN          checkpoints (ckpt/ckpt_cli.c)
  *   transom attach RUN [-e EXPR]               REPL in the live job (attach.c)
  *   transom test [busted options] [spec dir]   Lua specs inside this binary
@@ -27,6 +29,7 @@
 
 #include "version.h"
 #include "backend.h"
+#include "bpe.h"
 #include "ftar_bench.h"
 #include "job.h"
 #include "kernels.h"
@@ -39,6 +42,8 @@ int worker_main(int argc, char **argv); /* core/fleet/worker.c */
 int attach_main(int argc, char **argv); /* core/cli/attach.c */
 int plot_main(int argc, char **argv);   /* detector/plot.c */
 int sim_main(int argc, char **argv);    /* core/sim/sim_cli.c */
+int prepare_main(int argc, char **argv); /* core/cli/prepare.c */
+int export_main(int argc, char **argv);  /* core/cli/export.c */
 int chaos_main(int argc, char **argv);  /* below */
 #include "trainer.h"
 #include "util.h"
@@ -56,7 +61,8 @@ static const char sample_usage[] =
     "usage: transom sample RUN [--prompt TEXT] [--tokens N] [--temperature X] [--seed N]\n"
     "\n"
     "Generates text from the weights a run saved (RUN/model.safetensors),\n"
-    "with the model and vocabulary of RUN/job.lua and RUN/vocab.json.\n"
+    "with the model and vocabulary of RUN/job.lua and RUN/vocab.json (a run\n"
+    "on token shards decodes with RUN/tokenizer.bpe, or prints token ids).\n"
     "Defaults: the job's sample_prompt, 200 tokens, temperature 1.0, the\n"
     "job's seed.\n";
 
@@ -103,21 +109,30 @@ static int cmd_sample(int argc, char **argv) {
   if (!L) die_usage(tr_error());
   job_config cfg;
   vocab v;
+  int64_t nvocab = 0;
+  bpe *tok = NULL;
   graph *g = NULL;
   int rc;
   snprintf(path, sizeof path, "%s/job.lua", run);
   if ((rc = job_load(L, path, NULL, 0, &cfg))) goto done;
   snprintf(path, sizeof path, "%s/vocab.json", run);
-  if ((rc = vocab_load(&v, path))) goto done;
+  if ((rc = vocab_load_any(&v, &nvocab, path))) goto done;
+  snprintf(path, sizeof path, "%s/tokenizer.bpe", run);
+  if (v.size == 0 && access(path, R_OK) == 0 && !(tok = bpe_load(path))) {
+    rc = TR_EFORMAT;
+    goto done;
+  }
   kernels_set_threads(cfg.threads > 0 ? (int)cfg.threads : 1);
-  if ((rc = model_build(L, cfg.lua_ref, v.size, 1, 0, &g))) goto done;
+  if ((rc = model_build(L, cfg.lua_ref, v.size ? v.size : data_padded_vocab(nvocab), 1, 0, &g))) goto done;
   snprintf(path, sizeof path, "%s/model.safetensors", run);
   if ((rc = model_load_params(g, path))) goto done;
-  rc = model_generate(g, &v, prompt ? prompt : cfg.sample_prompt, ntok, (float)temp,
+  text_codec codec = {v.size ? &v : NULL, tok, nvocab};
+  rc = model_generate(g, &codec, prompt ? prompt : cfg.sample_prompt, ntok, (float)temp,
                       seed >= 0 ? (uint64_t)seed : (uint64_t)cfg.seed, stdout);
 done:
   if (rc) fprintf(stderr, "transom sample: %s\n", tr_error());
   graph_free(g);
+  bpe_free(tok);
   lua_host_close(L);
   return rc ? 1 : 0;
 }
@@ -246,6 +261,8 @@ static const char main_usage[] =
     "\n"
     "  run JOB.lua      train the model a job file describes\n"
     "  sample RUN       generate text from a finished run's weights\n"
+    "  prepare TEXT... -o DIR   tokenize text into token shards (byte-level BPE)\n"
+    "  export RUN --hf DIR      a run's weights as a Hugging Face GPT-2 directory\n"
     "  ckpt ls|verify|export RUN   inspect, check and export checkpoints\n"
     "  attach RUN [-e EXPR]   a Lua REPL inside the live job\n"
     "  plot RUN -o run.png    loss, step times and anomalies over steps (gnuplot)\n"
@@ -265,6 +282,8 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "run") == 0) return run_main(argc - 2, argv + 2);
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc - 2, argv + 2);
+  if (strcmp(cmd, "prepare") == 0) return prepare_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "export") == 0) return export_main(argc - 2, argv + 2);
   if (strcmp(cmd, "ckpt") == 0) return ckpt_main(argc - 2, argv + 2);
   if (strcmp(cmd, "worker") == 0) {
     int rc = worker_main(argc - 2, argv + 2);

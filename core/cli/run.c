@@ -374,7 +374,7 @@ static void print_banner(const run_ctx *r, int resume, int64_t step) {
   const dataset *d = trainer_data(r->t);
   printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, cfg->path, r->dir);
   printf("model %s: %lld parameters, vocab %d, %d threads | data %s: %lld tokens (%lld train, %lld val)\n", cfg->model,
-         (long long)sz.params, d->voc.size, kernels_threads(), cfg->data, (long long)d->n, (long long)d->n_train,
+         (long long)sz.params, (int)d->vocab_size, kernels_threads(), cfg->data, (long long)d->n, (long long)d->n_train,
          (long long)(d->n - d->n_train));
   if (strcmp(cfg->device, "cpu") != 0) printf("device %s: %s\n", cfg->device, trainer_backend(r->t)->describe());
   if (r->ck)

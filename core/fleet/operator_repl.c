@@ -86,6 +86,25 @@ static void set_num(lua_State *L, const char *k, double v) {
   lua_setfield(L, -2, k);
 }
 
+/* --- tables for people ---
+ * Controls return plain Lua tables (`#workers()`, `metrics(0).loss` work);
+ * a metatable's __columns (the keys, in order) asks the REPL to print one as
+ * an aligned table: a list of rows, or (__vertical) one record as key/value
+ * lines. */
+
+static void as_table(lua_State *L, const char *const *cols, int vertical) {
+  lua_createtable(L, 0, 2); /* [t, mt] */
+  lua_newtable(L);
+  for (int i = 0; cols[i]; i++) {
+    lua_pushstring(L, cols[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "__columns");
+  lua_pushboolean(L, vertical);
+  lua_setfield(L, -2, "__vertical");
+  lua_setmetatable(L, -2); /* [t] */
+}
+
 static int l_workers(lua_State *L) {
   operator_state *o = get_op(L);
   lua_createtable(L, o->nslots, 0);
@@ -106,13 +125,13 @@ static int l_workers(lua_State *L) {
     lua_setfield(L, -2, "mode");
     lua_rawseti(L, -2, i + 1);
   }
+  static const char *const cols[] = {"slot", "state", "pid", "step", "restarts", "mode", NULL};
+  as_table(L, cols, 0);
   return 1;
 }
 
-/* The slot's latest step record, keys as in metrics.jsonl (one table). */
-static int l_metrics(lua_State *L) {
-  operator_state *o = get_op(L);
-  slot *s = &o->slots[check_slot(L, o, 1)];
+/* Pushes slot s's latest step record, keys as in metrics.jsonl. */
+static void push_record(lua_State *L, const slot *s) {
   const step_record *r = &s->last;
   lua_createtable(L, 0, 24);
 #define R_INT(name, help)  \
@@ -125,6 +144,35 @@ static int l_metrics(lua_State *L) {
 #undef R_NUM
   lua_pushinteger(L, s->step); /* what the operator knows, also before a first record */
   lua_setfield(L, -2, "step");
+  lua_pushinteger(L, s->slot);
+  lua_setfield(L, -2, "worker");
+}
+
+/* metrics(w): replica w's latest step record (one table, printed as
+ * key/value lines); metrics(): every replica's, one row each. */
+static int l_metrics(lua_State *L) {
+  operator_state *o = get_op(L);
+  if (lua_isnoneornil(L, 1)) {
+    lua_createtable(L, o->nslots, 0);
+    for (int i = 0; i < o->nslots; i++) {
+      push_record(L, &o->slots[i]);
+      lua_rawseti(L, -2, i + 1);
+    }
+    static const char *const cols[] = {"worker", "step", "loss", "grad_norm", "lr", "step_s", "tokens_per_s",
+                                       "replicas", "epoch", NULL};
+    as_table(L, cols, 0);
+    return 1;
+  }
+  push_record(L, &o->slots[check_slot(L, o, 1)]);
+  static const char *const all[] = {
+#define R_NAME(ID, name, help, prom, phase) #name,
+      STEP_METRICS(R_NAME)
+#undef R_NAME
+#define C_NAME(name, help) #name,
+      STEP_COUNTERS(C_NAME)
+#undef C_NAME
+      NULL};
+  as_table(L, all, 1);
   return 1;
 }
 
@@ -203,7 +251,17 @@ static int l_set(lua_State *L) {
     if (o->slots[i].bev) evbuffer_add_printf(bufferevent_get_output(o->slots[i].bev), "SET at=%lld lr=%.9g\n",
                                              (long long)at, v);
   operator_event(o, o->best_step, -1, "set", "lr = %g from step %lld (from the REPL)", v, (long long)at);
-  lua_pushinteger(L, at);
+  char num[32], *e;
+  snprintf(num, sizeof num, "%.3e", v); /* 5.000e-04 -> 5e-4 */
+  if ((e = strchr(num, 'e'))) {
+    char *z = e;
+    while (z > num && z[-1] == '0') z--;
+    if (z > num && z[-1] == '.') z--;
+    int x = atoi(e + 1);
+    snprintf(z, sizeof num - (size_t)(z - num), "e%d", x);
+    if (x == 0) *z = 0;
+  }
+  lua_pushfstring(L, "lr %s from step %I (every replica, at the same step)", num, (lua_Integer)at);
   return 1;
 }
 
@@ -229,6 +287,8 @@ static int l_series(lua_State *L) {
 static int l_anomalies(lua_State *L) {
   operator_state *o = get_op(L);
   if (!o->det || detector_push_anomalies(o->det, L, (int)luaL_optinteger(L, 1, 10))) lua_newtable(L);
+  static const char *const cols[] = {"step", "worker", "rule", "kind", "severity", "action", "detail", NULL};
+  as_table(L, cols, 0);
   return 1;
 }
 
@@ -244,7 +304,8 @@ static int l_print(lua_State *L) {
 static int l_help(lua_State *L) {
   lua_pushliteral(L,
                   "workers()          replicas: slot, state, pid, step, restarts, mode\n"
-                  "metrics(w)         replica w's latest step: loss, grad_norm, lr, step_ms, tok_s, ...\n"
+                  "metrics()          every replica's latest step, a row each\n"
+                  "metrics(w)         replica w's latest step: loss, grad_norm, lr, step_s, tokens_per_s, ...\n"
                   "series(w, n)       the detector's view of replica w: its last n values of every metric\n"
                   "anomalies(n)       the last n anomalies the rules raised\n"
                   "events(n)          the last n lines of events.jsonl\n"
@@ -255,7 +316,9 @@ static int l_help(lua_State *L) {
                   "set('lr', x)       peak learning rate x from a step every replica agrees on\n"
                   "reload()           reload the policies: restart.lua, rules.lua, actions.lua\n"
                   "                   (a file that fails to load leaves the old one in force)\n"
-                  "Any Lua works; ^D detaches; the job goes on either way.");
+                  "Any Lua works (tables come back as tables: metrics(0).loss); a bare control name\n"
+                  "calls it (help, workers); TAB completes names; history is kept in RUN/attach_history;\n"
+                  "^D detaches; the job goes on either way.");
   return 1;
 }
 
@@ -308,6 +371,94 @@ static void render(lua_State *L, int idx, struct evbuffer *out, int depth) {
   evbuffer_add_printf(out, first ? "}" : " }");
 }
 
+/* One cell's text: numbers short (4 significant digits, large ones whole),
+ * nil as "-", long strings cut. */
+static void cell_text(lua_State *L, int idx, char *buf, size_t cap) {
+  if (lua_isnil(L, idx)) snprintf(buf, cap, "-");
+  else if (lua_isinteger(L, idx)) snprintf(buf, cap, "%lld", (long long)lua_tointeger(L, idx));
+  else if (lua_type(L, idx) == LUA_TNUMBER) {
+    double v = lua_tonumber(L, idx);
+    snprintf(buf, cap, v >= 1e4 || v <= -1e4 ? "%.0f" : "%.4g", v);
+  } else {
+    snprintf(buf, cap, "%s", luaL_tolstring(L, idx, NULL));
+    lua_pop(L, 1);
+  }
+}
+
+#define CELL 72
+/* Prints a table marked by as_table: rows under a header, or (vertical)
+ * key/value lines, columns aligned. The table is at idx, its columns list
+ * at cols. */
+static void render_table(lua_State *L, int idx, int cols, int vertical, struct evbuffer *out) {
+  int nc = (int)lua_rawlen(L, cols), nr = vertical ? 1 : (int)lua_rawlen(L, idx);
+  char(*cell)[CELL] = calloc((size_t)(nr + 1) * (size_t)nc, CELL);
+  int *w = calloc((size_t)nc + 1, sizeof *w);
+  if (!cell || !w) goto done;
+  for (int c = 0; c < nc; c++) {
+    lua_rawgeti(L, cols, c + 1);                    /* [.., name] */
+    snprintf(cell[c], CELL, "%s", lua_tostring(L, -1));
+    for (int r = 0; r < nr; r++) {
+      if (vertical) lua_pushvalue(L, idx);
+      else lua_rawgeti(L, idx, r + 1);              /* [.., name, row] */
+      if (lua_istable(L, -1)) lua_getfield(L, -1, lua_tostring(L, -2));
+      else lua_pushnil(L);                          /* [.., name, row, value] */
+      cell_text(L, -1, cell[(r + 1) * nc + c], CELL);
+      lua_pop(L, 2);
+    }
+    lua_pop(L, 1);
+    for (int r = 0; r <= nr; r++) {
+      int len = (int)strlen(cell[r * nc + c]);
+      if (len > w[vertical ? r : c] && (vertical ? r < 2 : 1)) w[vertical ? r : c] = len;
+    }
+  }
+  if (vertical) { /* key  value */
+    for (int c = 0; c < nc; c++) evbuffer_add_printf(out, "%-*s  %s\n", w[0], cell[c], cell[nc + c]);
+  } else if (nr == 0) {
+    evbuffer_add_printf(out, "(none)\n");
+  } else {
+    for (int r = 0; r <= nr; r++)
+      for (int c = 0; c < nc; c++) {
+        if (c + 1 < nc) evbuffer_add_printf(out, "%-*s  ", w[c], cell[r * nc + c]);
+        else evbuffer_add_printf(out, "%s\n", cell[r * nc + c]);
+      }
+  }
+done:
+  free(cell);
+  free(w);
+}
+
+/* Prints one value the REPL returned: a marked table aligned, on lines of
+ * its own (returns 1), anything else inline as render() writes it (0). */
+static int render_value(lua_State *L, int idx, struct evbuffer *out) {
+  idx = lua_absindex(L, idx);
+  if (lua_istable(L, idx) && lua_getmetatable(L, idx)) { /* [.., mt] */
+    lua_getfield(L, -1, "__columns");                    /* [.., mt, cols] */
+    lua_getfield(L, -2, "__vertical");                   /* [.., mt, cols, vertical] */
+    int vertical = lua_toboolean(L, -1);
+    if (lua_istable(L, -2)) {
+      render_table(L, idx, lua_absindex(L, -2), vertical, out);
+      lua_pop(L, 3);
+      return 1;
+    }
+    lua_pop(L, 3);
+  }
+  render(L, idx, out, 0);
+  return 0;
+}
+
+/* The controls a bare name calls ("help" runs help()). */
+static const char *const bare_calls[] = {"help", "workers", "metrics", "anomalies", "events", "checkpoint",
+                                         "reload", "hosts", NULL};
+
+static int is_bare_call(const char *code) {
+  while (*code == ' ') code++;
+  size_t n = strspn(code, "abcdefghijklmnopqrstuvwxyz_");
+  if (!n || code[n + strspn(code + n, " ")] != 0) return 0;
+  for (int i = 0; bare_calls[i]; i++)
+    if (strlen(bare_calls[i]) == n && strncmp(code, bare_calls[i], n) == 0) return 1;
+  return 0;
+}
+
 static void repl_eval(ctl_conn *c, const char *line) {
   lua_State *L = c->o->L;
   struct evbuffer *out = bufferevent_get_output(c->bev);
@@ -317,8 +468,9 @@ static void repl_eval(ctl_conn *c, const char *line) {
   if (!code) return;
   sprintf(code, "%s%s%s", plen ? c->pending : "", plen ? "\n" : "", line);
   int top = lua_gettop(L);
-  /* an expression first ("1+1" prints 2), then a statement */
-  lua_pushfstring(L, "return %s", code);
+  /* an expression first ("1+1" prints 2), then a statement; a bare
+   * control name is a call */
+  lua_pushfstring(L, is_bare_call(code) ? "return %s()" : "return %s", code);
   int rc = luaL_loadbuffer(L, lua_tostring(L, -1), lua_rawlen(L, -1), "=attach");
   lua_remove(L, -2);
   if (rc != LUA_OK) {
@@ -352,11 +504,13 @@ static void repl_eval(ctl_conn *c, const char *line) {
     return;
   }
   int n = lua_gettop(L) - top;
+  int inline_open = 0; /* values on one line, tab-separated; tables on lines of their own */
   for (int i = 1; i <= n; i++) {
-    if (i > 1) evbuffer_add_printf(out, "\t");
-    render(L, top + i, out, 0);
+    if (inline_open && lua_istable(L, top + i)) evbuffer_add_printf(out, "\n"), inline_open = 0;
+    else if (inline_open) evbuffer_add_printf(out, "\t");
+    inline_open = !render_value(L, top + i, out);
   }
-  if (n) evbuffer_add_printf(out, "\n");
+  if (inline_open) evbuffer_add_printf(out, "\n");
   evbuffer_add_printf(out, "\001\n");
   lua_settop(L, top);
 }

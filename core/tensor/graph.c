@@ -165,10 +165,15 @@ static const char *describe(const graph *g, int t) {
   return b;
 }
 
-static int add_tensor(graph *g, const char *name, tensor_kind kind, tensor_dtype dt, int ndim, const int64_t *dim) {
+static int add_tensor(graph *g, const char *name, tensor_kind kind, tensor_dtype dt, int ndim, const int64_t *dim_in) {
+  if (ndim < 0 || ndim > GRAPH_MAX_DIMS) return tr_fail(TR_EINVAL, "'%s': %d dimensions (at most %d)", name, ndim, GRAPH_MAX_DIMS);
+  /* callers pass another tensor's shape (g->tensors[a].dim): copy it before
+   * grow() may move the tensor table (a use-after-free once a graph passed
+   * 64, 128, ... tensors, as GPT-2's 12 layers do) */
+  int64_t dim[GRAPH_MAX_DIMS];
+  for (int i = 0; i < ndim; i++) dim[i] = dim_in[i];
   int rc = grow((void **)&g->tensors, &g->capt, g->nt, sizeof(tensor));
   if (rc) return rc;
-  if (ndim < 0 || ndim > GRAPH_MAX_DIMS) return tr_fail(TR_EINVAL, "'%s': %d dimensions (at most %d)", name, ndim, GRAPH_MAX_DIMS);
   if (strlen(name) >= GRAPH_NAME_MAX) return tr_fail(TR_EINVAL, "tensor name too long: '%s'", name);
   tensor *t = &g->tensors[g->nt];
   memset(t, 0, sizeof *t);

@@ -26,7 +26,8 @@ static const struct {
   char kind;
   size_t off, cap;
 } fields[] = {
-    S(name), S(model), S(data), S(run_dir), S(sample_prompt),
+    S(name), S(model), S(data), S(run_dir), S(sample_prompt), S(val_data), S(data_format), S(tokenizer),
+    S(init_from), I(vocab_size),
     I(n_layer), I(n_head), I(n_embd), I(block_size), I(batch_size),
     I(max_steps), I(warmup_steps), I(lr_decay_steps), I(eval_interval), I(eval_steps),
     I(log_interval), I(sample_tokens), I(seed), I(threads), S(device), S(precision),

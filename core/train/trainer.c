@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "bpe.h"
 #include "crc32c.h"
+#include "hf.h"
 #include "kernels.h"
 #include "lua_graph.h"
 #include "lua_host.h"
@@ -28,6 +30,7 @@ struct trainer {
   job_config cfg;
   int poison_next; /* chaos: the next step's loss and gradients are NaN */
   dataset data;
+  bpe *tok_bpe; /* token data: the tokenizer that decodes samples, or NULL */
   graph *g;
   graph *infer; /* B=1 graph for sampling, built on first use */
   adamw *opt;
@@ -65,8 +68,16 @@ int model_build_on(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, c
                    graph **out) {
   int top = lua_gettop(L);
   *out = NULL;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, cfg_ref); /* [cfg] */
-  lua_pushinteger(L, V);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, cfg_ref); /* [job] */
+  lua_newtable(L);                            /* [job, cfg]: a copy, so the job keeps its own vocab_size */
+  lua_pushnil(L);
+  while (lua_next(L, -3)) {                   /* [job, cfg, k, v] */
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);                        /* [job, cfg, k, k, v] */
+    lua_rawset(L, -4);                        /* [job, cfg, k] */
+  }
+  lua_remove(L, -2);                          /* [cfg] */
+  lua_pushinteger(L, V);                      /* the model's V (padded for token data) */
   lua_setfield(L, -2, "vocab_size");
   lua_getglobal(L, "require");
   lua_pushliteral(L, "transom.model");
@@ -119,16 +130,39 @@ int model_load_params(graph *g, const char *path) {
   return rc;
 }
 
-int model_generate(graph *g, const vocab *v, const char *prompt, int64_t ntokens, float temperature, uint64_t seed,
-                   FILE *out) {
+/* The prompt as ids (NULL codec->bytes and tok: token runs take no prompt). */
+static int encode_prompt(const text_codec *c, const char *prompt, size_t plen, int32_t *ids, int64_t *n) {
+  *n = 0;
+  if (c->bytes) {
+    int rc = vocab_encode(c->bytes, prompt, plen, ids);
+    if (rc) return rc;
+    *n = (int64_t)plen;
+    if (*n == 0) ids[(*n)++] = c->bytes->id_of['\n'] >= 0 ? c->bytes->id_of['\n'] : 0;
+    return TR_OK;
+  }
+  if (c->tok) return bpe_encode(c->tok, prompt, plen, ids, (int64_t)plen + 1, n, 1);
+  if (plen) return tr_fail(TR_EINVAL, "this run has no tokenizer to encode a prompt (job key 'tokenizer')");
+  ids[(*n)++] = (int32_t)(c->vocab_size - 1); /* GPT-2's <|endoftext|> is its last id */
+  return TR_OK;
+}
+
+static void emit(const text_codec *c, int id, FILE *out) {
+  if (c->bytes) fputc(c->bytes->byte_of[id], out);
+  else if (c->tok) bpe_decode(c->tok, id, out);
+  else fprintf(out, "%d ", id);
+}
+
+int model_generate(graph *g, const text_codec *c, const char *prompt, int64_t ntokens, float temperature,
+                   uint64_t seed, FILE *out) {
   int tok = graph_find(g, "tokens"), logits = graph_find(g, "logits");
   if (tok < 0 || logits < 0) return tr_fail(TR_EINVAL, "the model has no tokens input or logits output");
   tensor_desc dt, dl;
   graph_tensor(g, tok, &dt);
   graph_tensor(g, logits, &dl);
-  const int T = (int)dt.dim[1], V = (int)dl.dim[dl.ndim - 1];
+  const int T = (int)dt.dim[1], Vp = (int)dl.dim[dl.ndim - 1];
+  const int V = c->vocab_size > 0 && c->vocab_size < Vp ? (int)c->vocab_size : Vp; /* never a padding id */
   size_t plen = strlen(prompt);
-  int64_t cap = (int64_t)plen + ntokens + 1;
+  int64_t cap = (int64_t)plen + ntokens + 2;
   int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
   double *p = malloc(sizeof(double) * (size_t)V);
   if (!ids || !p) {
@@ -136,10 +170,9 @@ int model_generate(graph *g, const vocab *v, const char *prompt, int64_t ntokens
     free(p);
     return tr_fail(TR_ENOMEM, "out of memory sampling");
   }
-  int rc = vocab_encode(v, prompt, plen, ids);
+  int64_t n;
+  int rc = encode_prompt(c, prompt, plen, ids, &n);
   if (rc) goto done;
-  int64_t n = (int64_t)plen;
-  if (n == 0) ids[n++] = v->id_of['\n'] >= 0 ? v->id_of['\n'] : 0;
   fwrite(prompt, 1, plen, out);
   rng_t r;
   rng_seed(&r, seed);
@@ -149,22 +182,22 @@ int model_generate(graph *g, const vocab *v, const char *prompt, int64_t ntokens
     memset(in, 0, sizeof(int32_t) * (size_t)dt.size);
     memcpy(in, ids + n - k, sizeof(int32_t) * (size_t)k);
     if ((rc = graph_forward(g))) goto done;
-    const float *row = (const float *)graph_data(g, logits) + (int64_t)(k - 1) * V;
+    const float *row = (const float *)graph_data(g, logits) + (int64_t)(k - 1) * Vp;
     double mx = -INFINITY, sum = 0.0;
     for (int j = 0; j < V; j++)
       if (row[j] > mx) mx = row[j];
     for (int j = 0; j < V; j++) sum += (p[j] = exp((row[j] - mx) / temperature));
-    double u = rng_uniform(&r) * sum, c = 0.0;
+    double u = rng_uniform(&r) * sum, cum = 0.0;
     int pick = V - 1;
     for (int j = 0; j < V; j++) {
-      c += p[j];
-      if (u < c) {
+      cum += p[j];
+      if (u < cum) {
         pick = j;
         break;
       }
     }
     ids[n++] = pick;
-    fputc(v->byte_of[pick], out);
+    emit(c, pick, out);
   }
   fputc('\n', out);
   fflush(out);
@@ -175,6 +208,35 @@ done:
 }
 
 /* --- trainer --- */
+
+/* Token data: the job's tokenizer, or tokenizer.bpe beside the first shard
+ * when there is one (transom prepare writes it there); none is no error. */
+static int trainer_open_tokenizer(trainer *t) {
+  char path[4200];
+  const char *want = t->cfg.tokenizer;
+  if (!want[0]) {
+    const char *nl = strchr(t->cfg.data, '\n'), *slash = NULL;
+    for (const char *q = t->cfg.data; *q && (!nl || q < nl); q++)
+      if (*q == '/') slash = q;
+    snprintf(path, sizeof path, "%.*s/tokenizer.bpe", slash ? (int)(slash - t->cfg.data) : 1,
+             slash ? t->cfg.data : ".");
+    if (access(path, R_OK) != 0) return TR_OK;
+    want = path;
+  }
+  if (!(t->tok_bpe = bpe_load(want))) return tr_fail_prefix(TR_EINVAL, "%s: key 'tokenizer'", t->cfg.path);
+  if (bpe_vocab_size(t->tok_bpe) > t->data.vocab_size)
+    return tr_fail(TR_EINVAL, "%s: the tokenizer '%s' has %lld tokens, more than vocab_size = %lld", t->cfg.path,
+                   want, (long long)bpe_vocab_size(t->tok_bpe), (long long)t->data.vocab_size);
+  return TR_OK;
+}
+
+/* init_from: the parameters of a Hugging Face GPT-2 directory (hf.h). */
+static int trainer_init_from(trainer *t) {
+  hf_shape hs = {t->data.vocab_size, t->cfg.n_layer, t->cfg.n_head, t->cfg.n_embd};
+  int rc = hf_import(t->g, host_params(t), t->cfg.init_from, &hs);
+  if (!rc) rc = trainer_push(t);
+  return rc ? tr_fail_prefix(rc, "%s: key 'init_from'", t->cfg.path) : TR_OK;
+}
 
 trainer *trainer_create(lua_State *L, const job_config *cfg) {
   trainer *t = calloc(1, sizeof *t);
@@ -191,11 +253,14 @@ trainer *trainer_create(lua_State *L, const job_config *cfg) {
     goto fail;
   }
   t->dev = !t->be->host_memory;
-  if (dataset_load(&t->data, cfg->data, (int)cfg->block_size)) {
+  data_spec ds = {cfg->data, cfg->val_data, cfg->data_format[0] ? cfg->data_format : "auto", cfg->vocab_size,
+                   (int)cfg->block_size};
+  if (dataset_open(&t->data, &ds)) {
     tr_fail_prefix(TR_EINVAL, "%s: key 'data'", cfg->path);
     goto fail;
   }
-  if (model_build_on(L, cfg->lua_ref, t->data.voc.size, (int)cfg->batch_size, 1, t->be,
+  if (t->data.kind == DATA_TOKENS && trainer_open_tokenizer(t)) goto fail;
+  if (model_build_on(L, cfg->lua_ref, t->data.model_vocab, (int)cfg->batch_size, 1, t->be,
                      strcmp(cfg->precision, "bf16") == 0, &t->g)) {
     if (strncmp(tr_error(), "precision", 9) == 0) tr_fail_prefix(TR_EINVAL, "%s: key 'precision'", cfg->path);
     goto fail;
@@ -216,6 +281,7 @@ trainer *trainer_create(lua_State *L, const job_config *cfg) {
       goto fail;
     }
   }
+  if (cfg->init_from[0] && trainer_init_from(t)) goto fail;
   t->sched = (lr_schedule){(float)cfg->lr, (float)cfg->min_lr, cfg->warmup_steps, cfg->lr_decay_steps};
   return t;
 fail:
@@ -226,6 +292,7 @@ fail:
 void trainer_free(trainer *t) {
   if (!t) return;
   dataset_free(&t->data);
+  bpe_free(t->tok_bpe);
   graph_free(t->g);
   graph_free(t->infer);
   adamw_free(t->opt);
@@ -325,7 +392,7 @@ int trainer_eval(trainer *t, float *val_loss) {
 
 int trainer_sample(trainer *t, const char *prompt, int64_t ntokens, float temperature, uint64_t seed, FILE *out) {
   if (!t->infer) {
-    int rc = model_build(t->L, t->cfg.lua_ref, t->data.voc.size, 1, 0, &t->infer);
+    int rc = model_build(t->L, t->cfg.lua_ref, t->data.model_vocab, 1, 0, &t->infer);
     if (rc) return rc;
     if (graph_nparams(t->infer) != graph_nparams(t->g))
       return tr_fail(TR_ESTATE, "the inference graph's parameters differ from the training graph's");
@@ -333,7 +400,8 @@ int trainer_sample(trainer *t, const char *prompt, int64_t ntokens, float temper
   int rc = trainer_pull(t, 0);
   if (rc) return rc;
   memcpy(graph_params(t->infer), host_params(t), sizeof(float) * (size_t)graph_nparams(t->g));
-  return model_generate(t->infer, &t->data.voc, prompt, ntokens, temperature, seed, out);
+  text_codec c = {t->data.kind == DATA_BYTES ? &t->data.voc : NULL, t->tok_bpe, t->data.vocab_size};
+  return model_generate(t->infer, &c, prompt, ntokens, temperature, seed, out);
 }
 
 int trainer_save(trainer *t, const char *dir) {
@@ -363,7 +431,10 @@ int trainer_save(trainer *t, const char *dir) {
   free(ds);
   if (rc) return rc;
   snprintf(path, sizeof path, "%s/vocab.json", dir);
-  return vocab_save(&t->data.voc, path);
+  if (t->data.kind == DATA_BYTES) return vocab_save(&t->data.voc, path);
+  if ((rc = vocab_save_tokens(t->data.vocab_size, path))) return rc;
+  snprintf(path, sizeof path, "%s/tokenizer.bpe", dir);
+  return t->tok_bpe ? bpe_save(t->tok_bpe, path) : TR_OK;
 }
 
 /* --- checkpoints --- */
@@ -413,6 +484,7 @@ uint64_t trainer_config_hash(const trainer *t) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (int i = 0; i < n; i++) h = (h ^ (uint8_t)buf[i]) * 1099511628211ull;
   for (int i = 0; i < t->data.voc.size; i++) h = (h ^ t->data.voc.byte_of[i]) * 1099511628211ull;
+  if (t->data.kind == DATA_TOKENS) h = (h ^ (uint64_t)t->data.vocab_size) * 1099511628211ull;
   return h;
 }
 

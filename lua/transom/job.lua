@@ -39,7 +39,18 @@ local check_list
 local SCHEMA = {
   { "name", "string", nil, "job name (default: the job file's name)", optional = true },
   { "model", "string", "gpt", "model: a file in lua/models/ (gpt, mlp) or a path to a .lua file" },
-  { "data", "string", nil, "path of the training text (any file; byte-level tokens)" },
+  { "data", "string", nil, "the training data: a text file (byte-level tokens), or token shards (llm.c .bin, "
+    .. "nanoGPT train.bin): a file, a glob, or a list of them" },
+  { "val_data", "string", nil, "token shards that validate (default: the last 10% of data's tokens)",
+    optional = true },
+  { "data_format", "string", "auto", "auto (token shards when data ends in .bin: llm.c's headered shards, or "
+    .. "nanoGPT's headerless train.bin/val.bin), text, llmc, uint16", enum = { "auto", "text", "llmc", "uint16" } },
+  { "vocab_size", "integer", nil, "token shards: the vocabulary (GPT-2: 50257; the model pads it to a multiple "
+    .. "of 128)", min = 1, max = 16777216, optional = true },
+  { "tokenizer", "string", nil, "token shards: the tokenizer that decodes samples (default: tokenizer.bpe beside "
+    .. "the first shard, if there is one; `transom prepare` writes it)", optional = true },
+  { "init_from", "string", nil, "start from these weights: a Hugging Face GPT-2 directory (config.json + "
+    .. "model.safetensors), e.g. one `transom export --hf` wrote", optional = true },
   { "n_layer", "integer", 4, "transformer blocks", min = 1, max = 256 },
   { "n_head", "integer", 4, "attention heads (must divide n_embd)", min = 1, max = 1024 },
   { "n_embd", "integer", 128, "embedding width", min = 1, max = 65536 },
@@ -210,6 +221,16 @@ function M.check(job, origin)
       fail(source, nil, "job keys must be names, found %s key %s", type(k), tostring(k))
     end
     if not BY_KEY[k] then at(k)("key '%s' is not a job field%s", k, suggest(k)) end
+  end
+  for _, key in ipairs({ "data", "val_data" }) do -- a list of files: one string, a file or glob a line
+    local v = job[key]
+    if type(v) == "table" then
+      for i, x in ipairs(v) do
+        if type(x) ~= "string" then at(key)("%s[%d] must be a string (a file or a glob), got %s", key, i, describe(x)) end
+      end
+      if #v == 0 then at(key)("key '%s' is an empty list", key) end
+      job[key] = table.concat(v, "\n")
+    end
   end
   for _, f in ipairs(SCHEMA) do
     local key = f[1]

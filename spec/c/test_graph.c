@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "check.h"
+#include "bpe.h"
 #include "data.h"
 #include "graph.h"
 #include "kernels.h"
@@ -310,6 +311,21 @@ static void test_batch_keys(void) {
   CHECK(batch_key(2, run, 3) == 2 && batch_key(3, run, 3) == 6, "adjacent skips {3, 4, 5}: step 3 draws key 6");
 }
 
+/* A graph of 300 chained adds: each node's shape is read from its input
+ * while the tensor table grows past 64, 128 and 256 entries (under ASan, the
+ * use-after-free GPT-2's 12 layers once hit; here: the shapes stay right). */
+static void test_graph_growth(void) {
+  graph *g = graph_create();
+  const int64_t dim[3] = {2, 3, 5};
+  int x = graph_input(g, "x", 3, dim, DT_F32);
+  for (int i = 0; i < 300 && x >= 0; i++) x = graph_add(g, x, x);
+  CHECK(x >= 0, "300 adds: %s", tr_error());
+  tensor_desc d;
+  if (x >= 0) graph_tensor(g, x, &d);
+  CHECK(x >= 0 && d.ndim == 3 && d.dim[0] == 2 && d.dim[1] == 3 && d.dim[2] == 5, "the last add keeps (2,3,5)");
+  graph_free(g);
+}
+
 static void test_data(void) {
   char dir[] = "/tmp/transom-data-XXXXXX", path[256];
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -344,6 +360,166 @@ static void test_data(void) {
   CHECK(dataset_load(&d, path, 4000) != 0 && strstr(tr_error(), "too small"), "small corpus: %s", tr_error());
   unlink(path);
   rmdir(dir);
+}
+
+/* Writes an llm.c shard of n tokens t(i) (magic/version/count overridable). */
+static void write_llmc(const char *path, int magic, int version, int count, int n, int first) {
+  int32_t h[256] = {magic, version, count};
+  FILE *f = fopen(path, "wb");
+  fwrite(h, sizeof h, 1, f);
+  for (int i = 0; i < n; i++) {
+    uint16_t t = (uint16_t)(first + i % 50);
+    fwrite(&t, 2, 1, f);
+  }
+  fclose(f);
+}
+
+/* Token shards: a glob of two llm.c shards (tokens 0..49 and 100..149) and a
+ * nanoGPT pair; every batch row lies inside one shard and is a run of the
+ * file; both shards are drawn; bad shards fail naming the file. */
+static void test_shards(void) {
+  char dir[] = "/tmp/transom-shards-XXXXXX", a[256], b[256], pat[256], val[256];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(a, sizeof a, "%s/s_000.bin", dir);
+  snprintf(b, sizeof b, "%s/s_001.bin", dir);
+  snprintf(pat, sizeof pat, "%s/s_*.bin", dir);
+  write_llmc(a, 20240520, 1, 3000, 3000, 0);
+  write_llmc(b, 20240520, 1, 1000, 1000, 100);
+  dataset d;
+  data_spec sp = {pat, NULL, "auto", 200, 16};
+  CHECK(dataset_open(&d, &sp) == 0, "open a glob of shards: %s", tr_error());
+  CHECK(d.kind == DATA_TOKENS && d.n == 4000 && d.n_train == 3600, "4000 tokens, 3600 train (got %lld, %lld)",
+        (long long)d.n, (long long)d.n_train);
+  CHECK(d.model_vocab == 256, "vocab 200 padded to 256 (got %lld)", (long long)d.model_vocab);
+  int32_t x[64 * 16], y[64 * 16];
+  rng_t r;
+  rng_seed(&r, 7);
+  int ok = 1, saw[2] = {0, 0};
+  for (int rep = 0; rep < 4; rep++) {
+    dataset_batch(&d, SPLIT_TRAIN, &r, 64, 16, x, y);
+    for (int i = 0; i < 64; i++) {
+      int32_t *row = x + i * 16, hi = row[0] >= 100;
+      saw[hi] = 1;
+      for (int t = 0; t < 16; t++) {
+        ok &= (row[t] >= 100) == hi && y[i * 16 + t] == (row[t] % 50 == 49 ? row[t] - 49 : row[t] + 1);
+      }
+    }
+  }
+  CHECK(ok, "every row is a run of one shard, targets shifted by one");
+  CHECK(saw[0] && saw[1], "rows come from both shards");
+  dataset_free(&d);
+
+  snprintf(val, sizeof val, "%s/val.bin", dir); /* nanoGPT: headerless uint16 */
+  FILE *f = fopen(val, "wb");
+  for (uint16_t t = 0; t < 500; t++) fwrite(&t, 2, 1, f);
+  fclose(f);
+  sp = (data_spec){a, val, "auto", 500, 16};
+  CHECK(dataset_open(&d, &sp) == 0 && d.n_train == 3000 && d.n == 3500, "llm.c train + nanoGPT val: %s",
+        tr_error());
+  dataset_batch(&d, SPLIT_VAL, &r, 4, 16, x, y);
+  CHECK(y[0] == x[0] + 1 && x[15] == x[0] + 15, "val rows are runs of val.bin");
+  dataset_free(&d);
+
+  sp = (data_spec){val, NULL, "auto", 100, 16};
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "val.bin") && strstr(tr_error(), "is 100"),
+        "a token >= vocab_size names the file and the token: %s", tr_error());
+  dataset_free(&d);
+  write_llmc(b, 20240519, 1, 1000, 1000, 0);
+  sp = (data_spec){pat, NULL, "auto", 200, 16};
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "s_001.bin") && strstr(tr_error(), "magic"),
+        "wrong magic: %s", tr_error());
+  dataset_free(&d);
+  write_llmc(b, 20240520, 1, 1000, 999, 0);
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "s_001.bin") && strstr(tr_error(), "truncated"),
+        "truncated: %s", tr_error());
+  dataset_free(&d);
+  sp = (data_spec){pat, NULL, "auto", 0, 16};
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "vocab_size"), "no vocab_size: %s", tr_error());
+  dataset_free(&d);
+  snprintf(pat, sizeof pat, "%s/nothing_*.bin", dir);
+  sp = (data_spec){pat, NULL, "auto", 200, 16};
+  CHECK(dataset_open(&d, &sp) != 0 && strstr(tr_error(), "matches no file"), "empty glob: %s", tr_error());
+  dataset_free(&d);
+  unlink(a);
+  unlink(b);
+  unlink(val);
+  rmdir(dir);
+}
+
+/* Byte-level BPE: trained on a text, encoding then decoding gives the text
+ * back, merges shorten it, a saved tokenizer encodes the same, GPT-2's
+ * pre-tokenizer keeps " world" and "'s" as pieces, a damaged file names its
+ * line. */
+static void test_bpe(void) {
+  static const char text[] = "the cat's hat is on the mat; the cat sat.\n\n  The hat, the cat and 42 mats!\n";
+  char big[sizeof text * 40];
+  size_t len = 0;
+  for (int i = 0; i < 40; i++) memcpy(big + len, text, sizeof text - 1), len += sizeof text - 1;
+  bpe *b = bpe_train(big, len, 1000); /* stops early: when no pair repeats */
+  CHECK(b != NULL, "train: %s", tr_error());
+  if (!b) return;
+  int V = (int)bpe_vocab_size(b);
+  CHECK(V > 270 && V < 1000 && bpe_eot(b) == V - 1, "merges until none repeats, <|endoftext|> last (%lld, %d)",
+        (long long)bpe_vocab_size(b), bpe_eot(b));
+  int32_t *ids = malloc(sizeof(int32_t) * (len + 1));
+  int64_t n = 0;
+  CHECK(bpe_encode(b, big, len, ids, (int64_t)len + 1, &n, 1) == 0 && ids[0] == V - 1, "encode, eot first");
+  CHECK(n < (int64_t)len / 3, "merges shorten the text: %lld ids for %zu bytes", (long long)n, len);
+  char *back = NULL;
+  size_t blen = 0;
+  FILE *m = open_memstream(&back, &blen);
+  for (int64_t i = 1; i < n; i++) bpe_decode(b, ids[i], m);
+  fclose(m);
+  CHECK(blen == len && memcmp(back, big, len) == 0, "decode(encode(text)) == text");
+  free(back);
+  /* pieces never merge across GPT-2's split points: " cat" and "'s" are tokens, "t'" is not */
+  int32_t one[16];
+  int64_t k;
+  bpe_encode(b, " cat's", 6, one, 16, &k, 0);
+  CHECK(k == 2, "\" cat's\" is two tokens (\" cat\", \"'s\"), got %lld", (long long)k);
+  char dir[] = "/tmp/transom-bpe-XXXXXX", path[256];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(path, sizeof path, "%s/tokenizer.bpe", dir);
+  CHECK(bpe_save(b, path) == 0, "save: %s", tr_error());
+  bpe *c = bpe_load(path);
+  CHECK(c != NULL, "load: %s", tr_error());
+  int32_t *ids2 = malloc(sizeof(int32_t) * (len + 1));
+  int64_t n2 = 0;
+  if (c) bpe_encode(c, big, len, ids2, (int64_t)len + 1, &n2, 1);
+  CHECK(n2 == n && memcmp(ids, ids2, sizeof(int32_t) * (size_t)n) == 0, "the loaded tokenizer encodes the same");
+  bpe_free(c);
+  FILE *f = fopen(path, "r+");
+  fseek(f, 20, SEEK_SET); /* inside line 2 */
+  fputs("zz", f);
+  fclose(f);
+  c = bpe_load(path);
+  CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:2:"), "a damaged token names its line: %s", tr_error());
+  bpe_free(c);
+  /* a tiktoken file (GPT-2's format): the 256 bytes, then "th", "the", " the" */
+  f = fopen(path, "w");
+  static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  for (int i = 0; i < 256; i++) fprintf(f, "%c%c== %d\n", b64[i >> 2], b64[(i & 3) << 4], i);
+  fprintf(f, "dGg= 256\ndGhl 257\nIHRoZQ== 258\n");
+  fclose(f);
+  c = bpe_load(path);
+  CHECK(c != NULL, "tiktoken load: %s", tr_error());
+  if (c) {
+    CHECK(bpe_vocab_size(c) == 260 && bpe_eot(c) == 259, "259 ranks + <|endoftext|> = 260 tokens");
+    CHECK(bpe_encode(c, "the the", 7, one, 16, &k, 0) == 0 && k == 2 && one[0] == 257 && one[1] == 258,
+          "'the the' -> 257 258 (merges by rank)");
+    bpe_free(c);
+  }
+  f = fopen(path, "w");
+  fprintf(f, "AA== 0\nAQ== 2\n");
+  fclose(f);
+  c = bpe_load(path);
+  CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:2:"), "a tiktoken rank out of order names its line: %s",
+        tr_error());
+  unlink(path);
+  rmdir(dir);
+  free(ids);
+  free(ids2);
+  bpe_free(b);
 }
 
 /* bf16 activations: the same GPT and parameters with activations stored as
@@ -504,7 +680,10 @@ int main(void) {
   test_optim();
   test_safetensors();
   test_data();
+  test_shards();
+  test_bpe();
   test_batch_keys();
+  test_graph_growth();
   lua_host_close(L);
   return check_report("test_graph");
 }

@@ -22,7 +22,12 @@ typedef struct {
   char path[1024];   /* the job file */
   char name[128];
   char model[256];
-  char data[1024];
+  char data[4096];     /* a file or glob, or several separated by '\n' */
+  char val_data[4096]; /* "" = the last 10% of data */
+  char data_format[8]; /* "auto", "text", "llmc", "uint16" */
+  char tokenizer[1024];
+  char init_from[1024]; /* a Hugging Face GPT-2 directory, "" = none */
+  int64_t vocab_size;   /* token data: 0 = not given */
   char run_dir[1024]; /* "" = default */
   char sample_prompt[256];
   char device[16];   /* "cpu", "cuda", "emu" (backend.h) */

@@ -100,7 +100,8 @@ int trainer_set_lr(trainer *t, int64_t from_step, float lr);
 int trainer_eval(trainer *t, float *val_loss);
 /* Writes a sample of ntokens after prompt to out. */
 int trainer_sample(trainer *t, const char *prompt, int64_t ntokens, float temperature, uint64_t seed, FILE *out);
-/* Writes dir/model.safetensors (parameters) and dir/vocab.json. */
+/* Writes dir/model.safetensors (parameters) and dir/vocab.json (and for
+ * token data with a tokenizer, dir/tokenizer.bpe). */
 int trainer_save(trainer *t, const char *dir);
 
 graph *trainer_graph(trainer *t);
@@ -141,8 +142,16 @@ int model_build_on(lua_State *L, int cfg_ref, int64_t V, int B, int with_grad, c
                    int bf16, graph **out);
 /* Copies parameters by name from a safetensors file into a planned graph. */
 int model_load_params(graph *g, const char *path);
+/* How sampling turns text into ids and back: a byte-level run's vocabulary,
+ * or a token run's tokenizer (NULL: the prompt must be empty, ids print as
+ * numbers); sampled ids stay below vocab_size (never a padding id). */
+typedef struct {
+  const vocab *bytes;
+  const struct bpe *tok;
+  int64_t vocab_size;
+} text_codec;
 /* Autoregressive sampling with an inference graph (B=1). */
-int model_generate(graph *g, const vocab *v, const char *prompt, int64_t ntokens, float temperature, uint64_t seed,
-                   FILE *out);
+int model_generate(graph *g, const text_codec *c, const char *prompt, int64_t ntokens, float temperature,
+                   uint64_t seed, FILE *out);
 
 #endif

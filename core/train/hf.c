@@ -1,0 +1,182 @@
+/* hf.c — GPT-2 weights to and from Hugging Face's layout (see hf.h). Called
+ * by `transom export --hf` (core/cli/export.c) and by trainer_create for the
+ * job key init_from. */
+#include "hf.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
+#include "util.h"
+
+static int ends_with(const char *s, const char *tail) {
+  size_t a = strlen(s), b = strlen(tail);
+  return a >= b && strcmp(s + a - b, tail) == 0;
+}
+
+/* Conv1D in Hugging Face: stored (in, out), transom (out, in). */
+static int is_conv1d(const char *name) {
+  return ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
+         ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight");
+}
+
+static void transpose(float *out, const float *in, int64_t rows, int64_t cols) { /* in (rows,cols) -> (cols,rows) */
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) out[c * rows + r] = in[r * cols + c];
+}
+
+/* --- export --- */
+
+static int write_config(const char *dir, const hf_shape *s, int64_t n_positions) {
+  char path[PATH_MAX], buf[2048];
+  int n = snprintf(buf, sizeof buf,
+                   "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+                   "  \"vocab_size\": %lld,\n  \"n_positions\": %lld,\n  \"n_ctx\": %lld,\n  \"n_embd\": %lld,\n"
+                   "  \"n_layer\": %lld,\n  \"n_head\": %lld,\n  \"n_inner\": null,\n"
+                   "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n"
+                   "  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
+                   "  \"initializer_range\": 0.02,\n  \"bos_token_id\": %lld,\n  \"eos_token_id\": %lld,\n"
+                   "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
+                   (long long)s->vocab_size, (long long)n_positions, (long long)n_positions, (long long)s->n_embd,
+                   (long long)s->n_layer, (long long)s->n_head, (long long)s->vocab_size - 1,
+                   (long long)s->vocab_size - 1);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  return tr_write_file_atomic(path, buf, (size_t)n);
+}
+
+int hf_export(const char *weights, const hf_shape *s, const char *dir) {
+  st_file f;
+  int rc = safetensors_open(&f, weights);
+  if (rc) return rc;
+  st_tensor *ts = calloc((size_t)f.n + 1, sizeof *ts);
+  int64_t(*dims)[ST_MAX_DIMS] = calloc((size_t)f.n + 1, sizeof *dims);
+  float **bufs = calloc((size_t)f.n + 1, sizeof *bufs);
+  int64_t n_positions = 0;
+  int nt = 0;
+  if (!ts || !dims || !bufs) rc = tr_fail(TR_ENOMEM, "out of memory");
+  for (int i = 0; i < f.n && !rc; i++) {
+    const st_entry *e = &f.entries[i];
+    const float *src = (const float *)(f.data + e->begin);
+    if (strcmp(e->dtype, "F32") != 0 || e->ndim < 1) continue;
+    memcpy(dims[nt], e->dim, sizeof e->dim);
+    ts[nt] = (st_tensor){e->name, src, e->ndim, dims[nt]};
+    if (strcmp(e->name, "transformer.wte.weight") == 0) {
+      if (e->dim[0] < s->vocab_size) rc = tr_fail(TR_EFORMAT, "'%s': wte has fewer rows than the vocabulary", weights);
+      dims[nt][0] = s->vocab_size; /* the padding rows stay behind */
+    } else if (strcmp(e->name, "transformer.wpe.weight") == 0) {
+      n_positions = e->dim[0];
+    } else if (is_conv1d(e->name) && e->ndim == 2) {
+      if (!(bufs[nt] = malloc(e->end - e->begin))) rc = tr_fail(TR_ENOMEM, "out of memory");
+      else transpose(bufs[nt], src, e->dim[0], e->dim[1]);
+      dims[nt][0] = e->dim[1];
+      dims[nt][1] = e->dim[0];
+      ts[nt].data = bufs[nt];
+    }
+    nt++;
+  }
+  if (!rc && !n_positions) rc = tr_fail(TR_EFORMAT, "'%s' is not a transom GPT (no transformer.wpe.weight)", weights);
+  if (!rc) rc = tr_mkdirs(dir);
+  if (!rc) rc = write_config(dir, s, n_positions);
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  const char *meta[] = {"transom.export", "hf-gpt2", NULL};
+  if (!rc) rc = safetensors_write(path, ts, nt, meta);
+  for (int i = 0; i < nt; i++) free(bufs[i]);
+  free(bufs);
+  free(dims);
+  free(ts);
+  safetensors_close(&f);
+  return rc;
+}
+
+/* --- import --- */
+
+/* The integer after "key": in a JSON text, or -1. */
+static int64_t json_int(const char *json, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\"", key);
+  const char *p = strstr(json, pat);
+  if (!p) return -1;
+  p += strlen(pat);
+  while (*p == ' ' || *p == ':' || *p == '\n' || *p == '\t') p++;
+  char *end;
+  long long v = strtoll(p, &end, 10);
+  return end == p ? -1 : v;
+}
+
+static int check_config(const char *dir, const hf_shape *s, int64_t block) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  size_t len;
+  char *js = tr_read_file(path, &len);
+  if (!js) return TR_EIO;
+  struct { const char *key; int64_t want; } f[] = {
+      {"n_layer", s->n_layer}, {"n_head", s->n_head}, {"n_embd", s->n_embd}, {"vocab_size", s->vocab_size}};
+  int rc = TR_OK;
+  for (int i = 0; i < 4 && !rc; i++) {
+    int64_t got = json_int(js, f[i].key);
+    if (got != f[i].want)
+      rc = tr_fail(TR_EINVAL, "'%s': %s is %lld, the job has %s = %lld", path, f[i].key, (long long)got, f[i].key,
+                   (long long)f[i].want);
+  }
+  int64_t npos = json_int(js, "n_positions");
+  if (!rc && npos < block)
+    rc = tr_fail(TR_EINVAL, "'%s': n_positions = %lld is less than the job's block_size = %lld", path,
+                 (long long)npos, (long long)block);
+  if (!rc && strstr(js, "\"activation_function\"") && !strstr(js, "gelu_new") && !strstr(js, "gelu_pytorch_tanh"))
+    rc = tr_fail(TR_EINVAL, "'%s': activation_function is not GPT-2's tanh GELU (gelu_new)", path);
+  free(js);
+  return rc;
+}
+
+/* Copies one Hugging Face tensor into transom's tensor d. */
+static int import_one(const st_file *f, const char *path, const tensor_desc *d, float *dst) {
+  const st_entry *e = safetensors_find(f, d->name);
+  if (!e && strncmp(d->name, "transformer.", 12) == 0) e = safetensors_find(f, d->name + 12);
+  if (!e) return tr_fail(TR_EFORMAT, "'%s' has no tensor '%s'", path, d->name);
+  if (strcmp(e->dtype, "F32") != 0)
+    return tr_fail(TR_EFORMAT, "'%s': tensor '%s' is %s; only F32 is read", path, e->name, e->dtype);
+  const float *src = (const float *)(f->data + e->begin);
+  int table = ends_with(d->name, "wte.weight") || ends_with(d->name, "wpe.weight");
+  if (d->ndim == 2 && is_conv1d(d->name) && e->ndim == 2 && e->dim[0] == d->dim[1] && e->dim[1] == d->dim[0]) {
+    transpose(dst, src, e->dim[0], e->dim[1]);
+  } else if (table && e->ndim == 2 && e->dim[1] == d->dim[1]) {
+    int wte = ends_with(d->name, "wte.weight");
+    if (wte ? e->dim[0] > d->dim[0] : e->dim[0] < d->dim[0])
+      return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, the model %lld", path, e->name, (long long)e->dim[0],
+                     (long long)d->dim[0]);
+    int64_t rows = wte ? e->dim[0] : d->dim[0];
+    memcpy(dst, src, sizeof(float) * (size_t)(rows * d->dim[1]));
+    memset(dst + rows * d->dim[1], 0, sizeof(float) * (size_t)((d->dim[0] - rows) * d->dim[1]));
+  } else {
+    int same = e->ndim == d->ndim;
+    for (int k = 0; same && k < d->ndim; k++) same = e->dim[k] == d->dim[k];
+    if (!same) return tr_fail(TR_EFORMAT, "'%s': tensor '%s' has a different shape than the model's", path, e->name);
+    memcpy(dst, src, e->end - e->begin);
+  }
+  return TR_OK;
+}
+
+int hf_import(graph *g, float *params, const char *dir, const hf_shape *s) {
+  int64_t block = 0;
+  for (int i = 0; i < graph_ntensors(g); i++) {
+    tensor_desc d;
+    graph_tensor(g, i, &d);
+    if (d.kind == TK_PARAM && ends_with(d.name, "wpe.weight")) block = d.dim[0];
+  }
+  int rc = check_config(dir, s, block);
+  if (rc) return rc;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  st_file f;
+  if ((rc = safetensors_open(&f, path))) return rc;
+  for (int i = 0; i < graph_ntensors(g) && !rc; i++) {
+    tensor_desc d;
+    graph_tensor(g, i, &d);
+    if (d.kind == TK_PARAM) rc = import_one(&f, path, &d, params + d.offset);
+  }
+  safetensors_close(&f);
+  return rc;
+}

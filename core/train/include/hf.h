@@ -1,0 +1,39 @@
+/* hf.h — GPT-2 weights in Hugging Face's layout: `transom export --hf` and
+ * the job key init_from.
+ *
+ * transom's GPT (lua/models/gpt.lua) already uses nanoGPT's names, which are
+ * GPT2LMHeadModel's: transformer.wte.weight, transformer.h.N.attn.c_attn.weight
+ * and so on. What differs: Hugging Face stores the four projection matrices
+ * (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) as Conv1D weights, (in,
+ * out) where transom has (out, in); its token table has vocab_size rows where
+ * transom's is padded to a multiple of 128; its position table has
+ * n_positions rows, which may be more than the job's block_size (the first
+ * block_size are used, as nanoGPT crops). The head is tied to wte (no
+ * lm_head.weight is written; one read is ignored). Float32 only.
+ */
+#ifndef TRANSOM_HF_H
+#define TRANSOM_HF_H
+
+#include <stdint.h>
+
+#include "graph.h"
+
+typedef struct {
+  int64_t vocab_size; /* real tokens (not padded) */
+  int64_t n_layer, n_head, n_embd;
+} hf_shape;
+
+/* Writes dir/config.json and dir/model.safetensors from transom's weights
+ * file `weights` (RUN/model.safetensors), so that
+ * GPT2LMHeadModel.from_pretrained(dir) loads it. Creates dir. Errors name
+ * the file and tensor. */
+int hf_export(const char *weights, const hf_shape *s, const char *dir);
+
+/* Fills the parameters of a planned GPT graph from dir/config.json and
+ * dir/model.safetensors (names with or without the "transformer." prefix);
+ * params is the host array the tensors' offsets index (graph_params on the
+ * CPU). config.json must agree with s (the job): an error names the field,
+ * both values and the file. Padding rows of wte are zeroed. */
+int hf_import(graph *g, float *params, const char *dir, const hf_shape *s);
+
+#endif

@@ -1,0 +1,142 @@
+-- data_spec.lua — token shards through the CLI: a job trains from a glob of
+-- llm.c shards and from a list of nanoGPT files, resumes bit for bit across
+-- shards, and refuses a damaged shard naming it. The shards hold the bytes of
+-- the first 120 KB of data/fortunes.txt (setup.sh writes it) as uint16 token
+-- ids (vocab_size 256), so no tokenizer is needed here (prepare_spec has one).
+-- About 5 seconds on 2 cores.
+
+local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
+local BIN, ROOT, q, read, write = S.BIN, S.ROOT, S.q, S.read, S.write
+
+local tmp = os.tmpname()
+os.remove(tmp)
+assert(os.execute("mkdir -p " .. q(tmp)))
+local text = assert(read(ROOT .. "/data/fortunes.txt"), "run ./setup.sh: no data/fortunes.txt"):sub(1, 120000)
+
+local function u16(s) -- the bytes of s as little-endian uint16 tokens
+  local out = {}
+  for i = 1, #s, 4096 do
+    out[#out + 1] = string.pack("<" .. string.rep("I2", #s:sub(i, i + 4095)), s:byte(i, i + 4095))
+  end
+  return table.concat(out)
+end
+
+local function llmc(path, s, magic)
+  write(path, string.pack("<i4i4i4", magic or 20240520, 1, #s) .. string.rep("\0", 1024 - 12) .. u16(s))
+end
+
+-- three shards of 40 KB each, in order
+for i = 0, 2 do llmc(string.format("%s/fort_train_%06d.bin", tmp, i), text:sub(i * 40000 + 1, (i + 1) * 40000)) end
+write(tmp .. "/train.bin", u16(text:sub(1, 100000)))
+write(tmp .. "/val.bin", u16(text:sub(100001)))
+
+local BASE = {
+  "--set n_layer=1", "--set n_head=2", "--set n_embd=32", "--set block_size=32", "--set batch_size=4",
+  "--set threads=1", "--set eval_interval=0", "--set eval_steps=2", "--set sample_tokens=0",
+  "--set log_interval=10", "--set warmup_steps=5", "--set lr_decay_steps=40", "--set vocab_size=256",
+}
+
+local function run(dir, extra)
+  return S.sh(table.concat({ BIN, "run", ROOT .. "/examples/fortunes.lua", "--set run_dir=" .. dir,
+    table.concat(BASE, " "), extra }, " ") .. " 2>&1")
+end
+
+describe("token shards", function()
+  teardown(function() os.execute("rm -rf " .. q(tmp)) end)
+
+  it("a glob of llm.c shards trains, and a resume is bit-identical", function()
+    local glob = tmp .. "/fort_train_*.bin"
+    local out, rc = run(tmp .. "/a", "--set 'data=" .. glob .. "' --set max_steps=40 --set checkpoint.every_steps=10")
+    assert.equal(0, rc, out)
+    assert.matches("vocab 256", out)
+    assert.matches("120000 tokens %(108000 train, 12000 val%)", out)
+    assert.matches('"type":"tokens","vocab_size":256', read(tmp .. "/a/vocab.json"))
+    local l = S.losses(tmp .. "/a")
+    assert.equal(40, #l)
+    local first, last = tonumber(l[1]:match("=(.*)")), tonumber(l[40]:match("=(.*)"))
+    assert.is_true(first > 5.0 and last < first - 1.0, "loss " .. first .. " -> " .. last)
+    out, rc = run(tmp .. "/b", "--set 'data=" .. glob .. "' --set max_steps=20 --set checkpoint.every_steps=10")
+    assert.equal(0, rc, out)
+    out, rc = S.sh(BIN .. " run --resume " .. tmp .. "/b --set max_steps=40 2>&1")
+    assert.equal(0, rc, out)
+    assert.matches("resumed from step 20", out)
+    assert.same(l, S.losses(tmp .. "/b"))
+  end)
+
+  it("a job's list of nanoGPT files and val_data; sample prints ids without a tokenizer", function()
+    local job = tmp .. "/list.lua"
+    write(job, string.format([[return { data = { %q }, val_data = %q, vocab_size = 256, max_steps = 10,
+      n_layer = 1, n_head = 2, n_embd = 32, block_size = 32, batch_size = 4, threads = 1, eval_interval = 0,
+      eval_steps = 2, sample_tokens = 5, sample_prompt = "", warmup_steps = 2, run_dir = %q }]],
+      tmp .. "/train.bin", tmp .. "/val.bin", tmp .. "/c"))
+    local out, rc = S.sh(BIN .. " run " .. job .. " 2>&1")
+    assert.equal(0, rc, out)
+    assert.matches("120000 tokens %(100000 train, 20000 val%)", out)
+    out, rc = S.sh(BIN .. " sample " .. tmp .. "/c --tokens 5 2>&1")
+    assert.equal(0, rc, out)
+    assert.matches("^%d+ %d+ %d+ %d+ %d+ \n$", out)
+  end)
+
+  it("transom prepare: text -> BPE shards + tokenizer; a job trains on them and sample decodes text", function()
+    write(tmp .. "/a.txt", text:sub(1, 60000))
+    write(tmp .. "/b.txt", text:sub(60001))
+    local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/a.txt " .. tmp .. "/b.txt -o " .. tmp .. "/bpe --vocab 600 "
+      .. "--shard-tokens 20000 2>&1")
+    assert.equal(0, rc, out)
+    local ntok = tonumber(out:match("120000 bytes %-> (%d+) tokens"))
+    assert.is_truthy(ntok, out)
+    assert.is_true(ntok < 80000, "BPE shortens the text: " .. ntok .. " tokens")
+    assert.matches('vocab_size = 600', out)
+    -- shards hold every token once: the headers' counts add up
+    local sum, shards = 0, 0
+    for _, split in ipairs({ "train", "val" }) do
+      for i = 0, 9 do
+        local blob = read(string.format("%s/bpe/%s_%06d.bin", tmp, split, i))
+        if blob then
+          local magic, version, n = string.unpack("<i4i4i4", blob)
+          assert.same({ 20240520, 1, 1024 + 2 * n }, { magic, version, #blob })
+          sum, shards = sum + n, shards + 1
+        end
+      end
+    end
+    assert.equal(ntok, sum)
+    local nval = math.floor(ntok * 0.1)
+    assert.equal(-((nval - ntok) // 20000) + -(-nval // 20000), shards) -- at most 20000 tokens a shard
+    out, rc = run(tmp .. "/p", "--set 'data=" .. tmp .. "/bpe/train_*.bin' --set 'val_data=" .. tmp
+      .. "/bpe/val_*.bin' --set vocab_size=600 --set max_steps=60 --set sample_tokens=0")
+    assert.equal(0, rc, out)
+    assert.is_truthy(read(tmp .. "/p/tokenizer.bpe"), "the tokenizer is copied into the run")
+    out, rc = S.sh(BIN .. " sample " .. tmp .. "/p --prompt 'The ' --tokens 40 --seed 3 2>&1")
+    assert.equal(0, rc, out)
+    -- decoded text: the prompt, then more than 40 bytes (tokens are several bytes), mostly letters
+    assert.equal("The ", out:sub(1, 4))
+    assert.is_true(#out > 60, out)
+    local _, letters = out:gsub("[%a%s]", "")
+    assert.is_true(letters > #out / 2, out)
+  end)
+
+  it("a list of data files is checked like any key: file, line, item", function()
+    local job = require("transom.job")
+    local path = tmp .. "/badlist.lua"
+    write(path, "return {\n  model = 'gpt',\n  data = { 'a.bin', 3 },\n  vocab_size = 256,\n}\n")
+    local ok, e = pcall(job.load, path)
+    assert.is_false(ok)
+    assert.equal(path .. ":3: data[2] must be a string (a file or a glob), got number 3", e.msg)
+    write(path, "return { data = {}, vocab_size = 256 }\n")
+    ok, e = pcall(job.load, path)
+    assert.is_false(ok)
+    assert.matches("key 'data' is an empty list", e.msg)
+  end)
+
+  it("a damaged shard is an error naming it", function()
+    llmc(tmp .. "/bad_000.bin", text:sub(1, 40000), 20240521)
+    local out, rc = run(tmp .. "/d", "--set data=" .. tmp .. "/bad_000.bin --set max_steps=2")
+    assert.equal(2, rc, out)
+    assert.matches("key 'data'.*bad_000%.bin.*magic is 20240521", out)
+    write(tmp .. "/bad_001.bin", read(tmp .. "/fort_train_000000.bin"):sub(1, 5000))
+    out = run(tmp .. "/e", "--set data=" .. tmp .. "/bad_001.bin --set max_steps=2")
+    assert.matches("bad_001%.bin' is truncated", out)
+    out = run(tmp .. "/f", "--set data=" .. tmp .. "/fort_train_000000.bin --set vocab_size=100 --set max_steps=2")
+    assert.matches("fort_train_000000%.bin': token %d+ .* is 1%d%d, not below vocab_size = 100", out)
+  end)
+end)
