@@ -37,18 +37,22 @@ fi
 export TRANSOM_PYTHON=$PWD/build/pyvenv/bin/python TRANSOM_REQUIRE_PYTHON=1
 
 # Python with torch + transformers, for the Hugging Face round trip
-# (spec/hf_spec.lua), from PyPI, kept in build/hfvenv. PyPI's Linux torch is
-# the CUDA build and does not import without its CUDA libraries (--no-deps:
-# "libcufile.so.0: cannot open shared object file"), so they come too: about
-# 5.6 GB, once. TRANSOM_NO_HF=1 skips it (the spec is then pending).
+# (spec/hf_spec.lua), from PyPI. PyPI's Linux torch is the CUDA build and
+# does not import without its CUDA libraries (--no-deps: "libcufile.so.0:
+# cannot open shared object file"), so they come too: about 5.6 GB. So it
+# lives outside the checkout, in the user's cache (TRANSOM_HF_VENV, default
+# ~/.cache/transom/hfvenv), made once per machine rather than once per
+# clone. TRANSOM_NO_HF=1 skips it (the spec is then pending).
+hf_venv=${TRANSOM_HF_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/transom/hfvenv}
 if [ -z "${TRANSOM_NO_HF:-}" ]; then
-  if ! build/hfvenv/bin/python -c 'import torch, transformers' 2>/dev/null; then
-    python3 -m venv build/hfvenv
-    build/hfvenv/bin/pip install -q torch transformers ||
+  if ! "$hf_venv/bin/python" -c 'import torch, transformers' 2>/dev/null; then
+    mkdir -p "$(dirname "$hf_venv")"
+    python3 -m venv "$hf_venv"
+    "$hf_venv/bin/pip" install -q torch transformers ||
       echo "test.sh: installing torch + transformers failed: the Hugging Face round trip will be pending"
   fi
-  if build/hfvenv/bin/python -c 'import torch, transformers' 2>/dev/null; then
-    export TRANSOM_HF_PYTHON=$PWD/build/hfvenv/bin/python TRANSOM_REQUIRE_HF=1
+  if "$hf_venv/bin/python" -c 'import torch, transformers' 2>/dev/null; then
+    export TRANSOM_HF_PYTHON=$hf_venv/bin/python TRANSOM_REQUIRE_HF=1
   fi
 fi
 

@@ -70,7 +70,8 @@ describe("GPT-2 small (examples/gpt2.lua)", function()
     out, rc = S.sh(BIN .. " export " .. tmp .. "/full --hf " .. tmp .. "/full-hf 2>&1")
     assert.equal(0, rc, out)
     assert.matches('"n_positions": 1024', read(tmp .. "/full-hf/config.json"))
-    local py = os.getenv("TRANSOM_HF_PYTHON") or (ROOT .. "/build/hfvenv/bin/python")
+    local py = os.getenv("TRANSOM_HF_PYTHON")
+      or ((os.getenv("XDG_CACHE_HOME") or ((os.getenv("HOME") or "") .. "/.cache")) .. "/transom/hfvenv/bin/python")
     if select(2, S.sh(q(py) .. " -c 'import transformers' 2>/dev/null")) == 0 then
       out = S.sh(q(py) .. " -c " .. q("import transformers; m = transformers.GPT2LMHeadModel.from_pretrained('"
         .. tmp .. "/full-hf'); print('params', sum(p.numel() for p in m.parameters()))") .. " 2>&1")

@@ -6,7 +6,7 @@
 -- the measured maximum differences are printed.
 --
 -- Needs a Python with torch and transformers: $TRANSOM_HF_PYTHON, else
--- build/hfvenv/bin/python (./test.sh makes it from PyPI, cached). Without
+-- ~/.cache/transom/hfvenv/bin/python (./test.sh makes it from PyPI, once per machine). Without
 -- one every case here is pending, not failed, unless TRANSOM_REQUIRE_HF is
 -- set. About 20 seconds on 2 cores (Python imports torch four times).
 
@@ -15,7 +15,8 @@ local jobmod = require("transom.job")
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
 local BIN, ROOT, q, read, write = S.BIN, S.ROOT, S.q, S.read, S.write
 
-local PY = os.getenv("TRANSOM_HF_PYTHON") or (ROOT .. "/build/hfvenv/bin/python")
+local PY = os.getenv("TRANSOM_HF_PYTHON")
+  or ((os.getenv("XDG_CACHE_HOME") or ((os.getenv("HOME") or "") .. "/.cache")) .. "/transom/hfvenv/bin/python")
 local have_py = select(2, S.sh(q(PY) .. " -c 'import torch, transformers' 2>/dev/null")) == 0
 
 local tmp = os.tmpname()
@@ -118,7 +119,7 @@ for i = 1, 32 do IDS[i] = (i * 7919 + 13) % 600 end
 local function need_py()
   if have_py then return true end
   if os.getenv("TRANSOM_REQUIRE_HF") then error("no Python with torch + transformers at " .. PY) end
-  pending("no Python with torch + transformers at " .. PY .. " (./test.sh installs it into build/hfvenv; "
+  pending("no Python with torch + transformers at " .. PY .. " (./test.sh installs it into ~/.cache/transom/hfvenv; "
     .. "or set TRANSOM_HF_PYTHON): Hugging Face round trip skipped")
   return false
 end
