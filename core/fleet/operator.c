@@ -94,6 +94,10 @@ int operator_live_count(operator_state *o) {
 
 void operator_spawn(operator_state *o, int k, const char *mode) {
   slot *s = &o->slots[k];
+  if (o->cfg->hosts > 0) { /* the agents start them */
+    hosts_place(o, k, mode);
+    return;
+  }
   char log[PATH_MAX], addr[64], slotstr[16], threads[16];
   snprintf(log, sizeof log, "%s/worker-%d.log", o->dir, k);
   snprintf(addr, sizeof addr, "127.0.0.1:%d", o->port);
@@ -120,12 +124,23 @@ void operator_spawn(operator_state *o, int k, const char *mode) {
     return;
   }
   s->pid = pid;
+  s->host = -1;
   s->adopted = 0;
   s->state = SLOT_STARTING;
   s->started = tr_now();
   s->done = 0;
   snprintf(s->mode, sizeof s->mode, "%s", mode);
   operator_event(o, o->best_step, k, "spawn", "replica %d started (pid %d, %s)", k, (int)pid, mode);
+}
+
+void operator_kill_slot(operator_state *o, slot *s, int sig) {
+  if (s->host >= 0) {
+    host_rec *h = &o->hosts[s->host];
+    if (h->bev && s->pid > 0)
+      evbuffer_add_printf(bufferevent_get_output(h->bev), "KILL slot=%d pid=%d sig=%d\n", s->slot, (int)s->pid, sig);
+  } else if (s->pid > 0) {
+    kill(s->pid, sig);
+  }
 }
 
 /* A running replica to catch up from: the one furthest ahead. */
@@ -171,7 +186,7 @@ static void check_finished(operator_state *o) {
   event_base_loopexit(o->base, NULL);
 }
 
-static void on_exit_slot(operator_state *o, slot *s, int status) {
+void operator_slot_exited(operator_state *o, slot *s, int status) {
   int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0, code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (s->bev) {
     bufferevent_free(s->bev);
@@ -187,7 +202,15 @@ static void on_exit_slot(operator_state *o, slot *s, int status) {
   }
   s->state = SLOT_DEAD;
   /* exit status 2: a start-up error that repeats on every try (worker.c) */
-  const char *reason = sig ? "killed" : code == 3 ? "evicted" : code == 2 ? "startup_error" : "exited";
+  const char *reason = s->lost ? s->lost : sig ? "killed" : code == 3 ? "evicted" : code == 2 ? "startup_error" : "exited";
+  int counted = s->lost != NULL; /* a lost host counted its failure once, not per replica */
+  s->lost = NULL;
+  if (s->host >= 0) {
+    if (!o->stopping && !counted) hosts_failure(o, s->host, reason);
+    o->hosts[s->host].used--;
+    s->last_host = s->host;
+    s->host = -1;
+  }
   if (o->stopping) {
     check_finished(o);
     return;
@@ -208,7 +231,7 @@ static void on_exit_slot(operator_state *o, slot *s, int status) {
       operator_count_restart(o, NULL);
       operator_event(o, s->step, -1, "restart_all", "stopping every replica to restart from the newest checkpoint");
       for (int i = 0; i < o->nslots; i++)
-        if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
+        if (o->slots[i].pid > 0) operator_kill_slot(o, &o->slots[i], SIGKILL);
     }
     if (operator_live_count(o) == 0) {
       o->restart_all_pending = 0;
@@ -275,7 +298,7 @@ static void det_action(void *ud, const detector_action *a) {
     case DET_ACT_EVICT:
       if (a->worker >= 0 && a->worker < o->nslots && o->slots[a->worker].pid > 0) {
         operator_event(o, o->best_step, a->worker, "evict", "replica %d evicted: %s", a->worker, why);
-        kill(o->slots[a->worker].pid, SIGKILL); /* also ends a stopped (SIGSTOP) process */
+        operator_kill_slot(o, &o->slots[a->worker], SIGKILL); /* also ends a stopped (SIGSTOP) process */
       }
       break;
     case DET_ACT_ROLLBACK: {
@@ -336,7 +359,7 @@ static void find_hung(operator_state *o) {
               "hang: replica %d has computed step %lld for %.1f s while %d replica(s) wait for it in the all-reduce",
               i, (long long)s->step + 1, busy, waiting);
     operator_event(o, s->step, i, "evict", "replica %d evicted: hang", i);
-    kill(s->pid, SIGKILL);
+    operator_kill_slot(o, s, SIGKILL);
     s->in_allreduce = 1; /* once */
   }
 }
@@ -345,6 +368,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
+  if (o->cfg->hosts > 0) hosts_tick(o);
   if (o->stopping) return;
   if (o->det) detector_tick(o->det, tr_now());
   find_hung(o);
@@ -365,9 +389,6 @@ static int start_detector(operator_state *o) {
     operator_event(o, 0, -1, "watch_failed", "policies are not watched (reload() from attach still works): %s", tr_error());
   int rc = prom_serve(o->base, "127.0.0.1", (int)o->cfg->metrics_port, o->det, prom_extra_cb, o, &o->prom);
   if (rc) return tr_fail_prefix(rc, "metrics_port %lld", (long long)o->cfg->metrics_port);
-  o->tick = event_new(o->base, -1, EV_PERSIST, tick_cb, o);
-  struct timeval tv = {0, 250000};
-  evtimer_add(o->tick, &tv);
   return TR_OK;
 }
 
@@ -398,7 +419,7 @@ void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, c
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
     if (s->timer) evtimer_del(s->timer);
-    if (s->pid > 0) kill(s->pid, SIGKILL);
+    if (s->pid > 0) operator_kill_slot(o, s, SIGKILL);
     else if (s->state == SLOT_WAITING) s->state = SLOT_DEAD;
   }
   if (operator_live_count(o) == 0) {
@@ -415,15 +436,25 @@ static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
     for (int i = 0; i < o->nslots; i++)
-      if (o->slots[i].pid == pid) on_exit_slot(o, &o->slots[i], status);
+      if (o->slots[i].pid == pid && o->slots[i].host < 0) operator_slot_exited(o, &o->slots[i], status);
 }
 
 static void kill_stragglers(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
-  for (int i = 0; i < o->nslots; i++)
-    if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    if (s->pid > 0) operator_kill_slot(o, s, SIGKILL);
+    if (s->host >= 0 && (s->state == SLOT_STARTING || s->state == SLOT_RUNNING)) {
+      /* its agent may be unreachable: the stop does not wait for its word */
+      operator_event(o, s->step, i, "stop_timeout", "replica %d on host %s did not stop in time; given up", i,
+                     o->hosts[s->host].name);
+      s->state = SLOT_DEAD;
+      s->pid = 0;
+    }
+  }
+  check_finished(o);
 }
 
 void operator_stop_all(operator_state *o, const char *why) {
@@ -550,9 +581,10 @@ static slot *on_hello(operator_state *o, struct bufferevent *bev, const char *li
   }
   if (proto_int(line, "live", 0)) return adopt(o, s, bev, line);
   s->bev = bev;
-  if (s->pid <= 0) { /* started by an external launcher */
+  if (s->pid <= 0 && s->host < 0) { /* started by an external launcher */
     s->pid = 0;
     s->state = SLOT_STARTING;
+    s->started = tr_now();
     const slot *d = pick_donor(o, k);
     snprintf(s->mode, sizeof s->mode, "%s", d ? "join" : o->best_step > 0 ? "resume" : "start");
   }
@@ -652,6 +684,7 @@ static void handle_line(operator_state *o, slot **sp, struct bufferevent *bev, c
 typedef struct {
   operator_state *o;
   slot *s;
+  int host; /* an agent's connection: its host; else -1 */
 } conn;
 
 static void conn_read(struct bufferevent *bev, void *arg) {
@@ -660,7 +693,8 @@ static void conn_read(struct bufferevent *bev, void *arg) {
   char *line;
   size_t n;
   while ((line = evbuffer_readln(in, &n, EVBUFFER_EOL_LF))) {
-    handle_line(c->o, &c->s, bev, line);
+    if (!c->s && (c->host >= 0 || proto_is(line, "AGENT"))) hosts_line(c->o, &c->host, bev, line);
+    else handle_line(c->o, &c->s, bev, line);
     free(line);
   }
   if (evbuffer_get_length(in) > PROTO_LINE_MAX) { /* a line that never ends */
@@ -674,13 +708,17 @@ static void conn_read(struct bufferevent *bev, void *arg) {
 static void conn_event(struct bufferevent *bev, short what, void *arg) {
   conn *c = arg;
   if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+  if (c->host >= 0 && c->o->hosts[c->host].bev == bev) {
+    c->o->hosts[c->host].bev = NULL;
+    hosts_conn_closed(c->o, c->host);
+  }
   slot *s = c->s;
   if (s && s->bev == bev) {
     s->bev = NULL;
     if ((s->pid == 0 || s->adopted) && s->state == SLOT_RUNNING) { /* external or adopted: the connection is its life */
       if (s->adopted && !s->done && s->pid > 0) kill(s->pid, SIGKILL); /* not our child: make sure it is gone */
       s->state = s->done ? SLOT_DONE : SLOT_DEAD;
-      if (!s->done) on_exit_slot(c->o, s, 0x100 /* exit code 1 */);
+      if (!s->done) operator_slot_exited(c->o, s, 0x100 /* exit code 1 */);
       else check_finished(c->o);
     }
   }
@@ -701,6 +739,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     return;
   }
   c->o = o;
+  c->host = -1;
   bufferevent_setcb(bev, conn_read, NULL, conn_event, c);
   bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
@@ -749,7 +788,9 @@ static int open_logs(operator_state *o, int resume) {
   snprintf(path, sizeof path, "%s/coordinator.log", o->dir);
   o->coord_log = fopen(path, "a");
   if (!o->metrics || !o->events) return tr_fail(TR_EIO, "cannot open the logs in %s", o->dir);
-  return operator_policy_load(o);
+  int rc = operator_policy_load(o);
+  if (!rc && o->cfg->hosts > 0) rc = hosts_policy_load(o);
+  return rc;
 }
 
 /* The FTAR coordinator and the workers' control port. Under an external
@@ -764,6 +805,9 @@ static int start_listeners(operator_state *o) {
   co.log = coord_log;
   co.log_ud = o;
   const char *maddr = getenv("MASTER_ADDR");
+  if (o->cfg->hosts > 0 && !(maddr && *maddr))
+    return tr_fail(TR_EINVAL, "%s: key 'hosts': hosts = %lld needs MASTER_ADDR, the address the agents reach this "
+                   "operator at (and MASTER_PORT, the port they are told)", o->cfg->path, (long long)o->cfg->hosts);
   snprintf(o->adv_host, sizeof o->adv_host, "%s", maddr && *maddr ? maddr : "127.0.0.1");
   o->coord = ftar_coord_create(o->base, maddr && *maddr ? "0.0.0.0" : "127.0.0.1", 0, &co);
   if (!o->coord) return tr_fail_prefix(TR_EIO, "coordinator");
@@ -801,6 +845,9 @@ static int start(operator_state *o) {
                    tr_error());
   if ((rc = start_listeners(o))) return rc;
   if (o->cfg->detector && (rc = start_detector(o))) return rc;
+  if (!(o->tick = event_new(o->base, -1, EV_PERSIST, tick_cb, o))) return tr_fail(TR_ENOMEM, "out of memory");
+  struct timeval tv = {0, 250000};
+  evtimer_add(o->tick, &tv);
   o->ev_chld = evsignal_new(o->base, SIGCHLD, sigchld_cb, o);
   o->ev_term = evsignal_new(o->base, SIGTERM, sigterm_cb, o);
   o->ev_int = evsignal_new(o->base, SIGINT, sigterm_cb, o);
@@ -812,9 +859,14 @@ static int start(operator_state *o) {
 }
 
 /* Every slot, and its worker unless an external launcher starts them. */
-static void spawn_all(operator_state *o) {
+void operator_spawn_all(operator_state *o) {
   const char *mode = o->resume ? "resume" : "start";
   int external = getenv("TRANSOM_EXTERNAL_WORKERS") != NULL;
+  if (o->cfg->hosts > 0 && !o->placing) { /* hosts_line starts them once the agents came */
+    operator_event(o, 0, -1, "waiting_for_hosts", "%d replicas wait for %lld agents (transom agent --operator %s:%d)",
+                   o->nslots, (long long)o->cfg->hosts, o->adv_host, o->port);
+    return;
+  }
   operator_event(o, 0, -1, o->resume ? "resume" : "start", "%d replicas", o->nslots);
   for (int i = 0; i < o->nslots; i++) {
     snprintf(o->slots[i].mode, sizeof o->slots[i].mode, "%s", mode);
@@ -871,7 +923,7 @@ static void adopt_tick(evutil_socket_t fd, short what, void *arg) {
       if (ftruncate(fileno(o->metrics), 0) != 0)
         operator_event(o, 0, -1, "metrics_error", "cannot truncate metrics.jsonl: %s", strerror(errno));
     }
-    spawn_all(o);
+    operator_spawn_all(o);
     return;
   }
   operator_event(o, o->best_step, -1, "adoption", "%d of %d replicas adopted live at step %lld; %d to start", adopted,
@@ -897,7 +949,7 @@ static void start_adoption(operator_state *o) {
   o->adopt_ev = event_new(o->base, -1, EV_PERSIST, adopt_tick, o);
   struct timeval tv = {0, 100000};
   if (o->adopt_ev) evtimer_add(o->adopt_ev, &tv);
-  else spawn_all(o);
+  else operator_spawn_all(o);
 }
 
 /* Do the finished replicas hold the same parameters? And what the run did. */
@@ -969,18 +1021,19 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
     teardown(&o);
     return rc;
   }
-  printf("operator: %d replicas x %d threads | on_failure %s | min_replicas %lld | workers at 127.0.0.1:%d | control "
+  printf("operator: %d replicas x %d threads | on_failure %s | min_replicas %lld | workers at %s:%d | control "
          "%s/control.sock\n",
-         o.nslots, o.threads, cfg->on_failure, (long long)cfg->min_replicas, o.port, dir);
+         o.nslots, o.threads, cfg->on_failure, (long long)cfg->min_replicas, o.adv_host, o.port, dir);
   fflush(stdout);
   o.t0 = tr_now();
   for (int i = 0; i < o.nslots; i++) {
     o.slots[i].o = &o;
     o.slots[i].slot = i;
     o.slots[i].resume_step = -1;
+    o.slots[i].host = o.slots[i].last_host = -1;
   }
   if (o.restarted) start_adoption(&o);
-  else spawn_all(&o);
+  else operator_spawn_all(&o);
   event_base_dispatch(o.base);
   verdict(&o);
   teardown(&o);

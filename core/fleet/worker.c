@@ -27,8 +27,11 @@
  *   SLURM_NTASKS (srun) stand in for --slot and --operator.
  */
 #define _GNU_SOURCE /* POLLRDHUP */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -567,6 +570,19 @@ static void on_quorum_wait(void *ud) {
   donor_boundary(w->dn);
 }
 
+/* The address peers reach us at: TRANSOM_HOST (an agent sets it), else the
+ * local end of our connection to the operator, the address its host routes
+ * to us (loopback only when the operator is on this host). */
+static void reachable_addr(worker *w, char *out, size_t n) {
+  const char *env = env_any("TRANSOM_HOST", NULL);
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof sa;
+  if (env) snprintf(out, n, "%s", env);
+  else if (getsockname(w->opfd, (struct sockaddr *)&sa, &sl) == 0 && sa.sin_family == AF_INET)
+    inet_ntop(AF_INET, &sa.sin_addr, out, (socklen_t)n);
+  else snprintf(out, n, "127.0.0.1");
+}
+
 /* Serves joiners, enters FTAR, tells the operator it is ready, starts the
  * heartbeat. me: the address peers reach us at. */
 static int enter_ring(worker *w, const char *coord, const char *me, double state_s, int joining) {
@@ -660,8 +676,9 @@ int worker_main(int argc, char **argv) {
   startup = strcmp(mode, "join") != 0; /* a donor's failure is not deterministic */
   if ((rc = get_state(&w, ck, mode, donor_addr, proto_int(line, "resume_step", -1)))) goto fail;
   startup = 0;
-  const char *me = env_any("TRANSOM_HOST", NULL); /* the address peers reach us at: multi-node launches */
-  if ((rc = enter_ring(&w, coord, me ? me : "127.0.0.1", tr_now() - t_state, strcmp(mode, "join") == 0))) goto fail;
+  char me[64];
+  reachable_addr(&w, me, sizeof me);
+  if ((rc = enter_ring(&w, coord, me, tr_now() - t_state, strcmp(mode, "join") == 0))) goto fail;
   if ((rc = train(&w, ck, run))) goto fail;
   exit_code = 0;
   goto done;
