@@ -178,8 +178,11 @@ static void restart_everything(operator_state *o, double delay) {
 /* --- failures --- */
 
 static void check_finished(operator_state *o) {
+  int done = 0;
+  for (int i = 0; i < o->nslots; i++) done |= o->slots[i].state == SLOT_DONE;
   for (int i = 0; i < o->nslots; i++) {
     slot_state st = o->slots[i].state;
+    if (st == SLOT_WAITING && o->slots[i].unplaced && (done || o->stopping)) continue; /* no host came in time */
     if (st == SLOT_STARTING || st == SLOT_RUNNING || st == SLOT_WAITING) return;
   }
   o->finished = 1;
