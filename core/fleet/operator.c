@@ -749,8 +749,78 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 
 /* --- FTAR membership --- */
 
+/* Aborted epochs with no step done in between, this many (and for at
+ * least LIVELOCK_DEADLINES deadlines), mean a member the others cannot reach
+ * (a wrong advertised address, a one-way link): it is evicted. */
+#define LIVELOCK_ABORTS 5
+#define LIVELOCK_DEADLINES 2.0
+
+typedef struct {
+  operator_state *o;
+  int slot;
+} evict_req;
+
+static void evict_unreachable(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  evict_req *r = arg;
+  operator_state *o = r->o;
+  slot *s = &o->slots[r->slot];
+  free(r);
+  if (o->stopping || (s->state != SLOT_RUNNING && s->state != SLOT_STARTING)) return;
+  operator_event(o, o->best_step, s->slot, "evict", "replica %d evicted: unreachable", s->slot);
+  ftar_coord_evict(o->coord, s->slot);
+  operator_kill_slot(o, s, SIGKILL);
+}
+
+/* The member no reporter of the aborts is: the one the others fail to
+ * reach; among several, the newest (a replacement that came with a bad
+ * address). Every member reported: the newest. */
+static int unreachable_suspect(operator_state *o, const ftar_change *c) {
+  int best = -1, quiet = 0;
+  for (int i = 0; i < c->n_members; i++) {
+    int k = c->slots[i];
+    if (k < 0 || k >= o->nslots) continue;
+    int q = !o->abort_reporters[k];
+    if (best < 0 || q > quiet || (q == quiet && o->slots[k].ready_at > o->slots[best].ready_at)) best = k, quiet = q;
+  }
+  return best;
+}
+
+static void watch_aborts(operator_state *o, const ftar_change *c) {
+  double now = tr_now();
+  if (c->kind != FTAR_CHANGE_ABORTED) return;
+  if (o->aborts == 0 || o->best_step > o->abort_step) { /* the first abort since a step was done */
+    o->aborts = 0;
+    o->abort_step = o->best_step;
+    o->abort_t0 = now;
+    memset(o->abort_reporters, 0, sizeof o->abort_reporters);
+  }
+  o->aborts++;
+  if (c->slot >= 0 && c->slot < MAX_SLOTS) o->abort_reporters[c->slot] = 1;
+  if (o->aborts < LIVELOCK_ABORTS || now - o->abort_t0 < LIVELOCK_DEADLINES * o->cfg->deadline || o->stopping) return;
+  int k = unreachable_suspect(o, c);
+  if (k < 0) return;
+  char by[256] = "";
+  for (int i = 0, n = 0; i < o->nslots && n + 8 < (int)sizeof by; i++)
+    if (o->abort_reporters[i]) n += snprintf(by + n, sizeof by - (size_t)n, "%s%d", n ? "," : "", i);
+  const slot *s = &o->slots[k];
+  operator_event(o, o->best_step, k, "anomaly",
+                 "unreachable: replica %d (%s) - %d aborted epochs in %.1f s without a step done since step %lld, "
+                 "reported by replica(s) [%s]",
+                 k, s->host >= 0 ? o->hosts[s->host].name : "this host", o->aborts, now - o->abort_t0,
+                 (long long)o->abort_step, by);
+  o->aborts = 0;
+  memset(o->abort_reporters, 0, sizeof o->abort_reporters);
+  evict_req *r = malloc(sizeof *r);
+  struct timeval tv = {0, 0};
+  if (r) *r = (evict_req){o, k};
+  if (r && event_base_once(o->base, -1, EV_TIMEOUT, evict_unreachable, r, &tv) != 0) free(r);
+}
+
 static void on_change(void *ud, const ftar_change *c) {
   operator_state *o = ud;
+  watch_aborts(o, c);
   static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted"};
   char list[512] = "";
   size_t k = 0;

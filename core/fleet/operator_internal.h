@@ -123,6 +123,12 @@ struct operator_state {
   policy *hosts_pol;          /* hosts.lua (cordon / uncordon), on pol's engine */
   int hosts_state_ref;
   double hosts_policy_at;     /* when hosts.lua last looked at the cordoned hosts */
+  /* aborted epochs without progress (operator.c, watch_aborts): a member
+   * its peers cannot reach makes every collective abort again */
+  int64_t abort_step;
+  int aborts;
+  double abort_t0;
+  unsigned char abort_reporters[MAX_SLOTS];
 };
 
 
