@@ -41,10 +41,15 @@ local function job(run, extra)
     "--set checkpoint.every_steps=20 --set deadline=" .. T(2), extra or "" }, " ")
 end
 
+-- an agent on host k, given the job's secret (made by the operator at its start)
 local function agent(k, run, extra)
+  for _ = 1, N(300) do
+    if S.exists(run .. "/secret") then break end
+    sleep(0.05)
+  end
   return S.spawn(TH .. " exec " .. NAME .. " " .. k .. " env TRANSOM_TEST_STEP_MS=40 " .. BIN ..
-    " agent --operator 10.77.0.1:" .. PORT .. " --name h" .. k .. " --cores 1 " .. (extra or ""),
-    run .. "-agent" .. k .. ".log")
+    " agent --operator 10.77.0.1:" .. PORT .. " --secret-file " .. run .. "/secret --name h" .. k .. " --cores 1 " ..
+    (extra or ""), run .. "-agent" .. k .. ".log")
 end
 
 local function events(run) return read(run .. "/events.jsonl") or "" end

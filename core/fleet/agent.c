@@ -13,7 +13,10 @@
  * and exits 1 (a restarted operator needs agents started again); SIGTERM or
  * SIGINT: the same, exit 0.
  *
- *   transom agent --operator HOST:PORT [--name NAME] [--addr ADDR] [--slots N] [--cores N]
+ *   transom agent --operator HOST:PORT --secret-file RUN/secret [--name NAME] [--addr ADDR] [--slots N]
+ *                 [--cores N]
+ * It proves the job's secret on connecting (auth.h) and hands it to its
+ * workers (TRANSOM_SECRET).
  *
  * Single-threaded, blocking sockets and poll(); SIGCHLD through a self-pipe.
  */
@@ -33,6 +36,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "proto.h"
 #include "util.h"
 
@@ -49,10 +53,13 @@ typedef struct {
   pid_t pids[AGENT_SLOTS]; /* per worker: its pid */
   int slots[AGENT_SLOTS];  /* and its replica slot */
   int n;
+  auth_secret secret; /* the job's: --secret-file, TRANSOM_SECRET or TRANSOM_SECRET_FILE */
+  char secret_hex[2 * AUTH_KEY_MAX + 1];
 } agent;
 
 static const char agent_usage[] =
-    "usage: transom agent --operator HOST:PORT [--name NAME] [--addr ADDR] [--slots N] [--cores N]\n"
+    "usage: transom agent --operator HOST:PORT --secret-file RUN/secret [--name NAME] [--addr ADDR] [--slots N]\n"
+    "                     [--cores N]\n"
     "\n"
     "One per host: registers with the operator of a job with `hosts = N` (started\n"
     "with MASTER_ADDR/MASTER_PORT), starts and supervises the replicas it places\n"
@@ -60,7 +67,9 @@ static const char agent_usage[] =
     "--addr: the address other hosts reach this one at (default: the local\n"
     "address of the connection to the operator; never loopback when the operator\n"
     "is elsewhere); --slots: replicas this host runs at most (default 1);\n"
-    "--cores: cores to share among them (default: all online).\n"
+    "--cores: cores to share among them (default: all online). --secret-file: the\n"
+    "job's secret (RUN/secret, made by the operator; or TRANSOM_SECRET=hex,\n"
+    "TRANSOM_SECRET_FILE=path): the operator refuses an agent without it.\n"
     "MASTER_ADDR/MASTER_PORT stand in for --operator (srun, one task per node).\n"
     "Exit status: 0 stopped (SIGTERM/SIGINT), 1 the operator was lost or refused us, 2 usage.\n";
 
@@ -92,6 +101,7 @@ static int parse(agent *a, int argc, char **argv, int *done) {
     else if (strcmp(argv[i], "--addr") == 0 && v) snprintf(a->addr, sizeof a->addr, "%s", argv[++i]);
     else if (strcmp(argv[i], "--slots") == 0 && v) a->nslots = atoi(argv[++i]);
     else if (strcmp(argv[i], "--cores") == 0 && v) a->cores = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--secret-file") == 0 && v) setenv("TRANSOM_SECRET_FILE", argv[++i], 1);
     else {
       fprintf(stderr, "transom agent: unexpected argument '%s'\n%s", argv[i], agent_usage);
       return 2;
@@ -110,6 +120,11 @@ static int parse(agent *a, int argc, char **argv, int *done) {
     fprintf(stderr, "transom agent: %s\n", tr_error());
     return 2;
   }
+  if (auth_secret_from_env(&a->secret)) {
+    fprintf(stderr, "transom agent: %s\n", tr_error());
+    return 2;
+  }
+  auth_secret_hex(&a->secret, a->secret_hex, sizeof a->secret_hex);
   if (!a->name[0] && gethostname(a->name, sizeof a->name) != 0) snprintf(a->name, sizeof a->name, "host");
   return 0;
 }
@@ -148,6 +163,8 @@ static void start_worker(agent *a, const char *line) {
     signal(SIGTERM, SIG_DFL);
     signal(SIGCHLD, SIG_DFL);
     setenv("TRANSOM_HOST", a->addr, 1);
+    if (a->secret.len) setenv("TRANSOM_SECRET", a->secret_hex, 1);
+    unsetenv("TRANSOM_SECRET_FILE");
     setenv("TRANSOM_LOCAL_RANK", ks, 1);
     unsetenv("MASTER_ADDR"); /* --operator says where; RANK etc. must not override the slot */
     unsetenv("MASTER_PORT");
@@ -205,6 +222,9 @@ static int hello(agent *a) {
   }
   local_addr(a);
   a->rd.fd = a->fd;
+  if (auth_client(a->fd, &a->secret, 30.0))
+    return tr_fail(TR_EIO, "the operator at %s:%d: %s (is --secret-file RUN/secret given?)", a->op, a->op_port,
+                   tr_error());
   char line[PROTO_LINE_MAX];
   if (proto_send(a->fd, "AGENT name=%s addr=%s cores=%d gpus=0 slots=%d pid=%d", a->name, a->addr, a->cores,
                  a->nslots, (int)getpid()))

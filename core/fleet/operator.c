@@ -37,6 +37,7 @@
 #include <lauxlib.h>
 #include <limits.h>
 #include <math.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -115,6 +116,7 @@ void operator_spawn(operator_state *o, int k, const char *mode) {
     }
     signal(SIGINT, SIG_IGN); /* Ctrl-C goes to the operator, which stops the workers in order */
     setenv("TRANSOM_LOCAL_RANK", slotstr, 1); /* a GPU each: device slot % visible devices (backend.h) */
+    setenv("TRANSOM_SECRET", o->secret_hex, 1);
     execl(o->self, "transom", "worker", "--operator", addr, "--slot", slotstr, "--threads", threads, (char *)NULL);
     _exit(127); /* ok-exit: exec failed in the child */
   }
@@ -688,13 +690,38 @@ typedef struct {
   operator_state *o;
   slot *s;
   int host; /* an agent's connection: its host; else -1 */
+  int authed; /* it answered our challenge with the job secret */
+  uint8_t ch[AUTH_CHALLENGE];
+  char peer[64];
 } conn;
+
+/* The first AUTH_MAC bytes of a connection: the answer to our challenge.
+ * Returns 1 when it proved the secret, 0 while it is incomplete, -1 when
+ * wrong (an auth_refused event; the caller closes). */
+static int conn_auth(conn *c, struct evbuffer *in) {
+  if (c->authed) return 1;
+  if (evbuffer_get_length(in) < AUTH_MAC) return 0;
+  uint8_t mac[AUTH_MAC];
+  evbuffer_remove(in, mac, sizeof mac);
+  if (auth_verify(&c->o->secret, c->ch, mac)) return c->authed = 1;
+  operator_event(c->o, c->o->best_step, -1, "auth_refused",
+                 "a connection from %s to the workers' port did not prove the job secret; closed", c->peer);
+  return -1;
+}
 
 static void conn_read(struct bufferevent *bev, void *arg) {
   conn *c = arg;
   struct evbuffer *in = bufferevent_get_input(bev);
   char *line;
   size_t n;
+  int ok = conn_auth(c, in);
+  if (ok <= 0) {
+    if (ok < 0) {
+      bufferevent_free(bev);
+      free(c);
+    }
+    return;
+  }
   while ((line = evbuffer_readln(in, &n, EVBUFFER_EOL_LF))) {
     if (!c->s && (c->host >= 0 || proto_is(line, "AGENT"))) hosts_line(c->o, &c->host, bev, line);
     else handle_line(c->o, &c->s, bev, line);
@@ -731,7 +758,6 @@ static void conn_event(struct bufferevent *bev, short what, void *arg) {
 
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg) {
   (void)l;
-  (void)sa;
   (void)len;
   operator_state *o = arg;
   struct bufferevent *bev = bufferevent_socket_new(o->base, fd, BEV_OPT_CLOSE_ON_FREE);
@@ -743,6 +769,14 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
   }
   c->o = o;
   c->host = -1;
+  c->authed = o->secret.len == 0;
+  if (sa && sa->sa_family == AF_INET)
+    inet_ntop(AF_INET, &((struct sockaddr_in *)sa)->sin_addr, c->peer, sizeof c->peer);
+  else snprintf(c->peer, sizeof c->peer, "?");
+  if (!c->authed) { /* first thing: the challenge; nothing is read before its answer */
+    auth_challenge(c->ch);
+    evbuffer_add(bufferevent_get_output(bev), c->ch, sizeof c->ch);
+  }
   bufferevent_setcb(bev, conn_read, NULL, conn_event, c);
   bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
@@ -839,6 +873,7 @@ static void on_change(void *ud, const ftar_change *c) {
 
 static void coord_log(void *ud, const char *msg) {
   operator_state *o = ud;
+  if (strstr(msg, "did not prove the job secret")) operator_event(o, o->best_step, -1, "auth_refused", "coordinator: %s", msg);
   if (o->coord_log) {
     fprintf(o->coord_log, "%.3f %s\n", tr_now() - o->t0, msg);
     fflush(o->coord_log);
@@ -877,6 +912,8 @@ static int start_listeners(operator_state *o) {
   co.ud = o;
   co.log = coord_log;
   co.log_ud = o;
+  co.secret = o->secret.key;
+  co.secret_len = o->secret.len;
   const char *maddr = getenv("MASTER_ADDR");
   if (o->cfg->hosts > 0 && !(maddr && *maddr))
     return tr_fail(TR_EINVAL, "%s: key 'hosts': hosts = %lld needs MASTER_ADDR, the address the agents reach this "
@@ -916,6 +953,10 @@ static int start(operator_state *o) {
   if (policy_watch(o->pol, o->base))
     operator_event(o, 0, -1, "watch_failed", "restart.lua is not watched (reload() from attach still works): %s",
                    tr_error());
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/secret", o->dir);
+  if ((rc = auth_secret_make(path, &o->secret))) return rc;
+  auth_secret_hex(&o->secret, o->secret_hex, sizeof o->secret_hex);
   if ((rc = start_listeners(o))) return rc;
   if (o->cfg->detector && (rc = start_detector(o))) return rc;
   if (!(o->tick = event_new(o->base, -1, EV_PERSIST, tick_cb, o))) return tr_fail(TR_ENOMEM, "out of memory");

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "auth.h"
 #include "detector.h"
 #include "ftar.h"
 #include "job.h"
@@ -129,6 +130,8 @@ struct operator_state {
   int aborts;
   double abort_t0;
   unsigned char abort_reporters[MAX_SLOTS];
+  auth_secret secret;         /* the job's (RUN/secret): every connection to our ports proves it */
+  char secret_hex[2 * AUTH_KEY_MAX + 1];
 };
 
 
