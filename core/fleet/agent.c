@@ -230,6 +230,9 @@ static int hello(agent *a) {
                  a->nslots, (int)getpid()))
     return tr_fail(TR_EIO, "operator: %s", strerror(errno));
   int rc = proto_read(&a->rd, line, sizeof line, 30000);
+  char why[300];
+  if (rc > 0 && proto_is(line, "REFUSE") && proto_get(line, "why", why, sizeof why))
+    return tr_fail(TR_EIO, "the operator at %s:%d refused us: %s", a->op, a->op_port, why);
   if (rc <= 0 || !proto_is(line, "WELCOME"))
     return tr_fail(TR_EIO, "the operator at %s:%d %s: %s", a->op, a->op_port, rc > 0 ? "refused us" : "did not answer",
                    rc > 0 ? line : "");

@@ -238,6 +238,10 @@ void hosts_place(operator_state *o, int k, const char *mode) {
 static void on_agent(operator_state *o, int *hp, struct bufferevent *bev, const char *line) {
   struct evbuffer *out = bufferevent_get_output(bev);
   char name[64], addr[64];
+  if (o->cfg->hosts == 0) {
+    evbuffer_add_printf(out, "REFUSE why=this%%20job%%20runs%%20on%%20one%%20host%%20(hosts%%20=%%200)\n");
+    return;
+  }
   if (!proto_get(line, "name", name, sizeof name) || !proto_get(line, "addr", addr, sizeof addr)) {
     evbuffer_add_printf(out, "REFUSE why=AGENT%%20needs%%20name%%20and%%20addr\n");
     return;
