@@ -234,6 +234,26 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     print("\n  " .. (events(run):match("unreachable: replica 1 [^\"]*") or ""))
   end)
 
+  it("a slow link (tbf 10 mbit on one host) is named by the slow_link rule", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    local run = tmp .. "/slow"
+    local pid, rc_of = S.spawn_rc(job(run), run .. ".out")
+    agent(2, run)
+    agent(3, run)
+    assert(wait_step(run, 30), "no progress")
+    local slowed = events(run):match('replica 1 placed on host h(%d)')
+    local out, rc = sh(TH .. " slow " .. NAME .. " " .. slowed .. " 10mbit")
+    assert(rc == 0, out)
+    assert(wait_event(run, '"kind":"anomaly","detail":"slow_link: host h' .. slowed .. ' ', T(40)), events(run))
+    local other = slowed == "2" and "3" or "2"
+    assert.is_nil(events(run):match("slow_link: host h" .. other))
+    print("\n  " .. (events(run):match("slow_link: host [^\"]*") or ""))
+    sh("kill -TERM " .. pid)
+    assert.equal(0, wait_exit(rc_of, T(60)), read(run .. ".out"))
+  end)
+
   it("SIGTERM to the operator while a host is cut off: a checkpoint and exit 0, bounded", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end

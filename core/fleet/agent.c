@@ -4,7 +4,8 @@
  * `transom worker --operator OP --slot K --threads N`, TRANSOM_HOST set to
  * this host's routable address so the worker advertises it to its peers),
  * kills them when told (KILL), reports every exit with its real wait status
- * (EXITED), and heartbeats (HB) every HB_INTERVAL. Its death is the host's
+ * (EXITED), heartbeats (HB) every HB_INTERVAL, and every PROBE_INTERVAL
+ * sends a link probe (64 KB of padded lines) the operator times. Its death is the host's
  * death: its workers die with it (PR_SET_PDEATHSIG), and the operator
  * counts them lost when its connection closes or its heartbeats lapse.
  *
@@ -43,6 +44,9 @@
 int agent_main(int argc, char **argv);
 
 #define HB_INTERVAL 0.5 /* seconds between heartbeats to the operator */
+#define PROBE_INTERVAL 2.0 /* seconds between link probes (PROBE_LINES x PROBE_PAD bytes) */
+#define PROBE_LINES 16
+#define PROBE_PAD 4000
 #define AGENT_SLOTS 64
 
 typedef struct {
@@ -251,13 +255,28 @@ static void handle_lines(agent *a) {
   }
 }
 
+/* A link probe: PROBE_LINES padded lines between PROBE and PROBE_END; the
+ * operator times their arrival (operator_hosts.c: a slow link). */
+static int probe(agent *a) {
+  static char pad[PROBE_PAD + 1];
+  if (!pad[0]) memset(pad, 'x', PROBE_PAD);
+  if (proto_send(a->fd, "PROBE lines=%d", PROBE_LINES)) return -1;
+  for (int i = 0; i < PROBE_LINES; i++)
+    if (proto_send(a->fd, "PAD p=%s", pad)) return -1;
+  return proto_send(a->fd, "PROBE_END bytes=%d", PROBE_LINES * (PROBE_PAD + 7));
+}
+
 static int serve(agent *a) {
-  double next_hb = 0;
+  double next_hb = 0, next_probe = tr_now() + PROBE_INTERVAL;
   handle_lines(a); /* what came with WELCOME */
   while (!stop_sig) {
     if (tr_now() >= next_hb) {
       if (proto_send(a->fd, "HB n=%d", a->n)) return tr_fail(TR_EIO, "lost the operator");
       next_hb = tr_now() + HB_INTERVAL;
+    }
+    if (tr_now() >= next_probe) {
+      if (probe(a)) return tr_fail(TR_EIO, "lost the operator");
+      next_probe = tr_now() + PROBE_INTERVAL;
     }
     struct pollfd p[2] = {{.fd = a->fd, .events = POLLIN}, {.fd = pipe_fds[0], .events = POLLIN}};
     if (poll(p, 2, (int)(HB_INTERVAL * 1000)) < 0 && errno != EINTR) return tr_fail(TR_EIO, "poll: %s", strerror(errno));

@@ -233,6 +233,40 @@ void hosts_place(operator_state *o, int k, const char *mode) {
                  h == s->last_host ? ", where it failed last: no other host has room" : "");
 }
 
+/* --- link probes: a slow link --- */
+
+/* A host's link is slow when its probes come in SLOW_FACTOR times slower
+ * than the fastest other host's, SLOW_PROBES times in a row, and below
+ * SLOW_ABS bytes/s (fast links differ by noise, a loaded machine's
+ * scheduling included: the absolute bound keeps those out). */
+#define SLOW_FACTOR 10.0
+#define SLOW_PROBES 2
+#define SLOW_ABS 12.5e6 /* 100 Mbit/s */
+
+static void on_probe_end(operator_state *o, int h, double bytes) {
+  host_rec *r = &o->hosts[h];
+  if (r->probe_t0 <= 0 || bytes <= 0) return;
+  double dt = tr_now() - r->probe_t0;
+  r->probe_t0 = 0;
+  r->link_Bps = bytes / (dt > 1e-6 ? dt : 1e-6);
+  double best = 0;
+  int fastest = -1;
+  for (int i = 0; i < o->nhosts; i++)
+    if (i != h && o->hosts[i].alive && o->hosts[i].link_Bps > best) best = o->hosts[i].link_Bps, fastest = i;
+  int slow = fastest >= 0 && r->link_Bps < SLOW_ABS && r->link_Bps * SLOW_FACTOR < best;
+  r->slow_probes = slow ? r->slow_probes + 1 : 0;
+  if (!slow) r->slow_named = 0;
+  if (r->slow_probes < SLOW_PROBES || r->slow_named) return;
+  r->slow_named = 1;
+  int k = -1;
+  for (int i = 0; i < o->nslots; i++)
+    if (o->slots[i].host == h) k = i;
+  operator_event(o, o->best_step, k, "anomaly",
+                 "slow_link: host %s (%s): %.2f MB/s to the operator, %.0fx below host %s's (%d probes in a row)%s", r->name,
+                 r->addr, r->link_Bps / 1e6, best / r->link_Bps, o->hosts[fastest].name, r->slow_probes,
+                 k >= 0 ? ": its replicas straggle every all-reduce" : "");
+}
+
 /* --- the agents' lines --- */
 
 static void on_agent(operator_state *o, int *hp, struct bufferevent *bev, const char *line) {
@@ -299,7 +333,11 @@ void hosts_line(operator_state *o, int *hp, struct bufferevent *bev, const char 
   int h = *hp;
   if (h < 0 || o->hosts[h].bev != bev) return; /* a lost host's late words */
   o->hosts[h].last_heard = tr_now();
-  if (proto_is(line, "STARTED")) {
+  if (proto_is(line, "PROBE")) {
+    o->hosts[h].probe_t0 = tr_now();
+  } else if (proto_is(line, "PROBE_END")) {
+    on_probe_end(o, h, proto_num(line, "bytes", 0));
+  } else if (proto_is(line, "STARTED")) {
     int k = (int)proto_int(line, "slot", -1);
     if (k >= 0 && k < o->nslots && o->slots[k].host == h && o->slots[k].pid == 0)
       o->slots[k].pid = (pid_t)proto_int(line, "pid", 0);

@@ -73,6 +73,10 @@ typedef struct {
   double fail_at[HOST_FAILS]; /* its failures (seconds since the operator started), a ring */
   int nfail;
   double cordoned_at;
+  double probe_t0;         /* tr_now() when its link probe's first line came; 0: none under way */
+  double link_Bps;         /* its link's rate to us, from the last probe (bytes/s; 0: none yet) */
+  int slow_probes;         /* probes in a row far below the fastest host's */
+  int slow_named;          /* the slow_link anomaly was raised (once until it recovers) */
 } host_rec;
 
 typedef struct {

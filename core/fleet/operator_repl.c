@@ -134,6 +134,8 @@ static int l_hosts(lua_State *L) {
     lua_setfield(L, -2, "cores");
     lua_pushinteger(L, h->nfail);
     lua_setfield(L, -2, "failures");
+    lua_pushnumber(L, h->link_Bps * 8 / 1e6);
+    lua_setfield(L, -2, "link_mbit");
     lua_rawseti(L, -2, i + 1);
   }
   return 1;
