@@ -308,7 +308,7 @@ static void on_agent(operator_state *o, int *hp, struct bufferevent *bev, const 
                  r->cores, r->gpus, r->nslots, r->cordoned ? " (cordoned)" : "");
   if (!o->placing && alive_hosts(o) >= o->cfg->hosts && !o->stopping) {
     o->placing = 1;
-    operator_spawn_all(o);
+    if (!o->adopting) operator_spawn_all(o); /* else the adoption window's end starts them */
   }
 }
 
