@@ -200,6 +200,12 @@ void operator_slot_exited(operator_state *o, slot *s, int status) {
   s->pid = 0;
   s->donor[0] = 0;
   if (o->det) detector_worker_gone(o->det, s->slot);
+  int on_host = s->host; /* its agent's slot is free again */
+  if (s->host >= 0) {
+    o->hosts[s->host].used--;
+    s->last_host = s->host;
+    s->host = -1;
+  }
   if (s->done && code == 0) {
     s->state = SLOT_DONE;
     check_finished(o);
@@ -210,12 +216,7 @@ void operator_slot_exited(operator_state *o, slot *s, int status) {
   const char *reason = s->lost ? s->lost : sig ? "killed" : code == 3 ? "evicted" : code == 2 ? "startup_error" : "exited";
   int counted = s->lost != NULL; /* a lost host counted its failure once, not per replica */
   s->lost = NULL;
-  if (s->host >= 0) {
-    if (!o->stopping && !counted) hosts_failure(o, s->host, reason);
-    o->hosts[s->host].used--;
-    s->last_host = s->host;
-    s->host = -1;
-  }
+  if (on_host >= 0 && !o->stopping && !counted) hosts_failure(o, on_host, reason);
   if (o->stopping) {
     check_finished(o);
     return;
