@@ -1,7 +1,8 @@
 -- agents_spec.lua — replicas across hosts: `transom agent` on test hosts
 -- (network namespaces on a bridge, spec/hosts/testhosts.sh), the operator
 -- on the first, and real network faults: a host's link cut in the middle
--- of training and restored (the cut-off replica is replaced on a spare host
+-- of an all-reduce (its worker stopped by the FTAR test hook at a data
+-- frame while the link goes down) and restored (the cut-off replica is replaced on a spare host
 -- and fenced: it never contributes again), whole hosts lost (agent and
 -- workers killed at once: a replacement on the spare; with no spare the job
 -- trains on with fewer replicas, down to min_replicas), SIGTERM to the
@@ -42,12 +43,12 @@ local function job(run, extra)
 end
 
 -- an agent on host k, given the job's secret (made by the operator at its start)
-local function agent(k, run, extra)
+local function agent(k, run, extra, envs)
   for _ = 1, N(300) do
     if S.exists(run .. "/secret") then break end
     sleep(0.05)
   end
-  return S.spawn(TH .. " exec " .. NAME .. " " .. k .. " env TRANSOM_TEST_STEP_MS=40 " .. BIN ..
+  return S.spawn(TH .. " exec " .. NAME .. " " .. k .. " env TRANSOM_TEST_STEP_MS=40 " .. (envs or "") .. " " .. BIN ..
     " agent --operator 10.77.0.1:" .. PORT .. " --secret-file " .. run .. "/secret --name h" .. k .. " --cores 1 " ..
     (extra or ""), run .. "-agent" .. k .. ".log")
 end
@@ -128,46 +129,62 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.matches("MASTER_ADDR", out, 1, true)
   end)
 
-  it("a host's link cut mid-training: replaced on the spare, fenced when restored", function()
+  it("a host's link cut in the middle of an all-reduce: replaced on the spare, fenced when restored", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
     up(4)
     local run = tmp .. "/cut"
     local pid, rc_of = S.spawn_rc(job(run), run .. ".out")
-    agent(2, run)
+    -- the worker on h2 stops itself (SIGSTOP) at the first data frame of the
+    -- all-reduce of step 100 (the test hook of ftar_ring.c): the link is cut
+    -- while it is in the middle of that collective, then it runs on, cut off
+    local CUT_SEQ = 100
+    agent(2, run, nil, "TRANSOM_TEST_FTAR_FAULT=stop:" .. CUT_SEQ .. ":1")
     agent(3, run)
     assert(wait_event(run, '"kind":"start"'), events(run))
     agent(4, run) -- the spare, once both replicas are placed
     assert(wait_event(run, "host_joined[^\n]*host h4"), events(run))
-    assert(wait_step(run, 80), "no progress")
-    -- the host that holds replica 0
-    local victim = events(run):match('replica 0 placed on host h(%d)')
-    assert(victim, events(run))
-    sh(TH .. " cut " .. NAME .. " " .. victim)
-    local cut_at = best_step(run)
-    assert(wait_event(run, "host_lost[^\n]*host h" .. victim .. " [^\n]*no word from its agent", T(30)), events(run))
-    assert(wait_event(run, "replica_ready[^\n]*replica 0 ready[^\n]*join", T(30)), events(run))
-    sh(TH .. " restore " .. NAME .. " " .. victim)
+    local v = tonumber(events(run):match('replica (%d) placed on host h2'))
+    assert(v, events(run))
+    local other = 1 - v
+    local wpid
+    assert(wait_step(run, 50), "no progress")
+    wpid = tonumber(sh(BIN .. " chaos " .. run .. " status"):match("replica " .. v .. ": running pid (%d+)"))
+    assert(wpid, "no pid for replica " .. v)
+    local stopped = false
+    for _ = 1, N(600) do
+      local stat = read("/proc/" .. wpid .. "/stat") or ""
+      if stat:match("^%d+ %b() T") then stopped = true break end
+      sleep(0.05)
+    end
+    assert(stopped, "replica " .. v .. " never reached the all-reduce of step " .. CUT_SEQ)
+    sh(TH .. " cut " .. NAME .. " 2")
+    sh("kill -CONT " .. wpid)
+    assert(wait_event(run, "host_lost[^\n]*host h2 [^\n]*no word from its agent", T(30)), events(run))
+    assert(wait_event(run, "replica_ready[^\n]*replica " .. v .. " ready[^\n]*join", T(30)), events(run))
+    sh(TH .. " restore " .. NAME .. " 2")
     local rc = wait_exit(rc_of, T(120))
     local out = read(run .. ".out")
     assert.equal(0, rc, out)
     local ev = events(run)
     assert.matches("finished at step " .. STEPS, out, 1, true)
     -- replaced on the spare, not back on the cut host
-    assert.matches("replica 0 placed on host h4", ev, 1, true)
-    assert.is_nil(ev:match("replica 0 placed on host h" .. victim .. "[^\n]*join"))
-    -- the survivor never stopped: every step once, in order
+    assert.matches("replica " .. v .. " placed on host h4", ev, 1, true)
+    assert.is_nil(ev:match("replica " .. v .. " placed on host h2[^\n]*join"))
+    -- the survivor finished the step among itself and never stopped: every step once, in order
     local by = steps_by_worker(run)
-    local other = 1
     for i = 2, #by[other] do assert.equal(by[other][i - 1].step + 1, by[other][i].step) end
     assert.equal(STEPS, by[other][#by[other]].step)
-    -- fenced: the cut-off worker was killed by its own agent once the link
-    -- came back (it lost the operator), and every replica agrees at the end
-    -- (a stale gradient would have split them)
-    assert.matches("replica 0 %(pid %d+%) exited, status 0x9", read(run .. "-agent" .. victim .. ".log"))
+    for _, r in ipairs(by[other]) do
+      if r.step == CUT_SEQ + 1 then assert.equal(1, r.replicas) end -- the step cut mid-reduce: its own gradient
+    end
+    -- fenced: its own agent killed the cut-off worker once the link came
+    -- back (it lost the operator), and every replica agrees at the end (a
+    -- stale gradient would have split them)
+    assert.matches("replica " .. v .. " %(pid " .. wpid .. "%) exited, status 0x9", read(run .. "-agent2.log"))
     assert.matches("replicas_agree", ev, 1, true)
-    print(string.format("\n  link cut at step %d; replacement ready: %s", cut_at,
-      ev:match('replica 0 ready at step %d+ %(join[^)]*%)') or "?"))
+    print(string.format("\n  link cut in all-reduce %d; replacement ready: %s", CUT_SEQ,
+      ev:match('replica ' .. v .. ' ready at step %d+ %(join[^)]*%)') or "?"))
   end)
 
   it("whole hosts lost: a replacement on the spare, then with no spare fewer replicas", function()
