@@ -24,6 +24,7 @@
 #define _GNU_SOURCE /* PR_SET_PDEATHSIG */
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -51,7 +52,7 @@ int agent_main(int argc, char **argv);
 
 typedef struct {
   char op[300], name[64], addr[64], self[PATH_MAX];
-  int op_port, nslots, cores;
+  int op_port, nslots, cores, gpus;
   int fd;
   proto_reader rd;
   pid_t pids[AGENT_SLOTS]; /* per worker: its pid */
@@ -63,7 +64,7 @@ typedef struct {
 
 static const char agent_usage[] =
     "usage: transom agent --operator HOST:PORT --secret-file RUN/secret [--name NAME] [--addr ADDR] [--slots N]\n"
-    "                     [--cores N]\n"
+    "                     [--cores N] [--gpus N]\n"
     "\n"
     "One per host: registers with the operator of a job with `hosts = N` (started\n"
     "with MASTER_ADDR/MASTER_PORT), starts and supervises the replicas it places\n"
@@ -71,7 +72,8 @@ static const char agent_usage[] =
     "--addr: the address other hosts reach this one at (default: the local\n"
     "address of the connection to the operator; never loopback when the operator\n"
     "is elsewhere); --slots: replicas this host runs at most (default 1);\n"
-    "--cores: cores to share among them (default: all online). --secret-file: the\n"
+    "--cores: cores to share among them (default: all online); --gpus: GPUs it\n"
+    "reports (default: the /dev/nvidiaN devices). --secret-file: the\n"
     "job's secret (RUN/secret, made by the operator; or TRANSOM_SECRET=hex,\n"
     "TRANSOM_SECRET_FILE=path): the operator refuses an agent without it.\n"
     "MASTER_ADDR/MASTER_PORT stand in for --operator (srun, one task per node).\n"
@@ -88,12 +90,21 @@ static void on_signal(int sig) {
   errno = e;
 }
 
+/* NVIDIA devices on this host (/dev/nvidia0, 1, ...): what it reports. */
+static int count_gpus(void) {
+  glob_t g;
+  int n = glob("/dev/nvidia[0-9]*", 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+  globfree(&g);
+  return n;
+}
+
 static int parse(agent *a, int argc, char **argv, int *done) {
   const char *op = NULL;
   char env[300];
   *done = 0;
   a->nslots = 1;
   a->cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  a->gpus = count_gpus();
   for (int i = 0; i < argc; i++) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -105,6 +116,7 @@ static int parse(agent *a, int argc, char **argv, int *done) {
     else if (strcmp(argv[i], "--addr") == 0 && v) snprintf(a->addr, sizeof a->addr, "%s", argv[++i]);
     else if (strcmp(argv[i], "--slots") == 0 && v) a->nslots = atoi(argv[++i]);
     else if (strcmp(argv[i], "--cores") == 0 && v) a->cores = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--gpus") == 0 && v) a->gpus = atoi(argv[++i]);
     else if (strcmp(argv[i], "--secret-file") == 0 && v) setenv("TRANSOM_SECRET_FILE", argv[++i], 1);
     else {
       fprintf(stderr, "transom agent: unexpected argument '%s'\n%s", argv[i], agent_usage);
@@ -230,8 +242,8 @@ static int hello(agent *a) {
     return tr_fail(TR_EIO, "the operator at %s:%d: %s (is --secret-file RUN/secret given?)", a->op, a->op_port,
                    tr_error());
   char line[PROTO_LINE_MAX];
-  if (proto_send(a->fd, "AGENT name=%s addr=%s cores=%d gpus=0 slots=%d pid=%d", a->name, a->addr, a->cores,
-                 a->nslots, (int)getpid()))
+  if (proto_send(a->fd, "AGENT name=%s addr=%s cores=%d gpus=%d slots=%d pid=%d", a->name, a->addr, a->cores,
+                 a->gpus, a->nslots, (int)getpid()))
     return tr_fail(TR_EIO, "operator: %s", strerror(errno));
   int rc = proto_read(&a->rd, line, sizeof line, 30000);
   char why[300];

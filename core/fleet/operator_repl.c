@@ -132,6 +132,8 @@ static int l_hosts(lua_State *L) {
     lua_setfield(L, -2, "used");
     lua_pushinteger(L, h->cores);
     lua_setfield(L, -2, "cores");
+    lua_pushinteger(L, h->gpus);
+    lua_setfield(L, -2, "gpus");
     lua_pushinteger(L, h->nfail);
     lua_setfield(L, -2, "failures");
     lua_pushnumber(L, h->link_Bps * 8 / 1e6);
@@ -297,7 +299,7 @@ static int l_help(lua_State *L) {
                   "                   never drawing the batch of step + 1 again\n"
                   "set('lr', x)       peak learning rate x from a step every replica agrees on\n"
                   "reload()           reload the policies: restart.lua, rules.lua, actions.lua\n"
-                  "hosts()            the agents' hosts: name, addr, alive, cordoned, slots, used, failures\n"
+                  "hosts()            the agents' hosts: name, addr, alive, cordoned, slots, used, cores, gpus, failures\n"
                   "cordon(h)          place no replica on host h (name or address); uncordon(h) undoes it\n"
                   "                   (a file that fails to load leaves the old one in force)\n"
                   "Any Lua works; ^D detaches; the job goes on either way.");
