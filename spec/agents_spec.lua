@@ -187,6 +187,38 @@ describe("replicas across hosts (transom agent on test hosts)", function()
       ev:match('replica ' .. v .. ' ready at step %d+ %(join[^)]*%)') or "?"))
   end)
 
+  it("attach: hosts() lists them; a cordoned spare gets no replacement until uncordoned", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(4)
+    local run = tmp .. "/cordon"
+    local pid, rc_of = S.spawn_rc(job(run), run .. ".out")
+    agent(2, run)
+    agent(3, run)
+    assert(wait_event(run, '"kind":"start"'), events(run))
+    agent(4, run)
+    assert(wait_event(run, "host_joined[^\n]*host h4"), events(run))
+    local hosts = sh(BIN .. " attach " .. run .. " -e 'hosts()'")
+    for k = 2, 4 do assert.matches('name = "h' .. k .. '"', hosts, 1, true) end
+    assert.matches('addr = "10.77.0.4"', hosts, 1, true)
+    local out = sh(BIN .. " attach " .. run .. " -e 'cordon(\"h4\")'")
+    assert.matches("true", out, 1, true)
+    assert(wait_event(run, "cordon[^\n]*host h4 %(10.77.0.4%) cordoned[^\n]*from attach"), events(run))
+    out = sh(BIN .. " attach " .. run .. " -e 'cordon(\"h9\")'")
+    assert.matches("no such host", out, 1, true)
+    assert(wait_step(run, 60), "no progress")
+    local first = events(run):match('replica 1 placed on host h(%d)')
+    sh(TH .. " kill " .. NAME .. " " .. first)
+    -- the only free host is cordoned: the replacement waits
+    assert(wait_event(run, "unplaced[^\n]*replica 1 waits", T(30)), events(run))
+    assert.is_nil(events(run):match("replica 1 placed on host h4"))
+    sh(BIN .. " attach " .. run .. " -e 'uncordon(\"10.77.0.4\")'")
+    assert(wait_event(run, "replica_ready[^\n]*replica 1 ready[^\n]*join", T(30)), events(run))
+    assert.matches("replica 1 placed on host h4", events(run), 1, true)
+    assert.equal(0, wait_exit(rc_of, T(120)), read(run .. ".out"))
+    assert.matches("replicas_agree", events(run), 1, true)
+  end)
+
   it("whole hosts lost: a replacement on the spare, then with no spare fewer replicas", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
