@@ -27,6 +27,7 @@ done
 ./setup.sh
 jobs=${TRANSOM_JOBS:-$(nproc)}
 detector/test_deps.sh   # gnuplot (transom plot) and promtool (the /metrics check)
+spec/hosts/deps.sh || echo "=== slurm-wlm/munge not installed: spec/slurm_spec.lua will skip"
 export TRANSOM_REQUIRE_PROMTOOL=1 TRANSOM_REQUIRE_GNUPLOT=1
 
 # Python with safetensors + numpy, for the export test (from the package index)

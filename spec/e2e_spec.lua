@@ -312,8 +312,8 @@ describe("the command line", function()
 
   it("transom --help lists every command; each one's --help prints its usage and exits 0", function()
     local cmds = commands()
-    assert.are.same({ "run", "sample", "prepare", "export", "ckpt", "attach", "plot", "chaos", "sim", "worker", "test",
-      "lua", "ftar-bench", "version" }, cmds)
+    assert.are.same({ "run", "sample", "prepare", "export", "ckpt", "attach", "plot", "chaos", "sim", "worker", "agent",
+      "test", "lua", "ftar-bench", "version" }, cmds)
     for _, cmd in ipairs(cmds) do
       for _, flag in ipairs({ "--help", "-h" }) do
         local code, out, err = S.transom(dir, cmd, flag)

@@ -39,6 +39,7 @@
 
 int ckpt_main(int argc, char **argv);   /* ckpt/ckpt_cli.c */
 int worker_main(int argc, char **argv); /* core/fleet/worker.c */
+int agent_main(int argc, char **argv);  /* core/fleet/agent.c */
 int attach_main(int argc, char **argv); /* core/cli/attach.c */
 int plot_main(int argc, char **argv);   /* detector/plot.c */
 int sim_main(int argc, char **argv);    /* core/sim/sim_cli.c */
@@ -269,6 +270,7 @@ static const char main_usage[] =
     "  chaos RUN FAULT SLOT   inject a fault into a live job (kill, hang, slow, nan)\n"
     "  sim SCENARIO.lua       ETTR under failures at 1K..128K GPUs, simulated\n"
     "  worker           one replica (started by `run`, or by srun/torchrun)\n"
+    "  agent --operator HOST:PORT   one per host: starts the replicas placed there\n"
     "  test [DIR]       run the Lua specs inside this binary\n"
     "  lua SCRIPT       run a Lua script with the transom module\n"
     "  ftar-bench       fault-tolerant all-reduce: benchmark and test driver\n"
@@ -295,6 +297,7 @@ int main(int argc, char **argv) {
     }
     return rc;
   }
+  if (strcmp(cmd, "agent") == 0) return agent_main(argc - 2, argv + 2);
   if (strcmp(cmd, "attach") == 0) return attach_main(argc - 2, argv + 2);
   if (strcmp(cmd, "plot") == 0) return plot_main(argc - 2, argv + 2);
   if (strcmp(cmd, "chaos") == 0) return chaos_main(argc - 2, argv + 2);

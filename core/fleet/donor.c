@@ -1,5 +1,6 @@
 /* donor.c — state snapshot + gradient history for joining replicas (see
  * donor.h). */
+#include "auth.h"
 #include "donor.h"
 
 #include <errno.h>
@@ -17,6 +18,7 @@
 
 struct donor {
   trainer *t;
+  auth_secret secret; /* every joiner proves it first (len 0: none asked) */
   int64_t n; /* parameters */
   int lfd;
   pthread_t th;
@@ -110,6 +112,10 @@ static int next_request(donor *d, proto_reader *r, char *line, size_t n) {
 static void serve(donor *d, int fd) {
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
+  if (auth_server(fd, &d->secret, 10.0)) {
+    fprintf(stderr, "donor: refused a connection: %s\n", tr_error());
+    return;
+  }
   while (next_request(d, &r, line, sizeof line)) {
     if (proto_is(line, "SNAP")) {
       pthread_mutex_lock(&d->mu);
@@ -170,13 +176,14 @@ static void *donor_main(void *arg) {
   return NULL;
 }
 
-donor *donor_start(const char *host, trainer *t, int history, int *port) {
+donor *donor_start(const char *host, trainer *t, int history, int *port, const auth_secret *secret) {
   donor *d = calloc(1, sizeof *d);
   if (!d) {
     tr_fail(TR_ENOMEM, "out of memory");
     return NULL;
   }
   d->t = t;
+  if (secret) d->secret = *secret;
   d->n = trainer_grads_size(t);
   d->cap = history < 2 ? 2 : history;
   d->snap = tr_alloc_aligned(sizeof(float) * 3 * (size_t)d->n);
@@ -225,9 +232,13 @@ void donor_stop(donor *d) {
 
 /* --- joiner side --- */
 
-int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fdp) {
+int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fdp, const auth_secret *secret) {
   int fd = net_connect(host, port, 10.0);
   if (fd < 0) return fd;
+  if (auth_client(fd, secret, 10.0)) {
+    close(fd);
+    return tr_fail_prefix(TR_EIO, "donor %s:%d", host, port);
+  }
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
   trainer_buffers b;

@@ -18,6 +18,7 @@
 #ifndef TRANSOM_DONOR_H
 #define TRANSOM_DONOR_H
 
+#include "auth.h"
 #include <stdint.h>
 
 #include "trainer.h"
@@ -25,7 +26,7 @@
 typedef struct donor donor;
 
 /* Starts listening on host (port 0 = any). history = most steps kept. */
-donor *donor_start(const char *host, trainer *t, int history, int *port);
+donor *donor_start(const char *host, trainer *t, int history, int *port, const auth_secret *secret);
 void donor_stop(donor *d);
 
 /* Training thread: the all-reduced gradient of `step` (before clipping). */
@@ -40,7 +41,7 @@ void donor_boundary(donor *d);
 
 /* Loads a snapshot from the donor at host:port into t. Keeps the connection
  * open in *fd for donor_fetch. */
-int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fd);
+int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fd, const auth_secret *secret);
 /* Replays the donor's recorded gradients after t's step: with until > 0 up
  * to exactly step `until` (waiting for the donor to get there), else until
  * t is within one step of the donor. Returns the number of steps applied,

@@ -37,6 +37,7 @@
 #include <lauxlib.h>
 #include <limits.h>
 #include <math.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -94,6 +95,10 @@ int operator_live_count(operator_state *o) {
 
 void operator_spawn(operator_state *o, int k, const char *mode) {
   slot *s = &o->slots[k];
+  if (o->cfg->hosts > 0) { /* the agents start them */
+    hosts_place(o, k, mode);
+    return;
+  }
   char log[PATH_MAX], addr[64], slotstr[16], threads[16];
   snprintf(log, sizeof log, "%s/worker-%d.log", o->dir, k);
   snprintf(addr, sizeof addr, "127.0.0.1:%d", o->port);
@@ -111,6 +116,7 @@ void operator_spawn(operator_state *o, int k, const char *mode) {
     }
     signal(SIGINT, SIG_IGN); /* Ctrl-C goes to the operator, which stops the workers in order */
     setenv("TRANSOM_LOCAL_RANK", slotstr, 1); /* a GPU each: device slot % visible devices (backend.h) */
+    setenv("TRANSOM_SECRET", o->secret_hex, 1);
     execl(o->self, "transom", "worker", "--operator", addr, "--slot", slotstr, "--threads", threads, (char *)NULL);
     _exit(127); /* ok-exit: exec failed in the child */
   }
@@ -120,12 +126,23 @@ void operator_spawn(operator_state *o, int k, const char *mode) {
     return;
   }
   s->pid = pid;
+  s->host = -1;
   s->adopted = 0;
   s->state = SLOT_STARTING;
   s->started = tr_now();
   s->done = 0;
   snprintf(s->mode, sizeof s->mode, "%s", mode);
   operator_event(o, o->best_step, k, "spawn", "replica %d started (pid %d, %s)", k, (int)pid, mode);
+}
+
+void operator_kill_slot(operator_state *o, slot *s, int sig) {
+  if (s->host >= 0) {
+    host_rec *h = &o->hosts[s->host];
+    if (h->bev && s->pid > 0)
+      evbuffer_add_printf(bufferevent_get_output(h->bev), "KILL slot=%d pid=%d sig=%d\n", s->slot, (int)s->pid, sig);
+  } else if (s->pid > 0) {
+    kill(s->pid, sig);
+  }
 }
 
 /* A running replica to catch up from: the one furthest ahead. */
@@ -176,17 +193,18 @@ static void check_finished(operator_state *o) {
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
     if (s->state != SLOT_WAITING) continue;
-    if (!done) return;
-    evtimer_del(s->timer);
+    if (!done && !(s->unplaced && o->stopping)) return; /* (unplaced: no host came in time) */
+    if (s->timer) evtimer_del(s->timer);
     s->state = SLOT_DEAD;
-    operator_event(o, o->best_step, s->slot, "replacement_cancelled",
-                   "replica %d not replaced: the others finished step %lld", s->slot, (long long)o->best_step);
+    if (done)
+      operator_event(o, o->best_step, s->slot, "replacement_cancelled",
+                     "replica %d not replaced: the others finished step %lld", s->slot, (long long)o->best_step);
   }
   o->finished = 1;
   event_base_loopexit(o->base, NULL);
 }
 
-static void on_exit_slot(operator_state *o, slot *s, int status) {
+void operator_slot_exited(operator_state *o, slot *s, int status) {
   int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0, code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (s->bev) {
     bufferevent_free(s->bev);
@@ -195,6 +213,12 @@ static void on_exit_slot(operator_state *o, slot *s, int status) {
   s->pid = 0;
   s->donor[0] = 0;
   if (o->det) detector_worker_gone(o->det, s->slot);
+  int on_host = s->host; /* its agent's slot is free again */
+  if (s->host >= 0) {
+    o->hosts[s->host].used--;
+    s->last_host = s->host;
+    s->host = -1;
+  }
   if (s->done && code == 0) {
     s->state = SLOT_DONE;
     check_finished(o);
@@ -202,7 +226,10 @@ static void on_exit_slot(operator_state *o, slot *s, int status) {
   }
   s->state = SLOT_DEAD;
   /* exit status 2: a start-up error that repeats on every try (worker.c) */
-  const char *reason = sig ? "killed" : code == 3 ? "evicted" : code == 2 ? "startup_error" : "exited";
+  const char *reason = s->lost ? s->lost : sig ? "killed" : code == 3 ? "evicted" : code == 2 ? "startup_error" : "exited";
+  int counted = s->lost != NULL; /* a lost host counted its failure once, not per replica */
+  s->lost = NULL;
+  if (on_host >= 0 && !o->stopping && !counted) hosts_failure(o, on_host, reason);
   if (o->stopping) {
     check_finished(o);
     return;
@@ -223,7 +250,7 @@ static void on_exit_slot(operator_state *o, slot *s, int status) {
       operator_count_restart(o, NULL);
       operator_event(o, s->step, -1, "restart_all", "stopping every replica to restart from the newest checkpoint");
       for (int i = 0; i < o->nslots; i++)
-        if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
+        if (o->slots[i].pid > 0) operator_kill_slot(o, &o->slots[i], SIGKILL);
     }
     if (operator_live_count(o) == 0) {
       o->restart_all_pending = 0;
@@ -290,7 +317,7 @@ static void det_action(void *ud, const detector_action *a) {
     case DET_ACT_EVICT:
       if (a->worker >= 0 && a->worker < o->nslots && o->slots[a->worker].pid > 0) {
         operator_event(o, o->best_step, a->worker, "evict", "replica %d evicted: %s", a->worker, why);
-        kill(o->slots[a->worker].pid, SIGKILL); /* also ends a stopped (SIGSTOP) process */
+        operator_kill_slot(o, &o->slots[a->worker], SIGKILL); /* also ends a stopped (SIGSTOP) process */
       }
       break;
     case DET_ACT_ROLLBACK: {
@@ -351,7 +378,7 @@ static void find_hung(operator_state *o) {
               "hang: replica %d has computed step %lld for %.1f s while %d replica(s) wait for it in the all-reduce",
               i, (long long)s->step + 1, busy, waiting);
     operator_event(o, s->step, i, "evict", "replica %d evicted: hang", i);
-    kill(s->pid, SIGKILL);
+    operator_kill_slot(o, s, SIGKILL);
     s->in_allreduce = 1; /* once */
   }
 }
@@ -360,6 +387,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
+  if (o->cfg->hosts > 0) hosts_tick(o);
   if (o->stopping) return;
   if (o->det) detector_tick(o->det, tr_now());
   find_hung(o);
@@ -380,9 +408,6 @@ static int start_detector(operator_state *o) {
     operator_event(o, 0, -1, "watch_failed", "policies are not watched (reload() from attach still works): %s", tr_error());
   int rc = prom_serve(o->base, "127.0.0.1", (int)o->cfg->metrics_port, o->det, prom_extra_cb, o, &o->prom);
   if (rc) return tr_fail_prefix(rc, "metrics_port %lld", (long long)o->cfg->metrics_port);
-  o->tick = event_new(o->base, -1, EV_PERSIST, tick_cb, o);
-  struct timeval tv = {0, 250000};
-  evtimer_add(o->tick, &tv);
   return TR_OK;
 }
 
@@ -413,7 +438,7 @@ void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, c
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
     if (s->timer) evtimer_del(s->timer);
-    if (s->pid > 0) kill(s->pid, SIGKILL);
+    if (s->pid > 0) operator_kill_slot(o, s, SIGKILL);
     else if (s->state == SLOT_WAITING) s->state = SLOT_DEAD;
   }
   if (operator_live_count(o) == 0) {
@@ -430,15 +455,25 @@ static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
     for (int i = 0; i < o->nslots; i++)
-      if (o->slots[i].pid == pid) on_exit_slot(o, &o->slots[i], status);
+      if (o->slots[i].pid == pid && o->slots[i].host < 0) operator_slot_exited(o, &o->slots[i], status);
 }
 
 static void kill_stragglers(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
-  for (int i = 0; i < o->nslots; i++)
-    if (o->slots[i].pid > 0) kill(o->slots[i].pid, SIGKILL);
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    if (s->pid > 0) operator_kill_slot(o, s, SIGKILL);
+    if (s->host >= 0 && (s->state == SLOT_STARTING || s->state == SLOT_RUNNING)) {
+      /* its agent may be unreachable: the stop does not wait for its word */
+      operator_event(o, s->step, i, "stop_timeout", "replica %d on host %s did not stop in time; given up", i,
+                     o->hosts[s->host].name);
+      s->state = SLOT_DEAD;
+      s->pid = 0;
+    }
+  }
+  check_finished(o);
 }
 
 void operator_stop_all(operator_state *o, const char *why) {
@@ -565,9 +600,10 @@ static slot *on_hello(operator_state *o, struct bufferevent *bev, const char *li
   }
   if (proto_int(line, "live", 0)) return adopt(o, s, bev, line);
   s->bev = bev;
-  if (s->pid <= 0) { /* started by an external launcher */
+  if (s->pid <= 0 && s->host < 0) { /* started by an external launcher */
     s->pid = 0;
     s->state = SLOT_STARTING;
+    s->started = tr_now();
     const slot *d = pick_donor(o, k);
     snprintf(s->mode, sizeof s->mode, "%s", d ? "join" : o->best_step > 0 ? "resume" : "start");
   }
@@ -667,15 +703,42 @@ static void handle_line(operator_state *o, slot **sp, struct bufferevent *bev, c
 typedef struct {
   operator_state *o;
   slot *s;
+  int host; /* an agent's connection: its host; else -1 */
+  int authed; /* it answered our challenge with the job secret */
+  uint8_t ch[AUTH_CHALLENGE];
+  char peer[64];
 } conn;
+
+/* The first AUTH_MAC bytes of a connection: the answer to our challenge.
+ * Returns 1 when it proved the secret, 0 while it is incomplete, -1 when
+ * wrong (an auth_refused event; the caller closes). */
+static int conn_auth(conn *c, struct evbuffer *in) {
+  if (c->authed) return 1;
+  if (evbuffer_get_length(in) < AUTH_MAC) return 0;
+  uint8_t mac[AUTH_MAC];
+  evbuffer_remove(in, mac, sizeof mac);
+  if (auth_verify(&c->o->secret, c->ch, mac)) return c->authed = 1;
+  operator_event(c->o, c->o->best_step, -1, "auth_refused",
+                 "a connection from %s to the workers' port did not prove the job secret; closed", c->peer);
+  return -1;
+}
 
 static void conn_read(struct bufferevent *bev, void *arg) {
   conn *c = arg;
   struct evbuffer *in = bufferevent_get_input(bev);
   char *line;
   size_t n;
+  int ok = conn_auth(c, in);
+  if (ok <= 0) {
+    if (ok < 0) {
+      bufferevent_free(bev);
+      free(c);
+    }
+    return;
+  }
   while ((line = evbuffer_readln(in, &n, EVBUFFER_EOL_LF))) {
-    handle_line(c->o, &c->s, bev, line);
+    if (!c->s && (c->host >= 0 || proto_is(line, "AGENT"))) hosts_line(c->o, &c->host, bev, line);
+    else handle_line(c->o, &c->s, bev, line);
     free(line);
   }
   if (evbuffer_get_length(in) > PROTO_LINE_MAX) { /* a line that never ends */
@@ -689,13 +752,17 @@ static void conn_read(struct bufferevent *bev, void *arg) {
 static void conn_event(struct bufferevent *bev, short what, void *arg) {
   conn *c = arg;
   if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+  if (c->host >= 0 && c->o->hosts[c->host].bev == bev) {
+    c->o->hosts[c->host].bev = NULL;
+    hosts_conn_closed(c->o, c->host);
+  }
   slot *s = c->s;
   if (s && s->bev == bev) {
     s->bev = NULL;
     if ((s->pid == 0 || s->adopted) && s->state == SLOT_RUNNING) { /* external or adopted: the connection is its life */
       if (s->adopted && !s->done && s->pid > 0) kill(s->pid, SIGKILL); /* not our child: make sure it is gone */
       s->state = s->done ? SLOT_DONE : SLOT_DEAD;
-      if (!s->done) on_exit_slot(c->o, s, 0x100 /* exit code 1 */);
+      if (!s->done) operator_slot_exited(c->o, s, 0x100 /* exit code 1 */);
       else check_finished(c->o);
     }
   }
@@ -705,7 +772,6 @@ static void conn_event(struct bufferevent *bev, short what, void *arg) {
 
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg) {
   (void)l;
-  (void)sa;
   (void)len;
   operator_state *o = arg;
   struct bufferevent *bev = bufferevent_socket_new(o->base, fd, BEV_OPT_CLOSE_ON_FREE);
@@ -716,14 +782,93 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     return;
   }
   c->o = o;
+  c->host = -1;
+  c->authed = o->secret.len == 0;
+  if (sa && sa->sa_family == AF_INET)
+    inet_ntop(AF_INET, &((struct sockaddr_in *)sa)->sin_addr, c->peer, sizeof c->peer);
+  else snprintf(c->peer, sizeof c->peer, "?");
+  if (!c->authed) { /* first thing: the challenge; nothing is read before its answer */
+    auth_challenge(c->ch);
+    evbuffer_add(bufferevent_get_output(bev), c->ch, sizeof c->ch);
+  }
   bufferevent_setcb(bev, conn_read, NULL, conn_event, c);
   bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
 
 /* --- FTAR membership --- */
 
+/* Aborted epochs with no step done in between, this many (and for at
+ * least LIVELOCK_DEADLINES deadlines), mean a member the others cannot reach
+ * (a wrong advertised address, a one-way link): it is evicted. */
+#define LIVELOCK_ABORTS 5
+#define LIVELOCK_DEADLINES 2.0
+
+typedef struct {
+  operator_state *o;
+  int slot;
+} evict_req;
+
+static void evict_unreachable(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  evict_req *r = arg;
+  operator_state *o = r->o;
+  slot *s = &o->slots[r->slot];
+  free(r);
+  if (o->stopping || (s->state != SLOT_RUNNING && s->state != SLOT_STARTING)) return;
+  operator_event(o, o->best_step, s->slot, "evict", "replica %d evicted: unreachable", s->slot);
+  ftar_coord_evict(o->coord, s->slot);
+  operator_kill_slot(o, s, SIGKILL);
+}
+
+/* The member no reporter of the aborts is: the one the others fail to
+ * reach; among several, the newest (a replacement that came with a bad
+ * address). Every member reported: the newest. */
+static int unreachable_suspect(operator_state *o, const ftar_change *c) {
+  int best = -1, quiet = 0;
+  for (int i = 0; i < c->n_members; i++) {
+    int k = c->slots[i];
+    if (k < 0 || k >= o->nslots) continue;
+    int q = !o->abort_reporters[k];
+    if (best < 0 || q > quiet || (q == quiet && o->slots[k].ready_at > o->slots[best].ready_at)) best = k, quiet = q;
+  }
+  return best;
+}
+
+static void watch_aborts(operator_state *o, const ftar_change *c) {
+  double now = tr_now();
+  if (c->kind != FTAR_CHANGE_ABORTED) return;
+  if (o->aborts == 0 || o->best_step > o->abort_step) { /* the first abort since a step was done */
+    o->aborts = 0;
+    o->abort_step = o->best_step;
+    o->abort_t0 = now;
+    memset(o->abort_reporters, 0, sizeof o->abort_reporters);
+  }
+  o->aborts++;
+  if (c->slot >= 0 && c->slot < MAX_SLOTS) o->abort_reporters[c->slot] = 1;
+  if (o->aborts < LIVELOCK_ABORTS || now - o->abort_t0 < LIVELOCK_DEADLINES * o->cfg->deadline || o->stopping) return;
+  int k = unreachable_suspect(o, c);
+  if (k < 0) return;
+  char by[256] = "";
+  for (int i = 0, n = 0; i < o->nslots && n + 8 < (int)sizeof by; i++)
+    if (o->abort_reporters[i]) n += snprintf(by + n, sizeof by - (size_t)n, "%s%d", n ? "," : "", i);
+  const slot *s = &o->slots[k];
+  operator_event(o, o->best_step, k, "anomaly",
+                 "unreachable: replica %d (%s) - %d aborted epochs in %.1f s without a step done since step %lld, "
+                 "reported by replica(s) [%s]",
+                 k, s->host >= 0 ? o->hosts[s->host].name : "this host", o->aborts, now - o->abort_t0,
+                 (long long)o->abort_step, by);
+  o->aborts = 0;
+  memset(o->abort_reporters, 0, sizeof o->abort_reporters);
+  evict_req *r = malloc(sizeof *r);
+  struct timeval tv = {0, 0};
+  if (r) *r = (evict_req){o, k};
+  if (r && event_base_once(o->base, -1, EV_TIMEOUT, evict_unreachable, r, &tv) != 0) free(r);
+}
+
 static void on_change(void *ud, const ftar_change *c) {
   operator_state *o = ud;
+  watch_aborts(o, c);
   static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted"};
   char list[512] = "";
   size_t k = 0;
@@ -742,6 +887,7 @@ static void on_change(void *ud, const ftar_change *c) {
 
 static void coord_log(void *ud, const char *msg) {
   operator_state *o = ud;
+  if (strstr(msg, "did not prove the job secret")) operator_event(o, o->best_step, -1, "auth_refused", "coordinator: %s", msg);
   if (o->coord_log) {
     fprintf(o->coord_log, "%.3f %s\n", tr_now() - o->t0, msg);
     fflush(o->coord_log);
@@ -764,7 +910,9 @@ static int open_logs(operator_state *o, int resume) {
   snprintf(path, sizeof path, "%s/coordinator.log", o->dir);
   o->coord_log = fopen(path, "a");
   if (!o->metrics || !o->events) return tr_fail(TR_EIO, "cannot open the logs in %s", o->dir);
-  return operator_policy_load(o);
+  int rc = operator_policy_load(o);
+  if (!rc && o->cfg->hosts > 0) rc = hosts_policy_load(o);
+  return rc;
 }
 
 /* The FTAR coordinator and the workers' control port. Under an external
@@ -778,7 +926,12 @@ static int start_listeners(operator_state *o) {
   co.ud = o;
   co.log = coord_log;
   co.log_ud = o;
+  co.secret = o->secret.key;
+  co.secret_len = o->secret.len;
   const char *maddr = getenv("MASTER_ADDR");
+  if (o->cfg->hosts > 0 && !(maddr && *maddr))
+    return tr_fail(TR_EINVAL, "%s: key 'hosts': hosts = %lld needs MASTER_ADDR, the address the agents reach this "
+                   "operator at (and MASTER_PORT, the port they are told)", o->cfg->path, (long long)o->cfg->hosts);
   snprintf(o->adv_host, sizeof o->adv_host, "%s", maddr && *maddr ? maddr : "127.0.0.1");
   o->coord = ftar_coord_create(o->base, maddr && *maddr ? "0.0.0.0" : "127.0.0.1", 0, &co);
   if (!o->coord) return tr_fail_prefix(TR_EIO, "coordinator");
@@ -814,8 +967,15 @@ static int start(operator_state *o) {
   if (policy_watch(o->pol, o->base))
     operator_event(o, 0, -1, "watch_failed", "restart.lua is not watched (reload() from attach still works): %s",
                    tr_error());
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/secret", o->dir);
+  if ((rc = auth_secret_make(path, &o->secret))) return rc;
+  auth_secret_hex(&o->secret, o->secret_hex, sizeof o->secret_hex);
   if ((rc = start_listeners(o))) return rc;
   if (o->cfg->detector && (rc = start_detector(o))) return rc;
+  if (!(o->tick = event_new(o->base, -1, EV_PERSIST, tick_cb, o))) return tr_fail(TR_ENOMEM, "out of memory");
+  struct timeval tv = {0, 250000};
+  evtimer_add(o->tick, &tv);
   o->ev_chld = evsignal_new(o->base, SIGCHLD, sigchld_cb, o);
   o->ev_term = evsignal_new(o->base, SIGTERM, sigterm_cb, o);
   o->ev_int = evsignal_new(o->base, SIGINT, sigterm_cb, o);
@@ -827,9 +987,14 @@ static int start(operator_state *o) {
 }
 
 /* Every slot, and its worker unless an external launcher starts them. */
-static void spawn_all(operator_state *o) {
+void operator_spawn_all(operator_state *o) {
   const char *mode = o->resume ? "resume" : "start";
   int external = getenv("TRANSOM_EXTERNAL_WORKERS") != NULL;
+  if (o->cfg->hosts > 0 && !o->placing) { /* hosts_line starts them once the agents came */
+    operator_event(o, 0, -1, "waiting_for_hosts", "%d replicas wait for %lld agents (transom agent --operator %s:%d)",
+                   o->nslots, (long long)o->cfg->hosts, o->adv_host, o->port);
+    return;
+  }
   operator_event(o, 0, -1, o->resume ? "resume" : "start", "%d replicas", o->nslots);
   for (int i = 0; i < o->nslots; i++) {
     snprintf(o->slots[i].mode, sizeof o->slots[i].mode, "%s", mode);
@@ -886,7 +1051,7 @@ static void adopt_tick(evutil_socket_t fd, short what, void *arg) {
       if (ftruncate(fileno(o->metrics), 0) != 0)
         operator_event(o, 0, -1, "metrics_error", "cannot truncate metrics.jsonl: %s", strerror(errno));
     }
-    spawn_all(o);
+    operator_spawn_all(o);
     return;
   }
   operator_event(o, o->best_step, -1, "adoption", "%d of %d replicas adopted live at step %lld; %d to start", adopted,
@@ -912,7 +1077,7 @@ static void start_adoption(operator_state *o) {
   o->adopt_ev = event_new(o->base, -1, EV_PERSIST, adopt_tick, o);
   struct timeval tv = {0, 100000};
   if (o->adopt_ev) evtimer_add(o->adopt_ev, &tv);
-  else spawn_all(o);
+  else operator_spawn_all(o);
 }
 
 /* Do the finished replicas hold the same parameters? And what the run did. */
@@ -984,18 +1149,19 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
     teardown(&o);
     return rc;
   }
-  printf("operator: %d replicas x %d threads | on_failure %s | min_replicas %lld | workers at 127.0.0.1:%d | control "
+  printf("operator: %d replicas x %d threads | on_failure %s | min_replicas %lld | workers at %s:%d | control "
          "%s/control.sock\n",
-         o.nslots, o.threads, cfg->on_failure, (long long)cfg->min_replicas, o.port, dir);
+         o.nslots, o.threads, cfg->on_failure, (long long)cfg->min_replicas, o.adv_host, o.port, dir);
   fflush(stdout);
   o.t0 = tr_now();
   for (int i = 0; i < o.nslots; i++) {
     o.slots[i].o = &o;
     o.slots[i].slot = i;
     o.slots[i].resume_step = -1;
+    o.slots[i].host = o.slots[i].last_host = -1;
   }
   if (o.restarted) start_adoption(&o);
-  else spawn_all(&o);
+  else operator_spawn_all(&o);
   event_base_dispatch(o.base);
   verdict(&o);
   teardown(&o);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "auth.h"
 #include "detector.h"
 #include "ftar.h"
 #include "job.h"
@@ -54,7 +55,29 @@ typedef struct {
   step_record last; /* its latest step report */
   int adopted;      /* a live worker of a previous operator (not our child: its connection is its life) */
   int64_t logged;   /* the last step metrics.jsonl holds for it (a replay drops what is older) */
+  int host;         /* the agent's host it runs on (operator_hosts.c), -1: this host (our child) */
+  int last_host;    /* the host it last failed on: a replacement goes elsewhere first */
+  int unplaced;     /* waiting for a free slot on a healthy host */
+  const char *lost; /* why it is gone when no exit status says it ("host_lost") */
 } slot;
+
+/* A host with a `transom agent` (operator_hosts.c). */
+#define MAX_HOSTS 64
+#define HOST_FAILS 16
+typedef struct {
+  char name[64], addr[64];
+  int cores, gpus, nslots, used;
+  int alive, cordoned;
+  struct bufferevent *bev; /* the agent's connection */
+  double last_heard;       /* tr_now() */
+  double fail_at[HOST_FAILS]; /* its failures (seconds since the operator started), a ring */
+  int nfail;
+  double cordoned_at;
+  double probe_t0;         /* tr_now() when its link probe's first line came; 0: none under way */
+  double link_Bps;         /* its link's rate to us, from the last probe (bytes/s; 0: none yet) */
+  int slow_probes;         /* probes in a row far below the fastest host's */
+  int slow_named;          /* the slow_link anomaly was raised (once until it recovers) */
+} host_rec;
 
 typedef struct {
   int64_t step;
@@ -99,6 +122,20 @@ struct operator_state {
   int adopting;           /* the adoption window is open: nothing spawned, the coordinator held */
   double adopt_t0;
   struct event *adopt_ev;
+  host_rec hosts[MAX_HOSTS];  /* agents that registered, alive or not (operator_hosts.c) */
+  int nhosts;
+  int placing;                /* cfg->hosts agents came: replicas are placed on them */
+  policy *hosts_pol;          /* hosts.lua (cordon / uncordon), on pol's engine */
+  int hosts_state_ref;
+  double hosts_policy_at;     /* when hosts.lua last looked at the cordoned hosts */
+  /* aborted epochs without progress (operator.c, watch_aborts): a member
+   * its peers cannot reach makes every collective abort again */
+  int64_t abort_step;
+  int aborts;
+  double abort_t0;
+  unsigned char abort_reporters[MAX_SLOTS];
+  auth_secret secret;         /* the job's (RUN/secret): every connection to our ports proves it */
+  char secret_hex[2 * AUTH_KEY_MAX + 1];
 };
 
 
@@ -135,6 +172,35 @@ int64_t operator_newest_checkpoint(operator_state *o, int64_t step);
  * before step; with skip_step > step, no replica draws the batch of step
  * skip_step again (the steps before it keep their batches). */
 void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, const char *why);
+
+/* operator.c: a slot's worker exited with status (a wait status: local
+ * child, or what its agent reported); the restart policy decides. */
+void operator_slot_exited(operator_state *o, slot *s, int status);
+/* Sends sig to slot s's worker: kill() for our child, KILL to its agent. */
+void operator_kill_slot(operator_state *o, slot *s, int sig);
+/* Starts every slot (a fresh job or a resume). */
+void operator_spawn_all(operator_state *o);
+
+/* operator_hosts.c: agents, placement, cordons (hosts.lua). */
+/* One line on an agent's connection (AGENT, STARTED, EXITED, HB); *host is
+ * the connection's host (-1 before AGENT). */
+void hosts_line(operator_state *o, int *host, struct bufferevent *bev, const char *line);
+/* The agent's connection closed: the host is lost. */
+void hosts_conn_closed(operator_state *o, int h);
+/* Places slot k on a healthy host with a free slot (spares first, not the
+ * host it just failed on) and asks its agent to start it; none free: the
+ * slot waits (unplaced) until one is. */
+void hosts_place(operator_state *o, int k, const char *mode);
+/* Every tick: silent agents are lost hosts; hosts.lua may uncordon; the
+ * unplaced slots are placed where they now fit. */
+void hosts_tick(operator_state *o);
+/* A worker on host h failed (counted for hosts.lua). */
+void hosts_failure(operator_state *o, int h, const char *reason);
+/* hosts.lua on the restart policy's engine; TR_ELUA naming file:line. */
+int hosts_policy_load(operator_state *o);
+/* Cordons (on = 1) or uncordons a host by name or address; 0, or -1 when
+ * there is no such host. */
+int hosts_cordon(operator_state *o, const char *name, int on, const char *why);
 
 /* operator_repl.c: the control socket RUN/control.sock */
 struct evconnlistener *operator_ctl_listen(operator_state *o);

@@ -258,6 +258,7 @@ void operator_policy_free(operator_state *o) {
   policy_engine_free(o->pol); /* the watcher, the VM, the state table */
   o->pol = NULL;
   o->restart = NULL;
+  o->hosts_pol = NULL;
 }
 
 void operator_policy_call(operator_state *o, const char *fn, const slot *s, const char *reason, int sig, int code, char *action, size_t n,

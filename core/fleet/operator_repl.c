@@ -59,7 +59,7 @@ static void do_chaos(operator_state *o, struct evbuffer *out, const char *fault,
     evbuffer_add_printf(out, "error: replica %d is not running\n", k);
   } else if (strcmp(fault, "kill") == 0 || strcmp(fault, "hang") == 0) {
     operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
-    if (s->pid > 0) kill(s->pid, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
+    if (s->pid > 0) operator_kill_slot(o, s, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
     evbuffer_add_printf(out, "ok\n");
   } else if ((strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0) && s->bev) {
     operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
@@ -123,12 +123,60 @@ static int l_workers(lua_State *L) {
     lua_setfield(L, -2, "restarts");
     lua_pushstring(L, s->mode);
     lua_setfield(L, -2, "mode");
+    lua_pushstring(L, s->host >= 0 ? o->hosts[s->host].name : o->cfg->hosts > 0 ? "-" : "local");
+    lua_setfield(L, -2, "host");
     lua_rawseti(L, -2, i + 1);
   }
-  static const char *const cols[] = {"slot", "state", "pid", "step", "restarts", "mode", NULL};
+  static const char *const cols[] = {"slot", "state", "pid", "step", "restarts", "mode", "host", NULL};
   as_table(L, cols, 0);
   return 1;
 }
+
+/* hosts(): the agents' hosts: name, addr, alive, cordoned, slots, used, failures. */
+static int l_hosts(lua_State *L) {
+  operator_state *o = get_op(L);
+  lua_createtable(L, o->nhosts, 0);
+  for (int i = 0; i < o->nhosts; i++) {
+    const host_rec *h = &o->hosts[i];
+    lua_createtable(L, 0, 8);
+    lua_pushstring(L, h->name);
+    lua_setfield(L, -2, "name");
+    lua_pushstring(L, h->addr);
+    lua_setfield(L, -2, "addr");
+    lua_pushboolean(L, h->alive);
+    lua_setfield(L, -2, "alive");
+    lua_pushboolean(L, h->cordoned);
+    lua_setfield(L, -2, "cordoned");
+    lua_pushinteger(L, h->nslots);
+    lua_setfield(L, -2, "slots");
+    lua_pushinteger(L, h->used);
+    lua_setfield(L, -2, "used");
+    lua_pushinteger(L, h->cores);
+    lua_setfield(L, -2, "cores");
+    lua_pushinteger(L, h->gpus);
+    lua_setfield(L, -2, "gpus");
+    lua_pushinteger(L, h->nfail);
+    lua_setfield(L, -2, "failures");
+    lua_pushnumber(L, h->link_Bps * 8 / 1e6);
+    lua_setfield(L, -2, "link_mbit");
+    lua_rawseti(L, -2, i + 1);
+  }
+  static const char *const cols[] = {"name", "addr", "alive", "cordoned", "slots", "used", "cores", "gpus", "failures",
+                                     "link_mbit", NULL};
+  as_table(L, cols, 0);
+  return 1;
+}
+
+/* cordon(name) / uncordon(name): by host name or address. */
+static int cordon_common(lua_State *L, int on) {
+  operator_state *o = get_op(L);
+  const char *name = luaL_checkstring(L, 1);
+  if (hosts_cordon(o, name, on, "from attach") != 0) return luaL_argerror(L, 1, "no such host");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+static int l_cordon(lua_State *L) { return cordon_common(L, 1); }
+static int l_uncordon(lua_State *L) { return cordon_common(L, 0); }
 
 /* Pushes slot s's latest step record, keys as in metrics.jsonl. */
 static void push_record(lua_State *L, const slot *s) {
@@ -207,7 +255,7 @@ static int l_evict(lua_State *L) {
   slot *s = &o->slots[check_slot(L, o, 1)];
   if (s->pid <= 0) return luaL_error(L, "replica %d is not running", s->slot);
   operator_event(o, s->step, s->slot, "evict", "replica %d evicted from the REPL", s->slot);
-  kill(s->pid, SIGKILL);
+  operator_kill_slot(o, s, SIGKILL);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -315,6 +363,8 @@ static int l_help(lua_State *L) {
                   "                   never drawing the batch of step + 1 again\n"
                   "set('lr', x)       peak learning rate x from a step every replica agrees on\n"
                   "reload()           reload the policies: restart.lua, rules.lua, actions.lua\n"
+                  "hosts()            the agents' hosts: name, addr, alive, cordoned, slots, used, cores, gpus, failures\n"
+                  "cordon(h)          place no replica on host h (name or address); uncordon(h) undoes it\n"
                   "                   (a file that fails to load leaves the old one in force)\n"
                   "Any Lua works (tables come back as tables: metrics(0).loss); a bare control name\n"
                   "calls it (help, workers); TAB completes names; history is kept in RUN/attach_history;\n"
@@ -333,7 +383,8 @@ static void make_env(ctl_conn *c) {
                                  {"evict", l_evict},           {"checkpoint", l_checkpoint},
                                  {"rollback", l_rollback},     {"set", l_set},         {"reload", l_reload},
                                  {"print", l_print},           {"help", l_help},       {"series", l_series},
-                                 {"anomalies", l_anomalies},   {NULL, NULL}};
+                                 {"anomalies", l_anomalies},   {"hosts", l_hosts},     {"cordon", l_cordon},
+                                 {"uncordon", l_uncordon},     {NULL, NULL}};
   lua_pushlightuserdata(L, c->o);
   lua_pushlightuserdata(L, c);
   luaL_setfuncs(L, fns, 2);               /* [env] */

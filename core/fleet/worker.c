@@ -27,8 +27,11 @@
  *   SLURM_NTASKS (srun) stand in for --slot and --operator.
  */
 #define _GNU_SOURCE /* POLLRDHUP */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -36,6 +39,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "backend.h"
 #include "ckpt.h"
 #include "donor.h"
@@ -92,6 +96,7 @@ typedef struct {
   double phase_since; /* tr_now() when it entered that phase */
   int64_t slow_until, slow_ms, nan_until;
   int pad_ms; /* TRANSOM_TEST_STEP_MS: every step sleeps this long first (soak tests) */
+  auth_secret secret; /* the job's: TRANSOM_SECRET / TRANSOM_SECRET_FILE (the operator or agent sets it) */
 } worker;
 
 static const char usage[] =
@@ -168,6 +173,7 @@ static int link_try(worker *w) {
   char me[256];
   gethostname(me, sizeof me);
   proto_reader rd = {.fd = fd};
+  if (auth_client(fd, &w->secret, 3.0)) goto fail;
   if (proto_send(fd, "HELLO slot=%d pid=%d host=%s live=1 step=%lld donor=%s", w->slot, (int)getpid(), me,
                  (long long)w->cur_step, w->me_donor[0] ? w->me_donor : "-"))
     goto fail;
@@ -545,7 +551,7 @@ static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *d
       donor_close(w->donor_fd);
       w->donor_fd = -1;
     }
-    if ((rc = donor_fetch_snapshot(dh, dp, t, &w->donor_fd))) return rc;
+    if ((rc = donor_fetch_snapshot(dh, dp, t, &w->donor_fd, &w->secret))) return rc;
     const char *delay = getenv("TRANSOM_TEST_CATCHUP_DELAY_MS"); /* widens the window for fault tests */
     if (delay && attempt == 0) usleep((useconds_t)atoi(delay) * 1000);
     applied = donor_catch_up(w->donor_fd, t, 0);
@@ -567,12 +573,25 @@ static void on_quorum_wait(void *ud) {
   donor_boundary(w->dn);
 }
 
+/* The address peers reach us at: TRANSOM_HOST (an agent sets it), else the
+ * local end of our connection to the operator, the address its host routes
+ * to us (loopback only when the operator is on this host). */
+static void reachable_addr(worker *w, char *out, size_t n) {
+  const char *env = env_any("TRANSOM_HOST", NULL);
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof sa;
+  if (env) snprintf(out, n, "%s", env);
+  else if (getsockname(w->opfd, (struct sockaddr *)&sa, &sl) == 0 && sa.sin_family == AF_INET)
+    inet_ntop(AF_INET, &sa.sin_addr, out, (socklen_t)n);
+  else snprintf(out, n, "127.0.0.1");
+}
+
 /* Serves joiners, enters FTAR, tells the operator it is ready, starts the
  * heartbeat. me: the address peers reach us at. */
 static int enter_ring(worker *w, const char *coord, const char *me, double state_s, int joining) {
   int dport = 0, cp, rc;
   char ch[256];
-  w->dn = donor_start(me, w->t, 64, &dport);
+  w->dn = donor_start(me, w->t, 64, &dport, &w->secret);
   if (!w->dn) return TR_EIO;
   if ((rc = net_split(coord, ch, sizeof ch, &cp))) return rc;
   ftar_member_opts fo;
@@ -585,6 +604,8 @@ static int enter_ring(worker *w, const char *coord, const char *me, double state
   fo.data_host = me;
   fo.strict_seq = 1; /* a joiner must enter at exactly its own step */
   fo.survive_coord_loss = 1; /* the operator (its coordinator) may die and come back */
+  fo.secret = w->secret.key;
+  fo.secret_len = w->secret.len;
   w->fm = ftar_member_create(ch, cp, w->slot, &fo);
   if (!w->fm) return TR_EIO;
   trainer_state ts; /* where training is: no state leaves the device for this */
@@ -631,9 +652,10 @@ int worker_main(int argc, char **argv) {
   if (!(w.replay = calloc(REPLAY, PROTO_LINE_MAX))) return 1;
   lua_State *L = NULL;
   ckpt_engine *ck = NULL;
+  if ((rc = auth_secret_from_env(&w.secret))) goto fail;
   w.opfd = net_connect(w.op_host, w.op_port, 60.0);
   w.rd.fd = w.opfd;
-  if (w.opfd < 0 || (rc = welcome(&w, line, sizeof line))) goto fail;
+  if (w.opfd < 0 || (rc = auth_client(w.opfd, &w.secret, 30.0)) || (rc = welcome(&w, line, sizeof line))) goto fail;
   proto_get(line, "run", run, sizeof w.run);
   proto_get(line, "coord", coord, sizeof coord);
   proto_get(line, "mode", mode, sizeof mode);
@@ -660,8 +682,9 @@ int worker_main(int argc, char **argv) {
   startup = strcmp(mode, "join") != 0; /* a donor's failure is not deterministic */
   if ((rc = get_state(&w, ck, mode, donor_addr, proto_int(line, "resume_step", -1)))) goto fail;
   startup = 0;
-  const char *me = env_any("TRANSOM_HOST", NULL); /* the address peers reach us at: multi-node launches */
-  if ((rc = enter_ring(&w, coord, me ? me : "127.0.0.1", tr_now() - t_state, strcmp(mode, "join") == 0))) goto fail;
+  char me[64];
+  reachable_addr(&w, me, sizeof me);
+  if ((rc = enter_ring(&w, coord, me, tr_now() - t_state, strcmp(mode, "join") == 0))) goto fail;
   if ((rc = train(&w, ck, run))) goto fail;
   exit_code = 0;
   goto done;

@@ -357,7 +357,8 @@ static int handshake(ftar_member *m, int fd, uint64_t epoch, double t_end, welco
 int ftar_ctl_register(ftar_member *m, const char *coord_host, int coord_port, double t_end, int *cfd) {
   if (ftar_connect_to(coord_host, coord_port, 0, t_end, cfd)) return tr_fail_prefix(FTAR_ECOORD, "ftar: coordinator");
   welcome w;
-  int rc = handshake(m, *cfd, 0, t_end, &w);
+  int rc = auth_client(*cfd, &m->secret, t_end - tr_now());
+  if (!rc) rc = handshake(m, *cfd, 0, t_end, &w);
   if (rc) return tr_fail_prefix(rc, "ftar");
   m->uid = w.uid;
   m->coord_deadline = w.deadline;
@@ -381,7 +382,8 @@ int ftar_member_reconnect(ftar_member *m, const char *host, int port, double tim
     return tr_fail(failed, "ftar: %s", m->fail_msg);
   }
   welcome w;
-  int rc = handshake(m, fd, ep, t_end, &w);
+  int rc = auth_client(fd, &m->secret, t_end - tr_now());
+  if (!rc) rc = handshake(m, fd, ep, t_end, &w);
   if (rc) {
     close(fd);
     return tr_fail_prefix(rc, "ftar: new coordinator");

@@ -58,6 +58,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "ftar.h"
 #include "ftar_wire.h"
 #include "util.h"
@@ -83,6 +84,8 @@ struct cconn {
   uint16_t sync_flags;
   uint64_t sync_seq;
   double seen; /* tr_now() of its last frame */
+  int authed;  /* answered our challenge (or none was asked) */
+  uint8_t ch[AUTH_CHALLENGE];
   cconn *prev, *next;
 };
 
@@ -95,6 +98,10 @@ struct ftar_coord {
   int cmd[2];
   struct event *cmd_ev;
   struct event *lapse_ev; /* the heartbeat check */
+  struct event *abort_ev; /* an ABORT's epoch, held back by the rate limit */
+  double abort_at, abort_gap; /* the last ABORT epoch (tr_now()); the gap the next one waits */
+  uint64_t abort_epoch;       /* the epoch the held-back ABORT was reported in */
+  int abort_slot;
   double last_check;      /* tr_now() when it last ran: a larger gap is a stalled loop */
   int held, held_change;  /* ftar_coord_hold; an epoch is owed at the release */
   ftar_coord_opts o;
@@ -112,6 +119,7 @@ struct ftar_coord {
   uint64_t snap_epoch;
   int snap_n;
   int snap_slots[FTAR_MAX_MEMBERS];
+  auth_secret secret; /* len 0: connections are not challenged */
 };
 
 /* --- logging --- */
@@ -129,6 +137,45 @@ __attribute__((format(printf, 2, 3))) static void clog_(ftar_coord *c, const cha
 void ftar_coord_opts_default(ftar_coord_opts *o) {
   memset(o, 0, sizeof *o);
   o->deadline = 3.0;
+}
+
+/* --- the ABORT rate limit --- */
+
+/* Aborts in a row (no quiet spell between them) wait for a gap that doubles
+ * from ABORT_GAP_MIN up to deadline / 4 before their epoch is published: a
+ * member that its peers cannot reach (a wrong address, a one-way link)
+ * makes every attempt abort at once, and without the limit the group would
+ * spin through thousands of epochs a second. A single abort (a member
+ * died) is published at once. */
+#define ABORT_GAP_MIN 0.01
+
+static void publish(ftar_coord *c, ftar_change_kind kind, int slot, int clean);
+
+static void abort_publish(ftar_coord *c) {
+  double cap = c->o.deadline / 4;
+  c->abort_at = tr_now();
+  c->abort_gap = c->abort_gap > 0 ? (c->abort_gap * 2 < cap ? c->abort_gap * 2 : cap) : ABORT_GAP_MIN;
+  publish(c, FTAR_CHANGE_ABORTED, c->abort_slot, 0);
+}
+
+static void abort_cb(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  ftar_coord *c = arg;
+  if (c->epoch == c->abort_epoch) abort_publish(c); /* else another change already moved everyone on */
+}
+
+static void abort_epoch_limited(ftar_coord *c, int slot) {
+  double now = tr_now(), wait = c->abort_at + c->abort_gap - now;
+  if (now - c->abort_at > c->o.deadline) c->abort_gap = 0, wait = 0; /* a quiet spell: not in a row */
+  c->abort_slot = slot;
+  c->abort_epoch = c->epoch;
+  if (wait <= 0 || !c->abort_ev) {
+    abort_publish(c);
+    return;
+  }
+  struct timeval tv = {(time_t)wait, (suseconds_t)((wait - (double)(time_t)wait) * 1e6)};
+  evtimer_add(c->abort_ev, &tv);
 }
 
 /* --- connections --- */
@@ -439,10 +486,10 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
     member_drop(k, FTAR_CHANGE_CLOSED, "left", 1);
     return 1;
   case FT_ABORT:
-    if (h->epoch == c->epoch && c->go_sent) {
+    if (h->epoch == c->epoch && c->go_sent && !(c->abort_ev && evtimer_pending(c->abort_ev, NULL))) {
       clog_(c, "slot %d aborted seq %llu in epoch %llu", k->slot, (unsigned long long)h->seq,
             (unsigned long long)h->epoch);
-      publish(c, FTAR_CHANGE_ABORTED, k->slot, 0);
+      abort_epoch_limited(c, k->slot);
     }
     break;
   default: conn_fail(k, "unexpected frame type"); return 1;
@@ -453,6 +500,17 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
 static void conn_read_cb(struct bufferevent *bev, void *arg) {
   cconn *k = arg;
   struct evbuffer *in = bufferevent_get_input(bev);
+  if (!k->authed) { /* the answer to our challenge comes before any frame */
+    if (evbuffer_get_length(in) < AUTH_MAC) return;
+    uint8_t mac[AUTH_MAC];
+    evbuffer_remove(in, mac, sizeof mac);
+    if (!auth_verify(&k->c->secret, k->ch, mac)) {
+      clog_(k->c, "refused a connection from %s: it did not prove the job secret", k->peer);
+      conn_drop(k);
+      return;
+    }
+    k->authed = 1;
+  }
   for (;;) {
     size_t avail = evbuffer_get_length(in);
     if (avail < FTAR_HDR) return;
@@ -534,6 +592,11 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
   if (c->conns) c->conns->prev = k;
   c->conns = k;
   c->nconns++;
+  k->authed = c->secret.len == 0;
+  if (!k->authed) { /* first thing: the challenge; nothing is read before its answer */
+    auth_challenge(k->ch);
+    evbuffer_add(bufferevent_get_output(bev), k->ch, sizeof k->ch);
+  }
   bufferevent_setcb(bev, conn_read_cb, NULL, conn_event_cb, k);
   bufferevent_set_timeouts(bev, &c->deadline_tv, NULL);
   bufferevent_enable(bev, EV_READ | EV_WRITE);
@@ -633,6 +696,11 @@ ftar_coord *ftar_coord_create(struct event_base *base, const char *host, int por
   pthread_mutex_init(&c->mu, NULL);
   if (o) c->o = *o;
   else ftar_coord_opts_default(&c->o);
+  if (o && o->secret && o->secret_len > 0 && o->secret_len <= AUTH_KEY_MAX) {
+    memcpy(c->secret.key, o->secret, o->secret_len);
+    c->secret.len = o->secret_len;
+  }
+  c->o.secret = NULL;
   if (!(c->o.deadline > 0)) c->o.deadline = 3.0;
   c->base = base;
   c->deadline_tv.tv_sec = (time_t)c->o.deadline;
@@ -675,6 +743,7 @@ ftar_coord *ftar_coord_create(struct event_base *base, const char *host, int por
     tr_fail(TR_ENOMEM, "ftar coordinator: cannot create its heartbeat timer");
     goto error;
   }
+  c->abort_ev = evtimer_new(base, abort_cb, c); /* NULL: aborts go unlimited */
   c->last_check = tr_now();
   snapshot(c);
   return c;
@@ -724,6 +793,7 @@ void ftar_coord_free(ftar_coord *c) {
   if (c->lis) evconnlistener_free(c->lis);
   if (c->cmd_ev) event_free(c->cmd_ev);
   if (c->lapse_ev) event_free(c->lapse_ev);
+  if (c->abort_ev) event_free(c->abort_ev);
   if (c->cmd[0] >= 0) close(c->cmd[0]);
   if (c->cmd[1] >= 0) close(c->cmd[1]);
   if (c->own_base) event_base_free(c->base);

@@ -166,6 +166,11 @@ static ftar_member *member_alloc(int slot, const ftar_member_opts *o) {
   pthread_condattr_destroy(&ca);
   ftar_member_opts_default(&m->o);
   if (o) m->o = *o;
+  if (o && o->secret && o->secret_len > 0 && o->secret_len <= AUTH_KEY_MAX) {
+    memcpy(m->secret.key, o->secret, o->secret_len);
+    m->secret.len = o->secret_len;
+  }
+  m->o.secret = NULL;
   if (!m->o.data_host) m->o.data_host = "127.0.0.1";
   if (!(m->o.timeout > 0)) m->o.timeout = 60.0;
   if (m->o.min_members < 1) m->o.min_members = 1;

@@ -17,6 +17,7 @@
 #ifndef TRANSOM_FTAR_MEMBER_INTERNAL_H
 #define TRANSOM_FTAR_MEMBER_INTERNAL_H
 
+#include "auth.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -50,9 +51,14 @@ typedef struct { /* a connection on the data port that has not shown a valid CON
   ftar_hdr h;
   uint64_t uid;
   uint8_t b[FTAR_HDR + FTAR_CONNECT_LEN];
+  int authed;    /* answered our challenge with the job secret (or none was asked) */
+  size_t mgot;   /* bytes of that answer so far */
+  uint8_t ch[AUTH_CHALLENGE], mac[AUTH_MAC];
 } pending;
 
-enum { DOWN_NONE = 0, DOWN_CONNECTING, DOWN_HELLO, DOWN_ACK, DOWN_READY };
+/* DOWN_AUTH: with a job secret, the downstream's challenge is read and
+ * answered before CONNECT is sent. */
+enum { DOWN_NONE = 0, DOWN_CONNECTING, DOWN_AUTH, DOWN_HELLO, DOWN_ACK, DOWN_READY };
 
 /* A same-host link's frames go through this ring: a memfd the sender
  * creates and the receiver maps through /proc/<pid>/fd/<n>. Single producer,
@@ -87,6 +93,7 @@ typedef struct {
 
 struct ftar_member {
   ftar_member_opts o;
+  auth_secret secret; /* the job's (opts.secret, copied); len 0: none */
   char data_host[FTAR_HOST_MAX + 1];
   int slot;
   uint64_t uid;
@@ -135,6 +142,8 @@ struct ftar_member {
   int run_n, run_r;
   peer run_mem[FTAR_MAX_MEMBERS];
   int up_fd, down_fd, down_state;
+  uint8_t down_ch[AUTH_CHALLENGE]; /* the downstream's challenge (DOWN_AUTH) */
+  size_t down_chgot;
   int up_eof, down_eof; /* the peer closed; fatal only while that link still has work */
   shm_link up_shm, down_shm;
   uint8_t *rx;

@@ -63,6 +63,12 @@ void ftar_port_accept(ftar_member *m) {
     memset(q, 0, sizeof *q);
     q->fd = fd;
     q->t0 = tr_now();
+    q->authed = m->secret.len == 0;
+    if (!q->authed) { /* first thing: the challenge (fits an empty socket buffer) */
+      auth_challenge(q->ch);
+      if (send(fd, q->ch, sizeof q->ch, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof q->ch)
+        pend_reject(m, m->npend - 1, "cannot send the job-secret challenge");
+    }
   }
 }
 
@@ -72,6 +78,21 @@ void ftar_port_read(ftar_member *m) {
   for (int i = 0; i < m->npend; i++) {
     pending *q = &m->pend[i];
     if (q->complete) continue;
+    if (!q->authed) { /* its answer comes before any frame byte is read */
+      ssize_t k = recv(q->fd, q->mac + q->mgot, sizeof q->mac - q->mgot, MSG_DONTWAIT);
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        pend_reject(m, i--, "closed before proving the job secret");
+        continue;
+      }
+      if (k > 0) q->mgot += (size_t)k;
+      if (q->mgot < sizeof q->mac) continue;
+      if (!auth_verify(&m->secret, q->ch, q->mac)) {
+        pend_reject(m, i--, "it did not prove the job secret");
+        continue;
+      }
+      q->authed = 1;
+      continue;
+    }
     ssize_t k = recv(q->fd, q->b + q->got, sizeof q->b - q->got, 0);
     if (k == 0) {
       snprintf(why, sizeof why, "truncated handshake (%zu of %zu bytes, then EOF)", q->got, sizeof q->b);

@@ -312,7 +312,7 @@ static void prep_connect(ring *g) {
 
 static int want_send(const ring *g) {
   const ftar_member *m = g->m;
-  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK) return 1;
+  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK || m->down_state == DOWN_AUTH) return 1;
   return g->s_busy || m->down_state == DOWN_HELLO || send_ready(g) || token_ready(g);
 }
 
@@ -323,7 +323,8 @@ static int send_pending(const ring *g) { return g->s_busy || g->ss < g->nsteps |
 static int pump_send(ring *g, undo_log *u) {
   ftar_member *m = g->m;
   int progress = 0;
-  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK) return 0; /* poll reports these */
+  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK || m->down_state == DOWN_AUTH)
+    return 0; /* poll reports these */
   for (;;) {
     if (!g->s_busy) {
       if (m->down_state == DOWN_HELLO) prep_connect(g);
@@ -666,6 +667,26 @@ static int down_finish_connect(ring *g) {
   socklen_t el = sizeof err;
   getsockopt(m->down_fd, SOL_SOCKET, SO_ERROR, &err, &el);
   if (err) return ring_fail(g, "connect to slot %d: %s", down_peer(g)->slot, strerror(err));
+  m->down_state = m->secret.len ? DOWN_AUTH : DOWN_HELLO;
+  m->down_chgot = 0;
+  return 0;
+}
+
+/* The downstream's challenge (the job secret): read it, answer it, then
+ * CONNECT. The answer fits an empty socket buffer: sent whole or failed. */
+static int down_read_challenge(ring *g) {
+  ftar_member *m = g->m;
+  int slot = down_peer(g)->slot;
+  ssize_t k = recv(m->down_fd, m->down_ch + m->down_chgot, sizeof m->down_ch - m->down_chgot, MSG_DONTWAIT);
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  if (k <= 0) return ring_fail(g, "slot %d closed the link before its challenge", slot);
+  m->down_chgot += (size_t)k;
+  if (m->down_chgot < sizeof m->down_ch) return 0;
+  if (memcmp(m->down_ch, "TRAU", 4) != 0) return ring_fail(g, "slot %d sent no job-secret challenge", slot);
+  uint8_t mac[AUTH_MAC];
+  auth_answer(&m->secret, m->down_ch, mac);
+  if (send(m->down_fd, mac, sizeof mac, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof mac)
+    return ring_fail(g, "slot %d: cannot answer its challenge: %s", slot, strerror(errno));
   m->down_state = DOWN_HELLO;
   return 0;
 }
@@ -841,7 +862,7 @@ static void pollset_build(const ring *g, ring_pollset *ps) {
   if (m->down_fd >= 0 && !m->down_eof) {
     short ev = 0;
     if (m->down_state == DOWN_CONNECTING) ev = POLLOUT;
-    else if (m->down_state == DOWN_ACK) ev = POLLIN;
+    else if (m->down_state == DOWN_ACK || m->down_state == DOWN_AUTH) ev = POLLIN;
     else if (m->down_shm.active) ev = send_pending(g) ? POLLIN : 0;
     else if (want_send(g)) ev = POLLOUT;
     if (ev) {
@@ -861,6 +882,7 @@ static int down_event(ring *g) {
   ftar_member *m = g->m;
   if (m->down_state == DOWN_CONNECTING) return down_finish_connect(g);
   if (m->down_state == DOWN_ACK) return down_read_ack(g);
+  if (m->down_state == DOWN_AUTH) return down_read_challenge(g);
   if (m->down_shm.active) {
     int slot = down_peer(g)->slot;
     if (doorbell_drain(m->down_fd, &m->down_eof) < 0 || (m->down_eof && send_pending(g)))

@@ -94,6 +94,9 @@ local SCHEMA = {
     .. "(evicted)", gt = 0 },
   { "operator_grace", "number", 60, "seconds a replica waits for a restarted operator (`transom run --resume RUN`) "
     .. "after losing it, holding its state; then it exits without a checkpoint", gt = 0 },
+  { "hosts", "integer", 0, "transom agents to wait for before placing replicas on them (0 = this host only: the "
+    .. "operator starts the workers itself); needs MASTER_ADDR, the address agents reach the operator at",
+    min = 0, max = 256 },
   { "policies", "string", nil, "directory of policy files (default: transom's lua/policies)", optional = true },
   { "checksum_interval", "integer", 50, "replicas report a parameter checksum every N steps (0 = never)", min = 0 },
   { "detector", "boolean", true, "Eagle Eye: rules and policies over the replicas' metrics (false = off)" },
@@ -257,6 +260,9 @@ function M.check(job, origin)
   end
   if job.min_replicas > job.replicas then
     at("min_replicas")("min_replicas = %d is above replicas = %d", job.min_replicas, job.replicas)
+  end
+  if job.hosts > 0 and job.replicas < 2 then
+    at("hosts")("hosts = %d needs replicas >= 2 (one replica runs alone, on this host)", job.hosts)
   end
   for i, c in ipairs(job.chaos or {}) do
     if c.replica >= job.max_replicas then

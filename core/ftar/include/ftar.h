@@ -117,6 +117,11 @@ typedef struct {
   void *ud;
   ftar_log_fn log;  /* default: stderr, "ftar-coord: ..." */
   void *log_ud;
+  /* The job's secret (auth.h; copied): every connection gets a challenge
+   * first and is closed, with a log line saying so, unless it answers with
+   * this secret. NULL/0: no challenge. */
+  const uint8_t *secret;
+  size_t secret_len;
 } ftar_coord_opts;
 
 void ftar_coord_opts_default(ftar_coord_opts *o);
@@ -186,6 +191,11 @@ typedef struct {
                             only that thread may do and that restoring the quorum needs,
                             e.g. copying its state for a replacement that is joining */
   void *quorum_ud;
+  /* The job's secret (auth.h; copied): the member answers the coordinator's
+   * and its peers' challenges with it, and challenges every connection to
+   * its data port. NULL/0: none (the other side must have none either). */
+  const uint8_t *secret;
+  size_t secret_len;
 } ftar_member_opts;
 
 void ftar_member_opts_default(ftar_member_opts *o);

@@ -42,6 +42,7 @@ typedef struct {
   char ckpt_when_busy[16];
   /* replicas and failures (the operator) */
   int64_t replicas, min_replicas, max_replicas, checksum_interval, metrics_port;
+  int64_t hosts; /* agents to wait for (0: the operator forks its workers) */
   char on_failure[16];
   char policies[1024];
   double deadline, hang_seconds, operator_grace;

@@ -1,0 +1,334 @@
+/* agent.c — `transom agent`: one per host (the torchelastic pattern). It
+ * registers with the operator on its workers' port (AGENT name= addr=
+ * cores= gpus= slots=), starts the workers the operator places here (SPAWN:
+ * `transom worker --operator OP --slot K --threads N`, TRANSOM_HOST set to
+ * this host's routable address so the worker advertises it to its peers),
+ * kills them when told (KILL), reports every exit with its real wait status
+ * (EXITED), heartbeats (HB) every HB_INTERVAL, and every PROBE_INTERVAL
+ * sends a link probe (64 KB of padded lines) the operator times. Its death is the host's
+ * death: its workers die with it (PR_SET_PDEATHSIG), and the operator
+ * counts them lost when its connection closes or its heartbeats lapse.
+ *
+ * Started by hand, by `srun` (one task per node) or anything else; the
+ * operator never needs ssh. The operator lost: the agent stops its workers
+ * and exits 1 (a restarted operator needs agents started again); SIGTERM or
+ * SIGINT: the same, exit 0.
+ *
+ *   transom agent --operator HOST:PORT --secret-file RUN/secret [--name NAME] [--addr ADDR] [--slots N]
+ *                 [--cores N]
+ * It proves the job's secret on connecting (auth.h) and hands it to its
+ * workers (TRANSOM_SECRET).
+ *
+ * Single-threaded, blocking sockets and poll(); SIGCHLD through a self-pipe.
+ */
+#define _GNU_SOURCE /* PR_SET_PDEATHSIG */
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "proto.h"
+#include "util.h"
+
+int agent_main(int argc, char **argv);
+
+#define HB_INTERVAL 0.5 /* seconds between heartbeats to the operator */
+#define PROBE_INTERVAL 2.0 /* seconds between link probes (PROBE_LINES x PROBE_PAD bytes) */
+#define PROBE_LINES 16
+#define PROBE_PAD 4000
+#define AGENT_SLOTS 64
+
+typedef struct {
+  char op[300], name[64], addr[64], self[PATH_MAX];
+  int op_port, nslots, cores, gpus;
+  int fd;
+  proto_reader rd;
+  pid_t pids[AGENT_SLOTS]; /* per worker: its pid */
+  int slots[AGENT_SLOTS];  /* and its replica slot */
+  int n;
+  auth_secret secret; /* the job's: --secret-file, TRANSOM_SECRET or TRANSOM_SECRET_FILE */
+  char secret_hex[2 * AUTH_KEY_MAX + 1];
+} agent;
+
+static const char agent_usage[] =
+    "usage: transom agent --operator HOST:PORT --secret-file RUN/secret [--name NAME] [--addr ADDR] [--slots N]\n"
+    "                     [--cores N] [--gpus N]\n"
+    "\n"
+    "One per host: registers with the operator of a job with `hosts = N` (started\n"
+    "with MASTER_ADDR/MASTER_PORT), starts and supervises the replicas it places\n"
+    "here, reports their exits. --name: this host's name (default: hostname);\n"
+    "--addr: the address other hosts reach this one at (default: the local\n"
+    "address of the connection to the operator; never loopback when the operator\n"
+    "is elsewhere); --slots: replicas this host runs at most (default 1);\n"
+    "--cores: cores to share among them (default: all online); --gpus: GPUs it\n"
+    "reports (default: the /dev/nvidiaN devices). --secret-file: the\n"
+    "job's secret (RUN/secret, made by the operator; or TRANSOM_SECRET=hex,\n"
+    "TRANSOM_SECRET_FILE=path): the operator refuses an agent without it.\n"
+    "MASTER_ADDR/MASTER_PORT stand in for --operator (srun, one task per node).\n"
+    "Exit status: 0 stopped (SIGTERM/SIGINT), 1 the operator was lost or refused us, 2 usage.\n";
+
+static int pipe_fds[2] = {-1, -1};
+static volatile sig_atomic_t stop_sig;
+
+static void on_signal(int sig) {
+  if (sig == SIGTERM || sig == SIGINT) stop_sig = sig;
+  int e = errno;
+  if (write(pipe_fds[1], "x", 1) < 0) { /* full: a wake-up is pending anyway */
+  }
+  errno = e;
+}
+
+/* NVIDIA devices on this host (/dev/nvidia0, 1, ...): what it reports. */
+static int count_gpus(void) {
+  glob_t g;
+  int n = glob("/dev/nvidia[0-9]*", 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+  globfree(&g);
+  return n;
+}
+
+static int parse(agent *a, int argc, char **argv, int *done) {
+  const char *op = NULL;
+  char env[300];
+  *done = 0;
+  a->nslots = 1;
+  a->cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  a->gpus = count_gpus();
+  for (int i = 0; i < argc; i++) {
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(agent_usage, stdout);
+      *done = 1;
+      return 0;
+    } else if (strcmp(argv[i], "--operator") == 0 && v) op = argv[++i];
+    else if (strcmp(argv[i], "--name") == 0 && v) snprintf(a->name, sizeof a->name, "%s", argv[++i]);
+    else if (strcmp(argv[i], "--addr") == 0 && v) snprintf(a->addr, sizeof a->addr, "%s", argv[++i]);
+    else if (strcmp(argv[i], "--slots") == 0 && v) a->nslots = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--cores") == 0 && v) a->cores = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--gpus") == 0 && v) a->gpus = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--secret-file") == 0 && v) setenv("TRANSOM_SECRET_FILE", argv[++i], 1);
+    else {
+      fprintf(stderr, "transom agent: unexpected argument '%s'\n%s", argv[i], agent_usage);
+      return 2;
+    }
+  }
+  if (!op && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {
+    snprintf(env, sizeof env, "%s:%s", getenv("MASTER_ADDR"), getenv("MASTER_PORT"));
+    op = env;
+  }
+  if (!op || a->nslots < 1 || a->nslots > AGENT_SLOTS || a->cores < 1) {
+    fprintf(stderr, "transom agent: %s\n%s", !op ? "--operator HOST:PORT is needed" : "--slots must be 1..64, --cores >= 1",
+            agent_usage);
+    return 2;
+  }
+  if (net_split(op, a->op, sizeof a->op, &a->op_port)) {
+    fprintf(stderr, "transom agent: %s\n", tr_error());
+    return 2;
+  }
+  if (auth_secret_from_env(&a->secret)) {
+    fprintf(stderr, "transom agent: %s\n", tr_error());
+    return 2;
+  }
+  auth_secret_hex(&a->secret, a->secret_hex, sizeof a->secret_hex);
+  if (!a->name[0] && gethostname(a->name, sizeof a->name) != 0) snprintf(a->name, sizeof a->name, "host");
+  return 0;
+}
+
+/* Our address as the operator's host sees us: the connection's local end. */
+static void local_addr(agent *a) {
+  if (a->addr[0]) return;
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof sa;
+  if (getsockname(a->fd, (struct sockaddr *)&sa, &sl) == 0 && sa.sin_family == AF_INET)
+    inet_ntop(AF_INET, &sa.sin_addr, a->addr, sizeof a->addr);
+  else snprintf(a->addr, sizeof a->addr, "127.0.0.1");
+}
+
+/* --- workers --- */
+
+static void start_worker(agent *a, const char *line) {
+  int k = (int)proto_int(line, "slot", -1), threads = (int)proto_int(line, "threads", 1);
+  char log[PATH_MAX], op[320], ks[16], ts[16];
+  if (!proto_get(line, "log", log, sizeof log)) snprintf(log, sizeof log, "/dev/null");
+  if (k < 0 || a->n == AGENT_SLOTS) {
+    proto_send(a->fd, "EXITED slot=%d pid=0 status=%d", k, 0x100);
+    return;
+  }
+  snprintf(op, sizeof op, "%s:%d", a->op, a->op_port);
+  snprintf(ks, sizeof ks, "%d", k);
+  snprintf(ts, sizeof ts, "%d", threads);
+  fflush(NULL);
+  pid_t parent = getpid(), pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the agent's death is the host's */
+    if (getppid() != parent) _exit(127); /* ok-exit: the agent died before the line above */
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) dup2(fd, 1), dup2(fd, 2), close(fd);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    setenv("TRANSOM_HOST", a->addr, 1);
+    if (a->secret.len) setenv("TRANSOM_SECRET", a->secret_hex, 1);
+    unsetenv("TRANSOM_SECRET_FILE");
+    setenv("TRANSOM_LOCAL_RANK", ks, 1);
+    unsetenv("MASTER_ADDR"); /* --operator says where; RANK etc. must not override the slot */
+    unsetenv("MASTER_PORT");
+    unsetenv("RANK");
+    unsetenv("SLURM_PROCID");
+    execl(a->self, "transom", "worker", "--operator", op, "--slot", ks, "--threads", ts, (char *)NULL);
+    _exit(127); /* ok-exit: exec failed in the child */
+  }
+  if (pid < 0) {
+    proto_send(a->fd, "EXITED slot=%d pid=0 status=%d", k, 0x100);
+    return;
+  }
+  a->pids[a->n] = pid;
+  a->slots[a->n++] = k;
+  fprintf(stderr, "agent %s: replica %d started (pid %d)\n", a->name, k, (int)pid);
+  proto_send(a->fd, "STARTED slot=%d pid=%d", k, (int)pid);
+}
+
+static void kill_worker(agent *a, const char *line) {
+  pid_t pid = (pid_t)proto_int(line, "pid", 0);
+  int sig = (int)proto_int(line, "sig", SIGKILL);
+  for (int i = 0; i < a->n; i++)
+    if (a->pids[i] == pid && (sig == SIGKILL || sig == SIGTERM || sig == SIGSTOP || sig == SIGCONT)) kill(pid, sig);
+}
+
+static void reap(agent *a) {
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+    for (int i = 0; i < a->n; i++) {
+      if (a->pids[i] != pid) continue;
+      fprintf(stderr, "agent %s: replica %d (pid %d) exited, status 0x%x\n", a->name, a->slots[i], (int)pid, status);
+      if (a->fd >= 0) proto_send(a->fd, "EXITED slot=%d pid=%d status=%d", a->slots[i], (int)pid, status);
+      a->pids[i] = a->pids[a->n - 1];
+      a->slots[i] = a->slots[--a->n];
+      break;
+    }
+}
+
+/* Every worker stopped (SIGKILL after a grace of SIGTERM), reaped. */
+static void stop_workers(agent *a) {
+  for (int i = 0; i < a->n; i++) kill(a->pids[i], SIGKILL);
+  for (int tries = 0; a->n > 0 && tries < 100; tries++) {
+    reap(a);
+    if (a->n) usleep(20000);
+  }
+}
+
+/* --- the operator --- */
+
+static int hello(agent *a) {
+  for (double t0 = tr_now(); (a->fd = net_connect(a->op, a->op_port, 2.0)) < 0;) {
+    if (tr_now() - t0 > 60 || stop_sig) return tr_fail(TR_EIO, "cannot reach the operator at %s:%d", a->op, a->op_port);
+    usleep(200000);
+  }
+  local_addr(a);
+  a->rd.fd = a->fd;
+  if (auth_client(a->fd, &a->secret, 30.0))
+    return tr_fail(TR_EIO, "the operator at %s:%d: %s (is --secret-file RUN/secret given?)", a->op, a->op_port,
+                   tr_error());
+  char line[PROTO_LINE_MAX];
+  if (proto_send(a->fd, "AGENT name=%s addr=%s cores=%d gpus=%d slots=%d pid=%d", a->name, a->addr, a->cores,
+                 a->gpus, a->nslots, (int)getpid()))
+    return tr_fail(TR_EIO, "operator: %s", strerror(errno));
+  int rc = proto_read(&a->rd, line, sizeof line, 30000);
+  char why[300];
+  if (rc > 0 && proto_is(line, "REFUSE") && proto_get(line, "why", why, sizeof why))
+    return tr_fail(TR_EIO, "the operator at %s:%d refused us: %s", a->op, a->op_port, why);
+  if (rc <= 0 || !proto_is(line, "WELCOME"))
+    return tr_fail(TR_EIO, "the operator at %s:%d %s: %s", a->op, a->op_port, rc > 0 ? "refused us" : "did not answer",
+                   rc > 0 ? line : "");
+  fprintf(stderr, "agent %s: registered with the operator at %s:%d as %s (%d slots, %d cores)\n", a->name, a->op,
+          a->op_port, a->addr, a->nslots, a->cores);
+  return 0;
+}
+
+/* The whole lines buffered so far (never waits). */
+static void handle_lines(agent *a) {
+  char line[PROTO_LINE_MAX];
+  proto_reader *r = &a->rd;
+  while (memchr(r->buf, '\n', r->len) && proto_read(r, line, sizeof line, 0) > 0) {
+    if (proto_is(line, "SPAWN")) start_worker(a, line);
+    else if (proto_is(line, "KILL")) kill_worker(a, line);
+  }
+}
+
+/* A link probe: PROBE_LINES padded lines between PROBE and PROBE_END; the
+ * operator times their arrival (operator_hosts.c: a slow link). */
+static int probe(agent *a) {
+  static char pad[PROBE_PAD + 1];
+  if (!pad[0]) memset(pad, 'x', PROBE_PAD);
+  if (proto_send(a->fd, "PROBE lines=%d", PROBE_LINES)) return -1;
+  for (int i = 0; i < PROBE_LINES; i++)
+    if (proto_send(a->fd, "PAD p=%s", pad)) return -1;
+  return proto_send(a->fd, "PROBE_END bytes=%d", PROBE_LINES * (PROBE_PAD + 7));
+}
+
+static int serve(agent *a) {
+  double next_hb = 0, next_probe = tr_now() + PROBE_INTERVAL;
+  handle_lines(a); /* what came with WELCOME */
+  while (!stop_sig) {
+    if (tr_now() >= next_hb) {
+      if (proto_send(a->fd, "HB n=%d", a->n)) return tr_fail(TR_EIO, "lost the operator");
+      next_hb = tr_now() + HB_INTERVAL;
+    }
+    if (tr_now() >= next_probe) {
+      if (probe(a)) return tr_fail(TR_EIO, "lost the operator");
+      next_probe = tr_now() + PROBE_INTERVAL;
+    }
+    struct pollfd p[2] = {{.fd = a->fd, .events = POLLIN}, {.fd = pipe_fds[0], .events = POLLIN}};
+    if (poll(p, 2, (int)(HB_INTERVAL * 1000)) < 0 && errno != EINTR) return tr_fail(TR_EIO, "poll: %s", strerror(errno));
+    if (p[1].revents & POLLIN) {
+      char buf[64];
+      while (read(pipe_fds[0], buf, sizeof buf) > 0) {
+      }
+      reap(a);
+    }
+    if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    proto_reader *r = &a->rd;
+    ssize_t got = recv(a->fd, r->buf + r->len, sizeof r->buf - r->len, MSG_DONTWAIT);
+    if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) return tr_fail(TR_EIO, "lost the operator");
+    if (got > 0) r->len += (size_t)got;
+    handle_lines(a);
+    if (r->len >= PROTO_LINE_MAX) return tr_fail(TR_EFORMAT, "a control line longer than %d bytes", PROTO_LINE_MAX);
+  }
+  return 0;
+}
+
+int agent_main(int argc, char **argv) {
+  agent a = {.fd = -1};
+  int done, rc = parse(&a, argc, argv, &done);
+  if (rc || done) return rc;
+  ssize_t sn = readlink("/proc/self/exe", a.self, sizeof a.self - 1);
+  if (sn <= 0) return fprintf(stderr, "transom agent: cannot find the transom executable\n"), 1;
+  a.self[sn] = 0;
+  if (pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC) != 0) return fprintf(stderr, "transom agent: pipe: %s\n", strerror(errno)), 1;
+  struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGCHLD, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  rc = hello(&a);
+  if (!rc) rc = serve(&a);
+  if (rc) fprintf(stderr, "transom agent %s: %s; stopping its workers\n", a.name, tr_error());
+  stop_workers(&a);
+  if (a.fd >= 0) close(a.fd);
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,396 @@
+/* operator_hosts.c — the operator's hosts: the `transom agent`s that
+ * registered (one per machine, agent.c), where replicas are placed, and
+ * which hosts are cordoned.
+ *
+ *   - An agent says AGENT name= addr= cores= gpus= slots= on the workers'
+ *     port; it heartbeats (HB) and reports STARTED/EXITED (the real wait
+ *     status) for the workers it starts on our SPAWN. Its connection
+ *     closing, or its heartbeats lapsing past 2 x deadline (a cut link, a
+ *     dead machine), is the host lost: its replicas are evicted from FTAR at
+ *     once (their epoch goes stale: fenced), their control connections
+ *     closed, and each fails with reason "host_lost" for the restart policy.
+ *   - Placement: a free slot on a healthy (alive, not cordoned) host; spares
+ *     (hosts with no replica) first, the host the slot just failed on last.
+ *     No room: the slot waits (unplaced) until an agent registers, a host is
+ *     uncordoned or a slot frees.
+ *   - hosts.lua (lua/policies, or the job's policies folder; on the restart
+ *     policy's engine) sees every failure on a host and decides to cordon
+ *     it, and once a second per cordoned host whether to trust it again.
+ *     `transom attach`: hosts(), cordon(name), uncordon(name).
+ *
+ * It does not decide on replacements (the restart policy does, in
+ * operator.c) or start processes itself. Everything runs on the operator's
+ * event loop.
+ */
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <lauxlib.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "ftar.h"
+#include "lua_host.h"
+#include "operator_internal.h"
+#include "policy.h"
+#include "proto.h"
+#include "util.h"
+
+/* Heartbeats of an agent may lapse this many deadlines before its host is lost. */
+#define HOST_LAPSE_DEADLINES 2.0
+
+static double lapse_s(operator_state *o) { return HOST_LAPSE_DEADLINES * o->cfg->deadline; }
+
+static int alive_hosts(operator_state *o) {
+  int n = 0;
+  for (int i = 0; i < o->nhosts; i++) n += o->hosts[i].alive;
+  return n;
+}
+
+/* Closes a connection without freeing it: its event callback sees EOF and
+ * frees it (so no callback is left pointing at freed memory). */
+static void close_conn(struct bufferevent *bev) {
+  if (bev) shutdown(bufferevent_getfd(bev), SHUT_RDWR);
+}
+
+/* --- hosts.lua --- */
+
+static void push_host_ev(lua_State *L, operator_state *o, const host_rec *h, const char *reason) {
+  lua_createtable(L, 0, 8);
+  lua_pushstring(L, h->name);
+  lua_setfield(L, -2, "host");
+  lua_pushstring(L, h->addr);
+  lua_setfield(L, -2, "addr");
+  lua_pushstring(L, reason);
+  lua_setfield(L, -2, "reason");
+  lua_pushboolean(L, h->cordoned);
+  lua_setfield(L, -2, "cordoned");
+  lua_pushboolean(L, h->alive);
+  lua_setfield(L, -2, "alive");
+  lua_pushnumber(L, tr_now() - o->t0);
+  lua_setfield(L, -2, "time");
+  lua_pushnumber(L, h->cordoned_at);
+  lua_setfield(L, -2, "cordoned_at");
+  int n = h->nfail < HOST_FAILS ? h->nfail : HOST_FAILS;
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushnumber(L, h->fail_at[(h->nfail - n + i) % HOST_FAILS]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "failure_times");
+}
+
+/* The decision at idx: "cordon" | "uncordon" | "none" or {action=, detail=}. */
+static int parse_host_decision(lua_State *L, int idx, char *action, size_t n, char *detail, size_t dn) {
+  idx = lua_absindex(L, idx);
+  detail[0] = 0;
+  if (lua_type(L, idx) == LUA_TTABLE) {
+    lua_getfield(L, idx, "detail");
+    if (lua_type(L, -1) == LUA_TSTRING) snprintf(detail, dn, "%s", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    lua_getfield(L, idx, "action");
+  } else {
+    lua_pushvalue(L, idx);
+  }
+  const char *a = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+  int ok = strcmp(a, "cordon") == 0 || strcmp(a, "uncordon") == 0 || strcmp(a, "none") == 0;
+  if (ok) snprintf(action, n, "%s", a);
+  lua_pop(L, 1);
+  return ok ? 0 : -1;
+}
+
+/* Asks hosts.lua about host h; acts on the decision. */
+static void ask_policy(operator_state *o, int h, const char *reason) {
+  if (!o->hosts_pol) return;
+  lua_State *L = policy_engine_lua(o->pol);
+  int top = lua_gettop(L);
+  policy_err e;
+  memset(&e, 0, sizeof e);
+  policy_push(o->hosts_pol);          /* [M] */
+  lua_getfield(L, -1, "on_host");     /* [M, fn] (checked at load) */
+  int line = policy_fn_line(L, -1);
+  push_host_ev(L, o, &o->hosts[h], reason);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, o->hosts_state_ref); /* [M, fn, ev, state] */
+  char action[16] = "none", detail[256] = "";
+  int rc = policy_call(o->pol, 2, 1, &e); /* [M, decision] */
+  if (!rc && parse_host_decision(L, -1, action, sizeof action, detail, sizeof detail) < 0) {
+    policy_fail(&e, "hosts.lua", line, "on_host: the decision must be \"cordon\", \"uncordon\" or \"none\"");
+    rc = TR_ELUA;
+  }
+  lua_settop(L, top);
+  if (rc) {
+    operator_event(o, o->best_step, -1, "policy_error", "%s%s; host %s left as it is", e.msg,
+                   e.budget ? " (stopped by the instruction budget)" : "", o->hosts[h].name);
+    return;
+  }
+  if (strcmp(action, "cordon") == 0 && !o->hosts[h].cordoned) hosts_cordon(o, o->hosts[h].name, 1, detail);
+  if (strcmp(action, "uncordon") == 0 && o->hosts[h].cordoned) hosts_cordon(o, o->hosts[h].name, 0, detail);
+}
+
+static int check_hosts(void *ud, lua_State *L, int mod, int env, policy_err *e) {
+  operator_state *o = ud;
+  (void)env;
+  if (lua_getfield(L, mod, "on_host") != LUA_TFUNCTION) { /* [fn] */
+    int rc = policy_fail(e, "hosts.lua", 0, "on_host must be a function(ev, state), is a %s", luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return rc;
+  }
+  int line = policy_fn_line(L, -1);
+  host_rec dry = {.name = "dry-run", .addr = "127.0.0.1", .alive = 1, .nfail = 1};
+  push_host_ev(L, o, &dry, "killed"); /* [fn, ev] */
+  lua_newtable(L);                    /* [fn, ev, state] */
+  int rc = policy_call(o->pol, 2, 1, e); /* [decision] */
+  if (rc) return rc;
+  char action[16], detail[256];
+  if (parse_host_decision(L, -1, action, sizeof action, detail, sizeof detail) < 0)
+    rc = policy_fail(e, "hosts.lua", line, "dry run: on_host must return \"cordon\", \"uncordon\" or \"none\"");
+  lua_pop(L, 1);
+  return rc;
+}
+
+int hosts_policy_load(operator_state *o) {
+  char fallback[PATH_MAX];
+  snprintf(fallback, sizeof fallback, "%s/policies", lua_host_dir());
+  lua_State *L = policy_engine_lua(o->pol);
+  lua_newtable(L);
+  o->hosts_state_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  policy_opts po = {.name = "hosts.lua",
+                    .dir = o->cfg->policies[0] ? o->cfg->policies : fallback,
+                    .fallback_dir = fallback,
+                    .check = check_hosts,
+                    .ud = o};
+  int rc = (o->hosts_pol = policy_add(o->pol, &po)) ? policy_reload(o->hosts_pol, 1) : TR_EINVAL;
+  return rc ? tr_fail_prefix(rc, "hosts policy") : TR_OK;
+}
+
+int hosts_cordon(operator_state *o, const char *name, int on, const char *why) {
+  for (int i = 0; i < o->nhosts; i++) {
+    host_rec *h = &o->hosts[i];
+    if (strcmp(h->name, name) != 0 && strcmp(h->addr, name) != 0) continue;
+    h->cordoned = on;
+    h->cordoned_at = on ? tr_now() - o->t0 : 0;
+    operator_event(o, o->best_step, -1, on ? "cordon" : "uncordon", "host %s (%s) %s: %s", h->name, h->addr,
+                   on ? "cordoned: no replica is placed there" : "trusted again", why && *why ? why : "by hand");
+    return 0;
+  }
+  return -1;
+}
+
+void hosts_failure(operator_state *o, int h, const char *reason) {
+  host_rec *r = &o->hosts[h];
+  if (strcmp(reason, "startup_error") == 0) return; /* the job's fault, not the host's */
+  r->fail_at[r->nfail++ % HOST_FAILS] = tr_now() - o->t0;
+  ask_policy(o, h, reason);
+}
+
+/* --- placement --- */
+
+/* The best host for slot s, or -1: alive, not cordoned, a free slot; not
+ * the host it just failed on, then a spare (no replica), then the least
+ * used. */
+static int pick_host(operator_state *o, const slot *s) {
+  int best = -1;
+  long best_score = 0;
+  for (int i = 0; i < o->nhosts; i++) {
+    const host_rec *h = &o->hosts[i];
+    if (!h->alive || h->cordoned || !h->bev || h->used >= h->nslots) continue;
+    long score = (i == s->last_host ? 0 : 1000000L) + (h->used == 0 ? 10000L : 0) + (h->nslots - h->used) * 10L;
+    if (best < 0 || score > best_score) best = i, best_score = score;
+  }
+  return best;
+}
+
+void hosts_place(operator_state *o, int k, const char *mode) {
+  slot *s = &o->slots[k];
+  snprintf(s->mode, sizeof s->mode, "%s", mode);
+  int h = pick_host(o, s);
+  if (h < 0) {
+    if (!s->unplaced)
+      operator_event(o, o->best_step, k, "unplaced", "replica %d waits for a free slot on a healthy host (%d alive)",
+                     k, alive_hosts(o));
+    s->unplaced = 1;
+    s->state = SLOT_WAITING;
+    return;
+  }
+  host_rec *r = &o->hosts[h];
+  char log[PATH_MAX], esc[PATH_MAX * 3];
+  snprintf(log, sizeof log, "%s/worker-%d.log", o->dir, k);
+  proto_escape(log, esc, sizeof esc);
+  int threads = o->cfg->threads > 0 ? (int)o->cfg->threads : r->cores / (r->nslots > 0 ? r->nslots : 1);
+  evbuffer_add_printf(bufferevent_get_output(r->bev), "SPAWN slot=%d threads=%d log=%s\n", k, threads > 0 ? threads : 1,
+                      esc);
+  s->host = h;
+  r->used++;
+  s->pid = 0;
+  s->adopted = 0;
+  s->done = 0;
+  s->unplaced = 0;
+  s->state = SLOT_STARTING;
+  s->started = tr_now();
+  operator_event(o, o->best_step, k, "spawn", "replica %d placed on host %s (%s, %s%s)", k, r->name, r->addr, mode,
+                 h == s->last_host ? ", where it failed last: no other host has room" : "");
+}
+
+/* --- link probes: a slow link --- */
+
+/* A host's link is slow when its probes come in SLOW_FACTOR times slower
+ * than the fastest other host's, SLOW_PROBES times in a row, and below
+ * SLOW_ABS bytes/s (fast links differ by noise, a loaded machine's
+ * scheduling included: the absolute bound keeps those out). */
+#define SLOW_FACTOR 10.0
+#define SLOW_PROBES 2
+#define SLOW_ABS 12.5e6 /* 100 Mbit/s */
+
+static void on_probe_end(operator_state *o, int h, double bytes) {
+  host_rec *r = &o->hosts[h];
+  if (r->probe_t0 <= 0 || bytes <= 0) return;
+  double dt = tr_now() - r->probe_t0;
+  r->probe_t0 = 0;
+  r->link_Bps = bytes / (dt > 1e-6 ? dt : 1e-6);
+  double best = 0;
+  int fastest = -1;
+  for (int i = 0; i < o->nhosts; i++)
+    if (i != h && o->hosts[i].alive && o->hosts[i].link_Bps > best) best = o->hosts[i].link_Bps, fastest = i;
+  int slow = fastest >= 0 && r->link_Bps < SLOW_ABS && r->link_Bps * SLOW_FACTOR < best;
+  r->slow_probes = slow ? r->slow_probes + 1 : 0;
+  if (!slow) r->slow_named = 0;
+  if (r->slow_probes < SLOW_PROBES || r->slow_named) return;
+  r->slow_named = 1;
+  int k = -1;
+  for (int i = 0; i < o->nslots; i++)
+    if (o->slots[i].host == h) k = i;
+  operator_event(o, o->best_step, k, "anomaly",
+                 "slow_link: host %s (%s): %.2f MB/s to the operator, %.0fx below host %s's (%d probes in a row)%s", r->name,
+                 r->addr, r->link_Bps / 1e6, best / r->link_Bps, o->hosts[fastest].name, r->slow_probes,
+                 k >= 0 ? ": its replicas straggle every all-reduce" : "");
+}
+
+/* --- the agents' lines --- */
+
+static void on_agent(operator_state *o, int *hp, struct bufferevent *bev, const char *line) {
+  struct evbuffer *out = bufferevent_get_output(bev);
+  char name[64], addr[64];
+  if (o->cfg->hosts == 0) {
+    evbuffer_add_printf(out, "REFUSE why=this%%20job%%20runs%%20on%%20one%%20host%%20(hosts%%20=%%200)\n");
+    return;
+  }
+  if (!proto_get(line, "name", name, sizeof name) || !proto_get(line, "addr", addr, sizeof addr)) {
+    evbuffer_add_printf(out, "REFUSE why=AGENT%%20needs%%20name%%20and%%20addr\n");
+    return;
+  }
+  int h = -1;
+  for (int i = 0; i < o->nhosts; i++)
+    if (strcmp(o->hosts[i].name, name) == 0) h = i;
+  if (h >= 0 && o->hosts[h].alive) {
+    evbuffer_add_printf(out, "REFUSE why=host%%20name%%20in%%20use\n");
+    return;
+  }
+  if (h < 0 && o->nhosts == MAX_HOSTS) {
+    evbuffer_add_printf(out, "REFUSE why=too%%20many%%20hosts\n");
+    return;
+  }
+  if (h < 0) h = o->nhosts++;
+  host_rec *r = &o->hosts[h];
+  snprintf(r->name, sizeof r->name, "%s", name);
+  snprintf(r->addr, sizeof r->addr, "%s", addr);
+  r->cores = (int)proto_int(line, "cores", 1);
+  r->gpus = (int)proto_int(line, "gpus", 0);
+  r->nslots = (int)proto_int(line, "slots", 1);
+  r->used = 0;
+  r->alive = 1;
+  r->bev = bev;
+  r->last_heard = tr_now();
+  *hp = h;
+  evbuffer_add_printf(out, "WELCOME host=%s\n", name);
+  operator_event(o, o->best_step, -1, "host_joined", "host %s (%s): %d cores, %d GPUs, %d slots%s", name, addr,
+                 r->cores, r->gpus, r->nslots, r->cordoned ? " (cordoned)" : "");
+  if (!o->placing && alive_hosts(o) >= o->cfg->hosts && !o->stopping) {
+    o->placing = 1;
+    if (!o->adopting) operator_spawn_all(o); /* else the adoption window's end starts them */
+  }
+}
+
+/* A worker the agent started exited: status is its wait status. */
+static void on_exited(operator_state *o, int h, const char *line) {
+  int k = (int)proto_int(line, "slot", -1);
+  pid_t pid = (pid_t)proto_int(line, "pid", 0);
+  if (k < 0 || k >= o->nslots) return;
+  slot *s = &o->slots[k];
+  if (s->host != h || (s->pid != pid && s->pid != 0)) return; /* an older worker of the slot */
+  if (s->state != SLOT_STARTING && s->state != SLOT_RUNNING) return;
+  s->pid = 0;
+  if (s->bev) close_conn(s->bev), s->bev = NULL;
+  operator_slot_exited(o, s, (int)proto_int(line, "status", 0x100));
+}
+
+void hosts_line(operator_state *o, int *hp, struct bufferevent *bev, const char *line) {
+  if (proto_is(line, "AGENT")) {
+    if (*hp < 0) on_agent(o, hp, bev, line);
+    return;
+  }
+  int h = *hp;
+  if (h < 0 || o->hosts[h].bev != bev) return; /* a lost host's late words */
+  o->hosts[h].last_heard = tr_now();
+  if (proto_is(line, "PROBE")) {
+    o->hosts[h].probe_t0 = tr_now();
+  } else if (proto_is(line, "PROBE_END")) {
+    on_probe_end(o, h, proto_num(line, "bytes", 0));
+  } else if (proto_is(line, "STARTED")) {
+    int k = (int)proto_int(line, "slot", -1);
+    if (k >= 0 && k < o->nslots && o->slots[k].host == h && o->slots[k].pid == 0)
+      o->slots[k].pid = (pid_t)proto_int(line, "pid", 0);
+  } else if (proto_is(line, "EXITED")) {
+    on_exited(o, h, line);
+  }
+}
+
+/* --- lost hosts --- */
+
+static void host_lost(operator_state *o, int h, const char *why) {
+  host_rec *r = &o->hosts[h];
+  if (!r->alive) return;
+  r->alive = 0;
+  close_conn(r->bev);
+  r->bev = NULL;
+  int n = 0;
+  for (int i = 0; i < o->nslots; i++) n += o->slots[i].host == h;
+  operator_event(o, o->best_step, -1, "host_lost", "host %s (%s) lost: %s; %d replica(s) on it", r->name, r->addr, why,
+                 n);
+  if (!o->stopping) hosts_failure(o, h, "host_lost");
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    if (s->host != h) continue;
+    /* fenced: out of the membership now (its epoch is stale), no control line heard from it again */
+    if (o->coord) ftar_coord_evict(o->coord, i);
+    if (s->bev) close_conn(s->bev), s->bev = NULL;
+    s->pid = 0;
+    if (s->state == SLOT_STARTING || s->state == SLOT_RUNNING) {
+      s->lost = "host_lost";
+      operator_slot_exited(o, s, SIGKILL); /* a wait status: killed by signal 9 */
+    } else {
+      r->used--, s->last_host = h, s->host = -1;
+    }
+  }
+}
+
+void hosts_conn_closed(operator_state *o, int h) { host_lost(o, h, "its agent's connection closed"); }
+
+void hosts_tick(operator_state *o) {
+  double now = tr_now();
+  for (int i = 0; i < o->nhosts; i++)
+    if (o->hosts[i].alive && now - o->hosts[i].last_heard > lapse_s(o)) {
+      char why[96];
+      snprintf(why, sizeof why, "no word from its agent for %.1f s", now - o->hosts[i].last_heard);
+      host_lost(o, i, why);
+    }
+  if (o->stopping) return;
+  if (now - o->hosts_policy_at >= 1.0) {
+    o->hosts_policy_at = now;
+    for (int i = 0; i < o->nhosts; i++)
+      if (o->hosts[i].cordoned) ask_policy(o, i, "tick");
+  }
+  for (int i = 0; i < o->nslots; i++)
+    if (o->slots[i].unplaced && o->slots[i].state == SLOT_WAITING) hosts_place(o, i, o->slots[i].mode);
+}

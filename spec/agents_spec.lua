@@ -1,0 +1,325 @@
+-- agents_spec.lua — replicas across hosts: `transom agent` on test hosts
+-- (network namespaces on a bridge, spec/hosts/testhosts.sh), the operator
+-- on the first, and real network faults: a host's link cut in the middle
+-- of an all-reduce (its worker stopped by the FTAR test hook at a data
+-- frame while the link goes down) and restored (the cut-off replica is replaced on a spare host
+-- and fenced: it never contributes again), whole hosts lost (agent and
+-- workers killed at once: a replacement on the spare; with no spare the job
+-- trains on with fewer replicas, down to min_replicas), SIGTERM to the
+-- operator while a host is unreachable (a checkpoint and exit 0 in bounded
+-- time), and the job-file errors of `hosts`.
+-- Each case injects the fault for real and asserts what survived. Skipped
+-- with a message only where network namespaces cannot be made (not root).
+-- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
+-- Its waits and the jobs' deadline stretch with TRANSOM_TIME_SCALE (support.lua).
+
+local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
+local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
+local sh, sleep, read = S.sh, S.sleep, S.read
+local T, N = S.T, S.N
+
+local TH = ROOT .. "/spec/hosts/testhosts.sh"
+local NAME = "ta" .. (tonumber(sh("echo $$"):match("%d+")) % 100000)
+local probe, probe_rc = sh(TH .. " probe")
+local have_ns = probe_rc == 0
+
+local tmp = os.tmpname()
+os.remove(tmp)
+assert(os.execute("mkdir -p " .. tmp))
+local data = tmp .. "/corpus.txt"
+local have_corpus = read(CORPUS) ~= nil
+if have_corpus then S.write(data, read(CORPUS):sub(1, 300000)) end
+
+local STEPS = 400
+local PORT = 29500
+local function job(run, extra)
+  return table.concat({
+    TH, "exec", NAME, "1", "env", "MASTER_ADDR=10.77.0.1", "MASTER_PORT=" .. PORT, "TRANSOM_TEST_STEP_MS=40",
+    BIN, "run", ROOT .. "/examples/shakespeare.lua", "--replicas 2 --set hosts=2", "--set data=" .. data,
+    "--set run_dir=" .. run, "--set max_steps=" .. STEPS,
+    "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
+    "--set eval_interval=0 --set eval_steps=10 --set sample_tokens=0 --set log_interval=50",
+    "--set checkpoint.every_steps=20 --set deadline=" .. T(2), extra or "" }, " ")
+end
+
+-- an agent on host k, given the job's secret (made by the operator at its start)
+local function agent(k, run, extra, envs)
+  for _ = 1, N(300) do
+    if S.exists(run .. "/secret") then break end
+    sleep(0.05)
+  end
+  return S.spawn(TH .. " exec " .. NAME .. " " .. k .. " env TRANSOM_TEST_STEP_MS=40 " .. (envs or "") .. " " .. BIN ..
+    " agent --operator 10.77.0.1:" .. PORT .. " --secret-file " .. run .. "/secret --name h" .. k .. " --cores 1 " ..
+    (extra or ""), run .. "-agent" .. k .. ".log")
+end
+
+local function events(run) return read(run .. "/events.jsonl") or "" end
+
+-- waits (bounded) until pattern shows in the run's events
+local function wait_event(run, pattern, seconds)
+  for _ = 1, N((seconds or 30) * 10) do
+    if events(run):match(pattern) then return true end
+    sleep(0.1)
+  end
+  return false
+end
+
+-- the highest step any replica reported
+local function best_step(run)
+  local best = 0
+  for step in (read(run .. "/metrics.jsonl") or ""):gmatch('{"step":(%d+),"worker"') do
+    best = math.max(best, tonumber(step))
+  end
+  return best
+end
+
+local function wait_step(run, n)
+  for _ = 1, N(600) do
+    if best_step(run) >= n then return true end
+    sleep(0.05)
+  end
+  return false
+end
+
+-- per worker, its steps in order, and the replicas each step averaged
+local function steps_by_worker(run)
+  local by = {}
+  for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+    local step, w = line:match('^{"step":(%d+),"worker":(%d+),')
+    local reps = line:match('"replicas":(%d+)')
+    if step then
+      w = tonumber(w)
+      by[w] = by[w] or {}
+      table.insert(by[w], { step = tonumber(step), replicas = tonumber(reps) })
+    end
+  end
+  return by
+end
+
+local function wait_exit(rc_of, seconds)
+  for _ = 1, N(seconds * 10) do
+    local rc = rc_of()
+    if rc then return rc end
+    sleep(0.1)
+  end
+  return nil
+end
+
+local function up(n)
+  local out, rc = sh(TH .. " up " .. NAME .. " " .. n)
+  assert(rc == 0, out)
+end
+
+describe("replicas across hosts (transom agent on test hosts)", function()
+  after_each(function()
+    S.cleanup()
+    sh(TH .. " down " .. NAME)
+  end)
+
+  it("refuses hosts without MASTER_ADDR and hosts with one replica, naming the key", function()
+    local out, rc = sh(BIN .. " run " .. ROOT .. "/examples/shakespeare.lua --set hosts=1 --set run_dir=" .. tmp ..
+      "/bad1")
+    assert.is_not.equal(0, rc)
+    assert.matches("hosts = 1 needs replicas >= 2", out, 1, true)
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    out, rc = sh(BIN .. " run " .. ROOT .. "/examples/shakespeare.lua --replicas 2 --set hosts=2 --set data=" .. data ..
+      " --set run_dir=" .. tmp .. "/bad2")
+    assert.is_not.equal(0, rc)
+    assert.matches("key 'hosts'", out, 1, true)
+    assert.matches("MASTER_ADDR", out, 1, true)
+  end)
+
+  it("a host's link cut in the middle of an all-reduce: replaced on the spare, fenced when restored", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(4)
+    local run = tmp .. "/cut"
+    local pid, rc_of = S.spawn_rc(job(run), run .. ".out")
+    -- the worker on h2 stops itself (SIGSTOP) at the first data frame of the
+    -- all-reduce of step 100 (the test hook of ftar_ring.c): the link is cut
+    -- while it is in the middle of that collective, then it runs on, cut off
+    local CUT_SEQ = 100
+    agent(2, run, nil, "TRANSOM_TEST_FTAR_FAULT=stop:" .. CUT_SEQ .. ":1")
+    agent(3, run)
+    assert(wait_event(run, '"kind":"start"'), events(run))
+    agent(4, run) -- the spare, once both replicas are placed
+    assert(wait_event(run, "host_joined[^\n]*host h4"), events(run))
+    local v = tonumber(events(run):match('replica (%d) placed on host h2'))
+    assert(v, events(run))
+    local other = 1 - v
+    local wpid
+    assert(wait_step(run, 50), "no progress")
+    wpid = tonumber(sh(BIN .. " chaos " .. run .. " status"):match("replica " .. v .. ": running pid (%d+)"))
+    assert(wpid, "no pid for replica " .. v)
+    local stopped = false
+    for _ = 1, N(600) do
+      local stat = read("/proc/" .. wpid .. "/stat") or ""
+      if stat:match("^%d+ %b() T") then stopped = true break end
+      sleep(0.05)
+    end
+    assert(stopped, "replica " .. v .. " never reached the all-reduce of step " .. CUT_SEQ)
+    sh(TH .. " cut " .. NAME .. " 2")
+    sh("kill -CONT " .. wpid)
+    assert(wait_event(run, "host_lost[^\n]*host h2 [^\n]*no word from its agent", T(30)), events(run))
+    assert(wait_event(run, "replica_ready[^\n]*replica " .. v .. " ready[^\n]*join", T(30)), events(run))
+    sh(TH .. " restore " .. NAME .. " 2")
+    local rc = wait_exit(rc_of, T(120))
+    local out = read(run .. ".out")
+    assert.equal(0, rc, out)
+    local ev = events(run)
+    assert.matches("finished at step " .. STEPS, out, 1, true)
+    -- replaced on the spare, not back on the cut host
+    assert.matches("replica " .. v .. " placed on host h4", ev, 1, true)
+    assert.is_nil(ev:match("replica " .. v .. " placed on host h2[^\n]*join"))
+    -- the survivor finished the step among itself and never stopped: every step once, in order
+    local by = steps_by_worker(run)
+    for i = 2, #by[other] do assert.equal(by[other][i - 1].step + 1, by[other][i].step) end
+    assert.equal(STEPS, by[other][#by[other]].step)
+    for _, r in ipairs(by[other]) do
+      if r.step == CUT_SEQ + 1 then assert.equal(1, r.replicas) end -- the step cut mid-reduce: its own gradient
+    end
+    -- fenced: its own agent killed the cut-off worker once the link came
+    -- back (it lost the operator), and every replica agrees at the end (a
+    -- stale gradient would have split them)
+    assert.matches("replica " .. v .. " %(pid " .. wpid .. "%) exited, status 0x9", read(run .. "-agent2.log"))
+    assert.matches("replicas_agree", ev, 1, true)
+    print(string.format("\n  link cut in all-reduce %d; replacement ready: %s", CUT_SEQ,
+      ev:match('replica ' .. v .. ' ready at step %d+ %(join[^)]*%)') or "?"))
+  end)
+
+  it("attach: hosts() lists them; a cordoned spare gets no replacement until uncordoned", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(4)
+    local run = tmp .. "/cordon"
+    local pid, rc_of = S.spawn_rc(job(run), run .. ".out")
+    agent(2, run)
+    agent(3, run)
+    assert(wait_event(run, '"kind":"start"'), events(run))
+    agent(4, run)
+    assert(wait_event(run, "host_joined[^\n]*host h4"), events(run))
+    local hosts = sh(BIN .. " attach " .. run .. " -e 'hosts()'")
+    for k = 2, 4 do assert.matches('name = "h' .. k .. '"', hosts, 1, true) end
+    assert.matches('addr = "10.77.0.4"', hosts, 1, true)
+    local out = sh(BIN .. " attach " .. run .. " -e 'cordon(\"h4\")'")
+    assert.matches("true", out, 1, true)
+    assert(wait_event(run, "cordon[^\n]*host h4 %(10.77.0.4%) cordoned[^\n]*from attach"), events(run))
+    out = sh(BIN .. " attach " .. run .. " -e 'cordon(\"h9\")'")
+    assert.matches("no such host", out, 1, true)
+    assert(wait_step(run, 60), "no progress")
+    local first = events(run):match('replica 1 placed on host h(%d)')
+    sh(TH .. " kill " .. NAME .. " " .. first)
+    -- the only free host is cordoned: the replacement waits
+    assert(wait_event(run, "unplaced[^\n]*replica 1 waits", T(30)), events(run))
+    assert.is_nil(events(run):match("replica 1 placed on host h4"))
+    sh(BIN .. " attach " .. run .. " -e 'uncordon(\"10.77.0.4\")'")
+    assert(wait_event(run, "replica_ready[^\n]*replica 1 ready[^\n]*join", T(30)), events(run))
+    assert.matches("replica 1 placed on host h4", events(run), 1, true)
+    assert.equal(0, wait_exit(rc_of, T(120)), read(run .. ".out"))
+    assert.matches("replicas_agree", events(run), 1, true)
+  end)
+
+  it("whole hosts lost: a replacement on the spare, then with no spare fewer replicas", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(4)
+    local run = tmp .. "/lost"
+    local pid, rc_of = S.spawn_rc(job(run), run .. ".out")
+    agent(2, run)
+    agent(3, run)
+    assert(wait_event(run, '"kind":"start"'), events(run))
+    agent(4, run)
+    assert(wait_event(run, "host_joined[^\n]*host h4"), events(run))
+    assert(wait_step(run, 60), "no progress")
+    local first = events(run):match('replica 1 placed on host h(%d)')
+    sh(TH .. " kill " .. NAME .. " " .. first) -- agent and workers at once
+    assert(wait_event(run, "host_lost[^\n]*host h" .. first, T(30)), events(run))
+    assert(wait_event(run, "replica_ready[^\n]*replica 1 ready[^\n]*join", T(30)), events(run))
+    assert.matches("replica 1 placed on host h4", events(run), 1, true)
+    local at = best_step(run)
+    assert(wait_step(run, at + 40), "no progress after the replacement")
+    sh(TH .. " kill " .. NAME .. " 4") -- no spare left
+    assert(wait_event(run, "unplaced[^\n]*replica 1 waits", T(30)), events(run))
+    local rc = wait_exit(rc_of, T(120))
+    local out = read(run .. ".out")
+    assert.equal(0, rc, out)
+    assert.matches("finished at step " .. STEPS, out, 1, true)
+    -- the survivor trained every step, the last ones alone (min_replicas 1)
+    local by = steps_by_worker(run)
+    local last = by[0][#by[0]]
+    assert.equal(STEPS, last.step)
+    assert.equal(1, last.replicas)
+    for i = 2, #by[0] do assert.equal(by[0][i - 1].step + 1, by[0][i].step) end
+  end)
+
+  it("no livelock: a replacement its peer cannot reach is evicted as unreachable, its host cordoned", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(4)
+    local run = tmp .. "/unreach"
+    local pid, rc_of = S.spawn_rc(job(run), run .. ".out")
+    agent(2, run)
+    agent(3, run)
+    assert(wait_event(run, '"kind":"start"'), events(run))
+    -- the spare advertises loopback: its workers' ports are unreachable from h2 and h3
+    agent(4, run, "--addr 127.0.0.1")
+    assert(wait_event(run, "host_joined[^\n]*host h4"), events(run))
+    assert(wait_step(run, 60), "no progress")
+    local first = events(run):match('replica 1 placed on host h(%d)')
+    sh(TH .. " kill " .. NAME .. " " .. first)
+    assert(wait_event(run, "replica 1 placed on host h4", T(30)), events(run))
+    -- every collective aborts now; within a few deadlines the member is named and evicted
+    assert(wait_event(run, '"kind":"anomaly","detail":"unreachable: replica 1 %(h4%)', T(60)), events(run))
+    assert(wait_event(run, "replica 1 evicted: unreachable", T(10)), events(run))
+    local rc = wait_exit(rc_of, T(120))
+    local out = read(run .. ".out")
+    assert.equal(0, rc, out)
+    assert.matches("finished at step " .. STEPS, out, 1, true)
+    -- h4 failed twice (its first replacement too, or the eviction and a retry): cordoned, or the job
+    -- trained on without it; either way the survivor did every step once
+    local by = steps_by_worker(run)
+    for i = 2, #by[0] do assert.equal(by[0][i - 1].step + 1, by[0][i].step) end
+    assert.equal(STEPS, by[0][#by[0]].step)
+    print("\n  " .. (events(run):match("unreachable: replica 1 [^\"]*") or ""))
+  end)
+
+  it("a slow link (tbf 10 mbit on one host) is named by the slow_link rule", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    local run = tmp .. "/slow"
+    local pid, rc_of = S.spawn_rc(job(run), run .. ".out")
+    agent(2, run)
+    agent(3, run)
+    assert(wait_step(run, 30), "no progress")
+    local slowed = events(run):match('replica 1 placed on host h(%d)')
+    local out, rc = sh(TH .. " slow " .. NAME .. " " .. slowed .. " 10mbit")
+    assert(rc == 0, out)
+    assert(wait_event(run, '"kind":"anomaly","detail":"slow_link: host h' .. slowed .. ' ', T(40)), events(run))
+    local other = slowed == "2" and "3" or "2"
+    assert.is_nil(events(run):match("slow_link: host h" .. other))
+    print("\n  " .. (events(run):match("slow_link: host [^\"]*") or ""))
+    sh("kill -TERM " .. pid)
+    assert.equal(0, wait_exit(rc_of, T(60)), read(run .. ".out"))
+  end)
+
+  it("SIGTERM to the operator while a host is cut off: a checkpoint and exit 0, bounded", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    local run = tmp .. "/term"
+    local pid, rc_of = S.spawn_rc(job(run, "--set checkpoint.every_steps=1000"), run .. ".out")
+    agent(2, run)
+    agent(3, run)
+    assert(wait_step(run, 60), "no progress")
+    sh(TH .. " cut " .. NAME .. " 3")
+    sh("kill -TERM " .. pid)
+    local rc = wait_exit(rc_of, T(60))
+    local out = read(run .. ".out")
+    assert.equal(0, rc, out)
+    assert.matches("stopped at step %d+ %(checkpointed%)", out)
+    local stop = tonumber(events(run):match('"kind":"stopping","detail":"SIGTERM: every replica finishes step (%d+)'))
+    assert(stop, events(run))
+    assert.matches('"step":' .. stop .. ',[^\n]*"kind":"checkpoint"', events(run))
+  end)
+end)

@@ -1,0 +1,122 @@
+/* test_auth.c — the job secret's primitives (core/base/auth.c): SHA-256
+ * against FIPS 180-4's vectors, HMAC-SHA256 against RFC 4231's (cases 1, 2
+ * and 6: a key longer than a block), the challenge/answer (a right secret
+ * passes, a wrong one, a flipped bit and a replayed answer to another
+ * challenge fail), the exchange over a socketpair with a right, a wrong
+ * and no secret, and the secret file (made 0600, loaded back, kept when it
+ * exists, malformed contents refused naming the file). */
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "check.h"
+#include "util.h"
+
+static void hex(const uint8_t *b, size_t n, char *out) {
+  for (size_t i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+static void vectors(void) {
+  uint8_t d[32];
+  char h[65];
+  auth_sha256("abc", 3, d);
+  hex(d, 32, h);
+  CHECK(strcmp(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad") == 0, "sha256(abc) = %s", h);
+  const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  auth_sha256(two, strlen(two), d);
+  hex(d, 32, h);
+  CHECK(strcmp(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1") == 0, "sha256(two blocks) = %s", h);
+  static char million[1000000];
+  memset(million, 'a', sizeof million);
+  auth_sha256(million, sizeof million, d);
+  hex(d, 32, h);
+  CHECK(strcmp(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0") == 0, "sha256(a x 1e6) = %s", h);
+  uint8_t k1[20], k6[131];
+  memset(k1, 0x0b, sizeof k1);
+  memset(k6, 0xaa, sizeof k6);
+  auth_hmac_sha256(k1, sizeof k1, "Hi There", 8, d);
+  hex(d, 32, h);
+  CHECK(strcmp(h, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7") == 0, "RFC 4231 case 1: %s", h);
+  const char *m2 = "what do ya want for nothing?";
+  auth_hmac_sha256((const uint8_t *)"Jefe", 4, m2, strlen(m2), d);
+  hex(d, 32, h);
+  CHECK(strcmp(h, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843") == 0, "RFC 4231 case 2: %s", h);
+  const char *m6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+  auth_hmac_sha256(k6, sizeof k6, m6, strlen(m6), d);
+  hex(d, 32, h);
+  CHECK(strcmp(h, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54") == 0, "RFC 4231 case 6: %s", h);
+}
+
+static void answers(void) {
+  auth_secret a = {.len = AUTH_KEY}, b = {.len = AUTH_KEY};
+  memset(a.key, 1, AUTH_KEY);
+  memset(b.key, 1, AUTH_KEY);
+  b.key[31] = 2;
+  uint8_t ch[AUTH_CHALLENGE], ch2[AUTH_CHALLENGE], mac[AUTH_MAC];
+  auth_challenge(ch);
+  auth_challenge(ch2);
+  CHECK(memcmp(ch, "TRAU", 4) == 0 && memcmp(ch + 4, ch2 + 4, AUTH_NONCE) != 0, "two challenges differ");
+  auth_answer(&a, ch, mac);
+  CHECK(auth_verify(&a, ch, mac), "the right secret passes");
+  CHECK(!auth_verify(&b, ch, mac), "another secret fails");
+  CHECK(!auth_verify(&a, ch2, mac), "an answer replayed to another challenge fails");
+  mac[7] ^= 1;
+  CHECK(!auth_verify(&a, ch, mac), "a flipped bit fails");
+}
+
+/* server and client over a socketpair, the client in a child */
+static int exchange(const auth_secret *srv, const auth_secret *cli) {
+  int sv[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(sv[0]);
+    auth_client(sv[1], cli, 5.0);
+    _exit(0);
+  }
+  close(sv[1]);
+  int rc = auth_server(sv[0], srv, 5.0);
+  close(sv[0]);
+  waitpid(pid, NULL, 0);
+  return rc;
+}
+
+static void sockets(void) {
+  auth_secret a = {.len = AUTH_KEY}, b = {.len = AUTH_KEY}, none = {.len = 0};
+  memset(a.key, 3, AUTH_KEY);
+  memset(b.key, 4, AUTH_KEY);
+  CHECK(exchange(&a, &a) == 0, "right secret: %s", tr_error());
+  CHECK(exchange(&a, &b) == TR_EINVAL, "wrong secret refused");
+  CHECK(exchange(&a, &none) != 0, "no secret refused (the client sends nothing: timeout or EOF)");
+  CHECK(exchange(&none, &none) == 0, "no secret on either side: no exchange");
+}
+
+static void files(void) {
+  char dir[] = "/tmp/test_auth_XXXXXX", path[128];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(path, sizeof path, "%s/secret", dir);
+  auth_secret s, t;
+  CHECK(auth_secret_make(path, &s) == 0 && s.len == AUTH_KEY, "made: %s", tr_error());
+  struct stat st;
+  CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600, "mode %o", st.st_mode & 0777);
+  CHECK(auth_secret_load(path, &t) == 0 && t.len == s.len && memcmp(t.key, s.key, s.len) == 0, "loaded back");
+  CHECK(auth_secret_make(path, &t) == 0 && memcmp(t.key, s.key, s.len) == 0, "an existing secret is kept");
+  FILE *f = fopen(path, "w");
+  fputs("not hex\n", f);
+  fclose(f);
+  CHECK(auth_secret_load(path, &t) == TR_EFORMAT && strstr(tr_error(), path), "malformed: %s", tr_error());
+  unlink(path);
+  rmdir(dir);
+}
+
+int main(void) {
+  vectors();
+  answers();
+  sockets();
+  files();
+  return check_report("test_auth");
+}
