@@ -25,6 +25,13 @@ local CHECKPOINT = {
   { "map_mb", "integer", nil, "LMDB map size in MiB (0 = automatic)", min = 0 },
 }
 
+local PIPELINE = {
+  { "stages", "integer", nil, "pipeline stages: worker processes the op order is cut into (1 = none)", min = 1,
+    max = 64 },
+  { "micro_batches", "integer", nil, "micro-batches per step (must divide batch_size), 1F1B across the stages",
+    min = 1, max = 4096 },
+}
+
 local CHAOS = {
   { "at_step", "integer", nil, "inject when the replica reaches this step", min = 1 },
   { "replica", "integer", nil, "replica slot", min = 0 },
@@ -72,6 +79,8 @@ local SCHEMA = {
   { "temperature", "number", 1.0, "sampling temperature", gt = 0 },
   { "checkpoint", "table", nil, "checkpoint policy overrides (defaults: lua/policies/checkpoint.lua)",
     fields = CHECKPOINT, policy = "checkpoint" },
+  { "pipeline", "table", nil, "pipeline stages over worker processes (defaults: lua/policies/pipeline.lua)",
+    fields = PIPELINE, policy = "pipeline" },
   { "replicas", "integer", 1, "data-parallel replicas (worker processes) on this host", min = 1, max = 256 },
   { "min_replicas", "integer", 1, "below this many live replicas training pauses for replacements", min = 1,
     max = 256 },
@@ -241,6 +250,15 @@ function M.check(job, origin)
     if c.replica >= job.max_replicas then
       at("replica")("chaos[%d]: replica %d does not exist (slots 0..%d)", i, c.replica, job.max_replicas - 1)
     end
+  end
+  local pipe = job.pipeline
+  if job.batch_size % pipe.micro_batches ~= 0 then
+    at("micro_batches")("pipeline.micro_batches = %d does not divide batch_size = %d", pipe.micro_batches,
+      job.batch_size)
+  end
+  if pipe.stages > 1 and job.replicas > 1 then
+    at("stages")("pipeline.stages = %d with replicas = %d: pipelines x replicas is not built yet (one or the "
+      .. "other)", pipe.stages, job.replicas)
   end
   if job.n_embd % job.n_head ~= 0 then
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)

@@ -35,6 +35,8 @@ typedef struct {
   int64_t ckpt_every_steps, ckpt_keep_last, ckpt_keep_every, ckpt_map_mb;
   double ckpt_every_seconds;
   char ckpt_when_busy[16];
+  /* pipeline stages (core/fleet/pipeline*.c; lua/policies/pipeline.lua) */
+  int64_t pipe_stages, pipe_micro_batches;
   /* replicas and failures (the operator) */
   int64_t replicas, min_replicas, max_replicas, checksum_interval, metrics_port;
   char on_failure[16];

@@ -1,0 +1,81 @@
+/* pipeline_stage.h — one pipeline stage's state and its schedule (private
+ * to core/fleet): pipeline_stage.c runs the micro-batches (1F1B, remote
+ * autodiff), pipeline_step.c the end of a step (tied gradients, the global
+ * norm, the final gather of parameters) and evaluation, pipeline_main.c the
+ * `transom stage` command that wires them into the one training loop.
+ */
+#ifndef TRANSOM_PIPELINE_STAGE_H
+#define TRANSOM_PIPELINE_STAGE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "graph.h"
+#include "loop.h"
+#include "pipeline_link.h"
+#include "trainer.h"
+
+#define PIPE_MAX_STAGES 64
+#define PIPE_MAX_TIED 16
+#define PIPE_MAX_USES 8
+
+/* A parameter read by more than one op (the token embedding and the tied
+ * head): each use accumulates its own gradient over the micro-batches, and
+ * the step's gradient is their sum in op order, on every stage alike. */
+typedef struct {
+  int p;                       /* the parameter's tensor id */
+  int64_t size;                /* elements */
+  int nuse;
+  int pos[PIPE_MAX_USES];      /* order positions of its uses, ascending */
+  float *acc[PIPE_MAX_USES];   /* the uses in this stage: their accumulators (else NULL) */
+  int64_t vec_off[PIPE_MAX_USES]; /* where each use's accumulator sits in the exchange vector (floats) */
+} pipe_tied;
+
+typedef struct {
+  trainer *t;
+  graph *g;
+  const job_config *cfg; /* the stage trainer's: batch_size = one micro-batch, grad_clip = 0 */
+  double clip;           /* the job's grad_clip, applied with the global norm */
+  int S, k, M, b, T;     /* stages, this stage, micro-batches, micro-batch size, block */
+  int cuts[PIPE_MAX_STAGES + 1], lo, hi;
+  int *xin, nxin, *xout, nxout; /* crossing activations at lo (received) and hi (sent) */
+  int64_t xin_n, xout_n;        /* their elements */
+  int *keep, nkeep;             /* what a micro-batch in flight keeps */
+  int64_t keep_n;
+  int slots;
+  float *stash;     /* slots x keep_n */
+  float *buf;       /* a message's floats (the larger crossing) */
+  int32_t *mb_tok, *mb_tgt; /* the step's micro-batches, M x (b*T) */
+  float *mb_loss;   /* per micro-batch (the last stage's own; others from the gradients) */
+  int tok, tgt, loss;
+  int *owner;       /* per tensor id: the stage that owns a parameter (its lowest user) */
+  pipe_tied tied[PIPE_MAX_TIED];
+  int ntied;
+  int64_t vec_doubles, vec_floats; /* the exchange vector: per-parameter sums of squares, then the tied uses */
+  char *vec;
+  float *tied_sum;  /* scratch for a combined tied gradient */
+  pl_link *prev, *next;
+  double timeout;
+  float global_norm, step_loss;
+  char dir[1024];
+  FILE *metrics;
+  int width;
+} pipe_stage;
+
+/* Cuts the graph, finds the crossings, owners and tied parameters, and
+ * allocates the stash. 0 or an error. */
+int pipe_stage_setup(pipe_stage *s);
+void pipe_stage_free(pipe_stage *s);
+
+/* The loop's compute hook: step `next`'s micro-batches, 1F1B. */
+int pipe_compute(void *ud, int64_t next, step_stats *st);
+/* The forward of one micro-batch already loaded (graph inputs); eval: an
+ * evaluation batch (nothing kept). The last stage's loss in *loss. */
+int pipe_forward(pipe_stage *s, int64_t step, int mb, int eval, float *loss);
+
+/* pipeline_step.c: the loop's exchange, evaluate and boundary hooks. */
+int pipe_exchange(void *ud, int64_t next, loop_exchange *x);
+int pipe_evaluate(void *ud, int64_t step, float *val_loss);
+int pipe_boundary(void *ud, int64_t step);
+
+#endif
