@@ -312,7 +312,7 @@ describe("the command line", function()
 
   it("transom --help lists every command; each one's --help prints its usage and exits 0", function()
     local cmds = commands()
-    assert.are.same({ "run", "sample", "ckpt", "attach", "plot", "chaos", "sim", "worker", "stage", "test", "lua", "ftar-bench",
+    assert.are.same({ "run", "sample", "ckpt", "attach", "plot", "chaos", "sim", "worker", "plan", "stage", "test", "lua", "ftar-bench",
       "version" }, cmds)
     for _, cmd in ipairs(cmds) do
       for _, flag in ipairs({ "--help", "-h" }) do

@@ -4,8 +4,9 @@
 -- as one process accumulating the same micro-batches (pipeline.stages = 1),
 -- with the tied embedding/head, gradient clipping and evaluation on; bad
 -- pipeline keys name the file, line and key; a stage killed with -9 ends
--- the run with an error naming it, and no stage outlives it. About 5 s on
--- 2 cores.
+-- the run with an error naming it, and no stage outlives it; `transom
+-- plan` clusters workers by bandwidth and keeps each cluster contiguous
+-- (OP-Fence), and a Lua policy overrides it. About 5 s on 2 cores.
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
 local q, write = S.q, S.write
@@ -99,7 +100,7 @@ describe("pipeline stages", function()
       S.sleep(0.05)
     end
     assert.truthy(lines() >= 3, S.read(dir .. "/kill.log"))
-    local stage1 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --stage 1 "))
+    local stage1 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker 1 "))
     local spid = assert(tonumber(stage1:match("(%d+)")), stage1)
     os.execute("kill -9 " .. spid)
     for _ = 1, S.N(600) do
@@ -108,8 +109,59 @@ describe("pipeline stages", function()
     end
     assert.are.equal(1, rc(), S.read(dir .. "/kill.log"))
     local log = S.read(dir .. "/kill.log")
-    assert.truthy(log:find("pipeline stage 1 was killed by signal 9"), log)
+    assert.truthy(log:find("pipeline stage %d %(worker 1%) was killed by signal 9"), log)
     local left = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true")
     assert.are.equal("", (left:gsub("%s", "")))
+  end)
+
+  -- three workers: two in zone a (LAN 1 Gbit), one in zone b behind a
+  -- 10 Mbit WAN; worker 1 at half speed. The job's numbers, no probes, so
+  -- the plan is deterministic.
+  local HET = [[pipeline = { stages = 3, micro_batches = 4, probe = false, lan_mbit = 1000, wan_mbit = 10,
+    workers = { { zone = "a" }, { zone = "b" }, { zone = "a", speed = 0.5 } } %s },]]
+
+  local function plan(extra)
+    local job = dir .. "/plan.lua"
+    write(job, job_text(data, string.format(HET, extra or "")))
+    return S.transom(dir, "plan", job)
+  end
+
+  local function stages(out)
+    local order = {}
+    for w, zone in out:gmatch("\n +%d+ +(%d+) +(%a+) +%d+") do order[#order + 1] = zone .. w end
+    return table.concat(order, " ")
+  end
+
+  it("plans with OP-Fence: clusters by bandwidth, each cluster contiguous, the fast worker first", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local code, out, err = plan()
+    assert.are.equal(0, code, out .. err)
+    assert.truthy(out:find("plan: opfence | 3 stages x 4 micro%-batches | 2 bandwidth cluster%(s%)"), out)
+    local order = stages(out)
+    assert.truthy(order == "a0 a2 b1" or order == "b1 a0 a2", order) -- the WAN crossed once
+    assert.truthy(out:find("MB/step raw"), out)
+    assert.truthy(out:find("\n *%d%->%d +10%.0 "), out) -- the one WAN link in the chain
+    code, out = plan(', placement = "even"')
+    assert.are.equal(0, code, out)
+    assert.are.equal("a0 b1 a2", stages(out))
+    assert.are.equal(2, select(2, out:gsub("\n *%d%->%d +10%.0 ", ""))) -- the WAN crossed twice
+  end)
+
+  it("lets a Lua placement policy override the plan, and names the policy file when its answer is bad", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    write(dir .. "/rev.lua", [[
+return function(plan)
+  local order = {}
+  for i = #plan.proposal.order, 1, -1 do order[#order + 1] = plan.proposal.order[i] end
+  return { cuts = plan.proposal.cuts, order = order }
+end]])
+    local code, out, err = plan(', placement = ' .. string.format("%q", dir .. "/rev.lua"))
+    assert.are.equal(0, code, out .. err)
+    local order = stages(out)
+    assert.truthy(order == "b1 a2 a0" or order == "a2 a0 b1", order)
+    write(dir .. "/bad.lua", "return function(plan) return { cuts = { 0, 1 }, order = { 0, 1, 2 } } end")
+    code, out, err = plan(', placement = ' .. string.format("%q", dir .. "/bad.lua"))
+    assert.are.equal(2, code, out)
+    assert.truthy(err:find("bad%.lua: the policy's answer needs 'cuts', a list of 4 integers"), err)
   end)
 end)

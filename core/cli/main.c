@@ -253,7 +253,8 @@ static const char main_usage[] =
     "  chaos RUN FAULT SLOT   inject a fault into a live job (kill, hang, slow, nan)\n"
     "  sim SCENARIO.lua       ETTR under failures at 1K..128K GPUs, simulated\n"
     "  worker           one replica (started by `run`, or by srun/torchrun)\n"
-    "  stage            one pipeline stage (started by `run` with pipeline.stages > 1)\n"
+    "  plan JOB.lua     the pipeline plan: stages, ops, workers, predicted times, bytes per link\n"
+    "  stage            one pipeline stage worker (started by `run` with pipeline.stages > 1)\n"
     "  test [DIR]       run the Lua specs inside this binary\n"
     "  lua SCRIPT       run a Lua script with the transom module\n"
     "  ftar-bench       fault-tolerant all-reduce: benchmark and test driver\n"
@@ -279,6 +280,7 @@ int main(int argc, char **argv) {
     return rc;
   }
   if (strcmp(cmd, "stage") == 0) return pipeline_stage_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "plan") == 0) return pipeline_plan_main(argc - 2, argv + 2);
   if (strcmp(cmd, "attach") == 0) return attach_main(argc - 2, argv + 2);
   if (strcmp(cmd, "plot") == 0) return plot_main(argc - 2, argv + 2);
   if (strcmp(cmd, "chaos") == 0) return chaos_main(argc - 2, argv + 2);

@@ -38,6 +38,7 @@ struct pl_link {
   int closed;       /* the reader stopped: EOF or an error (why) */
   char why[160];
   uint64_t sent, received;
+  double rate, delay, busy_until, send_s; /* emulation (pl_link_shape); time in pl_send */
 };
 
 /* --- the socket --- */
@@ -144,12 +145,35 @@ void pl_link_free(pl_link *l) {
   free(l);
 }
 
+static void sleep_until(double t) {
+  double d = t - tr_now();
+  if (d <= 0) return;
+  struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+  }
+}
+
+void pl_link_shape(pl_link *l, double bytes_per_s, double delay_s) {
+  l->rate = bytes_per_s > 0 ? bytes_per_s : 0;
+  l->delay = delay_s > 0 ? delay_s : 0;
+}
+
+double pl_link_send_seconds(const pl_link *l) { return l->send_s; }
+
 int pl_send(pl_link *l, const pl_header *h, const void *payload) {
+  double t0 = tr_now();
   pl_header hh = *h;
   hh.magic = PL_MAGIC;
+  hh.sent_at = t0;
+  if (l->rate > 0) { /* the emulated wire: this message after the ones still on it */
+    l->busy_until = (l->busy_until > t0 ? l->busy_until : t0) + (double)(sizeof hh + hh.bytes) / l->rate;
+    hh.sent_at = l->busy_until;
+  }
   if (write_all(l->fd, &hh, sizeof hh) || (hh.bytes && write_all(l->fd, payload, hh.bytes)))
     return tr_fail(TR_EIO, "sending to %s: %s", l->peer, strerror(errno));
+  if (l->rate > 0) sleep_until(l->busy_until);
   l->sent += sizeof hh + hh.bytes;
+  l->send_s += tr_now() - t0;
   return TR_OK;
 }
 
@@ -174,13 +198,14 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
   if (!m)
     return closed ? tr_fail(TR_EIO, "waiting for %s: %s", l->peer, why)
                      : tr_fail(TR_EIO, "waiting for %s: nothing in %.0f s", l->peer, timeout_s);
-  if (m->h.kind != kind || m->h.step != step || (mb >= 0 && m->h.mb != mb)) {
+  if (kind && (m->h.kind != kind || m->h.step != step || (mb >= 0 && m->h.mb != mb))) {
     tr_fail(TR_EIO, "from %s: expected message %u (step %lld, micro-batch %d), got %u (step %lld, micro-batch %d)",
             l->peer, kind, (long long)step, mb, m->h.kind, (long long)m->h.step, m->h.mb);
     free(m->payload);
     free(m);
     return TR_EIO;
   }
+  if (l->delay > 0) sleep_until(m->h.sent_at + l->delay); /* the emulated latency */
   *h = m->h;
   *payload = m->payload;
   free(m);

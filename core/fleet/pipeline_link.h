@@ -26,7 +26,12 @@ enum {
   PL_EVAL_ACT,   /* evaluation forward */
   PL_EVAL_LOSS,  /* the mean validation loss, back to the first stage */
   PL_PARAMS,     /* the end: parameters toward the first stage */
-  PL_HELLO,      /* at connect: the stage index */
+  PL_HELLO,      /* at connect: the worker's index in `value` */
+  PL_PING,       /* probes (pipeline_probe.c): latency ... */
+  PL_PONG,
+  PL_BULK,       /* ... and bandwidth */
+  PL_ACK,
+  PL_DONE,
 };
 
 typedef struct {
@@ -34,6 +39,7 @@ typedef struct {
   int64_t step;
   int32_t mb, codec; /* codec: 0 raw float32 (AdaTopK's encodings are others) */
   double value;      /* a scalar riding along (a loss) */
+  double sent_at;    /* tr_now() when the last byte left (emulated links: when it would have) */
   uint64_t bytes;    /* payload */
 } pl_header;
 
@@ -45,10 +51,20 @@ void pl_link_free(pl_link *l);
 
 /* Sends one message. 0 or a negative error. */
 int pl_send(pl_link *l, const pl_header *h, const void *payload);
-/* The next message: it must be of kind/step/mb (mb < 0: any). The payload
+/* The next message: it must be of kind/step/mb (kind 0: any message, then
+ * step and mb are not checked; mb < 0: any). The payload
  * (malloc'd, the caller frees) and the header come back. Waits at most
  * timeout_s. */
 int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload);
+
+/* Emulates a slow link in this end's transport (the kernel here has no
+ * netem): a send takes bytes / bytes_per_s (0: unlimited) of the sender's
+ * time, as a blocking send on a full socket would, and a message is handed
+ * over delay_s after it left. Both ends set the same numbers. */
+void pl_link_shape(pl_link *l, double bytes_per_s, double delay_s);
+
+/* Seconds spent in pl_send so far (what a slow link costs the sender). */
+double pl_link_send_seconds(const pl_link *l);
 
 /* Bytes sent and received so far (payload and headers). */
 void pl_link_bytes(const pl_link *l, uint64_t *sent, uint64_t *received);

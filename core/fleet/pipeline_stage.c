@@ -9,9 +9,12 @@
  */
 #include "pipeline_stage.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "adatopk.h"
 #include "backend.h"
 #include "data.h"
 #include "graph_stage.h"
@@ -106,7 +109,7 @@ int pipe_stage_setup(pipe_stage *s) {
   graph *g = s->g;
   int n = graph_norder(g), nt = graph_ntensors(g), rc;
   if (s->S > n) return tr_fail(TR_EINVAL, "pipeline.stages = %d: the model has only %d ops", s->S, n);
-  if ((rc = graph_stage_cut(g, s->S, NULL, NULL, s->cuts, NULL))) return rc;
+  if (s->cuts[s->S] == 0 && (rc = graph_stage_cut(g, s->S, NULL, NULL, s->cuts, NULL))) return rc; /* no plan given */
   s->lo = s->cuts[s->k];
   s->hi = s->cuts[s->k + 1];
   if (s->k > 0 && !(s->xin = tensor_list(g, nt, crossing_fill, s->lo, 0, &s->nxin))) return TR_ENOMEM;
@@ -122,7 +125,12 @@ int pipe_stage_setup(pipe_stage *s) {
   s->mb_tok = malloc(sizeof(int32_t) * (size_t)(s->M * bt));
   s->mb_tgt = malloc(sizeof(int32_t) * (size_t)(s->M * bt));
   s->mb_loss = calloc((size_t)s->M, sizeof(float));
-  if (!s->stash || !s->buf || !s->mb_tok || !s->mb_tgt || !s->mb_loss) return tr_fail(TR_ENOMEM, "out of memory");
+  s->scratch = malloc(sizeof(float) * (size_t)(big + 1));
+  s->enc = malloc(adatopk_bytes(big + 1));
+  if (s->bwd.on && s->xin_n) s->bwd.residual = calloc((size_t)s->xin_n, sizeof(float));
+  if (!s->stash || !s->buf || !s->mb_tok || !s->mb_tgt || !s->mb_loss || !s->scratch || !s->enc ||
+      (s->bwd.on && s->xin_n && !s->bwd.residual))
+    return tr_fail(TR_ENOMEM, "out of memory");
   s->tok = graph_find(g, "tokens");
   s->tgt = graph_find(g, "targets");
   s->loss = graph_find(g, "loss");
@@ -149,6 +157,9 @@ void pipe_stage_free(pipe_stage *s) {
     for (int u = 0; u < s->tied[j].nuse; u++) free(s->tied[j].acc[u]);
   free(s->vec);
   free(s->tied_sum);
+  free(s->scratch);
+  free(s->enc);
+  free(s->bwd.residual);
   pl_link_free(s->prev);
   pl_link_free(s->next);
 }
@@ -169,9 +180,41 @@ static void pack(pipe_stage *s, const int *ids, int n, int grad, int in, float *
   }
 }
 
-static int send_floats(pl_link *l, uint32_t kind, int64_t step, int mb, double value, const float *p, int64_t n) {
+/* Sends n floats, raw or (AdaTopK) as the top k, k from the link's
+ * bandwidth and this stage's compute per micro-batch. */
+static int send_floats(pipe_stage *s, pipe_dir *d, pl_link *l, uint32_t kind, int64_t step, int mb, double value,
+                       const float *p, int64_t n) {
   pl_header h = {.kind = kind, .step = step, .mb = mb, .value = value, .bytes = sizeof(float) * (uint64_t)n};
-  return pl_send(l, &h, p);
+  const void *payload = p;
+  double density = 1.0;
+  if (d->on) {
+    density = adatopk_density(d->bw, s->compute_mb, n, d->floor);
+    int64_t k = (int64_t)ceil(density * (double)n);
+    if (adatopk_bytes(k) < h.bytes) {
+      h.bytes = adatopk_encode(p, d->residual, n, k, s->scratch, s->enc);
+      h.codec = ADATOPK_CODEC;
+      payload = s->enc;
+      density = (double)k / (double)n;
+    } else {
+      density = 1.0;
+      if (d->residual) { /* raw this time: what was held back goes along */
+        for (int64_t i = 0; i < n; i++) s->scratch[i] = p[i] + d->residual[i];
+        memset(d->residual, 0, sizeof(float) * (size_t)n);
+        payload = s->scratch;
+      }
+    }
+  }
+  double t0 = tr_now();
+  int rc = pl_send(l, &h, payload);
+  double dt = tr_now() - t0;
+  if (!rc && dt > 1e-6) { /* the link's bandwidth, as the sends see it */
+    double bw = (double)(h.bytes + sizeof h) / dt;
+    d->bw = d->bw > 0 ? 0.7 * d->bw + 0.3 * bw : bw;
+  }
+  d->density_sum += density;
+  d->nsent++;
+  d->bytes += h.bytes + sizeof h;
+  return rc;
 }
 
 static int recv_floats(pipe_stage *s, pl_link *l, uint32_t kind, int64_t step, int mb, int64_t n, float *out,
@@ -180,12 +223,35 @@ static int recv_floats(pipe_stage *s, pl_link *l, uint32_t kind, int64_t step, i
   void *p;
   int rc = pl_recv(l, kind, step, mb, s->timeout, &h, &p);
   if (rc) return rc;
-  if (h.bytes != sizeof(float) * (uint64_t)n) rc = tr_fail(TR_EIO, "a message of %llu bytes, expected %lld",
-                                                            (unsigned long long)h.bytes, (long long)n * 4);
+  if (h.codec == ADATOPK_CODEC) rc = adatopk_decode(p, h.bytes, out, n);
+  else if (h.bytes != sizeof(float) * (uint64_t)n)
+    rc = tr_fail(TR_EIO, "a message of %llu bytes, expected %lld", (unsigned long long)h.bytes, (long long)n * 4);
   else memcpy(out, p, h.bytes);
   if (value) *value = h.value;
   free(p);
   return rc;
+}
+
+/* Runs f over [lo,hi) and counts the compute. An emulated slower worker
+ * (speed < 1: the README's test bed) owes (1/speed - 1) of it, slept off at
+ * the end of the pass (settle): the pass takes 1/speed as long, as on a
+ * slower device. */
+static int timed(pipe_stage *s, int (*f)(graph *, int, int), int lo, int hi) {
+  double t0 = tr_now();
+  int rc = f(s->g, lo, hi);
+  double dt = tr_now() - t0;
+  if (s->speed > 0 && s->speed < 1) s->owed += dt * (1.0 / s->speed - 1.0);
+  s->compute_s += dt;
+  return rc;
+}
+
+static void settle(pipe_stage *s) {
+  if (s->owed <= 0) return;
+  double e = s->owed;
+  struct timespec ts = {(time_t)e, (long)((e - (double)(time_t)e) * 1e9)};
+  nanosleep(&ts, NULL);
+  s->compute_s += e;
+  s->owed = 0;
 }
 
 static void load_inputs(pipe_stage *s, int mb) {
@@ -203,10 +269,11 @@ int pipe_forward(pipe_stage *s, int64_t step, int mb, int eval, float *loss) {
     if ((rc = recv_floats(s, s->prev, kind, step, mb, s->xin_n, s->buf, NULL))) return rc;
     pack(s, s->xin, s->nxin, 0, 1, s->buf);
   }
-  if ((rc = graph_forward_range(s->g, s->lo, s->hi))) return rc;
+  if ((rc = timed(s, graph_forward_range, s->lo, s->hi))) return rc;
+  settle(s);
   if (s->next) {
     pack(s, s->xout, s->nxout, 0, 0, s->buf);
-    if ((rc = send_floats(s->next, kind, step, mb, 0, s->buf, s->xout_n))) return rc;
+    if ((rc = send_floats(s, &s->fwd, s->next, kind, step, mb, 0, s->buf, s->xout_n))) return rc;
   } else if ((rc = graph_read(s->g, s->loss, loss))) {
     return rc;
   }
@@ -231,11 +298,12 @@ static int backward_ops(pipe_stage *s) {
         }
     for (int i = 0; i < nu; i++)
       memcpy(graph_grad(s->g, use[i]->p), use[i]->acc[which[i]], sizeof(float) * (size_t)use[i]->size);
-    int rc = graph_backward_range(s->g, pos, pos + 1);
+    int rc = timed(s, graph_backward_range, pos, pos + 1);
     if (rc) return rc;
     for (int i = 0; i < nu; i++)
       memcpy(use[i]->acc[which[i]], graph_grad(s->g, use[i]->p), sizeof(float) * (size_t)use[i]->size);
   }
+  settle(s);
   return TR_OK;
 }
 
@@ -255,7 +323,7 @@ static int backward(pipe_stage *s, int64_t step, int mb) {
   if ((rc = backward_ops(s))) return rc;
   if (s->prev) {
     pack(s, s->xin, s->nxin, 1, 0, s->buf);
-    rc = send_floats(s->prev, PL_GRAD, step, mb, loss, s->buf, s->xin_n);
+    rc = send_floats(s, &s->bwd, s->prev, PL_GRAD, step, mb, loss, s->buf, s->xin_n);
   }
   return rc;
 }
@@ -297,6 +365,10 @@ int pipe_compute(void *ud, int64_t next, step_stats *st) {
   for (int j = 0; j < s->ntied; j++)
     for (int u = 0; u < s->tied[j].nuse; u++)
       if (s->tied[j].acc[u]) memset(s->tied[j].acc[u], 0, sizeof(float) * (size_t)s->tied[j].size);
+  s->compute_s = 0;
+  s->fwd.density_sum = s->bwd.density_sum = 0;
+  s->fwd.nsent = s->bwd.nsent = 0;
+  s->fwd.bytes = s->bwd.bytes = 0;
   int warm = s->S - s->k - 1 < s->M ? s->S - s->k - 1 : s->M, rc = TR_OK;
   for (int i = 0; i < warm && !rc; i++) rc = forward_mb(s, next, i, &st->t_fwd);
   for (int i = 0; i + warm < s->M && !rc; i++) { /* steady: one forward, one backward */
@@ -310,5 +382,21 @@ int pipe_compute(void *ud, int64_t next, step_stats *st) {
   st->loss = s->step_loss = (float)(sum / s->M);
   st->tokens = (int64_t)s->M * s->b * s->T;
   st->t_total = tr_now() - t0;
+  double per_mb = s->compute_s / s->M; /* what a transfer can hide behind, averaged over steps */
+  s->compute_mb = s->compute_mb > 0 ? 0.7 * s->compute_mb + 0.3 * per_mb : per_mb;
   return TR_OK;
+}
+
+/* --- the speed probe's workload --- */
+
+int pipe_run_whole(pipe_stage *s) {
+  rng_t r;
+  rng_seed(&r, (uint64_t)s->cfg->seed + 77);
+  dataset_batch(trainer_data(s->t), SPLIT_TRAIN, &r, s->b, s->T, graph_data(s->g, s->tok), graph_data(s->g, s->tgt));
+  int n = graph_norder(s->g), rc = timed(s, graph_forward_range, 0, n);
+  graph_zero_act_grads(s->g);
+  graph_grad(s->g, s->loss)[0] = 1.0f;
+  if (!rc) rc = timed(s, graph_backward_range, 0, n);
+  settle(s);
+  return rc;
 }

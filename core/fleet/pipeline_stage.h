@@ -31,6 +31,18 @@ typedef struct {
   int64_t vec_off[PIPE_MAX_USES]; /* where each use's accumulator sits in the exchange vector (floats) */
 } pipe_tied;
 
+/* One direction of this stage's traffic (activations to the next stage,
+ * gradients to the previous), and AdaTopK's view of it. */
+typedef struct {
+  int on;            /* compression = "adatopk" */
+  double floor;      /* the smallest density */
+  float *residual;   /* gradients: error feedback (NULL: none, activations) */
+  double bw;         /* bytes/s: the probe's, then measured by the sends */
+  double density_sum; /* this step's: sum over messages, and their count */
+  int nsent;
+  uint64_t bytes;    /* this step's bytes sent */
+} pipe_dir;
+
 typedef struct {
   trainer *t;
   graph *g;
@@ -55,6 +67,12 @@ typedef struct {
   char *vec;
   float *tied_sum;  /* scratch for a combined tied gradient */
   pl_link *prev, *next;
+  pipe_dir fwd, bwd; /* to next, to prev */
+  float *scratch;    /* AdaTopK's: the larger crossing's floats */
+  void *enc;         /* an encoded message */
+  double compute_s, compute_mb; /* this step's compute (no waiting); per micro-batch, averaged over steps */
+  double speed;      /* emulated: compute is stretched by 1/speed */
+  double owed;       /* emulated compute time not yet slept */
   double timeout;
   float global_norm, step_loss;
   char dir[1024];
@@ -62,8 +80,9 @@ typedef struct {
   int width;
 } pipe_stage;
 
-/* Cuts the graph, finds the crossings, owners and tied parameters, and
- * allocates the stash. 0 or an error. */
+/* Finds the crossings, owners and tied parameters of the stage's cuts
+ * (s->cuts from the plan; all zero: an even cut is made), and allocates the
+ * stash. 0 or an error. */
 int pipe_stage_setup(pipe_stage *s);
 void pipe_stage_free(pipe_stage *s);
 
@@ -72,6 +91,9 @@ int pipe_compute(void *ud, int64_t next, step_stats *st);
 /* The forward of one micro-batch already loaded (graph inputs); eval: an
  * evaluation batch (nothing kept). The last stage's loss in *loss. */
 int pipe_forward(pipe_stage *s, int64_t step, int mb, int eval, float *loss);
+/* One forward and backward of the whole graph on a training batch (the
+ * speed probe; counts s->compute_s; leaves gradients to zero). */
+int pipe_run_whole(pipe_stage *s);
 
 /* pipeline_step.c: the loop's exchange, evaluate and boundary hooks. */
 int pipe_exchange(void *ud, int64_t next, loop_exchange *x);

@@ -3,7 +3,16 @@
 -- `pipeline = { stages = 2, micro_batches = 4 }` or
 -- `--set pipeline.stages=2`. See the README's "Pipeline stages" section.
 return {
-  stages = 1,        -- worker processes the model's op order is cut into
-  micro_batches = 1, -- each step's batch_size sequences split into this many
-                     -- micro-batches, run through the stages in 1F1B order
+  stages = 1,            -- worker processes the model's op order is cut into
+  micro_batches = 1,     -- each step's batch_size sequences split into this many
+                         -- micro-batches, run through the stages in 1F1B order
+  placement = "opfence", -- or "even", or a Lua policy file
+  compression = "none",  -- or "adatopk"
+  min_density = 0.01,    -- adatopk: gradients keep at least this fraction
+  act_min_density = 0.25, -- adatopk: activations keep at least this fraction
+  workers = {},          -- { {speed = 1.0, zone = "a"}, ... }: one per stage
+  lan_mbit = 0,          -- emulated links (0 = as fast as the host allows)
+  wan_mbit = 0,
+  wan_ms = 0,
+  probe = true,          -- measure workers and links at start
 }

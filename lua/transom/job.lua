@@ -30,6 +30,22 @@ local PIPELINE = {
     max = 64 },
   { "micro_batches", "integer", nil, "micro-batches per step (must divide batch_size), 1F1B across the stages",
     min = 1, max = 4096 },
+  { "placement", "string", nil, "opfence (clusters by bandwidth, cuts and places for the bottleneck), even (equal "
+    .. "FLOPs, workers in order), or a Lua policy file returning function(plan) -> {cuts =, order =}" },
+  { "compression", "string", nil, "what crosses a link: none, or adatopk (top-k per link, k from its bandwidth)",
+    enum = { "none", "adatopk" } },
+  { "min_density", "number", nil, "adatopk: the smallest fraction of a gradient kept", gt = 0, max = 1 },
+  { "act_min_density", "number", nil, "adatopk: the smallest fraction of an activation kept", gt = 0, max = 1 },
+  { "workers", "list", nil, "one per stage: { {speed = 0.5, zone = \"b\"}, ... } (empty: all alike, one zone)",
+    fields = {
+      { "speed", "number", 1.0, "emulated speed, a fraction of this host's (compute is stretched by 1/speed)",
+        gt = 0, max = 1 },
+      { "zone", "string", "local", "workers in one zone share its LAN; between zones the WAN" },
+    } },
+  { "lan_mbit", "number", nil, "emulated bandwidth inside a zone, Mbit/s (0 = unlimited)", min = 0 },
+  { "wan_mbit", "number", nil, "emulated bandwidth between zones, Mbit/s (0 = unlimited)", min = 0 },
+  { "wan_ms", "number", nil, "emulated one-way delay between zones, ms (the transport adds it)", min = 0 },
+  { "probe", "boolean", nil, "measure each worker's speed and every link at start (false: use the job's numbers)" },
 }
 
 local CHAOS = {
@@ -201,7 +217,12 @@ local function check_table(f, v, at)
     local sk = sf[1]
     if out[sk] == nil then fail(ppath, nil, "policy key '%s' is missing", sk) end
     local origin = (v and v[sk] ~= nil) and at(sk) or function(fmt, ...) fail(ppath, line_of(psrc, sk), fmt, ...) end
-    check_value(setmetatable({ key .. "." .. sk }, { __index = sf }), out[sk], origin)
+    if sf[2] == "list" then -- a list of tables inside the table (pipeline.workers)
+      out[sk] = check_list(setmetatable({ key .. "." .. sk }, { __index = sf }), out[sk],
+        (v and v[sk] ~= nil) and at or function() return origin end)
+    else
+      check_value(setmetatable({ key .. "." .. sk }, { __index = sf }), out[sk], origin)
+    end
   end
   return out
 end
@@ -255,6 +276,12 @@ function M.check(job, origin)
   if job.batch_size % pipe.micro_batches ~= 0 then
     at("micro_batches")("pipeline.micro_batches = %d does not divide batch_size = %d", pipe.micro_batches,
       job.batch_size)
+  end
+  if #pipe.workers > 0 and #pipe.workers ~= pipe.stages then
+    at("workers")("pipeline.workers lists %d workers for %d stages (one each, or none)", #pipe.workers, pipe.stages)
+  end
+  if pipe.placement ~= "opfence" and pipe.placement ~= "even" and not pipe.placement:match("%.lua$") then
+    at("placement")("pipeline.placement = %q: opfence, even, or a .lua policy file", pipe.placement)
   end
   if pipe.stages > 1 and job.replicas > 1 then
     at("stages")("pipeline.stages = %d with replicas = %d: pipelines x replicas is not built yet (one or the "
@@ -341,18 +368,22 @@ function M.dump(job)
       end
       return tostring(x)
     end
-    if type(v) == "table" and f[2] == "list" then
+    local function list(lf, lv)
       local items = {}
-      for _, item in ipairs(v) do
+      for _, item in ipairs(lv) do
         local parts = {}
-        for _, sf in ipairs(f.fields) do parts[#parts + 1] = string.format("%s = %s", sf[1], lit(item[sf[1]])) end
+        for _, sf in ipairs(lf.fields) do parts[#parts + 1] = string.format("%s = %s", sf[1], lit(item[sf[1]])) end
         items[#items + 1] = "{ " .. table.concat(parts, ", ") .. " }"
       end
-      out[#out + 1] = string.format("  %s = { %s },\n", f[1], table.concat(items, ", "))
+      return "{ " .. table.concat(items, ", ") .. " }"
+    end
+    if type(v) == "table" and f[2] == "list" then
+      out[#out + 1] = string.format("  %s = %s,\n", f[1], list(f, v))
     elseif type(v) == "table" then
       local parts = {}
       for _, sf in ipairs(f.fields) do
-        if v[sf[1]] ~= nil then parts[#parts + 1] = string.format("%s = %s", sf[1], lit(v[sf[1]])) end
+        local sv = v[sf[1]]
+        if sv ~= nil then parts[#parts + 1] = string.format("%s = %s", sf[1], sf[2] == "list" and list(sf, sv) or lit(sv)) end
       end
       out[#out + 1] = string.format("  %s = { %s },\n", f[1], table.concat(parts, ", "))
     elseif v ~= nil then

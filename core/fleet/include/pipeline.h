@@ -23,8 +23,12 @@
  * and how). Main thread only. */
 int pipeline_run(lua_State *L, const job_config *cfg, const char *dir);
 
-/* `transom stage --run DIR --stage K [--listen-fd FD] [--next HOST:PORT]
- * [--threads N]`: one stage. The exit status. */
+/* `transom plan JOB.lua [--set k=v]...`: prints the plan (probing the
+ * workers as a run would) and starts nothing else. The exit status. */
+int pipeline_plan_main(int argc, char **argv);
+
+/* `transom stage --run DIR --worker W ...`: one stage worker (started by
+ * the launcher; its usage says more). The exit status. */
 int pipeline_stage_main(int argc, char **argv);
 
 #endif

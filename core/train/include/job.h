@@ -37,6 +37,9 @@ typedef struct {
   char ckpt_when_busy[16];
   /* pipeline stages (core/fleet/pipeline*.c; lua/policies/pipeline.lua) */
   int64_t pipe_stages, pipe_micro_batches;
+  char pipe_placement[1024], pipe_compression[16];
+  double pipe_min_density, pipe_act_min_density, pipe_lan_mbit, pipe_wan_mbit, pipe_wan_ms;
+  int pipe_probe; /* pipeline.workers (speed, zone) stay in the Lua table: pipeline_plan.c reads them */
   /* replicas and failures (the operator) */
   int64_t replicas, min_replicas, max_replicas, checksum_interval, metrics_port;
   char on_failure[16];
