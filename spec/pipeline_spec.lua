@@ -164,4 +164,42 @@ end]])
     assert.are.equal(2, code, out)
     assert.truthy(err:find("bad%.lua: the policy's answer needs 'cuts', a list of 4 integers"), err)
   end)
+
+  -- the records of a run: metrics.jsonl (stage 0) or stage-K.jsonl
+  local function records(path)
+    local t = {}
+    for line in (S.read(path) or ""):gmatch("[^\n]+") do
+      if line:find('"density_fwd"') then t[#t + 1] = line end
+    end
+    return t
+  end
+  local function field(line, key) return tonumber(line:match('"' .. key .. '":([^,}]+)')) end
+
+  it("AdaTopK sends fewer bytes over a slow link, reports the density per link, and still trains", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local slow = [[pipeline = { stages = 2, micro_batches = 4, wan_mbit = 20, compression = "%s",
+      workers = { { zone = "a" }, { zone = "b" } } }, max_steps = 10, eval_interval = 0,]]
+    local bytes = {}
+    for _, how in ipairs({ "none", "adatopk" }) do
+      local job = dir .. "/" .. how .. ".lua"
+      write(job, job_text(data, string.format(slow, how)))
+      local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. dir .. "/" .. how)
+      assert.are.equal(0, code, out .. err)
+      local r0, r1 = records(dir .. "/" .. how .. "/metrics.jsonl"), records(dir .. "/" .. how .. "/stage-1.jsonl")
+      assert.are.equal(10, #r0)
+      assert.are.equal(10, #r1)
+      bytes[how] = 0
+      for i = 1, 10 do bytes[how] = bytes[how] + field(r0[i], "link_bytes") + field(r1[i], "link_bytes") end
+      local last0, last1 = r0[10], r1[10]
+      if how == "none" then
+        assert.are.equal(1, field(last0, "density_fwd"))
+        assert.are.equal(1, field(last1, "density_bwd"))
+      else -- the first step measures the link raw; then k adapts
+        assert.truthy(field(last0, "density_fwd") < 1, last0)
+        assert.truthy(field(last1, "density_bwd") < 1, last1)
+        assert.truthy(field(last0, "loss") < field(r0[1], "loss"), "it still learns")
+      end
+    end
+    assert.truthy(bytes.adatopk < bytes.none / 2, bytes.adatopk .. " vs " .. bytes.none)
+  end)
 end)

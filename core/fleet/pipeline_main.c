@@ -75,11 +75,20 @@ static int parse(stage_args *a, int argc, char **argv) {
 
 /* --- the loop's report: the first stage writes the records --- */
 
+/* Every stage writes its records (the links it sends on): the first to
+ * metrics.jsonl, which it also prints, stage k to stage-k.jsonl. */
 static int stage_report(void *ud, const step_record *rec) {
   pipe_stage *s = ud;
-  if (s->k != 0) return 0;
   step_record r = *rec;
   r.grad_norm = s->global_norm; /* the pipeline's, not this stage's share */
+  r.density_fwd = s->fwd.nsent ? s->fwd.density_sum / s->fwd.nsent : 1.0;
+  r.density_bwd = s->bwd.nsent ? s->bwd.density_sum / s->bwd.nsent : 1.0;
+  r.link_bytes = (double)(s->fwd.bytes + s->bwd.bytes);
+  if (s->k != 0) {
+    if (s->metrics && step_record_json(s->metrics, &r)) return tr_fail(TR_EIO, "writing stage-%d.jsonl", s->k);
+    if (s->metrics) fflush(s->metrics);
+    return 0;
+  }
   const job_config *c = s->cfg;
   if (r.step % c->log_interval == 0 || r.step == c->max_steps)
     printf("step %*lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s\n", s->width, (long long)r.step,
@@ -212,9 +221,9 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
 }
 
 static int open_metrics(pipe_stage *s) {
-  if (s->k != 0) return TR_OK;
   char path[1200];
-  snprintf(path, sizeof path, "%s/metrics.jsonl", s->dir);
+  if (s->k == 0) snprintf(path, sizeof path, "%s/metrics.jsonl", s->dir);
+  else snprintf(path, sizeof path, "%s/stage-%d.jsonl", s->dir, s->k);
   if (!(s->metrics = fopen(path, "a"))) return tr_fail(TR_EIO, "cannot open %s", path);
   return TR_OK;
 }
