@@ -398,6 +398,7 @@ end
 local function show_default(v, optional)
   if v == nil then return optional and "-" or "required" end
   if type(v) == "string" then return (string.format("%q", v):gsub("\\\n", "\\n")) end
+  if type(v) == "table" then return next(v) == nil and "{}" or "{...}" end -- a list (pipeline.workers)
   return tostring(v)
 end
 
