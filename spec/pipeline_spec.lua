@@ -193,7 +193,7 @@ end]])
 
   it("AdaTopK sends fewer bytes over a slow link, reports the density per link, and still trains", function()
     if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
-    local slow = [[pipeline = { stages = 2, micro_batches = 4, wan_mbit = 20, compression = "%s",
+    local slow = [[pipeline = { stages = 2, micro_batches = 4, wan_mbit = 20, compression = "%s", min_density = 0.05,
       workers = { { zone = "a" }, { zone = "b" } } }, max_steps = 10, eval_interval = 0,]]
     local bytes = {}
     for _, how in ipairs({ "none", "adatopk" }) do

@@ -79,6 +79,43 @@ size_t adatopk_encode(const float *x, float *residual, int64_t n, int64_t k, flo
   return adatopk_bytes(k);
 }
 
+size_t adatopk_encode_bf16(const float *x, float *residual, int64_t n, void *out) {
+  uint32_t hdr[4] = {(uint32_t)n, (uint32_t)(n >> 32), 0, 0};
+  unsigned char *o = out;
+  memcpy(o, hdr, sizeof hdr);
+  uint16_t *h = (uint16_t *)(o + ADATOPK_HEADER);
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i] + (residual ? residual[i] : 0.0f);
+    h[i] = to_bf16(v);
+    if (residual) residual[i] = v - from_bf16(h[i]);
+  }
+  return ADATOPK_HEADER + 2 * (size_t)n;
+}
+
+void adatopk_choose(double d, double floor, int64_t n, int *codec, int64_t *k) {
+  double per = 6.0 * (d > floor ? d : floor); /* bytes an entry, as top-k */
+  *k = n;
+  if (per >= 4.0) *codec = 0;
+  else if (per >= 2.0) *codec = ADATOPK_BF16;
+  else {
+    *codec = ADATOPK_CODEC;
+    *k = (int64_t)ceil((d > floor ? d : floor) * (double)n);
+    if (*k < 1) *k = 1;
+  }
+}
+
+static int decode_bf16(const unsigned char *p, size_t bytes, float *x, int64_t n) {
+  if (bytes != ADATOPK_HEADER + 2 * (size_t)n) return tr_fail(TR_EIO, "adatopk: a bf16 message of %zu bytes", bytes);
+  const uint16_t *h = (const uint16_t *)(p + ADATOPK_HEADER);
+  for (int64_t i = 0; i < n; i++) x[i] = from_bf16(h[i]);
+  return TR_OK;
+}
+
+int adatopk_decode_any(int codec, const void *in, size_t bytes, float *x, int64_t n) {
+  if (codec == ADATOPK_BF16) return decode_bf16(in, bytes, x, n);
+  return adatopk_decode(in, bytes, x, n);
+}
+
 int adatopk_decode(const void *in, size_t bytes, float *x, int64_t n) {
   if (bytes < ADATOPK_HEADER) return tr_fail(TR_EIO, "adatopk: a message of %zu bytes", bytes);
   uint32_t hdr[4];

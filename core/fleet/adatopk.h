@@ -2,11 +2,13 @@
  * link, with k adapted per link (private to core/fleet; used by
  * pipeline_stage.c).
  *
- * Encoding: the k entries of largest magnitude as (uint32 index, bf16 value)
- * pairs, 6 bytes each, after a 16-byte header; the rest are zero at the
- * receiver. bf16 halves the values' bytes at a relative error of 2^-8,
- * which the error feedback of gradients absorbs too. Past a density of 2/3
- * the raw float32 tensor is smaller, and is sent instead (codec 0).
+ * Encodings, by the bytes per entry the link can afford: 4 or more, the raw
+ * float32 tensor (codec 0); 2 to 4, every entry as bf16 (ADATOPK_BF16: a
+ * relative error of 2^-8, nothing dropped); below 2, the k entries of
+ * largest magnitude as (uint32 index, bf16 value) pairs, 6 bytes each,
+ * after a 16-byte header, the rest zero at the receiver (ADATOPK_CODEC).
+ * With error feedback (gradients) whatever the receiver does not get (the
+ * dropped entries, the bf16 rounding) is added to the next message.
  *
  * The controller (adatopk_density): a link carries, per micro-batch, the
  * activations forward and their gradients back; each direction gets half of
@@ -26,7 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ADATOPK_CODEC 1
+#define ADATOPK_CODEC 1 /* top-k: (uint32 index, bf16 value) pairs */
+#define ADATOPK_BF16 2  /* every value, as bf16 */
 #define ADATOPK_HEADER 16
 
 /* Bytes an encoding of k of n entries takes. */
@@ -42,6 +45,16 @@ size_t adatopk_encode(const float *x, float *residual, int64_t n, int64_t k, flo
 /* Decodes bytes of in into x[0..n) (zeros elsewhere). 0, or a negative
  * error if the encoding is not one of n entries. */
 int adatopk_decode(const void *in, size_t bytes, float *x, int64_t n);
+/* The same for either codec (ADATOPK_CODEC, ADATOPK_BF16). */
+int adatopk_decode_any(int codec, const void *in, size_t bytes, float *x, int64_t n);
+
+/* Dense bf16 (ADATOPK_BF16): 2 bytes an entry after the header; residual
+ * as for adatopk_encode. Returns the bytes written. */
+size_t adatopk_encode_bf16(const float *x, float *residual, int64_t n, void *out);
+
+/* Which encoding for a density d (adatopk_density) and floor: *codec 0
+ * (raw), ADATOPK_BF16 or ADATOPK_CODEC with *k entries. */
+void adatopk_choose(double d, double floor, int64_t n, int *codec, int64_t *k);
 
 /* The controller above: the fraction of n to keep. bandwidth in bytes/s
  * (<= 0: unknown, keep everything), compute_s the sender's compute per

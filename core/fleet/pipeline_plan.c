@@ -210,8 +210,12 @@ static int even(const graph *g, pipe_plan *p) {
 int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p); /* pipeline_policy.c */
 
 int pipe_plan_make(lua_State *L, const graph *g, const job_config *cfg, pipe_plan *p) {
-  double a = cfg->pipe_act_min_density * 1.5, d = cfg->pipe_min_density * 1.5;
-  p->compress = strcmp(cfg->pipe_compression, "adatopk") == 0 ? ((a < 1 ? a : 1) + (d < 1 ? d : 1)) / 2 : 1.0;
+  /* the fewest bytes AdaTopK may send, against float32: top-k at the floor
+   * (6 bytes an entry) or dense bf16 (2), whichever it would choose */
+  double a = 1.5 * cfg->pipe_act_min_density, d = 1.5 * cfg->pipe_min_density;
+  a = a >= 0.5 ? 0.5 : a;
+  d = d >= 0.5 ? 0.5 : d;
+  p->compress = strcmp(cfg->pipe_compression, "adatopk") == 0 ? (a + d) / 2 : 1.0;
   snprintf(p->how, sizeof p->how, "%s", cfg->pipe_placement);
   int rc = strcmp(cfg->pipe_placement, "even") == 0 ? even(g, p) : opfence(g, p);
   if (!rc && strcmp(cfg->pipe_placement, "even") != 0 && strcmp(cfg->pipe_placement, "opfence") != 0)

@@ -75,7 +75,7 @@ static int find_params(pipe_stage *s) {
     }
   }
   int rc = TR_OK;
-  s->vec_doubles = nt; /* one sum of squares per tensor id (parameters' only) */
+  s->vec_doubles = nt + s->S; /* one sum of squares per tensor id (parameters' only), each stage's compute */
   for (int t = 0; t < nt && !rc; t++) {
     if (s->owner[t] < 0) s->owner[t] = 0; /* unused: the first stage keeps it */
     if (uses[t] < 2) continue;
@@ -188,13 +188,15 @@ static int send_floats(pipe_stage *s, pipe_dir *d, pl_link *l, uint32_t kind, in
   const void *payload = p;
   double density = 1.0;
   if (d->on) {
-    density = adatopk_density(d->bw, s->compute_mb, n, d->floor);
-    int64_t k = (int64_t)ceil(density * (double)n);
-    if (adatopk_bytes(k) < h.bytes) {
-      h.bytes = adatopk_encode(p, d->residual, n, k, s->scratch, s->enc);
-      h.codec = ADATOPK_CODEC;
+    int codec;
+    int64_t k;
+    adatopk_choose(adatopk_density(d->bw, s->hide_s, n, d->floor), d->floor, n, &codec, &k);
+    if (codec == ADATOPK_CODEC || codec == ADATOPK_BF16) {
+      h.bytes = codec == ADATOPK_CODEC ? adatopk_encode(p, d->residual, n, k, s->scratch, s->enc)
+                                       : adatopk_encode_bf16(p, d->residual, n, s->enc);
+      h.codec = codec;
       payload = s->enc;
-      density = (double)k / (double)n;
+      density = codec == ADATOPK_CODEC ? (double)k / (double)n : 0.5; /* bf16: half the bits of every entry */
     } else {
       density = 1.0;
       if (d->residual) { /* raw this time: what was held back goes along */
@@ -223,7 +225,7 @@ static int recv_floats(pipe_stage *s, pl_link *l, uint32_t kind, int64_t step, i
   void *p;
   int rc = pl_recv(l, kind, step, mb, s->timeout, &h, &p);
   if (rc) return rc;
-  if (h.codec == ADATOPK_CODEC) rc = adatopk_decode(p, h.bytes, out, n);
+  if (h.codec == ADATOPK_CODEC || h.codec == ADATOPK_BF16) rc = adatopk_decode_any(h.codec, p, h.bytes, out, n);
   else if (h.bytes != sizeof(float) * (uint64_t)n)
     rc = tr_fail(TR_EIO, "a message of %llu bytes, expected %lld", (unsigned long long)h.bytes, (long long)n * 4);
   else memcpy(out, p, h.bytes);

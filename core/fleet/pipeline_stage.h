@@ -71,6 +71,7 @@ typedef struct {
   float *scratch;    /* AdaTopK's: the larger crossing's floats */
   void *enc;         /* an encoded message */
   double compute_s, compute_mb; /* this step's compute (no waiting); per micro-batch, averaged over steps */
+  double hide_s;     /* the slowest stage's compute_mb (the exchange vector): what a transfer hides behind */
   double speed;      /* emulated: compute is stretched by 1/speed */
   double owed;       /* emulated compute time not yet slept */
   double timeout;

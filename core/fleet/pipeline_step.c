@@ -5,8 +5,10 @@
  * of the parameters into the first stage, which saves them.
  *
  * The end of a step is one all-gather along the chain: an "exchange vector"
- * holds one sum of squares per parameter (filled by its owner) and one
- * accumulator per use of a tied parameter (filled by the stage of the use).
+ * holds one sum of squares per parameter (filled by its owner), each
+ * stage's compute per micro-batch (AdaTopK hides transfers behind the
+ * slowest) and one accumulator per use of a tied parameter (filled by the
+ * stage of the use).
  * It travels from the last stage to the first, each stage writing its
  * entries, then back down whole. Every stage then computes the same tied
  * gradients and the same norm from the same numbers in the same order, so
@@ -53,6 +55,7 @@ static void fill_vector(pipe_stage *s) {
     if (d.kind == TK_PARAM && s->owner[t] == s->k && !is_tied(s, t))
       vec_sums(s)[t] = sumsq(graph_grad(s->g, t), d.size);
   }
+  vec_sums(s)[graph_ntensors(s->g) + s->k] = s->compute_mb; /* AdaTopK's budget: the slowest stage's */
   for (int j = 0; j < s->ntied; j++)
     for (int u = 0; u < s->tied[j].nuse; u++)
       if (s->tied[j].acc[u])
@@ -123,6 +126,11 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
     if (d.kind == TK_PARAM) total += vec_sums(s)[t];
   }
   float norm = (float)sqrt(total);
+  s->hide_s = 0;
+  for (int k = 0; k < s->S; k++) {
+    double c = vec_sums(s)[graph_ntensors(s->g) + k];
+    if (c > s->hide_s) s->hide_s = c;
+  }
   if (!isfinite(norm)) grads[0] = norm; /* every stage skips the update (trainer_apply_grads) */
   else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
   s->global_norm = norm;

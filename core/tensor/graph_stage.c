@@ -159,7 +159,7 @@ static int cut_bytes(const graph *g, double *x) {
 typedef struct {
   int n, S;
   const double *F, *X, *speed, *bw; /* prefix FLOPs, cut bytes */
-  double *best, *tot;               /* (S+1) x (n+1) */
+  double *best, *comp, *tot;        /* (S+1) x (n+1): bottleneck, slowest stage's compute, bytes crossing */
   int *from;
 } cut_dp;
 
@@ -169,24 +169,28 @@ typedef struct {
 static void dp_row(cut_dp *D, int s) {
   double sp = D->speed ? D->speed[s - 1] : 1.0;
   for (int k = s; k <= D->n; k++) {
-    double bestv = -1, bestt = 0;
+    double bestv = -1, bestc = 0, bestt = 0;
     int bj = -1;
     for (int j = s - 1; j < k; j++) {
       if (D->best[AT(D, s - 1, j)] < 0) continue;
       double v = D->best[AT(D, s - 1, j)], c = (D->F[k] - D->F[j]) / sp, t = D->tot[AT(D, s - 1, j)];
+      double cm = D->comp[AT(D, s - 1, j)] > c ? D->comp[AT(D, s - 1, j)] : c;
       if (c > v) v = c;
       if (s > 1) {
         double bw = D->bw ? D->bw[s - 2] : 0, l = bw > 0 ? 2.0 * D->X[j] / bw : 0;
         if (l > v) v = l;
         t += D->X[j];
       }
-      if (bj < 0 || v < bestv * (1 - 1e-12) || (v <= bestv * (1 + 1e-12) && t < bestt)) {
+      int same_v = v <= bestv * (1 + 1e-9), same_c = cm <= bestc * (1 + 1e-9) && cm >= bestc * (1 - 1e-9);
+      if (bj < 0 || v < bestv * (1 - 1e-9) || (same_v && cm < bestc * (1 - 1e-9)) || (same_v && same_c && t < bestt)) {
         bestv = v;
+        bestc = cm;
         bestt = t;
         bj = j;
       }
     }
     D->best[AT(D, s, k)] = bj < 0 ? -1 : bestv;
+    D->comp[AT(D, s, k)] = bestc;
     D->tot[AT(D, s, k)] = bestt;
     D->from[AT(D, s, k)] = bj;
   }
@@ -199,8 +203,9 @@ int graph_stage_cut(const graph *g, int S, const double *speed, const double *bw
   graph_op_cost *c = malloc(sizeof *c * (size_t)n);
   double *F = malloc(sizeof(double) * (size_t)(n + 1)), *X = malloc(sizeof(double) * (size_t)(n + 1));
   cut_dp D = {n, S, F, X, speed, bw, malloc(sizeof(double) * cells), malloc(sizeof(double) * cells),
-              malloc(sizeof(int) * cells)};
-  if (!c || !F || !X || !D.best || !D.tot || !D.from) rc = tr_fail(TR_ENOMEM, "out of memory cutting the graph");
+              malloc(sizeof(double) * cells), malloc(sizeof(int) * cells)};
+  if (!c || !F || !X || !D.best || !D.comp || !D.tot || !D.from)
+    rc = tr_fail(TR_ENOMEM, "out of memory cutting the graph");
   if (!rc) rc = graph_stage_costs(g, c);
   if (!rc) rc = cut_bytes(g, X);
   if (!rc) {
@@ -208,6 +213,7 @@ int graph_stage_cut(const graph *g, int S, const double *speed, const double *bw
     for (int k = 0; k < n; k++) F[k + 1] = F[k] + c[k].flops;
     for (size_t i = 0; i < cells; i++) D.best[i] = -1;
     D.best[AT(&D, 0, 0)] = 0;
+    D.comp[AT(&D, 0, 0)] = 0;
     D.tot[AT(&D, 0, 0)] = 0;
     for (int s = 1; s <= S; s++) dp_row(&D, s);
     cuts[S] = n;
@@ -218,6 +224,7 @@ int graph_stage_cut(const graph *g, int S, const double *speed, const double *bw
   free(F);
   free(X);
   free(D.best);
+  free(D.comp);
   free(D.tot);
   free(D.from);
   return rc;

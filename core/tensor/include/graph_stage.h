@@ -54,7 +54,9 @@ int graph_stage_tensors(const graph *g, int lo, int hi, int *ids, int cap);
  *
  * (activations forward and gradients back over link k, between stages k and
  * k+1), minimised exactly by dynamic programming over (stage, cut) in
- * O(S * norder^2); ties go to the fewest bytes crossing in all. speed: FLOP/s
+ * O(S * norder^2); ties (a slow link sets the bottleneck whatever the
+ * compute) go to the least compute on the slowest stage, then to the fewest
+ * bytes crossing in all. speed: FLOP/s
  * per stage (NULL: all 1); bw: bytes/s per link (NULL or 0: free). *cost
  * (may be NULL): the bottleneck in seconds. Errors: S < 1 or S > norder. */
 int graph_stage_cut(const graph *g, int S, const double *speed, const double *bw, int *cuts, double *cost);
