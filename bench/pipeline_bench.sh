@@ -60,8 +60,19 @@ python3 - "$out" "$N" "$bws" "$seeds" <<'EOF'
 import json, sys, glob, os, statistics
 out, N, bws, seeds = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
 
+def zones(run):
+    """stage -> zone, from the plan the launcher printed"""
+    z = {}
+    for line in open(os.path.join(out, run + ".log")):
+        f = line.split()
+        if len(f) >= 4 and f[0].isdigit() and f[1].isdigit() and f[3].isdigit():
+            z[int(f[0])] = f[2]
+    return z
+
 def load(run):
-    steps, vals, stage_bytes = {}, {}, {}
+    """step times, validation losses, and the mean bytes per step over the
+    links that cross zones (the WAN), and over all links"""
+    steps, vals, fwd, bwd = {}, {}, {}, {}
     for path in sorted(glob.glob(os.path.join(out, run, "*.jsonl"))):
         for line in open(path):
             r = json.loads(line)
@@ -69,9 +80,14 @@ def load(run):
                 vals[r["step"]] = r["val_loss"]
             elif path.endswith("metrics.jsonl"):
                 steps[r["step"]] = r["step_s"]
-            if "link_bytes" in r:
-                stage_bytes.setdefault(r["worker"], []).append(r["link_bytes"])
-    return steps, vals, stage_bytes
+            if "bytes_fwd" in r and r["step"] > 2:
+                fwd.setdefault(r["worker"], []).append(r["bytes_fwd"])
+                bwd.setdefault(r["worker"], []).append(r["bytes_bwd"])
+    z = zones(run)
+    S = len(z)
+    link = [statistics.mean(fwd[k]) + statistics.mean(bwd[k + 1]) for k in range(S - 1)]
+    wan = sum(b for k, b in enumerate(link) if z[k] != z[k + 1])
+    return steps, vals, (wan / 1e6, sum(link) / 1e6)
 
 def time_to(steps, vals, target):
     for s in sorted(vals):
@@ -83,8 +99,10 @@ for variant in ("fusion", "topk"):
     print()
     print("=== %s vs baseline" % ("OP-Fence + AdaTopK (default floors)" if variant == "fusion"
                                   else "OP-Fence + AdaTopK with top-k (gradient floor 0.05)"))
-    print("%8s %5s %10s %10s %8s %10s %10s %8s %8s %12s %12s" % ("WAN", "seed", "base s", "fusion s", "speedup",
+    print("%8s %5s %10s %10s %8s %10s %10s %8s %8s %14s %14s" % ("WAN", "seed", "base s", "fusion s", "speedup",
           "base val", "fusion val", "val diff", "step x", "base MB/st", "fusion MB/st"))
+    print("%8s %5s %10s %10s %8s %10s %10s %8s %8s %14s %14s" % ("", "", "", "", "", "", "", "", "",
+          "(WAN / all)", "(WAN / all)"))
     summary = {}
     for bw in bws:
         for seed in seeds:
@@ -97,15 +115,15 @@ for variant in ("fusion", "topk"):
             vdiff = (fv[N] - bv[N]) / bv[N]
             med = lambda d: statistics.median([d[k] for k in d if 2 < k <= N])
             step_ratio = med(bs) / med(fs)
-            mb = lambda b: sum(statistics.mean(v[2:]) for v in b.values()) / 1e6
-            print("%8s %5s %10.2f %10s %8.2f %10.4f %10.4f %+7.1f%% %8.2f %12.3f %12.3f" % (bw + "M", seed, tb,
-                  "%.2f" % tf if tf else "never", speed, bv[N], fv[N], 100 * vdiff, step_ratio, mb(bb), mb(fb)))
-            summary.setdefault(bw, []).append((speed, vdiff, step_ratio, mb(bb), mb(fb)))
+            print("%8s %5s %10.2f %10s %8.2f %10.4f %10.4f %+7.1f%% %8.2f %6.3f / %5.3f %6.3f / %5.3f" % (bw + "M",
+                  seed, tb, "%.2f" % tf if tf else "never", speed, bv[N], fv[N], 100 * vdiff, step_ratio, bb[0], bb[1],
+                  fb[0], fb[1]))
+            summary.setdefault(bw, []).append((speed, vdiff, step_ratio, bb[0], fb[0]))
     print()
     for bw in bws:
         s = summary[bw]
         print("WAN %5s Mbit: time-to-target speedup %.2fx (median of %d seeds; nan: target not reached in %d steps), "
-              "final val loss %+.1f%%, step speedup %.2fx, bytes per step (all links) %.3f -> %.3f MB"
+              "final val loss %+.1f%%, step speedup %.2fx, bytes per step over the WAN %.3f -> %.3f MB"
               % (bw, statistics.median([x[0] for x in s]), len(s), N * 3 // 2,
                  100 * statistics.median([x[1] for x in s]), statistics.median([x[2] for x in s]),
                  statistics.median([x[3] for x in s]), statistics.median([x[4] for x in s])))

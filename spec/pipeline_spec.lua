@@ -205,7 +205,9 @@ end]])
       assert.are.equal(10, #r0)
       assert.are.equal(10, #r1)
       bytes[how] = 0
-      for i = 1, 10 do bytes[how] = bytes[how] + field(r0[i], "link_bytes") + field(r1[i], "link_bytes") end
+      for i = 1, 10 do bytes[how] = bytes[how] + field(r0[i], "bytes_fwd") + field(r1[i], "bytes_bwd") end
+      assert.are.equal(0, field(r0[10], "bytes_bwd")) -- stage 0 sends nothing back
+      assert.are.equal(0, field(r1[10], "bytes_fwd")) -- the last stage nothing forward
       local last0, last1 = r0[10], r1[10]
       if how == "none" then
         assert.are.equal(1, field(last0, "density_fwd"))

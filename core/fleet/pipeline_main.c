@@ -83,7 +83,8 @@ static int stage_report(void *ud, const step_record *rec) {
   r.grad_norm = s->global_norm; /* the pipeline's, not this stage's share */
   r.density_fwd = s->fwd.nsent ? s->fwd.density_sum / s->fwd.nsent : 1.0;
   r.density_bwd = s->bwd.nsent ? s->bwd.density_sum / s->bwd.nsent : 1.0;
-  r.link_bytes = (double)(s->fwd.bytes + s->bwd.bytes);
+  r.bytes_fwd = (double)s->fwd.bytes;
+  r.bytes_bwd = (double)s->bwd.bytes;
   if (s->k != 0) {
     if (s->metrics && step_record_json(s->metrics, &r)) return tr_fail(TR_EIO, "writing stage-%d.jsonl", s->k);
     if (s->metrics) fflush(s->metrics);

@@ -35,7 +35,8 @@
   X(DENSITY_FWD, density_fwd, "pipeline stage: fraction of the activations sent to the next stage (AdaTopK; "  \
     "1 = all)", "", "")                                                                                       \
   X(DENSITY_BWD, density_bwd, "pipeline stage: fraction of the gradients sent to the previous stage", "", "")   \
-  X(LINK_BYTES, link_bytes, "pipeline stage: bytes sent to its neighbours in the step", "", "")
+  X(BYTES_FWD, bytes_fwd, "pipeline stage: bytes sent to the next stage in the step", "", "")                 \
+  X(BYTES_BWD, bytes_bwd, "pipeline stage: bytes sent to the previous stage in the step", "", "")
 
 /* Who and where, all integers: X(name, help) */
 #define STEP_COUNTERS(X)                                                         \
