@@ -151,7 +151,9 @@ int pipe_evaluate(void *ud, int64_t step, float *val_loss) {
   rng_t r;
   rng_seed(&r, (uint64_t)s->cfg->seed * 2654435761u + 2);
   int64_t nb = s->cfg->eval_steps * s->M;
-  double sum = 0;
+  double sum = 0, dsum = s->fwd.density_sum;
+  int nsent = s->fwd.nsent;
+  uint64_t bytes = s->fwd.bytes; /* the step's record counts training traffic only */
   for (int64_t i = 0; i < nb; i++) {
     dataset_batch(trainer_data(s->t), SPLIT_VAL, &r, s->b, s->T, graph_data(s->g, s->tok), graph_data(s->g, s->tgt));
     float loss = 0;
@@ -159,6 +161,9 @@ int pipe_evaluate(void *ud, int64_t step, float *val_loss) {
     if (rc) return rc;
     sum += loss;
   }
+  s->fwd.density_sum = dsum;
+  s->fwd.nsent = nsent;
+  s->fwd.bytes = bytes;
   double v = sum / (double)nb;
   if (s->next) {
     pl_header h;
