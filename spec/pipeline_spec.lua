@@ -179,6 +179,10 @@ end]])
     code, out, err = plan(', placement = ' .. string.format("%q", dir .. "/bad.lua"))
     assert.are.equal(2, code, out)
     assert.truthy(err:find("bad%.lua: the policy's answer needs 'cuts', a list of 4 integers"), err)
+    write(dir .. "/loop.lua", "return function(plan) while true do end end")
+    code, out, err = plan(', placement = ' .. string.format("%q", dir .. "/loop.lua"))
+    assert.are.equal(2, code, out)
+    assert.truthy(err:find("loop%.lua:1:.*budget"), err)
   end)
 
   -- the records of a run: metrics.jsonl (stage 0) or stage-K.jsonl

@@ -11,7 +11,9 @@
  *
  * and returns { cuts = {0, c1, ..., #ops}, order = {worker of stage 0, ...} }
  * (workers and cut positions count from 0, as `transom plan` prints them).
- * The answer is checked; a bad one is an error naming the file. Lua
+ * The answer is checked; a bad one is an error naming the file, and so is
+ * a policy that runs past the declarative-file budget (lua_host.h: 100
+ * million instructions or 2 s of CPU). Lua
  * composes the plan, C computed every number it sees.
  */
 #include <lauxlib.h>
@@ -132,12 +134,13 @@ int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *
   lua_getfield(L, -2, "sandbox");
   if ((rc = lua_host_pcall(L, 0, 1))) goto done; /* [schema, chunk, env] */
   lua_setupvalue(L, -2, 1);                       /* _ENV */
-  if ((rc = lua_host_pcall(L, 0, 1))) goto done; /* [schema, fn] */
+  if ((rc = lua_host_pcall_file(L, path, "placement policy", 0, 1))) goto done; /* [schema, fn] */
   if (!lua_isfunction(L, -1)) {
     rc = tr_fail(TR_EINVAL, "%s: a placement policy returns function(plan)", path);
     goto done;
   }
-  if ((rc = push_plan(L, g, p)) || (rc = lua_host_pcall(L, 1, 1))) goto done; /* [schema, answer] */
+  if ((rc = push_plan(L, g, p)) || (rc = lua_host_pcall_file(L, path, "placement policy", 1, 1)))
+    goto done; /* [schema, answer] */
   if (!lua_istable(L, -1)) {
     rc = tr_fail(TR_EINVAL, "%s: the policy must return {cuts = ..., order = ...}", path);
     goto done;
