@@ -178,7 +178,7 @@ static int open_ckpt(run_ctx *r) {
   return trainer_ckpt_attach(r->t, r->ck);
 }
 
-/* --- several replicas: the operator --- */
+/* --- several replicas (the operator) or pipeline stages (core/fleet/pipeline_run.c) --- */
 
 static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
   char path[PATH_MAX];

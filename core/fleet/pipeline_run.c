@@ -247,6 +247,8 @@ int pipeline_run(lua_State *L, const job_config *cfg, const char *dir) {
          (long long)cfg->pipe_stages, (long long)cfg->pipe_micro_batches,
          (long long)(cfg->batch_size / cfg->pipe_micro_batches),
          strcmp(cfg->pipe_compression, "adatopk") == 0 ? ", AdaTopK" : "");
+  if (cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0)
+    printf("pipeline: no checkpoints (a pipeline does not take them yet; the weights are saved at the end)\n");
   fflush(stdout);
   return launch_run(L, cfg, dir, 0);
 }
