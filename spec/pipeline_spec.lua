@@ -6,7 +6,10 @@
 -- pipeline keys name the file, line and key; a stage killed with -9 ends
 -- the run with an error naming it, and no stage outlives it; `transom
 -- plan` clusters workers by bandwidth and keeps each cluster contiguous
--- (OP-Fence), and a Lua policy overrides it. About 5 s on 2 cores.
+-- (OP-Fence), and a Lua policy overrides it; AdaTopK sends fewer bytes and
+-- still learns; 2 pipelines x 2 stages (stage replicas averaging through
+-- FTAR) give the same parameters as 2 x 1, and when a worker of one
+-- pipeline is killed the other trains on to the end. About 6 s on 2 cores.
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
 local q, write = S.q, S.write
@@ -82,10 +85,10 @@ describe("pipeline stages", function()
     code, _, err = S.transom(dir, "run", job)
     assert.are.equal(2, code)
     assert.truthy(err:find("bad%.lua:%d+:.*pipeline%.micro_batch"), err)
-    write(job, job_text(data, "pipeline = { stages = 2 }, replicas = 2,"))
+    write(job, job_text(data, "pipeline = { stages = 33 }, replicas = 2,"))
     code, _, err = S.transom(dir, "run", job)
     assert.are.equal(2, code)
-    assert.truthy(err:find("bad%.lua:%d+:.*pipelines x replicas"), err)
+    assert.truthy(err:find("bad%.lua:%d+:.*at most 64 stage workers"), err)
     write(job, job_text(data, "pipeline = { stages = 2, workers = { { sped = 0.5 }, {} } },"))
     code, _, err = S.transom(dir, "run", job)
     assert.are.equal(2, code)
@@ -223,5 +226,51 @@ end]])
       end
     end
     assert.truthy(bytes.adatopk < bytes.none / 2, bytes.adatopk .. " vs " .. bytes.none)
+  end)
+
+  it("runs pipelines x replicas: 2 pipelines of 2 stages give the same parameters as 2 of 1", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local weights = {}
+    for _, stages in ipairs({ 1, 2 }) do
+      local job = dir .. "/rep" .. stages .. ".lua"
+      write(job, job_text(data, "replicas = 2,"))
+      local rd = dir .. "/rep" .. stages
+      local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. rd, "--set",
+        "pipeline.stages=" .. stages, "--set", "pipeline.micro_batches=2")
+      assert.are.equal(0, code, out .. err)
+      weights[stages] = assert(S.read(rd .. "/model.safetensors"))
+      local last = S.read(rd .. "/metrics.jsonl"):match('[^\n]*"step":8,[^\n]*"replicas":2[^\n]*')
+      assert.truthy(last, "step 8 averaged 2 pipelines")
+    end
+    assert.are.equal(weights[1], weights[2])
+  end)
+
+  it("keeps training the other pipelines when a stage worker of one is killed", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local job = dir .. "/repkill.lua"
+    write(job, job_text(data, "replicas = 2, pipeline = { stages = 2, micro_batches = 2 }, max_steps = 2000, "
+      .. "eval_interval = 0,"))
+    local rd = dir .. "/repkill"
+    local _, rc = S.spawn_rc(q(S.BIN) .. " run " .. q(job) .. " --set run_dir=" .. q(rd), dir .. "/repkill.log")
+    local function lines() return #((S.read(rd .. "/metrics.jsonl") or ""):gsub("[^\n]", "")) end
+    for _ = 1, S.N(600) do
+      if lines() >= 20 or rc() then break end
+      S.sleep(0.05)
+    end
+    assert.truthy(lines() >= 20 and not rc(), S.read(dir .. "/repkill.log"))
+    local w3 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker 3 "))
+    os.execute("kill -9 " .. assert(tonumber(w3:match("(%d+)")), w3)) -- pipeline 1's second worker
+    for _ = 1, S.N(1200) do
+      if rc() then break end
+      S.sleep(0.05)
+    end
+    local log = S.read(dir .. "/repkill.log")
+    assert.are.equal(0, rc(), log)
+    assert.truthy(log:find("pipeline 1 lost: pipeline stage %d %(worker 3%) was killed by signal 9"), log)
+    local m = S.read(rd .. "/metrics.jsonl")
+    assert.truthy(m:find('"step":2000,[^\n]*"replicas":1'), "the last step had one pipeline left")
+    assert.truthy(S.exists(rd .. "/model.safetensors"))
+    local left = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true")
+    assert.are.equal("", (left:gsub("%s", "")))
   end)
 end)

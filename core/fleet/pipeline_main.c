@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "ftar.h"
 #include "job.h"
 #include "loop.h"
 #include "lua_host.h"
@@ -85,8 +86,8 @@ static int stage_report(void *ud, const step_record *rec) {
   r.density_bwd = s->bwd.nsent ? s->bwd.density_sum / s->bwd.nsent : 1.0;
   r.bytes_fwd = (double)s->fwd.bytes;
   r.bytes_bwd = (double)s->bwd.bytes;
-  if (s->k != 0) {
-    if (s->metrics && step_record_json(s->metrics, &r)) return tr_fail(TR_EIO, "writing stage-%d.jsonl", s->k);
+  if (s->k != 0 || s->p != 0) {
+    if (s->metrics && step_record_json(s->metrics, &r)) return tr_fail(TR_EIO, "writing a stage's records");
     if (s->metrics) fflush(s->metrics);
     return 0;
   }
@@ -124,11 +125,14 @@ static int make_trainer(lua_State *L, const stage_args *a, job_config *cfg, pipe
     return tr_fail(TR_EINVAL, "%s: pipeline stages run on device = \"cpu\", precision = \"fp32\" for now", path);
   s->S = (int)cfg->pipe_stages;
   s->M = (int)cfg->pipe_micro_batches;
+  s->R = cfg->replicas > 1 ? (int)cfg->replicas : 1;
+  s->p = a->worker / s->S;
   s->clip = cfg->grad_clip;
   job_config tc = *cfg;
   tc.batch_size /= s->M;
   tc.grad_clip = 0;
   if (!(s->t = trainer_create(L, &tc))) return TR_EINVAL;
+  trainer_set_slot(s->t, s->p); /* each pipeline its own batches */
   s->g = trainer_graph(s->t);
   s->cfg = trainer_config(s->t);
   s->b = (int)s->cfg->batch_size;
@@ -178,24 +182,43 @@ int pipe_read_line(int fd, char *out, size_t n, double timeout) {
 
 /* Probes (if the job asks), reports, takes the plan: stage, cuts, order.
  * 1: the plan says stop (`transom plan`). */
-static int probe_and_plan(lua_State *L, const stage_args *a, const job_config *cfg, pipe_stage *s, pipe_plan *p) {
+static int probe_and_plan(lua_State *L, const stage_args *a, const job_config *cfg, pipe_stage *s, pipe_plan *p,
+                          int *coord) {
   double flops = 0, bw[PIPE_MAX_STAGES] = {0}, lat[PIPE_MAX_STAGES] = {0};
   int rc = pipe_plan_from_job(L, cfg, p);
   if (rc) return rc;
-  if (a->nports != s->S) return tr_fail(TR_EINVAL, "stage: %d ports for %d workers", a->nports, s->S);
-  s->speed = p->speed[a->worker];
-  pipe_probe_ctx c = {cfg, p, a->worker, a->listen_fd, a->ports, s->timeout};
-  pipe_probe_server *sv = cfg->pipe_probe ? pipe_probe_serve(&c) : NULL;
-  if (cfg->pipe_probe && !sv) return TR_EIO;
+  if (a->nports != s->S * s->R) return tr_fail(TR_EINVAL, "stage: %d ports for %d workers", a->nports, s->S * s->R);
+  int j = a->worker % s->S, probe = cfg->pipe_probe && s->p == 0; /* pipeline 0 probes for all */
+  s->speed = p->speed[j];
+  pipe_probe_ctx c = {cfg, p, j, a->listen_fd, a->ports, s->timeout};
+  pipe_probe_server *sv = probe ? pipe_probe_serve(&c) : NULL;
+  if (probe && !sv) return TR_EIO;
   char line[4096];
   rc = pipe_read_line(a->control_fd, line, sizeof line, 600); /* GO: our turn to probe */
-  if (!rc && cfg->pipe_probe && !(rc = pipe_probe_speed(s, &flops))) rc = pipe_probe_links(&c, bw, lat);
+  if (!rc && probe && !(rc = pipe_probe_speed(s, &flops))) rc = pipe_probe_links(&c, bw, lat);
   int rj = pipe_probe_serve_join(sv); /* the lower workers probed before our turn */
   if (rc || (rc = rj)) return rc;
-  if ((rc = pipe_probe_line(line, sizeof line, a->worker, s->S, flops, bw, lat)) < 0) return rc;
+  if ((rc = pipe_probe_line(line, sizeof line, j, s->S, flops, bw, lat)) < 0) return rc;
   if ((rc = write_line(a->control_fd, line)) || (rc = pipe_read_line(a->control_fd, line, sizeof line, 600))) return rc;
   if (strncmp(line, "PLAN stop", 9) == 0) return 1;
-  return pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order);
+  if ((rc = pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order))) return rc;
+  const char *co = strstr(line, "coord=");
+  *coord = co ? atoi(co + 6) : 0;
+  return TR_OK;
+}
+
+/* R > 1: this stage's member of its replicas' FTAR group (slot: the
+ * pipeline), once all R are in. */
+static int join_replicas(const job_config *cfg, pipe_stage *s, int coord) {
+  if (s->R < 2) return TR_OK;
+  if (coord <= 0) return tr_fail(TR_EIO, "stage: the plan names no coordinator for the replicas");
+  ftar_member_opts fo;
+  ftar_member_opts_default(&fo);
+  fo.deadline = cfg->deadline;
+  fo.timeout = cfg->hang_seconds;
+  if (!(s->fm = ftar_member_create("127.0.0.1", coord, s->p, &fo))) return TR_EIO;
+  int rc = ftar_member_wait(s->fm, s->R, cfg->hang_seconds);
+  return rc ? tr_fail(rc, "stage %d: its %d replicas did not all join", s->k, s->R) : TR_OK;
 }
 
 /* Connect to the next stage's worker, then take the previous one's; both
@@ -203,9 +226,9 @@ static int probe_and_plan(lua_State *L, const stage_args *a, const job_config *c
 static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *p, pipe_stage *s) {
   char name[64];
   double rate, delay;
-  int w = a->worker;
+  int w = a->worker % s->S;
   if (s->k < s->S - 1) {
-    int nw = p->order[s->k + 1], fd = pl_connect("127.0.0.1", a->ports[nw], s->timeout);
+    int nw = p->order[s->k + 1], fd = pl_connect("127.0.0.1", a->ports[s->p * s->S + nw], s->timeout);
     snprintf(name, sizeof name, "stage %d", s->k + 1);
     if (fd < 0 || !(s->next = pl_link_create(fd, name))) return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k + 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[nw], &rate, &delay);
@@ -223,8 +246,9 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
 
 static int open_metrics(pipe_stage *s) {
   char path[1200];
-  if (s->k == 0) snprintf(path, sizeof path, "%s/metrics.jsonl", s->dir);
-  else snprintf(path, sizeof path, "%s/stage-%d.jsonl", s->dir, s->k);
+  if (s->k == 0 && s->p == 0) snprintf(path, sizeof path, "%s/metrics.jsonl", s->dir);
+  else if (s->p == 0) snprintf(path, sizeof path, "%s/stage-%d.jsonl", s->dir, s->k);
+  else snprintf(path, sizeof path, "%s/pipeline-%d-stage-%d.jsonl", s->dir, s->p, s->k);
   if (!(s->metrics = fopen(path, "a"))) return tr_fail(TR_EIO, "cannot open %s", path);
   return TR_OK;
 }
@@ -240,11 +264,13 @@ int pipeline_stage_main(int argc, char **argv) {
   if (rc == 1) return 0;
   if (!rc) rc = (L = lua_host_new()) ? TR_OK : tr_fail(TR_ENOMEM, "cannot start Lua");
   if (!rc) rc = make_trainer(L, &a, &cfg, &s);
-  if (!rc) rc = probe_and_plan(L, &a, &cfg, &s, &plan);
+  int coord = 0;
+  if (!rc) rc = probe_and_plan(L, &a, &cfg, &s, &plan, &coord);
   int stop = rc == 1;
   if (stop) rc = TR_OK;
   if (!rc && !stop) rc = pipe_stage_setup(&s);
   if (!rc && !stop) rc = link_up(&a, &cfg, &plan, &s);
+  if (!rc && !stop) rc = join_replicas(&cfg, &s, coord);
   if (!rc && !stop) rc = open_metrics(&s);
   if (!rc && !stop) {
     loop_opts lo = {.t = s.t, .ck = NULL, .run_dir = a.run, .worker = s.k, .save_on_stop = 0};
@@ -256,6 +282,7 @@ int pipeline_stage_main(int argc, char **argv) {
   if (rc && s.t) fprintf(stderr, "transom stage worker %d: %s\n", a.worker, tr_error());
   else if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   if (s.metrics) fclose(s.metrics);
+  ftar_member_free(s.fm);
   pipe_stage_free(&s);
   trainer_free(s.t);
   lua_host_close(L);

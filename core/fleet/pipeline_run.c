@@ -18,6 +18,7 @@
 #include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ftar.h"
 #include "graph_stage.h"
 #include "lua_host.h"
 #include "pipeline.h"
@@ -34,11 +36,17 @@
 #include "trainer.h"
 #include "util.h"
 
+#define PIPE_MAX_WORKERS 64 /* pipelines x stages (job.lua checks it) */
+
+/* W = R x S workers: worker w runs in pipeline w / S as the job's worker
+ * w % S (its zone, its speed); pipeline 0's workers probe for all. */
 typedef struct {
-  int S;
-  int lfd[PIPE_MAX_STAGES], port[PIPE_MAX_STAGES], ctl[PIPE_MAX_STAGES];
-  pid_t pid[PIPE_MAX_STAGES];
-  int status[PIPE_MAX_STAGES];
+  int S, R, W;
+  int lfd[PIPE_MAX_WORKERS], port[PIPE_MAX_WORKERS], ctl[PIPE_MAX_WORKERS];
+  pid_t pid[PIPE_MAX_WORKERS];
+  int status[PIPE_MAX_WORKERS];
+  int lost[PIPE_MAX_WORKERS / 2 + 1]; /* pipelines that lost a worker */
+  ftar_coord *coord[PIPE_MAX_STAGES]; /* R > 1: one FTAR group per stage */
   pipe_plan plan;
   int planned;
 } launch;
@@ -61,13 +69,13 @@ static int listen_local(int *port) {
 static pid_t spawn_worker(const char *self, const char *dir, const launch *l, int w, int child_ctl, int threads) {
   pid_t pid = fork();
   if (pid != 0) return pid;
-  char ws[16], fds[16], cfd[16], th[16], ports[16 * PIPE_MAX_STAGES];
+  char ws[16], fds[16], cfd[16], th[16], ports[16 * PIPE_MAX_WORKERS];
   snprintf(ws, sizeof ws, "%d", w);
   snprintf(fds, sizeof fds, "%d", l->lfd[w]);
   snprintf(cfd, sizeof cfd, "%d", child_ctl);
   snprintf(th, sizeof th, "%d", threads);
   size_t k = 0;
-  for (int i = 0; i < l->S; i++) k += (size_t)snprintf(ports + k, sizeof ports - k, i ? ",%d" : "%d", l->port[i]);
+  for (int i = 0; i < l->W; i++) k += (size_t)snprintf(ports + k, sizeof ports - k, i ? ",%d" : "%d", l->port[i]);
   fcntl(l->lfd[w], F_SETFD, 0); /* these two stay open across exec */
   fcntl(child_ctl, F_SETFD, 0);
   execl(self, "transom", "stage", "--run", dir, "--worker", ws, "--listen-fd", fds, "--control-fd", cfd, "--ports",
@@ -81,18 +89,29 @@ static int threads_per_worker(const job_config *cfg, int S) {
   return total / S > 0 ? total / S : 1;
 }
 
+static void coord_log(void *ud, const char *msg) {
+  fprintf(stderr, "pipeline stage %d's replicas: %s\n", (int)(intptr_t)ud, msg);
+}
+
 static int start(launch *l, const job_config *cfg, const char *dir) {
   char self[PATH_MAX];
   ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
   if (sn <= 0) return tr_fail(TR_EIO, "cannot find the transom executable");
   self[sn] = 0;
-  for (int w = 0; w < l->S; w++)
+  for (int w = 0; w < l->W; w++)
     if ((l->lfd[w] = listen_local(&l->port[w])) < 0) return l->lfd[w];
-  for (int w = 0; w < l->S; w++) {
+  ftar_coord_opts co;
+  ftar_coord_opts_default(&co);
+  co.deadline = cfg->deadline;
+  co.log = coord_log;
+  for (int k = 0; l->R > 1 && k < l->S; k++)
+    if ((co.log_ud = (void *)(intptr_t)k), !(l->coord[k] = ftar_coord_start("127.0.0.1", 0, &co)))
+      return tr_fail(TR_EIO, "pipeline: cannot start stage %d's replica coordinator: %s", k, tr_error());
+  for (int w = 0; w < l->W; w++) {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) return tr_fail(TR_EIO, "socketpair: %s", strerror(errno));
     l->ctl[w] = sv[0];
-    l->pid[w] = spawn_worker(self, dir, l, w, sv[1], threads_per_worker(cfg, l->S));
+    l->pid[w] = spawn_worker(self, dir, l, w, sv[1], threads_per_worker(cfg, l->W));
     close(sv[1]);
     if (l->pid[w] < 0) {
       l->pid[w] = 0;
@@ -138,11 +157,11 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   int rc = pipe_plan_from_job(L, cfg, &l->plan);
   if (!rc) rc = plan_graph(L, cfg, &t);
   char line[4096];
-  for (int w = 0; w < l->S && !rc; w++) { /* one at a time: a probe has the host to itself */
+  for (int w = 0; w < l->W && !rc; w++) { /* one at a time: a probe has the host to itself */
     if (write(l->ctl[w], "GO\n", 3) != 3) rc = tr_fail(TR_EIO, "pipeline: cannot reach worker %d", w);
     else if ((rc = pipe_read_line(l->ctl[w], line, sizeof line, cfg->hang_seconds * 4)))
       rc = tr_fail(rc, "pipeline worker %d did not report its probes: %s", w, tr_error());
-    else if (cfg->pipe_probe) rc = pipe_probe_parse(line, &l->plan);
+    else if (cfg->pipe_probe && w < l->S) rc = pipe_probe_parse(line, &l->plan); /* pipeline 0's */
   }
   l->plan.measured = cfg->pipe_probe;
   if (!rc && !cfg->pipe_probe) rc = nominal_speeds(t, &l->plan);
@@ -152,11 +171,12 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
     fflush(stdout);
     l->planned = 1;
   }
-  for (int k = 0; k < l->S && !rc; k++) {
+  for (int i = 0; i < l->W && !rc; i++) {
+    int p = i / l->S, k = i % l->S, w = p * l->S + l->plan.order[k]; /* pipeline p's stage k */
     if (stop) snprintf(line, sizeof line, "PLAN stop\n");
-    else if ((rc = pipe_plan_line(line, sizeof line, &l->plan, k)) < 0) break;
+    else if ((rc = pipe_plan_line(line, sizeof line - 32, &l->plan, k)) < 0) break;
     rc = TR_OK;
-    int w = l->plan.order[k]; /* stage k's worker */
+    if (!stop && l->coord[k]) snprintf(line + strlen(line) - 1, 32, " coord=%d\n", ftar_coord_port(l->coord[k]));
     if (write(l->ctl[w], line, strlen(line)) != (ssize_t)strlen(line))
       rc = tr_fail(TR_EIO, "pipeline: cannot reach worker %d", w);
   }
@@ -166,16 +186,18 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
 
 /* --- waiting and stopping --- */
 
-/* Reaps the live workers within `grace` seconds, then SIGTERM, 5 s, SIGKILL. */
-static void stop_all(launch *l, double grace) {
+/* Reaps the live workers of pipeline p (-1: all) within `grace` seconds,
+ * then SIGTERM, 5 s, SIGKILL. */
+static void stop_some(launch *l, int p, double grace) {
+  int lo = p < 0 ? 0 : p * l->S, hi = p < 0 ? l->W : lo + l->S;
   for (int round = 0; round < 2; round++) {
     if (round == 1)
-      for (int w = 0; w < l->S; w++)
+      for (int w = lo; w < hi; w++)
         if (l->pid[w] > 0) kill(l->pid[w], SIGTERM);
     double end = tr_now() + (round ? 5.0 : grace);
     for (int live = 1; live;) {
       live = 0;
-      for (int w = 0; w < l->S; w++)
+      for (int w = lo; w < hi; w++)
         if (l->pid[w] > 0 && waitpid(l->pid[w], &l->status[w], WNOHANG) == l->pid[w]) l->pid[w] = 0;
         else if (l->pid[w] > 0) live++;
       if (!live) return;
@@ -184,7 +206,7 @@ static void stop_all(launch *l, double grace) {
       nanosleep(&ts, NULL);
     }
   }
-  for (int w = 0; w < l->S; w++)
+  for (int w = lo; w < hi; w++)
     if (l->pid[w] > 0) {
       kill(l->pid[w], SIGKILL);
       waitpid(l->pid[w], &l->status[w], 0);
@@ -194,57 +216,82 @@ static void stop_all(launch *l, double grace) {
 
 static int stage_of_worker(const launch *l, int w) {
   for (int k = 0; l->planned && k < l->S; k++)
-    if (l->plan.order[k] == w) return k;
+    if (l->plan.order[k] == w % l->S) return k;
   return -1;
 }
 
-/* Why the pipeline failed: a worker killed by a signal (the cause; its
- * neighbours only lost their link), else the first that exited non-zero. */
-static int failure(const launch *l) {
-  for (int w = 0; w < l->S; w++)
+static int failed(int st) { return !WIFEXITED(st) || WEXITSTATUS(st) != 0; }
+
+/* Why pipeline p (-1: any) failed: a worker killed by a signal (the cause;
+ * its neighbours only lost their link), else the first that exited
+ * non-zero. */
+static int failure(const launch *l, int p) {
+  int lo = p < 0 ? 0 : p * l->S, hi = p < 0 ? l->W : lo + l->S;
+  for (int w = lo; w < hi; w++)
     if (WIFSIGNALED(l->status[w]) && WTERMSIG(l->status[w]) != SIGTERM)
       return tr_fail(TR_EIO, "pipeline stage %d (worker %d) was killed by signal %d", stage_of_worker(l, w), w,
                      WTERMSIG(l->status[w]));
-  for (int w = 0; w < l->S; w++)
-    if (!WIFEXITED(l->status[w]) || WEXITSTATUS(l->status[w]) != 0)
+  for (int w = lo; w < hi; w++)
+    if (failed(l->status[w]))
       return tr_fail(TR_EIO, "pipeline stage %d (worker %d) exited with status %d", stage_of_worker(l, w), w,
                      WIFEXITED(l->status[w]) ? WEXITSTATUS(l->status[w]) : 128 + WTERMSIG(l->status[w]));
   return TR_OK;
 }
 
+/* Waits for every worker. One pipeline: a failure stops all. Several: a
+ * failure stops that pipeline only, the others train on (their stages'
+ * FTAR groups drop it; rebuilding it is not built yet). */
 static void wait_all(launch *l) {
-  for (int live = l->S, failed = 0; live > 0 && !failed;) {
+  for (int live = l->W; live > 0;) {
     int st;
-    pid_t p = waitpid(-1, &st, 0);
-    if (p < 0 && errno == EINTR) continue;
-    if (p < 0) break;
-    for (int w = 0; w < l->S; w++)
-      if (l->pid[w] == p) {
-        l->pid[w] = 0;
-        l->status[w] = st;
-        live--;
-        failed = !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-      }
+    pid_t pid = waitpid(-1, &st, 0);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid < 0) break;
+    for (int w = 0; w < l->W; w++) {
+      if (l->pid[w] != pid) continue;
+      l->pid[w] = 0;
+      l->status[w] = st;
+      live--;
+      int p = w / l->S;
+      if (!failed(st) || l->lost[p]) break;
+      l->lost[p] = 1;
+      int alive = 0;
+      for (int q = 0; q < l->R; q++) alive += !l->lost[q];
+      if (!alive || l->R == 1) return;
+      stop_some(l, p, 1.0);
+      failure(l, p);
+      printf("pipeline %d lost: %s; the other %d pipeline(s) train on (rebuilding it is not built yet)\n", p,
+             tr_error(), alive);
+      fflush(stdout);
+      live = 0;
+      for (int v = 0; v < l->W; v++) live += l->pid[v] > 0;
+    }
   }
 }
 
 static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop) {
-  launch l = {.S = (int)cfg->pipe_stages};
-  for (int w = 0; w < l.S; w++) l.lfd[w] = l.ctl[w] = -1;
+  launch l = {.S = (int)cfg->pipe_stages, .R = cfg->replicas > 1 ? (int)cfg->replicas : 1};
+  l.W = l.S * l.R;
+  if (l.W > PIPE_MAX_WORKERS) return tr_fail(TR_EINVAL, "pipeline: %d workers (at most %d)", l.W, PIPE_MAX_WORKERS);
+  for (int w = 0; w < l.W; w++) l.lfd[w] = l.ctl[w] = -1;
   int rc = start(&l, cfg, dir);
-  for (int w = 0; w < l.S; w++)
+  for (int w = 0; w < l.W; w++)
     if (l.lfd[w] >= 0) close(l.lfd[w]);
   if (!rc) rc = plan_and_send(L, &l, cfg, stop);
   if (!rc) wait_all(&l);
-  stop_all(&l, rc ? 0.0 : 1.0);
-  for (int w = 0; w < l.S; w++)
+  stop_some(&l, -1, rc ? 0.0 : 1.0);
+  for (int w = 0; w < l.W; w++)
     if (l.ctl[w] >= 0) close(l.ctl[w]);
-  return rc ? rc : failure(&l);
+  for (int k = 0; k < l.S; k++) ftar_coord_free(l.coord[k]);
+  if (rc) return rc;
+  for (int p = 0; p < l.R; p++) /* done when a pipeline finished whole */
+    if (!failure(&l, p)) return TR_OK;
+  return failure(&l, -1);
 }
 
 int pipeline_run(lua_State *L, const job_config *cfg, const char *dir) {
-  printf("pipeline: %lld stage(s), %lld micro-batch(es) of %lld sequences, 1F1B over loopback%s\n",
-         (long long)cfg->pipe_stages, (long long)cfg->pipe_micro_batches,
+  printf("pipeline: %lld stage(s)%s, %lld micro-batch(es) of %lld sequences, 1F1B over loopback%s\n",
+         (long long)cfg->pipe_stages, cfg->replicas > 1 ? " x replicas" : "", (long long)cfg->pipe_micro_batches,
          (long long)(cfg->batch_size / cfg->pipe_micro_batches),
          strcmp(cfg->pipe_compression, "adatopk") == 0 ? ", AdaTopK" : "");
   if (cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0)

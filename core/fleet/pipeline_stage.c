@@ -56,6 +56,17 @@ static int64_t elems_of(const graph *g, const int *ids, int n) {
   return e;
 }
 
+/* Whether an op of this stage reads parameter t. */
+static int reads_param(const pipe_stage *s, int t) {
+  for (int pos = s->cuts[s->k]; pos < s->cuts[s->k + 1]; pos++) {
+    graph_node_desc nd;
+    graph_order_node(s->g, pos, &nd);
+    for (int i = 0; i < 3; i++)
+      if (nd.in[i] == t) return 1;
+  }
+  return 0;
+}
+
 /* Owners (each parameter's lowest user) and tied parameters (read by more
  * than one op), with their place in the exchange vector. */
 static int find_params(pipe_stage *s) {
@@ -84,6 +95,16 @@ static int find_params(pipe_stage *s) {
     else s->tied[s->ntied++] = (pipe_tied){.p = t};
   }
   free(uses);
+  s->own_lo = graph_nparams(s->g);
+  s->own_hi = 0;
+  for (int t = 0; t < nt; t++) { /* the span of the parameters this stage reads */
+    tensor_desc d;
+    graph_tensor(s->g, t, &d);
+    if (d.kind != TK_PARAM || !reads_param(s, t)) continue;
+    if (d.offset < s->own_lo) s->own_lo = d.offset;
+    if (d.offset + d.size > s->own_hi) s->own_hi = d.offset + d.size;
+  }
+  if (s->own_hi < s->own_lo) s->own_lo = s->own_hi = 0;
   for (int pos = 0; pos < n && !rc; pos++) {
     graph_node_desc nd;
     graph_order_node(s->g, pos, &nd);

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ftar.h"
 #include "graph.h"
 #include "loop.h"
 #include "pipeline_link.h"
@@ -67,6 +68,11 @@ typedef struct {
   char *vec;
   float *tied_sum;  /* scratch for a combined tied gradient */
   pl_link *prev, *next;
+  int R, p;          /* pipelines (replicas of every stage), this one */
+  ftar_member *fm;   /* R > 1: this stage's replicas average gradients through FTAR */
+  int lowest;        /* the lowest live pipeline (its stage 0 leads) */
+  int64_t own_lo, own_hi; /* the span of the gradient slab this stage's parameters cover (what replicas average) */
+  int64_t epoch, redos;
   pipe_dir fwd, bwd; /* to next, to prev */
   float *scratch;    /* AdaTopK's: the larger crossing's floats */
   void *enc;         /* an encoded message */

@@ -90,6 +90,37 @@ static int gather_chain(pipe_stage *s, int64_t step) {
   return rc;
 }
 
+/* --- replicas of the stage (pipelines x replicas) --- */
+
+/* One FTAR all-reduce (mean) with the same stage of the other pipelines. */
+static int mean_of(pipe_stage *s, float *buf, int64_t n, uint64_t seq, loop_exchange *x) {
+  ftar_result res;
+  int rc = ftar_allreduce(s->fm, buf, (size_t)n, FTAR_MEAN, seq, &res);
+  if (rc < 0) return tr_fail(rc, "stage %d's replicas: %s", s->k, tr_error());
+  x->replicas = res.contributors;
+  x->epoch = (int64_t)res.epoch;
+  x->redos += res.redos;
+  s->lowest = res.slots[0];
+  return TR_OK;
+}
+
+/* The gradients (and every tied use's accumulator) averaged over the
+ * pipelines: each pipeline ran its own micro-batches (its own data slot).
+ * Without replicas nothing moves. */
+static int replicas_mean(pipe_stage *s, int64_t step, float *grads, int64_t n, loop_exchange *x) {
+  x->replicas = 1;
+  x->epoch = 0;
+  x->redos = 0;
+  if (!s->fm) return TR_OK;
+  uint64_t seq = (uint64_t)step * (1 + PIPE_MAX_TIED * PIPE_MAX_USES);
+  (void)n; /* only the span this stage's parameters cover: the rest is zero here */
+  int rc = s->own_hi > s->own_lo ? mean_of(s, grads + s->own_lo, s->own_hi - s->own_lo, seq, x) : TR_OK;
+  for (int j = 0; j < s->ntied && !rc; j++)
+    for (int u = 0; u < s->tied[j].nuse && !rc; u++)
+      if (s->tied[j].acc[u]) rc = mean_of(s, s->tied[j].acc[u], s->tied[j].size, ++seq, x);
+  return rc;
+}
+
 /* --- the end of a step --- */
 
 /* The tied gradients (sum of the uses in op order, then the mean) into the
@@ -116,7 +147,8 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
   int64_t n = graph_nparams(s->g);
   float inv = 1.0f / (float)s->M;
   be->scale(grads, n, inv); /* the mean over micro-batches (the tied ones' slots are overwritten below) */
-  int rc = gather_chain(s, next);
+  int rc = replicas_mean(s, next, grads, n, x);
+  if (!rc) rc = gather_chain(s, next);
   if (rc) return rc;
   combine_tied(s, inv);
   double total = 0;
@@ -134,9 +166,7 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
   if (!isfinite(norm)) grads[0] = norm; /* every stage skips the update (trainer_apply_grads) */
   else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
   s->global_norm = norm;
-  x->replicas = 1;
-  x->leader = s->k == 0;
-  x->epoch = 0;
+  x->leader = s->k == 0 && s->p == s->lowest;
   return TR_OK;
 }
 

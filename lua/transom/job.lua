@@ -283,9 +283,8 @@ function M.check(job, origin)
   if pipe.placement ~= "opfence" and pipe.placement ~= "even" and not pipe.placement:match("%.lua$") then
     at("placement")("pipeline.placement = %q: opfence, even, or a .lua policy file", pipe.placement)
   end
-  if pipe.stages > 1 and job.replicas > 1 then
-    at("stages")("pipeline.stages = %d with replicas = %d: pipelines x replicas is not built yet (one or the "
-      .. "other)", pipe.stages, job.replicas)
+  if (pipe.stages > 1 or pipe.micro_batches > 1) and job.replicas * pipe.stages > 64 then
+    at("stages")("pipeline.stages = %d x replicas = %d: at most 64 stage workers", pipe.stages, job.replicas)
   end
   if job.n_embd % job.n_head ~= 0 then
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)
