@@ -32,6 +32,7 @@ enum {
   PL_BULK,       /* ... and bandwidth */
   PL_ACK,
   PL_DONE,
+  PL_TIED,       /* replicas: the tied gradients the first stage averaged, down the chain */
 };
 
 typedef struct {

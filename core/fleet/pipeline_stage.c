@@ -158,9 +158,8 @@ int pipe_stage_setup(pipe_stage *s) {
   if ((rc = find_params(s))) return rc;
   size_t vb = sizeof(double) * (size_t)s->vec_doubles + sizeof(float) * (size_t)s->vec_floats;
   if (!(s->vec = malloc(vb))) return tr_fail(TR_ENOMEM, "out of memory");
-  int64_t tmax = 1;
-  for (int j = 0; j < s->ntied; j++) tmax = s->tied[j].size > tmax ? s->tied[j].size : tmax;
-  if (!(s->tied_sum = malloc(sizeof(float) * (size_t)tmax))) return tr_fail(TR_ENOMEM, "out of memory");
+  for (int j = 0; j < s->ntied; j++) s->tied_n += s->tied[j].size;
+  if (!(s->tied_all = malloc(sizeof(float) * (size_t)(s->tied_n + 1)))) return tr_fail(TR_ENOMEM, "out of memory");
   return TR_OK;
 }
 
@@ -177,7 +176,7 @@ void pipe_stage_free(pipe_stage *s) {
   for (int j = 0; j < s->ntied; j++)
     for (int u = 0; u < s->tied[j].nuse; u++) free(s->tied[j].acc[u]);
   free(s->vec);
-  free(s->tied_sum);
+  free(s->tied_all);
   free(s->scratch);
   free(s->enc);
   free(s->bwd.residual);

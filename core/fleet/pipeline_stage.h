@@ -66,7 +66,8 @@ typedef struct {
   int ntied;
   int64_t vec_doubles, vec_floats; /* the exchange vector: per-parameter sums of squares, then the tied uses */
   char *vec;
-  float *tied_sum;  /* scratch for a combined tied gradient */
+  float *tied_all;  /* every tied gradient combined, one after the other (tied_n floats) */
+  int64_t tied_n;
   pl_link *prev, *next;
   int R, p;          /* pipelines (replicas of every stage), this one */
   ftar_member *fm;   /* R > 1: this stage's replicas average gradients through FTAR */

@@ -104,8 +104,9 @@ static int mean_of(pipe_stage *s, float *buf, int64_t n, uint64_t seq, loop_exch
   return TR_OK;
 }
 
-/* The gradients (and every tied use's accumulator) averaged over the
- * pipelines: each pipeline ran its own micro-batches (its own data slot).
+/* The gradients of this stage's parameters averaged over the pipelines:
+ * each pipeline ran its own micro-batches (its own data slot). The tied
+ * ones are averaged later, once, by the first stage (combine_tied).
  * Without replicas nothing moves. */
 static int replicas_mean(pipe_stage *s, int64_t step, float *grads, int64_t n, loop_exchange *x) {
   x->replicas = 1;
@@ -114,30 +115,47 @@ static int replicas_mean(pipe_stage *s, int64_t step, float *grads, int64_t n, l
   if (!s->fm) return TR_OK;
   uint64_t seq = (uint64_t)step * (1 + PIPE_MAX_TIED * PIPE_MAX_USES);
   (void)n; /* only the span this stage's parameters cover: the rest is zero here */
-  int rc = s->own_hi > s->own_lo ? mean_of(s, grads + s->own_lo, s->own_hi - s->own_lo, seq, x) : TR_OK;
-  for (int j = 0; j < s->ntied && !rc; j++)
-    for (int u = 0; u < s->tied[j].nuse && !rc; u++)
-      if (s->tied[j].acc[u]) rc = mean_of(s, s->tied[j].acc[u], s->tied[j].size, ++seq, x);
-  return rc;
+  return s->own_hi > s->own_lo ? mean_of(s, grads + s->own_lo, s->own_hi - s->own_lo, seq, x) : TR_OK;
 }
 
 /* --- the end of a step --- */
 
-/* The tied gradients (sum of the uses in op order, then the mean) into the
- * gradient slab; their sums of squares into the vector. */
-static void combine_tied(pipe_stage *s, float inv) {
-  for (int j = 0; j < s->ntied; j++) {
+/* The tied gradients: the sum of the uses in op order, then the mean over
+ * micro-batches, into the gradient slab; their sums of squares into the
+ * vector. With replicas, the first stage alone averages them over the
+ * pipelines (one FTAR group: every stage of a pipeline gets the same
+ * replicas' mean, even at the step a pipeline is lost) and sends them down
+ * the chain. */
+static int combine_tied(pipe_stage *s, float inv, int64_t step, loop_exchange *x) {
+  float *all = s->tied_all;
+  for (int j = 0, off = 0; j < s->ntied; off += (int)s->tied[j].size, j++) {
     pipe_tied *tp = &s->tied[j];
-    float *sum = s->tied_sum;
+    float *sum = all + off;
     memcpy(sum, vec_tied(s) + tp->vec_off[0], sizeof(float) * (size_t)tp->size);
     for (int u = 1; u < tp->nuse; u++) {
       const float *a = vec_tied(s) + tp->vec_off[u];
       for (int64_t i = 0; i < tp->size; i++) sum[i] += a[i];
     }
     for (int64_t i = 0; i < tp->size; i++) sum[i] *= inv;
-    vec_sums(s)[tp->p] = sumsq(sum, tp->size);
-    memcpy(graph_grad(s->g, tp->p), sum, sizeof(float) * (size_t)tp->size);
   }
+  int rc = TR_OK;
+  if (s->fm && s->tied_n) {
+    pl_header h;
+    void *p = NULL;
+    uint64_t seq = (uint64_t)step * (1 + PIPE_MAX_TIED * PIPE_MAX_USES) + 1;
+    if (s->k == 0) rc = mean_of(s, all, s->tied_n, seq, x);
+    else if (!(rc = pl_recv(s->prev, PL_TIED, step, -1, s->timeout, &h, &p)) && h.bytes == 4 * (uint64_t)s->tied_n)
+      memcpy(all, p, h.bytes);
+    else if (!rc) rc = tr_fail(TR_EIO, "the tied gradients from the previous stage have the wrong size");
+    free(p);
+    pl_header d = {.kind = PL_TIED, .step = step, .bytes = 4 * (uint64_t)s->tied_n};
+    if (!rc && s->next) rc = pl_send(s->next, &d, all);
+  }
+  for (int j = 0, off = 0; j < s->ntied && !rc; off += (int)s->tied[j].size, j++) {
+    vec_sums(s)[s->tied[j].p] = sumsq(all + off, s->tied[j].size);
+    memcpy(graph_grad(s->g, s->tied[j].p), all + off, sizeof(float) * (size_t)s->tied[j].size);
+  }
+  return rc;
 }
 
 int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
@@ -150,7 +168,7 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
   int rc = replicas_mean(s, next, grads, n, x);
   if (!rc) rc = gather_chain(s, next);
   if (rc) return rc;
-  combine_tied(s, inv);
+  if ((rc = combine_tied(s, inv, next, x))) return rc;
   double total = 0;
   for (int t = 0; t < graph_ntensors(s->g); t++) {
     tensor_desc d;
@@ -216,7 +234,9 @@ int pipe_evaluate(void *ud, int64_t step, float *val_loss) {
 
 /* After the last step each stage takes, from the whole slab the next stage
  * sends, the parameters owned further down the chain, and passes its own
- * slab up: the first stage ends with every owner's values and saves them. */
+ * slab up: the first stage ends with every owner's values and saves them.
+ * The copies of a tied parameter must agree bit for bit (every stage
+ * applies the same tied gradient): a difference is an error. */
 int pipe_boundary(void *ud, int64_t step) {
   pipe_stage *s = ud;
   if (step != s->cfg->max_steps) return TR_OK;
@@ -228,6 +248,12 @@ int pipe_boundary(void *ud, int64_t step) {
     void *p;
     if ((rc = pl_recv(s->next, PL_PARAMS, step, -1, s->timeout, &h, &p))) return rc;
     if (h.bytes != bytes) rc = tr_fail(TR_EIO, "the parameters from the next stage have the wrong size");
+    for (int j = 0; j < s->ntied && !rc; j++) { /* every stage updates a tied parameter alike: same bits */
+      tensor_desc d;
+      graph_tensor(s->g, s->tied[j].p, &d);
+      if (memcmp(params + d.offset, (float *)p + d.offset, sizeof(float) * (size_t)d.size))
+        rc = tr_fail(TR_ESTATE, "the tied parameter '%s' differs between stages %d and %d", d.name, s->k, s->k + 1);
+    }
     for (int t = 0; t < graph_ntensors(s->g) && !rc; t++) {
       tensor_desc d;
       graph_tensor(s->g, t, &d);
