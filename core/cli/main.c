@@ -35,6 +35,7 @@
 #include "kernels.h"
 #include "lua_graph.h"
 #include "lua_host.h"
+#include "pipeline.h"
 #include "run.h"
 
 int ckpt_main(int argc, char **argv);   /* ckpt/ckpt_cli.c */
@@ -271,6 +272,8 @@ static const char main_usage[] =
     "  sim SCENARIO.lua       ETTR under failures at 1K..128K GPUs, simulated\n"
     "  worker           one replica (started by `run`, or by srun/torchrun)\n"
     "  agent --operator HOST:PORT   one per host: starts the replicas placed there\n"
+    "  plan JOB.lua     the pipeline plan: stages, ops, workers, predicted times, bytes per link\n"
+    "  stage            one pipeline stage worker (started by `run` with pipeline.stages > 1)\n"
     "  test [DIR]       run the Lua specs inside this binary\n"
     "  lua SCRIPT       run a Lua script with the transom module\n"
     "  ftar-bench       fault-tolerant all-reduce: benchmark and test driver\n"
@@ -298,6 +301,8 @@ int main(int argc, char **argv) {
     return rc;
   }
   if (strcmp(cmd, "agent") == 0) return agent_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "stage") == 0) return pipeline_stage_main(argc - 2, argv + 2);
+  if (strcmp(cmd, "plan") == 0) return pipeline_plan_main(argc - 2, argv + 2);
   if (strcmp(cmd, "attach") == 0) return attach_main(argc - 2, argv + 2);
   if (strcmp(cmd, "plot") == 0) return plot_main(argc - 2, argv + 2);
   if (strcmp(cmd, "chaos") == 0) return chaos_main(argc - 2, argv + 2);

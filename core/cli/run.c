@@ -32,6 +32,7 @@
 #include "lua_graph.h"
 #include "lua_host.h"
 #include "operator.h"
+#include "pipeline.h"
 #include "run.h"
 #include "step_record.h"
 #include "trainer.h"
@@ -177,9 +178,9 @@ static int open_ckpt(run_ctx *r) {
   return trainer_ckpt_attach(r->t, r->ck);
 }
 
-/* --- several replicas: the operator --- */
+/* --- several replicas (the operator) or pipeline stages (core/fleet/pipeline_run.c) --- */
 
-static int run_replicas(lua_State *L, run_ctx *r, int resume) {
+static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
   char path[PATH_MAX];
   char *dump = job_dump(L, &r->cfg);
   int rc = dump ? tr_mkdirs(r->dir) : TR_ENOMEM; /* without a checkpoint the operator starts from step 0 */
@@ -196,7 +197,7 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume) {
     return 2;
   }
   printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, r->cfg.path, r->dir);
-  rc = operator_run(L, &r->cfg, r->dir, resume);
+  rc = pipeline ? pipeline_run(L, &r->cfg, r->dir) : operator_run(L, &r->cfg, r->dir, resume);
   if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   printf("run directory: %s\n", r->dir);
   return rc ? 1 : 0;
@@ -457,7 +458,13 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
     close_run(&r);
     return 2;
   }
-  if (r.cfg.replicas > 1) return run_replicas(L, &r, resume);
+  int pipeline = r.cfg.pipe_stages > 1 || r.cfg.pipe_micro_batches > 1;
+  if (pipeline && resume) {
+    fprintf(stderr, "transom: resume: a pipelined run (%s: key 'pipeline') has no checkpoints yet\n", r.cfg.path);
+    close_run(&r);
+    return 2;
+  }
+  if (r.cfg.replicas > 1 || pipeline) return run_replicas(L, &r, resume, pipeline);
   char *dump;
   if ((rc = open_run(L, &r, &dump, &resume))) {
     free(dump);

@@ -830,6 +830,13 @@ static void backward_bf16(graph *g, const node *n) {
 
 int graph_forward(graph *g) {
   if (!g->planned) return tr_fail(TR_ESTATE, "graph_forward: plan the graph first");
+  return graph_forward_range(g, 0, g->norder);
+}
+
+int graph_forward_range(graph *g, int lo, int hi) {
+  if (!g->planned) return tr_fail(TR_ESTATE, "graph_forward: plan the graph first");
+  if (lo < 0 || hi > g->norder || lo > hi)
+    return tr_fail(TR_EINVAL, "graph_forward_range: [%d,%d) is outside [0,%d)", lo, hi, g->norder);
   const tr_backend *be = g->be;
   int rc = check_all_tokens(g);
   if (rc) return rc;
@@ -837,7 +844,7 @@ int graph_forward(graph *g) {
     return tr_fail(TR_EIO, "uploading the inputs to the %s device: %s", be->name, be->error());
   if (g->bf16) be->bf16->to_bf16(g->w16, g->params, g->sz.params); /* the matmuls' view of the master weights */
   int prof = profiling();
-  for (int k = 0; k < g->norder; k++) {
+  for (int k = lo; k < hi; k++) {
     double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
     if (g->bf16) forward_bf16(g, n);
@@ -857,13 +864,40 @@ int graph_backward(graph *g, int loss) {
   const tr_bf16 one16 = 0x3f80; /* a loss stored as bf16 (an op other than cross_entropy made it) */
   int rc = g->tensors[loss].eb == 2 ? be->upload(G(loss), &one16, sizeof one16) : be->upload(G(loss), &one, sizeof one);
   if (rc) return tr_fail(TR_EIO, "backward on the %s device: %s", be->name, be->error());
+  return graph_backward_range(g, 0, g->norder);
+}
+
+int graph_backward_range(graph *g, int lo, int hi) {
+  if (!g->planned || !g->with_grad) return tr_fail(TR_ESTATE, "graph_backward: graph not planned for training");
+  if (lo < 0 || hi > g->norder || lo > hi)
+    return tr_fail(TR_EINVAL, "graph_backward_range: [%d,%d) is outside [0,%d)", lo, hi, g->norder);
   int prof = profiling();
-  for (int k = g->norder - 1; k >= 0; k--) {
+  for (int k = hi - 1; k >= lo; k--) {
     double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
     if (g->bf16) backward_bf16(g, n);
     else backward_f32(g, n);
     if (prof) prof_add(g, 1, n->op, t0);
   }
-  return be->host_memory ? TR_OK : check_device(g, "backward");
+  return g->be->host_memory ? TR_OK : check_device(g, "backward");
+}
+
+void graph_zero_act_grads(graph *g) {
+  if (g->act_grads) g->be->zero(g->act_grads, g->sz.act_grads);
+}
+
+int graph_norder(const graph *g) { return g->planned ? g->norder : 0; }
+
+int graph_order_node(const graph *g, int k, graph_node_desc *out) {
+  if (!g->planned || k < 0 || k >= g->norder) return tr_fail(TR_EINVAL, "graph_order_node: no node at %d", k);
+  const node *n = &g->nodes[g->order[k]];
+  out->node = g->order[k];
+  out->op = (int)n->op;
+  out->name = ops[n->op].name;
+  for (int i = 0; i < 3; i++) out->in[i] = n->in[i];
+  out->out = n->out;
+  out->aux[0] = n->aux[0];
+  out->aux[1] = n->aux[1];
+  out->attr = n->iattr;
+  return TR_OK;
 }

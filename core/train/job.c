@@ -36,6 +36,12 @@ static const struct {
     SUB("checkpoint.keep_every", 'i', ckpt_keep_every, 0), SUB("checkpoint.map_mb", 'i', ckpt_map_mb, 0),
     SUB("checkpoint.every_seconds", 'n', ckpt_every_seconds, 0),
     SUB("checkpoint.when_busy", 's', ckpt_when_busy, sizeof(((job_config *)0)->ckpt_when_busy)),
+    SUB("pipeline.stages", 'i', pipe_stages, 0), SUB("pipeline.micro_batches", 'i', pipe_micro_batches, 0),
+    SUB("pipeline.placement", 's', pipe_placement, sizeof(((job_config *)0)->pipe_placement)),
+    SUB("pipeline.compression", 's', pipe_compression, sizeof(((job_config *)0)->pipe_compression)),
+    SUB("pipeline.min_density", 'n', pipe_min_density, 0), SUB("pipeline.act_min_density", 'n', pipe_act_min_density, 0),
+    SUB("pipeline.lan_mbit", 'n', pipe_lan_mbit, 0), SUB("pipeline.wan_mbit", 'n', pipe_wan_mbit, 0),
+    SUB("pipeline.wan_ms", 'n', pipe_wan_ms, 0), SUB("pipeline.probe", 'b', pipe_probe, 0),
     I(replicas), I(hosts), I(min_replicas), I(max_replicas), I(checksum_interval), I(metrics_port), S(on_failure), S(policies), N(deadline), N(hang_seconds), N(operator_grace), B(detector),
 };
 #undef S

@@ -110,7 +110,7 @@ static int one_step(loop_state *L, step_stats *st, loop_exchange *x, double *wal
   trainer *t = L->o->t;
   double t0 = tr_now();
   int rc = HOOK(L, before_step, L->step + 1);
-  if (!rc) rc = trainer_compute_grads(t, st);
+  if (!rc) rc = L->h->compute ? L->h->compute(L->h->ud, L->step + 1, st) : trainer_compute_grads(t, st);
   if (!rc) rc = exchange(L, st, x);
   if (rc) return rc;
   st->t_ckpt_wait = ckpt_wait_copy(L->o->ck); /* parameters are about to change */
@@ -126,9 +126,11 @@ static int after_step(loop_state *L, const step_stats *st, const loop_exchange *
   checkpoint_tick(L);
   drain_ckpt(L);
   int rc = 0;
-  if (L->leader && ((c->eval_interval > 0 && L->step % c->eval_interval == 0) || L->step == c->max_steps)) {
+  if ((L->leader || L->h->evaluate) &&
+      ((c->eval_interval > 0 && L->step % c->eval_interval == 0) || L->step == c->max_steps)) {
     float val;
-    if ((rc = trainer_eval(L->o->t, &val)) || (rc = HOOK(L, eval, L->step, val))) return rc;
+    rc = L->h->evaluate ? L->h->evaluate(L->h->ud, L->step, &val) : trainer_eval(L->o->t, &val);
+    if (rc || (L->leader && (rc = HOOK(L, eval, L->step, val)))) return rc;
   }
   step_record r;
   fill_record(L, st, x, wall, &r);

@@ -25,6 +25,29 @@ local CHECKPOINT = {
   { "map_mb", "integer", nil, "LMDB map size in MiB (0 = automatic)", min = 0 },
 }
 
+local PIPELINE = {
+  { "stages", "integer", nil, "pipeline stages: worker processes the op order is cut into (1 = none)", min = 1,
+    max = 64 },
+  { "micro_batches", "integer", nil, "micro-batches per step (must divide batch_size), 1F1B across the stages",
+    min = 1, max = 4096 },
+  { "placement", "string", nil, "opfence (clusters by bandwidth, cuts and places for the bottleneck), even (equal "
+    .. "FLOPs, workers in order), or a Lua policy file returning function(plan) -> {cuts =, order =}" },
+  { "compression", "string", nil, "what crosses a link: none, or adatopk (top-k per link, k from its bandwidth)",
+    enum = { "none", "adatopk" } },
+  { "min_density", "number", nil, "adatopk: the smallest fraction of a gradient kept", gt = 0, max = 1 },
+  { "act_min_density", "number", nil, "adatopk: the smallest fraction of an activation kept", gt = 0, max = 1 },
+  { "workers", "list", nil, "one per stage: { {speed = 0.5, zone = \"b\"}, ... } (empty: all alike, one zone)",
+    fields = {
+      { "speed", "number", 1.0, "emulated speed, a fraction of this host's (compute is stretched by 1/speed)",
+        gt = 0, max = 1 },
+      { "zone", "string", "local", "workers in one zone share its LAN; between zones the WAN" },
+    } },
+  { "lan_mbit", "number", nil, "emulated bandwidth inside a zone, Mbit/s (0 = unlimited)", min = 0 },
+  { "wan_mbit", "number", nil, "emulated bandwidth between zones, Mbit/s (0 = unlimited)", min = 0 },
+  { "wan_ms", "number", nil, "emulated one-way delay between zones, ms (the transport adds it)", min = 0 },
+  { "probe", "boolean", nil, "measure each worker's speed and every link at start (false: use the job's numbers)" },
+}
+
 local CHAOS = {
   { "at_step", "integer", nil, "inject when the replica reaches this step", min = 1 },
   { "replica", "integer", nil, "replica slot", min = 0 },
@@ -83,6 +106,8 @@ local SCHEMA = {
   { "temperature", "number", 1.0, "sampling temperature", gt = 0 },
   { "checkpoint", "table", nil, "checkpoint policy overrides (defaults: lua/policies/checkpoint.lua)",
     fields = CHECKPOINT, policy = "checkpoint" },
+  { "pipeline", "table", nil, "pipeline stages over worker processes (defaults: lua/policies/pipeline.lua)",
+    fields = PIPELINE, policy = "pipeline" },
   { "replicas", "integer", 1, "data-parallel replicas (worker processes) on this host", min = 1, max = 256 },
   { "min_replicas", "integer", 1, "below this many live replicas training pauses for replacements", min = 1,
     max = 256 },
@@ -206,7 +231,12 @@ local function check_table(f, v, at)
     local sk = sf[1]
     if out[sk] == nil then fail(ppath, nil, "policy key '%s' is missing", sk) end
     local origin = (v and v[sk] ~= nil) and at(sk) or function(fmt, ...) fail(ppath, line_of(psrc, sk), fmt, ...) end
-    check_value(setmetatable({ key .. "." .. sk }, { __index = sf }), out[sk], origin)
+    if sf[2] == "list" then -- a list of tables inside the table (pipeline.workers)
+      out[sk] = check_list(setmetatable({ key .. "." .. sk }, { __index = sf }), out[sk],
+        (v and v[sk] ~= nil) and at or function() return origin end)
+    else
+      check_value(setmetatable({ key .. "." .. sk }, { __index = sf }), out[sk], origin)
+    end
   end
   return out
 end
@@ -268,6 +298,20 @@ function M.check(job, origin)
     if c.replica >= job.max_replicas then
       at("replica")("chaos[%d]: replica %d does not exist (slots 0..%d)", i, c.replica, job.max_replicas - 1)
     end
+  end
+  local pipe = job.pipeline
+  if job.batch_size % pipe.micro_batches ~= 0 then
+    at("micro_batches")("pipeline.micro_batches = %d does not divide batch_size = %d", pipe.micro_batches,
+      job.batch_size)
+  end
+  if #pipe.workers > 0 and #pipe.workers ~= pipe.stages then
+    at("workers")("pipeline.workers lists %d workers for %d stages (one each, or none)", #pipe.workers, pipe.stages)
+  end
+  if pipe.placement ~= "opfence" and pipe.placement ~= "even" and not pipe.placement:match("%.lua$") then
+    at("placement")("pipeline.placement = %q: opfence, even, or a .lua policy file", pipe.placement)
+  end
+  if (pipe.stages > 1 or pipe.micro_batches > 1) and job.replicas * pipe.stages > 64 then
+    at("stages")("pipeline.stages = %d x replicas = %d: at most 64 stage workers", pipe.stages, job.replicas)
   end
   if job.n_embd % job.n_head ~= 0 then
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)
@@ -350,18 +394,22 @@ function M.dump(job)
       end
       return tostring(x)
     end
-    if type(v) == "table" and f[2] == "list" then
+    local function list(lf, lv)
       local items = {}
-      for _, item in ipairs(v) do
+      for _, item in ipairs(lv) do
         local parts = {}
-        for _, sf in ipairs(f.fields) do parts[#parts + 1] = string.format("%s = %s", sf[1], lit(item[sf[1]])) end
+        for _, sf in ipairs(lf.fields) do parts[#parts + 1] = string.format("%s = %s", sf[1], lit(item[sf[1]])) end
         items[#items + 1] = "{ " .. table.concat(parts, ", ") .. " }"
       end
-      out[#out + 1] = string.format("  %s = { %s },\n", f[1], table.concat(items, ", "))
+      return "{ " .. table.concat(items, ", ") .. " }"
+    end
+    if type(v) == "table" and f[2] == "list" then
+      out[#out + 1] = string.format("  %s = %s,\n", f[1], list(f, v))
     elseif type(v) == "table" then
       local parts = {}
       for _, sf in ipairs(f.fields) do
-        if v[sf[1]] ~= nil then parts[#parts + 1] = string.format("%s = %s", sf[1], lit(v[sf[1]])) end
+        local sv = v[sf[1]]
+        if sv ~= nil then parts[#parts + 1] = string.format("%s = %s", sf[1], sf[2] == "list" and list(sf, sv) or lit(sv)) end
       end
       out[#out + 1] = string.format("  %s = { %s },\n", f[1], table.concat(parts, ", "))
     elseif v ~= nil then
@@ -376,6 +424,7 @@ end
 local function show_default(v, optional)
   if v == nil then return optional and "-" or "required" end
   if type(v) == "string" then return (string.format("%q", v):gsub("\\\n", "\\n")) end
+  if type(v) == "table" then return next(v) == nil and "{}" or "{...}" end -- a list (pipeline.workers)
   return tostring(v)
 end
 

@@ -31,7 +31,12 @@
   X(OPTIMIZER_S, optimizer_s, "time in the optimizer update", "", "optimizer")                                \
   X(CKPT_WAIT_S, ckpt_wait_s, "time waiting for the checkpoint copy", "", "checkpoint_wait")                  \
   X(TOKENS_PER_S, tokens_per_s, "training tokens per second", "transom_tokens_per_second", "")                \
-  X(RSS_BYTES, rss_bytes, "resident set size", "transom_rss_bytes", "")
+  X(RSS_BYTES, rss_bytes, "resident set size", "transom_rss_bytes", "")                                     \
+  X(DENSITY_FWD, density_fwd, "pipeline stage: fraction of the activations sent to the next stage (AdaTopK; "  \
+    "1 = all)", "", "")                                                                                       \
+  X(DENSITY_BWD, density_bwd, "pipeline stage: fraction of the gradients sent to the previous stage", "", "")   \
+  X(BYTES_FWD, bytes_fwd, "pipeline stage: bytes sent to the next stage in the step", "", "")                 \
+  X(BYTES_BWD, bytes_bwd, "pipeline stage: bytes sent to the previous stage in the step", "", "")
 
 /* Who and where, all integers: X(name, help) */
 #define STEP_COUNTERS(X)                                                         \

@@ -110,4 +110,28 @@ int graph_forward(graph *g);
 int graph_backward(graph *g, int loss);
 void graph_zero_grad(graph *g);
 
+/* --- stages: a contiguous range of the planned order (a pipeline stage,
+ * core/fleet/pipeline*.c; graph_stage.h cuts the order) --- */
+/* The planned order's length (0 before planning). */
+int graph_norder(const graph *g);
+/* What the k-th node of the planned order reads and writes. */
+typedef struct {
+  int node;        /* node id */
+  int op;          /* ops.def's index */
+  const char *name; /* the op's name ("linear") */
+  int in[3], out, aux[2]; /* tensor ids, -1 when unused */
+  int attr;
+} graph_node_desc;
+int graph_order_node(const graph *g, int k, graph_node_desc *out);
+/* Forward over order positions [lo,hi) (inputs uploaded, bf16 shadow made,
+ * as graph_forward). The activations a range reads from before lo must be in
+ * place (graph_data). */
+int graph_forward_range(graph *g, int lo, int hi);
+/* Backward over [lo,hi), last node first, accumulating (+=) into whatever
+ * the activation gradients hold: no zeroing, no seeding of a loss (the
+ * caller zeroes with graph_zero_act_grads and writes the gradients that come
+ * from after hi). graph_backward = zero + seed d(loss) = 1 + the whole range. */
+int graph_backward_range(graph *g, int lo, int hi);
+void graph_zero_act_grads(graph *g);
+
 #endif

@@ -40,6 +40,11 @@ typedef struct {
   int64_t ckpt_every_steps, ckpt_keep_last, ckpt_keep_every, ckpt_map_mb;
   double ckpt_every_seconds;
   char ckpt_when_busy[16];
+  /* pipeline stages (core/fleet/pipeline*.c; lua/policies/pipeline.lua) */
+  int64_t pipe_stages, pipe_micro_batches;
+  char pipe_placement[1024], pipe_compression[16];
+  double pipe_min_density, pipe_act_min_density, pipe_lan_mbit, pipe_wan_mbit, pipe_wan_ms;
+  int pipe_probe; /* pipeline.workers (speed, zone) stay in the Lua table: pipeline_plan.c reads them */
   /* replicas and failures (the operator) */
   int64_t replicas, min_replicas, max_replicas, checksum_interval, metrics_port;
   int64_t hosts; /* agents to wait for (0: the operator forks its workers) */

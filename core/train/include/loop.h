@@ -68,6 +68,13 @@ typedef struct {
   void (*ckpt_event)(void *ud, const ckpt_event *ev);
   /* The final weights were written to the run directory at `step`. */
   void (*saved)(void *ud, int64_t step);
+  /* A pipeline stage (core/fleet/pipeline_stage.c): computes the gradients
+   * of step `next` in place of trainer_compute_grads (its share of the
+   * micro-batches' forward and backward, with its neighbours), filling st. */
+  int (*compute)(void *ud, int64_t next, step_stats *st);
+  /* In place of trainer_eval, and then on every process, leader or not (a
+   * pipeline's stages all take part); only the leader's value is reported. */
+  int (*evaluate)(void *ud, int64_t step, float *val_loss);
 } loop_hooks;
 
 typedef struct {

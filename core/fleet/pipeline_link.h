@@ -1,0 +1,79 @@
+/* pipeline_link.h — one TCP link between neighbouring pipeline stages
+ * (private to core/fleet).
+ *
+ * Messages are framed (a header, then `bytes` of payload) and arrive in the
+ * order they were sent. A reader thread per link drains the socket into a
+ * queue as messages come, so two stages that send to each other at once
+ * (activations forward, gradients back in 1F1B) never block each other on
+ * full socket buffers. The stage's thread sends (blocking) and takes the
+ * next message with a bounded wait; it says which kind, step and
+ * micro-batch it expects, and anything else is a protocol error: both ends
+ * follow the same deterministic schedule. A closed or broken peer ends
+ * every wait with an error at once. Sends and receives come from one
+ * thread (the stage's); the reader is the link's own.
+ */
+#ifndef TRANSOM_PIPELINE_LINK_H
+#define TRANSOM_PIPELINE_LINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+  PL_ACT = 1,    /* forward: crossing activations of (step, mb) */
+  PL_GRAD,       /* backward: their gradients, and the micro-batch's loss in `value` */
+  PL_GATHER_UP,  /* end of step, last stage -> first: the exchange vector */
+  PL_GATHER_DOWN, /* first -> last: the full vector */
+  PL_EVAL_ACT,   /* evaluation forward */
+  PL_EVAL_LOSS,  /* the mean validation loss, back to the first stage */
+  PL_PARAMS,     /* the end: parameters toward the first stage */
+  PL_HELLO,      /* at connect: the worker's index in `value` */
+  PL_PING,       /* probes (pipeline_probe.c): latency ... */
+  PL_PONG,
+  PL_BULK,       /* ... and bandwidth */
+  PL_ACK,
+  PL_DONE,
+  PL_TIED,       /* replicas: the tied gradients the first stage averaged, down the chain */
+};
+
+typedef struct {
+  uint32_t magic, kind;
+  int64_t step;
+  int32_t mb, codec; /* codec: 0 raw float32 (AdaTopK's encodings are others) */
+  double value;      /* a scalar riding along (a loss) */
+  double sent_at;    /* tr_now() when the last byte left (emulated links: when it would have) */
+  uint64_t bytes;    /* payload */
+} pl_header;
+
+typedef struct pl_link pl_link;
+
+/* Takes a connected socket (closed by pl_link_free). NULL on failure. */
+pl_link *pl_link_create(int fd, const char *peer_name);
+void pl_link_free(pl_link *l);
+
+/* Sends one message. 0 or a negative error. */
+int pl_send(pl_link *l, const pl_header *h, const void *payload);
+/* The next message: it must be of kind/step/mb (kind 0: any message, then
+ * step and mb are not checked; mb < 0: any). The payload
+ * (malloc'd, the caller frees) and the header come back. Waits at most
+ * timeout_s. */
+int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload);
+
+/* Emulates a slow link in this end's transport (the kernel here has no
+ * netem): a send takes bytes / bytes_per_s (0: unlimited) of the sender's
+ * time, as a blocking send on a full socket would, and a message is handed
+ * over delay_s after it left. Both ends set the same numbers. */
+void pl_link_shape(pl_link *l, double bytes_per_s, double delay_s);
+
+/* Seconds spent in pl_send so far (what a slow link costs the sender). */
+double pl_link_send_seconds(const pl_link *l);
+
+/* Bytes sent and received so far (payload and headers). */
+void pl_link_bytes(const pl_link *l, uint64_t *sent, uint64_t *received);
+
+/* Connects to host:port, retrying for up to timeout_s (the peer may still
+ * be starting). The socket, or a negative error. */
+int pl_connect(const char *host, int port, double timeout_s);
+/* Accepts one connection on a listening socket within timeout_s. */
+int pl_accept(int lfd, double timeout_s);
+
+#endif

@@ -1,0 +1,290 @@
+/* pipeline_main.c — `transom stage`: one pipeline stage process, started by
+ * pipeline_run.c (see pipeline.h). It loads the run's job.lua, builds its
+ * trainer for one micro-batch (the stage holds every parameter, computes
+ * only its ops; the global norm clips, not the trainer), links to its
+ * neighbours and runs the one training loop with the stage's hooks:
+ * compute (pipeline_stage.c), exchange, evaluate, boundary
+ * (pipeline_step.c), and a report that the first stage writes to
+ * metrics.jsonl and prints. Checkpoints are off in a pipeline for now: each
+ * stage holds a share of the state (the README says so).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "ftar.h"
+#include "job.h"
+#include "loop.h"
+#include "lua_host.h"
+#include "pipeline.h"
+#include "pipeline_plan.h"
+#include "pipeline_probe.h"
+#include "pipeline_stage.h"
+#include "step_record.h"
+#include "util.h"
+
+typedef struct {
+  const char *run;
+  int worker, listen_fd, control_fd, threads, nports;
+  int ports[PIPE_MAX_STAGES];
+} stage_args;
+
+static const char stage_usage[] =
+    "usage: transom stage --run DIR --worker W --listen-fd FD --control-fd FD --ports P0,P1,... [--threads N]\n"
+    "\n"
+    "One pipeline worker of the run in DIR (its job.lua), started by `transom run` (or `transom plan`) for\n"
+    "a job with pipeline.stages > 1, one process per stage. It probes its speed and its links to the other\n"
+    "workers (listening on FD, the others on 127.0.0.1:P0,...), reports them on the control socket, takes\n"
+    "its stage and cuts from the launcher's plan, links to its neighbours and trains.\n";
+
+static int parse_ports(stage_args *a, const char *s) {
+  for (a->nports = 0; *s && a->nports < PIPE_MAX_STAGES;) {
+    char *end;
+    a->ports[a->nports++] = (int)strtol(s, &end, 10);
+    if (end == s) return tr_fail(TR_EINVAL, "stage: bad --ports");
+    s = *end == ',' ? end + 1 : end;
+  }
+  return TR_OK;
+}
+
+/* 1: --help was asked (printed) */
+static int parse(stage_args *a, int argc, char **argv) {
+  for (int i = 0; i < argc; i++) {
+    int more = i + 1 < argc, rc;
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(stage_usage, stdout);
+      return 1;
+    } else if (strcmp(argv[i], "--run") == 0 && more) a->run = argv[++i];
+    else if (strcmp(argv[i], "--worker") == 0 && more) a->worker = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--listen-fd") == 0 && more) a->listen_fd = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--control-fd") == 0 && more) a->control_fd = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--threads") == 0 && more) a->threads = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--ports") == 0 && more) {
+      if ((rc = parse_ports(a, argv[++i]))) return rc;
+    } else return tr_fail(TR_EINVAL, "stage: unknown argument '%s'", argv[i]);
+  }
+  if (!a->run || a->worker < 0 || a->control_fd < 0 || a->worker >= a->nports)
+    return tr_fail(TR_EINVAL, "usage: transom stage --run DIR --worker W --listen-fd FD --control-fd FD --ports ...");
+  return TR_OK;
+}
+
+/* --- the loop's report: the first stage writes the records --- */
+
+/* Every stage writes its records (the links it sends on): the first to
+ * metrics.jsonl, which it also prints, stage k to stage-k.jsonl. */
+static int stage_report(void *ud, const step_record *rec) {
+  pipe_stage *s = ud;
+  step_record r = *rec;
+  r.grad_norm = s->global_norm; /* the pipeline's, not this stage's share */
+  r.density_fwd = s->fwd.nsent ? s->fwd.density_sum / s->fwd.nsent : 1.0;
+  r.density_bwd = s->bwd.nsent ? s->bwd.density_sum / s->bwd.nsent : 1.0;
+  r.bytes_fwd = (double)s->fwd.bytes;
+  r.bytes_bwd = (double)s->bwd.bytes;
+  if (s->k != 0 || s->p != 0) {
+    if (s->metrics && step_record_json(s->metrics, &r)) return tr_fail(TR_EIO, "writing a stage's records");
+    if (s->metrics) fflush(s->metrics);
+    return 0;
+  }
+  const job_config *c = s->cfg;
+  if (r.step % c->log_interval == 0 || r.step == c->max_steps)
+    printf("step %*lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s\n", s->width, (long long)r.step,
+           (long long)c->max_steps, r.loss, r.lr, r.grad_norm, r.step_s * 1e3, r.tokens_per_s);
+  fflush(stdout);
+  if (s->metrics && step_record_json(s->metrics, &r)) return tr_fail(TR_EIO, "writing metrics.jsonl");
+  if (s->metrics) fflush(s->metrics);
+  return 0;
+}
+
+static int stage_eval(void *ud, int64_t step, float val) {
+  pipe_stage *s = ud;
+  printf("step %*lld/%lld | val loss %.4f\n", s->width, (long long)step, (long long)s->cfg->max_steps, val);
+  if (s->metrics) {
+    fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%.9g}\n", (long long)step, val);
+    fflush(s->metrics);
+  }
+  return 0;
+}
+
+/* --- setting up --- */
+
+/* The stage's trainer: one micro-batch, no clipping of its own. */
+static int make_trainer(lua_State *L, const stage_args *a, job_config *cfg, pipe_stage *s) {
+  char path[1200], th[32];
+  snprintf(path, sizeof path, "%s/job.lua", a->run);
+  snprintf(th, sizeof th, "threads=%d", a->threads);
+  const char *sets[] = {th};
+  int rc = job_load(L, path, sets, a->threads > 0 ? 1 : 0, cfg);
+  if (rc) return rc;
+  if (strcmp(cfg->device, "cpu") != 0 || strcmp(cfg->precision, "fp32") != 0)
+    return tr_fail(TR_EINVAL, "%s: pipeline stages run on device = \"cpu\", precision = \"fp32\" for now", path);
+  s->S = (int)cfg->pipe_stages;
+  s->M = (int)cfg->pipe_micro_batches;
+  s->R = cfg->replicas > 1 ? (int)cfg->replicas : 1;
+  s->p = a->worker / s->S;
+  s->clip = cfg->grad_clip;
+  job_config tc = *cfg;
+  tc.batch_size /= s->M;
+  tc.grad_clip = 0;
+  if (!(s->t = trainer_create(L, &tc))) return TR_EINVAL;
+  trainer_set_slot(s->t, s->p); /* each pipeline its own batches */
+  s->g = trainer_graph(s->t);
+  s->cfg = trainer_config(s->t);
+  s->b = (int)s->cfg->batch_size;
+  s->T = (int)s->cfg->block_size;
+  s->tok = graph_find(s->g, "tokens");
+  s->tgt = graph_find(s->g, "targets");
+  s->loss = graph_find(s->g, "loss");
+  s->timeout = cfg->hang_seconds;
+  s->width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
+  snprintf(s->dir, sizeof s->dir, "%s", a->run);
+  int on = strcmp(cfg->pipe_compression, "adatopk") == 0;
+  s->fwd = (pipe_dir){.on = on, .floor = cfg->pipe_act_min_density};
+  s->bwd = (pipe_dir){.on = on, .floor = cfg->pipe_min_density};
+  return TR_OK;
+}
+
+/* --- the control socket: lines to and from the launcher --- */
+
+static int write_line(int fd, const char *line) {
+  size_t n = strlen(line);
+  for (size_t off = 0; off < n;) {
+    ssize_t w = write(fd, line + off, n - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return tr_fail(TR_EIO, "writing to the launcher: %s", strerror(errno));
+    off += (size_t)w;
+  }
+  return TR_OK;
+}
+
+int pipe_read_line(int fd, char *out, size_t n, double timeout) {
+  size_t k = 0;
+  double end = tr_now() + timeout;
+  while (k + 1 < n) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int left = (int)((end - tr_now()) * 1000);
+    if (left < 0 || poll(&p, 1, left) == 0) return tr_fail(TR_EIO, "no line in %.0f s", timeout);
+    char c;
+    ssize_t r = read(fd, &c, 1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return tr_fail(TR_EIO, "the peer closed the control socket");
+    if (c == '\n') break;
+    out[k++] = c;
+  }
+  out[k] = 0;
+  return TR_OK;
+}
+
+/* Probes (if the job asks), reports, takes the plan: stage, cuts, order.
+ * 1: the plan says stop (`transom plan`). */
+static int probe_and_plan(lua_State *L, const stage_args *a, const job_config *cfg, pipe_stage *s, pipe_plan *p,
+                          int *coord) {
+  double flops = 0, bw[PIPE_MAX_STAGES] = {0}, lat[PIPE_MAX_STAGES] = {0};
+  int rc = pipe_plan_from_job(L, cfg, p);
+  if (rc) return rc;
+  if (a->nports != s->S * s->R) return tr_fail(TR_EINVAL, "stage: %d ports for %d workers", a->nports, s->S * s->R);
+  int j = a->worker % s->S, probe = cfg->pipe_probe && s->p == 0; /* pipeline 0 probes for all */
+  s->speed = p->speed[j];
+  pipe_probe_ctx c = {cfg, p, j, a->listen_fd, a->ports, s->timeout};
+  pipe_probe_server *sv = probe ? pipe_probe_serve(&c) : NULL;
+  if (probe && !sv) return TR_EIO;
+  char line[4096];
+  rc = pipe_read_line(a->control_fd, line, sizeof line, 600); /* GO: our turn to probe */
+  if (!rc && probe && !(rc = pipe_probe_speed(s, &flops))) rc = pipe_probe_links(&c, bw, lat);
+  int rj = pipe_probe_serve_join(sv); /* the lower workers probed before our turn */
+  if (rc || (rc = rj)) return rc;
+  if ((rc = pipe_probe_line(line, sizeof line, j, s->S, flops, bw, lat)) < 0) return rc;
+  if ((rc = write_line(a->control_fd, line)) || (rc = pipe_read_line(a->control_fd, line, sizeof line, 600))) return rc;
+  if (strncmp(line, "PLAN stop", 9) == 0) return 1;
+  if ((rc = pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order))) return rc;
+  const char *co = strstr(line, "coord=");
+  *coord = co ? atoi(co + 6) : 0;
+  return TR_OK;
+}
+
+/* R > 1: this stage's member of its replicas' FTAR group (slot: the
+ * pipeline), once all R are in. */
+static int join_replicas(const job_config *cfg, pipe_stage *s, int coord) {
+  if (s->R < 2) return TR_OK;
+  if (coord <= 0) return tr_fail(TR_EIO, "stage: the plan names no coordinator for the replicas");
+  ftar_member_opts fo;
+  ftar_member_opts_default(&fo);
+  fo.deadline = cfg->deadline;
+  fo.timeout = cfg->hang_seconds;
+  if (!(s->fm = ftar_member_create("127.0.0.1", coord, s->p, &fo))) return TR_EIO;
+  int rc = ftar_member_wait(s->fm, s->R, cfg->hang_seconds);
+  return rc ? tr_fail(rc, "stage %d: its %d replicas did not all join", s->k, s->R) : TR_OK;
+}
+
+/* Connect to the next stage's worker, then take the previous one's; both
+ * links emulated as the job's zones say. */
+static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *p, pipe_stage *s) {
+  char name[64];
+  double rate, delay;
+  int w = a->worker % s->S;
+  if (s->k < s->S - 1) {
+    int nw = p->order[s->k + 1], fd = pl_connect("127.0.0.1", a->ports[s->p * s->S + nw], s->timeout);
+    snprintf(name, sizeof name, "stage %d", s->k + 1);
+    if (fd < 0 || !(s->next = pl_link_create(fd, name))) return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k + 1);
+    pipe_link_emulation(cfg, p->zone[w], p->zone[nw], &rate, &delay);
+    pl_link_shape(s->next, rate, delay);
+  }
+  if (s->k > 0) {
+    int fd = pl_accept(a->listen_fd, s->timeout);
+    snprintf(name, sizeof name, "stage %d", s->k - 1);
+    if (fd < 0 || !(s->prev = pl_link_create(fd, name))) return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k - 1);
+    pipe_link_emulation(cfg, p->zone[w], p->zone[p->order[s->k - 1]], &rate, &delay);
+    pl_link_shape(s->prev, rate, delay);
+  }
+  return TR_OK;
+}
+
+static int open_metrics(pipe_stage *s) {
+  char path[1200];
+  if (s->k == 0 && s->p == 0) snprintf(path, sizeof path, "%s/metrics.jsonl", s->dir);
+  else if (s->p == 0) snprintf(path, sizeof path, "%s/stage-%d.jsonl", s->dir, s->k);
+  else snprintf(path, sizeof path, "%s/pipeline-%d-stage-%d.jsonl", s->dir, s->p, s->k);
+  if (!(s->metrics = fopen(path, "a"))) return tr_fail(TR_EIO, "cannot open %s", path);
+  return TR_OK;
+}
+
+int pipeline_stage_main(int argc, char **argv) {
+  stage_args a = {.worker = -1, .listen_fd = -1, .control_fd = -1};
+  pipe_stage s = {0};
+  pipe_plan plan;
+  job_config cfg;
+  signal(SIGPIPE, SIG_IGN);
+  lua_State *L = NULL;
+  int rc = parse(&a, argc, argv);
+  if (rc == 1) return 0;
+  if (!rc) rc = (L = lua_host_new()) ? TR_OK : tr_fail(TR_ENOMEM, "cannot start Lua");
+  if (!rc) rc = make_trainer(L, &a, &cfg, &s);
+  int coord = 0;
+  if (!rc) rc = probe_and_plan(L, &a, &cfg, &s, &plan, &coord);
+  int stop = rc == 1;
+  if (stop) rc = TR_OK;
+  if (!rc && !stop) rc = pipe_stage_setup(&s);
+  if (!rc && !stop) rc = link_up(&a, &cfg, &plan, &s);
+  if (!rc && !stop) rc = join_replicas(&cfg, &s, coord);
+  if (!rc && !stop) rc = open_metrics(&s);
+  if (!rc && !stop) {
+    loop_opts lo = {.t = s.t, .ck = NULL, .run_dir = a.run, .worker = s.k, .save_on_stop = 0};
+    loop_hooks h = {.ud = &s, .compute = pipe_compute, .exchange = pipe_exchange, .evaluate = pipe_evaluate,
+                    .boundary = pipe_boundary, .report = stage_report, .eval = stage_eval};
+    loop_result res;
+    rc = loop_run(&lo, &h, &res);
+  }
+  if (rc && s.t) fprintf(stderr, "transom stage worker %d: %s\n", a.worker, tr_error());
+  else if (rc) fprintf(stderr, "transom: %s\n", tr_error());
+  if (s.metrics) fclose(s.metrics);
+  ftar_member_free(s.fm);
+  pipe_stage_free(&s);
+  trainer_free(s.t);
+  lua_host_close(L);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,63 @@
+/* pipeline_plan.h — where a pipeline's stages go (private to core/fleet):
+ * the workers as the job describes them and as the probes measured them,
+ * and the plan: which worker runs which stage, where the op order is cut,
+ * and what that should cost. pipeline_plan.c computes it (OP-Fence, the
+ * even split, or a Lua policy's override); pipeline_run.c and `transom
+ * plan` use it.
+ */
+#ifndef TRANSOM_PIPELINE_PLAN_H
+#define TRANSOM_PIPELINE_PLAN_H
+
+#include <lua.h>
+#include <stdio.h>
+
+#include "graph.h"
+#include "job.h"
+#include "pipeline_stage.h"
+
+#define PIPE_ZONE_MAX 32
+
+typedef struct {
+  int S, M;
+  /* the workers (one per stage), from the job */
+  double speed[PIPE_MAX_STAGES];              /* emulated fraction of this host */
+  char zone[PIPE_MAX_STAGES][PIPE_ZONE_MAX];
+  /* measured by the probes (or, without them, the job's numbers) */
+  int measured;
+  double flops_s[PIPE_MAX_STAGES];             /* FLOP/s */
+  double bw[PIPE_MAX_STAGES][PIPE_MAX_STAGES];  /* bytes/s between workers (0: unlimited) */
+  double lat[PIPE_MAX_STAGES][PIPE_MAX_STAGES]; /* one way, seconds */
+  /* the plan */
+  char how[64];                 /* "opfence", "even", the policy file */
+  int ncluster, cluster[PIPE_MAX_STAGES]; /* OP-Fence's bandwidth clusters */
+  int order[PIPE_MAX_STAGES];   /* stage -> worker */
+  int cuts[PIPE_MAX_STAGES + 1];
+  double compress;              /* planned fraction of link bytes (1: none) */
+  /* predictions, per micro-batch unless said */
+  double stage_s[PIPE_MAX_STAGES], link_bytes[PIPE_MAX_STAGES], link_s[PIPE_MAX_STAGES];
+  double bottleneck_s, step_s; /* step_s: a whole step of M micro-batches, 1F1B */
+} pipe_plan;
+
+/* The workers of cfg (pipeline.workers from the checked Lua table at
+ * cfg->lua_ref; none listed: S alike in one zone) and the job's links as
+ * the first guess of the measurements. */
+int pipe_plan_from_job(lua_State *L, const job_config *cfg, pipe_plan *p);
+
+/* The emulated link between two zones: bytes/s (0: unlimited), one-way
+ * delay in seconds. */
+void pipe_link_emulation(const job_config *cfg, const char *zone_a, const char *zone_b, double *rate, double *delay);
+
+/* Makes the plan for graph g (one micro-batch): cfg->pipe_placement's
+ * method; a Lua policy file runs in L. 0 or an error (a policy's bad
+ * answer names the file). */
+int pipe_plan_make(lua_State *L, const graph *g, const job_config *cfg, pipe_plan *p);
+
+/* The plan as a table: stages, ops, workers, predicted time per stage,
+ * bytes per link per step. */
+void pipe_plan_print(FILE *f, const graph *g, const pipe_plan *p);
+
+/* The PLAN line the launcher sends stage k's worker, and its parser. */
+int pipe_plan_line(char *out, size_t n, const pipe_plan *p, int stage);
+int pipe_plan_parse(const char *line, int S, int *stage, int *cuts, int *order);
+
+#endif

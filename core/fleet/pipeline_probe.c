@@ -1,0 +1,188 @@
+/* pipeline_probe.c — the workload estimator's measurements, taken by each
+ * stage worker at start, before the plan (see pipeline.h):
+ *
+ *   speed    the worker's FLOP/s on the job's own model: one forward and
+ *            backward of the whole micro-batch graph to warm up, one timed
+ *            (an emulated slow worker is slow here too), divided into the
+ *            graph's FLOPs (graph_stage_costs);
+ *   links    to every other worker: 3 pings (the least round trip / 2 is
+ *            the latency), then a bulk transfer (64 KiB, and 512 KiB when
+ *            that was quick) acknowledged by the peer: bandwidth = bytes /
+ *            (time - round trip). Worker w probes the workers above it and
+ *            a thread serves the ones below, so every pair is measured once
+ *            and nobody waits on anybody in a cycle.
+ *
+ * The result is the PROBE line the launcher plans from.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph_stage.h"
+#include "pipeline_plan.h"
+#include "pipeline_probe.h"
+#include "util.h"
+
+/* --- speed --- */
+
+int pipe_probe_speed(pipe_stage *s, double *flops_s) {
+  graph *g = s->g;
+  int n = graph_norder(g), rc = TR_OK;
+  graph_op_cost *c = malloc(sizeof *c * (size_t)n);
+  if (!c || graph_stage_costs(g, c)) {
+    free(c);
+    return tr_fail(TR_ENOMEM, "probe: out of memory");
+  }
+  double flops = 0;
+  for (int k = 0; k < n; k++) flops += c[k].flops;
+  free(c);
+  double t = 0;
+  for (int round = 0; round < 4 && !rc; round++) { /* a warm-up, then the least of three */
+    s->compute_s = 0;
+    rc = pipe_run_whole(s);
+    if (round == 1 || (round > 1 && s->compute_s < t)) t = s->compute_s;
+  }
+  graph_zero_grad(g); /* the probe's gradients are no step's */
+  *flops_s = t > 0 ? flops / t : 0;
+  return rc;
+}
+
+/* --- links --- */
+
+struct pipe_probe_server {
+  const pipe_probe_ctx *c;
+  pthread_t th;
+  int rc;
+  char err[256];
+};
+
+static void shape(const pipe_probe_ctx *c, pl_link *l, int peer) {
+  double rate, delay;
+  pipe_link_emulation(c->cfg, c->plan->zone[c->w], c->plan->zone[peer], &rate, &delay);
+  pl_link_shape(l, rate, delay);
+}
+
+static int serve_one(const pipe_probe_ctx *c) {
+  int fd = pl_accept(c->lfd, c->timeout), rc;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probing worker") : NULL;
+  if (!l) return TR_EIO;
+  pl_header h;
+  void *p = NULL;
+  if ((rc = pl_recv(l, PL_HELLO, 0, -1, c->timeout, &h, &p))) goto done;
+  shape(c, l, (int)h.value);
+  for (;;) {
+    free(p);
+    p = NULL;
+    if ((rc = pl_recv(l, 0, 0, -1, c->timeout, &h, &p)) || h.kind == PL_DONE) break;
+    pl_header r = {.kind = h.kind == PL_PING ? PL_PONG : PL_ACK};
+    if ((rc = pl_send(l, &r, NULL))) break;
+  }
+done:
+  free(p);
+  pl_link_free(l);
+  return rc;
+}
+
+static void *serve_main(void *arg) {
+  pipe_probe_server *sv = arg;
+  for (int i = 0; i < sv->c->w && !sv->rc; i++) sv->rc = serve_one(sv->c);
+  if (sv->rc) snprintf(sv->err, sizeof sv->err, "%s", tr_error());
+  return NULL;
+}
+
+static int exchange(pl_link *l, uint32_t kind, uint32_t reply, const void *payload, uint64_t bytes, double timeout) {
+  pl_header h = {.kind = kind, .bytes = bytes}, r;
+  void *p = NULL;
+  int rc = pl_send(l, &h, payload);
+  if (!rc) rc = pl_recv(l, reply, 0, -1, timeout, &r, &p);
+  free(p);
+  return rc;
+}
+
+static int probe_peer(const pipe_probe_ctx *c, int j, const char *bulk, double *bw, double *lat) {
+  int fd = pl_connect("127.0.0.1", c->ports[j], c->timeout), rc = TR_OK;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probed worker") : NULL;
+  if (!l) return TR_EIO;
+  shape(c, l, j);
+  pl_header hello = {.kind = PL_HELLO, .value = c->w};
+  double rtt = 1e9;
+  rc = pl_send(l, &hello, NULL);
+  for (int i = 0; i < 3 && !rc; i++) {
+    double t0 = tr_now();
+    rc = exchange(l, PL_PING, PL_PONG, NULL, 0, c->timeout);
+    if (tr_now() - t0 < rtt) rtt = tr_now() - t0;
+  }
+  uint64_t size = 64 * 1024;
+  double t = 0;
+  for (int i = 0; i < 2 && !rc; i++) {
+    double t0 = tr_now();
+    rc = exchange(l, PL_BULK, PL_ACK, bulk, size, c->timeout);
+    t = tr_now() - t0;
+    if (t > 0.05) break;
+    size = 512 * 1024;
+  }
+  double wire = t - rtt;
+  *bw = wire > 1e-6 ? (double)size / wire : 0; /* 0: faster than we can tell (unlimited) */
+  *lat = rtt / 2;
+  pl_header done = {.kind = PL_DONE};
+  if (!rc) rc = pl_send(l, &done, NULL);
+  pl_link_free(l);
+  return rc;
+}
+
+pipe_probe_server *pipe_probe_serve(const pipe_probe_ctx *c) {
+  pipe_probe_server *sv = calloc(1, sizeof *sv);
+  if (!sv) return tr_fail(TR_ENOMEM, "probe: out of memory"), NULL;
+  sv->c = c;
+  if (pthread_create(&sv->th, NULL, serve_main, sv)) {
+    free(sv);
+    tr_fail(TR_EIO, "probe: cannot start a thread");
+    return NULL;
+  }
+  return sv;
+}
+
+int pipe_probe_serve_join(pipe_probe_server *sv) {
+  if (!sv) return TR_OK;
+  pthread_join(sv->th, NULL);
+  int rc = sv->rc ? tr_fail(sv->rc, "probe: serving a lower worker: %s", sv->err) : TR_OK;
+  free(sv);
+  return rc;
+}
+
+int pipe_probe_links(const pipe_probe_ctx *c, double *bw, double *lat) {
+  char *bulk = calloc(512 * 1024, 1);
+  if (!bulk) return tr_fail(TR_ENOMEM, "probe: out of memory");
+  int rc = TR_OK;
+  for (int j = c->w + 1; j < c->plan->S && !rc; j++) rc = probe_peer(c, j, bulk, &bw[j], &lat[j]);
+  free(bulk);
+  return rc;
+}
+
+int pipe_probe_line(char *out, size_t n, int w, int S, double flops_s, const double *bw, const double *lat) {
+  size_t k = (size_t)snprintf(out, n, "PROBE worker=%d flops=%.6g links=", w, flops_s);
+  for (int j = w + 1; j < S && k < n; j++)
+    k += (size_t)snprintf(out + k, n - k, "%s%d:%.6g:%.6g", j > w + 1 ? "," : "", j, bw[j], lat[j]);
+  if (k < n) k += (size_t)snprintf(out + k, n - k, "\n");
+  return k < n ? (int)k : tr_fail(TR_EINVAL, "probe line too long");
+}
+
+int pipe_probe_parse(const char *line, pipe_plan *p) {
+  const char *ws = strstr(line, "worker="), *fs = strstr(line, "flops="), *ls = strstr(line, "links=");
+  if (strncmp(line, "PROBE ", 6) != 0 || !ws || !fs || !ls) return tr_fail(TR_EIO, "a bad probe line: %.80s", line);
+  int w = atoi(ws + 7);
+  if (w < 0 || w >= p->S) return tr_fail(TR_EIO, "a probe line from worker %d", w);
+  p->flops_s[w] = strtod(fs + 6, NULL);
+  for (const char *q = ls + 6; *q && *q != '\n';) {
+    char *end;
+    int j = (int)strtol(q, &end, 10);
+    if (end == q || *end != ':' || j <= w || j >= p->S) return tr_fail(TR_EIO, "a bad probe line: %.80s", line);
+    double b = strtod(end + 1, &end);
+    double l = *end == ':' ? strtod(end + 1, &end) : 0;
+    p->bw[w][j] = p->bw[j][w] = b;
+    p->lat[w][j] = p->lat[j][w] = l;
+    q = *end == ',' ? end + 1 : end;
+  }
+  return TR_OK;
+}

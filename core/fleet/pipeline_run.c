@@ -1,0 +1,342 @@
+/* pipeline_run.c — the launcher of a pipelined `transom run`, and `transom
+ * plan` (see pipeline.h).
+ *
+ * It opens one listening socket per worker itself before any starts (each
+ * worker inherits its own and learns the others' ports: no port is ever
+ * guessed) and a control socket pair per worker, starts one `transom
+ * stage` process per worker, collects their PROBE lines (speed, links),
+ * plans (pipeline_plan.c: OP-Fence, even, or a Lua policy), prints the
+ * plan and sends each worker its stage, the cuts and the order. Then it
+ * waits; when one worker fails the others are stopped (SIGTERM, then
+ * SIGKILL after a bounded wait) and reaped: no worker outlives the run.
+ * `transom plan` does the same up to the plan and then tells the workers
+ * to stop.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ftar.h"
+#include "graph_stage.h"
+#include "lua_host.h"
+#include "pipeline.h"
+#include "pipeline_plan.h"
+#include "pipeline_probe.h"
+#include "trainer.h"
+#include "util.h"
+
+#define PIPE_MAX_WORKERS 64 /* pipelines x stages (job.lua checks it) */
+
+/* W = R x S workers: worker w runs in pipeline w / S as the job's worker
+ * w % S (its zone, its speed); pipeline 0's workers probe for all. */
+typedef struct {
+  int S, R, W;
+  int lfd[PIPE_MAX_WORKERS], port[PIPE_MAX_WORKERS], ctl[PIPE_MAX_WORKERS];
+  pid_t pid[PIPE_MAX_WORKERS];
+  int status[PIPE_MAX_WORKERS];
+  int lost[PIPE_MAX_WORKERS / 2 + 1]; /* pipelines that lost a worker */
+  ftar_coord *coord[PIPE_MAX_STAGES]; /* R > 1: one FTAR group per stage */
+  pipe_plan plan;
+  int planned;
+} launch;
+
+/* --- starting the workers --- */
+
+static int listen_local(int *port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, PIPE_MAX_STAGES) ||
+      getsockname(fd, (struct sockaddr *)&a, &len)) {
+    if (fd >= 0) close(fd);
+    return tr_fail(TR_EIO, "pipeline: cannot listen on loopback: %s", strerror(errno));
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+static pid_t spawn_worker(const char *self, const char *dir, const launch *l, int w, int child_ctl, int threads) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  char ws[16], fds[16], cfd[16], th[16], ports[16 * PIPE_MAX_WORKERS];
+  snprintf(ws, sizeof ws, "%d", w);
+  snprintf(fds, sizeof fds, "%d", l->lfd[w]);
+  snprintf(cfd, sizeof cfd, "%d", child_ctl);
+  snprintf(th, sizeof th, "%d", threads);
+  size_t k = 0;
+  for (int i = 0; i < l->W; i++) k += (size_t)snprintf(ports + k, sizeof ports - k, i ? ",%d" : "%d", l->port[i]);
+  fcntl(l->lfd[w], F_SETFD, 0); /* these two stay open across exec */
+  fcntl(child_ctl, F_SETFD, 0);
+  execl(self, "transom", "stage", "--run", dir, "--worker", ws, "--listen-fd", fds, "--control-fd", cfd, "--ports",
+        ports, "--threads", th, (char *)NULL);
+  _exit(127); /* ok-exit: exec failed in the child */
+}
+
+static int threads_per_worker(const job_config *cfg, int S) {
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int total = cfg->threads > 0 ? (int)cfg->threads : (int)(cores > 0 ? cores : 1);
+  return total / S > 0 ? total / S : 1;
+}
+
+static void coord_log(void *ud, const char *msg) {
+  fprintf(stderr, "pipeline stage %d's replicas: %s\n", (int)(intptr_t)ud, msg);
+}
+
+static int start(launch *l, const job_config *cfg, const char *dir) {
+  char self[PATH_MAX];
+  ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (sn <= 0) return tr_fail(TR_EIO, "cannot find the transom executable");
+  self[sn] = 0;
+  for (int w = 0; w < l->W; w++)
+    if ((l->lfd[w] = listen_local(&l->port[w])) < 0) return l->lfd[w];
+  ftar_coord_opts co;
+  ftar_coord_opts_default(&co);
+  co.deadline = cfg->deadline;
+  co.log = coord_log;
+  for (int k = 0; l->R > 1 && k < l->S; k++)
+    if ((co.log_ud = (void *)(intptr_t)k), !(l->coord[k] = ftar_coord_start("127.0.0.1", 0, &co)))
+      return tr_fail(TR_EIO, "pipeline: cannot start stage %d's replica coordinator: %s", k, tr_error());
+  for (int w = 0; w < l->W; w++) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) return tr_fail(TR_EIO, "socketpair: %s", strerror(errno));
+    l->ctl[w] = sv[0];
+    l->pid[w] = spawn_worker(self, dir, l, w, sv[1], threads_per_worker(cfg, l->W));
+    close(sv[1]);
+    if (l->pid[w] < 0) {
+      l->pid[w] = 0;
+      return tr_fail(TR_EIO, "pipeline: fork: %s", strerror(errno));
+    }
+  }
+  return TR_OK;
+}
+
+/* --- the plan --- */
+
+/* The micro-batch graph the stages run, for the planner. */
+static int plan_graph(lua_State *L, const job_config *cfg, trainer **t) {
+  job_config c = *cfg;
+  c.batch_size /= cfg->pipe_micro_batches;
+  snprintf(c.device, sizeof c.device, "cpu");
+  return (*t = trainer_create(L, &c)) ? TR_OK : TR_EINVAL;
+}
+
+/* Without probes: this host's FLOP/s on the graph (one timed forward and
+ * backward after a warm-up), times each worker's emulated speed. */
+static int nominal_speeds(trainer *t, pipe_plan *p) {
+  graph *g = trainer_graph(t);
+  int n = graph_norder(g), rc = TR_OK;
+  graph_op_cost *c = malloc(sizeof *c * (size_t)n);
+  if (!c || graph_stage_costs(g, c)) rc = tr_fail(TR_ENOMEM, "planning: out of memory");
+  double flops = 0, dt = 0;
+  for (int k = 0; k < n && !rc; k++) flops += c[k].flops;
+  free(c);
+  step_stats st;
+  for (int round = 0; round < 2 && !rc; round++) {
+    double t0 = tr_now();
+    rc = trainer_compute_grads(t, &st);
+    dt = tr_now() - t0;
+  }
+  for (int w = 0; w < p->S && !rc && dt > 0; w++) p->flops_s[w] = flops / dt * p->speed[w];
+  return rc;
+}
+
+/* PROBE lines in, the plan made and printed, PLAN lines out (or stop). */
+static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int stop) {
+  trainer *t = NULL;
+  int rc = pipe_plan_from_job(L, cfg, &l->plan);
+  if (!rc) rc = plan_graph(L, cfg, &t);
+  char line[4096];
+  for (int w = 0; w < l->W && !rc; w++) { /* one at a time: a probe has the host to itself */
+    if (write(l->ctl[w], "GO\n", 3) != 3) rc = tr_fail(TR_EIO, "pipeline: cannot reach worker %d", w);
+    else if ((rc = pipe_read_line(l->ctl[w], line, sizeof line, cfg->hang_seconds * 4)))
+      rc = tr_fail(rc, "pipeline worker %d did not report its probes: %s", w, tr_error());
+    else if (cfg->pipe_probe && w < l->S) rc = pipe_probe_parse(line, &l->plan); /* pipeline 0's */
+  }
+  l->plan.measured = cfg->pipe_probe;
+  if (!rc && !cfg->pipe_probe) rc = nominal_speeds(t, &l->plan);
+  if (!rc) rc = pipe_plan_make(L, trainer_graph(t), cfg, &l->plan);
+  if (!rc) {
+    pipe_plan_print(stdout, trainer_graph(t), &l->plan);
+    fflush(stdout);
+    l->planned = 1;
+  }
+  for (int i = 0; i < l->W && !rc; i++) {
+    int p = i / l->S, k = i % l->S, w = p * l->S + l->plan.order[k]; /* pipeline p's stage k */
+    if (stop) snprintf(line, sizeof line, "PLAN stop\n");
+    else if ((rc = pipe_plan_line(line, sizeof line - 32, &l->plan, k)) < 0) break;
+    rc = TR_OK;
+    if (!stop && l->coord[k]) snprintf(line + strlen(line) - 1, 32, " coord=%d\n", ftar_coord_port(l->coord[k]));
+    if (write(l->ctl[w], line, strlen(line)) != (ssize_t)strlen(line))
+      rc = tr_fail(TR_EIO, "pipeline: cannot reach worker %d", w);
+  }
+  trainer_free(t);
+  return rc;
+}
+
+/* --- waiting and stopping --- */
+
+/* Reaps the live workers of pipeline p (-1: all) within `grace` seconds,
+ * then SIGTERM, 5 s, SIGKILL. */
+static void stop_some(launch *l, int p, double grace) {
+  int lo = p < 0 ? 0 : p * l->S, hi = p < 0 ? l->W : lo + l->S;
+  for (int round = 0; round < 2; round++) {
+    if (round == 1)
+      for (int w = lo; w < hi; w++)
+        if (l->pid[w] > 0) kill(l->pid[w], SIGTERM);
+    double end = tr_now() + (round ? 5.0 : grace);
+    for (int live = 1; live;) {
+      live = 0;
+      for (int w = lo; w < hi; w++)
+        if (l->pid[w] > 0 && waitpid(l->pid[w], &l->status[w], WNOHANG) == l->pid[w]) l->pid[w] = 0;
+        else if (l->pid[w] > 0) live++;
+      if (!live) return;
+      if (tr_now() > end) break;
+      struct timespec ts = {0, 20 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  for (int w = lo; w < hi; w++)
+    if (l->pid[w] > 0) {
+      kill(l->pid[w], SIGKILL);
+      waitpid(l->pid[w], &l->status[w], 0);
+      l->pid[w] = 0;
+    }
+}
+
+static int stage_of_worker(const launch *l, int w) {
+  for (int k = 0; l->planned && k < l->S; k++)
+    if (l->plan.order[k] == w % l->S) return k;
+  return -1;
+}
+
+static int failed(int st) { return !WIFEXITED(st) || WEXITSTATUS(st) != 0; }
+
+/* Why pipeline p (-1: any) failed: a worker killed by a signal (the cause;
+ * its neighbours only lost their link), else the first that exited
+ * non-zero. */
+static int failure(const launch *l, int p) {
+  int lo = p < 0 ? 0 : p * l->S, hi = p < 0 ? l->W : lo + l->S;
+  for (int w = lo; w < hi; w++)
+    if (WIFSIGNALED(l->status[w]) && WTERMSIG(l->status[w]) != SIGTERM)
+      return tr_fail(TR_EIO, "pipeline stage %d (worker %d) was killed by signal %d", stage_of_worker(l, w), w,
+                     WTERMSIG(l->status[w]));
+  for (int w = lo; w < hi; w++)
+    if (failed(l->status[w]))
+      return tr_fail(TR_EIO, "pipeline stage %d (worker %d) exited with status %d", stage_of_worker(l, w), w,
+                     WIFEXITED(l->status[w]) ? WEXITSTATUS(l->status[w]) : 128 + WTERMSIG(l->status[w]));
+  return TR_OK;
+}
+
+/* Waits for every worker. One pipeline: a failure stops all. Several: a
+ * failure stops that pipeline only, the others train on (their stages'
+ * FTAR groups drop it; rebuilding it is not built yet). */
+static void wait_all(launch *l) {
+  for (int live = l->W; live > 0;) {
+    int st;
+    pid_t pid = waitpid(-1, &st, 0);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid < 0) break;
+    for (int w = 0; w < l->W; w++) {
+      if (l->pid[w] != pid) continue;
+      l->pid[w] = 0;
+      l->status[w] = st;
+      live--;
+      int p = w / l->S;
+      if (!failed(st) || l->lost[p]) break;
+      l->lost[p] = 1;
+      int alive = 0;
+      for (int q = 0; q < l->R; q++) alive += !l->lost[q];
+      if (!alive || l->R == 1) return;
+      stop_some(l, p, 1.0);
+      failure(l, p);
+      printf("pipeline %d lost: %s; the other %d pipeline(s) train on (rebuilding it is not built yet)\n", p,
+             tr_error(), alive);
+      fflush(stdout);
+      live = 0;
+      for (int v = 0; v < l->W; v++) live += l->pid[v] > 0;
+    }
+  }
+}
+
+static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop) {
+  launch l = {.S = (int)cfg->pipe_stages, .R = cfg->replicas > 1 ? (int)cfg->replicas : 1};
+  l.W = l.S * l.R;
+  if (l.W > PIPE_MAX_WORKERS) return tr_fail(TR_EINVAL, "pipeline: %d workers (at most %d)", l.W, PIPE_MAX_WORKERS);
+  for (int w = 0; w < l.W; w++) l.lfd[w] = l.ctl[w] = -1;
+  int rc = start(&l, cfg, dir);
+  for (int w = 0; w < l.W; w++)
+    if (l.lfd[w] >= 0) close(l.lfd[w]);
+  if (!rc) rc = plan_and_send(L, &l, cfg, stop);
+  if (!rc) wait_all(&l);
+  stop_some(&l, -1, rc ? 0.0 : 1.0);
+  for (int w = 0; w < l.W; w++)
+    if (l.ctl[w] >= 0) close(l.ctl[w]);
+  for (int k = 0; k < l.S; k++) ftar_coord_free(l.coord[k]);
+  if (rc) return rc;
+  for (int p = 0; p < l.R; p++) /* done when a pipeline finished whole */
+    if (!failure(&l, p)) return TR_OK;
+  return failure(&l, -1);
+}
+
+int pipeline_run(lua_State *L, const job_config *cfg, const char *dir) {
+  printf("pipeline: %lld stage(s)%s, %lld micro-batch(es) of %lld sequences, 1F1B over loopback%s\n",
+         (long long)cfg->pipe_stages, cfg->replicas > 1 ? " x replicas" : "", (long long)cfg->pipe_micro_batches,
+         (long long)(cfg->batch_size / cfg->pipe_micro_batches),
+         strcmp(cfg->pipe_compression, "adatopk") == 0 ? ", AdaTopK" : "");
+  if (cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0)
+    printf("pipeline: no checkpoints (a pipeline does not take them yet; the weights are saved at the end)\n");
+  fflush(stdout);
+  return launch_run(L, cfg, dir, 0);
+}
+
+/* --- transom plan --- */
+
+static const char plan_usage[] =
+    "usage: transom plan JOB.lua [--set key=value]...\n"
+    "\n"
+    "Prints the pipeline plan of the job (pipeline = {...}): the workers' speeds and links as the\n"
+    "probes measure them (pipeline.probe = true: one worker process per stage, as `transom run`\n"
+    "starts them, with the job's emulated speeds and links), the bandwidth clusters, which worker\n"
+    "runs which stage and which ops, the predicted time per stage and the bytes per link per step.\n";
+
+int pipeline_plan_main(int argc, char **argv) {
+  const char *job = NULL, *sets[64];
+  int nsets = 0;
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(plan_usage, stdout), 0;
+    if (strcmp(argv[i], "--set") == 0 && i + 1 < argc && nsets < 64) sets[nsets++] = argv[++i];
+    else if (argv[i][0] != '-' && !job) job = argv[i];
+    else return fprintf(stderr, "transom: plan: unknown argument '%s'\n%s", argv[i], plan_usage), 2;
+  }
+  if (!job) return fputs(plan_usage, stderr), 2;
+  lua_State *L = lua_host_new();
+  job_config cfg;
+  char dir[] = "/tmp/transom-plan-XXXXXX", path[64];
+  int rc = L ? job_load(L, job, sets, nsets, &cfg) : TR_ENOMEM;
+  char *dump = rc ? NULL : job_dump(L, &cfg);
+  if (!rc && (!dump || !mkdtemp(dir))) rc = tr_fail(TR_EIO, "plan: cannot prepare a scratch directory");
+  if (!rc) {
+    snprintf(path, sizeof path, "%s/job.lua", dir);
+    rc = tr_write_file_atomic(path, dump, strlen(dump));
+  }
+  if (!rc) rc = launch_run(L, &cfg, dir, 1);
+  if (dump && dir[strlen(dir) - 1] != 'X') {
+    remove(path);
+    rmdir(dir);
+  }
+  free(dump);
+  if (rc) fprintf(stderr, "transom: %s\n", tr_error());
+  lua_host_close(L);
+  return rc ? 2 : 0;
+}

@@ -1,0 +1,270 @@
+/* pipeline_step.c — what a pipeline stage does around its micro-batches
+ * (see pipeline_stage.h): the end of a step (tied gradients combined, the
+ * mean over micro-batches, the global gradient norm and clipping, all the
+ * same on every stage), evaluation through the stages, and the final gather
+ * of the parameters into the first stage, which saves them.
+ *
+ * The end of a step is one all-gather along the chain: an "exchange vector"
+ * holds one sum of squares per parameter (filled by its owner), each
+ * stage's compute per micro-batch (AdaTopK hides transfers behind the
+ * slowest) and one accumulator per use of a tied parameter (filled by the
+ * stage of the use).
+ * It travels from the last stage to the first, each stage writing its
+ * entries, then back down whole. Every stage then computes the same tied
+ * gradients and the same norm from the same numbers in the same order, so
+ * the stages apply identical updates to what they share, and the result
+ * does not depend on the number of stages (the test: pipeline_spec.lua).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "data.h"
+#include "pipeline_stage.h"
+#include "rng.h"
+#include "util.h"
+
+/* --- the exchange vector --- */
+
+static double *vec_sums(pipe_stage *s) { return (double *)s->vec; }
+static float *vec_tied(pipe_stage *s) { return (float *)(s->vec + sizeof(double) * (size_t)s->vec_doubles); }
+static size_t vec_bytes(const pipe_stage *s) {
+  return sizeof(double) * (size_t)s->vec_doubles + sizeof(float) * (size_t)s->vec_floats;
+}
+
+static int is_tied(const pipe_stage *s, int t) {
+  for (int j = 0; j < s->ntied; j++)
+    if (s->tied[j].p == t) return 1;
+  return 0;
+}
+
+/* A fixed-order sum of squares: the same numbers give the same bits. */
+static double sumsq(const float *p, int64_t n) {
+  double a = 0;
+  for (int64_t i = 0; i < n; i++) a += (double)p[i] * (double)p[i];
+  return a;
+}
+
+/* This stage's entries: its untied parameters' sums of squares (gradients
+ * already averaged), its tied uses' accumulators. */
+static void fill_vector(pipe_stage *s) {
+  for (int t = 0; t < graph_ntensors(s->g); t++) {
+    tensor_desc d;
+    graph_tensor(s->g, t, &d);
+    if (d.kind == TK_PARAM && s->owner[t] == s->k && !is_tied(s, t))
+      vec_sums(s)[t] = sumsq(graph_grad(s->g, t), d.size);
+  }
+  vec_sums(s)[graph_ntensors(s->g) + s->k] = s->compute_mb; /* AdaTopK's budget: the slowest stage's */
+  for (int j = 0; j < s->ntied; j++)
+    for (int u = 0; u < s->tied[j].nuse; u++)
+      if (s->tied[j].acc[u])
+        memcpy(vec_tied(s) + s->tied[j].vec_off[u], s->tied[j].acc[u], sizeof(float) * (size_t)s->tied[j].size);
+}
+
+static int gather_chain(pipe_stage *s, int64_t step) {
+  size_t n = vec_bytes(s);
+  pl_header h;
+  void *p = NULL;
+  int rc = TR_OK;
+  memset(s->vec, 0, n);
+  if (s->next) { /* up: the later stages' entries */
+    if ((rc = pl_recv(s->next, PL_GATHER_UP, step, -1, s->timeout, &h, &p))) return rc;
+    if (h.bytes == n) memcpy(s->vec, p, n);
+    free(p);
+    if (h.bytes != n) return tr_fail(TR_EIO, "the exchange vector from the next stage has the wrong size");
+  }
+  fill_vector(s);
+  if (s->prev) {
+    pl_header u = {.kind = PL_GATHER_UP, .step = step, .bytes = n};
+    if ((rc = pl_send(s->prev, &u, s->vec))) return rc;
+    if ((rc = pl_recv(s->prev, PL_GATHER_DOWN, step, -1, s->timeout, &h, &p))) return rc;
+    if (h.bytes == n) memcpy(s->vec, p, n);
+    free(p);
+    if (h.bytes != n) return tr_fail(TR_EIO, "the exchange vector from the previous stage has the wrong size");
+  }
+  if (s->next) {
+    pl_header d = {.kind = PL_GATHER_DOWN, .step = step, .bytes = n};
+    rc = pl_send(s->next, &d, s->vec);
+  }
+  return rc;
+}
+
+/* --- replicas of the stage (pipelines x replicas) --- */
+
+/* One FTAR all-reduce (mean) with the same stage of the other pipelines. */
+static int mean_of(pipe_stage *s, float *buf, int64_t n, uint64_t seq, loop_exchange *x) {
+  ftar_result res;
+  int rc = ftar_allreduce(s->fm, buf, (size_t)n, FTAR_MEAN, seq, &res);
+  if (rc < 0) return tr_fail(rc, "stage %d's replicas: %s", s->k, tr_error());
+  x->replicas = res.contributors;
+  x->epoch = (int64_t)res.epoch;
+  x->redos += res.redos;
+  s->lowest = res.slots[0];
+  return TR_OK;
+}
+
+/* The gradients of this stage's parameters averaged over the pipelines:
+ * each pipeline ran its own micro-batches (its own data slot). The tied
+ * ones are averaged later, once, by the first stage (combine_tied).
+ * Without replicas nothing moves. */
+static int replicas_mean(pipe_stage *s, int64_t step, float *grads, int64_t n, loop_exchange *x) {
+  x->replicas = 1;
+  x->epoch = 0;
+  x->redos = 0;
+  if (!s->fm) return TR_OK;
+  uint64_t seq = (uint64_t)step * (1 + PIPE_MAX_TIED * PIPE_MAX_USES);
+  (void)n; /* only the span this stage's parameters cover: the rest is zero here */
+  return s->own_hi > s->own_lo ? mean_of(s, grads + s->own_lo, s->own_hi - s->own_lo, seq, x) : TR_OK;
+}
+
+/* --- the end of a step --- */
+
+/* The tied gradients: the sum of the uses in op order, then the mean over
+ * micro-batches, into the gradient slab; their sums of squares into the
+ * vector. With replicas, the first stage alone averages them over the
+ * pipelines (one FTAR group: every stage of a pipeline gets the same
+ * replicas' mean, even at the step a pipeline is lost) and sends them down
+ * the chain. */
+static int combine_tied(pipe_stage *s, float inv, int64_t step, loop_exchange *x) {
+  float *all = s->tied_all;
+  for (int j = 0, off = 0; j < s->ntied; off += (int)s->tied[j].size, j++) {
+    pipe_tied *tp = &s->tied[j];
+    float *sum = all + off;
+    memcpy(sum, vec_tied(s) + tp->vec_off[0], sizeof(float) * (size_t)tp->size);
+    for (int u = 1; u < tp->nuse; u++) {
+      const float *a = vec_tied(s) + tp->vec_off[u];
+      for (int64_t i = 0; i < tp->size; i++) sum[i] += a[i];
+    }
+    for (int64_t i = 0; i < tp->size; i++) sum[i] *= inv;
+  }
+  int rc = TR_OK;
+  if (s->fm && s->tied_n) {
+    pl_header h;
+    void *p = NULL;
+    uint64_t seq = (uint64_t)step * (1 + PIPE_MAX_TIED * PIPE_MAX_USES) + 1;
+    if (s->k == 0) rc = mean_of(s, all, s->tied_n, seq, x);
+    else if (!(rc = pl_recv(s->prev, PL_TIED, step, -1, s->timeout, &h, &p)) && h.bytes == 4 * (uint64_t)s->tied_n)
+      memcpy(all, p, h.bytes);
+    else if (!rc) rc = tr_fail(TR_EIO, "the tied gradients from the previous stage have the wrong size");
+    free(p);
+    pl_header d = {.kind = PL_TIED, .step = step, .bytes = 4 * (uint64_t)s->tied_n};
+    if (!rc && s->next) rc = pl_send(s->next, &d, all);
+  }
+  for (int j = 0, off = 0; j < s->ntied && !rc; off += (int)s->tied[j].size, j++) {
+    vec_sums(s)[s->tied[j].p] = sumsq(all + off, s->tied[j].size);
+    memcpy(graph_grad(s->g, s->tied[j].p), all + off, sizeof(float) * (size_t)s->tied[j].size);
+  }
+  return rc;
+}
+
+int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
+  pipe_stage *s = ud;
+  const tr_backend *be = graph_backend(s->g);
+  float *grads = graph_grads(s->g);
+  int64_t n = graph_nparams(s->g);
+  float inv = 1.0f / (float)s->M;
+  be->scale(grads, n, inv); /* the mean over micro-batches (the tied ones' slots are overwritten below) */
+  int rc = replicas_mean(s, next, grads, n, x);
+  if (!rc) rc = gather_chain(s, next);
+  if (rc) return rc;
+  if ((rc = combine_tied(s, inv, next, x))) return rc;
+  double total = 0;
+  for (int t = 0; t < graph_ntensors(s->g); t++) {
+    tensor_desc d;
+    graph_tensor(s->g, t, &d);
+    if (d.kind == TK_PARAM) total += vec_sums(s)[t];
+  }
+  float norm = (float)sqrt(total);
+  s->hide_s = 0;
+  for (int k = 0; k < s->S; k++) {
+    double c = vec_sums(s)[graph_ntensors(s->g) + k];
+    if (c > s->hide_s) s->hide_s = c;
+  }
+  if (!isfinite(norm)) grads[0] = norm; /* every stage skips the update (trainer_apply_grads) */
+  else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
+  s->global_norm = norm;
+  x->leader = s->k == 0 && s->p == s->lowest;
+  return TR_OK;
+}
+
+/* --- evaluation --- */
+
+/* The validation loss through the stages: eval_steps x micro_batches
+ * batches of one micro-batch (as many sequences as a lone run's
+ * evaluation), the same batches every time; the last stage's mean comes
+ * back to the first. */
+int pipe_evaluate(void *ud, int64_t step, float *val_loss) {
+  pipe_stage *s = ud;
+  rng_t r;
+  rng_seed(&r, (uint64_t)s->cfg->seed * 2654435761u + 2);
+  int64_t nb = s->cfg->eval_steps * s->M;
+  double sum = 0, dsum = s->fwd.density_sum;
+  int nsent = s->fwd.nsent;
+  uint64_t bytes = s->fwd.bytes; /* the step's record counts training traffic only */
+  for (int64_t i = 0; i < nb; i++) {
+    dataset_batch(trainer_data(s->t), SPLIT_VAL, &r, s->b, s->T, graph_data(s->g, s->tok), graph_data(s->g, s->tgt));
+    float loss = 0;
+    int rc = pipe_forward(s, step, (int)i, 1, &loss);
+    if (rc) return rc;
+    sum += loss;
+  }
+  s->fwd.density_sum = dsum;
+  s->fwd.nsent = nsent;
+  s->fwd.bytes = bytes;
+  double v = sum / (double)nb;
+  if (s->next) {
+    pl_header h;
+    void *p;
+    int rc = pl_recv(s->next, PL_EVAL_LOSS, step, -1, s->timeout, &h, &p);
+    if (rc) return rc;
+    free(p);
+    v = h.value;
+  }
+  if (s->prev) {
+    pl_header h = {.kind = PL_EVAL_LOSS, .step = step, .value = v};
+    int rc = pl_send(s->prev, &h, NULL);
+    if (rc) return rc;
+  }
+  *val_loss = (float)v;
+  return TR_OK;
+}
+
+/* --- the end: every parameter into the first stage --- */
+
+/* After the last step each stage takes, from the whole slab the next stage
+ * sends, the parameters owned further down the chain, and passes its own
+ * slab up: the first stage ends with every owner's values and saves them.
+ * The copies of a tied parameter must agree bit for bit (every stage
+ * applies the same tied gradient): a difference is an error. */
+int pipe_boundary(void *ud, int64_t step) {
+  pipe_stage *s = ud;
+  if (step != s->cfg->max_steps) return TR_OK;
+  float *params = graph_params(s->g);
+  size_t bytes = sizeof(float) * (size_t)graph_nparams(s->g);
+  int rc = TR_OK;
+  if (s->next) {
+    pl_header h;
+    void *p;
+    if ((rc = pl_recv(s->next, PL_PARAMS, step, -1, s->timeout, &h, &p))) return rc;
+    if (h.bytes != bytes) rc = tr_fail(TR_EIO, "the parameters from the next stage have the wrong size");
+    for (int j = 0; j < s->ntied && !rc; j++) { /* every stage updates a tied parameter alike: same bits */
+      tensor_desc d;
+      graph_tensor(s->g, s->tied[j].p, &d);
+      if (memcmp(params + d.offset, (float *)p + d.offset, sizeof(float) * (size_t)d.size))
+        rc = tr_fail(TR_ESTATE, "the tied parameter '%s' differs between stages %d and %d", d.name, s->k, s->k + 1);
+    }
+    for (int t = 0; t < graph_ntensors(s->g) && !rc; t++) {
+      tensor_desc d;
+      graph_tensor(s->g, t, &d);
+      if (d.kind == TK_PARAM && s->owner[t] > s->k)
+        memcpy(params + d.offset, (float *)p + d.offset, sizeof(float) * (size_t)d.size);
+    }
+    free(p);
+  }
+  if (!rc && s->prev) {
+    pl_header h = {.kind = PL_PARAMS, .step = step, .bytes = bytes};
+    rc = pl_send(s->prev, &h, params);
+  }
+  return rc;
+}

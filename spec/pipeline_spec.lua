@@ -1,0 +1,276 @@
+-- pipeline_spec.lua — pipeline stages (FusionLLM, issue 14) through the CLI:
+-- a job cut into 2 and 3 stage processes (1F1B, activations forward and
+-- gradients back over loopback) ends with the same parameters, bit for bit,
+-- as one process accumulating the same micro-batches (pipeline.stages = 1),
+-- with the tied embedding/head, gradient clipping and evaluation on; bad
+-- pipeline keys name the file, line and key; a stage killed with -9 ends
+-- the run with an error naming it, and no stage outlives it; `transom
+-- plan` clusters workers by bandwidth and keeps each cluster contiguous
+-- (OP-Fence), and a Lua policy overrides it; AdaTopK sends fewer bytes and
+-- still learns; 2 pipelines x 2 stages (stage replicas averaging through
+-- FTAR) give the same parameters as 2 x 1, and when a worker of one
+-- pipeline is killed the other trains on to the end. About 6 s on 2 cores.
+
+local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
+local q, write = S.q, S.write
+
+local SLICE = 200 * 1024
+
+local function job_text(data, extra)
+  return string.format([[
+return {
+  model = "gpt", data = %q,
+  n_layer = 2, n_head = 2, n_embd = 32, block_size = 32, batch_size = 8,
+  max_steps = 8, warmup_steps = 2, eval_interval = 4, eval_steps = 2, sample_tokens = 0,
+  threads = 1, grad_clip = 0.5, checkpoint = { every_steps = 0 },
+  %s
+}
+]], data, extra or "")
+end
+
+describe("pipeline stages", function()
+  local dir, data
+
+  setup(function()
+    local f = io.open(S.CORPUS, "rb")
+    if not f then return end
+    local text = f:read(SLICE)
+    f:close()
+    dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. q(dir)))
+    data = dir .. "/corpus.txt"
+    write(data, text)
+  end)
+  teardown(function()
+    if dir then os.execute("rm -rf " .. q(dir)) end
+  end)
+  after_each(function() S.cleanup() end) -- a failed test leaves no process behind
+
+  local function run(name, stages, extra)
+    local job = dir .. "/" .. name .. ".lua"
+    write(job, job_text(data, extra or ""))
+    local rd = dir .. "/" .. name
+    local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. rd, "--set",
+      "pipeline.stages=" .. stages, "--set", "pipeline.micro_batches=4")
+    return code, out, err, rd
+  end
+
+  it("gives the same parameters on 1, 2 and 3 stages, bit for bit", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local weights, losses = {}, {}
+    for _, stages in ipairs({ 1, 2, 3 }) do
+      local code, out, err, rd = run("s" .. stages, stages)
+      assert.are.equal(0, code, out .. err)
+      assert.truthy(out:find(stages .. " stage%(s%), 4 micro%-batch%(es%) of 2 sequences"), out)
+      assert.truthy(out:find("val loss"), out)
+      weights[stages] = assert(S.read(rd .. "/model.safetensors"))
+      losses[stages] = S.losses(rd)
+      assert.are.equal(8, #losses[stages])
+    end
+    assert.are.equal(weights[1], weights[2])
+    assert.are.equal(weights[1], weights[3])
+    assert.are.same(losses[1], losses[2])
+    assert.are.same(losses[1], losses[3])
+  end)
+
+  it("names the file, line and key of a bad pipeline setting", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local job = dir .. "/bad.lua"
+    write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 3 },"))
+    local code, _, err = S.transom(dir, "run", job)
+    assert.are.equal(2, code)
+    assert.truthy(err:find("bad%.lua:%d+:.*micro_batches = 3 does not divide batch_size = 8"), err)
+    write(job, job_text(data, "pipeline = { stages = 2, micro_batch = 4 },"))
+    code, _, err = S.transom(dir, "run", job)
+    assert.are.equal(2, code)
+    assert.truthy(err:find("bad%.lua:%d+:.*pipeline%.micro_batch"), err)
+    write(job, job_text(data, "pipeline = { stages = 33 }, replicas = 2,"))
+    code, _, err = S.transom(dir, "run", job)
+    assert.are.equal(2, code)
+    assert.truthy(err:find("bad%.lua:%d+:.*at most 64 stage workers"), err)
+    write(job, job_text(data, "pipeline = { stages = 2, workers = { { sped = 0.5 }, {} } },"))
+    code, _, err = S.transom(dir, "run", job)
+    assert.are.equal(2, code)
+    assert.truthy(err:find("bad%.lua:%d+:.*'sped' is not a pipeline%.workers field"), err)
+    write(job, job_text(data, "pipeline = { stages = 2, workers = { { speed = 0 }, {} } },"))
+    code, _, err = S.transom(dir, "run", job)
+    assert.are.equal(2, code)
+    assert.truthy(err:find("bad%.lua:%d+:.*speed.* must be > 0"), err)
+    write(job, job_text(data, "pipeline = { stages = 3, workers = { {}, {} } },"))
+    code, _, err = S.transom(dir, "run", job)
+    assert.are.equal(2, code)
+    assert.truthy(err:find("bad%.lua:%d+:.*lists 2 workers for 3 stages"), err)
+    write(job, job_text(data, 'pipeline = { stages = 2, compression = "topk" },'))
+    code, _, err = S.transom(dir, "plan", job)
+    assert.are.equal(2, code)
+    assert.truthy(err:find("bad%.lua:%d+:.*compression.*none, adatopk"), err)
+  end)
+
+  it("ends the run when a stage is killed, naming it, with no stage left behind", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local job = dir .. "/kill.lua"
+    write(job, job_text(data, "pipeline = { stages = 3, micro_batches = 4 }, max_steps = 100000, eval_interval = 0,"))
+    local rd = dir .. "/kill"
+    local _, rc = S.spawn_rc(q(S.BIN) .. " run " .. q(job) .. " --set run_dir=" .. q(rd), dir .. "/kill.log")
+    local function lines() return #((S.read(rd .. "/metrics.jsonl") or ""):gsub("[^\n]", "")) end
+    for _ = 1, S.N(600) do
+      if lines() >= 3 or rc() then break end
+      S.sleep(0.05)
+    end
+    assert.truthy(lines() >= 3, S.read(dir .. "/kill.log"))
+    local stage1 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker 1 "))
+    local spid = assert(tonumber(stage1:match("(%d+)")), stage1)
+    os.execute("kill -9 " .. spid)
+    for _ = 1, S.N(600) do
+      if rc() then break end
+      S.sleep(0.05)
+    end
+    assert.are.equal(1, rc(), S.read(dir .. "/kill.log"))
+    local log = S.read(dir .. "/kill.log")
+    assert.truthy(log:find("pipeline stage %d %(worker 1%) was killed by signal 9"), log)
+    local left = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true")
+    assert.are.equal("", (left:gsub("%s", "")))
+  end)
+
+  -- three workers: two in zone a (LAN 1 Gbit), one in zone b behind a
+  -- 10 Mbit WAN; worker 1 at half speed. The job's numbers, no probes, so
+  -- the plan is deterministic.
+  local HET = [[pipeline = { stages = 3, micro_batches = 4, probe = false, lan_mbit = 1000, wan_mbit = 10,
+    workers = { { zone = "a" }, { zone = "b" }, { zone = "a", speed = 0.5 } } %s },]]
+
+  local function plan(extra)
+    local job = dir .. "/plan.lua"
+    write(job, job_text(data, string.format(HET, extra or "")))
+    return S.transom(dir, "plan", job)
+  end
+
+  local function stages(out)
+    local order = {}
+    for w, zone in out:gmatch("\n +%d+ +(%d+) +(%a+) +%d+") do order[#order + 1] = zone .. w end
+    return table.concat(order, " ")
+  end
+
+  it("plans with OP-Fence: clusters by bandwidth, each cluster contiguous, the fast worker first", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local code, out, err = plan()
+    assert.are.equal(0, code, out .. err)
+    assert.truthy(out:find("plan: opfence | 3 stages x 4 micro%-batches | 2 bandwidth cluster%(s%)"), out)
+    local order = stages(out)
+    assert.truthy(order == "a0 a2 b1" or order == "b1 a0 a2", order) -- the WAN crossed once
+    assert.truthy(out:find("MB/step raw"), out)
+    assert.truthy(out:find("\n *%d%->%d +10%.0 "), out) -- the one WAN link in the chain
+    code, out = plan(', placement = "even"')
+    assert.are.equal(0, code, out)
+    assert.are.equal("a0 b1 a2", stages(out))
+    assert.are.equal(2, select(2, out:gsub("\n *%d%->%d +10%.0 ", ""))) -- the WAN crossed twice
+  end)
+
+  it("lets a Lua placement policy override the plan, and names the policy file when its answer is bad", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    write(dir .. "/rev.lua", [[
+return function(plan)
+  local order = {}
+  for i = #plan.proposal.order, 1, -1 do order[#order + 1] = plan.proposal.order[i] end
+  return { cuts = plan.proposal.cuts, order = order }
+end]])
+    local code, out, err = plan(', placement = ' .. string.format("%q", dir .. "/rev.lua"))
+    assert.are.equal(0, code, out .. err)
+    local order = stages(out)
+    assert.truthy(order == "b1 a2 a0" or order == "a2 a0 b1", order)
+    write(dir .. "/bad.lua", "return function(plan) return { cuts = { 0, 1 }, order = { 0, 1, 2 } } end")
+    code, out, err = plan(', placement = ' .. string.format("%q", dir .. "/bad.lua"))
+    assert.are.equal(2, code, out)
+    assert.truthy(err:find("bad%.lua: the policy's answer needs 'cuts', a list of 4 integers"), err)
+    write(dir .. "/loop.lua", "return function(plan) while true do end end")
+    code, out, err = plan(', placement = ' .. string.format("%q", dir .. "/loop.lua"))
+    assert.are.equal(2, code, out)
+    assert.truthy(err:find("loop%.lua:1:.*budget"), err)
+  end)
+
+  -- the records of a run: metrics.jsonl (stage 0) or stage-K.jsonl
+  local function records(path)
+    local t = {}
+    for line in (S.read(path) or ""):gmatch("[^\n]+") do
+      if line:find('"density_fwd"') then t[#t + 1] = line end
+    end
+    return t
+  end
+  local function field(line, key) return tonumber(line:match('"' .. key .. '":([^,}]+)')) end
+
+  it("AdaTopK sends fewer bytes over a slow link, reports the density per link, and still trains", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local slow = [[pipeline = { stages = 2, micro_batches = 4, wan_mbit = 20, compression = "%s", min_density = 0.05,
+      workers = { { zone = "a" }, { zone = "b" } } }, max_steps = 10, eval_interval = 0,]]
+    local bytes = {}
+    for _, how in ipairs({ "none", "adatopk" }) do
+      local job = dir .. "/" .. how .. ".lua"
+      write(job, job_text(data, string.format(slow, how)))
+      local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. dir .. "/" .. how)
+      assert.are.equal(0, code, out .. err)
+      local r0, r1 = records(dir .. "/" .. how .. "/metrics.jsonl"), records(dir .. "/" .. how .. "/stage-1.jsonl")
+      assert.are.equal(10, #r0)
+      assert.are.equal(10, #r1)
+      bytes[how] = 0
+      for i = 1, 10 do bytes[how] = bytes[how] + field(r0[i], "bytes_fwd") + field(r1[i], "bytes_bwd") end
+      assert.are.equal(0, field(r0[10], "bytes_bwd")) -- stage 0 sends nothing back
+      assert.are.equal(0, field(r1[10], "bytes_fwd")) -- the last stage nothing forward
+      local last0, last1 = r0[10], r1[10]
+      if how == "none" then
+        assert.are.equal(1, field(last0, "density_fwd"))
+        assert.are.equal(1, field(last1, "density_bwd"))
+      else -- the first step measures the link raw; then k adapts
+        assert.truthy(field(last0, "density_fwd") < 1, last0)
+        assert.truthy(field(last1, "density_bwd") < 1, last1)
+        assert.truthy(field(last0, "loss") < field(r0[1], "loss"), "it still learns")
+      end
+    end
+    assert.truthy(bytes.adatopk < bytes.none / 2, bytes.adatopk .. " vs " .. bytes.none)
+  end)
+
+  it("runs pipelines x replicas: 2 pipelines of 2 stages give the same parameters as 2 of 1", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local weights = {}
+    for _, stages in ipairs({ 1, 2 }) do
+      local job = dir .. "/rep" .. stages .. ".lua"
+      write(job, job_text(data, "replicas = 2,"))
+      local rd = dir .. "/rep" .. stages
+      local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. rd, "--set",
+        "pipeline.stages=" .. stages, "--set", "pipeline.micro_batches=2")
+      assert.are.equal(0, code, out .. err)
+      weights[stages] = assert(S.read(rd .. "/model.safetensors"))
+      local last = S.read(rd .. "/metrics.jsonl"):match('[^\n]*"step":8,[^\n]*"replicas":2[^\n]*')
+      assert.truthy(last, "step 8 averaged 2 pipelines")
+    end
+    assert.are.equal(weights[1], weights[2])
+  end)
+
+  it("keeps training the other pipelines when a stage worker of one is killed", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local job = dir .. "/repkill.lua"
+    write(job, job_text(data, "replicas = 2, pipeline = { stages = 2, micro_batches = 2 }, max_steps = 2000, "
+      .. "eval_interval = 0,"))
+    local rd = dir .. "/repkill"
+    local _, rc = S.spawn_rc(q(S.BIN) .. " run " .. q(job) .. " --set run_dir=" .. q(rd), dir .. "/repkill.log")
+    local function lines() return #((S.read(rd .. "/metrics.jsonl") or ""):gsub("[^\n]", "")) end
+    for _ = 1, S.N(600) do
+      if lines() >= 20 or rc() then break end
+      S.sleep(0.05)
+    end
+    assert.truthy(lines() >= 20 and not rc(), S.read(dir .. "/repkill.log"))
+    local w3 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker 3 "))
+    os.execute("kill -9 " .. assert(tonumber(w3:match("(%d+)")), w3)) -- pipeline 1's second worker
+    for _ = 1, S.N(1200) do
+      if rc() then break end
+      S.sleep(0.05)
+    end
+    local log = S.read(dir .. "/repkill.log")
+    assert.are.equal(0, rc(), log)
+    assert.truthy(log:find("pipeline 1 lost: pipeline stage %d %(worker 3%) was killed by signal 9"), log)
+    local m = S.read(rd .. "/metrics.jsonl")
+    assert.truthy(m:find('"step":2000,[^\n]*"replicas":1'), "the last step had one pipeline left")
+    assert.truthy(S.exists(rd .. "/model.safetensors"))
+    local left = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true")
+    assert.are.equal("", (left:gsub("%s", "")))
+  end)
+end)
