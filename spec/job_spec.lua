@@ -173,6 +173,24 @@ return {
     assert.are.same({ 3, 3, 5 }, { j.min_replicas, j.replicas, j.max_replicas })
   end)
 
+  it("refuses, naming the key, what a pipelined job does not support yet (nothing is silently ignored)", function()
+    local base = "return {\n  data = DATA, run_dir = RUN_DIR, replicas = 2, pipeline = { stages = 2 },\n"
+    for _, case in ipairs({
+      { "  min_replicas = 2,\n", "min_replicas = 2: a pipelined job" },
+      { "  on_failure = \"restart_all\",\n", "on_failure = \"restart_all\": a pipelined job" },
+      { "  hosts = 2,\n", "hosts = 2 (stages on agents' hosts): a pipelined job" },
+      { "  device = \"emu\",\n", "device = \"emu\": a pipelined job" },
+      { "  precision = \"bf16\",\n", "precision = \"bf16\": a pipelined job" },
+      { "  chaos = { { at_step = 5, replica = 1, fault = \"kill\" } },\n", "a chaos list: a pipelined job" },
+    }) do
+      local path, run_dir = job_file(base .. case[1] .. "}\n")
+      has(rejected(path, run_dir), path .. ":3:", case[2], "does not support it yet")
+    end
+    -- the same keys at their defaults are fine
+    local j = job.load(job_file(base .. "  min_replicas = 1, on_failure = \"replace\",\n}\n"))
+    assert.are.equal(2, j.pipeline.stages)
+  end)
+
   it("requires the data key", function()
     local path, run_dir = job_file("return {\n  run_dir = RUN_DIR,\n  n_layer = 2,\n}\n")
     local err = rejected(path, run_dir)

@@ -313,6 +313,15 @@ function M.check(job, origin)
   if (pipe.stages > 1 or pipe.micro_batches > 1) and job.replicas * pipe.stages > 64 then
     at("stages")("pipeline.stages = %d x replicas = %d: at most 64 stage workers", pipe.stages, job.replicas)
   end
+  if pipe.stages > 1 or pipe.micro_batches > 1 then -- what a pipeline does not honour yet is refused, not ignored
+    local function refuse(key, what) at(key)("%s: a pipelined job (key 'pipeline') does not support it yet", what) end
+    if job.min_replicas > 1 then refuse("min_replicas", "min_replicas = " .. job.min_replicas) end
+    if job.on_failure ~= "replace" then refuse("on_failure", "on_failure = " .. string.format("%q", job.on_failure)) end
+    if job.hosts > 0 then refuse("hosts", "hosts = " .. job.hosts .. " (stages on agents' hosts)") end
+    if job.device ~= "cpu" then refuse("device", "device = " .. string.format("%q", job.device)) end
+    if job.precision ~= "fp32" then refuse("precision", "precision = " .. string.format("%q", job.precision)) end
+    if #(job.chaos or {}) > 0 then refuse("chaos", "a chaos list") end
+  end
   if job.n_embd % job.n_head ~= 0 then
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)
   end
