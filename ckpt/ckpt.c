@@ -313,81 +313,99 @@ static void *copy_main(void *arg) {
   return NULL;
 }
 
-/* Level 2: one write transaction for the whole checkpoint plus retention. */
-static int commit(ckpt_engine *e, stage_buf *b) {
-  ckpt_tensor_info *info = malloc(sizeof *info * (size_t)(e->nt ? e->nt : 1));
-  if (!info) return tr_fail(TR_ENOMEM, "out of memory committing a checkpoint");
-  for (int i = 0; i < e->nt; i++) {
-    info[i] = e->t[i].info;
-    info[i].crc = tr_crc32c(0, b->data + e->t[i].off, info[i].bytes);
-  }
-  wbuf mb = {0};
-  int rc = encode_manifest(&mb, &b->st, info, e->nt);
-  free(info);
-  if (rc) {
-    free(mb.p);
-    return rc;
-  }
-  MDB_txn *txn = NULL;
-  int mrc = txn_begin(e->env, 0, &txn, 1);
-  if (mrc) {
-    free(mb.p);
-    return mdb_fail(mrc, "beginning a checkpoint transaction");
-  }
+/* Level 2, phase 1: every tensor's chunks into txn. MDB_RESERVE hands back
+ * the value's pages and one pass (tr_crc32c_copy) checksums the staged bytes
+ * and copies them there: the bytes are read once, written once. The CRCs go
+ * into info for the manifest. */
+static int put_tensors(ckpt_engine *e, MDB_txn *txn, const stage_buf *b, ckpt_tensor_info *info) {
   int64_t step = b->st.step;
-  if ((rc = delete_step(txn, e->man, e->data, step))) goto abort; /* a re-taken step replaces the old one */
   for (int i = 0; i < e->nt; i++) {
     uint64_t bytes = e->t[i].info.bytes;
+    const uint8_t *src = b->data + e->t[i].off;
+    uint32_t crc = 0;
     for (uint64_t c = 0, off = 0; off < bytes || (bytes == 0 && c == 0); c++, off += CHUNK) {
       uint8_t k[16];
       put_be64(k, (uint64_t)step);
       put_be32(k + 8, (uint32_t)i);
       put_be32(k + 12, (uint32_t)c);
-      MDB_val key = {16, k}, val = {bytes - off < CHUNK ? bytes - off : CHUNK, b->data + e->t[i].off + off};
-      if ((mrc = mdb_put(txn, e->data, &key, &val, 0))) {
-        rc = mdb_fail(mrc, "writing checkpoint data");
-        goto abort;
-      }
+      MDB_val key = {16, k}, val = {bytes - off < CHUNK ? bytes - off : CHUNK, NULL};
+      int mrc = mdb_put(txn, e->data, &key, &val, MDB_RESERVE);
+      if (mrc) return mdb_fail(mrc, "writing checkpoint data");
+      crc = tr_crc32c_copy(crc, val.mv_data, src + off, val.mv_size);
       if (bytes == 0) break;
     }
+    info[i] = e->t[i].info;
+    info[i].crc = crc;
   }
-  uint8_t mk[8];
-  put_be64(mk, (uint64_t)step);
-  MDB_val key = {8, mk}, val = {mb.n, mb.p};
-  if ((mrc = mdb_put(txn, e->man, &key, &val, 0))) {
-    rc = mdb_fail(mrc, "writing the manifest");
-    goto abort;
-  }
-  /* retention: keep the newest keep_last, and every keep_every-th step */
-  {
-    MDB_cursor *c;
-    if ((mrc = mdb_cursor_open(txn, e->man, &c))) {
-      rc = mdb_fail(mrc, "cursor");
-      goto abort;
-    }
-    int64_t *steps = NULL;
-    int n = 0, cap = 0;
-    MDB_val k2, v2;
-    for (mrc = mdb_cursor_get(c, &k2, &v2, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(c, &k2, &v2, MDB_NEXT)) {
-      if (k2.mv_size != 8) continue;
-      if (n == cap) {
-        cap = cap ? cap * 2 : 64;
-        int64_t *ns = realloc(steps, sizeof *ns * (size_t)cap);
-        if (!ns) break;
-        steps = ns;
-      }
-      steps[n++] = (int64_t)get_be64(k2.mv_data);
-    }
-    mdb_cursor_close(c);
-    for (int i = 0; i < n - e->o.keep_last && !rc; i++) {
-      if (e->o.keep_every > 0 && steps[i] % e->o.keep_every == 0) continue;
-      rc = delete_step(txn, e->man, e->data, steps[i]);
-    }
-    free(steps);
-    if (rc) goto abort;
+  return TR_OK;
+}
+
+/* Level 2, phase 2: the manifest (after the data: it holds their CRCs). */
+static int put_manifest(ckpt_engine *e, MDB_txn *txn, const ckpt_state *s, const ckpt_tensor_info *info) {
+  wbuf mb = {0};
+  int rc = encode_manifest(&mb, s, info, e->nt);
+  if (!rc) {
+    uint8_t mk[8];
+    put_be64(mk, (uint64_t)s->step);
+    MDB_val key = {8, mk}, val = {mb.n, mb.p};
+    int mrc = mdb_put(txn, e->man, &key, &val, 0);
+    if (mrc) rc = mdb_fail(mrc, "writing the manifest");
   }
   free(mb.p);
-  mb.p = NULL;
+  return rc;
+}
+
+/* Level 2, phase 3: retention inside the same txn: keep the newest
+ * keep_last, and every keep_every-th step. */
+static int apply_retention(ckpt_engine *e, MDB_txn *txn) {
+  MDB_cursor *c;
+  int mrc = mdb_cursor_open(txn, e->man, &c), rc = TR_OK;
+  if (mrc) return mdb_fail(mrc, "cursor");
+  int64_t *steps = NULL;
+  int n = 0, cap = 0;
+  MDB_val k2, v2;
+  for (mrc = mdb_cursor_get(c, &k2, &v2, MDB_FIRST); mrc == 0; mrc = mdb_cursor_get(c, &k2, &v2, MDB_NEXT)) {
+    if (k2.mv_size != 8) continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 64;
+      int64_t *ns = realloc(steps, sizeof *ns * (size_t)cap);
+      if (!ns) {
+        rc = tr_fail(TR_ENOMEM, "out of memory applying retention");
+        break;
+      }
+      steps = ns;
+    }
+    steps[n++] = (int64_t)get_be64(k2.mv_data);
+  }
+  mdb_cursor_close(c);
+  for (int i = 0; i < n - e->o.keep_last && !rc; i++) {
+    if (e->o.keep_every > 0 && steps[i] % e->o.keep_every == 0) continue;
+    rc = delete_step(txn, e->man, e->data, steps[i]);
+  }
+  free(steps);
+  return rc;
+}
+
+/* Level 2: one write transaction for the whole checkpoint plus retention;
+ * the checkpoint exists once mdb_txn_commit returned. */
+static int commit(ckpt_engine *e, stage_buf *b) {
+  ckpt_tensor_info *info = malloc(sizeof *info * (size_t)(e->nt ? e->nt : 1));
+  if (!info) return tr_fail(TR_ENOMEM, "out of memory committing a checkpoint");
+  MDB_txn *txn = NULL;
+  int mrc = txn_begin(e->env, 0, &txn, 1), rc;
+  if (mrc) {
+    free(info);
+    return mdb_fail(mrc, "beginning a checkpoint transaction");
+  }
+  rc = delete_step(txn, e->man, e->data, b->st.step); /* a re-taken step replaces the old one */
+  if (!rc) rc = put_tensors(e, txn, b, info);
+  if (!rc) rc = put_manifest(e, txn, &b->st, info);
+  if (!rc) rc = apply_retention(e, txn);
+  free(info);
+  if (rc) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
   if ((mrc = mdb_txn_commit(txn))) {
     struct statvfs vfs;
     if (statvfs(e->dir, &vfs) == 0)
@@ -396,10 +414,6 @@ static int commit(ckpt_engine *e, stage_buf *b) {
     return mdb_fail(mrc, "committing the checkpoint");
   }
   return TR_OK;
-abort:
-  free(mb.p);
-  mdb_txn_abort(txn);
-  return rc;
 }
 
 static void *writer_main(void *arg) {
