@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -234,7 +235,8 @@ typedef struct {
   int state;
   ckpt_state st;
   uint8_t *data;
-  double copy_s;
+  double copy_s, copy_cpu_s;
+  double started; /* tr_now() at ckpt_snapshot */
   uint64_t seq; /* order of snapshots */
 } stage_buf;
 
@@ -258,7 +260,19 @@ struct ckpt_engine {
   uint64_t seq;
   const tr_backend *dev; /* NULL: registered tensors are host memory */
   int pinned[2];
+  /* pacing: a checkpoint's CPU (copy + commit threads) spread so that the
+   * engine uses at most cpu_share of the machine; no snapshot is taken
+   * before rest_until (ckpt_flush ends the rest) */
+  double cpu_share, rest_until;
+  int pending; /* a snapshot was deferred (coalesce): ckpt_pending */
 };
+
+/* The CPU seconds the calling thread has used. */
+static double thread_cpu(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static void push_event(ckpt_engine *e, const ckpt_event *ev) { /* with e->mu held */
   if (e->ev_count == MAX_EVENTS) {
@@ -293,11 +307,12 @@ static void *copy_main(void *arg) {
     if (e->copy_req < 0) break;
     stage_buf *b = &e->buf[e->copy_req];
     pthread_mutex_unlock(&e->mu);
-    double t0 = tr_now();
+    double t0 = tr_now(), c0 = thread_cpu();
     int rc = copy_tensors(e, b);
     double dt = tr_now() - t0;
     pthread_mutex_lock(&e->mu);
     b->copy_s = dt;
+    b->copy_cpu_s = thread_cpu() - c0;
     b->state = rc ? BUF_FREE : BUF_STAGED;
     if (rc) { /* nothing half-copied is ever committed */
       ckpt_event ev = {.step = b->st.step, .ok = 0, .copy_s = dt};
@@ -416,6 +431,19 @@ static int commit(ckpt_engine *e, stage_buf *b) {
   return TR_OK;
 }
 
+/* Pacing, after a commit (with e->mu held): the checkpoint cost
+ * copy_cpu + commit_cpu seconds of CPU; the next snapshot waits until that
+ * is at most cpu_share of the machine's CPU since this one started. */
+static void rest(ckpt_engine *e, const stage_buf *b, double commit_cpu) {
+  double cost = b->copy_cpu_s + commit_cpu, now = tr_now();
+  e->stats.copy_cpu_s += b->copy_cpu_s;
+  e->stats.commit_cpu_s += commit_cpu;
+  if (e->cpu_share <= 0) return;
+  double until = b->started + cost / e->cpu_share;
+  if (until > now) e->stats.rest_s += until - now;
+  e->rest_until = until;
+}
+
 static void *writer_main(void *arg) {
   ckpt_engine *e = arg;
   /* Level 2 yields the CPU to training: the step never waits on it, and a
@@ -434,12 +462,13 @@ static void *writer_main(void *arg) {
     stage_buf *b = &e->buf[pick];
     b->state = BUF_WRITING;
     pthread_mutex_unlock(&e->mu);
-    double t0 = tr_now();
+    double t0 = tr_now(), c0 = thread_cpu();
     int rc = commit(e, b);
-    double dt = tr_now() - t0;
+    double dt = tr_now() - t0, cpu = thread_cpu() - c0;
     ckpt_event ev = {.step = b->st.step, .ok = rc == 0, .copy_s = b->copy_s, .commit_s = dt, .bytes = e->total};
     if (rc) snprintf(ev.what, sizeof ev.what, "%s", tr_error());
     pthread_mutex_lock(&e->mu);
+    rest(e, b, cpu);
     b->state = BUF_FREE;
     if (rc) e->stats.failed++;
     else e->stats.committed++;
@@ -463,6 +492,7 @@ ckpt_engine *ckpt_open(const ckpt_opts *o) {
   }
   e->o = *o;
   e->copy_req = -1;
+  ckpt_set_cpu_share(e, CKPT_CPU_SHARE);
   snprintf(e->dir, sizeof e->dir, "%s", o->dir);
   e->o.dir = e->dir;
   pthread_mutex_init(&e->mu, NULL);
@@ -490,6 +520,14 @@ ckpt_engine *ckpt_open(const ckpt_opts *o) {
 fail:
   ckpt_close(e);
   return NULL;
+}
+
+int ckpt_set_cpu_share(ckpt_engine *e, double share) {
+  if (e->buf[0].data) return tr_fail(TR_ESTATE, "ckpt_set_cpu_share after the first snapshot");
+  if (!(share > 0 && share <= 1)) return tr_fail(TR_EINVAL, "checkpoint CPU share %g is not in (0, 1]", share);
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  e->cpu_share = share >= 1 ? 0 : share * (double)(ncpu > 0 ? ncpu : 1); /* of one core; 0 = no pacing */
+  return TR_OK;
 }
 
 int ckpt_set_device(ckpt_engine *e, const tr_backend *be) {
@@ -533,13 +571,14 @@ int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const i
  * place (freed by ckpt_close) and the next snapshot picks up from there:
  * nothing is allocated or pinned twice. */
 static int start(ckpt_engine *e) {
-  for (int i = 0; i < 2; i++) {
+  int nbuf = e->o.busy == CKPT_COALESCE ? 1 : 2;
+  for (int i = 0; i < nbuf; i++) {
     if (!e->buf[i].data) e->buf[i].data = tr_alloc_aligned(e->total ? e->total : 64);
     if (!e->buf[i].data) return tr_fail(TR_ENOMEM, "out of memory for checkpoint staging (%llu bytes)",
                                         (unsigned long long)e->total);
   }
   if (e->dev && !e->dev->host_memory && e->dev->ckpt_pin)
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < nbuf; i++) {
       if (e->pinned[i]) continue;
       if (e->dev->ckpt_pin(e->buf[i].data, e->total ? e->total : 64))
         return tr_fail(TR_EIO, "pinning a checkpoint staging buffer (%llu bytes): %s", (unsigned long long)e->total,
@@ -570,6 +609,35 @@ static int start(ckpt_engine *e) {
   return TR_OK;
 }
 
+/* 1 while a staging buffer is copying, staged or being written (e->mu held). */
+static int engine_busy(const ckpt_engine *e) {
+  for (int i = 0; i < 2; i++)
+    if (e->buf[i].state != BUF_FREE) return 1;
+  return 0;
+}
+
+/* The staging buffer a snapshot due now goes to, or -1 with *result the
+ * busy policy's answer (e->mu held). coalesce: one snapshot in flight at a
+ * time; one due while it is (or while pacing rests) is deferred, and the
+ * newest state is taken at the next step boundary where ckpt_pending says
+ * so: nothing is copied only to be replaced. skip: two buffers, and a
+ * snapshot due with neither free (or while resting) is dropped. */
+static int pick_buffer(ckpt_engine *e, int *result) {
+  int resting = tr_now() < e->rest_until;
+  if (e->o.busy == CKPT_COALESCE) {
+    if (!engine_busy(e) && !resting) return 0;
+    e->pending = 1;
+    e->stats.coalesced++;
+    *result = CKPT_COALESCED;
+    return -1;
+  }
+  for (int i = 0; i < 2 && !resting; i++)
+    if (e->buf[i].state == BUF_FREE) return i;
+  e->stats.skipped++;
+  *result = CKPT_SKIPPED;
+  return -1;
+}
+
 int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s) {
   if (!e->threads_started) {
     int rc = start(e);
@@ -577,21 +645,10 @@ int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s) {
   }
   pthread_mutex_lock(&e->mu);
   while (e->copy_req >= 0) pthread_cond_wait(&e->cv, &e->mu); /* only if the caller skipped wait_copy */
-  int pick = -1, result = 0;
-  for (int i = 0; i < 2 && pick < 0; i++)
-    if (e->buf[i].state == BUF_FREE) pick = i;
-  if (pick < 0) { /* one is being written, the other staged: the busy policy */
-    if (e->o.busy == CKPT_COALESCE) {
-      for (int i = 0; i < 2; i++)
-        if (e->buf[i].state == BUF_STAGED) pick = i;
-      result = CKPT_COALESCED;
-    }
-    if (pick < 0) {
-      e->stats.skipped++;
-      pthread_mutex_unlock(&e->mu);
-      return CKPT_SKIPPED;
-    }
-    e->stats.coalesced++;
+  int result = 0, pick = pick_buffer(e, &result);
+  if (pick < 0) {
+    pthread_mutex_unlock(&e->mu);
+    return result;
   }
   if (e->dev && !e->dev->host_memory && e->dev->ckpt_mark && e->dev->ckpt_mark()) {
     pthread_mutex_unlock(&e->mu);
@@ -601,11 +658,21 @@ int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s) {
   b->state = BUF_COPYING;
   b->st = *s;
   b->seq = ++e->seq;
+  b->started = tr_now();
+  e->pending = 0;
   e->copy_req = pick;
   e->stats.snapshots++;
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
   return result;
+}
+
+int ckpt_pending(ckpt_engine *e) {
+  if (!e || !e->threads_started) return 0;
+  pthread_mutex_lock(&e->mu);
+  int due = e->pending && !engine_busy(e) && tr_now() >= e->rest_until;
+  pthread_mutex_unlock(&e->mu);
+  return due;
 }
 
 double ckpt_wait_copy(ckpt_engine *e) {
@@ -631,6 +698,7 @@ int ckpt_flush(ckpt_engine *e) {
     if (!busy) break;
     pthread_cond_wait(&e->cv, &e->mu);
   }
+  e->rest_until = 0; /* the caller wants the next snapshot taken */
   pthread_mutex_unlock(&e->mu);
   return TR_OK;
 }
@@ -685,6 +753,8 @@ struct ckpt_reader {
   MDB_dbi man, data;
   ckpt_tensor_info *tensors; /* last decoded manifest's table */
   char dir[1024];
+  int expect_hash;      /* ckpt_reader_expect_model was called */
+  uint64_t config_hash; /* ... with this */
 };
 
 /* A reader's environment may adopt a map grown by another process unless it
@@ -793,10 +863,27 @@ int ckpt_reader_manifest(ckpt_reader *r, int64_t step, ckpt_manifest *m) {
   return rc;
 }
 
-/* Streams tensor i of step through its chunks: checks sizes and the CRC; if
- * out is given, copies the bytes there. */
+/* Maps the pages of [p, p+n) of LMDB's map in one call instead of a page
+ * fault per few pages (the first read of a store in a process: a resume).
+ * Only a hint: where the kernel lacks MADV_POPULATE_READ (5.14) the reads
+ * fault the pages in as before. */
+static void populate(const void *p, size_t n) {
+#ifdef MADV_POPULATE_READ
+  if (n < (1u << 20)) return;
+  uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095, b = (uintptr_t)p + n;
+  (void)madvise((void *)a, b - a, MADV_POPULATE_READ);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
+/* Streams tensor i of step through its chunks: checks sizes and (check)
+ * the CRC; if out is given, copies the bytes there (fused with the CRC).
+ * check = 0 only inside a txn in which the tensor already verified: the
+ * bytes are the same ones. */
 static int read_tensor(ckpt_reader *r, MDB_txn *txn, int64_t step, int i, const ckpt_tensor_info *t, uint64_t chunk,
-                       void *out) {
+                       void *out, int check) {
   uint32_t crc = 0;
   uint64_t got = 0;
   for (uint32_t c = 0;; c++) {
@@ -811,15 +898,17 @@ static int read_tensor(ckpt_reader *r, MDB_txn *txn, int64_t step, int i, const 
     if (v.mv_size > chunk || got + v.mv_size > t->bytes)
       return tr_fail(TR_EFORMAT, "step %lld: tensor '%s' has more data than its manifest says", (long long)step,
                      t->name);
-    crc = tr_crc32c(crc, v.mv_data, v.mv_size);
-    if (out) memcpy((uint8_t *)out + got, v.mv_data, v.mv_size);
+    if (check) populate(v.mv_data, v.mv_size);
+    if (out && check) crc = tr_crc32c_copy(crc, (uint8_t *)out + got, v.mv_data, v.mv_size);
+    else if (out) memcpy((uint8_t *)out + got, v.mv_data, v.mv_size);
+    else crc = tr_crc32c(crc, v.mv_data, v.mv_size);
     got += v.mv_size;
     if (got == t->bytes) break;
   }
   if (got != t->bytes)
     return tr_fail(TR_EFORMAT, "step %lld: tensor '%s' is truncated (%llu of %llu bytes)", (long long)step, t->name,
                    (unsigned long long)got, (unsigned long long)t->bytes);
-  if (crc != t->crc)
+  if (check && crc != t->crc)
     return tr_fail(TR_EFORMAT, "step %lld: tensor '%s' fails its checksum (crc32c %08x, manifest %08x)",
                    (long long)step, t->name, crc, t->crc);
   return TR_OK;
@@ -832,7 +921,7 @@ int ckpt_reader_verify(ckpt_reader *r, int64_t step) {
   int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
   if (rc) return mdb_fail(rc, "reading checkpoints");
   rc = read_manifest(r, txn, step, &m, &chunk);
-  for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL);
+  for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL, 1);
   mdb_txn_abort(txn);
   return rc;
 }
@@ -851,9 +940,47 @@ int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, 
   if (!rc && m.tensors[found].bytes != bytes)
     rc = tr_fail(TR_EINVAL, "step %lld: tensor '%s' is %llu bytes, expected %llu", (long long)step, name,
                  (unsigned long long)m.tensors[found].bytes, (unsigned long long)bytes);
-  if (!rc) rc = read_tensor(r, txn, step, found, &m.tensors[found], chunk, out);
+  if (!rc) rc = read_tensor(r, txn, step, found, &m.tensors[found], chunk, out, 1);
   mdb_txn_abort(txn);
   return rc;
+}
+
+/* The index of tensor `name` in m, or -1. */
+static int find_tensor(const ckpt_manifest *m, const char *name) {
+  for (int i = 0; i < m->ntensors; i++)
+    if (strcmp(m->tensors[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* Loads step into the targets inside one read txn: the manifest, the model
+ * (config hash, when the reader expects one), every target present with its
+ * size, every tensor's CRC; only then are the targets written (a plain copy
+ * of the bytes just verified), so a failure leaves them untouched. */
+static int load_step(ckpt_reader *r, MDB_txn *txn, int64_t step, const ckpt_target *t, int n, ckpt_state *state) {
+  ckpt_manifest m;
+  uint64_t chunk;
+  int rc = read_manifest(r, txn, step, &m, &chunk);
+  if (!rc && r->expect_hash && m.state.config_hash != r->config_hash)
+    rc = tr_fail(TR_EINVAL, "step %lld is of a different model (model, sizes or vocabulary changed)", (long long)step);
+  for (int j = 0; j < n && !rc; j++) {
+    int i = find_tensor(&m, t[j].name);
+    if (i < 0) rc = tr_fail(TR_EINVAL, "step %lld has no tensor '%s'", (long long)step, t[j].name);
+    else if (m.tensors[i].bytes != t[j].bytes)
+      rc = tr_fail(TR_EINVAL, "step %lld: tensor '%s' is %llu bytes, the model's is %llu", (long long)step, t[j].name,
+                   (unsigned long long)m.tensors[i].bytes, (unsigned long long)t[j].bytes);
+  }
+  for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL, 1);
+  for (int j = 0; j < n && !rc; j++) {
+    int i = find_tensor(&m, t[j].name);
+    rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, t[j].ptr, 0);
+  }
+  if (!rc) *state = m.state;
+  return rc;
+}
+
+void ckpt_reader_expect_model(ckpt_reader *r, uint64_t config_hash) {
+  r->expect_hash = 1;
+  r->config_hash = config_hash;
 }
 
 int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_state *state, char *report,
@@ -870,36 +997,13 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
   for (int k = ns - 1; k >= 0; k--) {
     if (want >= 0 && steps[k] > want) continue;
     MDB_txn *txn;
-    ckpt_manifest m;
-    uint64_t chunk;
-    rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
-    if (rc) {
+    if ((rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r)))) {
       rc = mdb_fail(rc, "reading checkpoints");
       break;
     }
-    rc = read_manifest(r, txn, steps[k], &m, &chunk);
-    for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, steps[k], i, &m.tensors[i], chunk, NULL);
-    /* every target must be present with its size; only then copy */
-    for (int j = 0; j < n && !rc; j++) {
-      int found = -1;
-      for (int i = 0; i < m.ntensors && found < 0; i++)
-        if (strcmp(m.tensors[i].name, t[j].name) == 0) found = i;
-      if (found < 0) rc = tr_fail(TR_EINVAL, "step %lld has no tensor '%s'", (long long)steps[k], t[j].name);
-      else if (m.tensors[found].bytes != t[j].bytes)
-        rc = tr_fail(TR_EINVAL, "step %lld: tensor '%s' is %llu bytes, the model's is %llu", (long long)steps[k],
-                     t[j].name, (unsigned long long)m.tensors[found].bytes, (unsigned long long)t[j].bytes);
-    }
-    for (int j = 0; j < n && !rc; j++)
-      for (int i = 0; i < m.ntensors; i++)
-        if (strcmp(m.tensors[i].name, t[j].name) == 0) {
-          rc = read_tensor(r, txn, steps[k], i, &m.tensors[i], chunk, t[j].ptr);
-          break;
-        }
+    rc = load_step(r, txn, steps[k], t, n, state);
     mdb_txn_abort(txn);
-    if (!rc) {
-      *state = m.state;
-      break;
-    }
+    if (!rc) break;
     if (report && rl + 2 < report_len)
       rl += (size_t)snprintf(report + rl, report_len - rl, "skipped step %lld: %s\n", (long long)steps[k], tr_error());
     rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'%s", dir, want >= 0 ? " at or before that step" : "");

@@ -66,7 +66,9 @@ describe("checkpoints", function()
     assert.equal(0, rc2, out)
     local resumed = tonumber(out:match("resumed from step (%d+)"))
     assert.is_truthy(resumed, out)
-    assert.is_true(resumed <= killed_at and resumed % 10 == 0)
+    -- a multiple of 10, or a later step if that snapshot was deferred (the
+    -- writer busy or pacing: ckpt.h) and taken at the next free boundary
+    assert.is_true(resumed >= 10 and resumed <= killed_at)
     assert.same(losses(a), losses(b))
     assert.equal(300, #losses(b))
     assert.matches('"kind":"resume"', read(b .. "/events.jsonl"))
@@ -145,8 +147,11 @@ describe("checkpoints", function()
   it("a full store (LMDB map size) fails commits cleanly while training goes on", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: checkpoint spec skipped") end
     local run = tmp .. "/mapfull"
+    -- 2 MiB hold one 1.2 MiB checkpoint, not two: the first snapshot and the
+    -- last are always taken (others may be deferred: the writer's pace), so
+    -- the store fills however fast the disk is
     local out, rc = sh(args(run, "--set max_steps=60 --set checkpoint.every_steps=10 --set checkpoint.keep_last=10"
-      .. " --set checkpoint.map_mb=4"))
+      .. " --set checkpoint.map_mb=2"))
     assert.equal(0, rc, out)
     assert.matches("step 60/60", out)
     local ev = read(run .. "/events.jsonl")
@@ -162,6 +167,8 @@ describe("checkpoints", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: checkpoint spec skipped") end
     local mnt = tmp .. "/small"
     os.execute("mkdir -p " .. mnt)
+    -- 3 MB: the run's files and one 1.2 MiB checkpoint, not two (the first
+    -- and the last snapshot are always taken; see the map-size case)
     local _, mrc = sh("mount -t tmpfs -o size=3m tmpfs " .. mnt)
     if mrc ~= 0 then
       pending("cannot mount a tmpfs here (needs root): the LMDB map-size case above covers a full store")
