@@ -14,6 +14,7 @@
 #include "ckpt_internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@
 #define MANIFEST_MAGIC 0x4b435254u /* "TRCK" little-endian */
 #define MANIFEST_VERSION 1u
 #define MAX_EVENTS 64
+#define CKPT_GONE 3 /* replicate: the step left the local store first (not an error) */
 
 /* --- keys --- */
 
@@ -265,6 +267,13 @@ struct ckpt_engine {
    * before rest_until (ckpt_flush ends the rest) */
   double cpu_share, rest_until;
   int pending; /* a snapshot was deferred (coalesce): ckpt_pending */
+  /* level 3: the replicator thread copies the newest committed checkpoint
+   * (repl_want) to the remote store; repl_done is the last one it tried */
+  char remote[1024]; /* "" = no remote level */
+  double remote_rate; /* bytes/s, 0 = no limit */
+  pthread_t replicator;
+  int repl_started;
+  int64_t repl_want, repl_done;
 };
 
 /* The CPU seconds the calling thread has used. */
@@ -472,12 +481,144 @@ static void *writer_main(void *arg) {
     b->state = BUF_FREE;
     if (rc) e->stats.failed++;
     else e->stats.committed++;
+    if (!rc && e->remote[0] && b->st.step > e->repl_want) e->repl_want = b->st.step;
     e->stats.commit_s += dt;
     push_event(e, &ev);
     pthread_cond_broadcast(&e->cv);
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;
+}
+
+/* --- level 3: replication to the remote store --- */
+
+/* The raw manifest of step (malloc'd copy in *raw) and its decoded table. */
+static int local_manifest(ckpt_engine *e, int64_t step, uint8_t **raw, size_t *len, ckpt_manifest *m,
+                          ckpt_tensor_info **tensors) {
+  MDB_txn *txn;
+  int mrc = txn_begin(e->env, MDB_RDONLY, &txn, 0), rc = TR_OK;
+  if (mrc) return mdb_fail(mrc, "replicating: reading the store");
+  uint8_t kb[8];
+  put_be64(kb, (uint64_t)step);
+  MDB_val k = {8, kb}, v;
+  mrc = mdb_get(txn, e->man, &k, &v);
+  if (mrc == MDB_NOTFOUND) rc = CKPT_GONE;
+  else if (mrc) rc = mdb_fail(mrc, "replicating: reading a manifest");
+  uint64_t chunk;
+  if (!rc) rc = ckpt_manifest_decode(v.mv_data, v.mv_size, m, tensors, &chunk);
+  if (!rc && !(*raw = malloc(v.mv_size))) {
+    free(*tensors);
+    rc = tr_fail(TR_ENOMEM, "out of memory replicating");
+  }
+  if (!rc) {
+    memcpy(*raw, v.mv_data, v.mv_size);
+    *len = v.mv_size;
+  }
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+/* Streams tensor i of step from the local store into f, one chunk per
+ * short read transaction (a long one would pin LMDB's pages and grow the
+ * store while the rate limit stretches the copy), pacing between chunks
+ * and checking the bytes against the manifest's CRC: a step removed or
+ * re-taken meanwhile is CKPT_GONE or a mismatch, never a wrong copy. */
+static int replicate_tensor(ckpt_engine *e, remote_file *f, int64_t step, int i, const ckpt_tensor_info *t) {
+  uint32_t crc = 0;
+  uint64_t got = 0;
+  for (uint32_t c = 0; got < t->bytes; c++) {
+    uint8_t kb[16];
+    put_be64(kb, (uint64_t)step);
+    put_be32(kb + 8, (uint32_t)i);
+    put_be32(kb + 12, c);
+    MDB_val k = {16, kb}, v;
+    MDB_txn *txn;
+    int mrc = txn_begin(e->env, MDB_RDONLY, &txn, 0), rc = TR_OK;
+    if (mrc) return mdb_fail(mrc, "replicating: reading the store");
+    mrc = mdb_get(txn, e->data, &k, &v);
+    if (mrc == MDB_NOTFOUND) rc = CKPT_GONE;
+    else if (mrc) rc = mdb_fail(mrc, "replicating: reading checkpoint data");
+    else if (v.mv_size == 0 || got + v.mv_size > t->bytes)
+      rc = tr_fail(TR_EFORMAT, "replicating step %lld: tensor '%s' has more data than its manifest says",
+                   (long long)step, t->name);
+    if (!rc) {
+      crc = tr_crc32c(crc, v.mv_data, v.mv_size);
+      rc = remote_write(f, v.mv_data, v.mv_size);
+      got += v.mv_size;
+    }
+    mdb_txn_abort(txn);
+    if (rc) return rc;
+    remote_pace(f);
+  }
+  if (crc != t->crc)
+    return tr_fail(TR_EFORMAT, "replicating step %lld: tensor '%s' fails its checksum in the local store",
+                   (long long)step, t->name);
+  return TR_OK;
+}
+
+/* Copies committed checkpoint `step` to the remote store (commit, then
+ * publish by rename) and applies retention there. CKPT_GONE: the step left
+ * the local store first (retention after newer commits): a newer one is
+ * replicated instead. */
+static int replicate(ckpt_engine *e, int64_t step) {
+  uint8_t *raw = NULL;
+  size_t rlen = 0;
+  ckpt_manifest m;
+  ckpt_tensor_info *tensors = NULL;
+  int rc = local_manifest(e, step, &raw, &rlen, &m, &tensors);
+  if (rc) return rc;
+  remote_file f;
+  rc = remote_begin(&f, e->remote, step, raw, rlen, e->remote_rate);
+  for (int i = 0; !rc && i < m.ntensors; i++) rc = replicate_tensor(e, &f, step, i, &tensors[i]);
+  if (!rc) rc = remote_publish(&f);
+  else if (f.fd >= 0) remote_abandon(&f);
+  if (!rc) rc = remote_retain(e->remote, e->o.keep_last, e->o.keep_every);
+  free(raw);
+  free(tensors);
+  return rc;
+}
+
+/* The replicator thread (nice 19, like the writer): always the newest
+ * committed checkpoint; one committed while a copy runs waits for it (the
+ * ones in between are never copied). At close it finishes the newest. */
+static void *replicator_main(void *arg) {
+  ckpt_engine *e = arg;
+  setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    while (e->repl_want <= e->repl_done && !e->stop) pthread_cond_wait(&e->cv, &e->mu);
+    if (e->repl_want <= e->repl_done) break;
+    int64_t step = e->repl_want;
+    pthread_mutex_unlock(&e->mu);
+    double t0 = tr_now();
+    int rc = replicate(e, step);
+    ckpt_event ev = {.step = step, .ok = rc == 0, .commit_s = tr_now() - t0, .bytes = e->total, .remote = 1};
+    if (rc) snprintf(ev.what, sizeof ev.what, "replicating to the remote store '%s': %s", e->remote, tr_error());
+    pthread_mutex_lock(&e->mu);
+    e->repl_done = step;
+    if (rc == CKPT_GONE) e->stats.repl_superseded++;
+    else if (rc) e->stats.repl_failed++;
+    else e->stats.replicated++;
+    if (rc != CKPT_GONE) push_event(e, &ev);
+    pthread_cond_broadcast(&e->cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+int ckpt_set_remote(ckpt_engine *e, const char *dir, double rate_mb_s) {
+  if (e->buf[0].data) return tr_fail(TR_ESTATE, "ckpt_set_remote after the first snapshot");
+  if (!dir || !dir[0]) {
+    e->remote[0] = 0;
+    return TR_OK;
+  }
+  if (rate_mb_s < 0) return tr_fail(TR_EINVAL, "remote checkpoint rate %g MiB/s is negative", rate_mb_s);
+  if (strlen(dir) >= sizeof e->remote) return tr_fail(TR_EINVAL, "remote checkpoint path too long: '%s'", dir);
+  int rc = remote_prepare(dir);
+  if (rc) return rc;
+  snprintf(e->remote, sizeof e->remote, "%s", dir);
+  e->remote_rate = rate_mb_s * 1048576.0;
+  return TR_OK;
 }
 
 ckpt_engine *ckpt_open(const ckpt_opts *o) {
@@ -595,6 +736,12 @@ static int start(ckpt_engine *e) {
   int rc = mdb_env_set_mapsize(e->env, map);
   if (rc) return mdb_fail(rc, "setting the LMDB map size");
   e->stats.bytes_per_snapshot = e->total;
+  if (e->remote[0] && !e->repl_started) {
+    e->repl_want = e->repl_done = INT64_MIN;
+    if (pthread_create(&e->replicator, NULL, replicator_main, e) != 0)
+      return tr_fail(TR_ENOMEM, "cannot start the replicator thread");
+    e->repl_started = 1;
+  }
   if (pthread_create(&e->copier, NULL, copy_main, e) != 0) return tr_fail(TR_ENOMEM, "cannot start the copy thread");
   if (pthread_create(&e->writer, NULL, writer_main, e) != 0) {
     pthread_mutex_lock(&e->mu);
@@ -602,7 +749,9 @@ static int start(ckpt_engine *e) {
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->copier, NULL);
-    e->stop = 0; /* a later start must not find its copier told to stop */
+    if (e->repl_started) pthread_join(e->replicator, NULL);
+    e->repl_started = 0;
+    e->stop = 0; /* a later start must not find its threads told to stop */
     return tr_fail(TR_ENOMEM, "cannot start the writer thread");
   }
   e->threads_started = 1;
@@ -733,6 +882,13 @@ void ckpt_close(ckpt_engine *e) {
     pthread_join(e->copier, NULL);
     pthread_join(e->writer, NULL);
   }
+  if (e->repl_started) { /* it finishes the newest committed checkpoint first */
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->replicator, NULL);
+  }
   if (e->env) mdb_env_close(e->env);
   for (int i = 0; i < 2; i++) {
     if (e->pinned[i] && e->dev->ckpt_unpin) e->dev->ckpt_unpin(e->buf[i].data);
@@ -755,6 +911,7 @@ struct ckpt_reader {
   char dir[1024];
   int expect_hash;      /* ckpt_reader_expect_model was called */
   uint64_t config_hash; /* ... with this */
+  char remote[1024];    /* level 3's directory, "" = none; env NULL: remote only */
 };
 
 /* A reader's environment may adopt a map grown by another process unless it
@@ -772,6 +929,11 @@ ckpt_reader *ckpt_reader_open(const char *dir) {
   snprintf(path, sizeof path, "%s/data.mdb", dir);
   FILE *f = fopen(path, "rb");
   if (!f) {
+    int64_t one;
+    if (remote_steps(dir, &one, 1) > 0) { /* a remote store (level 3) */
+      snprintf(r->remote, sizeof r->remote, "%s", dir);
+      return r;
+    }
     tr_fail(TR_EIO, "no checkpoint store at '%s' (%s)", dir, strerror(errno));
     free(r);
     return NULL;
@@ -804,6 +966,7 @@ ckpt_reader *ckpt_engine_reader(ckpt_engine *e) {
   }
   r->env = e->env;
   r->borrowed = 1;
+  snprintf(r->remote, sizeof r->remote, "%s", e->remote);
   r->engine = e;
   r->man = e->man;
   r->data = e->data;
@@ -818,7 +981,8 @@ void ckpt_reader_close(ckpt_reader *r) {
   free(r);
 }
 
-int ckpt_reader_steps(ckpt_reader *r, int64_t *steps, int cap) {
+static int local_steps(ckpt_reader *r, int64_t *steps, int cap) {
+  if (!r->env) return 0;
   MDB_txn *txn;
   MDB_cursor *c;
   int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
@@ -836,6 +1000,48 @@ int ckpt_reader_steps(ckpt_reader *r, int64_t *steps, int cap) {
   return n;
 }
 
+/* Both levels' steps, merged ascending without duplicates (the newest cap
+ * when there are more). A remote store that cannot be listed counts as
+ * empty only if the local one answers: one readable level is enough. */
+int ckpt_reader_steps(ckpt_reader *r, int64_t *steps, int cap) {
+  int64_t *a = malloc(sizeof *a * 4096 * 2);
+  if (!a) return tr_fail(TR_ENOMEM, "out of memory");
+  int na = local_steps(r, a, 4096);
+  int nb = r->remote[0] ? remote_steps(r->remote, a + 4096, 4096) : 0;
+  if (na < 0 || (nb < 0 && !r->env)) {
+    free(a);
+    return na < 0 ? na : nb;
+  }
+  if (nb < 0) nb = 0;
+  int64_t *b = a + 4096;
+  int i = 0, j = 0, n = 0;
+  int64_t *m = malloc(sizeof *m * (size_t)(na + nb + 1));
+  while (m && (i < na || j < nb)) {
+    int64_t v = j >= nb || (i < na && a[i] <= b[j]) ? a[i] : b[j];
+    if (i < na && a[i] == v) i++;
+    if (j < nb && b[j] == v) j++;
+    m[n++] = v;
+  }
+  int from = n > cap ? n - cap : 0;
+  for (int k = from; m && k < n; k++) steps[k - from] = m[k];
+  free(a);
+  free(m);
+  return m ? n - from : tr_fail(TR_ENOMEM, "out of memory");
+}
+
+/* 1 when the local store holds a manifest for step. */
+static int local_has(ckpt_reader *r, int64_t step) {
+  if (!r->env) return 0;
+  MDB_txn *txn;
+  if (txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r))) return 0;
+  uint8_t kb[8];
+  put_be64(kb, (uint64_t)step);
+  MDB_val k = {8, kb}, v;
+  int has = mdb_get(txn, r->man, &k, &v) == 0;
+  mdb_txn_abort(txn);
+  return has;
+}
+
 /* Reads the manifest of step inside txn. */
 static int read_manifest(ckpt_reader *r, MDB_txn *txn, int64_t step, ckpt_manifest *m, uint64_t *chunk) {
   uint8_t kb[8];
@@ -851,16 +1057,6 @@ static int read_manifest(ckpt_reader *r, MDB_txn *txn, int64_t step, ckpt_manife
   if (m->state.step != step) return tr_fail(TR_EFORMAT, "step %lld: manifest says step %lld", (long long)step,
                                             (long long)m->state.step);
   return TR_OK;
-}
-
-int ckpt_reader_manifest(ckpt_reader *r, int64_t step, ckpt_manifest *m) {
-  MDB_txn *txn;
-  uint64_t chunk;
-  int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
-  if (rc) return mdb_fail(rc, "reading checkpoints");
-  rc = read_manifest(r, txn, step, m, &chunk);
-  mdb_txn_abort(txn);
-  return rc;
 }
 
 /* Maps the pages of [p, p+n) of LMDB's map in one call instead of a page
@@ -914,34 +1110,110 @@ static int read_tensor(ckpt_reader *r, MDB_txn *txn, int64_t step, int i, const 
   return TR_OK;
 }
 
-int ckpt_reader_verify(ckpt_reader *r, int64_t step) {
+/* --- one step from either level --- */
+
+/* A checkpoint opened for reading: a read txn on the local store, or a
+ * remote file mapped; its manifest decoded (tensors in r->tensors). */
+typedef struct {
+  int remote;
   MDB_txn *txn;
-  ckpt_manifest m;
   uint64_t chunk;
-  int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
-  if (rc) return mdb_fail(rc, "reading checkpoints");
-  rc = read_manifest(r, txn, step, &m, &chunk);
-  for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL, 1);
-  mdb_txn_abort(txn);
+  remote_view v;
+  uint64_t *off; /* remote: each tensor's offset in v.data */
+  ckpt_manifest m;
+} step_src;
+
+static void src_close(step_src *s) {
+  if (s->txn) mdb_txn_abort(s->txn);
+  s->txn = NULL;
+  remote_unmap(&s->v);
+  free(s->off);
+  s->off = NULL;
+}
+
+static int src_open_remote(ckpt_reader *r, int64_t step, step_src *s) {
+  int rc = remote_map(r->remote, step, &s->v);
+  if (rc) return rc;
+  free(r->tensors);
+  r->tensors = NULL;
+  rc = ckpt_manifest_decode(s->v.manifest, s->v.manifest_len, &s->m, &r->tensors, &s->chunk);
+  if (!rc && s->m.state.step != step)
+    rc = tr_fail(TR_EFORMAT, "manifest says step %lld", (long long)s->m.state.step);
+  if (!rc && s->m.bytes != s->v.data_len)
+    rc = tr_fail(TR_EFORMAT, "'%s' holds %zu bytes of tensors, its manifest %llu (truncated or grown)", s->v.path,
+                 s->v.data_len, (unsigned long long)s->m.bytes);
+  if (!rc && !(s->off = malloc(sizeof *s->off * (size_t)(s->m.ntensors + 1))))
+    rc = tr_fail(TR_ENOMEM, "out of memory");
+  for (int i = 0; !rc && i < s->m.ntensors; i++)
+    s->off[i] = i ? s->off[i - 1] + s->m.tensors[i - 1].bytes : 0;
+  return rc ? tr_fail_prefix(rc, "remote step %lld", (long long)step) : TR_OK;
+}
+
+/* Opens step at one level (remote = 1: level 3). */
+static int src_open(ckpt_reader *r, int64_t step, int remote, step_src *s) {
+  memset(s, 0, sizeof *s);
+  s->remote = remote;
+  int rc;
+  if (remote) rc = src_open_remote(r, step, s);
+  else if ((rc = txn_begin(r->env, MDB_RDONLY, &s->txn, may_remap(r)))) {
+    s->txn = NULL;
+    rc = mdb_fail(rc, "reading checkpoints");
+  } else {
+    rc = read_manifest(r, s->txn, step, &s->m, &s->chunk);
+  }
+  if (rc) src_close(s);
+  return rc;
+}
+
+/* Tensor i of an open step: checks (check) and/or copies to out, as
+ * read_tensor. */
+static int src_tensor(ckpt_reader *r, step_src *s, int64_t step, int i, void *out, int check) {
+  const ckpt_tensor_info *t = &s->m.tensors[i];
+  if (!s->remote) return read_tensor(r, s->txn, step, i, t, s->chunk, out, check);
+  const uint8_t *p = s->v.data + s->off[i];
+  if (check) populate(p, t->bytes);
+  uint32_t crc = 0;
+  if (out && check) crc = tr_crc32c_copy(0, out, p, t->bytes);
+  else if (out) memcpy(out, p, t->bytes);
+  else crc = tr_crc32c(0, p, t->bytes);
+  if (check && crc != t->crc)
+    return tr_fail(TR_EFORMAT, "remote step %lld: tensor '%s' fails its checksum (crc32c %08x, manifest %08x)",
+                   (long long)step, t->name, crc, t->crc);
+  return TR_OK;
+}
+
+/* The level a single-step call reads: the local store's copy if it has
+ * one, else the remote's. */
+static int level_of(ckpt_reader *r, int64_t step) { return local_has(r, step) || !r->remote[0] ? 0 : 1; }
+
+int ckpt_reader_manifest(ckpt_reader *r, int64_t step, ckpt_manifest *m) {
+  step_src s;
+  int rc = src_open(r, step, level_of(r, step), &s);
+  if (rc) return rc;
+  *m = s.m;
+  src_close(&s);
+  return TR_OK;
+}
+
+int ckpt_reader_verify(ckpt_reader *r, int64_t step) {
+  step_src s;
+  int rc = src_open(r, step, level_of(r, step), &s);
+  for (int i = 0; !rc && i < s.m.ntensors; i++) rc = src_tensor(r, &s, step, i, NULL, 1);
+  src_close(&s);
   return rc;
 }
 
 int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, uint64_t bytes) {
-  MDB_txn *txn;
-  ckpt_manifest m;
-  uint64_t chunk;
-  int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
-  if (rc) return mdb_fail(rc, "reading checkpoints");
-  rc = read_manifest(r, txn, step, &m, &chunk);
-  int found = -1;
-  for (int i = 0; !rc && i < m.ntensors && found < 0; i++)
-    if (strcmp(m.tensors[i].name, name) == 0) found = i;
+  step_src s;
+  int rc = src_open(r, step, level_of(r, step), &s), found = -1;
+  for (int i = 0; !rc && i < s.m.ntensors && found < 0; i++)
+    if (strcmp(s.m.tensors[i].name, name) == 0) found = i;
   if (!rc && found < 0) rc = tr_fail(TR_EINVAL, "step %lld has no tensor '%s'", (long long)step, name);
-  if (!rc && m.tensors[found].bytes != bytes)
+  if (!rc && s.m.tensors[found].bytes != bytes)
     rc = tr_fail(TR_EINVAL, "step %lld: tensor '%s' is %llu bytes, expected %llu", (long long)step, name,
-                 (unsigned long long)m.tensors[found].bytes, (unsigned long long)bytes);
-  if (!rc) rc = read_tensor(r, txn, step, found, &m.tensors[found], chunk, out, 1);
-  mdb_txn_abort(txn);
+                 (unsigned long long)s.m.tensors[found].bytes, (unsigned long long)bytes);
+  if (!rc) rc = src_tensor(r, &s, step, found, out, 1);
+  src_close(&s);
   return rc;
 }
 
@@ -952,29 +1224,29 @@ static int find_tensor(const ckpt_manifest *m, const char *name) {
   return -1;
 }
 
-/* Loads step into the targets inside one read txn: the manifest, the model
+/* Loads step from one level into the targets: the manifest, the model
  * (config hash, when the reader expects one), every target present with its
  * size, every tensor's CRC; only then are the targets written (a plain copy
- * of the bytes just verified), so a failure leaves them untouched. */
-static int load_step(ckpt_reader *r, MDB_txn *txn, int64_t step, const ckpt_target *t, int n, ckpt_state *state) {
-  ckpt_manifest m;
-  uint64_t chunk;
-  int rc = read_manifest(r, txn, step, &m, &chunk);
-  if (!rc && r->expect_hash && m.state.config_hash != r->config_hash)
+ * of the bytes just verified, in the same txn or mapping), so a failure
+ * leaves them untouched. */
+static int load_step(ckpt_reader *r, int64_t step, int remote, const ckpt_target *t, int n, ckpt_state *state) {
+  step_src s;
+  int rc = src_open(r, step, remote, &s);
+  if (rc) return rc;
+  const ckpt_manifest *m = &s.m;
+  if (r->expect_hash && m->state.config_hash != r->config_hash)
     rc = tr_fail(TR_EINVAL, "step %lld is of a different model (model, sizes or vocabulary changed)", (long long)step);
   for (int j = 0; j < n && !rc; j++) {
-    int i = find_tensor(&m, t[j].name);
+    int i = find_tensor(m, t[j].name);
     if (i < 0) rc = tr_fail(TR_EINVAL, "step %lld has no tensor '%s'", (long long)step, t[j].name);
-    else if (m.tensors[i].bytes != t[j].bytes)
+    else if (m->tensors[i].bytes != t[j].bytes)
       rc = tr_fail(TR_EINVAL, "step %lld: tensor '%s' is %llu bytes, the model's is %llu", (long long)step, t[j].name,
-                   (unsigned long long)m.tensors[i].bytes, (unsigned long long)t[j].bytes);
+                   (unsigned long long)m->tensors[i].bytes, (unsigned long long)t[j].bytes);
   }
-  for (int i = 0; !rc && i < m.ntensors; i++) rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, NULL, 1);
-  for (int j = 0; j < n && !rc; j++) {
-    int i = find_tensor(&m, t[j].name);
-    rc = read_tensor(r, txn, step, i, &m.tensors[i], chunk, t[j].ptr, 0);
-  }
-  if (!rc) *state = m.state;
+  for (int i = 0; !rc && i < m->ntensors; i++) rc = src_tensor(r, &s, step, i, NULL, 1);
+  for (int j = 0; j < n && !rc; j++) rc = src_tensor(r, &s, step, find_tensor(m, t[j].name), t[j].ptr, 0);
+  if (!rc) *state = m->state;
+  src_close(&s);
   return rc;
 }
 
@@ -983,10 +1255,12 @@ void ckpt_reader_expect_model(ckpt_reader *r, uint64_t config_hash) {
   r->config_hash = config_hash;
 }
 
+/* Newest first; per step the local copy, then (if it is missing or fails)
+ * the remote one. */
 int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_state *state, char *report,
               size_t report_len) {
   size_t rl = 0;
-  const char *dir = r->dir;
+  const char *dir = r->env ? r->dir : r->remote;
   if (report && report_len) report[0] = 0;
   int64_t steps[4096];
   int ns = ckpt_reader_steps(r, steps, 4096);
@@ -996,17 +1270,16 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
                               : tr_fail(TR_EINVAL, "no committed checkpoint in '%s'", dir);
   for (int k = ns - 1; k >= 0; k--) {
     if (want >= 0 && steps[k] > want) continue;
-    MDB_txn *txn;
-    if ((rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r)))) {
-      rc = mdb_fail(rc, "reading checkpoints");
-      break;
+    int local = local_has(r, steps[k]);
+    for (int level = local ? 0 : 1; level < (r->remote[0] ? 2 : 1); level++) {
+      if (level == 1 && !remote_has(r->remote, steps[k])) break;
+      if (!(rc = load_step(r, steps[k], level, t, n, state))) return TR_OK;
+      if (report && rl + 2 < report_len)
+        rl += (size_t)snprintf(report + rl, report_len - rl, "skipped step %lld%s: %s\n", (long long)steps[k],
+                               !r->remote[0] ? "" : level ? " (remote store)" : " (local store)", tr_error());
     }
-    rc = load_step(r, txn, steps[k], t, n, state);
-    mdb_txn_abort(txn);
-    if (!rc) break;
-    if (report && rl + 2 < report_len)
-      rl += (size_t)snprintf(report + rl, report_len - rl, "skipped step %lld: %s\n", (long long)steps[k], tr_error());
-    rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'%s", dir, want >= 0 ? " at or before that step" : "");
+    rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'%s%s", dir, r->env && r->remote[0] ? " or its remote store" : "",
+                 want >= 0 ? " at or before that step" : "");
   }
   return rc;
 }

@@ -85,6 +85,20 @@ int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const i
  * says so, with the backend's reason) and not pinned again. */
 struct tr_backend;
 int ckpt_set_device(ckpt_engine *e, const struct tr_backend *be);
+/* Level 3, the remote store: a directory on another disk (a shared file
+ * system's mount, another host's disk), one file per checkpoint, published
+ * by rename after fsync so it never holds half of one. A replicator thread
+ * (nice 19) copies the newest committed checkpoint there in the background
+ * at no more than rate_mb_s MiB/s on average (0 = no limit), one short LMDB
+ * read transaction per 16 MiB chunk, checking every tensor's CRC32C on the
+ * way; checkpoints committed meanwhile are skipped for the newest; the
+ * remote keeps keep_last (and keep_every) like the local store. Outcomes
+ * come through ckpt_poll with ev.remote = 1 (failures too: training goes
+ * on). ckpt_close finishes the copy of the newest committed checkpoint.
+ * dir is created; an unwritable one is an error naming it. NULL or "" =
+ * none. Before the first snapshot. Readers of the engine
+ * (ckpt_engine_reader) see both levels. */
+int ckpt_set_remote(ckpt_engine *e, const char *dir, double rate_mb_s);
 /* Pacing (see above): at most `share` of the machine's CPU, 0 < share <= 1
  * (1 = no pacing); the default is CKPT_CPU_SHARE. Before the first
  * snapshot. */
@@ -111,8 +125,9 @@ typedef struct {
   int64_t step;
   int ok;              /* 1 committed, 0 failed */
   char what[256];      /* failure reason, or "" */
-  double copy_s, commit_s;
+  double copy_s, commit_s; /* remote: commit_s is the whole copy's time */
   uint64_t bytes;
+  int remote;          /* 1: the outcome of a replication to the remote store */
 } ckpt_event;
 /* Pops the oldest unread commit outcome; returns 1 if one was written. */
 int ckpt_poll(ckpt_engine *e, ckpt_event *ev);
@@ -123,6 +138,8 @@ typedef struct {
   double copy_s, commit_s;
   double copy_cpu_s, commit_cpu_s; /* CPU the copy and writer threads used */
   double rest_s;       /* pacing rests (see cpu_share) */
+  uint64_t replicated, repl_failed, repl_superseded; /* level 3 (superseded: left
+                        * the local store before its turn; a newer one was copied) */
   uint64_t bytes_per_snapshot;
   int unpinned;           /* staging buffers that could not be page-locked (used unpinned) */
   char unpinned_why[160]; /* the backend's reason for the first */

@@ -155,9 +155,16 @@ static int lone_eval(void *ud, int64_t step, float val) {
 
 static void lone_ckpt_event(void *ud, const ckpt_event *ev) {
   run_ctx *r = ud;
-  if (ev->ok) {
+  if (ev->ok && ev->remote) {
+    event(r, ev->step, "checkpoint_remote", "replicated %.1f MiB to %s in %.1f s", ev->bytes / 1048576.0,
+          r->cfg.ckpt_remote, ev->commit_s);
+  } else if (ev->ok) {
     event(r, ev->step, "checkpoint", "committed %.1f MiB: copy %.1f ms, commit %.1f ms", ev->bytes / 1048576.0,
           ev->copy_s * 1e3, ev->commit_s * 1e3);
+  } else if (ev->remote) {
+    event(r, ev->step, "checkpoint_remote_failed", "%s", ev->what);
+    fprintf(stderr, "transom: remote copy of checkpoint %lld failed: %s (training continues)\n", (long long)ev->step,
+            ev->what);
   } else {
     event(r, ev->step, "checkpoint_failed", "%s", ev->what);
     fprintf(stderr, "transom: checkpoint of step %lld failed: %s (training continues; older checkpoints stay)\n",

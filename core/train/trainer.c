@@ -398,6 +398,8 @@ static int reg_one(void *ctx, const char *name, float *p, int ndim, const int64_
 
 int trainer_ckpt_attach(trainer *t, ckpt_engine *e) {
   int rc = t->dev ? ckpt_set_device(e, t->be) : TR_OK;
+  if (!rc && t->cfg.ckpt_remote[0] && (rc = ckpt_set_remote(e, t->cfg.ckpt_remote, t->cfg.ckpt_remote_rate_mb)))
+    rc = tr_fail_prefix(rc, "checkpoint.remote");
   if (!rc) rc = for_each_state(t, 1, reg_one, e);
   return rc;
 }

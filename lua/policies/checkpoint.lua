@@ -13,4 +13,8 @@ return {
                           -- "coalesce" replaces the one waiting to be written,
                           -- "skip" drops the new one. Training never waits.
   map_mb = 0,             -- LMDB map size in MiB (0 = room for keep_last + 2)
+  remote = "",            -- level 3: a directory on another disk (a shared file
+                          -- system, another host's disk); committed checkpoints
+                          -- are copied there in the background ("" = none)
+  remote_rate_mb = 100,   -- at most this many MiB/s on average (0 = no limit)
 }

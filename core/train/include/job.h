@@ -35,6 +35,8 @@ typedef struct {
   int64_t ckpt_every_steps, ckpt_keep_last, ckpt_keep_every, ckpt_map_mb;
   double ckpt_every_seconds;
   char ckpt_when_busy[16];
+  char ckpt_remote[1024];    /* level 3's directory, "" = none */
+  double ckpt_remote_rate_mb; /* MiB/s, 0 = no limit */
   /* replicas and failures (the operator) */
   int64_t replicas, min_replicas, max_replicas, checksum_interval, metrics_port;
   char on_failure[16];
