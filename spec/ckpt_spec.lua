@@ -1,7 +1,9 @@
 -- ckpt_spec.lua — checkpoints through the CLI, with real faults: kill -9 and
 -- resume (bit-identical losses), SIGTERM and resume, bytes flipped inside a
 -- stored checkpoint, a full store (LMDB map limit and a real 3 MB tmpfs), an
--- unwritable run directory, and the safetensors export read back by Python.
+-- unwritable run directory, the remote level (local store deleted: resume
+-- from the remote; an unwritable remote), and the safetensors export read
+-- back by Python.
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
@@ -187,6 +189,31 @@ describe("checkpoints", function()
     local v = sh(BIN .. " ckpt verify " .. run)
     assert.matches("step 10: ok", v)
     assert.not_matches("CORRUPT", v)
+  end)
+
+  it("the remote level: with the local store deleted, --resume continues from the remote copy", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: checkpoint spec skipped") end
+    local a, b, remote = tmp .. "/remote-plain", tmp .. "/remote-run", tmp .. "/remote-store"
+    local opts = "--set checkpoint.every_steps=10 --set checkpoint.remote=" .. remote
+    local out, rc = sh(args(a, "--set max_steps=60 --set checkpoint.every_steps=10"))
+    assert.equal(0, rc, out)
+    out, rc = sh(args(b, "--set max_steps=40 " .. opts))
+    assert.equal(0, rc, out)
+    assert.matches('"kind":"checkpoint_remote"', read(b .. "/events.jsonl"))
+    local ls = sh(BIN .. " ckpt ls " .. remote) -- the remote store reads on its own
+    assert.matches("\n%s*40%s", ls)
+    assert.equal(0, select(2, sh("rm -rf " .. b .. "/ckpt"))) -- the local disk is lost
+    out, rc = sh(BIN .. " run --resume " .. b .. " --set max_steps=60")
+    assert.equal(0, rc, out)
+    assert.matches("resumed from step 40", out)
+    assert.same(losses(a), losses(b)) -- as if nothing had happened
+
+    -- an unwritable remote stops the run before training, naming the key
+    out, rc = sh(args(tmp .. "/remote-bad", "--set max_steps=5 --set checkpoint.remote=/proc/transom-no-such/x"))
+    assert.is_not.equal(0, rc)
+    assert.matches("checkpoint.remote", out, 1, true)
+    assert.matches("/proc/transom-no-such/x", out, 1, true)
+    assert.not_matches("step%s+1/", out)
   end)
 
   it("an unwritable run directory is a clear error before training", function()
