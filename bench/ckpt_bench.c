@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "ckpt.h"
@@ -67,6 +68,14 @@ static double read_file(const char *path, void *buf, size_t n) {
   return got == n ? tr_now() - t0 : -1;
 }
 
+/* CPU seconds this process used so far (every thread, user + system). */
+static double process_cpu(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec * 1e-6;
+}
+
 /* 1 when the page cache could be dropped (root). */
 static int drop_caches(void) {
   sync();
@@ -78,8 +87,21 @@ static int drop_caches(void) {
 
 typedef struct {
   double off_s, on_s, stall_s;
+  double cpu_on; /* process CPU in the blocks with checkpoints (and their flush) */
   int snaps;
 } step_figures;
+
+/* Waits (bounded: 10 min) until every snapshot taken is committed or
+ * failed, without ending a pacing rest as ckpt_flush would: the blocks with
+ * checkpoints see the engine's steady pace, not a fresh start each. */
+static void drain(ckpt_engine *e) {
+  for (int i = 0; i < 600000; i++) {
+    ckpt_stats s;
+    ckpt_get_stats(e, &s);
+    if (s.snapshots == s.committed + s.failed) return;
+    usleep(1000);
+  }
+}
 
 /* Phase 1 and 2: blocks of steps with and without a snapshot every step. */
 static void steps_phase(trainer *t, ckpt_engine *e, step_figures *f) {
@@ -87,6 +109,7 @@ static void steps_phase(trainer *t, ckpt_engine *e, step_figures *f) {
   memset(f, 0, sizeof *f);
   for (int round = 0; round < ROUNDS; round++) {
     for (int mode = 0; mode < 2; mode++) {
+      double c0 = process_cpu();
       for (int i = 0; i < BLOCK; i++) {
         double w0 = tr_now(); /* as the training loop does: wait for a running copy before the update */
         trainer_compute_grads(t, &st);
@@ -108,7 +131,8 @@ static void steps_phase(trainer *t, ckpt_engine *e, step_figures *f) {
           f->off_s += st.t_total;
         }
       }
-      if (mode == 1) ckpt_flush(e); /* let the writer finish outside the timed blocks */
+      if (mode == 1) drain(e); /* let the writer finish outside the timed blocks */
+      if (mode == 1) f->cpu_on += process_cpu() - c0;
     }
   }
   ckpt_flush(e);
@@ -183,6 +207,7 @@ int main(int argc, char **argv) {
   step_figures f;
   steps_phase(t, e, &f);
   ckpt_get_stats(e, &cs);
+  double cpu_ckpt = (cs.copy_cpu_s + cs.commit_cpu_s) - (c0.copy_cpu_s + c0.commit_cpu_s);
   uint64_t bytes = cs.bytes_per_snapshot, committed = cs.committed - c0.committed;
   cs.coalesced -= c0.coalesced;
   cs.skipped -= c0.skipped;
@@ -245,7 +270,12 @@ int main(int argc, char **argv) {
            mib / cold_s, cold_s, rawread_s > 0 ? mib / rawread_s : 0.0);
   else
     printf("load cold:   not measured (dropping the page cache needs root)\n");
+  printf("cpu:         in the blocks with checkpoints, the checkpoint threads used %.2f CPU-s, training %.1f\n",
+         cpu_ckpt, f.cpu_on - cpu_ckpt);
   printf("RATIO step_with_ckpt/step_without = %.3f (target <= 1.05)\n", step_on / step_off);
+  printf("RATIO ckpt_cpu/training_cpu = %.4f (the pacing's share: %.2f x %ld cores / the cores training; "
+         "independent of other load)\n",
+         cpu_ckpt / (f.cpu_on - cpu_ckpt), CKPT_CPU_SHARE, sysconf(_SC_NPROCESSORS_ONLN));
   printf("RATIO stall/sync_save = %.4f (target <= 0.02)\n", f.stall_s / f.snaps / sync_s);
   printf("RATIO lmdb_commit/raw_write = %.2f (target >= 0.6)\n", raw_s / commit_s);
   printf("RATIO load/memcpy = %.3f (target >= 0.3)\n", memcpy_s / load_s);

@@ -99,6 +99,10 @@ int ckpt_set_device(ckpt_engine *e, const struct tr_backend *be);
  * none. Before the first snapshot. Readers of the engine
  * (ckpt_engine_reader) see both levels. */
 int ckpt_set_remote(ckpt_engine *e, const char *dir, double rate_mb_s);
+/* Waits until the newest committed checkpoint's remote copy is done (or
+ * failed): its event is then in ckpt_poll. No remote level, or NULL: 0 at
+ * once. The training loop's end calls it after ckpt_flush. */
+int ckpt_wait_remote(ckpt_engine *e);
 /* Pacing (see above): at most `share` of the machine's CPU, 0 < share <= 1
  * (1 = no pacing); the default is CKPT_CPU_SHARE. Before the first
  * snapshot. */

@@ -153,6 +153,7 @@ static int finish(loop_state *L, int rc) {
     snapshot(L);
   }
   ckpt_flush(o->ck);
+  ckpt_wait_remote(o->ck); /* the newest checkpoint on the remote level too, its event in the log */
   drain_ckpt(L);
   int done = L->step >= L->cfg->max_steps;
   if (!rc && L->leader && (done || o->save_on_stop)) {
