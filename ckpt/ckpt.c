@@ -1,7 +1,9 @@
 /* ckpt.c — the checkpoint engine (see ckpt.h for the design).
  *
- * Sections: CRC32C, manifest encoding, the engine (snapshot, copy thread,
- * writer thread, retention), the reader (verify, load).
+ * Sections: keys, manifest encoding, the engine (snapshot and its busy
+ * policy, copy thread, writer thread with retention and pacing), level 3
+ * (the replicator thread; the remote store's files are ckpt_remote.c), the
+ * reader (both levels; verify; load on two threads).
  *
  * LMDB layout, one environment per run (RUN/ckpt/):
  *   db "manifest": key = step (8 bytes big-endian, so keys sort by step)
