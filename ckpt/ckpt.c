@@ -933,6 +933,25 @@ struct ckpt_reader {
  * is an engine's whose writer thread runs (it may be inside a transaction). */
 static int may_remap(const ckpt_reader *r) { return !r->borrowed || !r->engine->threads_started; }
 
+int ckpt_store_damaged(const char *dir) {
+  char path[1100];
+  snprintf(path, sizeof path, "%s/data.mdb", dir);
+  if (access(path, F_OK) != 0) return 0;
+  MDB_env *env;
+  MDB_txn *txn = NULL;
+  MDB_dbi dbi;
+  if (mdb_env_create(&env)) return 0;
+  mdb_env_set_maxdbs(env, 4);
+  int rc = mdb_env_open(env, dir, MDB_RDONLY, 0644);
+  if (!rc) rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
+  if (!rc) rc = mdb_dbi_open(txn, "manifest", 0, &dbi);
+  if (!rc) rc = mdb_dbi_open(txn, "data", 0, &dbi);
+  if (txn) mdb_txn_abort(txn);
+  mdb_env_close(env);
+  return rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_VERSION_MISMATCH || rc == MDB_INCOMPATIBLE ||
+         rc == MDB_PAGE_NOTFOUND;
+}
+
 ckpt_reader *ckpt_reader_open(const char *dir) {
   ckpt_reader *r = calloc(1, sizeof *r);
   if (!r) {

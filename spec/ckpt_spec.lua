@@ -1,9 +1,9 @@
 -- ckpt_spec.lua — checkpoints through the CLI, with real faults: kill -9 and
 -- resume (bit-identical losses), SIGTERM and resume, bytes flipped inside a
 -- stored checkpoint, a full store (LMDB map limit and a real 3 MB tmpfs), an
--- unwritable run directory, the remote level (local store deleted: resume
--- from the remote; an unwritable remote), and the safetensors export read
--- back by Python.
+-- unwritable run directory, the remote level (local store deleted, then
+-- damaged: resume from the remote; an unwritable remote), and the
+-- safetensors export read back by Python.
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
@@ -207,6 +207,16 @@ describe("checkpoints", function()
     assert.equal(0, rc, out)
     assert.matches("resumed from step 40", out)
     assert.same(losses(a), losses(b)) -- as if nothing had happened
+
+    -- the local store damaged (its first pages overwritten: LMDB refuses it)
+    local f = io.open(b .. "/ckpt/data.mdb", "r+b")
+    f:write(string.rep("\xff", 16384))
+    f:close()
+    out, rc = sh(BIN .. " run --resume " .. b .. " --set max_steps=60")
+    assert.equal(0, rc, out)
+    assert.matches("is damaged", out, 1, true)
+    assert.matches("resumed from step 60", out, 1, true)
+    assert.matches("damaged%-%d+", sh("ls " .. b)) -- moved aside, not deleted
 
     -- an unwritable remote stops the run before training, naming the key
     out, rc = sh(args(tmp .. "/remote-bad", "--set max_steps=5 --set checkpoint.remote=/proc/transom-no-such/x"))

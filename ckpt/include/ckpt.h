@@ -169,6 +169,12 @@ typedef struct {
 
 typedef struct ckpt_reader ckpt_reader;
 
+/* 1 when dir holds a store LMDB refuses as damaged (not an LMDB file,
+ * corrupted pages, another format version): ckpt_open fails on it, and a
+ * job with a remote level may move it aside and resume from the remote.
+ * 0 otherwise (no store, a sound one, or another kind of error). Not for a
+ * store this process has open. */
+int ckpt_store_damaged(const char *dir);
 /* Opens an existing checkpoint directory read-only (another process may be
  * writing it). Not for a directory this process has open as an engine: use
  * ckpt_engine_reader then (LMDB allows one environment per file per

@@ -180,6 +180,15 @@ static int open_ckpt(run_ctx *r) {
   ckpt_opts o = {path, (size_t)c->ckpt_map_mb << 20, (int)c->ckpt_keep_last, (int)c->ckpt_keep_every,
                  strcmp(c->ckpt_when_busy, "skip") == 0 ? CKPT_SKIP : CKPT_COALESCE};
   r->ck = ckpt_open(&o);
+  if (!r->ck && c->ckpt_remote[0] && ckpt_store_damaged(path)) { /* the remote level still has them */
+    char aside[PATH_MAX + 32];
+    snprintf(aside, sizeof aside, "%s.damaged-%lld", path, (long long)time(NULL));
+    if (rename(path, aside) == 0) {
+      fprintf(stderr, "transom: the checkpoint store %s is damaged (%s); moved to %s: the remote level %s still "
+              "holds the checkpoints\n", path, tr_error(), aside, c->ckpt_remote);
+      r->ck = ckpt_open(&o);
+    }
+  }
   if (!r->ck) return tr_fail_prefix(TR_EIO, "checkpoints");
   return trainer_ckpt_attach(r->t, r->ck);
 }
