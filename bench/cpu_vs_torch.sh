@@ -98,7 +98,7 @@ best() { printf '%s\n' "$@" | sort -g | tail -1; } # largest of the rounds' figu
 RUN="$OUT/transom_run"
 EXTRA=()
 # Checkpoints off: the step alone is compared (torch saves nothing either).
-if "$TRANSOM" run --help 2>&1 | grep -q 'checkpoint'; then EXTRA+=(--set checkpoint.every_steps=0); fi
+if "$TRANSOM" run --help 2>&1 | grep -q 'checkpoint'; then EXTRA+=(--set checkpoint.every_steps=0 --set checkpoint.every_seconds=0); fi
 T_TOKS=() T_GFS=() T_MEDS=() P_TOKS=() P_GFS=() P_MEDS=()
 for ((r = 1; r <= REPEAT; r++)); do
   echo "== transom: $STEPS steps, $THREADS threads (round $r/$REPEAT)"

@@ -17,7 +17,7 @@ rm -rf "$out" && mkdir -p "$out"
 cat > "$out/job.lua" <<LUA
 return { data = "$corpus", replicas = 2, max_steps = $STEPS, n_layer = 4, n_head = 4, n_embd = 128,
   block_size = 64, batch_size = 12, eval_interval = 0, eval_steps = 5, sample_tokens = 0, log_interval = 1000,
-  checkpoint = { every_steps = 0 }, checksum_interval = 10 }
+  checkpoint = { every_steps = 0, every_seconds = 0 }, checksum_interval = 10 }
 LUA
 for round in 1 2; do
   for mode in true false; do

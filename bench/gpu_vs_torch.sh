@@ -55,7 +55,7 @@ echo "== $GPU | $PRECISION | peak $PEAK_TFLOPS TFLOP/s | $STEPS steps ($WARMUP w
 # transom: per-step times from metrics.jsonl, steps WARMUP+1..STEPS, like torch's
 rm -rf "$OUT/run"
 "$TRANSOM" run examples/shakespeare.lua --set data="$DATA" --set device=cuda --set precision="$PRECISION" $SIZE --set max_steps="$STEPS" \
-  --set eval_interval=0 --set sample_tokens=0 --set log_interval=10 --set checkpoint.every_steps=0 \
+  --set eval_interval=0 --set sample_tokens=0 --set log_interval=10 --set checkpoint.every_steps=0 --set checkpoint.every_seconds=0 \
   --set run_dir="$OUT/run" 2>&1 | tee "$OUT/transom.log"
 tr_tok=$(awk -v w="$WARMUP" -v bt=$((B * T)) '
   /"loss":/ { s = $0; sub(/.*"step":/, "", s); sub(/,.*/, "", s); m = $0; sub(/.*"step_s":/, "", m); sub(/,.*/, "", m); m *= 1000

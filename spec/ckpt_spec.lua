@@ -1,7 +1,9 @@
 -- ckpt_spec.lua — checkpoints through the CLI, with real faults: kill -9 and
 -- resume (bit-identical losses), SIGTERM and resume, bytes flipped inside a
 -- stored checkpoint, a full store (LMDB map limit and a real 3 MB tmpfs), an
--- unwritable run directory, and the safetensors export read back by Python.
+-- unwritable run directory, the remote level (local store deleted, then
+-- damaged: resume from the remote; an unwritable remote), and the
+-- safetensors export read back by Python.
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
@@ -66,7 +68,9 @@ describe("checkpoints", function()
     assert.equal(0, rc2, out)
     local resumed = tonumber(out:match("resumed from step (%d+)"))
     assert.is_truthy(resumed, out)
-    assert.is_true(resumed <= killed_at and resumed % 10 == 0)
+    -- a multiple of 10, or a later step if that snapshot was deferred (the
+    -- writer busy or pacing: ckpt.h) and taken at the next free boundary
+    assert.is_true(resumed >= 10 and resumed <= killed_at)
     assert.same(losses(a), losses(b))
     assert.equal(300, #losses(b))
     assert.matches('"kind":"resume"', read(b .. "/events.jsonl"))
@@ -145,8 +149,11 @@ describe("checkpoints", function()
   it("a full store (LMDB map size) fails commits cleanly while training goes on", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: checkpoint spec skipped") end
     local run = tmp .. "/mapfull"
+    -- 2 MiB hold one 1.2 MiB checkpoint, not two: the first snapshot and the
+    -- last are always taken (others may be deferred: the writer's pace), so
+    -- the store fills however fast the disk is
     local out, rc = sh(args(run, "--set max_steps=60 --set checkpoint.every_steps=10 --set checkpoint.keep_last=10"
-      .. " --set checkpoint.map_mb=4"))
+      .. " --set checkpoint.map_mb=2"))
     assert.equal(0, rc, out)
     assert.matches("step 60/60", out)
     local ev = read(run .. "/events.jsonl")
@@ -162,6 +169,8 @@ describe("checkpoints", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: checkpoint spec skipped") end
     local mnt = tmp .. "/small"
     os.execute("mkdir -p " .. mnt)
+    -- 3 MB: the run's files and one 1.2 MiB checkpoint, not two (the first
+    -- and the last snapshot are always taken; see the map-size case)
     local _, mrc = sh("mount -t tmpfs -o size=3m tmpfs " .. mnt)
     if mrc ~= 0 then
       pending("cannot mount a tmpfs here (needs root): the LMDB map-size case above covers a full store")
@@ -180,6 +189,41 @@ describe("checkpoints", function()
     local v = sh(BIN .. " ckpt verify " .. run)
     assert.matches("step 10: ok", v)
     assert.not_matches("CORRUPT", v)
+  end)
+
+  it("the remote level: with the local store deleted, --resume continues from the remote copy", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: checkpoint spec skipped") end
+    local a, b, remote = tmp .. "/remote-plain", tmp .. "/remote-run", tmp .. "/remote-store"
+    local opts = "--set checkpoint.every_steps=10 --set checkpoint.remote=" .. remote
+    local out, rc = sh(args(a, "--set max_steps=60 --set checkpoint.every_steps=10"))
+    assert.equal(0, rc, out)
+    out, rc = sh(args(b, "--set max_steps=40 " .. opts))
+    assert.equal(0, rc, out)
+    assert.matches('"kind":"checkpoint_remote"', read(b .. "/events.jsonl"))
+    local ls = sh(BIN .. " ckpt ls " .. remote) -- the remote store reads on its own
+    assert.matches("\n%s*40%s", ls)
+    assert.equal(0, select(2, sh("rm -rf " .. b .. "/ckpt"))) -- the local disk is lost
+    out, rc = sh(BIN .. " run --resume " .. b .. " --set max_steps=60")
+    assert.equal(0, rc, out)
+    assert.matches("resumed from step 40", out)
+    assert.same(losses(a), losses(b)) -- as if nothing had happened
+
+    -- the local store damaged (its first pages overwritten: LMDB refuses it)
+    local f = io.open(b .. "/ckpt/data.mdb", "r+b")
+    f:write(string.rep("\xff", 16384))
+    f:close()
+    out, rc = sh(BIN .. " run --resume " .. b .. " --set max_steps=60")
+    assert.equal(0, rc, out)
+    assert.matches("is damaged", out, 1, true)
+    assert.matches("resumed from step 60", out, 1, true)
+    assert.matches("damaged%-%d+", sh("ls " .. b)) -- moved aside, not deleted
+
+    -- an unwritable remote stops the run before training, naming the key
+    out, rc = sh(args(tmp .. "/remote-bad", "--set max_steps=5 --set checkpoint.remote=/proc/transom-no-such/x"))
+    assert.is_not.equal(0, rc)
+    assert.matches("checkpoint.remote", out, 1, true)
+    assert.matches("/proc/transom-no-such/x", out, 1, true)
+    assert.not_matches("step%s+1/", out)
   end)
 
   it("an unwritable run directory is a clear error before training", function()

@@ -293,6 +293,12 @@ return {
     path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { keep_last = 0 },\n}\n")
     has(rejected(path, run_dir), path .. ":3:", "'checkpoint.keep_last'", ">= 1")
 
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { remote = 5 },\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "'checkpoint.remote'", "string")
+
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { remote_rate_mb = -1 },\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "'checkpoint.remote_rate_mb'", ">= 0")
+
     path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = 100,\n}\n")
     has(rejected(path, run_dir), path .. ":3:", "'checkpoint'", "table")
   end)

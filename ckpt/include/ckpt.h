@@ -14,11 +14,22 @@
  * transaction. A checkpoint exists only once its transaction committed, so a
  * kill -9 at any moment leaves the previous ones intact.
  *
- * Two staging buffers: one can be committing while the next snapshot is
- * staged. When a snapshot is due and no buffer is free, the busy policy says
- * what happens: CKPT_SKIP drops the new snapshot, CKPT_COALESCE replaces the
- * staged one that the writer has not started yet. Training never waits on
+ * When a snapshot is due while the previous one is still being copied or
+ * written, the busy policy says what happens. CKPT_COALESCE (one staging
+ * buffer) defers it: the engine remembers that one is wanted and
+ * ckpt_pending() says when to take it (the newest state, at the first step
+ * boundary after the writer is free), so no copy is made only to be
+ * replaced. CKPT_SKIP (two staging buffers: one commits while the next is
+ * staged) drops a snapshot due with neither free. Training never waits on
  * the disk.
+ *
+ * Pacing: a checkpoint costs CPU (the level-1 copy, the CRC32C and copy into
+ * LMDB, the kernel's writes). After each commit the engine rests until that
+ * cost is at most cpu_share of the machine's CPU since the snapshot began;
+ * a snapshot due while it rests is deferred (coalesce) or dropped (skip)
+ * like one due while busy. On a machine whose cores all train, this is what
+ * keeps the step time within a few percent with a checkpoint due every
+ * step: checkpoints coalesce instead of taking CPU from the step.
  *
  * Threads: ckpt_register/snapshot/wait_copy/poll/flush/close from the one
  * training thread; the engine runs its own copy and writer threads. The
@@ -55,6 +66,7 @@ typedef struct {
   int busy;            /* CKPT_SKIP or CKPT_COALESCE */
 } ckpt_opts;
 
+
 typedef struct ckpt_engine ckpt_engine;
 
 /* Opens (creating) the LMDB environment at o->dir and starts the threads.
@@ -73,12 +85,41 @@ int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const i
  * says so, with the backend's reason) and not pinned again. */
 struct tr_backend;
 int ckpt_set_device(ckpt_engine *e, const struct tr_backend *be);
+/* Level 3, the remote store: a directory on another disk (a shared file
+ * system's mount, another host's disk), one file per checkpoint, published
+ * by rename after fsync so it never holds half of one. A replicator thread
+ * (nice 19) copies the newest committed checkpoint there in the background
+ * at no more than rate_mb_s MiB/s on average (0 = no limit), one short LMDB
+ * read transaction per 16 MiB chunk, checking every tensor's CRC32C on the
+ * way; checkpoints committed meanwhile are skipped for the newest; the
+ * remote keeps keep_last (and keep_every) like the local store. Outcomes
+ * come through ckpt_poll with ev.remote = 1 (failures too: training goes
+ * on). ckpt_close finishes the copy of the newest committed checkpoint.
+ * dir is created; an unwritable one is an error naming it. NULL or "" =
+ * none. Before the first snapshot. Readers of the engine
+ * (ckpt_engine_reader) see both levels. */
+int ckpt_set_remote(ckpt_engine *e, const char *dir, double rate_mb_s);
+/* Waits until the newest committed checkpoint's remote copy is done (or
+ * failed): its event is then in ckpt_poll. No remote level, or NULL: 0 at
+ * once. The training loop's end calls it after ckpt_flush. */
+int ckpt_wait_remote(ckpt_engine *e);
+/* Pacing (see above): at most `share` of the machine's CPU, 0 < share <= 1
+ * (1 = no pacing); the default is CKPT_CPU_SHARE. Before the first
+ * snapshot. */
+#define CKPT_CPU_SHARE 0.02
+int ckpt_set_cpu_share(ckpt_engine *e, double share);
 /* Starts a snapshot; returns 0, CKPT_SKIPPED (busy policy skip),
- * CKPT_COALESCED (replaced a staged snapshot), or a negative error. */
+ * CKPT_COALESCED (deferred: see ckpt_pending), or a negative error. */
 int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s);
+/* 1 when a deferred (coalesced) snapshot is wanted and the engine can take
+ * it now: the training loop asks at every step boundary and calls
+ * ckpt_snapshot with the state of that boundary. NULL or not started: 0. */
+int ckpt_pending(ckpt_engine *e);
 /* Blocks until no level-1 copy is running; returns the seconds waited. */
 double ckpt_wait_copy(ckpt_engine *e);
-/* Waits until every staged snapshot is committed (or failed). */
+/* Waits until every staged snapshot is committed (or failed), and ends a
+ * pacing rest: the next ckpt_snapshot is taken (the end of training, a
+ * stop, a test). */
 int ckpt_flush(ckpt_engine *e);
 /* Flushes, stops the threads, closes LMDB. NULL is a no-op. */
 void ckpt_close(ckpt_engine *e);
@@ -88,8 +129,9 @@ typedef struct {
   int64_t step;
   int ok;              /* 1 committed, 0 failed */
   char what[256];      /* failure reason, or "" */
-  double copy_s, commit_s;
+  double copy_s, commit_s; /* remote: commit_s is the whole copy's time */
   uint64_t bytes;
+  int remote;          /* 1: the outcome of a replication to the remote store */
 } ckpt_event;
 /* Pops the oldest unread commit outcome; returns 1 if one was written. */
 int ckpt_poll(ckpt_engine *e, ckpt_event *ev);
@@ -98,6 +140,10 @@ typedef struct {
   uint64_t snapshots, skipped, coalesced, committed, failed;
   double stall_s;      /* total time the training thread waited in wait_copy */
   double copy_s, commit_s;
+  double copy_cpu_s, commit_cpu_s; /* CPU the copy and writer threads used */
+  double rest_s;       /* pacing rests (see cpu_share) */
+  uint64_t replicated, repl_failed, repl_superseded; /* level 3 (superseded: left
+                        * the local store before its turn; a newer one was copied) */
   uint64_t bytes_per_snapshot;
   int unpinned;           /* staging buffers that could not be page-locked (used unpinned) */
   char unpinned_why[160]; /* the backend's reason for the first */
@@ -123,6 +169,12 @@ typedef struct {
 
 typedef struct ckpt_reader ckpt_reader;
 
+/* 1 when dir holds a store LMDB refuses as damaged (not an LMDB file,
+ * corrupted pages, another format version): ckpt_open fails on it, and a
+ * job with a remote level may move it aside and resume from the remote.
+ * 0 otherwise (no store, a sound one, or another kind of error). Not for a
+ * store this process has open. */
+int ckpt_store_damaged(const char *dir);
 /* Opens an existing checkpoint directory read-only (another process may be
  * writing it). Not for a directory this process has open as an engine: use
  * ckpt_engine_reader then (LMDB allows one environment per file per
@@ -140,11 +192,17 @@ int ckpt_reader_verify(ckpt_reader *r, int64_t step);
 /* Copies a verified tensor into out (bytes must match). */
 int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, uint64_t bytes);
 
+/* From now on ckpt_load skips checkpoints whose manifest's config_hash is
+ * not this one ("of a different model"). */
+void ckpt_reader_expect_model(ckpt_reader *r, uint64_t config_hash);
 /* Loads the newest checkpoint (at or before `step` if >= 0) that verifies into the
  * tensors registered under the same names (ckpt_target list). Skipped
- * (corrupt, unreadable) checkpoints are described in report (one line each,
- * "step N: reason"). Returns 0 and fills *state, or a negative error when no
- * checkpoint loads. */
+ * (corrupt, unreadable, another model's) checkpoints are described in report
+ * (one line each, "skipped step N: reason"). Returns 0 and fills *state, or a
+ * negative error when no checkpoint loads. A target is written only once
+ * its checkpoint has verified whole (every tensor's CRC32C, every target
+ * present with its size, the model): after a failure the targets hold what
+ * they held, so callers need no scratch copy. */
 typedef struct {
   const char *name;
   void *ptr;

@@ -156,9 +156,16 @@ static int lone_eval(void *ud, int64_t step, float val) {
 
 static void lone_ckpt_event(void *ud, const ckpt_event *ev) {
   run_ctx *r = ud;
-  if (ev->ok) {
+  if (ev->ok && ev->remote) {
+    event(r, ev->step, "checkpoint_remote", "replicated %.1f MiB to %s in %.1f s", ev->bytes / 1048576.0,
+          r->cfg.ckpt_remote, ev->commit_s);
+  } else if (ev->ok) {
     event(r, ev->step, "checkpoint", "committed %.1f MiB: copy %.1f ms, commit %.1f ms", ev->bytes / 1048576.0,
           ev->copy_s * 1e3, ev->commit_s * 1e3);
+  } else if (ev->remote) {
+    event(r, ev->step, "checkpoint_remote_failed", "%s", ev->what);
+    fprintf(stderr, "transom: remote copy of checkpoint %lld failed: %s (training continues)\n", (long long)ev->step,
+            ev->what);
   } else {
     event(r, ev->step, "checkpoint_failed", "%s", ev->what);
     fprintf(stderr, "transom: checkpoint of step %lld failed: %s (training continues; older checkpoints stay)\n",
@@ -174,6 +181,15 @@ static int open_ckpt(run_ctx *r) {
   ckpt_opts o = {path, (size_t)c->ckpt_map_mb << 20, (int)c->ckpt_keep_last, (int)c->ckpt_keep_every,
                  strcmp(c->ckpt_when_busy, "skip") == 0 ? CKPT_SKIP : CKPT_COALESCE};
   r->ck = ckpt_open(&o);
+  if (!r->ck && c->ckpt_remote[0] && ckpt_store_damaged(path)) { /* the remote level still has them */
+    char aside[PATH_MAX + 32];
+    snprintf(aside, sizeof aside, "%s.damaged-%lld", path, (long long)time(NULL));
+    if (rename(path, aside) == 0) {
+      fprintf(stderr, "transom: the checkpoint store %s is damaged (%s); moved to %s: the remote level %s still "
+              "holds the checkpoints\n", path, tr_error(), aside, c->ckpt_remote);
+      r->ck = ckpt_open(&o);
+    }
+  }
   if (!r->ck) return tr_fail_prefix(TR_EIO, "checkpoints");
   return trainer_ckpt_attach(r->t, r->ck);
 }

@@ -36,6 +36,8 @@ static const struct {
     SUB("checkpoint.keep_every", 'i', ckpt_keep_every, 0), SUB("checkpoint.map_mb", 'i', ckpt_map_mb, 0),
     SUB("checkpoint.every_seconds", 'n', ckpt_every_seconds, 0),
     SUB("checkpoint.when_busy", 's', ckpt_when_busy, sizeof(((job_config *)0)->ckpt_when_busy)),
+    SUB("checkpoint.remote", 's', ckpt_remote, sizeof(((job_config *)0)->ckpt_remote)),
+    SUB("checkpoint.remote_rate_mb", 'n', ckpt_remote_rate_mb, 0),
     SUB("pipeline.stages", 'i', pipe_stages, 0), SUB("pipeline.micro_batches", 'i', pipe_micro_batches, 0),
     SUB("pipeline.placement", 's', pipe_placement, sizeof(((job_config *)0)->pipe_placement)),
     SUB("pipeline.compression", 's', pipe_compression, sizeof(((job_config *)0)->pipe_compression)),

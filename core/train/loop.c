@@ -30,25 +30,31 @@ static void drain_ckpt(loop_state *L) {
 }
 
 /* A snapshot that fails to start is a failed checkpoint, not a failed run:
- * training goes on and older checkpoints stay. */
+ * training goes on and older checkpoints stay. One the engine deferred or
+ * skipped (busy, or pacing) is not counted as taken: a deferred one is
+ * taken when ckpt_pending says so, and the end snapshots what is left. */
 static void snapshot(loop_state *L) {
   ckpt_state s;
   trainer_ckpt_state(L->o->t, &s);
-  if (ckpt_snapshot(L->o->ck, &s) < 0 && L->h->ckpt_event) {
+  int rc = ckpt_snapshot(L->o->ck, &s);
+  if (rc < 0 && L->h->ckpt_event) {
     ckpt_event ev = {.step = L->step, .ok = 0};
     snprintf(ev.what, sizeof ev.what, "%s", tr_error());
     L->h->ckpt_event(L->h->ud, &ev);
   }
-  L->last_snap = L->step;
-  L->last_snap_time = tr_now();
+  if (rc == 0 || rc < 0) {
+    L->last_snap = L->step;
+    L->last_snap_time = tr_now();
+  }
 }
 
 static int stop_reached(const loop_state *L) {
   return L->ctl.stop || (L->ctl.stop_at > 0 && L->step >= L->ctl.stop_at);
 }
 
-/* Due by steps, by seconds, on request, at a stop or at the end. Only the
- * leader snapshots (every replica holds the same bits). */
+/* Due by steps, by seconds, on request, at a stop or at the end, or a
+ * deferred (coalesced) one the engine can take now. Only the leader
+ * snapshots (every replica holds the same bits). */
 static void checkpoint_tick(loop_state *L) {
   const job_config *c = L->cfg;
   int asked = L->ctl.ckpt_now;
@@ -56,7 +62,7 @@ static void checkpoint_tick(loop_state *L) {
   if (!L->o->ck || !L->leader) return;
   int due = (c->ckpt_every_steps > 0 && L->step % c->ckpt_every_steps == 0) || asked ||
             (c->ckpt_every_seconds > 0 && tr_now() - L->last_snap_time >= c->ckpt_every_seconds) ||
-            L->step == c->max_steps || stop_reached(L);
+            L->step == c->max_steps || stop_reached(L) || ckpt_pending(L->o->ck);
   if (due) snapshot(L);
 }
 
@@ -145,9 +151,11 @@ static int finish(loop_state *L, int rc) {
   const loop_opts *o = L->o;
   if (o->ck && L->leader && L->last_snap != L->step && (!rc || o->save_on_stop)) {
     ckpt_wait_copy(o->ck);
+    ckpt_flush(o->ck); /* the writer free and no pacing rest: this snapshot is taken, not deferred */
     snapshot(L);
   }
   ckpt_flush(o->ck);
+  ckpt_wait_remote(o->ck); /* the newest checkpoint on the remote level too, its event in the log */
   drain_ckpt(L);
   int done = L->step >= L->cfg->max_steps;
   if (!rc && L->leader && (done || o->save_on_stop)) {

@@ -469,6 +469,8 @@ static int reg_one(void *ctx, const char *name, float *p, int ndim, const int64_
 
 int trainer_ckpt_attach(trainer *t, ckpt_engine *e) {
   int rc = t->dev ? ckpt_set_device(e, t->be) : TR_OK;
+  if (!rc && t->cfg.ckpt_remote[0] && (rc = ckpt_set_remote(e, t->cfg.ckpt_remote, t->cfg.ckpt_remote_rate_mb)))
+    rc = tr_fail_prefix(rc, "checkpoint.remote");
   if (!rc) rc = for_each_state(t, 1, reg_one, e);
   return rc;
 }
@@ -518,33 +520,20 @@ static int add_target(void *ctx, const char *name, float *p, int ndim, const int
 int trainer_ckpt_load(trainer *t, ckpt_reader *r, int64_t step, char *report, size_t report_len) {
   targets ts = {calloc(3 * (size_t)graph_ntensors(t->g) + 1, sizeof(ckpt_target)), 0};
   if (!ts.t) return tr_fail(TR_ENOMEM, "out of memory");
-  /* load into scratch copies, so a failed load leaves the trainer as it was */
-  int64_t np = graph_nparams(t->g);
-  float *scratch = tr_alloc_aligned(sizeof(float) * 3 * (size_t)np);
-  int rc = scratch ? for_each_state(t, 0, add_target, &ts) : tr_fail(TR_ENOMEM, "out of memory");
-  float *params = host_params(t), *mv = adamw_state(t->opt);
-  for (int i = 0; i < ts.n && !rc; i++) { /* redirect into scratch at the same offsets */
-    float *p = ts.t[i].ptr;
-    if (p >= params && p < params + np) ts.t[i].ptr = scratch + (p - params);
-    else ts.t[i].ptr = scratch + np + (p - mv);
-  }
+  /* straight into the host state: ckpt_load writes the targets only once the
+   * whole checkpoint verified (and is of this model), so a failed load
+   * leaves the trainer as it was */
+  int rc = for_each_state(t, 0, add_target, &ts);
   ckpt_state st;
+  ckpt_reader_expect_model(r, trainer_config_hash(t));
   if (!rc) rc = ckpt_load(r, step, ts.t, ts.n, &st, report, report_len);
-  if (!rc && st.config_hash != trainer_config_hash(t))
-    rc = tr_fail(TR_EINVAL, "checkpoint step %lld is of a different model (model, sizes or vocabulary changed)",
-                 (long long)st.step);
-  if (!rc) {
-    memcpy(params, scratch, sizeof(float) * (size_t)np);
-    memcpy(mv, scratch + np, sizeof(float) * 2 * (size_t)np);
-    rc = trainer_push(t);
-  }
+  if (!rc) rc = trainer_push(t);
   if (!rc) {
     t->step = st.step;
     adamw_set_steps(t->opt, st.opt_steps);
   }
   for (int i = 0; i < ts.n; i++) free((char *)ts.t[i].name);
   free(ts.t);
-  tr_free_aligned(scratch);
   return rc;
 }
 

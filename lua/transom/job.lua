@@ -23,6 +23,8 @@ local CHECKPOINT = {
   { "keep_every", "integer", nil, "also keep steps divisible by M (0 = none)", min = 0 },
   { "when_busy", "string", nil, "when the disk is still writing: skip or coalesce", enum = { "skip", "coalesce" } },
   { "map_mb", "integer", nil, "LMDB map size in MiB (0 = automatic)", min = 0 },
+  { "remote", "string", nil, "remote level: a directory on another disk or a shared file system (\"\" = none)" },
+  { "remote_rate_mb", "number", nil, "remote copies' average rate in MiB/s (0 = no limit)", min = 0 },
 }
 
 local PIPELINE = {

@@ -45,6 +45,8 @@ typedef struct {
   char pipe_placement[1024], pipe_compression[16];
   double pipe_min_density, pipe_act_min_density, pipe_lan_mbit, pipe_wan_mbit, pipe_wan_ms;
   int pipe_probe; /* pipeline.workers (speed, zone) stay in the Lua table: pipeline_plan.c reads them */
+  char ckpt_remote[1024];    /* level 3's directory, "" = none */
+  double ckpt_remote_rate_mb; /* MiB/s, 0 = no limit */
   /* replicas and failures (the operator) */
   int64_t replicas, min_replicas, max_replicas, checksum_interval, metrics_port;
   int64_t hosts; /* agents to wait for (0: the operator forks its workers) */
