@@ -59,12 +59,14 @@
 #define POLL_MS 50
 
 /* --- a fault at an exact point, for tests ---
- * TRANSOM_TEST_FTAR_FAULT="kill|stop:SEQ:FRAMES": this process raises
+ * TRANSOM_TEST_FTAR_FAULT="kill|stop:SEQ:FRAMES[:SLOT]": this process raises
  * SIGKILL or SIGSTOP on itself once it has received FRAMES data frames of
  * collective SEQ, so a fault test lands mid-collective every time (a signal
- * from outside may land between collectives). Read once; unset: nothing. */
+ * from outside may land between collectives). With SLOT, only the member
+ * of that slot does (a job's workers all inherit the variable). Read once;
+ * unset: nothing. */
 static struct {
-  int sig;
+  int sig, slot;
   uint64_t seq;
   uint32_t frames;
 } test_fault;
@@ -75,15 +77,17 @@ static void test_fault_read(void) {
   char what[8];
   unsigned long long seq;
   unsigned frames;
-  if (v && sscanf(v, "%7[a-z]:%llu:%u", what, &seq, &frames) == 3 && frames > 0) {
+  int slot = -1, k = v ? sscanf(v, "%7[a-z]:%llu:%u:%d", what, &seq, &frames, &slot) : 0;
+  if (k >= 3 && frames > 0) {
+    test_fault.slot = k == 4 ? slot : -1;
     test_fault.sig = strcmp(what, "kill") == 0 ? SIGKILL : strcmp(what, "stop") == 0 ? SIGSTOP : 0;
     test_fault.seq = seq;
     test_fault.frames = frames;
   }
 }
 
-static void test_fault_check(uint64_t seq, uint32_t frames) {
-  if (test_fault.sig && seq == test_fault.seq && frames == test_fault.frames) raise(test_fault.sig);
+static void test_fault_check(int slot, uint64_t seq, uint32_t frames) {
+  if (test_fault.sig && (test_fault.slot < 0 || test_fault.slot == slot) && seq == test_fault.seq && frames == test_fault.frames) raise(test_fault.sig);
 }
 
 /* --- ring state, frame geometry --- */
@@ -688,7 +692,7 @@ static int finish_frame(ring *g, undo_log *u) {
     g->ridx++;
     g->rj++;
     skip_recv(g);
-    test_fault_check(g->seq, g->ridx);
+    test_fault_check(g->m->slot, g->seq, g->ridx);
   }
   update_full(g);
   return RX_FRAME;

@@ -35,7 +35,7 @@ static const struct {
     SUB("checkpoint.keep_every", 'i', ckpt_keep_every, 0), SUB("checkpoint.map_mb", 'i', ckpt_map_mb, 0),
     SUB("checkpoint.every_seconds", 'n', ckpt_every_seconds, 0),
     SUB("checkpoint.when_busy", 's', ckpt_when_busy, sizeof(((job_config *)0)->ckpt_when_busy)),
-    I(replicas), I(min_replicas), I(max_replicas), I(checksum_interval), I(metrics_port), S(on_failure), S(policies), N(deadline), N(hang_seconds), N(operator_grace), B(detector),
+    I(replicas), I(min_replicas), I(max_replicas), I(checksum_interval), I(metrics_port), S(on_failure), S(policies), N(deadline), N(bucket_mb), N(hang_seconds), N(operator_grace), B(detector),
 };
 #undef S
 #undef I

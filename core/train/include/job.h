@@ -39,7 +39,7 @@ typedef struct {
   int64_t replicas, min_replicas, max_replicas, checksum_interval, metrics_port;
   char on_failure[16];
   char policies[1024];
-  double deadline, hang_seconds, operator_grace;
+  double deadline, bucket_mb, hang_seconds, operator_grace;
   int detector; /* Eagle Eye on */
   job_chaos chaos[JOB_MAX_CHAOS];
   int nchaos;
