@@ -975,7 +975,9 @@ static int ring_wait(ring *g, double now, double spin) {
   ftar_member *m = g->m;
   ring_pollset ps;
   pollset_build(g, &ps);
-  int spinning = now - g->t_progress < spin;
+  /* blocked on our own next bucket: the producer (backward, on the core
+   * we would spin on) wakes us through wake[] when it is final */
+  int spinning = now - g->t_progress < spin && !recv_gated(g);
   if (!spinning && shm_arm(g)) return 0; /* progress became possible while arming */
   int rc = poll(ps.pf, (nfds_t)ps.np, spinning ? 0 : POLL_MS);
   shm_disarm(m);
