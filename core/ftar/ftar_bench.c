@@ -669,7 +669,7 @@ static void rec_line(void *ud, child *c, const char *line) {
 
 typedef struct {
   int ranks, use_stop, trials;
-  uint64_t count, chunk;
+  uint64_t count, chunk, bucket; /* bucket > 0: ranks reduce in buckets while writing (rank --bucket) */
   double deadline;
   int64_t sockbuf;
 } rec_opts;
@@ -701,6 +701,11 @@ static int rec_spawn(const rec_opts *ro, const char *coordaddr, child *cs, int *
     if (ro->sockbuf >= 0) {
       argv[k++] = "--sockbuf";
       snprintf(bufs[b], 64, "%lld", (long long)ro->sockbuf);
+      argv[k++] = bufs[b++];
+    }
+    if (ro->bucket) {
+      argv[k++] = "--bucket";
+      snprintf(bufs[b], 64, "%llu", (unsigned long long)ro->bucket);
       argv[k++] = bufs[b++];
     }
     argv[k] = NULL;
@@ -811,9 +816,10 @@ static int run_recovery(const rec_opts *ro) {
       ms[j - 1] = t;
     }
   char h[32];
-  printf("recovery (%s, %d ranks, %s all-reduce, deadline %.2f s): survivors completed the redo %.1f ms after the "
+  printf("recovery (%s, %d ranks, %s all-reduce%s, deadline %.2f s): survivors completed the redo %.1f ms after the "
          "signal (median of %d; min %.1f, max %.1f)\n",
-         ro->use_stop ? "SIGSTOP" : "kill -9", ro->ranks, human(ro->count * 4, h, sizeof h), ro->deadline,
+         ro->use_stop ? "SIGSTOP" : "kill -9", ro->ranks, human(ro->count * 4, h, sizeof h),
+         ro->bucket ? " in buckets" : "", ro->deadline,
          ms[trials / 2], trials, ms[0], ms[trials - 1]);
   return 0;
 }
@@ -850,7 +856,7 @@ static const char usage[] =
     "usage: transom ftar-bench [--ranks N] [--sizes LIST] [--iters N|auto] [--warmup N] [--op sum|mean]\n"
     "                          [--verify] [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES] [--spin US]\n"
     "                          [--bind | --no-bind] [--tcp]\n"
-    "       transom ftar-bench recovery [--ranks N] [--count FLOATS] [--signal kill|stop] [--trials N]\n"
+    "       transom ftar-bench recovery [--ranks N] [--count FLOATS] [--signal kill|stop] [--trials N] [--bucket FLOATS]\n"
     "                          [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES]\n"
     "       transom ftar-bench coord [--host H] [--port P] [--deadline SEC] [--heartbeat SEC]\n"
     "       transom ftar-bench rank --coord HOST:PORT --slot S [--counts LIST | --sizes LIST] [--iters N|auto]\n"
@@ -1009,6 +1015,7 @@ static int run_mode(const char *mode, bench_args *a) {
                    .trials = a->trials,
                    .count = a->count,
                    .chunk = a->so.chunk,
+                   .bucket = a->ro.bucket,
                    .deadline = a->deadline > 0 ? a->deadline : 1,
                    .sockbuf = a->so.sockbuf};
     return run_recovery(&ro);
