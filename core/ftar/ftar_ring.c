@@ -968,16 +968,65 @@ static int pollset_handle(ring *g, const ring_pollset *ps) {
   return 0;
 }
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Shared-memory links, spinning: watch the rings' counters (and the
+ * control generation, our producer's progress) in memory for up to
+ * SHM_WATCH_S before the round of poll() + sched_yield(), which costs a
+ * few microseconds of syscalls: a peer's next frame or freed space
+ * usually comes sooner (perf, 2 ranks, 16-byte all-reduce: 4.4 us a
+ * collective, almost all of it in that round; OpenMPI: 0.17 us). 1 if
+ * something moved. */
+#define SHM_WATCH_S 10e-6
+static long cpus_online = 1;
+static pthread_once_t cpus_once = PTHREAD_ONCE_INIT;
+static void cpus_read(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  cpus_online = n > 0 ? n : 1;
+}
+
+/* Only where a rank that spins cannot be sitting on the core its peer
+ * needs: no more members than cores (OpenMPI yields when oversubscribed,
+ * too), and not beside a producer (a bucketed call's backward). */
+static int shm_watch_worth(const ring *g) {
+  pthread_once(&cpus_once, cpus_read);
+  return !g->rd && g->p <= cpus_online;
+}
+
+static int shm_watch(const ring *g) {
+  ftar_member *m = g->m;
+  shm_link *U = &m->up_shm, *D = &m->down_shm;
+  if ((!U->active && !D->active) || !shm_watch_worth(g)) return 0;
+  uint64_t head = U->active ? atomic_load(&U->h->head) : 0, tail = D->active ? atomic_load(&D->h->tail) : 0;
+  unsigned gen = atomic_load(&m->gen);
+  size_t from = g->rd ? atomic_load(&g->rd->from) : 0;
+  double t_end = tr_now() + SHM_WATCH_S;
+  for (int i = 1;; i++) {
+    cpu_relax();
+    if ((U->active && atomic_load(&U->h->head) != head) || (D->active && atomic_load(&D->h->tail) != tail) ||
+        atomic_load(&m->gen) != gen || (g->rd && atomic_load(&g->rd->from) != from))
+      return 1;
+    if (i % 64 == 0 && tr_now() > t_end) return 0;
+  }
+}
+
 /* Nothing moved: poll without sleeping while the last progress is recent
  * (spin), else arm the shared-memory doorbells and sleep up to POLL_MS;
  * then handle what woke us. 0, or -1 (g->why) to abort. */
 static int ring_wait(ring *g, double now, double spin) {
   ftar_member *m = g->m;
-  ring_pollset ps;
-  pollset_build(g, &ps);
   /* blocked on our own next bucket: the producer (backward, on the core
    * we would spin on) wakes us through wake[] when it is final */
   int spinning = now - g->t_progress < spin && !recv_gated(g);
+  if (spinning && shm_watch(g)) return 0;
+  ring_pollset ps;
+  pollset_build(g, &ps);
   if (!spinning && shm_arm(g)) return 0; /* progress became possible while arming */
   int rc = poll(ps.pf, (nfds_t)ps.np, spinning ? 0 : POLL_MS);
   shm_disarm(m);
