@@ -77,4 +77,5 @@ echo
 echo "recovery: 3 ranks, one killed / stopped in the middle of a 16 MiB all-reduce, deadline 1 s (shm links)"
 "$BUILD/transom" ftar-bench recovery --ranks 3 --count 4M --signal kill --deadline 1 --trials 3 2>/dev/null | tail -1
 "$BUILD/transom" ftar-bench recovery --ranks 3 --count 4M --signal stop --deadline 1 --trials 3 2>/dev/null | tail -1
+"$BUILD/transom" ftar-bench recovery --ranks 3 --count 4M --bucket 512K --signal kill --deadline 1 --trials 3 2>/dev/null | tail -1
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -97,6 +97,7 @@ typedef struct {
   int64_t slow_until, slow_ms, nan_until;
   int pad_ms; /* TRANSOM_TEST_STEP_MS: every step sleeps this long first (soak tests) */
   auth_secret secret; /* the job's: TRANSOM_SECRET / TRANSOM_SECRET_FILE (the operator or agent sets it) */
+  int inflight; /* a bucketed all-reduce of this step runs on FTAR's communication thread */
 } worker;
 
 static const char usage[] =
@@ -363,8 +364,29 @@ static int hook_before_step(void *ud, int64_t next) {
   return 0;
 }
 
+/* bucket_mb > 0 on host memory: the all-reduce of step `next` starts now
+ * and reduces buckets while backward writes the rest (hook_grads_ready). */
+static int hook_exchange_start(void *ud, int64_t next) {
+  worker *w = ud;
+  trainer *t = w->t;
+  size_t bucket = (size_t)(w->cfg->bucket_mb * (1 << 20) / sizeof(float));
+  w->inflight = 0;
+  if (!bucket || !trainer_backend(t)->host_memory) return 0;
+  int rc = ftar_allreduce_start(w->fm, trainer_grads(t), (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)next,
+                                bucket);
+  if (rc) return rc;
+  w->inflight = 1;
+  return 0;
+}
+
+static void hook_grads_ready(void *ud, int64_t from) {
+  worker *w = ud;
+  if (w->inflight) ftar_allreduce_ready(w->fm, (size_t)from);
+}
+
 /* The gradients of step `next`, all-reduced (mean) in place on the backend
- * through FTAR; a joiner the group outran replays what it missed. */
+ * through FTAR (finished here when hook_exchange_start started it); a
+ * joiner the group outran replays what it missed. */
 static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
   worker *w = ud;
   trainer *t = w->t;
@@ -372,7 +394,13 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
   float *g = trainer_grads(t); /* the backend's memory: FTAR moves it with the device's communicator */
   set_phase(w, 1);
   ftar_result res;
-  int rc = ftar_allreduce_dev(w->fm, be, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)next, &res);
+  int rc;
+  if (w->inflight) {
+    w->inflight = 0;
+    rc = ftar_allreduce_wait(w->fm, &res, &x->comm_s);
+  } else {
+    rc = ftar_allreduce_dev(w->fm, be, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)next, &res);
+  }
   set_phase(w, 0);
   if (rc == FTAR_ESEQ && w->donor_fd >= 0 && res.seq > (uint64_t)next) {
     int applied = donor_catch_up(w->donor_fd, t, (int64_t)res.seq - 1);
@@ -625,6 +653,8 @@ static int train(worker *w, ckpt_engine *ck, const char *run) {
   loop_hooks h = {.ud = w,
                   .poll = hook_poll,
                   .before_step = hook_before_step,
+                  .exchange_start = hook_exchange_start,
+                  .grads_ready = hook_grads_ready,
                   .exchange = hook_exchange,
                   .boundary = hook_boundary,
                   .report = hook_report,

@@ -119,6 +119,9 @@ typedef struct {
   uint64_t chunk, seq0;
   int64_t sockbuf;
   int spin_us, bind, no_shm;
+  uint64_t bucket;  /* > 0: ftar_allreduce_start in buckets of this many floats, the input produced
+                       from its end in half buckets (the way backward produces gradients) */
+  uint64_t produce_us; /* a pause after each produced half bucket */
   uint64_t counts[MAX_SIZES];
   int ncounts;
 } rank_opts;
@@ -188,6 +191,7 @@ static void read_control(rank_opts *ro, char *line, size_t *len, size_t cap) {
 typedef struct {
   ftar_member *m;
   float *buf;
+  float *src; /* --bucket: the input, copied into buf piece by piece */
   double t_start; /* when it began to join (--max-sec counts from here) */
   uint64_t seq;   /* the next collective's */
   int tail_seen, stop, fail;
@@ -273,12 +277,28 @@ static void print_result(const rank_opts *ro, size_t n, int rc, const ftar_resul
          sl, ok, t0, t1);
 }
 
+/* --bucket: the collective started first, then the input written into buf
+ * from its end, half a bucket at a time, each piece declared final. */
+static int rank_bucketed(rank_opts *ro, rank_state *rs, size_t n, ftar_result *res) {
+  int rc = ftar_allreduce_start(rs->m, rs->buf, n, ro->op, rs->seq, (size_t)ro->bucket);
+  if (rc) return rc;
+  size_t piece = ro->bucket > 1 ? (size_t)ro->bucket / 2 : 1;
+  for (size_t hi = n; hi > 0;) {
+    size_t lo = hi > piece ? hi - piece : 0;
+    memcpy(rs->buf + lo, rs->src + lo, (hi - lo) * sizeof(float));
+    ftar_allreduce_ready(rs->m, lo);
+    if (ro->produce_us) usleep((useconds_t)ro->produce_us);
+    hi = lo;
+  }
+  return ftar_allreduce_wait(rs->m, res, NULL);
+}
+
 /* One all-reduce of n floats, checked and printed. -1 if it failed
  * (printed; the rank stops). */
 static int rank_collective(rank_opts *ro, rank_state *rs, size_t n, ftar_result *res, double *t0, double *t1) {
-  if (ro->verify) fill(rs->buf, n, ro->slot, rs->seq, ro->static_pattern);
+  if (ro->verify) fill(ro->bucket ? rs->src : rs->buf, n, ro->slot, rs->seq, ro->static_pattern);
   *t0 = tr_now();
-  int rc = ftar_allreduce(rs->m, rs->buf, n, ro->op, rs->seq, res);
+  int rc = ro->bucket ? rank_bucketed(ro, rs, n, res) : ftar_allreduce(rs->m, rs->buf, n, ro->op, rs->seq, res);
   *t1 = tr_now();
   if (rc < 0) {
     printf("ftar-error slot=%d seq=%llu rc=%d msg=%s\n", ro->slot, (unsigned long long)rs->seq, rc, tr_error());
@@ -305,7 +325,7 @@ static void rank_size(rank_opts *ro, rank_state *rs, size_t n) {
   int iters = ro->iters > 0 ? ro->iters : auto_iters(n * 4);
   int total = ro->warmup + iters;
   double t_first = 0, t_last = 0;
-  if (!ro->verify) fill(rs->buf, n, ro->slot, rs->seq, ro->static_pattern);
+  if (!ro->verify) fill(ro->bucket ? rs->src : rs->buf, n, ro->slot, rs->seq, ro->static_pattern);
   for (int it = 0; it < total; it++) {
     ftar_result res;
     double t0, t1;
@@ -333,7 +353,7 @@ static int rank_run(rank_opts *ro) {
   if (ro->wait > 1 && (rc = ftar_member_wait(rs.m, ro->wait, ro->timeout))) {
     printf("ftar-error slot=%d seq=0 rc=%d msg=%s\n", ro->slot, rc, tr_error());
     rs.fail = 1;
-  } else if (!(rs.buf = malloc(maxc * sizeof(float)))) {
+  } else if (!(rs.buf = malloc(maxc * sizeof(float))) || (ro->bucket && !(rs.src = malloc(maxc * sizeof(float))))) {
     printf("ftar-error slot=%d seq=0 rc=-1 msg=out of memory\n", ro->slot);
     rs.fail = 1;
   } else {
@@ -348,6 +368,7 @@ static int rank_run(rank_opts *ro) {
          (unsigned long long)st.conns_rejected, (unsigned long long)st.links_shm, (unsigned long long)st.links_tcp);
   fflush(stdout);
   free(rs.buf);
+  free(rs.src);
   ftar_member_free(rs.m);
   return rs.fail ? 1 : 0;
 }
@@ -648,7 +669,7 @@ static void rec_line(void *ud, child *c, const char *line) {
 
 typedef struct {
   int ranks, use_stop, trials;
-  uint64_t count, chunk;
+  uint64_t count, chunk, bucket; /* bucket > 0: ranks reduce in buckets while writing (rank --bucket) */
   double deadline;
   int64_t sockbuf;
 } rec_opts;
@@ -680,6 +701,11 @@ static int rec_spawn(const rec_opts *ro, const char *coordaddr, child *cs, int *
     if (ro->sockbuf >= 0) {
       argv[k++] = "--sockbuf";
       snprintf(bufs[b], 64, "%lld", (long long)ro->sockbuf);
+      argv[k++] = bufs[b++];
+    }
+    if (ro->bucket) {
+      argv[k++] = "--bucket";
+      snprintf(bufs[b], 64, "%llu", (unsigned long long)ro->bucket);
       argv[k++] = bufs[b++];
     }
     argv[k] = NULL;
@@ -790,9 +816,10 @@ static int run_recovery(const rec_opts *ro) {
       ms[j - 1] = t;
     }
   char h[32];
-  printf("recovery (%s, %d ranks, %s all-reduce, deadline %.2f s): survivors completed the redo %.1f ms after the "
+  printf("recovery (%s, %d ranks, %s all-reduce%s, deadline %.2f s): survivors completed the redo %.1f ms after the "
          "signal (median of %d; min %.1f, max %.1f)\n",
-         ro->use_stop ? "SIGSTOP" : "kill -9", ro->ranks, human(ro->count * 4, h, sizeof h), ro->deadline,
+         ro->use_stop ? "SIGSTOP" : "kill -9", ro->ranks, human(ro->count * 4, h, sizeof h),
+         ro->bucket ? " in buckets" : "", ro->deadline,
          ms[trials / 2], trials, ms[0], ms[trials - 1]);
   return 0;
 }
@@ -829,7 +856,7 @@ static const char usage[] =
     "usage: transom ftar-bench [--ranks N] [--sizes LIST] [--iters N|auto] [--warmup N] [--op sum|mean]\n"
     "                          [--verify] [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES] [--spin US]\n"
     "                          [--bind | --no-bind] [--tcp]\n"
-    "       transom ftar-bench recovery [--ranks N] [--count FLOATS] [--signal kill|stop] [--trials N]\n"
+    "       transom ftar-bench recovery [--ranks N] [--count FLOATS] [--signal kill|stop] [--trials N] [--bucket FLOATS]\n"
     "                          [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES]\n"
     "       transom ftar-bench coord [--host H] [--port P] [--deadline SEC] [--heartbeat SEC]\n"
     "       transom ftar-bench rank --coord HOST:PORT --slot S [--counts LIST | --sizes LIST] [--iters N|auto]\n"
@@ -837,7 +864,7 @@ static const char usage[] =
     "                          [--min-members N] [--timeout SEC] [--deadline SEC] [--chunk BYTES]\n"
     "                          [--sockbuf BYTES] [--seq0 N] [--loop] [--until-contrib C | --until-slot S]\n"
     "                          [--tail T] [--until-seq Q] [--control-stdin] [--tcp] [--bind] [--spin US]\n"
-    "                          [--max-sec SEC] [--quiet]\n"
+    "                          [--max-sec SEC] [--quiet] [--bucket FLOATS [--produce-us US]]\n"
     "\n"
     "FTAR, the fault-tolerant ring all-reduce, on 127.0.0.1: a coordinator and N rank processes.\n"
     "The default mode prints time, algbw and busbw = algbw*2(n-1)/n per size (sizes in bytes with\n"
@@ -846,7 +873,8 @@ static const char usage[] =
     "Same-host ranks exchange frames through shared-memory rings; --tcp forces TCP links.\n"
     "recovery kills (or stops) the last rank in the middle of an all-reduce and prints the time until\n"
     "the survivors finished the redo. coord and rank are the building blocks (tests use them); ranks\n"
-    "print machine-readable ftar-ready/ftar-result/ftar-time/ftar-error/ftar-done lines.\n";
+    "print machine-readable ftar-ready/ftar-result/ftar-time/ftar-error/ftar-done lines; --bucket makes\n"
+    "a rank reduce in buckets while it still writes its input (ftar_allreduce_start), as training does.\n";
 
 /* Everything the command line sets, for every mode. */
 typedef struct {
@@ -898,6 +926,8 @@ static int parse_value_rank(bench_args *a, const char *n, const char *v, int *ba
   else if (strcmp(n, "--min-members") == 0)
     *bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro->min_members = (int)u), 0);
   else if (strcmp(n, "--seq0") == 0) *bad = parse_u64(v, &ro->seq0);
+  else if (strcmp(n, "--bucket") == 0) *bad = parse_u64(v, &ro->bucket);
+  else if (strcmp(n, "--produce-us") == 0) *bad = parse_u64(v, &ro->produce_us) || ro->produce_us > 10000000;
   else if (strcmp(n, "--until-contrib") == 0)
     *bad = parse_u64(v, &u) || u > FTAR_MAX_MEMBERS || ((ro->until_contrib = (int)u), 0);
   else if (strcmp(n, "--until-slot") == 0)
@@ -985,6 +1015,7 @@ static int run_mode(const char *mode, bench_args *a) {
                    .trials = a->trials,
                    .count = a->count,
                    .chunk = a->so.chunk,
+                   .bucket = a->ro.bucket,
                    .deadline = a->deadline > 0 ? a->deadline : 1,
                    .sockbuf = a->so.sockbuf};
     return run_recovery(&ro);

@@ -57,7 +57,7 @@ static int sync_epoch(ftar_member *m, uint64_t cur_seq, int full, int fresh, dou
     ftar_cv_wait(m, t_end);
     if (m->o.quorum_wait) {
       pthread_mutex_unlock(&m->mu);
-      m->o.quorum_wait(m->o.quorum_ud);
+      ftar_quorum_wait(m);
       pthread_mutex_lock(&m->mu);
     }
   }
@@ -313,7 +313,8 @@ int ftar_collective(ftar_member *m, ftar_plane *pl, size_t n, ftar_op op, uint64
 int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, ftar_result *res) {
   if (!m || (!buf && n) || (op != FTAR_SUM && op != FTAR_MEAN) || n > MAX_COUNT)
     return tr_fail(TR_EINVAL, "ftar_allreduce: bad arguments");
-  ftar_plane *pl = ftar_ring_plane_new(buf, n, op);
+  if (ftar_async_busy(m)) return tr_fail(TR_ESTATE, "ftar_allreduce: a started collective was not waited for");
+  ftar_plane *pl = ftar_ring_plane_new(buf, n, op, 0, NULL);
   if (!pl) {
     if (res) memset(res, 0, sizeof *res);
     return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory");

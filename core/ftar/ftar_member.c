@@ -233,6 +233,7 @@ error:
 
 void ftar_member_free(ftar_member *m) {
   if (!m) return;
+  ftar_async_free(m); /* a collective in flight on the communication thread fails first */
   if (m->dev_free) m->dev_free(m->dev_state); /* the device plane first: its communicator may take a moment */
   m->dev_state = NULL;
   ftar_ctl_stop(m);

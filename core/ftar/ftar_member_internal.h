@@ -43,6 +43,15 @@ typedef struct {
   char host[FTAR_HOST_MAX + 1];
 } peer;
 
+/* How far its producer got with a buffer being all-reduced while it is
+ * still written (ftar_allreduce_start): buf[from..n) is final. The
+ * producer stores with release, the ring loads with acquire. */
+typedef struct {
+  _Atomic size_t from;
+} ftar_ready;
+
+typedef struct ftar_async ftar_async; /* ftar_async.c's communication thread */
+
 typedef struct { /* a connection on the data port that has not shown a valid CONNECT yet */
   int fd;
   size_t got;
@@ -153,6 +162,7 @@ struct ftar_member {
   uint64_t last_seq, last_ep;
   int completed_any;
   ftar_stats st;
+  ftar_async *async; /* ftar_async.c's communication thread (NULL until the first ftar_allreduce_start) */
   void *dev_state; /* ftar_dev.c's, freed by dev_free */
   void (*dev_free)(void *);
 };
@@ -208,11 +218,21 @@ void ftar_port_match(ftar_member *m);  /* adopts our upstream's CONNECT for run_
 void ftar_port_close(ftar_member *m);  /* closes every stranger */
 void ftar_links_close(ftar_member *m); /* closes both ring links of run_ep */
 
+/* --- ftar_async.c: the communication thread of ftar_allreduce_start --- */
+
+/* opts.quorum_wait, on the caller's thread: called on the communication
+ * thread, it asks ftar_allreduce_wait to run it instead. Mutex not held. */
+void ftar_quorum_wait(ftar_member *m);
+int ftar_async_busy(ftar_member *m); /* a started collective was not waited for yet */
+void ftar_async_free(ftar_member *m); /* fails a collective in flight, joins the thread */
+
 /* --- ftar_ring.c: the ring as a data plane --- */
 
-/* The ring plane over buf[0..n) for ftar_allreduce. NULL when out of memory
- * (no message). Freed with ftar_ring_plane_free (NULL ok). */
-ftar_plane *ftar_ring_plane_new(float *buf, size_t n, ftar_op op);
+/* The ring plane over buf[0..n) for ftar_allreduce: in buckets of `bucket`
+ * floats from the end of buf (0 or >= n: one), each reduced once rd says
+ * it is final (rd NULL: all are). NULL when out of memory (no message).
+ * Freed with ftar_ring_plane_free (NULL ok). */
+ftar_plane *ftar_ring_plane_new(float *buf, size_t n, ftar_op op, size_t bucket, const ftar_ready *rd);
 void ftar_ring_plane_free(ftar_plane *pl);
 
 #endif

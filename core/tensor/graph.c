@@ -93,6 +93,12 @@ struct graph {
   float *params, *grads, *acts, *act_grads; /* backend memory */
   uint32_t *inputs;  /* host: int32 or float32 inputs, 4 bytes each (the caller fills them) */
   uint32_t *dinputs; /* their device copy (== inputs on a host backend) */
+  /* graph_set_grad_hook: after backward ran order position k (and all
+   * later ones), grads[grad_ready[k]..) are final; grad_ready[norder]:
+   * before any op */
+  int64_t *grad_ready;
+  graph_grad_hook grad_hook;
+  void *grad_ud;
 };
 
 #define ALIGN_ELEMS 16 /* 64 bytes */
@@ -113,6 +119,7 @@ void graph_free(graph *g) {
   free(g->nodes);
   free(g->outputs);
   free(g->order);
+  free(g->grad_ready);
   if (g->be) {
     g->be->free(g->params);
     g->be->free(g->grads);
@@ -826,6 +833,56 @@ static void backward_bf16(graph *g, const node *n) {
 #undef DACT
 #undef MAT
 
+/* --- gradients final during backward --- */
+
+/* grad_ready from the plan: a parameter is final after the backward of the
+ * first op (in order) that reads it; a suffix of the slab is final when
+ * every parameter in it is. */
+static int plan_grad_ready(graph *g) {
+  int N = g->norder;
+  int *first = malloc(sizeof(int) * (size_t)(g->nt ? g->nt : 1));
+  free(g->grad_ready);
+  g->grad_ready = malloc(sizeof(int64_t) * (size_t)(N + 1));
+  if (!first || !g->grad_ready) {
+    free(first);
+    return tr_fail(TR_ENOMEM, "out of memory planning gradient readiness");
+  }
+  for (int t = 0; t < g->nt; t++) first[t] = N; /* unused: final from the start */
+  for (int k = N - 1; k >= 0; k--)
+    for (int i = 0; i < 3; i++) {
+      int t = g->nodes[g->order[k]].in[i];
+      if (t >= 0) first[t] = k;
+    }
+  for (int k = 0; k <= N; k++) g->grad_ready[k] = g->sz.grads;
+  int lo = N; /* the earliest position after which every parameter from here to the end is final */
+  for (int t = g->nt - 1; t >= 0; t--) { /* descending offsets */
+    if (g->tensors[t].kind != TK_PARAM) continue;
+    if (first[t] < lo) lo = first[t];
+    for (int k = 0; k <= lo; k++)
+      if (g->tensors[t].goff < g->grad_ready[k]) g->grad_ready[k] = g->tensors[t].goff;
+  }
+  free(first);
+  return TR_OK;
+}
+
+int graph_set_grad_hook(graph *g, graph_grad_hook fn, void *ud) {
+  if (fn && (!g->planned || !g->with_grad)) return tr_fail(TR_ESTATE, "graph_set_grad_hook: not planned for training");
+  if (fn && !g->grad_ready) {
+    int rc = plan_grad_ready(g);
+    if (rc) return rc;
+  }
+  g->grad_hook = fn;
+  g->grad_ud = ud;
+  return TR_OK;
+}
+
+/* After backward ran position k: tell the hook if more became final. */
+static void grad_progress(graph *g, int k, int64_t *told) {
+  if (!g->grad_hook || !g->be->host_memory || g->grad_ready[k] >= *told) return;
+  *told = g->grad_ready[k];
+  g->grad_hook(g->grad_ud, *told);
+}
+
 /* --- forward, backward --- */
 
 int graph_forward(graph *g) {
@@ -872,12 +929,18 @@ int graph_backward_range(graph *g, int lo, int hi) {
   if (lo < 0 || hi > g->norder || lo > hi)
     return tr_fail(TR_EINVAL, "graph_backward_range: [%d,%d) is outside [0,%d)", lo, hi, g->norder);
   int prof = profiling();
+  /* the gradient hook reports progress of a whole backward only (a range is
+   * a pipeline stage's share, which sets no hook) */
+  int64_t told = g->sz.grads;
+  int full = lo == 0 && hi == g->norder;
+  if (full) grad_progress(g, g->norder, &told);
   for (int k = hi - 1; k >= lo; k--) {
     double t0 = prof ? tr_now() : 0;
     const node *n = &g->nodes[g->order[k]];
     if (g->bf16) backward_bf16(g, n);
     else backward_f32(g, n);
     if (prof) prof_add(g, 1, n->op, t0);
+    if (full) grad_progress(g, k, &told);
   }
   return g->be->host_memory ? TR_OK : check_device(g, "backward");
 }

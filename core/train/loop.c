@@ -76,6 +76,7 @@ static int exchange(loop_state *L, step_stats *st, loop_exchange *x) {
   double t0 = tr_now();
   int rc = L->h->exchange(L->h->ud, L->step + 1, x);
   x->allreduce_s = tr_now() - t0;
+  if (x->comm_s < x->allreduce_s) x->comm_s = x->allreduce_s; /* it ran at least while the step waited */
   (void)st;
   return rc;
 }
@@ -98,6 +99,7 @@ static void fill_record(const loop_state *L, const step_stats *st, const loop_ex
   r->forward_s = st->t_fwd;
   r->backward_s = st->t_bwd;
   r->allreduce_s = x->allreduce_s;
+  r->comm_s = x->comm_s;
   r->optimizer_s = st->t_opt;
   r->ckpt_wait_s = st->t_ckpt_wait;
   r->tokens_per_s = wall > 0 ? (double)st->tokens / wall : 0;
@@ -116,6 +118,7 @@ static int one_step(loop_state *L, step_stats *st, loop_exchange *x, double *wal
   trainer *t = L->o->t;
   double t0 = tr_now();
   int rc = HOOK(L, before_step, L->step + 1);
+  if (!rc) rc = HOOK(L, exchange_start, L->step + 1);
   if (!rc) rc = L->h->compute ? L->h->compute(L->h->ud, L->step + 1, st) : trainer_compute_grads(t, st);
   if (!rc) rc = exchange(L, st, x);
   if (rc) return rc;
@@ -170,8 +173,8 @@ int loop_run(const loop_opts *o, const loop_hooks *h, loop_result *res) {
   trainer_get_state(o->t, &ts);
   loop_state L = {.o = o, .h = h, .cfg = trainer_config(o->t), .step = ts.step, .last_snap = ts.step,
                   .last_snap_time = tr_now(), .leader = h->exchange == NULL}; /* with peers: known after an exchange */
-  int rc = 0;
-  while (L.step < L.cfg->max_steps) {
+  int rc = h->grads_ready ? trainer_set_grads_ready(o->t, h->grads_ready, h->ud) : 0;
+  while (!rc && L.step < L.cfg->max_steps) {
     if ((rc = HOOK(&L, poll, &L.ctl)) || stop_reached(&L)) break;
     step_stats st = {0};
     loop_exchange x;
@@ -180,10 +183,12 @@ int loop_run(const loop_opts *o, const loop_hooks *h, loop_result *res) {
     if (rc == LOOP_RECOMPUTE) { /* a joiner replayed what it missed: go on from there */
       trainer_get_state(o->t, &ts);
       L.step = ts.step;
+      rc = 0;
       continue;
     }
     if (rc || (rc = after_step(&L, &st, &x, wall))) break;
   }
+  if (h->grads_ready) trainer_set_grads_ready(o->t, NULL, NULL);
   rc = finish(&L, rc);
   res->step = L.step;
   res->stopped = L.step < L.cfg->max_steps && stop_reached(&L);

@@ -52,6 +52,8 @@ struct trainer {
   int dev;
   float *hparams; /* host mirror of the parameters */
   float *hgrads;  /* host copy of the gradients (collectives over the host, donors) */
+  void (*ready_fn)(void *ud, int64_t from); /* trainer_set_grads_ready */
+  void *ready_ud;
 };
 
 /* The parameters in host memory: the slab itself on a host backend, else
@@ -311,6 +313,19 @@ static void batch_rng(const trainer *t, int64_t step, rng_t *r) {
   rng_u64(r);
 }
 
+/* The graph's backward hook: everything but the slab's start is passed on
+ * at once; 0 only after the step's last write (chaos poisons grads[0]). */
+static void grads_progress(void *ud, int64_t from) {
+  trainer *t = ud;
+  if (from > 0) t->ready_fn(t->ready_ud, from);
+}
+
+int trainer_set_grads_ready(trainer *t, void (*fn)(void *ud, int64_t from), void *ud) {
+  t->ready_fn = fn;
+  t->ready_ud = ud;
+  return graph_set_grad_hook(t->g, fn ? grads_progress : NULL, t);
+}
+
 int trainer_compute_grads(trainer *t, step_stats *st) {
   const int B = (int)t->cfg.batch_size, T = (int)t->cfg.block_size;
   double t0 = tr_now();
@@ -332,6 +347,7 @@ int trainer_compute_grads(trainer *t, step_stats *st) {
     t->poison_next = 0;
     if ((rc = t->be->upload(graph_grads(t->g), &nan, sizeof nan))) return rc;
   }
+  if (t->ready_fn && t->be->host_memory) t->ready_fn(t->ready_ud, 0);
   st->t_data = t1 - t0;
   st->t_fwd = t2 - t1;
   st->t_bwd = t3 - t2;

@@ -16,8 +16,10 @@
 --   to its latest heartbeat: how long it is known to have been alive without
 --   progressing; it stops growing when the process stops), w.checksum, w.checksum_step, and the
 --   latest value of every metric: loss, grad_norm, lr, step_s, data_s,
---   forward_s, backward_s, allreduce_s, optimizer_s, ckpt_wait_s,
---   tokens_per_s, rss_bytes, compute_s (= step_s - allreduce_s).
+--   forward_s, backward_s, allreduce_s (what the step waited for),
+--   comm_s (how long the all-reduce ran, overlapped with backward or not),
+--   optimizer_s, ckpt_wait_s, tokens_per_s, rss_bytes,
+--   compute_s (= step_s - allreduce_s).
 --   Statistics in C: w:z(m) (latest against the EWMA before it), w:ewma(m)
 --   -> mean, std, w:median(m, n), w:mad(m, n), w:mean(m, n),
 --   w:percentile(m, p, n), w:run_above(m, x) (latest steps in a row > x),

@@ -117,6 +117,8 @@ local SCHEMA = {
   { "on_failure", "string", "replace", "replace (only the failed replica) or restart_all (stop everything, reload "
     .. "the last checkpoint: what torchrun does)", enum = { "replace", "restart_all" } },
   { "deadline", "number", 3.0, "seconds a silent or stalled replica is tolerated before it is dropped", gt = 0 },
+  { "bucket_mb", "number", 1.0, "replicas reduce gradients in buckets of this many MiB while backward still "
+    .. "runs (0 = one all-reduce after backward)", min = 0, max = 4096 },
   { "hang_seconds", "number", 60, "a replica computing one step this long while the others wait for it is hung "
     .. "(evicted)", gt = 0 },
   { "operator_grace", "number", 60, "seconds a replica waits for a restarted operator (`transom run --resume RUN`) "

@@ -32,6 +32,7 @@
 #include <stdatomic.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <poll.h>
@@ -51,6 +52,7 @@
 #include "check.h"
 #include "ftar.h"
 #include "ftar_wire.h"
+#include "rng.h"
 #include "util.h"
 
 extern char **environ;
@@ -590,6 +592,129 @@ static void test_api(void) {
   ftar_coord_free(c);
 }
 
+/* --- buckets reduced while the input is still written (ftar_allreduce_start) --- */
+
+typedef struct {
+  ftar_member *m;
+  int slot, rc, nm;
+  size_t n, bucket; /* bucket 0: plain ftar_allreduce */
+  uint64_t seq;
+  float *in, *buf; /* the input; where it is produced and reduced */
+  ftar_result res;
+} thr_bucket;
+
+/* One MEAN collective of in[0..n): plain, or started first and produced
+ * from the end a few floats at a time (backward's order), each piece
+ * declared final, so buckets are reduced while later ones are written. */
+static void *thr_bucketed(void *p) {
+  thr_bucket *a = p;
+  if (!a->bucket) {
+    memcpy(a->buf, a->in, a->n * sizeof(float));
+    a->rc = ftar_allreduce(a->m, a->buf, a->n, FTAR_MEAN, a->seq, &a->res);
+    return NULL;
+  }
+  memset(a->buf, 0xff, a->n * sizeof(float)); /* NaN until produced: a bucket read early shows */
+  a->rc = ftar_allreduce_start(a->m, a->buf, a->n, FTAR_MEAN, a->seq, a->bucket);
+  if (a->rc) return NULL;
+  size_t piece = a->bucket / 3 + 1;
+  for (size_t hi = a->n; hi > 0;) {
+    size_t lo = hi > piece ? hi - piece : 0;
+    memcpy(a->buf + lo, a->in + lo, (hi - lo) * sizeof(float));
+    ftar_allreduce_ready(a->m, lo);
+    hi = lo;
+  }
+  double comm = -1;
+  a->rc = ftar_allreduce_wait(a->m, &a->res, &comm);
+  if (a->rc >= 0 && !(comm >= 0)) a->rc = -101;
+  return NULL;
+}
+
+/* Runs one collective on every member at once; 0 if all succeeded with
+ * every member as a contributor. */
+static int run_members(thr_bucket *t, int nm) {
+  pthread_t th[4];
+  for (int i = 0; i < nm; i++) pthread_create(&th[i], NULL, thr_bucketed, &t[i]);
+  for (int i = 0; i < nm; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < nm; i++)
+    if (t[i].rc < 0 || t[i].res.contributors != nm) return -1;
+  return 0;
+}
+
+/* Bits of the bucketed result against ftar_allreduce's: equal at 2
+ * members for any bucket (a + b == b + a), and at 3 for one bucket; at 3
+ * with many buckets every member holds the same bits. */
+static void test_buckets(void) {
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = 30;
+  const size_t n = 300007;
+  ftar_member *ms[3] = {0};
+  thr_bucket t[3];
+  float *ref[3];
+  uint64_t seq = 1;
+  for (int nm = 2; nm <= 3; nm++) {
+    ms[nm - 1] = ftar_member_create("127.0.0.1", ftar_coord_port(c), nm - 1, &mo);
+    CHECK(ms[nm - 1] != NULL, "bucket test member %d: %s", nm - 1, tr_error());
+    if (!ms[nm - 1] || (nm == 2 && !(ms[0] = ftar_member_create("127.0.0.1", ftar_coord_port(c), 0, &mo)))) break;
+    CHECK(ftar_member_wait(ms[0], nm, T(10)) == 0, "bucket test: %d members: %s", nm, tr_error());
+    rng_t r;
+    for (int i = 0; i < nm; i++) {
+      t[i] = (thr_bucket){.m = ms[i], .slot = i, .n = n, .nm = nm};
+      t[i].in = malloc(n * sizeof(float));
+      t[i].buf = malloc(n * sizeof(float));
+      ref[i] = malloc(n * sizeof(float));
+      rng_seed(&r, 77u + (unsigned)i);
+      for (size_t k = 0; k < n; k++) t[i].in[k] = (float)(rng_uniform(&r) * 2 - 1) * (float)(1 + k % 7);
+    }
+    /* reference: the plain collective */
+    for (int i = 0; i < nm; i++) t[i].seq = seq, t[i].bucket = 0;
+    seq++;
+    CHECK(run_members(t, nm) == 0, "bucket test: plain collective at %d members", nm);
+    for (int i = 0; i < nm; i++) memcpy(ref[i], t[i].buf, n * sizeof(float));
+    size_t buckets[] = {1000, 65536, 4 * n};
+    for (int b = 0; b < 3; b++) {
+      for (int i = 0; i < nm; i++) t[i].seq = seq, t[i].bucket = buckets[b];
+      seq++;
+      int rc = run_members(t, nm);
+      CHECK(rc == 0, "bucket test: %d members, bucket %zu: rc %d %d", nm, buckets[b], t[0].rc, t[1].rc);
+      if (rc) continue;
+      int same_as_plain = memcmp(t[0].buf, ref[0], n * sizeof(float)) == 0, agree = 1;
+      for (int i = 1; i < nm; i++) agree &= memcmp(t[0].buf, t[i].buf, n * sizeof(float)) == 0;
+      CHECK(agree, "bucket test: %d members, bucket %zu: members hold different bits", nm, buckets[b]);
+      if (nm == 2 || buckets[b] >= n)
+        CHECK(same_as_plain, "bucket test: %d members, bucket %zu: bits differ from ftar_allreduce", nm, buckets[b]);
+      else /* the same values up to the order of the additions */
+        for (size_t k = 0; k < n; k += 997)
+          CHECK(fabsf(t[0].buf[k] - ref[0][k]) <= 1e-6f * (1 + fabsf(ref[0][k])), "bucket test: [%zu] %g vs %g", k,
+                (double)t[0].buf[k], (double)ref[0][k]);
+      printf("  buckets: %d members, bucket %zu floats: %s\n", nm, buckets[b],
+             same_as_plain ? "bit-identical to ftar_allreduce" : "members agree; differs from ftar_allreduce");
+    }
+    for (int i = 0; i < nm; i++) {
+      free(t[i].in);
+      free(t[i].buf);
+      free(ref[i]);
+    }
+  }
+  /* misuse: wait without start; a plain call while one is in flight */
+  ftar_result res;
+  CHECK(ftar_allreduce_wait(ms[0], &res, NULL) == TR_ESTATE, "wait without start refused");
+  float v[64] = {0};
+  if (ms[0]) {
+    CHECK(ftar_allreduce_start(ms[0], v, 64, FTAR_SUM, seq, 16) == 0, "start: %s", tr_error());
+    CHECK(ftar_allreduce(ms[0], v, 64, FTAR_SUM, seq, &res) == TR_ESTATE, "a plain call while one is in flight");
+    ftar_allreduce_ready(ms[0], 0);
+  }
+  /* freed with that collective in flight (the others never join it): the
+   * communication thread is stopped and joined, nothing hangs */
+  double t_free = tr_now();
+  for (int i = 0; i < 3; i++) ftar_member_free(ms[i]);
+  printf("  buckets: a member freed with a bucketed collective in flight: %.2f s\n", tr_now() - t_free);
+  ftar_coord_free(c);
+}
+
 /* --- a coordinator on a loop the test drives: stalls, new coordinators --- */
 
 typedef struct {
@@ -759,7 +884,9 @@ static void test_new_coordinator(void) {
 
 /* --- sizes: exact sums at 2, 3, 4 ranks --- */
 
-static void test_sizes(int p, const char *op, int tcp, const char *counts_csv) {
+/* bucket > 0: every rank reduces in buckets of that many floats while it
+ * still writes its input (ftar-bench rank --bucket) */
+static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, size_t bucket) {
   double t0 = tr_now();
   ftar_coord *c = coord_start();
   if (!c) return;
@@ -777,6 +904,12 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv) {
     arg(&a, "%s", op);
     arg(&a, "--verify");
     if (tcp) arg(&a, "--tcp");
+    if (bucket) {
+      arg(&a, "--bucket");
+      arg(&a, "%zu", bucket);
+      arg(&a, "--produce-us");
+      arg(&a, "20");
+    }
     spawn(&ps[r], r, a.v);
   }
   finish(ps, p, T(120));
@@ -806,17 +939,22 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv) {
   /* finishing ranks leave cleanly: a boundary epoch, not an aborting one */
   CHECK(coord_log_has("leaves after seq") && !coord_log_has("connection closed"),
         "%d ranks: ranks that finished left cleanly", p);
-  printf("  sizes: %d ranks, %s, %s, %d sizes: %.1f s\n", p, op, tcp ? "tcp" : "shm", ncounts, tr_now() - t0);
+  printf("  sizes: %d ranks, %s, %s, %d sizes%s: %.1f s\n", p, op, tcp ? "tcp" : "shm", ncounts,
+         bucket ? ", in buckets while written" : "", tr_now() - t0);
   proc_free(ps, p);
   ftar_coord_free(c);
 }
 
 /* --- kill -9 / SIGSTOP mid all-reduce, then optionally a joiner --- */
 
-static void test_fault(int use_stop, int with_join, int tcp, unsigned seed) {
+/* bucket > 0: ranks reduce in buckets of count/8 floats while they still
+ * write their input, slowly enough that the victim dies with buckets in
+ * flight and others not yet written: the survivors redo all of them */
+static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int bucket) {
   double tstart = tr_now();
   char what[64];
-  snprintf(what, sizeof what, "%s (%s)", use_stop ? "SIGSTOP" : "kill -9", tcp ? "tcp" : "shm");
+  snprintf(what, sizeof what, "%s (%s%s)", use_stop ? "SIGSTOP" : "kill -9", tcp ? "tcp" : "shm",
+           bucket ? ", buckets" : "");
   ftar_coord *c = coord_start();
   if (!c) return;
   int port = ftar_coord_port(c);
@@ -847,6 +985,12 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed) {
       arg(&a, "%d", iters);
     }
     if (tcp) arg(&a, "--tcp");
+    if (bucket) {
+      arg(&a, "--bucket");
+      arg(&a, "%zu", count / 8);
+      arg(&a, "--produce-us");
+      arg(&a, "2000");
+    }
     /* the victim signals itself once it has received 1 + seed % 3 data
      * frames of collective 6: mid reduce-scatter every time, so the
      * survivors' abort and redo always run (a signal from outside could
@@ -887,6 +1031,10 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed) {
     args a;
     rank_args(&a, port, joiner);
     if (tcp) arg(&a, "--tcp");
+    if (bucket) {
+      arg(&a, "--bucket");
+      arg(&a, "%zu", count / 8);
+    }
     arg(&a, "--counts");
     arg(&a, "%zu", count);
     arg(&a, "--verify");
@@ -1199,25 +1347,31 @@ int main(void) {
   double t0 = tr_now();
   test_wire();
   test_api();
+  test_buckets();
   test_stall();
   test_new_coordinator();
   int small = test_small();
   const char *counts = small ? "1,2,3,5,7,31,1000,4097,65537"
                              : "1,2,3,5,7,31,1000,4097,65537,262147,1048573,4194301,16777216";
   for (int tcp = 0; tcp < 2; tcp++) { /* same-host shared-memory rings, then plain TCP links */
-    test_sizes(2, "sum", tcp, counts);
-    test_sizes(3, "sum", tcp, counts);
-    test_sizes(4, "sum", tcp, counts);
-    test_sizes(3, "mean", tcp, small ? "1,3,1000,65537" : "1,3,1000,65537,1048573");
+    test_sizes(2, "sum", tcp, counts, 0);
+    test_sizes(3, "sum", tcp, counts, 0);
+    test_sizes(4, "sum", tcp, counts, 0);
+    test_sizes(3, "mean", tcp, small ? "1,3,1000,65537" : "1,3,1000,65537,1048573", 0);
+    test_sizes(3, "sum", tcp, "1,7,1000,65537,1048573", 10000);
+    test_sizes(2, "mean", tcp, "1,3,65537", 4096);
   }
   int rounds = lng ? 5 : 1;
   for (int i = 0; i < rounds; i++)
     for (int tcp = 0; tcp < 2; tcp++) {
-      test_fault(0, 0, tcp, 1234u + (unsigned)i);
-      test_fault(1, 0, tcp, 4321u + (unsigned)i);
+      test_fault(0, 0, tcp, 1234u + (unsigned)i, 0);
+      test_fault(1, 0, tcp, 4321u + (unsigned)i, 0);
+      test_fault(0, 0, tcp, 2345u + (unsigned)i, 1);
     }
-  test_fault(0, 1, 0, 99u);
-  test_fault(0, 1, 1, 98u);
+  test_fault(1, 0, 0, 5432u, 1);
+  test_fault(0, 1, 0, 99u, 0);
+  test_fault(0, 1, 1, 98u, 0);
+  test_fault(0, 1, 0, 97u, 1);
   test_garbage();
   test_soak();
   printf("  total %.1f s\n", tr_now() - t0);

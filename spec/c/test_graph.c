@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "check.h"
 #include "bpe.h"
+#include "crc32c.h"
 #include "data.h"
 #include "graph.h"
 #include "kernels.h"
@@ -39,6 +40,43 @@ static int make_cfg(lua_State *L, const char *model, int layers, int heads, int 
   lua_pushinteger(L, block);
   lua_setfield(L, -2, "block_size");
   return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* graph_set_grad_hook: each report's suffix grads[from..) is checksummed
+ * when reported; after backward it must hold the same bits (nothing wrote
+ * it again), from must only decrease, and 0 must come last. */
+typedef struct {
+  graph *g;
+  int calls, bad_order;
+  int64_t last, from[256];
+  uint32_t crc[256];
+} hook_log;
+
+static void on_grads(void *ud, int64_t from) {
+  hook_log *h = ud;
+  if (from >= h->last) h->bad_order++;
+  h->last = from;
+  if (h->calls < 256) {
+    int64_t n = graph_nparams(h->g);
+    h->from[h->calls] = from;
+    h->crc[h->calls] = tr_crc32c(0, graph_grads(h->g) + from, sizeof(float) * (size_t)(n - from));
+  }
+  h->calls++;
+}
+
+static void check_grad_hook(graph *g, int loss, const char *model) {
+  hook_log h = {.g = g, .last = graph_nparams(g) + 1};
+  CHECK(graph_set_grad_hook(g, on_grads, &h) == 0, "grad hook: %s", tr_error());
+  graph_zero_grad(g);
+  CHECK(graph_forward(g) == 0 && graph_backward(g, loss) == 0, "forward/backward: %s", tr_error());
+  graph_set_grad_hook(g, NULL, NULL);
+  int64_t n = graph_nparams(g);
+  int changed = 0;
+  for (int i = 0; i < h.calls && i < 256; i++)
+    changed += tr_crc32c(0, graph_grads(g) + h.from[i], sizeof(float) * (size_t)(n - h.from[i])) != h.crc[i];
+  CHECK(h.calls >= 3 && h.bad_order == 0 && h.last == 0, "%s: grad hook called %d times, %d out of order, last %lld",
+        model, h.calls, h.bad_order, (long long)h.last);
+  CHECK(changed == 0, "%s: %d reported-final gradient ranges changed afterwards", model, changed);
 }
 
 static double loss_now(graph *g, int loss) {
@@ -70,6 +108,7 @@ static void gpt_gradcheck(lua_State *L, const char *model) {
     tgt[i] = (int32_t)rng_below(&r, V);
   }
   int loss = graph_find(g, "loss");
+  check_grad_hook(g, loss, model);
   graph_zero_grad(g);
   CHECK(graph_forward(g) == 0 && graph_backward(g, loss) == 0, "forward/backward: %s", tr_error());
   const float *grad = graph_grads(g);

@@ -27,7 +27,9 @@
   X(DATA_S, data_s, "time loading the batch", "", "data")                                                     \
   X(FORWARD_S, forward_s, "time in the forward pass", "", "forward")                                          \
   X(BACKWARD_S, backward_s, "time in the backward pass", "", "backward")                                      \
-  X(ALLREDUCE_S, allreduce_s, "time in the gradient all-reduce", "", "allreduce")                             \
+  X(ALLREDUCE_S, allreduce_s, "time the step waited for the gradient all-reduce (exposed: not hidden behind "  \
+    "backward)", "", "allreduce")                                                                             \
+  X(COMM_S, comm_s, "time the gradient all-reduce ran, overlapped with backward or not", "", "")              \
   X(OPTIMIZER_S, optimizer_s, "time in the optimizer update", "", "optimizer")                                \
   X(CKPT_WAIT_S, ckpt_wait_s, "time waiting for the checkpoint copy", "", "checkpoint_wait")                  \
   X(TOKENS_PER_S, tokens_per_s, "training tokens per second", "transom_tokens_per_second", "")                \

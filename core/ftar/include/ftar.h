@@ -224,6 +224,38 @@ void ftar_member_free(ftar_member *m);
  * One thread at a time per member; buf must not be touched meanwhile. */
 int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, ftar_result *res);
 
+/* The same collective while buf is still being written (gradients during
+ * backward), reduced in buckets on a communication thread the member
+ * keeps (PyTorch DDP's overlap). buf[0..n) is cut into buckets of `bucket`
+ * floats from its end (bucket 0 = the last `bucket` floats; 0 or >= n:
+ * one bucket); the producer says how far it got with
+ * ftar_allreduce_ready, and each bucket is reduced as soon as it is final.
+ * Every member must pass the same n, op, seq and bucket.
+ *   start: queues collective `seq`; the thread SYNCs once bucket 0 is
+ *     final. TR_EINVAL, TR_ENOMEM, TR_ESTATE (one was not waited for).
+ *   ready: buf[from..n) will not be written again (from only decreases;
+ *     a larger value is ignored). The producer's thread; cheap (an atomic
+ *     store, a wake-up when a bucket becomes final).
+ *   wait: declares all of buf final (ready(0)), waits for the result and
+ *     returns what ftar_allreduce would (res, codes, input restored on a
+ *     negative return); *comm_s (may be NULL) = seconds the collective ran
+ *     on the communication thread, from bucket 0 final to the result.
+ *     opts.quorum_wait runs here, on the caller's thread.
+ * Faults as ftar_allreduce, for the whole buffer: an attempt that aborts
+ * puts back every bucket it touched (only those: the producer may still be
+ * writing the others) and the survivors redo all buckets in the next
+ * epoch, so every member returns the same complete result. Results: each
+ * bucket is a ring all-reduce of its own, so an element's sum is added in
+ * another order than in one ftar_allreduce of buf: the same bits at 2
+ * members (a + b == b + a) and whenever bucket >= n; at 3 or more, the
+ * same bits on every member and from run to run for a fixed membership and
+ * bucket, possibly not those of ftar_allreduce. Between start and wait the
+ * caller calls nothing else on m but ready (ftar_member_free fails the
+ * collective in flight). Host memory only. */
+int ftar_allreduce_start(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, size_t bucket);
+void ftar_allreduce_ready(ftar_member *m, size_t from);
+int ftar_allreduce_wait(ftar_member *m, ftar_result *res, double *comm_s);
+
 /* ftar_allreduce on a backend's ("device") buffer: buf[0..n) is a pointer
  * of be (backend.h); same seq, op, res, return values and agreement as
  * ftar_allreduce. How the data moves:

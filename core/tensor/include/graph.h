@@ -134,4 +134,16 @@ int graph_forward_range(graph *g, int lo, int hi);
 int graph_backward_range(graph *g, int lo, int hi);
 void graph_zero_act_grads(graph *g);
 
+/* Called by graph_backward, on its thread, each time more of the gradient
+ * slab is final: grads[from..nparams) will not be written again in this
+ * backward (a parameter's gradient is final once every op that reads it
+ * ran its backward; parameters are laid out in declaration order, so a
+ * model declared input to output finishes from the end). from only
+ * decreases within one backward; it reaches 0 only after the last op.
+ * Host-memory backends only (on a device the kernels are asynchronous:
+ * the hook is not called). fn NULL removes it. 0, or TR_ESTATE (not
+ * planned for training), TR_ENOMEM. */
+typedef void (*graph_grad_hook)(void *ud, int64_t from);
+int graph_set_grad_hook(graph *g, graph_grad_hook fn, void *ud);
+
 #endif

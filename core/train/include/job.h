@@ -52,7 +52,7 @@ typedef struct {
   int64_t hosts; /* agents to wait for (0: the operator forks its workers) */
   char on_failure[16];
   char policies[1024];
-  double deadline, hang_seconds, operator_grace;
+  double deadline, bucket_mb, hang_seconds, operator_grace;
   int detector; /* Eagle Eye on */
   job_chaos chaos[JOB_MAX_CHAOS];
   int nchaos;

@@ -38,7 +38,9 @@ typedef struct {
   int leader;         /* 1: this process leads the step (snapshots, evaluation, final save) */
   int64_t epoch;      /* membership epoch (0: alone) */
   int redos;          /* collectives redone after a member failed */
-  double allreduce_s; /* time spent exchanging */
+  double allreduce_s; /* the loop's: time the step waited in exchange (exposed) */
+  double comm_s;      /* time the exchange ran, overlapped with backward or not (0: the hook
+                         did not say; then allreduce_s) */
 } loop_exchange;
 
 /* An exchange that returns LOOP_RECOMPUTE changed the trainer's state (a
@@ -53,6 +55,11 @@ typedef struct {
   int (*poll)(void *ud, loop_control *ctl);
   /* Before step `next` is computed (chaos: a fault, a delay). */
   int (*before_step)(void *ud, int64_t next);
+  /* Before step `next` is computed: the exchange may start now and reduce
+   * gradients while the backward produces them (grads_ready says how far
+   * it got: trainer_set_grads_ready). exchange then finishes it. */
+  int (*exchange_start)(void *ud, int64_t next);
+  void (*grads_ready)(void *ud, int64_t from);
   /* After the gradients of step `next` exist: reduce them with peers and say
    * how. Without it the process is alone and leads. May return
    * LOOP_RECOMPUTE. */

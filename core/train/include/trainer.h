@@ -48,6 +48,12 @@ void trainer_free(trainer *t);
 int trainer_step(trainer *t, step_stats *st);
 int trainer_compute_grads(trainer *t, step_stats *st);
 int trainer_apply_grads(trainer *t, step_stats *st);
+/* fn(ud, from) from inside trainer_compute_grads, on its thread, as the
+ * backward finishes gradients: trainer_grads()[from..trainer_grads_size())
+ * is final for this step (from decreases; 0 comes last, after everything
+ * the step does to the gradients). Host-memory backends only (a device
+ * backend never calls it). fn NULL removes it. 0 or a negative code. */
+int trainer_set_grads_ready(trainer *t, void (*fn)(void *ud, int64_t from), void *ud);
 float *trainer_grads(trainer *t); /* the backend's memory (device pointer on a device) */
 int64_t trainer_grads_size(const trainer *t);
 /* Direct access to the training state (catch-up of a joining replica). */

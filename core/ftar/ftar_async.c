@@ -1,0 +1,228 @@
+/* ftar_async.c — an all-reduce that runs while its buffer is still being
+ * produced: ftar_allreduce_start / _ready / _wait (ftar.h), the way
+ * PyTorch DDP reduces gradient buckets while backward runs.
+ *
+ * A member keeps one communication thread, started by its first
+ * ftar_allreduce_start and joined by ftar_member_free. start hands it the
+ * call; the thread waits until the first bucket (the last `bucket` floats
+ * of buf) is final, then runs the ordinary collective (ftar_collective.c:
+ * SYNC, GO, abort and redo, commit) on the ring plane in bucket mode: each
+ * bucket is reduced as soon as the producer's ftar_allreduce_ready says it
+ * is final, while the producer writes the rest. So the fault rules are
+ * those of ftar_allreduce, for the whole buffer: a member lost mid-call
+ * aborts the attempt, every bucket reduced so far is put back, and the
+ * survivors redo all of them in the next epoch; every member returns the
+ * same, complete result with the same contributors.
+ *
+ * The caller's thread stays the one that runs opts.quorum_wait: while the
+ * collective waits for quorum on the communication thread, ftar_allreduce_
+ * wait calls it on the caller's thread.
+ *
+ * Not here: moving bytes (ftar_ring.c), the control round
+ * (ftar_collective.c). Called by: the worker's exchange hooks
+ * (core/fleet/worker.c), ftar_bench.c, tests.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ftar.h"
+#include "ftar_internal.h"
+#include "ftar_member_internal.h"
+#include "util.h"
+
+enum { A_IDLE = 0, A_QUEUED, A_RUNNING, A_DONE };
+
+/* The member whose communication thread this is (NULL on other threads). */
+static _Thread_local ftar_member *tl_comm_of;
+
+struct ftar_async {
+  pthread_t th;
+  int th_started;
+  /* under m->mu */
+  int state, quit;
+  int qw_pending; /* the collective waits for quorum: the caller should run quorum_wait */
+  /* the call: written by the caller before A_QUEUED, read by the thread */
+  float *buf;
+  size_t n, bucket, nb;
+  ftar_op op;
+  uint64_t seq;
+  ftar_ready rd;
+  /* the outcome: written by the thread before A_DONE */
+  int rc;
+  ftar_result res;
+  char err[512];
+  double t0, t1;
+};
+
+/* Buckets of buf[0..n) that are final when buf[from..n) is (bucket 0 is
+ * the last `bucket` floats; the first one, at offset 0, is final only
+ * with everything). */
+static size_t buckets_ready(const ftar_async *a, size_t from) {
+  if (from == 0) return a->nb;
+  size_t k = (a->n - from) / a->bucket;
+  return k < a->nb ? k : a->nb;
+}
+
+/* --- the communication thread --- */
+
+static void run_call(ftar_member *m, ftar_async *a) {
+  a->t0 = tr_now();
+  a->err[0] = 0;
+  ftar_plane *pl = ftar_ring_plane_new(a->buf, a->n, a->op, a->bucket, &a->rd);
+  if (!pl) {
+    memset(&a->res, 0, sizeof a->res);
+    a->rc = tr_fail(TR_ENOMEM, "ftar_allreduce_start: out of memory");
+  } else {
+    a->rc = ftar_collective(m, pl, a->n, a->op, a->seq, &a->res);
+    ftar_ring_plane_free(pl);
+  }
+  if (a->rc < 0) snprintf(a->err, sizeof a->err, "%s", tr_error());
+  a->t1 = tr_now();
+}
+
+static void *async_main(void *arg) {
+  ftar_member *m = arg;
+  ftar_async *a = m->async;
+  tl_comm_of = m;
+  sigset_t ss;
+  sigemptyset(&ss);
+  sigaddset(&ss, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &ss, NULL);
+  pthread_mutex_lock(&m->mu);
+  for (;;) {
+    while (!a->quit && a->state != A_QUEUED) pthread_cond_wait(&m->cv, &m->mu);
+    if (a->quit) break;
+    a->state = A_RUNNING;
+    /* SYNC once the first bucket exists: the group's ring then starts
+     * with every member inside its backward, not before its forward */
+    while (!a->quit && !m->failed && buckets_ready(a, atomic_load(&a->rd.from)) == 0) ftar_cv_wait(m, tr_now() + 1);
+    pthread_mutex_unlock(&m->mu);
+    run_call(m, a);
+    pthread_mutex_lock(&m->mu);
+    a->state = A_DONE;
+    pthread_cond_broadcast(&m->cv);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return NULL;
+}
+
+/* --- what the member's other files call --- */
+
+void ftar_quorum_wait(ftar_member *m) {
+  ftar_async *a = m->async;
+  if (a && tl_comm_of == m) {
+    pthread_mutex_lock(&m->mu);
+    a->qw_pending = 1;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    return;
+  }
+  if (m->o.quorum_wait) m->o.quorum_wait(m->o.quorum_ud);
+}
+
+int ftar_async_busy(ftar_member *m) {
+  ftar_async *a = m->async;
+  if (!a) return 0;
+  pthread_mutex_lock(&m->mu);
+  int busy = a->state != A_IDLE;
+  pthread_mutex_unlock(&m->mu);
+  return busy;
+}
+
+void ftar_async_free(ftar_member *m) {
+  ftar_async *a = m->async;
+  if (!a) return;
+  if (a->th_started) {
+    pthread_mutex_lock(&m->mu);
+    int busy = a->state == A_QUEUED || a->state == A_RUNNING;
+    a->quit = 1;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    /* a collective in flight fails (input restored) and the thread ends */
+    if (busy) ftar_member_fail(m, FTAR_ECOORD, "the member was freed with a collective in flight");
+    pthread_join(a->th, NULL);
+  }
+  free(a);
+  m->async = NULL;
+}
+
+/* --- ftar.h --- */
+
+static int async_get(ftar_member *m, ftar_async **out) {
+  if (!m->async) {
+    ftar_async *a = calloc(1, sizeof *a);
+    if (!a) return tr_fail(TR_ENOMEM, "ftar_allreduce_start: out of memory");
+    m->async = a;
+  }
+  ftar_async *a = m->async;
+  if (!a->th_started) {
+    if (pthread_create(&a->th, NULL, async_main, m) != 0)
+      return tr_fail(TR_ENOMEM, "ftar_allreduce_start: cannot start the communication thread");
+    a->th_started = 1;
+  }
+  *out = a;
+  return 0;
+}
+
+int ftar_allreduce_start(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, size_t bucket) {
+  if (!m || (!buf && n) || (op != FTAR_SUM && op != FTAR_MEAN))
+    return tr_fail(TR_EINVAL, "ftar_allreduce_start: bad arguments");
+  if (ftar_async_busy(m)) return tr_fail(TR_ESTATE, "ftar_allreduce_start: a collective is in flight");
+  ftar_async *a = NULL;
+  int rc = async_get(m, &a);
+  if (rc) return rc;
+  pthread_mutex_lock(&m->mu);
+  a->buf = buf;
+  a->n = n;
+  a->op = op;
+  a->seq = seq;
+  a->bucket = bucket && bucket < n ? bucket : (n ? n : 1);
+  a->nb = (n + a->bucket - 1) / a->bucket;
+  a->qw_pending = 0;
+  atomic_store(&a->rd.from, n);
+  a->state = A_QUEUED;
+  pthread_cond_broadcast(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  return 0;
+}
+
+void ftar_allreduce_ready(ftar_member *m, size_t from) {
+  ftar_async *a = m ? m->async : NULL;
+  if (!a) return;
+  size_t old = atomic_load_explicit(&a->rd.from, memory_order_relaxed); /* we are its only writer */
+  if (from >= old) return;
+  atomic_store_explicit(&a->rd.from, from, memory_order_release);
+  if (buckets_ready(a, from) == buckets_ready(a, old)) return;
+  /* a bucket became final: wake the ring, or the thread waiting for the first one */
+  pthread_mutex_lock(&m->mu);
+  pthread_cond_broadcast(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  ftar_wake_fd(m->wake[1]);
+}
+
+int ftar_allreduce_wait(ftar_member *m, ftar_result *res, double *comm_s) {
+  ftar_async *a = m ? m->async : NULL;
+  if (!a || !ftar_async_busy(m)) return tr_fail(TR_ESTATE, "ftar_allreduce_wait: no collective was started");
+  ftar_allreduce_ready(m, 0);
+  pthread_mutex_lock(&m->mu);
+  while (a->state != A_DONE) {
+    if (a->qw_pending) {
+      a->qw_pending = 0;
+      pthread_mutex_unlock(&m->mu);
+      if (m->o.quorum_wait) m->o.quorum_wait(m->o.quorum_ud);
+      pthread_mutex_lock(&m->mu);
+      continue;
+    }
+    ftar_cv_wait(m, tr_now() + 1);
+  }
+  a->state = A_IDLE;
+  pthread_mutex_unlock(&m->mu);
+  if (res) *res = a->res;
+  if (comm_s) *comm_s = a->t1 - a->t0;
+  if (a->rc < 0) return tr_fail(a->rc, "%s", a->err);
+  return a->rc;
+}
