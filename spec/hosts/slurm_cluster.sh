@@ -42,7 +42,10 @@ up() {
     echo "SlurmUser=root"
     echo "SlurmdUser=root"
     echo "AuthType=auth/munge"
-    echo "AuthInfo=socket=$dir/munge.sock"
+    # cred_expire: how long a revoked job credential is remembered, and so
+    # how long a requeued job waits before it starts again (default 120 s;
+    # started sooner, its batch step is refused: "Job credential revoked")
+    echo "AuthInfo=socket=$dir/munge.sock,cred_expire=5"
     echo "CredType=cred/munge"
     echo "StateSaveLocation=$dir/state"
     echo "SlurmdSpoolDir=$dir/spool/%n"
