@@ -7,7 +7,8 @@
 -- workers killed at once: a replacement on the spare; with no spare the job
 -- trains on with fewer replicas, down to min_replicas), SIGTERM to the
 -- operator while a host is unreachable (a checkpoint and exit 0 in bounded
--- time), and the job-file errors of `hosts`.
+-- time), a deadline shorter than the agents' heartbeat interval (no host
+-- lost for it), and the job-file errors of `hosts`.
 -- Each case injects the fault for real and asserts what survived. Skipped
 -- with a message only where network namespaces cannot be made (not root).
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
@@ -127,6 +128,18 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.is_not.equal(0, rc)
     assert.matches("key 'hosts'", out, 1, true)
     assert.matches("MASTER_ADDR", out, 1, true)
+  end)
+
+  it("a deadline shorter than the agents' heartbeat interval does not lose a host between two beats", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(2)
+    local run = tmp .. "/short"
+    S.spawn_rc(job(run, "--set deadline=0.1"), run .. ".out") -- (the last --set wins)
+    agent(2, run) -- one host of the two: the operator waits for the other, its agent heartbeating
+    assert(wait_event(run, "host_joined[^\n]*host h2"), events(run))
+    sleep(1.5)
+    assert.is_nil(events(run):match("host_lost"), events(run))
   end)
 
   it("a host's link cut in the middle of an all-reduce: replaced on the spare, fenced when restored", function()

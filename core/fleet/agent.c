@@ -44,7 +44,7 @@
 
 int agent_main(int argc, char **argv);
 
-#define HB_INTERVAL 0.5 /* seconds between heartbeats to the operator */
+#define HB_INTERVAL AGENT_HB_INTERVAL /* seconds between heartbeats to the operator (proto.h) */
 #define PROBE_INTERVAL 2.0 /* seconds between link probes (PROBE_LINES x PROBE_PAD bytes) */
 #define PROBE_LINES 16
 #define PROBE_PAD 4000
