@@ -142,6 +142,38 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.is_nil(events(run):match("host_lost"), events(run))
   end)
 
+  it("an agent whose operator stops reading gives up in bounded time, not blocked in send for ever", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(2)
+    -- small socket buffers on both ends (per namespace): one link probe fills them
+    sh(TH .. " exec " .. NAME .. " 1 sysctl -qw net.ipv4.tcp_rmem='4096 4096 4096'")
+    sh(TH .. " exec " .. NAME .. " 2 sysctl -qw net.ipv4.tcp_wmem='4096 4096 4096'")
+    local run = tmp .. "/stalled"
+    local opid = S.spawn_rc(job(run), run .. ".out")
+    local apid = agent(2, run) -- one host of the two: the operator waits for the other
+    assert(wait_event(run, "host_joined[^\n]*host h2"), events(run))
+    sh("kill -STOP " .. opid)
+    local blocked = false
+    for _ = 1, N(200) do -- the next probe (every 2 s) blocks in send
+      local wchan = read("/proc/" .. apid .. "/wchan") or "" -- sk_stream_wait_memory sleeps in wait_woken
+      if wchan:match("wait_memory") or wchan:match("wait_woken") then blocked = true break end
+      sleep(0.1)
+    end
+    assert(blocked, "the agent never blocked in send: " .. (read("/proc/" .. apid .. "/wchan") or "?"))
+    sh("kill -TERM " .. apid)
+    local gone = false
+    for _ = 1, N(300) do
+      if not read("/proc/" .. apid .. "/stat") or (read("/proc/" .. apid .. "/stat") or ""):match("^%d+ %b() Z") then
+        gone = true break
+      end
+      sleep(0.1)
+    end
+    sh("kill -CONT " .. opid)
+    assert(gone, "the agent is still blocked in send: " .. (read("/proc/" .. apid .. "/wchan") or "?"))
+    assert.matches("lost the operator", read(run .. "-agent2.log") or "", 1, true)
+  end)
+
   it("a host's link cut in the middle of an all-reduce: replaced on the spare, fenced when restored", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end

@@ -34,6 +34,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -49,6 +50,10 @@ int agent_main(int argc, char **argv);
 #define PROBE_LINES 16
 #define PROBE_PAD 4000
 #define AGENT_SLOTS 64
+/* A send to the operator that makes no progress this long (its socket
+ * buffers full: an operator stopped or cut off) is the operator lost; without
+ * it the agent would block in send() for ever, deaf to SIGTERM (SA_RESTART). */
+#define SEND_TIMEOUT_S 10
 
 typedef struct {
   char op[300], name[64], addr[64], self[PATH_MAX];
@@ -238,6 +243,9 @@ static int hello(agent *a) {
   }
   local_addr(a);
   a->rd.fd = a->fd;
+  struct timeval tv = {SEND_TIMEOUT_S, 0};
+  if (setsockopt(a->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+    return tr_fail(TR_EIO, "setsockopt(SO_SNDTIMEO): %s", strerror(errno));
   if (auth_client(a->fd, &a->secret, 30.0))
     return tr_fail(TR_EIO, "the operator at %s:%d: %s (is --secret-file RUN/secret given?)", a->op, a->op_port,
                    tr_error());
