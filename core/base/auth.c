@@ -146,7 +146,14 @@ int auth_secret_load(const char *path, auth_secret *s) {
 }
 
 int auth_secret_make(const char *path, auth_secret *s) {
-  if (access(path, R_OK) == 0) return auth_secret_load(path, s);
+  struct stat st;
+  if (stat(path, &st) == 0) { /* a resumed job keeps its secret, if nobody else could read it */
+    if (st.st_mode & 077)
+      return tr_fail(TR_EINVAL, "the job secret %s is open to others (mode %03o): chmod 600 it, or remove it for a new one",
+                     path, (unsigned)(st.st_mode & 0777));
+    return auth_secret_load(path, s);
+  }
+  if (errno != ENOENT) return tr_fail(TR_EIO, "job secret %s: %s", path, strerror(errno));
   if (getrandom(s->key, AUTH_KEY, 0) != AUTH_KEY) return tr_fail(TR_EIO, "getrandom: %s", strerror(errno));
   s->len = AUTH_KEY;
   char hex[2 * AUTH_KEY_MAX + 2];

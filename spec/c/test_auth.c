@@ -4,7 +4,8 @@
  * passes, a wrong one, a flipped bit and a replayed answer to another
  * challenge fail), the exchange over a socketpair with a right, a wrong
  * and no secret, and the secret file (made 0600, loaded back, kept when it
- * exists, malformed contents refused naming the file). */
+ * exists but refused when open to others, malformed contents refused
+ * naming the file). */
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -105,6 +106,10 @@ static void files(void) {
   CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600, "mode %o", st.st_mode & 0777);
   CHECK(auth_secret_load(path, &t) == 0 && t.len == s.len && memcmp(t.key, s.key, s.len) == 0, "loaded back");
   CHECK(auth_secret_make(path, &t) == 0 && memcmp(t.key, s.key, s.len) == 0, "an existing secret is kept");
+  chmod(path, 0644);
+  CHECK(auth_secret_make(path, &t) == TR_EINVAL && strstr(tr_error(), path) && strstr(tr_error(), "644"),
+        "an existing secret open to others is refused: %s", tr_error());
+  chmod(path, 0600);
   FILE *f = fopen(path, "w");
   fputs("not hex\n", f);
   fclose(f);

@@ -35,8 +35,9 @@ void auth_sha256(const void *data, size_t n, uint8_t out[32]);
 void auth_hmac_sha256(const uint8_t *key, size_t klen, const void *msg, size_t n, uint8_t out[32]);
 
 /* A fresh random secret written to path (hex, mode 0600, atomically); an
- * existing readable one is loaded instead (a resumed job keeps its
- * secret). TR_EIO with tr_error() naming the path. */
+ * existing one is loaded instead (a resumed job keeps its secret), unless
+ * its mode lets group or others in: TR_EINVAL (it may have leaked; nothing
+ * is changed). TR_EIO, TR_EFORMAT otherwise, tr_error() naming the path. */
 int auth_secret_make(const char *path, auth_secret *s);
 /* Reads a hex secret file. TR_EIO (unreadable), TR_EFORMAT (not 2..128
  * hex digits) naming the path. */
