@@ -130,6 +130,19 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.matches("MASTER_ADDR", out, 1, true)
   end)
 
+  it("testhosts.sh with: a step of up that fails stops it (no command run on broken hosts, nothing left)", function()
+    if not have_ns then pending(probe) return end
+    -- a `timeout` that fails the bridge's creation, found before /usr/bin's
+    assert(os.execute("mkdir -p " .. tmp .. "/fake"))
+    S.write(tmp .. "/fake/timeout", '#!/bin/sh\ncase "$*" in *"type bridge"*) exit 2 ;; esac\nexec /usr/bin/timeout "$@"\n')
+    sh("chmod +x " .. tmp .. "/fake/timeout")
+    local name = "tw" .. NAME:sub(3)
+    local out, rc = sh("PATH=" .. tmp .. "/fake:$PATH " .. TH .. " with " .. name .. " 2 echo RAN")
+    assert.is_not.equal(0, rc, out)
+    assert.is_nil(out:match("RAN"), out)
+    assert.equal("", sh("ip netns list | grep '^" .. name .. "-' || true"))
+  end)
+
   it("a deadline shorter than the agents' heartbeat interval does not lose a host between two beats", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
