@@ -5,7 +5,8 @@
  * challenge fail), a challenge made with getrandom failing (from
  * /dev/urandom; with that failing too, one nobody can answer: seccomp in
  * a child), the exchange over a socketpair with a right, a wrong and no
- * secret, and the secret file (made 0600, loaded back, kept when it
+ * secret, a secret too long for the FTAR ports refused by them (not
+ * dropped), and the secret file (made 0600, loaded back, kept when it
  * exists but refused when open to others, malformed contents refused
  * naming the file). */
 #include <errno.h>
@@ -21,8 +22,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <event2/event.h>
+
 #include "auth.h"
 #include "check.h"
+#include "ftar.h"
 #include "util.h"
 
 static void hex(const uint8_t *b, size_t n, char *out) {
@@ -142,6 +146,31 @@ static void sockets(void) {
   CHECK(exchange(&none, &none) == 0, "no secret on either side: no exchange");
 }
 
+/* The FTAR ports take the secret as bytes + length: one too long for a
+ * challenge is refused, never quietly dropped (no challenge at all). */
+static void ftar_secret(void) {
+  uint8_t key[AUTH_KEY_MAX + 1];
+  memset(key, 7, sizeof key);
+  struct event_base *base = event_base_new();
+  ftar_coord_opts co;
+  ftar_coord_opts_default(&co);
+  co.secret = key;
+  co.secret_len = sizeof key;
+  ftar_coord *c = ftar_coord_create(base, "127.0.0.1", 0, &co);
+  CHECK(!c && strstr(tr_error(), "secret"), "coordinator: a %zu-byte secret refused: %s", sizeof key,
+        c ? "it listens unchallenged" : tr_error());
+  if (c) ftar_coord_free(c);
+  event_base_free(base);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.secret = key;
+  mo.secret_len = sizeof key;
+  mo.timeout = 0.5; /* nothing listens on port 1 */
+  ftar_member *m = ftar_member_create("127.0.0.1", 1, 0, &mo);
+  CHECK(!m && strstr(tr_error(), "secret"), "member: a %zu-byte secret refused: %s", sizeof key, tr_error());
+  if (m) ftar_member_free(m);
+}
+
 static void files(void) {
   char dir[] = "/tmp/test_auth_XXXXXX", path[128];
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -169,6 +198,7 @@ int main(void) {
   answers();
   sockets();
   no_randomness();
+  ftar_secret();
   files();
   return check_report("test_auth");
 }
