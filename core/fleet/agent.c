@@ -10,8 +10,9 @@
  * counts them lost when its connection closes or its heartbeats lapse.
  *
  * Started by hand, by `srun` (one task per node) or anything else; the
- * operator never needs ssh. The operator lost: the agent stops its workers
- * and exits 1 (a restarted operator needs agents started again); SIGTERM or
+ * operator never needs ssh. The operator lost (its connection closed, or a
+ * send to it stuck for SEND_TIMEOUT_S): the agent stops its workers and
+ * exits 1 (a restarted operator needs agents started again); SIGTERM or
  * SIGINT: the same, exit 0.
  *
  *   transom agent --operator HOST:PORT --secret-file RUN/secret [--name NAME] [--addr ADDR] [--slots N]
@@ -225,7 +226,8 @@ static void reap(agent *a) {
     }
 }
 
-/* Every worker stopped (SIGKILL after a grace of SIGTERM), reaped. */
+/* Every worker killed (SIGKILL: the operator, not the agent, checkpoints;
+ * there is no SIGTERM grace) and reaped, waiting up to 2 s for them. */
 static void stop_workers(agent *a) {
   for (int i = 0; i < a->n; i++) kill(a->pids[i], SIGKILL);
   for (int tries = 0; a->n > 0 && tries < 100; tries++) {
