@@ -7,7 +7,8 @@
 -- workers killed at once: a replacement on the spare; with no spare the job
 -- trains on with fewer replicas, down to min_replicas), SIGTERM to the
 -- operator while a host is unreachable (a checkpoint and exit 0 in bounded
--- time), and the job-file errors of `hosts`.
+-- time), a deadline shorter than the agents' heartbeat interval (no host
+-- lost for it), and the job-file errors of `hosts`.
 -- Each case injects the fault for real and asserts what survived. Skipped
 -- with a message only where network namespaces cannot be made (not root).
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
@@ -127,6 +128,63 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.is_not.equal(0, rc)
     assert.matches("key 'hosts'", out, 1, true)
     assert.matches("MASTER_ADDR", out, 1, true)
+  end)
+
+  it("testhosts.sh with: a step of up that fails stops it (no command run on broken hosts, nothing left)", function()
+    if not have_ns then pending(probe) return end
+    -- a `timeout` that fails the bridge's creation, found before /usr/bin's
+    assert(os.execute("mkdir -p " .. tmp .. "/fake"))
+    S.write(tmp .. "/fake/timeout", '#!/bin/sh\ncase "$*" in *"type bridge"*) exit 2 ;; esac\nexec /usr/bin/timeout "$@"\n')
+    sh("chmod +x " .. tmp .. "/fake/timeout")
+    local name = "tw" .. NAME:sub(3)
+    local out, rc = sh("PATH=" .. tmp .. "/fake:$PATH " .. TH .. " with " .. name .. " 2 echo RAN")
+    assert.is_not.equal(0, rc, out)
+    assert.is_nil(out:match("RAN"), out)
+    assert.equal("", sh("ip netns list | grep '^" .. name .. "-' || true"))
+  end)
+
+  it("a deadline shorter than the agents' heartbeat interval does not lose a host between two beats", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(2)
+    local run = tmp .. "/short"
+    S.spawn_rc(job(run, "--set deadline=0.1"), run .. ".out") -- (the last --set wins)
+    agent(2, run) -- one host of the two: the operator waits for the other, its agent heartbeating
+    assert(wait_event(run, "host_joined[^\n]*host h2"), events(run))
+    sleep(1.5)
+    assert.is_nil(events(run):match("host_lost"), events(run))
+  end)
+
+  it("an agent whose operator stops reading gives up in bounded time, not blocked in send for ever", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(2)
+    -- small socket buffers on both ends (per namespace): one link probe fills them
+    sh(TH .. " exec " .. NAME .. " 1 sysctl -qw net.ipv4.tcp_rmem='4096 4096 4096'")
+    sh(TH .. " exec " .. NAME .. " 2 sysctl -qw net.ipv4.tcp_wmem='4096 4096 4096'")
+    local run = tmp .. "/stalled"
+    local opid = S.spawn_rc(job(run), run .. ".out")
+    local apid = agent(2, run) -- one host of the two: the operator waits for the other
+    assert(wait_event(run, "host_joined[^\n]*host h2"), events(run))
+    sh("kill -STOP " .. opid)
+    local blocked = false
+    for _ = 1, N(200) do -- the next probe (every 2 s) blocks in send
+      local wchan = read("/proc/" .. apid .. "/wchan") or "" -- sk_stream_wait_memory sleeps in wait_woken
+      if wchan:match("wait_memory") or wchan:match("wait_woken") then blocked = true break end
+      sleep(0.1)
+    end
+    assert(blocked, "the agent never blocked in send: " .. (read("/proc/" .. apid .. "/wchan") or "?"))
+    sh("kill -TERM " .. apid)
+    local gone = false
+    for _ = 1, N(300) do
+      if not read("/proc/" .. apid .. "/stat") or (read("/proc/" .. apid .. "/stat") or ""):match("^%d+ %b() Z") then
+        gone = true break
+      end
+      sleep(0.1)
+    end
+    sh("kill -CONT " .. opid)
+    assert(gone, "the agent is still blocked in send: " .. (read("/proc/" .. apid .. "/wchan") or "?"))
+    assert.matches("lost the operator", read(run .. "-agent2.log") or "", 1, true)
   end)
 
   it("a host's link cut in the middle of an all-reduce: replaced on the spare, fenced when restored", function()

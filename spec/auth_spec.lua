@@ -2,6 +2,7 @@
 -- (the operator makes RUN/secret, mode 0600) is knocked on at every port
 -- it opens: `transom agent` with no secret and with a wrong one (refused,
 -- exit 1, an auth_refused event), one with the right secret (registered),
+-- a connection that never answers the challenge (closed, an auth_refused event),
 -- junk to the FTAR coordinator (refused, an auth_refused event) and to a
 -- worker's data and donor ports (refused, the worker's log says why); the
 -- job goes on untouched (no failure, every step, replicas agree).
@@ -75,6 +76,10 @@ describe("the job secret", function()
     assert.equal(1, rc, out)
     assert.matches("refused us: this job runs on one host", out, 1, true)
     assert.equal(2, select(2, events(run):gsub("auth_refused", "")))
+    -- a connection that never answers the challenge is closed (not held open for ever)
+    local silent = tmp .. "/silent.out"
+    S.spawn("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" .. op_port .. " && timeout 100 cat <&3 >/dev/null; echo rc=$?'",
+      silent)
     -- the coordinator: the operator's port that is not the workers'
     local coord
     for _, p in ipairs(ports_of(pid)) do if p ~= op_port then coord = p end end
@@ -91,6 +96,8 @@ describe("the job secret", function()
       local log = read(run .. "/worker-0.log") or ""
       return log:match("did not prove the job secret") and log:match("donor: refused a connection")
     end, T(10)), read(run .. "/worker-0.log"))
+    assert(wait_for(function() return events(run):match("auth_refused[^\n]*sent no answer") end, T(30)), events(run))
+    assert(wait_for(function() return (read(silent) or ""):match("rc=0") end, T(10)), read(silent))
     -- and the job never noticed
     assert(wait_for(function() return rc_of() ~= nil end, T(120)), "the job did not finish")
     assert.equal(0, rc_of(), read(run .. ".out"))

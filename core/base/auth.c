@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE /* getrandom */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +115,29 @@ void auth_hmac_sha256(const uint8_t *key, size_t klen, const void *msg, size_t n
   sha256_final(&c, out);
 }
 
+/* --- randomness --- */
+
+/* n random bytes: getrandom (retried when interrupted), else /dev/urandom.
+ * 0, or -1 when neither gives them. */
+static int random_bytes(uint8_t *p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = getrandom(p + got, n - got, 0);
+    if (k > 0) got += (size_t)k;
+    else if (!(k < 0 && errno == EINTR)) break;
+  }
+  if (got == n) return 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  for (got = 0; got < n;) {
+    ssize_t k = read(fd, p + got, n - got);
+    if (k > 0) got += (size_t)k;
+    else if (!(k < 0 && errno == EINTR)) break;
+  }
+  close(fd);
+  return got == n ? 0 : -1;
+}
+
 /* --- the secret --- */
 
 static int from_hex(const char *hex, size_t len, auth_secret *s) {
@@ -146,8 +170,15 @@ int auth_secret_load(const char *path, auth_secret *s) {
 }
 
 int auth_secret_make(const char *path, auth_secret *s) {
-  if (access(path, R_OK) == 0) return auth_secret_load(path, s);
-  if (getrandom(s->key, AUTH_KEY, 0) != AUTH_KEY) return tr_fail(TR_EIO, "getrandom: %s", strerror(errno));
+  struct stat st;
+  if (stat(path, &st) == 0) { /* a resumed job keeps its secret, if nobody else could read it */
+    if (st.st_mode & 077)
+      return tr_fail(TR_EINVAL, "the job secret %s is open to others (mode %03o): chmod 600 it, or remove it for a new one",
+                     path, (unsigned)(st.st_mode & 0777));
+    return auth_secret_load(path, s);
+  }
+  if (errno != ENOENT) return tr_fail(TR_EIO, "job secret %s: %s", path, strerror(errno));
+  if (random_bytes(s->key, AUTH_KEY)) return tr_fail(TR_EIO, "job secret %s: no random bytes: %s", path, strerror(errno));
   s->len = AUTH_KEY;
   char hex[2 * AUTH_KEY_MAX + 2];
   auth_secret_hex(s, hex, sizeof hex);
@@ -173,9 +204,14 @@ int auth_secret_from_env(auth_secret *s) {
 /* --- challenge and answer --- */
 
 void auth_challenge(uint8_t ch[AUTH_CHALLENGE]) {
-  memcpy(ch, "TRAU", 4);
-  if (getrandom(ch + 4, AUTH_NONCE, 0) != AUTH_NONCE) /* cannot fail for 16 bytes once the pool is up; still */
-    for (int i = 0; i < AUTH_NONCE; i++) ch[4 + i] = (uint8_t)(rand() ^ (int)tr_now());
+  if (random_bytes(ch + 4, AUTH_NONCE) == 0) {
+    memcpy(ch, "TRAU", 4);
+    return;
+  }
+  /* No randomness: a guessable nonce would let a recorded answer be
+   * replayed, so this challenge is one nobody can answer (fail closed). */
+  memcpy(ch, "TRNO", 4);
+  memset(ch + 4, 0, AUTH_NONCE);
 }
 
 void auth_answer(const auth_secret *s, const uint8_t ch[AUTH_CHALLENGE], uint8_t mac[AUTH_MAC]) {
@@ -187,6 +223,7 @@ void auth_answer(const auth_secret *s, const uint8_t ch[AUTH_CHALLENGE], uint8_t
 
 int auth_verify(const auth_secret *s, const uint8_t ch[AUTH_CHALLENGE], const uint8_t mac[AUTH_MAC]) {
   uint8_t want[AUTH_MAC], diff = 0;
+  if (memcmp(ch, "TRAU", 4) != 0) return 0; /* a challenge made without randomness */
   auth_answer(s, ch, want);
   for (int i = 0; i < AUTH_MAC; i++) diff |= (uint8_t)(want[i] ^ mac[i]);
   return diff == 0;

@@ -10,8 +10,9 @@
  * counts them lost when its connection closes or its heartbeats lapse.
  *
  * Started by hand, by `srun` (one task per node) or anything else; the
- * operator never needs ssh. The operator lost: the agent stops its workers
- * and exits 1 (a restarted operator needs agents started again); SIGTERM or
+ * operator never needs ssh. The operator lost (its connection closed, or a
+ * send to it stuck for SEND_TIMEOUT_S): the agent stops its workers and
+ * exits 1 (a restarted operator needs agents started again); SIGTERM or
  * SIGINT: the same, exit 0.
  *
  *   transom agent --operator HOST:PORT --secret-file RUN/secret [--name NAME] [--addr ADDR] [--slots N]
@@ -34,6 +35,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -44,11 +46,15 @@
 
 int agent_main(int argc, char **argv);
 
-#define HB_INTERVAL 0.5 /* seconds between heartbeats to the operator */
+#define HB_INTERVAL AGENT_HB_INTERVAL /* seconds between heartbeats to the operator (proto.h) */
 #define PROBE_INTERVAL 2.0 /* seconds between link probes (PROBE_LINES x PROBE_PAD bytes) */
 #define PROBE_LINES 16
 #define PROBE_PAD 4000
 #define AGENT_SLOTS 64
+/* A send to the operator that makes no progress this long (its socket
+ * buffers full: an operator stopped or cut off) is the operator lost; without
+ * it the agent would block in send() for ever, deaf to SIGTERM (SA_RESTART). */
+#define SEND_TIMEOUT_S 10
 
 typedef struct {
   char op[300], name[64], addr[64], self[PATH_MAX];
@@ -220,7 +226,8 @@ static void reap(agent *a) {
     }
 }
 
-/* Every worker stopped (SIGKILL after a grace of SIGTERM), reaped. */
+/* Every worker killed (SIGKILL: the operator, not the agent, checkpoints;
+ * there is no SIGTERM grace) and reaped, waiting up to 2 s for them. */
 static void stop_workers(agent *a) {
   for (int i = 0; i < a->n; i++) kill(a->pids[i], SIGKILL);
   for (int tries = 0; a->n > 0 && tries < 100; tries++) {
@@ -238,6 +245,9 @@ static int hello(agent *a) {
   }
   local_addr(a);
   a->rd.fd = a->fd;
+  struct timeval tv = {SEND_TIMEOUT_S, 0};
+  if (setsockopt(a->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+    return tr_fail(TR_EIO, "setsockopt(SO_SNDTIMEO): %s", strerror(errno));
   if (auth_client(a->fd, &a->secret, 30.0))
     return tr_fail(TR_EIO, "the operator at %s:%d: %s (is --secret-file RUN/secret given?)", a->op, a->op_port,
                    tr_error());

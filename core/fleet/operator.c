@@ -709,15 +709,24 @@ typedef struct {
   char peer[64];
 } conn;
 
+/* An honest client answers the challenge at once (auth_client is the first
+ * thing a worker or agent does); a connection that has not within this many
+ * seconds is closed, so that silent connections cannot pile up and hold the
+ * operator's descriptors. */
+static double auth_answer_s(const operator_state *o) { return fmax(5.0, 2.0 * o->cfg->deadline); }
+
 /* The first AUTH_MAC bytes of a connection: the answer to our challenge.
- * Returns 1 when it proved the secret, 0 while it is incomplete, -1 when
- * wrong (an auth_refused event; the caller closes). */
-static int conn_auth(conn *c, struct evbuffer *in) {
+ * Returns 1 when it proved the secret (its answer timeout cleared), 0 while
+ * it is incomplete, -1 when wrong (an auth_refused event; the caller closes). */
+static int conn_auth(conn *c, struct bufferevent *bev, struct evbuffer *in) {
   if (c->authed) return 1;
   if (evbuffer_get_length(in) < AUTH_MAC) return 0;
   uint8_t mac[AUTH_MAC];
   evbuffer_remove(in, mac, sizeof mac);
-  if (auth_verify(&c->o->secret, c->ch, mac)) return c->authed = 1;
+  if (auth_verify(&c->o->secret, c->ch, mac)) {
+    bufferevent_set_timeouts(bev, NULL, NULL); /* a replica may be quiet for long */
+    return c->authed = 1;
+  }
   operator_event(c->o, c->o->best_step, -1, "auth_refused",
                  "a connection from %s to the workers' port did not prove the job secret; closed", c->peer);
   return -1;
@@ -728,7 +737,7 @@ static void conn_read(struct bufferevent *bev, void *arg) {
   struct evbuffer *in = bufferevent_get_input(bev);
   char *line;
   size_t n;
-  int ok = conn_auth(c, in);
+  int ok = conn_auth(c, bev, in);
   if (ok <= 0) {
     if (ok < 0) {
       bufferevent_free(bev);
@@ -751,7 +760,11 @@ static void conn_read(struct bufferevent *bev, void *arg) {
 
 static void conn_event(struct bufferevent *bev, short what, void *arg) {
   conn *c = arg;
-  if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+  if ((what & BEV_EVENT_TIMEOUT) && !c->authed) /* only an unproven connection has a timeout */
+    operator_event(c->o, c->o->best_step, -1, "auth_refused",
+                   "a connection from %s to the workers' port sent no answer to the challenge in %.0f s; closed",
+                   c->peer, auth_answer_s(c->o));
+  else if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
   if (c->host >= 0 && c->o->hosts[c->host].bev == bev) {
     c->o->hosts[c->host].bev = NULL;
     hosts_conn_closed(c->o, c->host);
@@ -788,8 +801,11 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     inet_ntop(AF_INET, &((struct sockaddr_in *)sa)->sin_addr, c->peer, sizeof c->peer);
   else snprintf(c->peer, sizeof c->peer, "?");
   if (!c->authed) { /* first thing: the challenge; nothing is read before its answer */
+    double t = auth_answer_s(o);
+    struct timeval tv = {(time_t)t, (suseconds_t)((t - (time_t)t) * 1e6)};
     auth_challenge(c->ch);
     evbuffer_add(bufferevent_get_output(bev), c->ch, sizeof c->ch);
+    bufferevent_set_timeouts(bev, &tv, NULL);
   }
   bufferevent_setcb(bev, conn_read, NULL, conn_event, c);
   bufferevent_enable(bev, EV_READ | EV_WRITE);

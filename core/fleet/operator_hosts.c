@@ -5,10 +5,11 @@
  *   - An agent says AGENT name= addr= cores= gpus= slots= on the workers'
  *     port; it heartbeats (HB) and reports STARTED/EXITED (the real wait
  *     status) for the workers it starts on our SPAWN. Its connection
- *     closing, or its heartbeats lapsing past 2 x deadline (a cut link, a
- *     dead machine), is the host lost: its replicas are evicted from FTAR at
- *     once (their epoch goes stale: fenced), their control connections
- *     closed, and each fails with reason "host_lost" for the restart policy.
+ *     closing, or its heartbeats lapsing past 2 x deadline (at least 4
+ *     heartbeats; a cut link, a dead machine), is the host lost: its
+ *     replicas are evicted from FTAR at once (their epoch goes stale:
+ *     fenced), their control connections closed, and each fails with
+ *     reason "host_lost" for the restart policy.
  *   - Placement: a free slot on a healthy (alive, not cordoned) host; spares
  *     (hosts with no replica) first, the host the slot just failed on last.
  *     No room: the slot waits (unplaced) until an agent registers, a host is
@@ -38,10 +39,17 @@
 #include "proto.h"
 #include "util.h"
 
-/* Heartbeats of an agent may lapse this many deadlines before its host is lost. */
+/* Heartbeats of an agent may lapse this many deadlines before its host is
+ * lost, and never fewer than HOST_LAPSE_BEATS heartbeat intervals: a short
+ * deadline (below the agents' fixed interval) must not lose every host
+ * between two heartbeats. */
 #define HOST_LAPSE_DEADLINES 2.0
+#define HOST_LAPSE_BEATS 4.0
 
-static double lapse_s(operator_state *o) { return HOST_LAPSE_DEADLINES * o->cfg->deadline; }
+static double lapse_s(operator_state *o) {
+  double by_deadline = HOST_LAPSE_DEADLINES * o->cfg->deadline, by_beats = HOST_LAPSE_BEATS * AGENT_HB_INTERVAL;
+  return by_deadline > by_beats ? by_deadline : by_beats;
+}
 
 static int alive_hosts(operator_state *o) {
   int n = 0;

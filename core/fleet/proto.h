@@ -16,6 +16,10 @@
 
 #define PROTO_LINE_MAX 4096
 
+/* Seconds between an agent's heartbeats (agent.c sends them, the operator's
+ * hosts bookkeeping, operator_hosts.c, times their lapse against them). */
+#define AGENT_HB_INTERVAL 0.5
+
 /* Formats and sends one line on a blocking socket (adds '\n'). */
 int proto_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -687,6 +687,10 @@ ftar_coord *ftar_coord_create(struct event_base *base, const char *host, int por
     tr_fail(TR_EINVAL, "ftar_coord_create: bad arguments");
     return NULL;
   }
+  if (o && (o->secret_len > AUTH_KEY_MAX || (o->secret_len > 0 && !o->secret))) { /* never quietly unchallenged */
+    tr_fail(TR_EINVAL, "ftar_coord_create: the secret must be 1..%d bytes (or none: NULL/0)", AUTH_KEY_MAX);
+    return NULL;
+  }
   c = calloc(1, sizeof *c);
   if (!c) {
     tr_fail(TR_ENOMEM, "ftar_coord_create: out of memory");

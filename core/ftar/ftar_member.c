@@ -217,6 +217,10 @@ ftar_member *ftar_member_create(const char *coord_host, int coord_port, int slot
     tr_fail(TR_EINVAL, "ftar_member_create: bad arguments");
     return NULL;
   }
+  if (o && (o->secret_len > AUTH_KEY_MAX || (o->secret_len > 0 && !o->secret))) { /* never quietly unchallenged */
+    tr_fail(TR_EINVAL, "ftar_member_create: the secret must be 1..%d bytes (or none: NULL/0)", AUTH_KEY_MAX);
+    return NULL;
+  }
   ftar_member *m = member_alloc(slot, o);
   if (!m) return NULL;
   if (member_buffers(m)) goto error;

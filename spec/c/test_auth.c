@@ -2,18 +2,31 @@
  * against FIPS 180-4's vectors, HMAC-SHA256 against RFC 4231's (cases 1, 2
  * and 6: a key longer than a block), the challenge/answer (a right secret
  * passes, a wrong one, a flipped bit and a replayed answer to another
- * challenge fail), the exchange over a socketpair with a right, a wrong
- * and no secret, and the secret file (made 0600, loaded back, kept when it
- * exists, malformed contents refused naming the file). */
+ * challenge fail), a challenge made with getrandom failing (from
+ * /dev/urandom; with that failing too, one nobody can answer: seccomp in
+ * a child), the exchange over a socketpair with a right, a wrong and no
+ * secret, a secret too long for the FTAR ports refused by them (not
+ * dropped), and the secret file (made 0600, loaded back, kept when it
+ * exists but refused when open to others, malformed contents refused
+ * naming the file). */
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <event2/event.h>
+
 #include "auth.h"
 #include "check.h"
+#include "ftar.h"
 #include "util.h"
 
 static void hex(const uint8_t *b, size_t n, char *out) {
@@ -68,6 +81,44 @@ static void answers(void) {
   CHECK(!auth_verify(&a, ch, mac), "a flipped bit fails");
 }
 
+/* A child where getrandom fails (ENOSYS), and with no_urandom opening
+ * files fails too (seccomp): 1 if its challenge can be answered, 0 if not,
+ * -1 if seccomp is not to be had here. */
+static int challenge_without_random(int no_urandom) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_getrandom, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_openat, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, no_urandom ? SECCOMP_RET_ERRNO | EACCES : SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof f / sizeof f[0], f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) _exit(3);
+    auth_secret a = {.len = AUTH_KEY};
+    memset(a.key, 5, AUTH_KEY);
+    uint8_t ch[AUTH_CHALLENGE], mac[AUTH_MAC];
+    auth_challenge(ch);
+    auth_answer(&a, ch, mac);
+    _exit(auth_verify(&a, ch, mac) ? 1 : 0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) <= 1 ? WEXITSTATUS(st) : -1;
+}
+
+static void no_randomness(void) {
+  int r = challenge_without_random(0);
+  if (r < 0) {
+    printf("test_auth: no seccomp here, the challenge without getrandom is not checked\n");
+    return;
+  }
+  CHECK(r == 1, "without getrandom, /dev/urandom makes the challenge");
+  CHECK(challenge_without_random(1) == 0, "without any randomness the challenge is one nobody can answer");
+}
+
 /* server and client over a socketpair, the client in a child */
 static int exchange(const auth_secret *srv, const auth_secret *cli) {
   int sv[2];
@@ -95,6 +146,31 @@ static void sockets(void) {
   CHECK(exchange(&none, &none) == 0, "no secret on either side: no exchange");
 }
 
+/* The FTAR ports take the secret as bytes + length: one too long for a
+ * challenge is refused, never quietly dropped (no challenge at all). */
+static void ftar_secret(void) {
+  uint8_t key[AUTH_KEY_MAX + 1];
+  memset(key, 7, sizeof key);
+  struct event_base *base = event_base_new();
+  ftar_coord_opts co;
+  ftar_coord_opts_default(&co);
+  co.secret = key;
+  co.secret_len = sizeof key;
+  ftar_coord *c = ftar_coord_create(base, "127.0.0.1", 0, &co);
+  CHECK(!c && strstr(tr_error(), "secret"), "coordinator: a %zu-byte secret refused: %s", sizeof key,
+        c ? "it listens unchallenged" : tr_error());
+  if (c) ftar_coord_free(c);
+  event_base_free(base);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.secret = key;
+  mo.secret_len = sizeof key;
+  mo.timeout = 0.5; /* nothing listens on port 1 */
+  ftar_member *m = ftar_member_create("127.0.0.1", 1, 0, &mo);
+  CHECK(!m && strstr(tr_error(), "secret"), "member: a %zu-byte secret refused: %s", sizeof key, tr_error());
+  if (m) ftar_member_free(m);
+}
+
 static void files(void) {
   char dir[] = "/tmp/test_auth_XXXXXX", path[128];
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -105,6 +181,10 @@ static void files(void) {
   CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600, "mode %o", st.st_mode & 0777);
   CHECK(auth_secret_load(path, &t) == 0 && t.len == s.len && memcmp(t.key, s.key, s.len) == 0, "loaded back");
   CHECK(auth_secret_make(path, &t) == 0 && memcmp(t.key, s.key, s.len) == 0, "an existing secret is kept");
+  chmod(path, 0644);
+  CHECK(auth_secret_make(path, &t) == TR_EINVAL && strstr(tr_error(), path) && strstr(tr_error(), "644"),
+        "an existing secret open to others is refused: %s", tr_error());
+  chmod(path, 0600);
   FILE *f = fopen(path, "w");
   fputs("not hex\n", f);
   fclose(f);
@@ -117,6 +197,8 @@ int main(void) {
   vectors();
   answers();
   sockets();
+  no_randomness();
+  ftar_secret();
   files();
   return check_report("test_auth");
 }

@@ -120,7 +120,7 @@ case "$cmd" in
     name=$1 n=$2; shift 2
     trap 'down "$name"' EXIT
     trap 'exit 130' INT TERM
-    up "$name" "$n" || exit 1
+    up "$name" "$n" # not `up ... || exit`: in a || list bash ignores set -e and the ERR trap inside up
     TESTHOSTS=$name "$@"
     ;;
   *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$cmd" ] || [ "$cmd" = -h ] || [ "$cmd" = --help ] || exit 2 ;;

@@ -35,8 +35,9 @@ void auth_sha256(const void *data, size_t n, uint8_t out[32]);
 void auth_hmac_sha256(const uint8_t *key, size_t klen, const void *msg, size_t n, uint8_t out[32]);
 
 /* A fresh random secret written to path (hex, mode 0600, atomically); an
- * existing readable one is loaded instead (a resumed job keeps its
- * secret). TR_EIO with tr_error() naming the path. */
+ * existing one is loaded instead (a resumed job keeps its secret), unless
+ * its mode lets group or others in: TR_EINVAL (it may have leaked; nothing
+ * is changed). TR_EIO, TR_EFORMAT otherwise, tr_error() naming the path. */
 int auth_secret_make(const char *path, auth_secret *s);
 /* Reads a hex secret file. TR_EIO (unreadable), TR_EFORMAT (not 2..128
  * hex digits) naming the path. */
@@ -47,11 +48,15 @@ int auth_secret_from_env(auth_secret *s);
 /* The secret as hex (for TRANSOM_SECRET); out holds 2 * AUTH_KEY_MAX + 1. */
 void auth_secret_hex(const auth_secret *s, char *out, size_t n);
 
-/* Fills a challenge ("TRAU" + random nonce). */
+/* Fills a challenge ("TRAU" + random nonce). With no random bytes to be
+ * had (getrandom and /dev/urandom both failing) it is "TRNO" + zeros, which
+ * no client answers and auth_verify never accepts: the connection fails
+ * rather than be challenged with a guessable nonce. */
 void auth_challenge(uint8_t ch[AUTH_CHALLENGE]);
 /* The answer to a challenge. */
 void auth_answer(const auth_secret *s, const uint8_t ch[AUTH_CHALLENGE], uint8_t mac[AUTH_MAC]);
-/* 1 when mac answers ch under s (constant time), else 0. */
+/* 1 when mac answers ch under s (constant time), else 0 (always for a
+ * challenge that is not "TRAU" + nonce). */
 int auth_verify(const auth_secret *s, const uint8_t ch[AUTH_CHALLENGE], const uint8_t mac[AUTH_MAC]);
 
 /* Blocking, on a connected socket, within timeout_s; nothing when s->len

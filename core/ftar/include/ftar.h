@@ -119,7 +119,8 @@ typedef struct {
   void *log_ud;
   /* The job's secret (auth.h; copied): every connection gets a challenge
    * first and is closed, with a log line saying so, unless it answers with
-   * this secret. NULL/0: no challenge. */
+   * this secret. NULL/0: no challenge; more than AUTH_KEY_MAX bytes, or a
+   * length without bytes: ftar_coord_create fails (TR_EINVAL). */
   const uint8_t *secret;
   size_t secret_len;
 } ftar_coord_opts;
@@ -193,7 +194,9 @@ typedef struct {
   void *quorum_ud;
   /* The job's secret (auth.h; copied): the member answers the coordinator's
    * and its peers' challenges with it, and challenges every connection to
-   * its data port. NULL/0: none (the other side must have none either). */
+   * its data port. NULL/0: none (the other side must have none either);
+   * more than AUTH_KEY_MAX bytes, or a length without bytes:
+   * ftar_member_create fails (TR_EINVAL). */
   const uint8_t *secret;
   size_t secret_len;
 } ftar_member_opts;
