@@ -1025,12 +1025,19 @@ static int local_steps(ckpt_reader *r, int64_t *steps, int cap) {
     mdb_txn_abort(txn);
     return mdb_fail(rc, "reading checkpoints");
   }
+  /* the newest cap: from the last key down (big-endian keys sort as the
+   * steps do), then put back in ascending order */
   int n = 0;
   MDB_val k, v;
-  for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0 && n < cap; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT))
+  for (rc = mdb_cursor_get(c, &k, &v, MDB_LAST); rc == 0 && n < cap; rc = mdb_cursor_get(c, &k, &v, MDB_PREV))
     if (k.mv_size == 8) steps[n++] = (int64_t)get_be64(k.mv_data);
   mdb_cursor_close(c);
   mdb_txn_abort(txn);
+  for (int i = 0; i < n / 2; i++) {
+    int64_t x = steps[i];
+    steps[i] = steps[n - 1 - i];
+    steps[n - 1 - i] = x;
+  }
   return n;
 }
 

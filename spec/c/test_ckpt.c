@@ -780,6 +780,59 @@ static void test_remote_kill9(void) {
   free(a);
 }
 
+/* More checkpoints than a listing holds (keep_every keeps one per N steps
+ * for a whole run): ckpt_reader_steps returns the newest cap, so a resume
+ * (ckpt_load lists 4096) starts from the newest, at both levels. The local
+ * store's manifests are written straight through LMDB (keys only matter
+ * here); the remote store's are empty files (names only matter). */
+static void test_many_steps(void) {
+  enum { MANY = 5000, CAP = 4096 };
+  char dir[256], remote[256], path[512];
+  store_path(dir, sizeof dir, "many-local");
+  store_path(remote, sizeof remote, "many-remote");
+  CHECK(tr_mkdirs(dir) == 0 && tr_mkdirs(remote) == 0, "mkdirs: %s", tr_error());
+  MDB_env *env = NULL;
+  MDB_txn *txn = NULL;
+  MDB_dbi man, data;
+  int rc = mdb_env_create(&env);
+  if (!rc) mdb_env_set_maxdbs(env, 4);
+  if (!rc) rc = mdb_env_open(env, dir, MDB_NOSYNC, 0644);
+  if (!rc) rc = mdb_txn_begin(env, NULL, 0, &txn);
+  if (!rc) rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &man);
+  if (!rc) rc = mdb_dbi_open(txn, "data", MDB_CREATE, &data);
+  for (int64_t s = 1; !rc && s <= MANY; s++) {
+    uint8_t kb[8];
+    for (int i = 0; i < 8; i++) kb[i] = (uint8_t)((uint64_t)s >> (56 - 8 * i)); /* big-endian, as the engine's */
+    MDB_val k = {8, kb}, v = {1, "m"};
+    rc = mdb_put(txn, man, &k, &v, 0);
+  }
+  if (!rc) rc = mdb_txn_commit(txn);
+  else if (txn) mdb_txn_abort(txn);
+  if (env) mdb_env_close(env);
+  CHECK(rc == 0, "writing %d manifests: %s", MANY, mdb_strerror(rc));
+  for (int64_t s = 1; s <= MANY; s++) {
+    snprintf(path, sizeof path, "%s/step-%020lld.ckpt", remote, (long long)(s * 7));
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) close(fd);
+  }
+  int64_t *steps = malloc(sizeof *steps * CAP);
+  if (!steps) return;
+  const char *what[2] = {"local", "remote"};
+  const int64_t top[2] = {MANY, (int64_t)MANY * 7};
+  for (int level = 0; level < 2; level++) {
+    ckpt_reader *r = ckpt_reader_open(level ? remote : dir);
+    CHECK(r != NULL, "reader: %s", tr_error());
+    int n = r ? ckpt_reader_steps(r, steps, CAP) : -1;
+    int asc = 1;
+    for (int i = 1; i < n; i++) asc &= steps[i - 1] < steps[i];
+    CHECK(n == CAP && asc && steps[n - 1] == top[level] && steps[0] == top[level] - (int64_t)(CAP - 1) * (level ? 7 : 1),
+          "%s, %d steps: the newest %d, ascending (got %d, %lld .. %lld)", what[level], MANY, CAP, n,
+          n > 0 ? (long long)steps[0] : -1LL, n > 0 ? (long long)steps[n - 1] : -1LL);
+    ckpt_reader_close(r);
+  }
+  free(steps);
+}
+
 int main(void) {
   if (!mkdtemp(root)) return 1;
   test_map_grown_elsewhere();
@@ -793,6 +846,7 @@ int main(void) {
   test_when_busy(CKPT_COALESCE);
   test_remote_levels();
   test_remote_kill9();
+  test_many_steps();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
