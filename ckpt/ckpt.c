@@ -166,6 +166,7 @@ int ckpt_manifest_decode(const void *data, size_t len, ckpt_manifest *m, ckpt_te
     for (int d = 0; d < nd && !r.bad; d++) rb_get(&r, &t[i].dim[d], 8);
     rb_get(&r, &t[i].bytes, 8);
     rb_get(&r, &t[i].crc, 4);
+    if (m->bytes + t[i].bytes < m->bytes) r.bad = 1; /* sizes that wrap would pass a reader's total check */
     m->bytes += t[i].bytes;
   }
   if (r.bad || r.off != r.n) {

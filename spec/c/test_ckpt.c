@@ -35,6 +35,7 @@
 #include "backend.h"
 #include "check.h"
 #include "ckpt.h"
+#include "crc32c.h"
 #include "util.h"
 
 static char root[] = "/tmp/transom-ckpt-XXXXXX";
@@ -833,6 +834,56 @@ static void test_many_steps(void) {
   free(steps);
 }
 
+/* A remote file whose manifest (CRC intact: written on purpose, or by a
+ * bug) gives tensor sizes that sum past 2^64 to the bytes the file holds:
+ * refused when opened, never read past the mapping. */
+static void put(uint8_t *m, size_t *n, const void *v, size_t len) {
+  memcpy(m + *n, v, len);
+  *n += len;
+}
+static void test_remote_size_wrap(void) {
+  char remote[256], path[512];
+  store_path(remote, sizeof remote, "wrap-remote");
+  CHECK(tr_mkdirs(remote) == 0, "mkdirs: %s", tr_error());
+  uint8_t m[256];
+  size_t n = 0;
+  uint32_t magic = 0x4b435254u, version = 1, nt = 2, crc = 0;
+  int64_t step = 9, zero = 0;
+  uint64_t chunk = (uint64_t)16 << 20, sizes[2] = {UINT64_MAX - 7, 16}; /* sum mod 2^64: 8 */
+  put(m, &n, &magic, 4);
+  put(m, &n, &version, 4);
+  put(m, &n, &step, 8);
+  for (int i = 0; i < 4; i++) put(m, &n, &zero, 8); /* data_rng, opt_steps, config_hash, wall_time */
+  put(m, &n, &nt, 4);
+  put(m, &n, &chunk, 8);
+  for (int i = 0; i < 2; i++) {
+    uint16_t len = 1;
+    uint8_t dt = CKPT_U8, nd = 1;
+    int64_t dim = (int64_t)(sizes[i] & INT64_MAX);
+    put(m, &n, &len, 2);
+    put(m, &n, i ? "b" : "a", 1);
+    put(m, &n, &dt, 1);
+    put(m, &n, &nd, 1);
+    put(m, &n, &dim, 8);
+    put(m, &n, &sizes[i], 8);
+    put(m, &n, &crc, 4);
+  }
+  crc = tr_crc32c(0, m, n);
+  put(m, &n, &crc, 4);
+  snprintf(path, sizeof path, "%s/step-%020lld.ckpt", remote, (long long)step);
+  FILE *f = fopen(path, "wb");
+  uint64_t mlen = n;
+  fwrite("TRCKREM1", 1, 8, f);
+  fwrite(&mlen, 8, 1, f);
+  fwrite(m, 1, n, f);
+  fwrite("01234567", 1, 8, f); /* the 8 bytes the wrapped sum claims */
+  fclose(f);
+  ckpt_reader *r = ckpt_reader_open(remote);
+  CHECK(r != NULL, "reader: %s", tr_error());
+  CHECK(r && ckpt_reader_verify(r, step) != 0, "tensor sizes summing past 2^64 are refused");
+  ckpt_reader_close(r);
+}
+
 int main(void) {
   if (!mkdtemp(root)) return 1;
   test_map_grown_elsewhere();
@@ -847,6 +898,7 @@ int main(void) {
   test_remote_levels();
   test_remote_kill9();
   test_many_steps();
+  test_remote_size_wrap();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
