@@ -657,6 +657,7 @@ static void test_remote_levels(void) {
     CHECK(ckpt_snapshot(e, &st) == 0, "snapshot %lld: %s", (long long)step, tr_error());
     ckpt_wait_copy(e);
     ckpt_flush(e);
+    ckpt_wait_remote(e); /* else a copy still running skips the next step (only the newest waits) */
   }
   ckpt_close(e); /* finishes the newest's copy */
   ckpt_reader *r = ckpt_reader_open(remote);
@@ -681,6 +682,7 @@ static void test_remote_levels(void) {
     ckpt_snapshot(e, &st);
     ckpt_wait_copy(e);
     ckpt_flush(e);
+    ckpt_wait_remote(e);
   }
   ckpt_close(e);
 
