@@ -553,6 +553,16 @@ static void test_bpe(void) {
   c = bpe_load(path);
   CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:2:"), "a damaged token names its line: %s", tr_error());
   bpe_free(c);
+  /* a header claiming far more tokens than the file holds is refused before
+   * 2^24 tokens' tables are allocated (a shard directory's tokenizer.bpe is
+   * input like any other) */
+  f = fopen(path, "w");
+  fputs("transom-bpe 1 16777216\n61\n", f);
+  fclose(f);
+  c = bpe_load(path);
+  CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:1: the header says 16777216 tokens, the file has 2 lines"),
+        "a token count past the file's lines is refused at the header: %s", tr_error());
+  bpe_free(c);
   /* a tiktoken file (GPT-2's format): the 256 bytes, then "th", "the", " the" */
   f = fopen(path, "w");
   static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
