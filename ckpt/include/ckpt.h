@@ -60,7 +60,7 @@ typedef struct {
 
 typedef struct {
   const char *dir;     /* LMDB environment directory (created) */
-  size_t map_bytes;    /* LMDB map size; 0 = room for keep_last+2 snapshots */
+  size_t map_bytes;    /* LMDB map size; 0 = room for keep_last+2 snapshots, grown when full */
   int keep_last;       /* keep the newest K (>= 1) */
   int keep_every;      /* also keep steps divisible by M (0 = none) */
   int busy;            /* CKPT_SKIP or CKPT_COALESCE */

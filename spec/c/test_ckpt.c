@@ -783,6 +783,46 @@ static void test_remote_kill9(void) {
   free(a);
 }
 
+/* keep_every keeps steps beyond the keep_last + 2 an automatic map
+ * (map_bytes 0) is sized for: the map grows when it fills, every commit
+ * succeeds and every kept step reads back. */
+static void test_map_grows(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "grows");
+  enum { N = 1 << 20, STEPS = 12 }; /* 4 MiB a snapshot; the first map holds about 7 */
+  ckpt_engine *e = open_engine(dir, 1, 1, CKPT_COALESCE, 0);
+  float *a = malloc(sizeof(float) * N);
+  if (!e || !a) return;
+  int64_t d[1] = {N};
+  CHECK(ckpt_register(e, "param/a", CKPT_F32, 1, d, a) == 0, "register: %s", tr_error());
+  int ok = 0, events = 0;
+  char what[256] = "";
+  for (int64_t step = 1; step <= STEPS; step++) {
+    fill(a, N, step);
+    ckpt_state st = {.step = step};
+    ckpt_snapshot(e, &st);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+    ckpt_event ev;
+    while (ckpt_poll(e, &ev)) {
+      events++, ok += ev.ok;
+      if (!ev.ok && !what[0]) snprintf(what, sizeof what, "%s", ev.what);
+    }
+  }
+  ckpt_close(e);
+  CHECK(events == STEPS && ok == STEPS, "keep_every = 1 past the automatic map: %d of %d commits ok (%s)", ok, events,
+        what);
+  ckpt_reader *r = ckpt_reader_open(dir);
+  int64_t steps[32];
+  int n = r ? ckpt_reader_steps(r, steps, 32) : -1;
+  int good = 0;
+  for (int i = 0; i < n; i++)
+    good += ckpt_reader_read(r, steps[i], "param/a", a, sizeof(float) * N) == 0 && holds_step(a, N, steps[i]);
+  CHECK(n == STEPS && good == STEPS, "all %d kept steps read back (%d listed, %d good)", STEPS, n, good);
+  ckpt_reader_close(r);
+  free(a);
+}
+
 /* More checkpoints than a listing holds (keep_every keeps one per N steps
  * for a whole run): ckpt_reader_steps returns the newest cap, so a resume
  * (ckpt_load lists 4096) starts from the newest, at both levels. The local
@@ -900,6 +940,7 @@ int main(void) {
   test_remote_levels();
   test_remote_kill9();
   test_many_steps();
+  test_map_grows();
   test_remote_size_wrap();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
