@@ -166,6 +166,7 @@ int ckpt_manifest_decode(const void *data, size_t len, ckpt_manifest *m, ckpt_te
     for (int d = 0; d < nd && !r.bad; d++) rb_get(&r, &t[i].dim[d], 8);
     rb_get(&r, &t[i].bytes, 8);
     rb_get(&r, &t[i].crc, 4);
+    if (m->bytes + t[i].bytes < m->bytes) r.bad = 1; /* sizes that wrap would pass a reader's total check */
     m->bytes += t[i].bytes;
   }
   if (r.bad || r.off != r.n) {
@@ -180,7 +181,12 @@ int ckpt_manifest_decode(const void *data, size_t len, ckpt_manifest *m, ckpt_te
 
 /* --- LMDB helpers --- */
 
+/* The LMDB code of this thread's last mdb_fail (commit tells a full map
+ * from other failures by it). */
+static _Thread_local int mdb_last;
+
 static int mdb_fail(int rc, const char *what) {
+  mdb_last = rc;
   if (rc == MDB_MAP_FULL)
     return tr_fail(TR_EIO, "%s: the checkpoint store is full (LMDB map size reached; raise checkpoint.map_mb)", what);
   return tr_fail(TR_EIO, "%s: %s", what, mdb_strerror(rc));
@@ -276,6 +282,10 @@ struct ckpt_engine {
   pthread_t replicator;
   int repl_started;
   int64_t repl_want, repl_done;
+  /* held around every transaction of the replicator and around the
+   * writer's map changes: LMDB resizes a map only while this process has
+   * no transaction open on it */
+  pthread_mutex_t map_mu;
 };
 
 /* The CPU seconds the calling thread has used. */
@@ -412,13 +422,43 @@ static int apply_retention(ckpt_engine *e, MDB_txn *txn) {
   return rc;
 }
 
+/* An automatic map (map_bytes 0) that filled up: keep_every keeps steps
+ * beyond the keep_last + 2 it was sized for. Doubles it (at least two
+ * snapshots more); 0, or an error. */
+static int grow_map(ckpt_engine *e) {
+  MDB_envinfo info;
+  pthread_mutex_lock(&e->map_mu);
+  int mrc = mdb_env_info(e->env, &info);
+  if (!mrc) {
+    size_t more = (size_t)(e->total + (e->total >> 3) + (1 << 20)) * 2;
+    mrc = mdb_env_set_mapsize(e->env, info.me_mapsize + (info.me_mapsize > more ? info.me_mapsize : more));
+  }
+  pthread_mutex_unlock(&e->map_mu);
+  return mrc ? mdb_fail(mrc, "growing the checkpoint store's map") : TR_OK;
+}
+
 /* Level 2: one write transaction for the whole checkpoint plus retention;
- * the checkpoint exists once mdb_txn_commit returned. */
+ * the checkpoint exists once mdb_txn_commit returned. A full automatic map
+ * grows and the checkpoint is written again (a few times at most). */
+static int commit_once(ckpt_engine *e, stage_buf *b);
 static int commit(ckpt_engine *e, stage_buf *b) {
+  int rc = commit_once(e, b);
+  for (int i = 0; rc && mdb_last == MDB_MAP_FULL && e->o.map_bytes == 0 && i < 4; i++) {
+    mdb_last = 0;
+    if ((rc = grow_map(e))) break;
+    rc = commit_once(e, b);
+  }
+  return rc;
+}
+
+static int commit_once(ckpt_engine *e, stage_buf *b) {
   ckpt_tensor_info *info = malloc(sizeof *info * (size_t)(e->nt ? e->nt : 1));
   if (!info) return tr_fail(TR_ENOMEM, "out of memory committing a checkpoint");
   MDB_txn *txn = NULL;
+  mdb_last = 0;
+  pthread_mutex_lock(&e->map_mu); /* txn_begin may adopt a map grown elsewhere */
   int mrc = txn_begin(e->env, 0, &txn, 1), rc;
+  pthread_mutex_unlock(&e->map_mu);
   if (mrc) {
     free(info);
     return mdb_fail(mrc, "beginning a checkpoint transaction");
@@ -433,6 +473,7 @@ static int commit(ckpt_engine *e, stage_buf *b) {
     return rc;
   }
   if ((mrc = mdb_txn_commit(txn))) {
+    mdb_last = mrc;
     struct statvfs vfs;
     if (statvfs(e->dir, &vfs) == 0)
       return tr_fail(TR_EIO, "committing the checkpoint: %s (%.1f MiB free on the device, %.1f MiB needed)",
@@ -498,8 +539,12 @@ static void *writer_main(void *arg) {
 static int local_manifest(ckpt_engine *e, int64_t step, uint8_t **raw, size_t *len, ckpt_manifest *m,
                           ckpt_tensor_info **tensors) {
   MDB_txn *txn;
+  pthread_mutex_lock(&e->map_mu);
   int mrc = txn_begin(e->env, MDB_RDONLY, &txn, 0), rc = TR_OK;
-  if (mrc) return mdb_fail(mrc, "replicating: reading the store");
+  if (mrc) {
+    pthread_mutex_unlock(&e->map_mu);
+    return mdb_fail(mrc, "replicating: reading the store");
+  }
   uint8_t kb[8];
   put_be64(kb, (uint64_t)step);
   MDB_val k = {8, kb}, v;
@@ -517,6 +562,7 @@ static int local_manifest(ckpt_engine *e, int64_t step, uint8_t **raw, size_t *l
     *len = v.mv_size;
   }
   mdb_txn_abort(txn);
+  pthread_mutex_unlock(&e->map_mu);
   return rc;
 }
 
@@ -535,8 +581,12 @@ static int replicate_tensor(ckpt_engine *e, remote_file *f, int64_t step, int i,
     put_be32(kb + 12, c);
     MDB_val k = {16, kb}, v;
     MDB_txn *txn;
+    pthread_mutex_lock(&e->map_mu);
     int mrc = txn_begin(e->env, MDB_RDONLY, &txn, 0), rc = TR_OK;
-    if (mrc) return mdb_fail(mrc, "replicating: reading the store");
+    if (mrc) {
+      pthread_mutex_unlock(&e->map_mu);
+      return mdb_fail(mrc, "replicating: reading the store");
+    }
     mrc = mdb_get(txn, e->data, &k, &v);
     if (mrc == MDB_NOTFOUND) rc = CKPT_GONE;
     else if (mrc) rc = mdb_fail(mrc, "replicating: reading checkpoint data");
@@ -549,6 +599,7 @@ static int replicate_tensor(ckpt_engine *e, remote_file *f, int64_t step, int i,
       got += v.mv_size;
     }
     mdb_txn_abort(txn);
+    pthread_mutex_unlock(&e->map_mu);
     if (rc) return rc;
     remote_pace(f);
   }
@@ -647,6 +698,7 @@ ckpt_engine *ckpt_open(const ckpt_opts *o) {
   snprintf(e->dir, sizeof e->dir, "%s", o->dir);
   e->o.dir = e->dir;
   pthread_mutex_init(&e->mu, NULL);
+  pthread_mutex_init(&e->map_mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   if (tr_mkdirs(e->dir)) goto fail;
   int rc = mdb_env_create(&e->env);
@@ -911,6 +963,7 @@ void ckpt_close(ckpt_engine *e) {
   }
   free(e->t);
   pthread_mutex_destroy(&e->mu);
+  pthread_mutex_destroy(&e->map_mu);
   pthread_cond_destroy(&e->cv);
   free(e);
 }
@@ -1025,12 +1078,19 @@ static int local_steps(ckpt_reader *r, int64_t *steps, int cap) {
     mdb_txn_abort(txn);
     return mdb_fail(rc, "reading checkpoints");
   }
+  /* the newest cap: from the last key down (big-endian keys sort as the
+   * steps do), then put back in ascending order */
   int n = 0;
   MDB_val k, v;
-  for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0 && n < cap; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT))
+  for (rc = mdb_cursor_get(c, &k, &v, MDB_LAST); rc == 0 && n < cap; rc = mdb_cursor_get(c, &k, &v, MDB_PREV))
     if (k.mv_size == 8) steps[n++] = (int64_t)get_be64(k.mv_data);
   mdb_cursor_close(c);
   mdb_txn_abort(txn);
+  for (int i = 0; i < n / 2; i++) {
+    int64_t x = steps[i];
+    steps[i] = steps[n - 1 - i];
+    steps[n - 1 - i] = x;
+  }
   return n;
 }
 

@@ -50,8 +50,8 @@ void remote_pace(remote_file *f);
 int remote_publish(remote_file *f);
 void remote_abandon(remote_file *f);
 
-/* Published steps, ascending (count <= cap; 0 for a missing dir), or an
- * error. */
+/* Published steps, ascending: the newest cap when there are more (count
+ * <= cap; 0 for a missing dir), or an error. */
 int remote_steps(const char *dir, int64_t *steps, int cap);
 /* Removes all but the newest keep_last (and multiples of keep_every). */
 int remote_retain(const char *dir, int keep_last, int keep_every);

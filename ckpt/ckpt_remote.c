@@ -175,23 +175,48 @@ static int cmp_i64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-int remote_steps(const char *dir, int64_t *steps, int cap) {
+/* Every published step, ascending, malloc'd into *out (NULL when none);
+ * the count, or an error. */
+static int remote_list(const char *dir, int64_t **out) {
+  *out = NULL;
   DIR *d = opendir(dir);
   if (!d) return errno == ENOENT ? 0 : tr_fail(TR_EIO, "remote checkpoint store '%s': %s", dir, strerror(errno));
-  int n = 0;
+  int n = 0, cap = 0;
+  int64_t *v = NULL;
   struct dirent *de;
-  while ((de = readdir(d)) && n < cap) {
+  while ((de = readdir(d))) {
     int64_t s = step_of(de->d_name);
-    if (s >= 0) steps[n++] = s;
+    if (s < 0) continue;
+    if (n == cap) {
+      int64_t *nv = cap < (1 << 28) ? realloc(v, sizeof *v * (size_t)(cap = cap ? cap * 2 : 256)) : NULL;
+      if (!nv) {
+        free(v);
+        closedir(d);
+        return tr_fail(TR_ENOMEM, "out of memory listing '%s'", dir);
+      }
+      v = nv;
+    }
+    v[n++] = s;
   }
   closedir(d);
-  qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
+  qsort(v, (size_t)n, sizeof *v, cmp_i64);
+  *out = v;
   return n;
 }
 
+int remote_steps(const char *dir, int64_t *steps, int cap) {
+  int64_t *all;
+  int n = remote_list(dir, &all);
+  if (n < 0) return n;
+  int from = n > cap ? n - cap : 0; /* readdir's order is no order: the newest cap of all of them */
+  if (n - from > 0) memcpy(steps, all + from, sizeof *steps * (size_t)(n - from));
+  free(all);
+  return n - from;
+}
+
 int remote_retain(const char *dir, int keep_last, int keep_every) {
-  int64_t steps[4096];
-  int n = remote_steps(dir, steps, 4096), rc = n < 0 ? n : TR_OK;
+  int64_t *steps;
+  int n = remote_list(dir, &steps), rc = n < 0 ? n : TR_OK;
   int removed = 0;
   for (int i = 0; i < n - keep_last; i++) {
     if (keep_every > 0 && steps[i] % keep_every == 0) continue;
@@ -200,6 +225,7 @@ int remote_retain(const char *dir, int keep_last, int keep_every) {
     if (unlink(path) != 0 && errno != ENOENT) rc = tr_fail(TR_EIO, "removing '%s': %s", path, strerror(errno));
     removed++;
   }
+  free(steps);
   if (removed && !rc) rc = fsync_dir(dir);
   return rc;
 }

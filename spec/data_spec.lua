@@ -115,6 +115,14 @@ describe("token shards", function()
     assert.is_true(letters > #out / 2, out)
   end)
 
+  it("transom prepare refuses --shard-tokens past an int32 (the shard header's count)", function()
+    write(tmp .. "/s.txt", text:sub(1, 2000))
+    local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/s.txt -o " .. tmp .. "/big --vocab 300 "
+      .. "--shard-tokens 4294967296 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches("%-%-shard%-tokens must be 1%.%.2147483647", out)
+  end)
+
   it("a list of data files is checked like any key: file, line, item", function()
     local job = require("transom.job")
     local path = tmp .. "/badlist.lua"

@@ -152,6 +152,37 @@ describe("Hugging Face round trip", function()
     assert.is_true(d <= 1e-4, "max abs difference " .. d)
   end)
 
+  it("init_from refuses what transom's gpt cannot honour: an untied head, another layer norm epsilon", function()
+    -- no Python: the directory is transom's own export, its config.json edited
+    local text = assert(read(ROOT .. "/data/fortunes.txt")):sub(1, 30000)
+    write(tmp .. "/fixed.txt", text)
+    local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/fixed.txt -o " .. tmp .. "/fshards --vocab 300 2>&1")
+    assert.equal(0, rc, out)
+    local base = BIN .. " run " .. ROOT .. "/examples/fortunes.lua --set 'data=" .. tmp .. "/fshards/train_*.bin' "
+      .. "--set vocab_size=300 --set n_layer=1 --set n_head=2 --set n_embd=32 --set block_size=16 "
+      .. "--set batch_size=2 --set max_steps=1 --set warmup_steps=0 --set threads=1 --set eval_interval=0 "
+      .. "--set eval_steps=1 --set sample_tokens=0 "
+    out, rc = S.sh(base .. "--set run_dir=" .. tmp .. "/frun 2>&1")
+    assert.equal(0, rc, out)
+    out, rc = S.sh(BIN .. " export " .. tmp .. "/frun --hf " .. tmp .. "/fhf 2>&1")
+    assert.equal(0, rc, out)
+    local cfg = assert(read(tmp .. "/fhf/config.json"))
+    out, rc = S.sh(base .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/fok 2>&1")
+    assert.equal(0, rc, out) -- the export as written starts a job
+    local untied = cfg:gsub('"tie_word_embeddings": true', '"tie_word_embeddings": false')
+    assert.are_not.equal(cfg, untied)
+    write(tmp .. "/fhf/config.json", untied)
+    out, rc = S.sh(base .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/funtied 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches("config%.json': tie_word_embeddings is false", out)
+    local eps = cfg:gsub('"layer_norm_epsilon": 1e%-05', '"layer_norm_epsilon": 1e-06')
+    assert.are_not.equal(cfg, eps)
+    write(tmp .. "/fhf/config.json", eps)
+    out, rc = S.sh(base .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/feps 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches("config%.json': layer_norm_epsilon is 1e%-06", out)
+  end)
+
   it("init_from: a job starts from a transformers GPT-2 and computes its logits", function()
     if not need_py() then return end
     write(tmp .. "/ids.txt", table.concat(IDS, " "))

@@ -60,7 +60,7 @@ typedef struct {
 
 typedef struct {
   const char *dir;     /* LMDB environment directory (created) */
-  size_t map_bytes;    /* LMDB map size; 0 = room for keep_last+2 snapshots */
+  size_t map_bytes;    /* LMDB map size; 0 = room for keep_last+2 snapshots, grown when full */
   int keep_last;       /* keep the newest K (>= 1) */
   int keep_every;      /* also keep steps divisible by M (0 = none) */
   int busy;            /* CKPT_SKIP or CKPT_COALESCE */
@@ -180,7 +180,10 @@ int ckpt_store_damaged(const char *dir);
  * ckpt_engine_reader then (LMDB allows one environment per file per
  * process). */
 ckpt_reader *ckpt_reader_open(const char *dir);
-/* A reader over an open engine's store; close it before the engine. */
+/* A reader over an open engine's store; close it before the engine. Use it
+ * before the engine's first snapshot (a resume, as run.c and worker.c do):
+ * once the writer runs it may grow the map, which LMDB allows only with no
+ * transaction of this process open, and this reader's are not excluded. */
 ckpt_reader *ckpt_engine_reader(ckpt_engine *e);
 void ckpt_reader_close(ckpt_reader *r);
 /* Steps of the committed checkpoints, ascending; returns the count (<= cap),

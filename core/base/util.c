@@ -181,17 +181,28 @@ int tr_write_file_atomic(const char *path, const void *buf, size_t len) {
     p += w;
     left -= (size_t)w;
   }
-  if (fsync(fd) != 0 || close(fd) != 0) {
-    int e = errno;
+  int bad = fsync(fd) != 0, e = errno; /* closed either way: a failed fsync leaked the descriptor */
+  if (close(fd) != 0 && !bad) bad = 1, e = errno;
+  if (bad) {
     unlink(tmp);
     return tr_fail(TR_EIO, "cannot sync '%s': %s", tmp, strerror(e));
   }
   if (rename(tmp, path) != 0) {
-    int e = errno;
+    e = errno;
     unlink(tmp);
     return tr_fail(TR_EIO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
   }
-  return TR_OK;
+  /* the rename itself is durable only once the directory is synced */
+  const char *slash = strrchr(tmp, '/');
+  if (slash == tmp) tmp[1] = 0;
+  else if (slash) tmp[slash - tmp] = 0;
+  else snprintf(tmp, sizeof tmp, ".");
+  int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return tr_fail(TR_EIO, "cannot open directory '%s': %s", tmp, strerror(errno));
+  bad = fsync(dfd) != 0 && errno != EINVAL;
+  e = errno;
+  close(dfd);
+  return bad ? tr_fail(TR_EIO, "cannot sync directory '%s': %s", tmp, strerror(e)) : TR_OK;
 }
 
 int tr_mkdirs(const char *path) {

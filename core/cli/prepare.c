@@ -119,7 +119,8 @@ static int parse_args(int argc, char **argv, char **files, int *nfiles, shard_ou
       if (*end || !(*val > 0 && *val < 1)) return tr_fail(TR_EINVAL, "--val must be a fraction in (0, 1)");
     } else if (strcmp(a, "--shard-tokens") == 0 && has) {
       o->shard_tokens = strtoll(argv[++i], &end, 10);
-      if (*end || o->shard_tokens < 1) return tr_fail(TR_EINVAL, "--shard-tokens must be a positive integer");
+      if (*end || o->shard_tokens < 1 || o->shard_tokens > INT32_MAX) /* the header's count is an int32 */
+        return tr_fail(TR_EINVAL, "--shard-tokens must be 1..%d (an llm.c header counts tokens in an int32)", INT32_MAX);
     } else if (a[0] == '-') {
       return tr_fail(TR_EINVAL, "unknown option '%s' (see transom prepare --help)", a);
     } else {

@@ -98,8 +98,10 @@ static void *async_main(void *arg) {
     if (a->quit) break;
     a->state = A_RUNNING;
     /* SYNC once the first bucket exists: the group's ring then starts
-     * with every member inside its backward, not before its forward */
-    while (!a->quit && !m->failed && buckets_ready(a, atomic_load(&a->rd.from)) == 0) ftar_cv_wait(m, tr_now() + 1);
+     * with every member inside its backward, not before its forward (an
+     * empty buffer has no bucket to wait for: nb is 0) */
+    while (!a->quit && !m->failed && a->nb && buckets_ready(a, atomic_load(&a->rd.from)) == 0)
+      ftar_cv_wait(m, tr_now() + 1);
     pthread_mutex_unlock(&m->mu);
     run_call(m, a);
     pthread_mutex_lock(&m->mu);

@@ -286,8 +286,14 @@ int safetensors_open(st_file *f, const char *path) {
       memset(e, 0, sizeof *e);
       memcpy(e->name, name, sizeof e->name);
       if (read_entry(&s, e)) goto bad;
+      /* the element count must not wrap: [2^62, 4] floats is 0 bytes
+       * modulo 2^64, and readers trust dim[] once the offsets agree */
       uint64_t elems = 1, esz = strcmp(e->dtype, "F32") == 0 ? 4 : 0;
-      for (int i = 0; i < e->ndim; i++) elems *= (uint64_t)e->dim[i];
+      for (int i = 0; i < e->ndim; i++) {
+        uint64_t d = (uint64_t)e->dim[i];
+        if (e->dim[i] < 0 || (d && elems > UINT64_MAX / 4 / d)) goto bad;
+        elems *= d;
+      }
       if (esz == 0 || e->begin > e->end || e->end > f->data_len || e->end - e->begin != elems * esz) goto bad;
       f->n++;
     }

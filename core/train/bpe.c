@@ -283,6 +283,12 @@ bpe *bpe_load(const char *path) {
     tr_fail(TR_EFORMAT, "%s:1: not a transom tokenizer (expected 'transom-bpe 1 N')", path);
     goto fail;
   }
+  int lines = 0; /* a token is a line: a header claiming more is refused before its tables are allocated */
+  for (size_t i = 0; i < len; i++) lines += s[i] == '\n';
+  if (n > lines) { /* lines: the header's and the tokens' newlines (a damaged one is reported at its line) */
+    tr_fail(TR_EFORMAT, "%s:1: the header says %d tokens, the file has %d lines", path, n, lines);
+    goto fail;
+  }
   b = bpe_new(n);
   tmp = malloc(len);
   if (!b || !tmp) {

@@ -4,6 +4,7 @@
 #include "hf.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,36 @@ static int64_t json_int(const char *json, const char *key) {
   return end == p ? -1 : v;
 }
 
+/* The text of the value after "key": in a JSON text, or NULL. */
+static const char *json_value(const char *json, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\"", key);
+  const char *p = strstr(json, pat);
+  if (!p) return NULL;
+  p += strlen(pat);
+  while (*p == ' ' || *p == ':' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+  return p;
+}
+
+/* What transom's gpt cannot honour: an untied output head (its own
+ * lm_head.weight, which import_one would never read) or another layer
+ * norm epsilon (the kernels' is 1e-5). Absent keys are GPT-2's defaults. */
+static int check_fixed(const char *path, const char *js) {
+  const char *v = json_value(js, "tie_word_embeddings");
+  if (v && strncmp(v, "false", 5) == 0)
+    return tr_fail(TR_EINVAL, "'%s': tie_word_embeddings is false; transom's gpt ties the output head to wte "
+                   "(lm_head.weight would be ignored)", path);
+  v = json_value(js, "layer_norm_epsilon");
+  if (v) {
+    char *end;
+    double eps = strtod(v, &end);
+    if (end == v || fabs(eps - 1e-5) > 1e-12)
+      return tr_fail(TR_EINVAL, "'%s': layer_norm_epsilon is %.*s, transom's gpt uses 1e-05", path,
+                     (int)strcspn(v, ",}\n"), v);
+  }
+  return TR_OK;
+}
+
 static int check_config(const char *dir, const hf_shape *s, int64_t block) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/config.json", dir);
@@ -127,6 +158,7 @@ static int check_config(const char *dir, const hf_shape *s, int64_t block) {
                  (long long)npos, (long long)block);
   if (!rc && strstr(js, "\"activation_function\"") && !strstr(js, "gelu_new") && !strstr(js, "gelu_pytorch_tanh"))
     rc = tr_fail(TR_EINVAL, "'%s': activation_function is not GPT-2's tanh GELU (gelu_new)", path);
+  if (!rc) rc = check_fixed(path, js);
   free(js);
   return rc;
 }

@@ -16,7 +16,7 @@ return {
   when_busy = "coalesce", -- a snapshot is due while the disk is still writing:
                           -- "coalesce" replaces the one waiting to be written,
                           -- "skip" drops the new one. Training never waits.
-  map_mb = 0,             -- LMDB map size in MiB (0 = room for keep_last + 2)
+  map_mb = 0,             -- LMDB map size in MiB (0 = room for keep_last + 2, grown when full)
   remote = "",            -- level 3: a directory on another disk (a shared file
                           -- system, another host's disk); committed checkpoints
                           -- are copied there in the background ("" = none)

@@ -35,6 +35,7 @@
 #include "backend.h"
 #include "check.h"
 #include "ckpt.h"
+#include "crc32c.h"
 #include "util.h"
 
 static char root[] = "/tmp/transom-ckpt-XXXXXX";
@@ -656,6 +657,7 @@ static void test_remote_levels(void) {
     CHECK(ckpt_snapshot(e, &st) == 0, "snapshot %lld: %s", (long long)step, tr_error());
     ckpt_wait_copy(e);
     ckpt_flush(e);
+    ckpt_wait_remote(e); /* else a copy still running skips the next step (only the newest waits) */
   }
   ckpt_close(e); /* finishes the newest's copy */
   ckpt_reader *r = ckpt_reader_open(remote);
@@ -680,6 +682,7 @@ static void test_remote_levels(void) {
     ckpt_snapshot(e, &st);
     ckpt_wait_copy(e);
     ckpt_flush(e);
+    ckpt_wait_remote(e);
   }
   ckpt_close(e);
 
@@ -780,6 +783,149 @@ static void test_remote_kill9(void) {
   free(a);
 }
 
+/* keep_every keeps steps beyond the keep_last + 2 an automatic map
+ * (map_bytes 0) is sized for: the map grows when it fills, every commit
+ * succeeds and every kept step reads back. */
+static void test_map_grows(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "grows");
+  enum { N = 1 << 20, STEPS = 12 }; /* 4 MiB a snapshot; the first map holds about 7 */
+  ckpt_engine *e = open_engine(dir, 1, 1, CKPT_COALESCE, 0);
+  float *a = malloc(sizeof(float) * N);
+  if (!e || !a) return;
+  int64_t d[1] = {N};
+  CHECK(ckpt_register(e, "param/a", CKPT_F32, 1, d, a) == 0, "register: %s", tr_error());
+  int ok = 0, events = 0;
+  char what[256] = "";
+  for (int64_t step = 1; step <= STEPS; step++) {
+    fill(a, N, step);
+    ckpt_state st = {.step = step};
+    ckpt_snapshot(e, &st);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+    ckpt_event ev;
+    while (ckpt_poll(e, &ev)) {
+      events++, ok += ev.ok;
+      if (!ev.ok && !what[0]) snprintf(what, sizeof what, "%s", ev.what);
+    }
+  }
+  ckpt_close(e);
+  CHECK(events == STEPS && ok == STEPS, "keep_every = 1 past the automatic map: %d of %d commits ok (%s)", ok, events,
+        what);
+  ckpt_reader *r = ckpt_reader_open(dir);
+  int64_t steps[32];
+  int n = r ? ckpt_reader_steps(r, steps, 32) : -1;
+  int good = 0;
+  for (int i = 0; i < n; i++)
+    good += ckpt_reader_read(r, steps[i], "param/a", a, sizeof(float) * N) == 0 && holds_step(a, N, steps[i]);
+  CHECK(n == STEPS && good == STEPS, "all %d kept steps read back (%d listed, %d good)", STEPS, n, good);
+  ckpt_reader_close(r);
+  free(a);
+}
+
+/* More checkpoints than a listing holds (keep_every keeps one per N steps
+ * for a whole run): ckpt_reader_steps returns the newest cap, so a resume
+ * (ckpt_load lists 4096) starts from the newest, at both levels. The local
+ * store's manifests are written straight through LMDB (keys only matter
+ * here); the remote store's are empty files (names only matter). */
+static void test_many_steps(void) {
+  enum { MANY = 5000, CAP = 4096 };
+  char dir[256], remote[256], path[512];
+  store_path(dir, sizeof dir, "many-local");
+  store_path(remote, sizeof remote, "many-remote");
+  CHECK(tr_mkdirs(dir) == 0 && tr_mkdirs(remote) == 0, "mkdirs: %s", tr_error());
+  MDB_env *env = NULL;
+  MDB_txn *txn = NULL;
+  MDB_dbi man, data;
+  int rc = mdb_env_create(&env);
+  if (!rc) mdb_env_set_maxdbs(env, 4);
+  if (!rc) rc = mdb_env_open(env, dir, MDB_NOSYNC, 0644);
+  if (!rc) rc = mdb_txn_begin(env, NULL, 0, &txn);
+  if (!rc) rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &man);
+  if (!rc) rc = mdb_dbi_open(txn, "data", MDB_CREATE, &data);
+  for (int64_t s = 1; !rc && s <= MANY; s++) {
+    uint8_t kb[8];
+    for (int i = 0; i < 8; i++) kb[i] = (uint8_t)((uint64_t)s >> (56 - 8 * i)); /* big-endian, as the engine's */
+    MDB_val k = {8, kb}, v = {1, "m"};
+    rc = mdb_put(txn, man, &k, &v, 0);
+  }
+  if (!rc) rc = mdb_txn_commit(txn);
+  else if (txn) mdb_txn_abort(txn);
+  if (env) mdb_env_close(env);
+  CHECK(rc == 0, "writing %d manifests: %s", MANY, mdb_strerror(rc));
+  for (int64_t s = 1; s <= MANY; s++) {
+    snprintf(path, sizeof path, "%s/step-%020lld.ckpt", remote, (long long)(s * 7));
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) close(fd);
+  }
+  int64_t *steps = malloc(sizeof *steps * CAP);
+  if (!steps) return;
+  const char *what[2] = {"local", "remote"};
+  const int64_t top[2] = {MANY, (int64_t)MANY * 7};
+  for (int level = 0; level < 2; level++) {
+    ckpt_reader *r = ckpt_reader_open(level ? remote : dir);
+    CHECK(r != NULL, "reader: %s", tr_error());
+    int n = r ? ckpt_reader_steps(r, steps, CAP) : -1;
+    int asc = 1;
+    for (int i = 1; i < n; i++) asc &= steps[i - 1] < steps[i];
+    CHECK(n == CAP && asc && steps[n - 1] == top[level] && steps[0] == top[level] - (int64_t)(CAP - 1) * (level ? 7 : 1),
+          "%s, %d steps: the newest %d, ascending (got %d, %lld .. %lld)", what[level], MANY, CAP, n,
+          n > 0 ? (long long)steps[0] : -1LL, n > 0 ? (long long)steps[n - 1] : -1LL);
+    ckpt_reader_close(r);
+  }
+  free(steps);
+}
+
+/* A remote file whose manifest (CRC intact: written on purpose, or by a
+ * bug) gives tensor sizes that sum past 2^64 to the bytes the file holds:
+ * refused when opened, never read past the mapping. */
+static void put(uint8_t *m, size_t *n, const void *v, size_t len) {
+  memcpy(m + *n, v, len);
+  *n += len;
+}
+static void test_remote_size_wrap(void) {
+  char remote[256], path[512];
+  store_path(remote, sizeof remote, "wrap-remote");
+  CHECK(tr_mkdirs(remote) == 0, "mkdirs: %s", tr_error());
+  uint8_t m[256];
+  size_t n = 0;
+  uint32_t magic = 0x4b435254u, version = 1, nt = 2, crc = 0;
+  int64_t step = 9, zero = 0;
+  uint64_t chunk = (uint64_t)16 << 20, sizes[2] = {UINT64_MAX - 7, 16}; /* sum mod 2^64: 8 */
+  put(m, &n, &magic, 4);
+  put(m, &n, &version, 4);
+  put(m, &n, &step, 8);
+  for (int i = 0; i < 4; i++) put(m, &n, &zero, 8); /* data_rng, opt_steps, config_hash, wall_time */
+  put(m, &n, &nt, 4);
+  put(m, &n, &chunk, 8);
+  for (int i = 0; i < 2; i++) {
+    uint16_t len = 1;
+    uint8_t dt = CKPT_U8, nd = 1;
+    int64_t dim = (int64_t)(sizes[i] & INT64_MAX);
+    put(m, &n, &len, 2);
+    put(m, &n, i ? "b" : "a", 1);
+    put(m, &n, &dt, 1);
+    put(m, &n, &nd, 1);
+    put(m, &n, &dim, 8);
+    put(m, &n, &sizes[i], 8);
+    put(m, &n, &crc, 4);
+  }
+  crc = tr_crc32c(0, m, n);
+  put(m, &n, &crc, 4);
+  snprintf(path, sizeof path, "%s/step-%020lld.ckpt", remote, (long long)step);
+  FILE *f = fopen(path, "wb");
+  uint64_t mlen = n;
+  fwrite("TRCKREM1", 1, 8, f);
+  fwrite(&mlen, 8, 1, f);
+  fwrite(m, 1, n, f);
+  fwrite("01234567", 1, 8, f); /* the 8 bytes the wrapped sum claims */
+  fclose(f);
+  ckpt_reader *r = ckpt_reader_open(remote);
+  CHECK(r != NULL, "reader: %s", tr_error());
+  CHECK(r && ckpt_reader_verify(r, step) != 0, "tensor sizes summing past 2^64 are refused");
+  ckpt_reader_close(r);
+}
+
 int main(void) {
   if (!mkdtemp(root)) return 1;
   test_map_grown_elsewhere();
@@ -793,6 +939,9 @@ int main(void) {
   test_when_busy(CKPT_COALESCE);
   test_remote_levels();
   test_remote_kill9();
+  test_many_steps();
+  test_map_grows();
+  test_remote_size_wrap();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);

@@ -331,6 +331,25 @@ static void test_safetensors(void) {
   fwrite(huge, 1, 8, fp);
   fclose(fp);
   CHECK(safetensors_open(&f, path) != 0, "a header length past the end must be refused");
+  /* shapes whose element count wraps uint64: [2^62, 4] floats is 2^66 bytes,
+   * 0 modulo 2^64, so offsets [0, 0] looked consistent and hf_import then
+   * read rows past the file; [2^63, 1]: a dimension over INT64_MAX */
+  static const char *const wrap[] = {
+      "{\"w\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,0]}}",
+      "{\"w\":{\"dtype\":\"F32\",\"shape\":[9223372036854775808,2],\"data_offsets\":[0,0]}}",
+  };
+  for (int k = 0; k < 2; k++) {
+    fp = fopen(path, "wb");
+    uint64_t hl = strlen(wrap[k]);
+    uint8_t l8[8];
+    for (int i = 0; i < 8; i++) l8[i] = (uint8_t)(hl >> (8 * i));
+    fwrite(l8, 1, 8, fp);
+    fwrite(wrap[k], 1, hl, fp);
+    fclose(fp);
+    int orc = safetensors_open(&f, path);
+    if (orc == 0) safetensors_close(&f);
+    CHECK(orc != 0, "a shape whose element count overflows must be refused (%s)", wrap[k]);
+  }
   unlink(path);
   rmdir(dir);
 }
@@ -533,6 +552,16 @@ static void test_bpe(void) {
   fclose(f);
   c = bpe_load(path);
   CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:2:"), "a damaged token names its line: %s", tr_error());
+  bpe_free(c);
+  /* a header claiming far more tokens than the file holds is refused before
+   * 2^24 tokens' tables are allocated (a shard directory's tokenizer.bpe is
+   * input like any other) */
+  f = fopen(path, "w");
+  fputs("transom-bpe 1 16777216\n61\n", f);
+  fclose(f);
+  c = bpe_load(path);
+  CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:1: the header says 16777216 tokens, the file has 2 lines"),
+        "a token count past the file's lines is refused at the header: %s", tr_error());
   bpe_free(c);
   /* a tiktoken file (GPT-2's format): the 256 bytes, then "th", "the", " the" */
   f = fopen(path, "w");

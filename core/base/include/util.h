@@ -53,7 +53,8 @@ size_t tr_current_rss(void);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated; *len excludes the
  * NUL). Caller frees. Returns NULL with tr_error() set on failure. */
 char *tr_read_file(const char *path, size_t *len);
-/* Writes buf to path atomically: path.tmp, fsync, rename. */
+/* Writes buf to path atomically and durably: path.tmp, fsync, rename, fsync
+ * of the directory. */
 int tr_write_file_atomic(const char *path, const void *buf, size_t len);
 /* mkdir -p. */
 int tr_mkdirs(const char *path);
