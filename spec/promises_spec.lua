@@ -356,6 +356,34 @@ return { data = %q, replicas = 2, max_steps = 60, warmup_steps = 10, n_layer = 2
     assert.equal("replica 1 not replaced: the others finished step 60", cancelled[1].detail)
   end)
 
+  it("a joiner that fails after the survivor finished every step is not restarted, nor is anything else", function()
+    if not have_corpus then return skip() end
+    -- the replacement pauses 8 s in its catch-up (a test hook) after its
+    -- snapshot: the survivor finishes its 40 remaining steps (20 ms each at
+    -- least: TRANSOM_TEST_STEP_MS, so the replacement starts before the end)
+    -- and exits meanwhile, so the joiner's replay fails with no replica live
+    local run, file = tmp .. "/latejoin", tmp .. "/latejoin.lua"
+    write(file, string.format([[
+return { data = %q, replicas = 2, max_steps = 100, warmup_steps = 10, n_layer = 2, n_head = 2, n_embd = 64,
+  block_size = 32, batch_size = 8, eval_interval = 0, eval_steps = 5, sample_tokens = 0, log_interval = 100,
+  deadline = 2, checkpoint = { every_steps = 20 }, chaos = { { at_step = 60, replica = 1, fault = "kill" } } }
+]], data))
+    local op, exit_status = S.spawn_rc("env TRANSOM_TEST_CATCHUP_DELAY_MS=8000 TRANSOM_TEST_STEP_MS=20 " .. BIN .. " run " .. file
+      .. " --set run_dir=" .. run, tmp .. "/latejoin.log")
+    assert.is_true(wait_exit(op, 120), "the operator did not finish")
+    assert.is_true(wait_for(function() return exit_status() ~= nil end, 10))
+    local log, ev = read(tmp .. "/latejoin.log"), events(run)
+    assert.equal(0, exit_status(), log)
+    assert.matches("finished at step 100 | 1 replicas finished", log, 1, true)
+    local failed = events_of(run, "replica_failed")
+    assert.equal(2, #failed, ev) -- the kill, then the joiner
+    assert.matches("; 0 live$", failed[2].detail)
+    assert.equal(0, #events_of(run, "all_replicas_dead"), ev)
+    assert.equal(3, #events_of(run, "spawn"), ev) -- 2 at the start, the joiner; no restart of everything
+    local cancelled = events_of(run, "replacement_cancelled")
+    assert.equal(1, #cancelled, ev)
+    assert.equal("replica 1 not replaced: the others finished step 100", cancelled[1].detail)
+  end)
   it("restart policy: replaced after 0.2, 0.4, 0.8, 1.6, 3.2 s, then the slot is given up (5 per slot within the hour)", function()
     if not have_corpus then return skip() end
     local run = tmp .. "/limits"

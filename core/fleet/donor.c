@@ -233,7 +233,10 @@ void donor_stop(donor *d) {
 /* --- joiner side --- */
 
 int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fdp, const auth_secret *secret) {
-  int fd = net_connect(host, port, 10.0);
+  /* the donor listened before the operator named it: a refusal that lasts
+   * means it is gone, and the joiner had better fail fast so that the
+   * restart policy picks another donor (not 10 s of retries) */
+  int fd = net_connect(host, port, 1.0);
   if (fd < 0) return fd;
   if (auth_client(fd, secret, 10.0)) {
     close(fd);

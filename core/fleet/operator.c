@@ -179,6 +179,13 @@ static void restart_everything(operator_state *o, double delay) {
 
 /* --- failures --- */
 
+/* Did a replica finish every step? */
+static int any_done(const operator_state *o) {
+  for (int i = 0; i < o->nslots; i++)
+    if (o->slots[i].state == SLOT_DONE) return 1;
+  return 0;
+}
+
 /* The job is over once no replica runs or starts, and none waits for a
  * replacement, unless one already finished every step: a replacement due
  * after the survivors finished would only resume at the last step (and wait
@@ -243,6 +250,12 @@ void operator_slot_exited(operator_state *o, slot *s, int status) {
   }
   operator_event(o, s->step, s->slot, "replica_failed", "replica %d %s (%s %d) at step %lld; %d live", s->slot, reason,
             sig ? "signal" : "exit code", sig ? sig : code, (long long)s->step, operator_live_count(o));
+  if (any_done(o)) { /* the others finished every step: nothing is left to train, nothing to restart */
+    operator_event(o, o->best_step, s->slot, "replacement_cancelled",
+                   "replica %d not replaced: the others finished step %lld", s->slot, (long long)o->best_step);
+    check_finished(o);
+    return;
+  }
   if (strcmp(o->cfg->on_failure, "restart_all") == 0) {
     /* the torchrun way: everything stops and reloads the last checkpoint */
     if (!o->restart_all_pending) {
