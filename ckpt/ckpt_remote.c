@@ -199,7 +199,7 @@ static int remote_list(const char *dir, int64_t **out) {
     v[n++] = s;
   }
   closedir(d);
-  qsort(v, (size_t)n, sizeof *v, cmp_i64);
+  if (n > 1) qsort(v, (size_t)n, sizeof *v, cmp_i64); /* (v is NULL when nothing matched) */
   *out = v;
   return n;
 }
