@@ -145,7 +145,7 @@ void ftar_coord_opts_default(ftar_coord_opts *o) {
  * from ABORT_GAP_MIN up to deadline / 4 before their epoch is published: a
  * member that its peers cannot reach (a wrong address, a one-way link)
  * makes every attempt abort at once, and without the limit the group would
- * spin through thousands of epochs a second. A single abort (a member
+ * spin through thousands of epochs a second. One aborted epoch (a member
  * died) is published at once. */
 #define ABORT_GAP_MIN 0.01
 
