@@ -287,7 +287,7 @@ int ftar_collective(ftar_member *m, ftar_plane *pl, size_t n, ftar_op op, uint64
   for (;;) {
     pthread_mutex_lock(&m->mu);
     int failed = m->failed;
-    uint64_t latest = m->ep;
+    uint64_t latest = m->ep, from = m->ep_from;
     pthread_mutex_unlock(&m->mu);
     if (failed) {
       rc = tr_fail(failed, "ftar: %s", m->fail_msg);
@@ -298,7 +298,8 @@ int ftar_collective(ftar_member *m, ftar_plane *pl, size_t n, ftar_op op, uint64
       continue;
     }
     rc = STEP_NEXT;
-    if (latest != m->run_ep || m->run_ep == 0) rc = enter_epoch(m, pl, &c);
+    /* a join at a chosen seq: collectives before it finish in run_ep */
+    if (m->run_ep == 0 || (latest != m->run_ep && (seq >= from || m->run_aborted))) rc = enter_epoch(m, pl, &c);
     if (rc == STEP_NEXT) rc = run_attempt(m, pl, &c);
     if (rc == STEP_DONE) return finish_call(m, &c);
     if (rc < 0) break;

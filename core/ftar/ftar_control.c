@@ -88,6 +88,7 @@ static int parse_epoch(ftar_member *m, const ftar_hdr *h, const uint8_t *p) {
   pthread_mutex_lock(&m->mu);
   if (h->epoch > m->ep) {
     m->ep = h->epoch;
+    m->ep_from = h->seq;
     m->ep_n = (int)n;
     memcpy(m->ep_mem, tmp, n * sizeof tmp[0]);
     m->epochs_seen++;
@@ -329,7 +330,7 @@ static int handshake(ftar_member *m, int fd, uint64_t epoch, double t_end, welco
   ftw_put16(hello + 4, (uint16_t)m->lport);
   ftw_put16(hello + 6, (uint16_t)hl);
   memcpy(hello + 8, m->data_host, hl);
-  ftar_hdr h = {.type = FT_HELLO, .epoch = epoch, .index = (uint32_t)m->slot, .len = FTAR_HELLO_LEN};
+  ftar_hdr h = {.type = FT_HELLO, .epoch = epoch, .seq = m->o.join_seq, .index = (uint32_t)m->slot, .len = FTAR_HELLO_LEN};
   ftar_frame_build(hb, &h, hello);
   int rc;
   if ((rc = io_all(fd, hb, FTAR_HDR, 1, t_end)) || (rc = io_all(fd, hello, sizeof hello, 1, t_end)))

@@ -3,7 +3,9 @@
  * State: the epoch number and the member list ordered by slot (the ring
  * order). Every change publishes epoch+1 to all members (EPOCH frame):
  *   join                      -> members finish the collective in flight,
- *                                then switch (no FTF_ABORT_PREV)
+ *                                then switch (no FTF_ABORT_PREV); a joiner
+ *                                that asked for seq J (its HELLO's seq):
+ *                                they switch at J, the EPOCH's seq
  *   clean leave (LEAVE frame) -> the same: the leaver completed its part
  *   close / lapse / evict     -> FTF_ABORT_PREV: every member aborts the
  *   / a member's ABORT           collective in flight and resynchronises
@@ -104,6 +106,7 @@ struct ftar_coord {
   int abort_slot;
   double last_check;      /* tr_now() when it last ran: a larger gap is a stalled loop */
   int held, held_change;  /* ftar_coord_hold; an epoch is owed at the release */
+  uint64_t join_from;     /* the join being published takes effect at this seq (0: now) */
   ftar_coord_opts o;
   struct timeval deadline_tv;
   cconn *conns;
@@ -268,7 +271,8 @@ static void publish(ftar_coord *c, ftar_change_kind kind, int slot, int clean) {
   /* a join or a clean leave happens at a collective boundary: members finish
    * the collective in flight first; any other change aborts it */
   int boundary = kind == FTAR_CHANGE_JOIN || clean;
-  ftar_hdr h = {.type = FT_EPOCH, .flags = boundary ? 0 : FTF_ABORT_PREV, .epoch = c->epoch};
+  ftar_hdr h = {.type = FT_EPOCH, .flags = boundary ? 0 : FTF_ABORT_PREV, .epoch = c->epoch,
+                .seq = kind == FTAR_CHANGE_JOIN ? c->join_from : 0};
   h.len = (uint32_t)(4 + (size_t)c->n * FTAR_ENTRY_LEN);
   for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &h, p);
   snapshot(c);
@@ -429,7 +433,10 @@ static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   ftar_hdr wh = {.type = FT_WELCOME, .len = FTAR_WELCOME_LEN, .index = (uint32_t)slot};
   conn_send(k, &wh, w);
   clog_(c, "slot %d registered from %s (data %s:%u)", slot, k->peer, k->host, port);
+  if (h->seq) clog_(c, "slot %d enters at seq %llu", slot, (unsigned long long)h->seq);
+  c->join_from = h->seq;
   publish(c, FTAR_CHANGE_JOIN, slot, 0);
+  c->join_from = 0;
   return 0;
 }
 

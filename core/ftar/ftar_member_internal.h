@@ -123,6 +123,7 @@ struct ftar_member {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t ep; /* latest epoch published */
+  uint64_t ep_from; /* its first seq (a join at a chosen seq): older collectives stay in run_ep */
   int ep_n;
   peer ep_mem[FTAR_MAX_MEMBERS];
   uint64_t abort_ep; /* latest epoch that aborts the collectives of older ones */

@@ -24,12 +24,14 @@
  * unchecked length; the CRC is checked once the payload is in.
  *
  * Control payloads (member <-> coordinator):
- *   HELLO    m->c  index=slot; u32 version, u16 data port, u16 hostlen, host[48]
+ *   HELLO    m->c  index=slot, seq = the collective to enter at (0: the next);
+ *                  u32 version, u16 data port, u16 hostlen, host[48]
  *   WELCOME  c->m  u64 uid, u32 deadline ms, u32 heartbeat ms
  *   REJECT   c->m  index=FTAR_E* code; reason text (<= 200 bytes)
  *   BYE      c->m  the same, then the coordinator closes (evicted, lapsed)
  *   HEARTBEAT m->c epoch = latest epoch the member knows; no payload
- *   EPOCH    c->m  flags FTF_ABORT_PREV; u32 n, n x 64-byte entries:
+ *   EPOCH    c->m  flags FTF_ABORT_PREV, seq = its first collective (a join at
+ *                  a chosen seq; 0: the next); u32 n, n x 64-byte entries:
  *                  u32 slot, u16 port, u16 hostlen, u64 uid, host[48]
  *   SYNC     m->c  epoch, seq = the collective it is in, flags FTF_FULL|FTF_FRESH
  *   GO       c->m  epoch, seq, index = FT_GO_RUN / FT_GO_COMMIT / FT_GO_ESEQ

@@ -14,6 +14,9 @@
  *             victim signals itself at a data frame of collective 6,
  *             TRANSOM_TEST_FTAR_FAULT, so the redo path runs every time)
  *   stop      the same with SIGSTOP (detected through the heartbeat deadline)
+ *   join_at   a member registered to enter at seq 20 (opts.join_seq): the
+ *             group runs 11..19 without waiting for it, 20.. with it; a seq
+ *             the group has passed gets FTAR_ESEQ and the group's seq
  *   join      after a kill, a new rank registers and takes part in the very
  *             next collective of the survivors
  *   garbage   random bytes, oversized lengths, bad checksums, truncated and
@@ -591,6 +594,96 @@ static void test_api(void) {
   pthread_mutex_unlock(&log_mu);
   CHECK(joins == 3 && evicts == 1, "on_change saw %d joins, %d evictions", joins, evicts);
   ftar_member_free(a);
+  ftar_coord_free(c);
+}
+
+/* --- a join at a chosen seq (opts.join_seq) --- */
+
+typedef struct {
+  ftar_member *m;
+  int slot, rc;
+  uint64_t from, to, pause_after; /* seqs run; after pause_after, wait for go */
+  int contributors[64];           /* per seq */
+  float sums[64];
+  volatile int *go;
+} thr_range;
+
+/* SUM of (slot + 1) for seq from..to, pausing after pause_after until *go. */
+static void *thr_range_run(void *p) {
+  thr_range *a = p;
+  for (uint64_t seq = a->from; seq <= a->to && !a->rc; seq++) {
+    float v[100];
+    for (int i = 0; i < 100; i++) v[i] = (float)(a->slot + 1);
+    ftar_result r;
+    int rc = ftar_allreduce(a->m, v, 100, FTAR_SUM, seq, &r);
+    if (rc < 0) a->rc = rc;
+    a->contributors[seq] = r.contributors;
+    a->sums[seq] = v[99];
+    while (seq == a->pause_after && !*a->go) usleep(1000);
+  }
+  return NULL;
+}
+
+/* Two members run seqs 1..30; a third registers while they pause after 10,
+ * asking to enter at 20: seqs 11..19 run without it (nobody waits for it),
+ * 20..30 with it. A joiner asking for a seq the group has passed is told
+ * the group's (FTAR_ESEQ) and can enter there. */
+static void test_join_at(void) {
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(20);
+  mo.strict_seq = 1;
+  volatile int go = 0;
+  thr_range t[3] = {{.slot = 0, .from = 1, .to = 30, .pause_after = 10, .go = &go},
+                    {.slot = 1, .from = 1, .to = 30, .pause_after = 10, .go = &go},
+                    {.slot = 2, .from = 20, .to = 30, .pause_after = 0, .go = &go}};
+  for (int i = 0; i < 2; i++) t[i].m = ftar_member_create("127.0.0.1", port, i, &mo);
+  CHECK(t[0].m && t[1].m && ftar_member_wait(t[0].m, 2, T(10)) == 0, "two members: %s", tr_error());
+  pthread_t th[3];
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, thr_range_run, &t[i]);
+  while (t[0].contributors[10] == 0 || t[1].contributors[10] == 0) usleep(1000);
+  ftar_member_opts jo = mo;
+  jo.join_seq = 20;
+  t[2].m = ftar_member_create("127.0.0.1", port, 2, &jo);
+  CHECK(t[2].m != NULL, "joiner at seq 20: %s", tr_error());
+  pthread_create(&th[2], NULL, thr_range_run, &t[2]);
+  go = 1;
+  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+  int ok = !t[0].rc && !t[1].rc && !t[2].rc;
+  for (int i = 0; i < 3; i++)
+    for (uint64_t s = i == 2 ? 20 : 1; s <= 30; s++) {
+      int want = s < 20 ? 2 : 3;
+      ok &= t[i].contributors[s] == want && t[i].sums[s] == (float)(want * (want + 1) / 2);
+    }
+  CHECK(ok, "entered at 20 exactly: rc %d %d %d; seq 19: %d, seq 20: %d contributors", t[0].rc, t[1].rc, t[2].rc,
+        t[0].contributors[19], t[0].contributors[20]);
+  /* a seq the group has passed: FTAR_ESEQ with the group's */
+  ftar_member_opts lo = mo;
+  lo.join_seq = 5;
+  ftar_member *late = ftar_member_create("127.0.0.1", port, 3, &lo);
+  CHECK(late != NULL, "late joiner: %s", tr_error());
+  if (late) {
+    thr_range g[3];
+    for (int i = 0; i < 3; i++) {
+      g[i] = (thr_range){.m = t[i].m, .slot = i, .from = 31, .to = 31, .go = &go};
+      pthread_create(&th[i], NULL, thr_range_run, &g[i]);
+    }
+    float v[100];
+    for (int i = 0; i < 100; i++) v[i] = 4.0f;
+    ftar_result r;
+    int rc = ftar_allreduce(late, v, 100, FTAR_SUM, 5, &r);
+    CHECK(rc == FTAR_ESEQ && r.seq == 31, "a passed seq: rc %d, the group's seq %llu", rc,
+          (unsigned long long)r.seq);
+    rc = ftar_allreduce(late, v, 100, FTAR_SUM, 31, &r);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    CHECK(rc >= 0 && r.contributors == 4 && v[0] == 10.0f && g[0].sums[31] == 10.0f, "then enters at 31: rc %d %g",
+          rc, (double)v[0]);
+    ftar_member_free(late);
+  }
+  for (int i = 0; i < 3; i++) ftar_member_free(t[i].m);
   ftar_coord_free(c);
 }
 
@@ -1372,6 +1465,7 @@ int main(void) {
   double t0 = tr_now();
   test_wire();
   test_api();
+  test_join_at();
   test_buckets();
   test_stall();
   test_new_coordinator();

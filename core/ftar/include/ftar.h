@@ -181,6 +181,14 @@ typedef struct {
                             group's seq. 1: it gets FTAR_ESEQ with res->seq = the group's seq
                             instead; it stays a member and the group waits for it: call
                             again with exactly that seq (after catching up to it) */
+  uint64_t join_seq;      /* 0 (default): a new member enters the group at its members' next
+                            collective. J > 0: at seq J exactly: the members run their
+                            collectives before J without it (the epoch that adds it takes
+                            effect at J), so a joiner that catches up to J - 1 from a peer
+                            enters where it planned, whatever the group's speed (a pipeline
+                            rebuilt stage by stage enters every stage's group at the same
+                            step). A group already past J answers its collective with
+                            FTAR_ESEQ (pick a later J). */
   int survive_coord_loss; /* 0 (default): losing the coordinator fails the member (FTAR_ECOORD).
                             1: it aborts the collective in flight (kept for a redo, as after a
                             membership change) and the member waits, up to timeout, for
