@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -293,6 +294,10 @@ int donor_catch_up(int fd, trainer *t, int64_t until) {
     int64_t count = proto_int(line, "count", -1);
     if (!proto_is(line, "GRADS") || count < 0) return tr_fail(TR_EFORMAT, "donor: unexpected reply");
     if (count == 0 && until <= 0) return applied;
+    if (count == 0) { /* waiting for the donor to get to `until`: ask again shortly, not in a spin */
+      struct timespec ts = {0, 2 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
     float *g = trainer_grads_host(t);
     if (!g) return TR_EIO;
     size_t have = r.len; /* payload bytes already buffered */

@@ -33,6 +33,7 @@ enum {
   PL_ACK,
   PL_DONE,
   PL_TIED,       /* replicas: the tied gradients the first stage averaged, down the chain */
+  PL_JOIN,       /* a rebuilt pipeline: the step its stages enter at (`value`), up then down the chain */
 };
 
 typedef struct {

@@ -5,7 +5,9 @@
  * neighbours and runs the one training loop with the stage's hooks:
  * compute (pipeline_stage.c), exchange, evaluate, boundary
  * (pipeline_step.c), and a report that the first stage writes to
- * metrics.jsonl and prints. Checkpoints are off in a pipeline for now: each
+ * metrics.jsonl and prints. With replicas each worker serves a donor, and
+ * a worker the launcher started to rebuild a lost pipeline (--rejoin)
+ * catches up from one before it trains (pipeline_rejoin.c). Checkpoints are off in a pipeline for now: each
  * stage holds a share of the state (the README says so).
  */
 #include <errno.h>
@@ -30,18 +32,25 @@
 #include "util.h"
 
 typedef struct {
+  int coord, donor, attempt; /* from the PLAN line: see take_plan */
+} plan_extra;
+
+typedef struct {
   const char *run;
-  int worker, listen_fd, control_fd, threads, nports;
+  int worker, listen_fd, control_fd, threads, nports, rejoin;
   int ports[PIPE_MAX_STAGES];
 } stage_args;
 
 static const char stage_usage[] =
     "usage: transom stage --run DIR --worker W --listen-fd FD --control-fd FD --ports P0,P1,... [--threads N]\n"
+    "                     [--rejoin]\n"
     "\n"
     "One pipeline worker of the run in DIR (its job.lua), started by `transom run` (or `transom plan`) for\n"
     "a job with pipeline.stages > 1, one process per stage. It probes its speed and its links to the other\n"
     "workers (listening on FD, the others on 127.0.0.1:P0,...), reports them on the control socket, takes\n"
-    "its stage and cuts from the launcher's plan, links to its neighbours and trains.\n";
+    "its stage and cuts from the launcher's plan, links to its neighbours and trains. --rejoin: a worker of a\n"
+    "pipeline the launcher rebuilt: no probes; it catches up from a live pipeline's worker of its stage (the\n"
+    "plan names its donor) and enters its replicas' group at a step its pipeline agrees on.\n";
 
 static int parse_ports(stage_args *a, const char *s) {
   for (a->nports = 0; *s && a->nports < PIPE_MAX_STAGES;) {
@@ -65,6 +74,7 @@ static int parse(stage_args *a, int argc, char **argv) {
     else if (strcmp(argv[i], "--listen-fd") == 0 && more) a->listen_fd = atoi(argv[++i]);
     else if (strcmp(argv[i], "--control-fd") == 0 && more) a->control_fd = atoi(argv[++i]);
     else if (strcmp(argv[i], "--threads") == 0 && more) a->threads = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--rejoin") == 0) a->rejoin = 1;
     else if (strcmp(argv[i], "--ports") == 0 && more) {
       if ((rc = parse_ports(a, argv[++i]))) return rc;
     } else return tr_fail(TR_EINVAL, "stage: unknown argument '%s'", argv[i]);
@@ -141,6 +151,8 @@ static int make_trainer(lua_State *L, const stage_args *a, job_config *cfg, pipe
   s->tgt = graph_find(s->g, "targets");
   s->loss = graph_find(s->g, "loss");
   s->timeout = cfg->hang_seconds;
+  const char *pad = getenv("TRANSOM_TEST_STEP_MS");
+  s->pad_ms = pad ? atoi(pad) : 0;
   s->width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
   snprintf(s->dir, sizeof s->dir, "%s", a->run);
   int on = strcmp(cfg->pipe_compression, "adatopk") == 0;
@@ -151,7 +163,7 @@ static int make_trainer(lua_State *L, const stage_args *a, job_config *cfg, pipe
 
 /* --- the control socket: lines to and from the launcher --- */
 
-static int write_line(int fd, const char *line) {
+int pipe_write_line(int fd, const char *line) {
   size_t n = strlen(line);
   for (size_t off = 0; off < n;) {
     ssize_t w = write(fd, line + off, n - off);
@@ -180,31 +192,46 @@ int pipe_read_line(int fd, char *out, size_t n, double timeout) {
   return TR_OK;
 }
 
+/* The launcher's PLAN line: stage, cuts, order, and the replicas'
+ * coordinator (coord=), a rebuilt worker's donor and attempt. */
+static int take_plan(const char *line, pipe_stage *s, pipe_plan *p, plan_extra *x) {
+  int rc = pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order);
+  if (rc) return rc;
+  const char *co = strstr(line, "coord="), *dn = strstr(line, "donor="), *at = strstr(line, "attempt=");
+  x->coord = co ? atoi(co + 6) : 0;
+  x->donor = dn ? atoi(dn + 6) : 0;
+  x->attempt = at ? atoi(at + 8) : 1;
+  return TR_OK;
+}
+
 /* Probes (if the job asks), reports, takes the plan: stage, cuts, order.
- * 1: the plan says stop (`transom plan`). */
+ * A rebuilt worker (--rejoin) only takes the plan. 1: the plan says stop
+ * (`transom plan`). */
 static int probe_and_plan(lua_State *L, const stage_args *a, const job_config *cfg, pipe_stage *s, pipe_plan *p,
-                          int *coord) {
+                          plan_extra *x) {
   double flops = 0, bw[PIPE_MAX_STAGES] = {0}, lat[PIPE_MAX_STAGES] = {0};
   int rc = pipe_plan_from_job(L, cfg, p);
   if (rc) return rc;
   if (a->nports != s->S * s->R) return tr_fail(TR_EINVAL, "stage: %d ports for %d workers", a->nports, s->S * s->R);
+  char line[4096];
+  if (a->rejoin) {
+    s->speed = p->speed[a->worker % s->S];
+    if ((rc = pipe_read_line(a->control_fd, line, sizeof line, 600))) return rc;
+    return take_plan(line, s, p, x);
+  }
   int j = a->worker % s->S, probe = cfg->pipe_probe && s->p == 0; /* pipeline 0 probes for all */
   s->speed = p->speed[j];
   pipe_probe_ctx c = {cfg, p, j, a->listen_fd, a->ports, s->timeout};
   pipe_probe_server *sv = probe ? pipe_probe_serve(&c) : NULL;
   if (probe && !sv) return TR_EIO;
-  char line[4096];
   rc = pipe_read_line(a->control_fd, line, sizeof line, 600); /* GO: our turn to probe */
   if (!rc && probe && !(rc = pipe_probe_speed(s, &flops))) rc = pipe_probe_links(&c, bw, lat);
   int rj = pipe_probe_serve_join(sv); /* the lower workers probed before our turn */
   if (rc || (rc = rj)) return rc;
   if ((rc = pipe_probe_line(line, sizeof line, j, s->S, flops, bw, lat)) < 0) return rc;
-  if ((rc = write_line(a->control_fd, line)) || (rc = pipe_read_line(a->control_fd, line, sizeof line, 600))) return rc;
+  if ((rc = pipe_write_line(a->control_fd, line)) || (rc = pipe_read_line(a->control_fd, line, sizeof line, 600))) return rc;
   if (strncmp(line, "PLAN stop", 9) == 0) return 1;
-  if ((rc = pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order))) return rc;
-  const char *co = strstr(line, "coord=");
-  *coord = co ? atoi(co + 6) : 0;
-  return TR_OK;
+  return take_plan(line, s, p, x);
 }
 
 /* R > 1: this stage's member of its replicas' FTAR group (slot: the
@@ -255,7 +282,7 @@ static int open_metrics(pipe_stage *s) {
 
 int pipeline_stage_main(int argc, char **argv) {
   stage_args a = {.worker = -1, .listen_fd = -1, .control_fd = -1};
-  pipe_stage s = {0};
+  pipe_stage s = {.donor_fd = -1};
   pipe_plan plan;
   job_config cfg;
   signal(SIGPIPE, SIG_IGN);
@@ -264,13 +291,16 @@ int pipeline_stage_main(int argc, char **argv) {
   if (rc == 1) return 0;
   if (!rc) rc = (L = lua_host_new()) ? TR_OK : tr_fail(TR_ENOMEM, "cannot start Lua");
   if (!rc) rc = make_trainer(L, &a, &cfg, &s);
-  int coord = 0;
-  if (!rc) rc = probe_and_plan(L, &a, &cfg, &s, &plan, &coord);
+  plan_extra px = {0};
+  s.ctl = a.control_fd;
+  if (!rc) rc = probe_and_plan(L, &a, &cfg, &s, &plan, &px);
   int stop = rc == 1;
   if (stop) rc = TR_OK;
   if (!rc && !stop) rc = pipe_stage_setup(&s);
   if (!rc && !stop) rc = link_up(&a, &cfg, &plan, &s);
-  if (!rc && !stop) rc = join_replicas(&cfg, &s, coord);
+  if (!rc && !stop && a.rejoin) rc = pipe_rejoin(&s, &cfg, px.coord, px.donor, px.attempt);
+  else if (!rc && !stop) rc = join_replicas(&cfg, &s, px.coord);
+  if (!rc && !stop && s.R > 1 && !a.rejoin) rc = pipe_donor_start(&s); /* a rebuilt one: once it is in */
   if (!rc && !stop) rc = open_metrics(&s);
   if (!rc && !stop) {
     loop_opts lo = {.t = s.t, .ck = NULL, .run_dir = a.run, .worker = s.k, .save_on_stop = 0};
@@ -282,6 +312,8 @@ int pipeline_stage_main(int argc, char **argv) {
   if (rc && s.t) fprintf(stderr, "transom stage worker %d: %s\n", a.worker, tr_error());
   else if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   if (s.metrics) fclose(s.metrics);
+  donor_close(s.donor_fd);
+  donor_stop(s.dn);
   ftar_member_free(s.fm);
   pipe_stage_free(&s);
   trainer_free(s.t);

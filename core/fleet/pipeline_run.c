@@ -7,8 +7,12 @@
  * stage` process per worker, collects their PROBE lines (speed, links),
  * plans (pipeline_plan.c: OP-Fence, even, or a Lua policy), prints the
  * plan and sends each worker its stage, the cuts and the order. Then it
- * waits; when one worker fails the others are stopped (SIGTERM, then
+ * waits, reading the workers' control lines (their donors' ports). One
+ * pipeline: when a worker fails the others are stopped (SIGTERM, then
  * SIGKILL after a bounded wait) and reaped: no worker outlives the run.
+ * Several (replicas): a failure stops that pipeline only; the others train
+ * on, and the launcher starts the lost one again (pipeline.rebuilds times):
+ * new workers that catch up from a live pipeline's (pipeline_rejoin.c).
  * `transom plan` does the same up to the plan and then tells the workers
  * to stop.
  */
@@ -17,6 +21,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,10 +47,16 @@
  * w % S (its zone, its speed); pipeline 0's workers probe for all. */
 typedef struct {
   int S, R, W;
-  int lfd[PIPE_MAX_WORKERS], port[PIPE_MAX_WORKERS], ctl[PIPE_MAX_WORKERS];
+  int lfd[PIPE_MAX_WORKERS], port[PIPE_MAX_WORKERS], ctl[PIPE_MAX_WORKERS], ctl_child[PIPE_MAX_WORKERS];
   pid_t pid[PIPE_MAX_WORKERS];
   int status[PIPE_MAX_WORKERS];
+  int donor[PIPE_MAX_WORKERS];        /* a worker's donor port, once it said (0: none yet) */
   int lost[PIPE_MAX_WORKERS / 2 + 1]; /* pipelines that lost a worker */
+  int rebuilt[PIPE_MAX_WORKERS / 2 + 1]; /* times each was started again */
+  int threads;                         /* per worker */
+  int64_t rebuilds;                    /* pipeline.rebuilds */
+  char self[PATH_MAX];                 /* the transom executable */
+  const char *dir;
   ftar_coord *coord[PIPE_MAX_STAGES]; /* R > 1: one FTAR group per stage */
   pipe_plan plan;
   int planned;
@@ -66,20 +77,20 @@ static int listen_local(int *port) {
   return fd;
 }
 
-static pid_t spawn_worker(const char *self, const char *dir, const launch *l, int w, int child_ctl, int threads) {
+static pid_t spawn_worker(const launch *l, int w, int child_ctl, int rejoin) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   char ws[16], fds[16], cfd[16], th[16], ports[16 * PIPE_MAX_WORKERS];
   snprintf(ws, sizeof ws, "%d", w);
   snprintf(fds, sizeof fds, "%d", l->lfd[w]);
   snprintf(cfd, sizeof cfd, "%d", child_ctl);
-  snprintf(th, sizeof th, "%d", threads);
+  snprintf(th, sizeof th, "%d", l->threads);
   size_t k = 0;
   for (int i = 0; i < l->W; i++) k += (size_t)snprintf(ports + k, sizeof ports - k, i ? ",%d" : "%d", l->port[i]);
   fcntl(l->lfd[w], F_SETFD, 0); /* these two stay open across exec */
   fcntl(child_ctl, F_SETFD, 0);
-  execl(self, "transom", "stage", "--run", dir, "--worker", ws, "--listen-fd", fds, "--control-fd", cfd, "--ports",
-        ports, "--threads", th, (char *)NULL);
+  execl(l->self, "transom", "stage", "--run", l->dir, "--worker", ws, "--listen-fd", fds, "--control-fd", cfd,
+        "--ports", ports, "--threads", th, rejoin ? "--rejoin" : (char *)NULL, (char *)NULL);
   _exit(127); /* ok-exit: exec failed in the child */
 }
 
@@ -93,13 +104,35 @@ static void coord_log(void *ud, const char *msg) {
   fprintf(stderr, "pipeline stage %d's replicas: %s\n", (int)(intptr_t)ud, msg);
 }
 
-static int start(launch *l, const job_config *cfg, const char *dir) {
-  char self[PATH_MAX];
-  ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
+/* Worker w's listening socket and control socket pair (every worker of a
+ * pipeline listens before any starts: each learns its neighbours' ports). */
+static int open_worker(launch *l, int w) {
+  int sv[2];
+  if ((l->lfd[w] = listen_local(&l->port[w])) < 0) return l->lfd[w];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) return tr_fail(TR_EIO, "socketpair: %s", strerror(errno));
+  if (l->ctl[w] >= 0) close(l->ctl[w]);
+  l->ctl[w] = sv[0];
+  l->ctl_child[w] = sv[1];
+  l->donor[w] = 0;
+  return TR_OK;
+}
+
+/* Starts worker w (opened); its ends of the sockets stay with it alone. */
+static int spawn(launch *l, int w, int rejoin) {
+  l->pid[w] = spawn_worker(l, w, l->ctl_child[w], rejoin);
+  close(l->ctl_child[w]);
+  close(l->lfd[w]);
+  l->ctl_child[w] = l->lfd[w] = -1;
+  if (l->pid[w] > 0) return TR_OK;
+  l->pid[w] = 0;
+  return tr_fail(TR_EIO, "pipeline: fork: %s", strerror(errno));
+}
+
+static int start(launch *l, const job_config *cfg) {
+  ssize_t sn = readlink("/proc/self/exe", l->self, sizeof l->self - 1);
   if (sn <= 0) return tr_fail(TR_EIO, "cannot find the transom executable");
-  self[sn] = 0;
-  for (int w = 0; w < l->W; w++)
-    if ((l->lfd[w] = listen_local(&l->port[w])) < 0) return l->lfd[w];
+  l->self[sn] = 0;
+  l->threads = threads_per_worker(cfg, l->W);
   ftar_coord_opts co;
   ftar_coord_opts_default(&co);
   co.deadline = cfg->deadline;
@@ -107,18 +140,10 @@ static int start(launch *l, const job_config *cfg, const char *dir) {
   for (int k = 0; l->R > 1 && k < l->S; k++)
     if ((co.log_ud = (void *)(intptr_t)k), !(l->coord[k] = ftar_coord_start("127.0.0.1", 0, &co)))
       return tr_fail(TR_EIO, "pipeline: cannot start stage %d's replica coordinator: %s", k, tr_error());
-  for (int w = 0; w < l->W; w++) {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) return tr_fail(TR_EIO, "socketpair: %s", strerror(errno));
-    l->ctl[w] = sv[0];
-    l->pid[w] = spawn_worker(self, dir, l, w, sv[1], threads_per_worker(cfg, l->W));
-    close(sv[1]);
-    if (l->pid[w] < 0) {
-      l->pid[w] = 0;
-      return tr_fail(TR_EIO, "pipeline: fork: %s", strerror(errno));
-    }
-  }
-  return TR_OK;
+  int rc = TR_OK;
+  for (int w = 0; w < l->W && !rc; w++) rc = open_worker(l, w);
+  for (int w = 0; w < l->W && !rc; w++) rc = spawn(l, w, 0);
+  return rc;
 }
 
 /* --- the plan --- */
@@ -238,45 +263,125 @@ static int failure(const launch *l, int p) {
   return TR_OK;
 }
 
-/* Waits for every worker. One pipeline: a failure stops all. Several: a
- * failure stops that pipeline only, the others train on (their stages'
- * FTAR groups drop it; rebuilding it is not built yet). */
-static void wait_all(launch *l) {
-  for (int live = l->W; live > 0;) {
-    int st;
-    pid_t pid = waitpid(-1, &st, 0);
-    if (pid < 0 && errno == EINTR) continue;
-    if (pid < 0) break;
-    for (int w = 0; w < l->W; w++) {
-      if (l->pid[w] != pid) continue;
-      l->pid[w] = 0;
-      l->status[w] = st;
-      live--;
-      int p = w / l->S;
-      if (!failed(st) || l->lost[p]) break;
-      l->lost[p] = 1;
-      int alive = 0;
-      for (int q = 0; q < l->R; q++) alive += !l->lost[q];
-      if (!alive || l->R == 1) return;
-      stop_some(l, p, 1.0);
-      failure(l, p);
-      printf("pipeline %d lost: %s; the other %d pipeline(s) train on (rebuilding it is not built yet)\n", p,
-             tr_error(), alive);
-      fflush(stdout);
-      live = 0;
-      for (int v = 0; v < l->W; v++) live += l->pid[v] > 0;
+/* --- rebuilding a lost pipeline --- */
+
+/* A live pipeline other than p whose every worker told its donor's port
+ * (-1: none). */
+static int donor_pipeline(const launch *l, int p) {
+  for (int q = 0; q < l->R; q++) {
+    int ok = q != p && !l->lost[q];
+    for (int w = q * l->S; w < (q + 1) * l->S && ok; w++) ok = l->pid[w] > 0 && l->donor[w] > 0;
+    if (ok) return q;
+  }
+  return -1;
+}
+
+/* Starts pipeline p's workers again (--rejoin): the plan as before, the
+ * replicas' coordinator, and the same stage of pipeline q as the donor. */
+static int rebuild(launch *l, int p) {
+  int q = donor_pipeline(l, p), rc = TR_OK;
+  if (q < 0) return tr_fail(TR_ESTATE, "no live pipeline to catch up from");
+  l->rebuilt[p]++;
+  for (int w = p * l->S; w < (p + 1) * l->S && !rc; w++) rc = open_worker(l, w);
+  for (int w = p * l->S; w < (p + 1) * l->S && !rc; w++) rc = spawn(l, w, 1);
+  char line[4096];
+  for (int k = 0; k < l->S && !rc; k++) {
+    int w = p * l->S + l->plan.order[k], d = q * l->S + l->plan.order[k];
+    int len = pipe_plan_line(line, sizeof line - 64, &l->plan, k);
+    if (len < 0) {
+      rc = len;
+      break;
     }
+    snprintf(line + strlen(line) - 1, 64, " coord=%d donor=%d attempt=%d\n", ftar_coord_port(l->coord[k]),
+             l->donor[d], l->rebuilt[p]);
+    rc = pipe_write_line(l->ctl[w], line);
+  }
+  if (rc) {
+    stop_some(l, p, 0.0);
+    return rc;
+  }
+  l->lost[p] = 0;
+  printf("pipeline %d: started again (%d of %lld); its workers catch up from pipeline %d\n", p, l->rebuilt[p],
+         (long long)l->rebuilds, q);
+  return TR_OK;
+}
+
+/* --- waiting --- */
+
+/* One line from worker w: its donor's port, or (a rebuilt pipeline's
+ * first stage) the step it entered at. A closed socket is closed here. */
+static void read_control(launch *l, int w) {
+  char line[256];
+  const char *v;
+  if (pipe_read_line(l->ctl[w], line, sizeof line, 1.0)) {
+    close(l->ctl[w]);
+    l->ctl[w] = -1;
+  } else if (strncmp(line, "DONOR ", 6) == 0 && (v = strstr(line, "port="))) {
+    l->donor[w] = atoi(v + 5);
+  } else if (strncmp(line, "JOINED ", 7) == 0 && (v = strstr(line, "step=")) && w % l->S == l->plan.order[0]) {
+    int alive = 0;
+    for (int q = 0; q < l->R; q++) alive += !l->lost[q];
+    printf("pipeline %d rejoined at step %lld: %d pipelines train\n", w / l->S, (long long)atoll(v + 5), alive);
+    fflush(stdout);
+  }
+}
+
+/* Worker pid ended with st. 1: the run is over (its only pipeline failed,
+ * or every pipeline is lost). Several pipelines: a failure stops that one,
+ * the others train on, and it is started again if rebuilds are left. */
+static int reaped(launch *l, pid_t pid, int st) {
+  int w = 0;
+  while (w < l->W && l->pid[w] != pid) w++;
+  if (w == l->W) return 0;
+  l->pid[w] = 0;
+  l->status[w] = st;
+  int p = w / l->S, alive = 0;
+  if (!failed(st) || l->lost[p]) return 0;
+  l->lost[p] = 1;
+  for (int q = 0; q < l->R; q++) alive += !l->lost[q];
+  if (!alive || l->R == 1) return 1;
+  stop_some(l, p, 1.0);
+  failure(l, p);
+  printf("pipeline %d lost: %s; the other %d pipeline(s) train on\n", p, tr_error(), alive);
+  if (l->rebuilt[p] >= l->rebuilds) printf("pipeline %d: not started again (pipeline.rebuilds = %lld)\n", p,
+                                           (long long)l->rebuilds);
+  else if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
+  fflush(stdout);
+  return 0;
+}
+
+/* Waits for every worker, reading their control lines meanwhile. */
+static void wait_all(launch *l) {
+  for (;;) {
+    struct pollfd pf[PIPE_MAX_WORKERS];
+    int who[PIPE_MAX_WORKERS], n = 0, live = 0, st;
+    for (int w = 0; w < l->W; w++)
+      if (l->ctl[w] >= 0) {
+        pf[n] = (struct pollfd){.fd = l->ctl[w], .events = POLLIN};
+        who[n++] = w;
+      }
+    if (poll(pf, (nfds_t)n, 100) > 0)
+      for (int i = 0; i < n; i++)
+        if (pf[i].revents) read_control(l, who[i]);
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
+      if (reaped(l, pid, st)) return;
+    for (int w = 0; w < l->W; w++) live += l->pid[w] > 0;
+    if (!live) return;
   }
 }
 
 static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop) {
-  launch l = {.S = (int)cfg->pipe_stages, .R = cfg->replicas > 1 ? (int)cfg->replicas : 1};
+  launch l = {.S = (int)cfg->pipe_stages, .R = cfg->replicas > 1 ? (int)cfg->replicas : 1, .dir = dir,
+              .rebuilds = cfg->pipe_rebuilds};
   l.W = l.S * l.R;
   if (l.W > PIPE_MAX_WORKERS) return tr_fail(TR_EINVAL, "pipeline: %d workers (at most %d)", l.W, PIPE_MAX_WORKERS);
-  for (int w = 0; w < l.W; w++) l.lfd[w] = l.ctl[w] = -1;
-  int rc = start(&l, cfg, dir);
-  for (int w = 0; w < l.W; w++)
+  for (int w = 0; w < l.W; w++) l.lfd[w] = l.ctl[w] = l.ctl_child[w] = -1;
+  int rc = start(&l, cfg);
+  for (int w = 0; w < l.W; w++) {
     if (l.lfd[w] >= 0) close(l.lfd[w]);
+    if (l.ctl_child[w] >= 0) close(l.ctl_child[w]);
+  }
   if (!rc) rc = plan_and_send(L, &l, cfg, stop);
   if (!rc) wait_all(&l);
   stop_some(&l, -1, rc ? 0.0 : 1.0);

@@ -380,6 +380,10 @@ static int backward_mb(pipe_stage *s, int64_t step, int mb, double *t) {
 
 int pipe_compute(void *ud, int64_t next, step_stats *st) {
   pipe_stage *s = ud;
+  if (s->pad_ms > 0) {
+    struct timespec pad = {s->pad_ms / 1000, (long)(s->pad_ms % 1000) * 1000000L};
+    nanosleep(&pad, NULL);
+  }
   double t0 = tr_now();
   draw_batches(s);
   memset(st, 0, sizeof *st);

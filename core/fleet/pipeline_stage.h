@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "donor.h"
 #include "ftar.h"
 #include "graph.h"
 #include "loop.h"
@@ -19,6 +20,9 @@
 #define PIPE_MAX_STAGES 64
 #define PIPE_MAX_TIED 16
 #define PIPE_MAX_USES 8
+/* FTAR seqs of a stage's collectives: step x this, +0 its parameters, +1
+ * (the first stage) the tied gradients */
+#define PIPE_SEQ_PER_STEP (1 + PIPE_MAX_TIED * PIPE_MAX_USES)
 
 /* A parameter read by more than one op (the token embedding and the tied
  * head): each use accumulates its own gradient over the micro-batches, and
@@ -71,6 +75,10 @@ typedef struct {
   pl_link *prev, *next;
   int R, p;          /* pipelines (replicas of every stage), this one */
   ftar_member *fm;   /* R > 1: this stage's replicas average gradients through FTAR */
+  donor *dn;         /* R > 1: serves a rebuilt pipeline's worker of this stage (pipeline_rejoin.c) */
+  int donor_fd;      /* a rebuilt worker: its donor, until its first step with the others (else -1) */
+  int64_t join_step; /* a rebuilt worker: the step it enters its replicas' group at */
+  int ctl;           /* the control socket to the launcher */
   int lowest;        /* the lowest live pipeline (its stage 0 leads) */
   int64_t own_lo, own_hi; /* the span of the gradient slab this stage's parameters cover (what replicas average) */
   int64_t epoch, redos;
@@ -82,6 +90,7 @@ typedef struct {
   double speed;      /* emulated: compute is stretched by 1/speed */
   double owed;       /* emulated compute time not yet slept */
   double timeout;
+  int pad_ms;        /* TRANSOM_TEST_STEP_MS: every step sleeps this long first (tests) */
   float global_norm, step_loss;
   char dir[1024];
   FILE *metrics;
@@ -102,6 +111,23 @@ int pipe_forward(pipe_stage *s, int64_t step, int mb, int eval, float *loss);
 /* One forward and backward of the whole graph on a training batch (the
  * speed probe; counts s->compute_s; leaves gradients to zero). */
 int pipe_run_whole(pipe_stage *s);
+
+/* pipeline_rejoin.c: a pipeline rebuilt after a loss. */
+/* R > 1: starts this stage's donor and tells the launcher its port
+ * ("DONOR port=N" on s->ctl). */
+int pipe_donor_start(pipe_stage *s);
+/* A rebuilt pipeline's worker (its trainer, links and plan set up): takes
+ * the state of the same stage of a live pipeline from its donor at
+ * 127.0.0.1:donor_port, agrees with the rest of its pipeline on a step J a
+ * little ahead of the live ones (further ahead on each later attempt),
+ * registers in its replicas' FTAR group (coordinator port coord) to enter
+ * at J exactly and replays the donor's updates up to J - 1. */
+int pipe_rejoin(pipe_stage *s, const job_config *cfg, int coord, int donor_port, int attempt);
+/* The exchange and boundary hooks' part: keep a step's final gradients for
+ * a catching-up worker; after a rebuilt worker's first step with the
+ * others, drop its donor and serve as one. */
+void pipe_donor_record(pipe_stage *s, int64_t step, const float *grads);
+int pipe_donor_boundary(pipe_stage *s, int64_t step);
 
 /* pipeline_step.c: the loop's exchange, evaluate and boundary hooks. */
 int pipe_exchange(void *ud, int64_t next, loop_exchange *x);

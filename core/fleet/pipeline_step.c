@@ -96,6 +96,9 @@ static int gather_chain(pipe_stage *s, int64_t step) {
 static int mean_of(pipe_stage *s, float *buf, int64_t n, uint64_t seq, loop_exchange *x) {
   ftar_result res;
   int rc = ftar_allreduce(s->fm, buf, (size_t)n, FTAR_MEAN, seq, &res);
+  if (rc == FTAR_ESEQ && s->join_step > 0 && seq / PIPE_SEQ_PER_STEP == (uint64_t)s->join_step)
+    return tr_fail(rc, "stage %d: its replicas were past step %lld when this rebuilt pipeline registered to enter "
+                   "there (the launcher tries again further ahead)", s->k, (long long)s->join_step);
   if (rc < 0) return tr_fail(rc, "stage %d's replicas: %s", s->k, tr_error());
   x->replicas = res.contributors;
   x->epoch = (int64_t)res.epoch;
@@ -113,7 +116,7 @@ static int replicas_mean(pipe_stage *s, int64_t step, float *grads, int64_t n, l
   x->epoch = 0;
   x->redos = 0;
   if (!s->fm) return TR_OK;
-  uint64_t seq = (uint64_t)step * (1 + PIPE_MAX_TIED * PIPE_MAX_USES);
+  uint64_t seq = (uint64_t)step * PIPE_SEQ_PER_STEP;
   (void)n; /* only the span this stage's parameters cover: the rest is zero here */
   return s->own_hi > s->own_lo ? mean_of(s, grads + s->own_lo, s->own_hi - s->own_lo, seq, x) : TR_OK;
 }
@@ -142,7 +145,7 @@ static int combine_tied(pipe_stage *s, float inv, int64_t step, loop_exchange *x
   if (s->fm && s->tied_n) {
     pl_header h;
     void *p = NULL;
-    uint64_t seq = (uint64_t)step * (1 + PIPE_MAX_TIED * PIPE_MAX_USES) + 1;
+    uint64_t seq = (uint64_t)step * PIPE_SEQ_PER_STEP + 1;
     if (s->k == 0) rc = mean_of(s, all, s->tied_n, seq, x);
     else if (!(rc = pl_recv(s->prev, PL_TIED, step, -1, s->timeout, &h, &p)) && h.bytes == 4 * (uint64_t)s->tied_n)
       memcpy(all, p, h.bytes);
@@ -185,6 +188,7 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
   else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
   s->global_norm = norm;
   x->leader = s->k == 0 && s->p == s->lowest;
+  pipe_donor_record(s, next, grads); /* what a rebuilt pipeline's worker replays */
   return TR_OK;
 }
 
@@ -239,10 +243,10 @@ int pipe_evaluate(void *ud, int64_t step, float *val_loss) {
  * applies the same tied gradient): a difference is an error. */
 int pipe_boundary(void *ud, int64_t step) {
   pipe_stage *s = ud;
-  if (step != s->cfg->max_steps) return TR_OK;
+  int rc = pipe_donor_boundary(s, step);
+  if (rc || step != s->cfg->max_steps) return rc;
   float *params = graph_params(s->g);
   size_t bytes = sizeof(float) * (size_t)graph_nparams(s->g);
-  int rc = TR_OK;
   if (s->next) {
     pl_header h;
     void *p;

@@ -44,6 +44,7 @@ static const struct {
     SUB("pipeline.min_density", 'n', pipe_min_density, 0), SUB("pipeline.act_min_density", 'n', pipe_act_min_density, 0),
     SUB("pipeline.lan_mbit", 'n', pipe_lan_mbit, 0), SUB("pipeline.wan_mbit", 'n', pipe_wan_mbit, 0),
     SUB("pipeline.wan_ms", 'n', pipe_wan_ms, 0), SUB("pipeline.probe", 'b', pipe_probe, 0),
+    SUB("pipeline.rebuilds", 'i', pipe_rebuilds, 0),
     I(replicas), I(hosts), I(min_replicas), I(max_replicas), I(checksum_interval), I(metrics_port), S(on_failure), S(policies), N(deadline), N(bucket_mb), N(hang_seconds), N(operator_grace), B(detector),
 };
 #undef S

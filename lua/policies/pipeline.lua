@@ -19,4 +19,7 @@ return {
   wan_mbit = 0,
   wan_ms = 0,
   probe = true,          -- measure workers and links at start
+  rebuilds = 3,          -- replicas > 1: a lost pipeline is started again this
+                         -- many times (new workers catch up from a live
+                         -- pipeline's stages and rejoin at a step they agree)
 }

@@ -48,6 +48,8 @@ local PIPELINE = {
   { "wan_mbit", "number", nil, "emulated bandwidth between zones, Mbit/s (0 = unlimited)", min = 0 },
   { "wan_ms", "number", nil, "emulated one-way delay between zones, ms (the transport adds it)", min = 0 },
   { "probe", "boolean", nil, "measure each worker's speed and every link at start (false: use the job's numbers)" },
+  { "rebuilds", "integer", nil, "replicas > 1: times a lost pipeline is started again (its workers catch up from "
+    .. "a live pipeline's and rejoin) before the others go on without it", min = 0, max = 1000 },
 }
 
 local CHAOS = {

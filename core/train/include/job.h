@@ -44,6 +44,7 @@ typedef struct {
   int64_t pipe_stages, pipe_micro_batches;
   char pipe_placement[1024], pipe_compression[16];
   double pipe_min_density, pipe_act_min_density, pipe_lan_mbit, pipe_wan_mbit, pipe_wan_ms;
+  int64_t pipe_rebuilds;
   int pipe_probe; /* pipeline.workers (speed, zone) stay in the Lua table: pipeline_plan.c reads them */
   char ckpt_remote[1024];    /* level 3's directory, "" = none */
   double ckpt_remote_rate_mb; /* MiB/s, 0 = no limit */
