@@ -104,6 +104,10 @@ describe("pipeline stages", function()
     code, _, err = S.transom(dir, "run", job)
     assert.are.equal(2, code)
     assert.truthy(err:find("bad%.lua:%d+:.*lists 2 workers for 3 stages"), err)
+    write(job, job_text(data, "pipeline = { stages = 2 },"))
+    code, _, err = S.transom(dir, "run", job, "--set", "checkpoint.remote=" .. dir .. "/remote")
+    assert.are.equal(2, code)
+    assert.truthy(err:find("checkpoint%.remote.*a pipelined job"), err)
     write(job, job_text(data, 'pipeline = { stages = 2, compression = "topk" },'))
     code, _, err = S.transom(dir, "plan", job)
     assert.are.equal(2, code)
@@ -320,5 +324,46 @@ end]])
     assert.truthy(log:find("pipeline 1: not started again (pipeline.rebuilds = 0)", 1, true), log)
     assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":1'), "one pipeline left")
     assert.truthy(S.exists(rd .. "/model.safetensors"))
+  end)
+
+  it("checkpoints each stage, and a launcher killed with -9 resumes to the weights of an uninterrupted run", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local job = dir .. "/ck.lua"
+    write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 2 }, max_steps = 300, eval_interval = 100,"))
+    local ck = { "--set", "checkpoint.every_steps=20" }
+    local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. dir .. "/ckA", ck[1], ck[2])
+    assert.are.equal(0, code, out .. err)
+    assert.truthy(out:find("checkpoint: stage 1, step 20 committed"), out)
+    local rd, log = dir .. "/ckB", dir .. "/ckB.log"
+    local pid, rc = S.spawn_rc("env TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(5)) .. " " .. q(S.BIN) .. " run " .. q(job)
+      .. " --set run_dir=" .. q(rd) .. " --set checkpoint.every_steps=20", log)
+    local function committed() -- both stages hold step 40
+      local l = S.read(log) or ""
+      return l:find("stage 0, step 40 committed") and l:find("stage 1, step 40 committed")
+    end
+    for _ = 1, S.N(600) do
+      if committed() or rc() then break end
+      S.sleep(0.05)
+    end
+    assert.truthy(committed() and not rc(), S.read(log))
+    os.execute("kill -9 " .. pid) -- the launcher: its workers go with it
+    for _ = 1, S.N(200) do
+      if rc() and S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true"):match("^%s*$") then break end
+      S.sleep(0.05)
+    end
+    assert.are.equal("", (S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true"):gsub("%s", "")))
+    code, out, err = S.transom(dir, "run", "--resume", rd)
+    assert.are.equal(0, code, out .. err)
+    local from = tonumber(out:match("resumed from step (%d+)"))
+    assert.truthy(from and from >= 40 and from < 300, out)
+    assert.truthy(out:find("plan: the run's own", 1, true), out)
+    assert.are.equal(S.read(dir .. "/ckA/model.safetensors"), S.read(rd .. "/model.safetensors"))
+    local seen, n = {}, 0 -- one record per step: the ones after the checkpoint were dropped and done again
+    for step in S.read(rd .. "/metrics.jsonl"):gmatch('{"step":(%d+),"worker"') do
+      assert.is_nil(seen[step], "step " .. step .. " twice")
+      seen[step] = true
+      n = n + 1
+    end
+    assert.are.equal(300, n)
   end)
 end)

@@ -246,3 +246,31 @@ int tr_run_gnuplot(const char *script) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return tr_fail(TR_EIO, "gnuplot failed");
   return TR_OK;
 }
+
+int tr_jsonl_keep_until(const char *path, int64_t step, int *dropped) {
+  size_t len;
+  char *text = tr_read_file(path, &len);
+  if (dropped) *dropped = 0;
+  if (!text) return TR_OK; /* none yet */
+  char *out = malloc(len + 1);
+  size_t k = 0;
+  int gone = 0;
+  for (char *line = text; out && *line;) {
+    char *nl = strchr(line, '\n');
+    size_t n = nl ? (size_t)(nl - line + 1) : strlen(line);
+    long long s = -1;
+    sscanf(line, "{\"step\":%lld", &s);
+    if (s >= 0 && s <= step && nl) {
+      memcpy(out + k, line, n);
+      k += n;
+    } else {
+      gone++;
+    }
+    line += n;
+  }
+  int rc = out ? tr_write_file_atomic(path, out, k) : tr_fail(TR_ENOMEM, "out of memory");
+  free(out);
+  free(text);
+  if (dropped) *dropped = gone;
+  return rc;
+}

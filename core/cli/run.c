@@ -94,28 +94,7 @@ static int path_in(const run_ctx *r, const char *file, char *out, size_t n) {
 static int truncate_metrics(run_ctx *r, int64_t step) {
   char path[PATH_MAX];
   path_in(r, "metrics.jsonl", path, sizeof path);
-  size_t len;
-  char *text = tr_read_file(path, &len);
-  if (!text) return TR_OK; /* none yet */
-  char *out = malloc(len + 1);
-  size_t k = 0;
-  int dropped = 0;
-  for (char *line = text; out && *line;) {
-    char *nl = strchr(line, '\n');
-    size_t n = nl ? (size_t)(nl - line + 1) : strlen(line);
-    long long s = -1;
-    sscanf(line, "{\"step\":%lld", &s);
-    if (s >= 0 && s <= step && nl) {
-      memcpy(out + k, line, n);
-      k += n;
-    } else {
-      dropped++;
-    }
-    line += n;
-  }
-  int rc = out ? tr_write_file_atomic(path, out, k) : tr_fail(TR_ENOMEM, "out of memory");
-  free(out);
-  free(text);
+  int dropped = 0, rc = tr_jsonl_keep_until(path, step, &dropped);
   if (!rc && dropped) event(r, step, "resume_truncated_metrics", "dropped %d metric lines after step %lld", dropped,
                             (long long)step);
   return rc;
@@ -213,7 +192,7 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
     return 2;
   }
   printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, r->cfg.path, r->dir);
-  rc = pipeline ? pipeline_run(L, &r->cfg, r->dir) : operator_run(L, &r->cfg, r->dir, resume);
+  rc = pipeline ? pipeline_run(L, &r->cfg, r->dir, resume) : operator_run(L, &r->cfg, r->dir, resume);
   if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   printf("run directory: %s\n", r->dir);
   return rc ? 1 : 0;
@@ -475,11 +454,6 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
     return 2;
   }
   int pipeline = r.cfg.pipe_stages > 1 || r.cfg.pipe_micro_batches > 1;
-  if (pipeline && resume) {
-    fprintf(stderr, "transom: resume: a pipelined run (%s: key 'pipeline') has no checkpoints yet\n", r.cfg.path);
-    close_run(&r);
-    return 2;
-  }
   if (r.cfg.replicas > 1 || pipeline) return run_replicas(L, &r, resume, pipeline);
   char *dump;
   if ((rc = open_run(L, &r, &dump, &resume))) {

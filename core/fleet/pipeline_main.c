@@ -5,10 +5,11 @@
  * neighbours and runs the one training loop with the stage's hooks:
  * compute (pipeline_stage.c), exchange, evaluate, boundary
  * (pipeline_step.c), and a report that the first stage writes to
- * metrics.jsonl and prints. With replicas each worker serves a donor, and
- * a worker the launcher started to rebuild a lost pipeline (--rejoin)
- * catches up from one before it trains (pipeline_rejoin.c). Checkpoints are off in a pipeline for now: each
- * stage holds a share of the state (the README says so).
+ * metrics.jsonl and prints. Checkpoints: each stage its own store
+ * (pipeline_ckpt.c), loaded when the plan says resume=STEP. With replicas
+ * each worker serves a donor, and a worker the launcher started to rebuild
+ * a lost pipeline (--rejoin) catches up from one before it trains
+ * (pipeline_rejoin.c).
  */
 #include <errno.h>
 #include <limits.h>
@@ -25,6 +26,7 @@
 #include "loop.h"
 #include "lua_host.h"
 #include "pipeline.h"
+#include "pipeline_ckpt.h"
 #include "pipeline_plan.h"
 #include "pipeline_probe.h"
 #include "pipeline_stage.h"
@@ -33,6 +35,7 @@
 
 typedef struct {
   int coord, donor, attempt; /* from the PLAN line: see take_plan */
+  int64_t resume;            /* the step to load from this stage's store (0: none) */
 } plan_extra;
 
 typedef struct {
@@ -109,6 +112,15 @@ static int stage_report(void *ud, const step_record *rec) {
   if (s->metrics && step_record_json(s->metrics, &r)) return tr_fail(TR_EIO, "writing metrics.jsonl");
   if (s->metrics) fflush(s->metrics);
   return 0;
+}
+
+/* The writer's checkpoint outcomes, one line each. */
+static void stage_ckpt_event(void *ud, const ckpt_event *ev) {
+  pipe_stage *s = ud;
+  if (ev->ok) printf("checkpoint: stage %d, step %lld committed in %.1f ms\n", s->k, (long long)ev->step,
+                     ev->commit_s * 1e3);
+  else printf("checkpoint: stage %d, step %lld failed: %s\n", s->k, (long long)ev->step, ev->what);
+  fflush(stdout);
 }
 
 static int stage_eval(void *ud, int64_t step, float val) {
@@ -197,7 +209,9 @@ int pipe_read_line(int fd, char *out, size_t n, double timeout) {
 static int take_plan(const char *line, pipe_stage *s, pipe_plan *p, plan_extra *x) {
   int rc = pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order);
   if (rc) return rc;
-  const char *co = strstr(line, "coord="), *dn = strstr(line, "donor="), *at = strstr(line, "attempt=");
+  const char *co = strstr(line, "coord="), *dn = strstr(line, "donor="), *at = strstr(line, "attempt="),
+             *re = strstr(line, "resume=");
+  x->resume = re ? atoll(re + 7) : 0;
   x->coord = co ? atoi(co + 6) : 0;
   x->donor = dn ? atoi(dn + 6) : 0;
   x->attempt = at ? atoi(at + 8) : 1;
@@ -297,15 +311,20 @@ int pipeline_stage_main(int argc, char **argv) {
   int stop = rc == 1;
   if (stop) rc = TR_OK;
   if (!rc && !stop) rc = pipe_stage_setup(&s);
+  ckpt_engine *ck = NULL;
+  if (!rc && !stop && !(ck = pipe_ckpt_open(&cfg, s.t, a.run, s.k)) && (cfg.ckpt_every_steps || cfg.ckpt_every_seconds))
+    rc = TR_EIO;
+  if (!rc && !stop && px.resume > 0 && !a.rejoin) rc = pipe_ckpt_load(ck, s.t, s.k, px.resume);
   if (!rc && !stop) rc = link_up(&a, &cfg, &plan, &s);
   if (!rc && !stop && a.rejoin) rc = pipe_rejoin(&s, &cfg, px.coord, px.donor, px.attempt);
   else if (!rc && !stop) rc = join_replicas(&cfg, &s, px.coord);
   if (!rc && !stop && s.R > 1 && !a.rejoin) rc = pipe_donor_start(&s); /* a rebuilt one: once it is in */
   if (!rc && !stop) rc = open_metrics(&s);
   if (!rc && !stop) {
-    loop_opts lo = {.t = s.t, .ck = NULL, .run_dir = a.run, .worker = s.k, .save_on_stop = 0};
+    loop_opts lo = {.t = s.t, .ck = ck, .run_dir = a.run, .worker = s.k, .save_on_stop = 0};
     loop_hooks h = {.ud = &s, .compute = pipe_compute, .exchange = pipe_exchange, .evaluate = pipe_evaluate,
-                    .boundary = pipe_boundary, .report = stage_report, .eval = stage_eval};
+                    .boundary = pipe_boundary, .report = stage_report, .eval = stage_eval,
+                    .ckpt_event = stage_ckpt_event};
     loop_result res;
     rc = loop_run(&lo, &h, &res);
   }
@@ -314,6 +333,7 @@ int pipeline_stage_main(int argc, char **argv) {
   if (s.metrics) fclose(s.metrics);
   donor_close(s.donor_fd);
   donor_stop(s.dn);
+  ckpt_close(ck);
   ftar_member_free(s.fm);
   pipe_stage_free(&s);
   trainer_free(s.t);

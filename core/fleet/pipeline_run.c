@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -36,6 +37,7 @@
 #include "graph_stage.h"
 #include "lua_host.h"
 #include "pipeline.h"
+#include "pipeline_ckpt.h"
 #include "pipeline_plan.h"
 #include "pipeline_probe.h"
 #include "trainer.h"
@@ -55,6 +57,7 @@ typedef struct {
   int rebuilt[PIPE_MAX_WORKERS / 2 + 1]; /* times each was started again */
   int threads;                         /* per worker */
   int64_t rebuilds;                    /* pipeline.rebuilds */
+  int64_t resume;                      /* the step every stage loads (0: a fresh start) */
   char self[PATH_MAX];                 /* the transom executable */
   const char *dir;
   ftar_coord *coord[PIPE_MAX_STAGES]; /* R > 1: one FTAR group per stage */
@@ -78,8 +81,10 @@ static int listen_local(int *port) {
 }
 
 static pid_t spawn_worker(const launch *l, int w, int child_ctl, int rejoin) {
-  pid_t pid = fork();
+  pid_t parent = getpid(), pid = fork();
   if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGTERM); /* a launcher killed with -9 takes its workers along */
+  if (getppid() != parent) _exit(1); /* ok-exit: the launcher died before the line above */
   char ws[16], fds[16], cfd[16], th[16], ports[16 * PIPE_MAX_WORKERS];
   snprintf(ws, sizeof ws, "%d", w);
   snprintf(fds, sizeof fds, "%d", l->lfd[w]);
@@ -191,17 +196,25 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   l->plan.measured = cfg->pipe_probe;
   if (!rc && !cfg->pipe_probe) rc = nominal_speeds(t, &l->plan);
   if (!rc) rc = pipe_plan_make(L, trainer_graph(t), cfg, &l->plan);
-  if (!rc) {
+  int saved = 0;
+  if (!rc && l->resume) rc = pipe_plan_restore(l->dir, &l->plan, &saved); /* the stores fit the run's own cuts */
+  if (!rc && saved) {
+    char first[4096];
+    if (pipe_plan_line(first, sizeof first, &l->plan, 0) < 0) rc = TR_EINVAL;
+    else printf("plan: the run's own, from %s/pipeline-plan (%.*s)\n", l->dir, (int)strcspn(first + 13, "\n"), first + 13);
+  } else if (!rc) {
     pipe_plan_print(stdout, trainer_graph(t), &l->plan);
-    fflush(stdout);
-    l->planned = 1;
   }
+  fflush(stdout);
+  if (!rc && !stop && !saved) rc = pipe_plan_save(l->dir, &l->plan);
+  l->planned = !rc;
   for (int i = 0; i < l->W && !rc; i++) {
     int p = i / l->S, k = i % l->S, w = p * l->S + l->plan.order[k]; /* pipeline p's stage k */
     if (stop) snprintf(line, sizeof line, "PLAN stop\n");
-    else if ((rc = pipe_plan_line(line, sizeof line - 32, &l->plan, k)) < 0) break;
+    else if ((rc = pipe_plan_line(line, sizeof line - 64, &l->plan, k)) < 0) break;
     rc = TR_OK;
-    if (!stop && l->coord[k]) snprintf(line + strlen(line) - 1, 32, " coord=%d\n", ftar_coord_port(l->coord[k]));
+    if (!stop) snprintf(line + strlen(line) - 1, 64, " coord=%d resume=%lld\n", l->coord[k] ? ftar_coord_port(l->coord[k]) : 0,
+                        (long long)l->resume);
     if (write(l->ctl[w], line, strlen(line)) != (ssize_t)strlen(line))
       rc = tr_fail(TR_EIO, "pipeline: cannot reach worker %d", w);
   }
@@ -371,9 +384,9 @@ static void wait_all(launch *l) {
   }
 }
 
-static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop) {
+static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop, int64_t resume) {
   launch l = {.S = (int)cfg->pipe_stages, .R = cfg->replicas > 1 ? (int)cfg->replicas : 1, .dir = dir,
-              .rebuilds = cfg->pipe_rebuilds};
+              .rebuilds = cfg->pipe_rebuilds, .resume = resume};
   l.W = l.S * l.R;
   if (l.W > PIPE_MAX_WORKERS) return tr_fail(TR_EINVAL, "pipeline: %d workers (at most %d)", l.W, PIPE_MAX_WORKERS);
   for (int w = 0; w < l.W; w++) l.lfd[w] = l.ctl[w] = l.ctl_child[w] = -1;
@@ -394,15 +407,31 @@ static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int 
   return failure(&l, -1);
 }
 
-int pipeline_run(lua_State *L, const job_config *cfg, const char *dir) {
+/* --resume: the newest step every stage store committed; the records
+ * after it are dropped (the run does those steps again). */
+static int resume_step(const job_config *cfg, const char *dir, int64_t *step) {
+  int rc = pipe_ckpt_common_step(dir, (int)cfg->pipe_stages, step), dropped = 0;
+  if (!rc && *step == 0)
+    printf("resume: no step committed by every stage in %s/ckpt-stage-*: starting from step 0\n", dir);
+  if (!rc && *step > 0) rc = pipe_ckpt_truncate_records(dir, *step, &dropped);
+  if (!rc && *step > 0)
+    printf("resumed from step %lld (the newest checkpoint every stage committed; %d record line(s) after it "
+           "dropped)\n", (long long)*step, dropped);
+  return rc;
+}
+
+int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, int resume) {
   printf("pipeline: %lld stage(s)%s, %lld micro-batch(es) of %lld sequences, 1F1B over loopback%s\n",
          (long long)cfg->pipe_stages, cfg->replicas > 1 ? " x replicas" : "", (long long)cfg->pipe_micro_batches,
          (long long)(cfg->batch_size / cfg->pipe_micro_batches),
          strcmp(cfg->pipe_compression, "adatopk") == 0 ? ", AdaTopK" : "");
   if (cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0)
-    printf("pipeline: no checkpoints (a pipeline does not take them yet; the weights are saved at the end)\n");
+    printf("pipeline: checkpoints in %s/ckpt-stage-0..%lld, one store per stage\n", dir,
+           (long long)cfg->pipe_stages - 1);
+  int64_t step = 0;
+  int rc = resume ? resume_step(cfg, dir, &step) : TR_OK;
   fflush(stdout);
-  return launch_run(L, cfg, dir, 0);
+  return rc ? rc : launch_run(L, cfg, dir, 0, step);
 }
 
 /* --- transom plan --- */
@@ -435,7 +464,7 @@ int pipeline_plan_main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/job.lua", dir);
     rc = tr_write_file_atomic(path, dump, strlen(dump));
   }
-  if (!rc) rc = launch_run(L, &cfg, dir, 1);
+  if (!rc) rc = launch_run(L, &cfg, dir, 1, 0);
   if (dump && dir[strlen(dir) - 1] != 'X') {
     remove(path);
     rmdir(dir);

@@ -188,6 +188,7 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
   else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
   s->global_norm = norm;
   x->leader = s->k == 0 && s->p == s->lowest;
+  x->snapshots = s->p == s->lowest; /* every stage into its own store */
   pipe_donor_record(s, next, grads); /* what a rebuilt pipeline's worker replays */
   return TR_OK;
 }

@@ -17,6 +17,7 @@ typedef struct {
   int64_t step, last_snap;
   double last_snap_time;
   int leader;
+  int writer; /* snapshots (loop_exchange.snapshots) */
 } loop_state;
 
 #define HOOK(L, name, ...) ((L)->h->name ? (L)->h->name((L)->h->ud, __VA_ARGS__) : 0)
@@ -53,13 +54,14 @@ static int stop_reached(const loop_state *L) {
 }
 
 /* Due by steps, by seconds, on request, at a stop or at the end, or a
- * deferred (coalesced) one the engine can take now. Only the leader
- * snapshots (every replica holds the same bits). */
+ * deferred (coalesced) one the engine can take now. Only the writer (the
+ * leader, or a pipeline stage's lowest live replica) snapshots: every
+ * replica holds the same bits. */
 static void checkpoint_tick(loop_state *L) {
   const job_config *c = L->cfg;
   int asked = L->ctl.ckpt_now;
   L->ctl.ckpt_now = 0;
-  if (!L->o->ck || !L->leader) return;
+  if (!L->o->ck || !L->writer) return;
   int due = (c->ckpt_every_steps > 0 && L->step % c->ckpt_every_steps == 0) || asked ||
             (c->ckpt_every_seconds > 0 && tr_now() - L->last_snap_time >= c->ckpt_every_seconds) ||
             L->step == c->max_steps || stop_reached(L) || ckpt_pending(L->o->ck);
@@ -72,9 +74,11 @@ static int exchange(loop_state *L, step_stats *st, loop_exchange *x) {
   memset(x, 0, sizeof *x);
   x->replicas = 1;
   x->leader = 1;
-  if (!L->h->exchange) return 0;
+  x->snapshots = -1;
+  if (!L->h->exchange) return x->snapshots = 1, 0;
   double t0 = tr_now();
   int rc = L->h->exchange(L->h->ud, L->step + 1, x);
+  if (x->snapshots < 0) x->snapshots = x->leader;
   x->allreduce_s = tr_now() - t0;
   if (x->comm_s < x->allreduce_s) x->comm_s = x->allreduce_s; /* it ran at least while the step waited */
   (void)st;
@@ -127,6 +131,7 @@ static int one_step(loop_state *L, step_stats *st, loop_exchange *x, double *wal
   *wall = tr_now() - t0;
   L->step = st->step;
   L->leader = x->leader;
+  L->writer = x->snapshots;
   return HOOK(L, boundary, L->step);
 }
 
@@ -152,7 +157,7 @@ static int after_step(loop_state *L, const step_stats *st, const loop_exchange *
  * exactly), everything flushed, and the weights saved. */
 static int finish(loop_state *L, int rc) {
   const loop_opts *o = L->o;
-  if (o->ck && L->leader && L->last_snap != L->step && (!rc || o->save_on_stop)) {
+  if (o->ck && L->writer && L->last_snap != L->step && (!rc || o->save_on_stop)) {
     ckpt_wait_copy(o->ck);
     ckpt_flush(o->ck); /* the writer free and no pacing rest: this snapshot is taken, not deferred */
     snapshot(L);
@@ -172,7 +177,8 @@ int loop_run(const loop_opts *o, const loop_hooks *h, loop_result *res) {
   trainer_state ts;
   trainer_get_state(o->t, &ts);
   loop_state L = {.o = o, .h = h, .cfg = trainer_config(o->t), .step = ts.step, .last_snap = ts.step,
-                  .last_snap_time = tr_now(), .leader = h->exchange == NULL}; /* with peers: known after an exchange */
+                  .last_snap_time = tr_now(), .leader = h->exchange == NULL, /* with peers: known after an exchange */
+                  .writer = h->exchange == NULL};
   int rc = h->grads_ready ? trainer_set_grads_ready(o->t, h->grads_ready, h->ud) : 0;
   while (!rc && L.step < L.cfg->max_steps) {
     if ((rc = HOOK(&L, poll, &L.ctl)) || stop_reached(&L)) break;

@@ -327,6 +327,7 @@ function M.check(job, origin)
     if job.device ~= "cpu" then refuse("device", "device = " .. string.format("%q", job.device)) end
     if job.precision ~= "fp32" then refuse("precision", "precision = " .. string.format("%q", job.precision)) end
     if #(job.chaos or {}) > 0 then refuse("chaos", "a chaos list") end
+    if (job.checkpoint.remote or "") ~= "" then refuse("checkpoint", "checkpoint.remote (each stage keeps a local store)") end
   end
   if job.n_embd % job.n_head ~= 0 then
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)

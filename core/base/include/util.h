@@ -56,6 +56,10 @@ char *tr_read_file(const char *path, size_t *len);
 /* Writes buf to path atomically and durably: path.tmp, fsync, rename, fsync
  * of the directory. */
 int tr_write_file_atomic(const char *path, const void *buf, size_t len);
+/* A JSON-lines log (each line starting {"step":N): keeps the lines of steps
+ * <= step, atomically; *dropped (may be NULL) = lines removed. A missing
+ * file is fine (nothing to keep). */
+int tr_jsonl_keep_until(const char *path, int64_t step, int *dropped);
 /* mkdir -p. */
 int tr_mkdirs(const char *path);
 

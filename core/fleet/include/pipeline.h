@@ -18,10 +18,11 @@
 
 /* Runs cfg's pipeline: starts cfg->pipe_stages `transom stage` processes on
  * this host (linked over loopback), waits for them, and stops the others
- * when one fails. dir exists and holds job.lua and the vocabulary. 0 when
- * every stage finished, else a negative error (tr_error() says which stage
- * and how). Main thread only. */
-int pipeline_run(lua_State *L, const job_config *cfg, const char *dir);
+ * when one fails. dir exists and holds job.lua and the vocabulary; resume:
+ * every stage loads the newest step all stages checkpointed (and the run's
+ * saved plan). 0 when every stage finished, else a negative error
+ * (tr_error() says which stage and how). Main thread only. */
+int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, int resume);
 
 /* `transom plan JOB.lua [--set k=v]...`: prints the plan (probing the
  * workers as a run would) and starts nothing else. The exit status. */

@@ -36,6 +36,8 @@ typedef struct {
 typedef struct {
   int replicas;       /* whose gradients the result averages */
   int leader;         /* 1: this process leads the step (snapshots, evaluation, final save) */
+  int snapshots;      /* 1: this process snapshots (default: the leader; a pipeline stage's
+                         lowest live replica snapshots into its stage's own store) */
   int64_t epoch;      /* membership epoch (0: alone) */
   int redos;          /* collectives redone after a member failed */
   double allreduce_s; /* the loop's: time the step waited in exchange (exposed) */

@@ -1,0 +1,158 @@
+/* pipeline_ckpt.c — checkpoints of a pipelined run (see pipeline_ckpt.h).
+ *
+ * Each stage has its own store, RUN/ckpt-stage-K: the stage's whole trainer
+ * state (its worker holds every parameter and moment; the ones of its own
+ * ops are current). The lowest live pipeline's worker of stage K writes it
+ * (the loop's `snapshots`), at the job's checkpoint steps, unpaced so that
+ * every store holds the same steps; the stores commit independently, so a
+ * resume takes the newest step that every stage committed. The stages' ops must be the ones they were
+ * checkpointed with: the launcher saves the plan (RUN/pipeline-plan) and a
+ * resumed run uses it instead of planning again.
+ */
+#include "pipeline_ckpt.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define MAX_STEPS 100000 /* committed checkpoints read per store */
+
+static void store_path(char *out, size_t n, const char *run, int stage) {
+  snprintf(out, n, "%s/ckpt-stage-%d", run, stage);
+}
+
+ckpt_engine *pipe_ckpt_open(const job_config *cfg, trainer *t, const char *run, int stage) {
+  if (cfg->ckpt_every_steps == 0 && cfg->ckpt_every_seconds == 0) return NULL;
+  char path[1200];
+  store_path(path, sizeof path, run, stage);
+  ckpt_opts o = {path, (size_t)cfg->ckpt_map_mb << 20, (int)cfg->ckpt_keep_last, (int)cfg->ckpt_keep_every,
+                 strcmp(cfg->ckpt_when_busy, "skip") == 0 ? CKPT_SKIP : CKPT_COALESCE};
+  ckpt_engine *ck = ckpt_open(&o);
+  if (!ck) {
+    tr_fail_prefix(TR_EIO, "stage %d's checkpoint store %s", stage, path);
+    return NULL;
+  }
+  /* no pacing: every stage snapshots at the due steps themselves (pacing
+   * would defer each store to steps of its own, and a resume needs a step
+   * all of them hold) */
+  if (ckpt_set_cpu_share(ck, 1.0) || trainer_ckpt_attach(t, ck)) {
+    ckpt_close(ck);
+    return NULL;
+  }
+  return ck;
+}
+
+int pipe_ckpt_load(ckpt_engine *ck, trainer *t, int stage, int64_t step) {
+  char report[2048] = "";
+  ckpt_reader *r = ckpt_engine_reader(ck);
+  int rc = r ? trainer_ckpt_load(t, r, step, report, sizeof report) : TR_EIO;
+  ckpt_reader_close(r);
+  if (report[0]) fputs(report, stderr);
+  return rc ? tr_fail_prefix(rc, "stage %d: loading the checkpoint of step %lld", stage, (long long)step) : TR_OK;
+}
+
+/* The committed steps of stage K's store (ascending), or 0 of them. */
+static int store_steps(const char *run, int stage, int64_t *steps, int cap) {
+  char path[1200];
+  store_path(path, sizeof path, run, stage);
+  ckpt_reader *r = ckpt_reader_open(path);
+  if (!r) return 0; /* no store: nothing committed */
+  int n = ckpt_reader_steps(r, steps, cap);
+  ckpt_reader_close(r);
+  return n > 0 ? n : 0;
+}
+
+int pipe_ckpt_common_step(const char *run, int S, int64_t *step) {
+  int64_t *mine = malloc(sizeof(int64_t) * MAX_STEPS), *other = malloc(sizeof(int64_t) * MAX_STEPS);
+  *step = 0;
+  if (!mine || !other) {
+    free(mine);
+    free(other);
+    return tr_fail(TR_ENOMEM, "out of memory");
+  }
+  int n = store_steps(run, 0, mine, MAX_STEPS);
+  for (int k = 1; k < S && n > 0; k++) { /* keep the steps every store has */
+    int m = store_steps(run, k, other, MAX_STEPS), kept = 0;
+    for (int i = 0, j = 0; i < n && j < m;) {
+      if (mine[i] == other[j]) mine[kept++] = mine[i], i++, j++;
+      else if (mine[i] < other[j]) i++;
+      else j++;
+    }
+    n = kept;
+  }
+  if (n > 0) *step = mine[n - 1];
+  free(mine);
+  free(other);
+  return TR_OK;
+}
+
+/* --- the plan the checkpoints were taken with --- */
+
+int pipe_plan_save(const char *run, const pipe_plan *p) {
+  char path[1200], text[PIPE_MAX_STAGES * 400];
+  size_t k = 0;
+  for (int s = 0; s < p->S; s++) {
+    int n = pipe_plan_line(text + k, sizeof text - k, p, s);
+    if (n < 0) return n;
+    k += (size_t)n;
+  }
+  snprintf(path, sizeof path, "%s/pipeline-plan", run);
+  return tr_write_file_atomic(path, text, k);
+}
+
+int pipe_plan_restore(const char *run, pipe_plan *p, int *found) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/pipeline-plan", run);
+  size_t len;
+  char *text = tr_read_file(path, &len);
+  *found = text != NULL;
+  if (!text) return TR_OK;
+  int rc = TR_OK, seen = 0;
+  for (char *line = text; *line && !rc;) {
+    char *nl = strchr(line, '\n');
+    if (nl) *nl = 0;
+    int stage = -1, cuts[PIPE_MAX_STAGES + 1], order[PIPE_MAX_STAGES];
+    rc = pipe_plan_parse(line, p->S, &stage, cuts, order);
+    if (!rc && (stage < 0 || stage >= p->S)) rc = tr_fail(TR_EFORMAT, "%s: stage %d of %d", path, stage, p->S);
+    if (!rc && stage == 0) {
+      memcpy(p->cuts, cuts, sizeof(int) * (size_t)(p->S + 1));
+      memcpy(p->order, order, sizeof(int) * (size_t)p->S);
+    }
+    seen += !rc;
+    line = nl ? nl + 1 : line + strlen(line);
+  }
+  free(text);
+  if (!rc && seen != p->S)
+    rc = tr_fail(TR_EFORMAT, "%s has %d stage(s), the job %d (pipeline.stages changed: the checkpoints do not fit)",
+                 path, seen, p->S);
+  return rc ? tr_fail_prefix(rc, "the run's pipeline plan") : TR_OK;
+}
+
+/* --- the records after the resumed step --- */
+
+static int is_record_file(const char *name) {
+  size_t n = strlen(name);
+  return n > 6 && strcmp(name + n - 6, ".jsonl") == 0 &&
+         (strcmp(name, "metrics.jsonl") == 0 || strncmp(name, "stage-", 6) == 0 || strncmp(name, "pipeline-", 9) == 0);
+}
+
+int pipe_ckpt_truncate_records(const char *run, int64_t step, int *dropped) {
+  DIR *d = opendir(run);
+  *dropped = 0;
+  if (!d) return tr_fail(TR_EIO, "cannot list %s", run);
+  int rc = TR_OK;
+  struct dirent *e;
+  while (!rc && (e = readdir(d))) {
+    if (!is_record_file(e->d_name)) continue;
+    char path[1200];
+    int n = 0;
+    snprintf(path, sizeof path, "%s/%s", run, e->d_name);
+    rc = tr_jsonl_keep_until(path, step, &n);
+    *dropped += n;
+  }
+  closedir(d);
+  return rc;
+}

@@ -1,0 +1,37 @@
+/* pipeline_ckpt.h — checkpoints of a pipelined run (private to core/fleet):
+ * one store per stage written by the lowest live pipeline's worker of that
+ * stage, the newest step every stage committed (what a resume loads), the
+ * plan the checkpoints were taken with, and the records after a resumed
+ * step. The stage workers (pipeline_main.c) and the launcher
+ * (pipeline_run.c) call it.
+ */
+#ifndef TRANSOM_PIPELINE_CKPT_H
+#define TRANSOM_PIPELINE_CKPT_H
+
+#include <stdint.h>
+
+#include "ckpt.h"
+#include "job.h"
+#include "pipeline_plan.h"
+#include "trainer.h"
+
+/* Stage `stage`'s store RUN/ckpt-stage-K, attached to t; NULL when the job
+ * takes no checkpoints or on an error (tr_error() says; check the job). */
+ckpt_engine *pipe_ckpt_open(const job_config *cfg, trainer *t, const char *run, int stage);
+/* Loads step (> 0) from the store into t, all or nothing. */
+int pipe_ckpt_load(ckpt_engine *ck, trainer *t, int stage, int64_t step);
+/* The newest step committed in all S stage stores of run (0: none). */
+int pipe_ckpt_common_step(const char *run, int S, int64_t *step);
+
+/* RUN/pipeline-plan: the stages' cuts and order, saved by the first run
+ * and restored (into p's cuts and order; *found = 0 when there is none) by
+ * a resumed one, which must have as many stages. */
+int pipe_plan_save(const char *run, const pipe_plan *p);
+int pipe_plan_restore(const char *run, pipe_plan *p, int *found);
+
+/* Drops the records of steps after `step` from the run's metrics.jsonl,
+ * stage-K.jsonl and pipeline-P-stage-K.jsonl (the resumed run does them
+ * again); *dropped = lines removed. */
+int pipe_ckpt_truncate_records(const char *run, int64_t step, int *dropped);
+
+#endif
