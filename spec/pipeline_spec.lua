@@ -366,4 +366,37 @@ end]])
     end
     assert.are.equal(300, n)
   end)
+
+  it("runs its workers on test hosts (network namespaces), and the probes measure a tc-limited link", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local TH = S.ROOT .. "/spec/hosts/testhosts.sh"
+    local probe, prc = S.sh(TH .. " probe")
+    if prc ~= 0 then return pending("no network namespaces here: " .. probe) end
+    local name = "tp" .. (tonumber(S.sh("echo $$"):match("%d+")) % 100000)
+    local out, rc = S.sh(TH .. " up " .. name .. " 2 10.79.0")
+    assert.are.equal(0, rc, out)
+    local ok, err = pcall(function()
+      S.sh(TH .. " slow " .. name .. " 2 10mbit")
+      local job = dir .. "/ns.lua"
+      write(job, job_text(data, string.format("pipeline = { stages = 2, micro_batches = 2, workers = { "
+        .. "{ netns = %q, address = '10.79.0.1' }, { netns = %q, address = '10.79.0.2' } } }, max_steps = 6,",
+        name .. "-h1", name .. "-h2")))
+      local code, o, e = S.transom(dir, "run", job, "--set", "run_dir=" .. dir .. "/ns")
+      assert.are.equal(0, code, o .. e)
+      local mbit = tonumber(o:match("0%->1%s+([%d%.]+)"))
+      assert.truthy(mbit and mbit > 5 and mbit < 15, "the probe measures the 10 Mbit link: " .. o)
+      assert.truthy(S.read(dir .. "/ns/metrics.jsonl"):find('"step":6,'), "it trained")
+      -- a worker in a namespace that does not exist: a clear error
+      write(job, job_text(data, "pipeline = { stages = 2, workers = { { netns = 'nope0', address = '10.79.0.1' }, {} } },"))
+      code, o, e = S.transom(dir, "run", job, "--set", "run_dir=" .. dir .. "/ns2")
+      assert.are_not.equal(0, code)
+      assert.truthy((o .. e):find("network namespace 'nope0'", 1, true), o .. e)
+      write(job, job_text(data, "pipeline = { stages = 2, workers = { { netns = 'h1' }, {} } },"))
+      code, _, e = S.transom(dir, "run", job)
+      assert.are.equal(2, code)
+      assert.truthy(e:find('ns%.lua.*pipeline%.workers%[1%] runs in netns "h1": give its address there'), e)
+    end)
+    S.sh(TH .. " down " .. name)
+    assert(ok, err)
+  end)
 end)

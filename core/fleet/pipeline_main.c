@@ -269,7 +269,7 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
   double rate, delay;
   int w = a->worker % s->S;
   if (s->k < s->S - 1) {
-    int nw = p->order[s->k + 1], fd = pl_connect("127.0.0.1", a->ports[s->p * s->S + nw], s->timeout);
+    int nw = p->order[s->k + 1], fd = pl_connect(p->addr[nw], a->ports[s->p * s->S + nw], s->timeout);
     snprintf(name, sizeof name, "stage %d", s->k + 1);
     if (fd < 0 || !(s->next = pl_link_create(fd, name))) return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k + 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[nw], &rate, &delay);

@@ -47,7 +47,11 @@ static void read_worker(lua_State *L, int i, pipe_plan *p) { /* [workers] */
     if (lua_isnumber(L, -1)) p->speed[i] = lua_tonumber(L, -1);
     lua_getfield(L, -2, "zone");
     if (lua_isstring(L, -1)) snprintf(p->zone[i], PIPE_ZONE_MAX, "%s", lua_tostring(L, -1));
-    lua_pop(L, 2);
+    lua_getfield(L, -3, "netns");
+    if (lua_isstring(L, -1)) snprintf(p->netns[i], PIPE_ZONE_MAX, "%s", lua_tostring(L, -1));
+    lua_getfield(L, -4, "address");
+    if (lua_isstring(L, -1) && lua_tostring(L, -1)[0]) snprintf(p->addr[i], PIPE_ADDR_MAX, "%s", lua_tostring(L, -1));
+    lua_pop(L, 4);
   }
   lua_pop(L, 1);
 }
@@ -60,6 +64,7 @@ int pipe_plan_from_job(lua_State *L, const job_config *cfg, pipe_plan *p) {
   for (int i = 0; i < p->S; i++) {
     p->speed[i] = 1.0;
     snprintf(p->zone[i], PIPE_ZONE_MAX, "local");
+    snprintf(p->addr[i], PIPE_ADDR_MAX, "127.0.0.1");
   }
   int top = lua_gettop(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, cfg->lua_ref); /* [cfg] */

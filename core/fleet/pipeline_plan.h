@@ -16,12 +16,15 @@
 #include "pipeline_stage.h"
 
 #define PIPE_ZONE_MAX 32
+#define PIPE_ADDR_MAX 64
 
 typedef struct {
   int S, M;
   /* the workers (one per stage), from the job */
   double speed[PIPE_MAX_STAGES];              /* emulated fraction of this host */
   char zone[PIPE_MAX_STAGES][PIPE_ZONE_MAX];
+  char netns[PIPE_MAX_STAGES][PIPE_ZONE_MAX];  /* a test host's network namespace ("": this host's) */
+  char addr[PIPE_MAX_STAGES][PIPE_ADDR_MAX];   /* where the others reach the worker */
   /* measured by the probes (or, without them, the job's numbers) */
   int measured;
   double flops_s[PIPE_MAX_STAGES];             /* FLOP/s */

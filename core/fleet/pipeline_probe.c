@@ -101,7 +101,7 @@ static int exchange(pl_link *l, uint32_t kind, uint32_t reply, const void *paylo
 }
 
 static int probe_peer(const pipe_probe_ctx *c, int j, const char *bulk, double *bw, double *lat) {
-  int fd = pl_connect("127.0.0.1", c->ports[j], c->timeout), rc = TR_OK;
+  int fd = pl_connect(c->plan->addr[j], c->ports[j], c->timeout), rc = TR_OK;
   pl_link *l = fd >= 0 ? pl_link_create(fd, "a probed worker") : NULL;
   if (!l) return TR_EIO;
   shape(c, l, j);

@@ -16,7 +16,7 @@ typedef struct {
   const pipe_plan *plan; /* the job's workers (zones: the emulated links) */
   int w;                 /* this worker */
   int lfd;               /* its listening socket */
-  const int *ports;      /* every worker's port on 127.0.0.1 */
+  const int *ports;      /* every worker's port (at plan->addr) */
   double timeout;
 } pipe_probe_ctx;
 

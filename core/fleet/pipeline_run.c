@@ -1,6 +1,9 @@
 /* pipeline_run.c — the launcher of a pipelined `transom run`, and `transom
  * plan` (see pipeline.h).
  *
+ * A worker the job puts in a network namespace (pipeline.workers[i].netns,
+ * a test host) gets its listening socket made in that namespace (the
+ * launcher enters it on its thread for the bind) and runs there.
  * It opens one listening socket per worker itself before any starts (each
  * worker inherits its own and learns the others' ports: no port is ever
  * guessed) and a control socket pair per worker, starts one `transom
@@ -16,12 +19,14 @@
  * `transom plan` does the same up to the plan and then tells the workers
  * to stop.
  */
+#define _GNU_SOURCE /* setns */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,15 +72,47 @@ typedef struct {
 
 /* --- starting the workers --- */
 
-static int listen_local(int *port) {
+/* Moves this thread into network namespace ns ("": stays); *back: where
+ * it came from (for leave_netns; -1: nothing to undo). */
+static int enter_netns(const char *ns, int *back) {
+  *back = -1;
+  if (!ns[0]) return TR_OK;
+  char path[300];
+  snprintf(path, sizeof path, "/run/netns/%s", ns);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return tr_fail(TR_EIO, "pipeline: network namespace '%s' (%s): %s", ns, path, strerror(errno));
+  *back = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+  int rc = *back >= 0 && setns(fd, CLONE_NEWNET) == 0
+               ? TR_OK
+               : tr_fail(TR_EIO, "pipeline: cannot enter network namespace '%s': %s", ns, strerror(errno));
+  close(fd);
+  return rc;
+}
+
+static void leave_netns(int back) {
+  if (back < 0) return;
+  setns(back, CLONE_NEWNET);
+  close(back);
+}
+
+/* A listening socket on loopback, or in namespace ns on all its addresses. */
+static int listen_at(const char *ns, int *port) {
+  int back, rc = enter_netns(ns, &back);
+  if (rc) {
+    leave_netns(back);
+    return rc;
+  }
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(ns[0] ? INADDR_ANY : INADDR_LOOPBACK)};
   socklen_t len = sizeof a;
   if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, PIPE_MAX_STAGES) ||
       getsockname(fd, (struct sockaddr *)&a, &len)) {
+    rc = tr_fail(TR_EIO, "pipeline: cannot listen%s%s: %s", ns[0] ? " in namespace " : " on loopback", ns,
+                 strerror(errno));
     if (fd >= 0) close(fd);
-    return tr_fail(TR_EIO, "pipeline: cannot listen on loopback: %s", strerror(errno));
   }
+  leave_netns(back);
+  if (rc) return rc;
   *port = ntohs(a.sin_port);
   return fd;
 }
@@ -85,6 +122,11 @@ static pid_t spawn_worker(const launch *l, int w, int child_ctl, int rejoin) {
   if (pid != 0) return pid;
   prctl(PR_SET_PDEATHSIG, SIGTERM); /* a launcher killed with -9 takes its workers along */
   if (getppid() != parent) _exit(1); /* ok-exit: the launcher died before the line above */
+  int back;
+  if (enter_netns(l->plan.netns[w % l->S], &back)) {
+    fprintf(stderr, "transom: pipeline worker %d: %s\n", w, tr_error());
+    _exit(127); /* ok-exit: the child could not start */
+  }
   char ws[16], fds[16], cfd[16], th[16], ports[16 * PIPE_MAX_WORKERS];
   snprintf(ws, sizeof ws, "%d", w);
   snprintf(fds, sizeof fds, "%d", l->lfd[w]);
@@ -113,7 +155,7 @@ static void coord_log(void *ud, const char *msg) {
  * pipeline listens before any starts: each learns its neighbours' ports). */
 static int open_worker(launch *l, int w) {
   int sv[2];
-  if ((l->lfd[w] = listen_local(&l->port[w])) < 0) return l->lfd[w];
+  if ((l->lfd[w] = listen_at(l->plan.netns[w % l->S], &l->port[w])) < 0) return l->lfd[w];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) return tr_fail(TR_EIO, "socketpair: %s", strerror(errno));
   if (l->ctl[w] >= 0) close(l->ctl[w]);
   l->ctl[w] = sv[0];
@@ -133,7 +175,9 @@ static int spawn(launch *l, int w, int rejoin) {
   return tr_fail(TR_EIO, "pipeline: fork: %s", strerror(errno));
 }
 
-static int start(launch *l, const job_config *cfg) {
+static int start(lua_State *L, launch *l, const job_config *cfg) {
+  int rc = pipe_plan_from_job(L, cfg, &l->plan); /* the workers' namespaces */
+  if (rc) return rc;
   ssize_t sn = readlink("/proc/self/exe", l->self, sizeof l->self - 1);
   if (sn <= 0) return tr_fail(TR_EIO, "cannot find the transom executable");
   l->self[sn] = 0;
@@ -145,7 +189,6 @@ static int start(launch *l, const job_config *cfg) {
   for (int k = 0; l->R > 1 && k < l->S; k++)
     if ((co.log_ud = (void *)(intptr_t)k), !(l->coord[k] = ftar_coord_start("127.0.0.1", 0, &co)))
       return tr_fail(TR_EIO, "pipeline: cannot start stage %d's replica coordinator: %s", k, tr_error());
-  int rc = TR_OK;
   for (int w = 0; w < l->W && !rc; w++) rc = open_worker(l, w);
   for (int w = 0; w < l->W && !rc; w++) rc = spawn(l, w, 0);
   return rc;
@@ -390,7 +433,7 @@ static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int 
   l.W = l.S * l.R;
   if (l.W > PIPE_MAX_WORKERS) return tr_fail(TR_EINVAL, "pipeline: %d workers (at most %d)", l.W, PIPE_MAX_WORKERS);
   for (int w = 0; w < l.W; w++) l.lfd[w] = l.ctl[w] = l.ctl_child[w] = -1;
-  int rc = start(&l, cfg);
+  int rc = start(L, &l, cfg);
   for (int w = 0; w < l.W; w++) {
     if (l.lfd[w] >= 0) close(l.lfd[w]);
     if (l.ctl_child[w] >= 0) close(l.ctl_child[w]);
@@ -421,7 +464,7 @@ static int resume_step(const job_config *cfg, const char *dir, int64_t *step) {
 }
 
 int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, int resume) {
-  printf("pipeline: %lld stage(s)%s, %lld micro-batch(es) of %lld sequences, 1F1B over loopback%s\n",
+  printf("pipeline: %lld stage(s)%s, %lld micro-batch(es) of %lld sequences, 1F1B over TCP%s\n",
          (long long)cfg->pipe_stages, cfg->replicas > 1 ? " x replicas" : "", (long long)cfg->pipe_micro_batches,
          (long long)(cfg->batch_size / cfg->pipe_micro_batches),
          strcmp(cfg->pipe_compression, "adatopk") == 0 ? ", AdaTopK" : "");

@@ -43,6 +43,10 @@ local PIPELINE = {
       { "speed", "number", 1.0, "emulated speed, a fraction of this host's (compute is stretched by 1/speed)",
         gt = 0, max = 1 },
       { "zone", "string", "local", "workers in one zone share its LAN; between zones the WAN" },
+      { "netns", "string", "", "run this worker in that network namespace (a test host; needs root): "
+        .. "\"\" = this host's" },
+      { "address", "string", "", "where the other workers reach this one (with netns: its address there; "
+        .. "\"\" = 127.0.0.1)" },
     } },
   { "lan_mbit", "number", nil, "emulated bandwidth inside a zone, Mbit/s (0 = unlimited)", min = 0 },
   { "wan_mbit", "number", nil, "emulated bandwidth between zones, Mbit/s (0 = unlimited)", min = 0 },
@@ -312,6 +316,18 @@ function M.check(job, origin)
   end
   if #pipe.workers > 0 and #pipe.workers ~= pipe.stages then
     at("workers")("pipeline.workers lists %d workers for %d stages (one each, or none)", #pipe.workers, pipe.stages)
+  end
+  for i, w in ipairs(pipe.workers) do
+    if w.netns ~= "" and not w.netns:match("^[%w_.-]+$") then
+      at("netns")("pipeline.workers[%d].netns = %q: not a namespace name", i, w.netns)
+    end
+    if w.netns ~= "" and w.address == "" then
+      at("address")("pipeline.workers[%d] runs in netns %q: give its address there", i, w.netns)
+    end
+    if w.netns ~= "" and job.replicas > 1 then
+      at("netns")("pipeline.workers[%d].netns with replicas = %d: the replicas' coordinators live on this "
+        .. "host's loopback (one pipeline only, for now)", i, job.replicas)
+    end
   end
   if pipe.placement ~= "opfence" and pipe.placement ~= "even" and not pipe.placement:match("%.lua$") then
     at("placement")("pipeline.placement = %q: opfence, even, or a .lua policy file", pipe.placement)
