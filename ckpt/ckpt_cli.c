@@ -26,9 +26,11 @@ static const char usage[] =
     "       transom ckpt export RUN [--step N] -o model.safetensors\n"
     "\n"
     "ls lists the committed checkpoints; verify checks every tensor's CRC32C\n"
-    "and names the ones that fail (exit 1 if any does); export writes the\n"
+    "(of --step N only, if given) and names the ones that fail (exit 1 if any\n"
+    "does, or if there is no checkpoint at N); export writes the\n"
     "parameters of the newest intact checkpoint (or --step N) as safetensors\n"
-    "(float32, nanoGPT names) for PyTorch / Hugging Face.\n";
+    "(float32, nanoGPT names) for PyTorch / Hugging Face. A flag a verb does\n"
+    "not take (ls --step, ls -o, verify -o) is an error (exit 2).\n";
 
 static ckpt_reader *open_store(const char *run) {
   char path[PATH_MAX];
@@ -162,6 +164,9 @@ int ckpt_main(int argc, char **argv) {
       }
     } else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) {
       out = argv[++i];
+    } else if ((strcmp(argv[i], "--step") == 0 || strcmp(argv[i], "-o") == 0) && i + 1 == argc) {
+      fprintf(stderr, "transom ckpt: %s needs a value\n%s", argv[i], usage);
+      return 2;
     } else if (argv[i][0] == '-' || run) {
       fprintf(stderr, "transom ckpt: unexpected argument '%s'\n%s", argv[i], usage);
       return 2;
@@ -176,6 +181,14 @@ int ckpt_main(int argc, char **argv) {
   }
   if (!run || (is_export && !out)) {
     fputs(usage, stderr);
+    return 2;
+  }
+  if (out && !is_export) { /* a flag that would be ignored is refused: the user meant something by it */
+    fprintf(stderr, "transom ckpt %s: -o is for export only (%s writes no file)\n%s", verb, verb, usage);
+    return 2;
+  }
+  if (step >= 0 && is_ls) {
+    fprintf(stderr, "transom ckpt ls: --step is for verify and export (ls lists every step)\n%s", usage);
     return 2;
   }
   ckpt_reader *r = open_store(run);

@@ -335,6 +335,24 @@ describe("the command line", function()
     assert.is_truthy(err:find("'--no-such-option'", 1, true), err)
   end)
 
+  it("transom agent refuses a number flag that is not a whole integer in range, naming the flag", function()
+    -- no operator is contacted: each case is a usage error (exit 2) before any connect
+    local op = { "--operator", "127.0.0.1:1" }
+    for _, c in ipairs({
+      { "--slots", "abc", "1..64" }, { "--slots", "2x", "1..64" }, { "--slots", "0", "1..64" },
+      { "--slots", "65", "1..64" }, { "--cores", "-1", "1..1048576" }, { "--cores", "", "1..1048576" },
+      { "--gpus", "two", "0..1048576" }, { "--gpus", "99999999999", "0..1048576" },
+    }) do
+      local code, out, err = S.transom(dir, "agent", op[1], op[2], c[1], c[2])
+      assert.are.equal(2, code, table.concat(c, " ") .. ": " .. out .. err)
+      local want = "transom agent: " .. c[1] .. " '" .. c[2] .. "' is not an integer in " .. c[3]
+      assert.is_truthy(err:find(want, 1, true), want .. " in: " .. err)
+    end
+    local code, _, err = S.transom(dir, "agent", op[1], op[2], "--slots")
+    assert.are.equal(2, code, err)
+    assert.is_truthy(err:find("transom agent: --slots needs a value", 1, true), err)
+  end)
+
   it("transom run --help lists every job key with its type, default and meaning", function()
     local code, out, err = S.transom(dir, "run", "--help")
     assert.are.equal(0, code, err)

@@ -152,7 +152,7 @@ describe("Hugging Face round trip", function()
     assert.is_true(d <= 1e-4, "max abs difference " .. d)
   end)
 
-  it("init_from refuses what transom's gpt cannot honour: an untied head, another layer norm epsilon", function()
+  it("init_from refuses what transom's gpt cannot honour: an untied head, another layer norm epsilon, missing wte rows", function()
     -- no Python: the directory is transom's own export, its config.json edited
     local text = assert(read(ROOT .. "/data/fortunes.txt")):sub(1, 30000)
     write(tmp .. "/fixed.txt", text)
@@ -181,6 +181,16 @@ describe("Hugging Face round trip", function()
     out, rc = S.sh(base .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/feps 2>&1")
     assert.equal(2, rc, out)
     assert.matches("config%.json': layer_norm_epsilon is 1e%-06", out)
+    -- a wte with fewer rows than vocab_size (config.json and the job both
+    -- say 320, the export holds 300): refused, not the 20 rows zero-filled
+    local wider = cfg:gsub('"vocab_size": 300', '"vocab_size": 320')
+    assert.are_not.equal(cfg, wider)
+    write(tmp .. "/fhf/config.json", wider)
+    out, rc = S.sh(base:gsub("vocab_size=300", "vocab_size=320") .. "--set init_from=" .. tmp .. "/fhf --set run_dir="
+      .. tmp .. "/fshort 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches("fhf/model%.safetensors': 'transformer%.wte%.weight' has 300 rows, fewer than vocab_size = 320: "
+      .. "tokens 300%.%.319 would have no embedding", out)
   end)
 
   it("init_from: a job starts from a transformers GPT-2 and computes its logits", function()

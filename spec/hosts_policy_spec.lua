@@ -1,6 +1,8 @@
 -- hosts_policy_spec.lua — the shipped lua/policies/hosts.lua as plain Lua
 -- (the operator runs it on the policy engine, operator_hosts.c): when a
--- host is cordoned and when it is trusted again. Runs inside the transom
+-- host is cordoned and when it is trusted again (never, when cordoned by
+-- hand). operator_hosts.c's side (cordon by address, a hand cordon the
+-- policy cannot lift) is in spec/c/test_policy.c. Runs inside the transom
 -- binary (`transom test spec`).
 
 local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/spec/[^/]*$")) or "."
@@ -39,5 +41,16 @@ describe("hosts.lua", function()
     e.time = 1000 + M.trust_after
     assert.equal("uncordon", action(M.on_host(e, {})))
     assert.equal("none", action(M.on_host(ev({ reason = "tick" }), {}))) -- not cordoned: nothing to do
+  end)
+
+  it("a host cordoned by hand is never trusted again by the policy, however long it waits", function()
+    local e = ev({ reason = "tick", cordoned = true, cordoned_by_hand = true, cordoned_at = 1000 })
+    for _, dt in ipairs({ M.trust_after, M.trust_after * 10 }) do
+      e.time = 1000 + dt
+      assert.equal("none", action(M.on_host(e, {})))
+    end
+    e.reason = "killed" -- a failure on it neither lifts nor renews the cordon
+    e.failure_times = { e.time - 1, e.time }
+    assert.equal("none", action(M.on_host(e, {})))
   end)
 end)

@@ -104,6 +104,34 @@ static int count_gpus(void) {
   return n;
 }
 
+/* A whole decimal integer in lo..hi into *out; else a usage error naming
+ * the flag (atoi took "--slots abc" for 0 and "--slots 2x" for 2). */
+static int int_flag(const char *flag, const char *s, int lo, int hi, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end || errno || v < lo || v > hi) {
+    fprintf(stderr, "transom agent: %s '%s' is not an integer in %d..%d\n%s", flag, s, lo, hi, agent_usage);
+    return 2;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+static int takes_value(const char *flag) {
+  static const char *const flags[] = {"--operator", "--name", "--addr", "--slots", "--cores", "--gpus", "--secret-file"};
+  for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++)
+    if (strcmp(flag, flags[k]) == 0) return 1;
+  return 0;
+}
+
+/* The flags that take an integer, their ranges, and where they go. */
+static int int_option(agent *a, const char *flag, const char *v) {
+  if (strcmp(flag, "--slots") == 0) return int_flag(flag, v, 1, AGENT_SLOTS, &a->nslots);
+  if (strcmp(flag, "--cores") == 0) return int_flag(flag, v, 1, 1 << 20, &a->cores);
+  return int_flag(flag, v, 0, 1 << 20, &a->gpus);
+}
+
 static int parse(agent *a, int argc, char **argv, int *done) {
   const char *op = NULL;
   char env[300];
@@ -120,11 +148,14 @@ static int parse(agent *a, int argc, char **argv, int *done) {
     } else if (strcmp(argv[i], "--operator") == 0 && v) op = argv[++i];
     else if (strcmp(argv[i], "--name") == 0 && v) snprintf(a->name, sizeof a->name, "%s", argv[++i]);
     else if (strcmp(argv[i], "--addr") == 0 && v) snprintf(a->addr, sizeof a->addr, "%s", argv[++i]);
-    else if (strcmp(argv[i], "--slots") == 0 && v) a->nslots = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--cores") == 0 && v) a->cores = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--gpus") == 0 && v) a->gpus = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--secret-file") == 0 && v) setenv("TRANSOM_SECRET_FILE", argv[++i], 1);
-    else {
+    else if ((strcmp(argv[i], "--slots") == 0 || strcmp(argv[i], "--cores") == 0 || strcmp(argv[i], "--gpus") == 0) && v) {
+      if (int_option(a, argv[i], v)) return 2;
+      i++;
+    } else if (strcmp(argv[i], "--secret-file") == 0 && v) setenv("TRANSOM_SECRET_FILE", argv[++i], 1);
+    else if (!v && takes_value(argv[i])) {
+      fprintf(stderr, "transom agent: %s needs a value\n%s", argv[i], agent_usage);
+      return 2;
+    } else {
       fprintf(stderr, "transom agent: unexpected argument '%s'\n%s", argv[i], agent_usage);
       return 2;
     }
@@ -133,8 +164,8 @@ static int parse(agent *a, int argc, char **argv, int *done) {
     snprintf(env, sizeof env, "%s:%s", getenv("MASTER_ADDR"), getenv("MASTER_PORT"));
     op = env;
   }
-  if (!op || a->nslots < 1 || a->nslots > AGENT_SLOTS || a->cores < 1) {
-    fprintf(stderr, "transom agent: %s\n%s", !op ? "--operator HOST:PORT is needed" : "--slots must be 1..64, --cores >= 1",
+  if (!op || a->cores < 1) { /* cores: the online count, when sysconf fails */
+    fprintf(stderr, "transom agent: %s\n%s", !op ? "--operator HOST:PORT is needed" : "--cores must be >= 1",
             agent_usage);
     return 2;
   }

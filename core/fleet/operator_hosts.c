@@ -17,7 +17,8 @@
  *   - hosts.lua (lua/policies, or the job's policies folder; on the restart
  *     policy's engine) sees every failure on a host and decides to cordon
  *     it, and once a second per cordoned host whether to trust it again.
- *     `transom attach`: hosts(), cordon(name), uncordon(name).
+ *     `transom attach`: hosts(), cordon(name), uncordon(name) (by name or
+ *     address: every host matching); a hand cordon only uncordon lifts.
  *
  * It does not decide on replacements (the restart policy does, in
  * operator.c) or start processes itself. Everything runs on the operator's
@@ -66,7 +67,7 @@ static void close_conn(struct bufferevent *bev) {
 /* --- hosts.lua --- */
 
 static void push_host_ev(lua_State *L, operator_state *o, const host_rec *h, const char *reason) {
-  lua_createtable(L, 0, 8);
+  lua_createtable(L, 0, 9);
   lua_pushstring(L, h->name);
   lua_setfield(L, -2, "host");
   lua_pushstring(L, h->addr);
@@ -81,6 +82,8 @@ static void push_host_ev(lua_State *L, operator_state *o, const host_rec *h, con
   lua_setfield(L, -2, "time");
   lua_pushnumber(L, h->cordoned_at);
   lua_setfield(L, -2, "cordoned_at");
+  lua_pushboolean(L, h->cordoned && h->cordoned_by_hand);
+  lua_setfield(L, -2, "cordoned_by_hand");
   int n = h->nfail < HOST_FAILS ? h->nfail : HOST_FAILS;
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
@@ -109,7 +112,16 @@ static int parse_host_decision(lua_State *L, int idx, char *action, size_t n, ch
   return ok ? 0 : -1;
 }
 
-/* Asks hosts.lua about host h; acts on the decision. */
+/* Cordons or uncordons one host, by hand or by hosts.lua, with an event. */
+static void set_cordon(operator_state *o, host_rec *h, int on, int by_hand, const char *why) {
+  h->cordoned = on;
+  h->cordoned_by_hand = on && by_hand;
+  h->cordoned_at = on ? tr_now() - o->t0 : 0;
+  operator_event(o, o->best_step, -1, on ? "cordon" : "uncordon", "host %s (%s) %s: %s", h->name, h->addr,
+                 on ? "cordoned: no replica is placed there" : "trusted again", why && *why ? why : "by hand");
+}
+
+/* Asks hosts.lua about host h; acts on the decision (a hand cordon stays). */
 static void ask_policy(operator_state *o, int h, const char *reason) {
   if (!o->hosts_pol) return;
   lua_State *L = policy_engine_lua(o->pol);
@@ -133,8 +145,9 @@ static void ask_policy(operator_state *o, int h, const char *reason) {
                    e.budget ? " (stopped by the instruction budget)" : "", o->hosts[h].name);
     return;
   }
-  if (strcmp(action, "cordon") == 0 && !o->hosts[h].cordoned) hosts_cordon(o, o->hosts[h].name, 1, detail);
-  if (strcmp(action, "uncordon") == 0 && o->hosts[h].cordoned) hosts_cordon(o, o->hosts[h].name, 0, detail);
+  host_rec *r = &o->hosts[h];
+  if (strcmp(action, "cordon") == 0 && !r->cordoned) set_cordon(o, r, 1, 0, detail);
+  if (strcmp(action, "uncordon") == 0 && r->cordoned && !r->cordoned_by_hand) set_cordon(o, r, 0, 0, detail);
 }
 
 static int check_hosts(void *ud, lua_State *L, int mod, int env, policy_err *e) {
@@ -174,16 +187,14 @@ int hosts_policy_load(operator_state *o) {
 }
 
 int hosts_cordon(operator_state *o, const char *name, int on, const char *why) {
+  int n = 0;
   for (int i = 0; i < o->nhosts; i++) {
     host_rec *h = &o->hosts[i];
     if (strcmp(h->name, name) != 0 && strcmp(h->addr, name) != 0) continue;
-    h->cordoned = on;
-    h->cordoned_at = on ? tr_now() - o->t0 : 0;
-    operator_event(o, o->best_step, -1, on ? "cordon" : "uncordon", "host %s (%s) %s: %s", h->name, h->addr,
-                   on ? "cordoned: no replica is placed there" : "trusted again", why && *why ? why : "by hand");
-    return 0;
+    set_cordon(o, h, on, 1, why);
+    n++;
   }
-  return -1;
+  return n ? n : -1;
 }
 
 void hosts_failure(operator_state *o, int h, const char *reason) {

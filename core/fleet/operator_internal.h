@@ -73,6 +73,7 @@ typedef struct {
   double fail_at[HOST_FAILS]; /* its failures (seconds since the operator started), a ring */
   int nfail;
   double cordoned_at;
+  int cordoned_by_hand;    /* cordon(h) from attach: only uncordon(h) lifts it, never hosts.lua */
   double probe_t0;         /* tr_now() when its link probe's first line came; 0: none under way */
   double link_Bps;         /* its link's rate to us, from the last probe (bytes/s; 0: none yet) */
   int slow_probes;         /* probes in a row far below the fastest host's */
@@ -198,8 +199,10 @@ void hosts_tick(operator_state *o);
 void hosts_failure(operator_state *o, int h, const char *reason);
 /* hosts.lua on the restart policy's engine; TR_ELUA naming file:line. */
 int hosts_policy_load(operator_state *o);
-/* Cordons (on = 1) or uncordons a host by name or address; 0, or -1 when
- * there is no such host. */
+/* By hand (attach's cordon/uncordon): cordons (on = 1) or uncordons every
+ * host whose name or address is `name` (agents may share an address). A
+ * hand cordon stays until uncordoned by hand: hosts.lua cannot lift it.
+ * Returns how many hosts matched, or -1 when none did. */
 int hosts_cordon(operator_state *o, const char *name, int on, const char *why);
 
 /* operator_repl.c: the control socket RUN/control.sock */

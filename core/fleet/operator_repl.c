@@ -167,11 +167,12 @@ static int l_hosts(lua_State *L) {
   return 1;
 }
 
-/* cordon(name) / uncordon(name): by host name or address. */
+/* cordon(name) / uncordon(name): by host name or address, every host that
+ * matches (an event each). A hand cordon stays until uncordon(name). */
 static int cordon_common(lua_State *L, int on) {
   operator_state *o = get_op(L);
   const char *name = luaL_checkstring(L, 1);
-  if (hosts_cordon(o, name, on, "from attach") != 0) return luaL_argerror(L, 1, "no such host");
+  if (hosts_cordon(o, name, on, "from attach") < 0) return luaL_argerror(L, 1, "no such host");
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -364,7 +365,7 @@ static int l_help(lua_State *L) {
                   "set('lr', x)       peak learning rate x from a step every replica agrees on\n"
                   "reload()           reload the policies: restart.lua, rules.lua, actions.lua\n"
                   "hosts()            the agents' hosts: name, addr, alive, cordoned, slots, used, cores, gpus, failures\n"
-                  "cordon(h)          place no replica on host h (name or address); uncordon(h) undoes it\n"
+                  "cordon(h)          place no replica on host h (name, or address: every host at it) until uncordon(h)\n"
                   "                   (a file that fails to load leaves the old one in force)\n"
                   "Any Lua works (tables come back as tables: metrics(0).loss); a bare control name\n"
                   "calls it (help, workers); TAB completes names; history is kept in RUN/attach_history;\n"

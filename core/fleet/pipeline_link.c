@@ -6,7 +6,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -18,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proto.h"
 #include "util.h"
 
 #define PL_MAGIC 0x50495045u /* "PIPE" */
@@ -221,24 +221,9 @@ void pl_link_bytes(const pl_link *l, uint64_t *sent, uint64_t *received) {
 
 /* --- connecting --- */
 
-int pl_connect(const char *host, int port, double timeout_s) {
-  double end = tr_now() + timeout_s;
-  char ps[16];
-  snprintf(ps, sizeof ps, "%d", port);
-  for (;;) {
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    int g = getaddrinfo(host, ps, &hints, &ai);
-    if (g) return tr_fail(TR_EIO, "resolving %s: %s", host, gai_strerror(g));
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int ok = fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
-    freeaddrinfo(ai);
-    if (ok) return fd;
-    if (fd >= 0) close(fd);
-    if (tr_now() > end) return tr_fail(TR_EIO, "connecting to %s:%d: %s", host, port, strerror(errno));
-    struct timespec ts = {0, 50 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-}
+/* The one connect of the fleet (proto.c): bounded by timeout_s even where
+ * the peer's SYNs are dropped. */
+int pl_connect(const char *host, int port, double timeout_s) { return net_connect(host, port, timeout_s); }
 
 int pl_accept(int lfd, double timeout_s) {
   struct pollfd p = {.fd = lfd, .events = POLLIN};

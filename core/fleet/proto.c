@@ -144,22 +144,52 @@ static int resolve(const char *host, int port, struct sockaddr_in *sa) {
   return TR_OK;
 }
 
+/* One connect attempt, bounded by t_end: a non-blocking connect and a poll,
+ * so a peer whose SYNs vanish (a cut link, a full backlog) costs at most the
+ * caller's bound, never the kernel's two minutes of SYN retries. Returns the
+ * connected (blocking) fd, or -1 with *err = errno, ETIMEDOUT past t_end. */
+static int connect_once(const struct sockaddr_in *sa, double t_end, int *err) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    *err = errno;
+    return -1;
+  }
+  int e = 0;
+  if (connect(fd, (const struct sockaddr *)sa, sizeof *sa) != 0) e = errno;
+  while (e == EINPROGRESS || e == EINTR) {
+    double left = t_end - tr_now();
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int r = left > 0 ? poll(&p, 1, (int)(left * 1000) + 1) : 0;
+    if (r == 0 && tr_now() >= t_end) e = ETIMEDOUT;
+    else if (r < 0 && errno != EINTR) e = errno;
+    else if (r > 0) {
+      socklen_t el = sizeof e;
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0) e = errno;
+    }
+  }
+  if (e == 0 && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) e = errno;
+  if (e) {
+    close(fd);
+    *err = e;
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
 int net_connect(const char *host, int port, double timeout_s) {
+  if (!(timeout_s > 0)) return tr_fail(TR_EINVAL, "connect to %s:%d: timeout %g s is not positive", host, port, timeout_s);
   struct sockaddr_in sa;
   int rc = resolve(host, port, &sa);
   if (rc) return rc;
   double t_end = tr_now() + timeout_s;
-  for (;;) { /* retry while the peer is still starting */
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return tr_fail(TR_EIO, "socket: %s", strerror(errno));
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      return fd;
-    }
-    int e = errno;
-    close(fd);
-    if (tr_now() >= t_end || (e != ECONNREFUSED && e != EINTR && e != EAGAIN))
+  for (;;) { /* retry a refusal while the peer is still starting */
+    int e = 0, fd = connect_once(&sa, t_end, &e);
+    if (fd >= 0) return fd;
+    if (e == ETIMEDOUT)
+      return tr_fail(TR_EIO, "cannot connect to %s:%d: no answer in %.1f s", host, port, timeout_s);
+    if (tr_now() + 0.05 >= t_end || (e != ECONNREFUSED && e != EAGAIN)) /* no time for one more try */
       return tr_fail(TR_EIO, "cannot connect to %s:%d: %s", host, port, strerror(e));
     usleep(50000);
   }

@@ -43,8 +43,12 @@ typedef struct {
  * EOF, negative on error or an over-long line. timeout_ms < 0 waits forever. */
 int proto_read(proto_reader *r, char *out, size_t n, int timeout_ms);
 
-/* TCP helpers: connect to host:port (blocking, with a timeout), listen on
- * host:port (0 = any) and report the port. */
+/* TCP helpers. net_connect connects to host:port within timeout_s (> 0)
+ * in all: a refusal is retried (the peer may still be starting), and a peer
+ * that never answers (SYNs dropped: a cut link, a full backlog) fails at
+ * timeout_s with "no answer in N s", not after the kernel's SYN retries.
+ * Returns a blocking socket with TCP_NODELAY, or a negative error.
+ * net_listen listens on host:port (0 = any) and reports the port. */
 int net_connect(const char *host, int port, double timeout_s);
 int net_listen(const char *host, int port, int *bound_port);
 /* Sends or receives exactly n bytes (blocking). */

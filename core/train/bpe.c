@@ -134,7 +134,8 @@ size_t bpe_next_piece(const uint8_t *s, size_t len, size_t i) {
 
 /* --- encoding --- */
 
-/* Merges one piece's bytes; writes ids to out, returns how many. */
+/* Merges one piece's bytes; writes ids to out, returns how many, or a
+ * negative error for a byte with no token. */
 static int64_t encode_piece(const bpe *b, const uint8_t *p, size_t n, int32_t *start, int32_t *out) {
   int m = (int)n; /* parts: p[start[k] .. start[k+1]) */
   for (int k = 0; k <= m; k++) start[k] = k;
@@ -150,7 +151,10 @@ static int64_t encode_piece(const bpe *b, const uint8_t *p, size_t n, int32_t *s
   }
   for (int k = 0; k < m; k++) {
     int id = bpe_lookup(b, p + start[k], (size_t)(start[k + 1] - start[k]));
-    out[k] = id >= 0 ? id : 0; /* a byte-level vocabulary holds every byte */
+    if (id < 0) /* only a single byte can lack a token: bpe_load refuses such a tokenizer */
+      return tr_fail(TR_EINVAL, "bpe_encode: the byte 0x%02x has no token (a byte-level tokenizer needs all 256)",
+                     p[start[k]]);
+    out[k] = id;
   }
   return m;
 }
@@ -177,7 +181,12 @@ int bpe_encode(const bpe *b, const char *text, size_t len, int32_t *out, int64_t
       }
       start = q;
     }
-    *n += encode_piece(b, s + i, e - i, start, out + *n);
+    int64_t k = encode_piece(b, s + i, e - i, start, out + *n);
+    if (k < 0) {
+      free(start);
+      return (int)k;
+    }
+    *n += k;
     i = e;
   }
   free(start);
@@ -236,6 +245,20 @@ static int b64_decode(const char *p, uint8_t *out, const char **end) {
   return n;
 }
 
+/* Byte-level BPE encodes any text only if each of the 256 bytes is a
+ * token of its own (not a special one): a file lacking one is refused
+ * here, naming the byte, rather than failing on the first text holding it. */
+static int check_bytes(const bpe *b, const char *path) {
+  for (int v = 0; v < 256; v++) {
+    uint8_t c = (uint8_t)v;
+    int id = bpe_lookup(b, &c, 1);
+    if (id < 0 || b->special[id])
+      return tr_fail(TR_EFORMAT, "%s: no token for the byte 0x%02x (a byte-level tokenizer needs one for each of the "
+                     "256 bytes)", path, v);
+  }
+  return TR_OK;
+}
+
 /* Ranks must be 0, 1, 2, ... in order; <|endoftext|> is added last, as
  * GPT-2 numbers it (50256). */
 static bpe *load_tiktoken(const char *path, const char *s, size_t len) {
@@ -259,6 +282,7 @@ static bpe *load_tiktoken(const char *path, const char *s, size_t len) {
   }
   if (bpe_lookup(b, (const uint8_t *)"<|endoftext|>", 13) < 0 && bpe_add_token(b, (const uint8_t *)"<|endoftext|>", 13, 1))
     goto fail;
+  if (check_bytes(b, path)) goto fail;
   free(tmp);
   return b;
 fail:
@@ -312,6 +336,7 @@ bpe *bpe_load(const char *path) {
     }
     if (bpe_add_token(b, tmp, m, special)) goto fail;
   }
+  if (check_bytes(b, path)) goto fail;
   free(tmp);
   free(s);
   return b;

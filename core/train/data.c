@@ -144,9 +144,12 @@ static int open_shard(dataset *d, int split, const char *path, const char *forma
   int64_t n;
   if (llmc) {
     const int32_t *h = p;
-    if (len < LLMC_HEADER * 4 || h[0] != LLMC_MAGIC)
+    if (len >= 4 && h[0] != LLMC_MAGIC)
       return tr_fail(TR_EFORMAT, "'%s' is not an llm.c token shard: its magic is %d, not %d (a headerless "
-                     "uint16 file wants data_format = \"uint16\")", path, len < 4 ? 0 : h[0], LLMC_MAGIC);
+                     "uint16 file wants data_format = \"uint16\")", path, h[0], LLMC_MAGIC);
+    if (len < LLMC_HEADER * 4)
+      return tr_fail(TR_EFORMAT, "'%s' is truncated: %zu bytes, shorter than the %d-byte llm.c shard header",
+                     path, len, LLMC_HEADER * 4);
     if (h[1] != 1 && h[1] != 2)
       return tr_fail(TR_EFORMAT, "'%s': llm.c shard version %d (known: 1 = uint16 tokens, 2 = uint32)", path, h[1]);
     width = h[1] == 1 ? 2 : 4;

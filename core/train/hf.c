@@ -163,8 +163,10 @@ static int check_config(const char *dir, const hf_shape *s, int64_t block) {
   return rc;
 }
 
-/* Copies one Hugging Face tensor into transom's tensor d. */
-static int import_one(const st_file *f, const char *path, const tensor_desc *d, float *dst) {
+/* Copies one Hugging Face tensor into transom's tensor d. wte must hold a
+ * row for each of the vocab real tokens: only the model's padding rows past
+ * them (the vocabulary rounded up) are zeroed, never a real token's. */
+static int import_one(const st_file *f, const char *path, const tensor_desc *d, int64_t vocab, float *dst) {
   const st_entry *e = safetensors_find(f, d->name);
   if (!e && strncmp(d->name, "transformer.", 12) == 0) e = safetensors_find(f, d->name + 12);
   if (!e) return tr_fail(TR_EFORMAT, "'%s' has no tensor '%s'", path, d->name);
@@ -176,6 +178,10 @@ static int import_one(const st_file *f, const char *path, const tensor_desc *d, 
     transpose(dst, src, e->dim[0], e->dim[1]);
   } else if (table && e->ndim == 2 && e->dim[1] == d->dim[1]) {
     int wte = ends_with(d->name, "wte.weight");
+    if (wte && e->dim[0] < vocab)
+      return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, fewer than vocab_size = %lld: tokens %lld..%lld would "
+                     "have no embedding", path, e->name, (long long)e->dim[0], (long long)vocab, (long long)e->dim[0],
+                     (long long)vocab - 1);
     if (wte ? e->dim[0] > d->dim[0] : e->dim[0] < d->dim[0])
       return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, the model %lld", path, e->name, (long long)e->dim[0],
                      (long long)d->dim[0]);
@@ -207,7 +213,7 @@ int hf_import(graph *g, float *params, const char *dir, const hf_shape *s) {
   for (int i = 0; i < graph_ntensors(g) && !rc; i++) {
     tensor_desc d;
     graph_tensor(g, i, &d);
-    if (d.kind == TK_PARAM) rc = import_one(&f, path, &d, params + d.offset);
+    if (d.kind == TK_PARAM) rc = import_one(&f, path, &d, s->vocab_size, params + d.offset);
   }
   safetensors_close(&f);
   return rc;

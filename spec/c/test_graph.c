@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "check.h"
 #include "bpe.h"
+#include "bpe_internal.h" /* bpe_new, bpe_add_token: a tokenizer by hand */
 #include "crc32c.h"
 #include "data.h"
 #include "graph.h"
@@ -508,6 +509,39 @@ static void test_shards(void) {
  * back, merges shorten it, a saved tokenizer encodes the same, GPT-2's
  * pre-tokenizer keeps " world" and "'s" as pieces, a damaged file names its
  * line. */
+/* Byte-level BPE needs a token for each of the 256 bytes: a tokenizer
+ * file lacking one (or holding it only as a special token) is refused at
+ * load naming the byte; a tokenizer built by hand without one makes
+ * bpe_encode fail naming the byte, never map it to id 0. */
+static void test_bpe_bytes(const char *path) {
+  static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  FILE *f = fopen(path, "w"); /* tiktoken: bytes 0x00..0x40 only */
+  for (int i = 0; i <= 0x40; i++) fprintf(f, "%c%c== %d\n", b64[i >> 2], b64[(i & 3) << 4], i);
+  fclose(f);
+  bpe *c = bpe_load(path);
+  CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe: no token for the byte 0x41"),
+        "a tiktoken file without byte 'A' is refused naming it: %s", tr_error());
+  bpe_free(c);
+  f = fopen(path, "w"); /* transom-bpe: all 256, but 0x0a is special */
+  fprintf(f, "transom-bpe 1 256\n");
+  for (int i = 0; i < 256; i++) fprintf(f, "%s%02x\n", i == 0x0a ? "!" : "", i);
+  fclose(f);
+  c = bpe_load(path);
+  CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe: no token for the byte 0x0a"),
+        "a byte held only as a special token is refused naming it: %s", tr_error());
+  bpe_free(c);
+  bpe *h = bpe_new(4); /* by hand: 'a' and 'b' only */
+  CHECK(h && bpe_add_token(h, (const uint8_t *)"a", 1, 0) == 0 && bpe_add_token(h, (const uint8_t *)"b", 1, 0) == 0,
+        "a hand-built tokenizer: %s", tr_error());
+  int32_t ids[8];
+  int64_t n = -1;
+  CHECK(bpe_encode(h, "abc", 3, ids, 8, &n, 0) == TR_EINVAL && strstr(tr_error(), "the byte 0x63 has no token"),
+        "encoding a byte with no token fails naming it: %s", tr_error());
+  CHECK(bpe_encode(h, "ab", 2, ids, 8, &n, 0) == 0 && n == 2 && ids[0] == 0 && ids[1] == 1, "'ab' -> 0 1 (%lld)",
+        (long long)n);
+  bpe_free(h);
+}
+
 static void test_bpe(void) {
   static const char text[] = "the cat's hat is on the mat; the cat sat.\n\n  The hat, the cat and 42 mats!\n";
   char big[sizeof text * 40];
@@ -583,6 +617,7 @@ static void test_bpe(void) {
   c = bpe_load(path);
   CHECK(c == NULL && strstr(tr_error(), "tokenizer.bpe:2:"), "a tiktoken rank out of order names its line: %s",
         tr_error());
+  test_bpe_bytes(path);
   unlink(path);
   rmdir(dir);
   free(ids);

@@ -19,6 +19,10 @@
  * the replica; a hot-reloaded restart.lua changes the decision; a broken save
  * keeps the old one in force with a policy_reload_failed event; the policy's
  * state survives reloads. Event loops run bounded.
+ *
+ * The host cordons (operator_hosts.c with the shipped hosts.lua): cordon by
+ * address takes every host at it; a hand cordon outlasts trust_after, a
+ * policy cordon does not; uncordon by name or address lifts it.
  */
 #include <event2/event.h>
 #include <lauxlib.h>
@@ -680,6 +684,52 @@ static void test_restart_policy(void) {
   free(cfg);
 }
 
+/* The operator's cordons (operator_hosts.c) with the shipped hosts.lua:
+ * cordon by address takes every host at it; a hand cordon outlasts
+ * trust_after (hosts.lua's ticks leave it), a policy cordon does not; a
+ * hand uncordon lifts it. The clock is moved by moving o->t0 back. */
+static void test_hosts_cordon(void) {
+  char dir[600];
+  subdir(dir, sizeof dir, "hosts-policies"); /* empty: lua/policies serves */
+  snprintf(events_path, sizeof events_path, "%s/hosts-events.jsonl", tdir);
+  job_config *cfg = calloc(1, sizeof *cfg);
+  operator_state *o = calloc(1, sizeof *o);
+  if (!cfg || !o) return;
+  snprintf(cfg->policies, sizeof cfg->policies, "%s", dir);
+  o->cfg = cfg;
+  o->events = fopen(events_path, "w");
+  o->t0 = tr_now();
+  const char *names[] = {"h1", "h2", "h3"}, *addrs[] = {"10.0.0.5", "10.0.0.5", "10.0.0.6"};
+  for (int i = 0; i < 3; i++) { /* not alive: no agent to lose by heartbeats */
+    snprintf(o->hosts[i].name, sizeof o->hosts[i].name, "%s", names[i]);
+    snprintf(o->hosts[i].addr, sizeof o->hosts[i].addr, "%s", addrs[i]);
+    o->hosts[i].nslots = 1;
+  }
+  o->nhosts = 3;
+  CHECK(operator_policy_load(o) == 0 && hosts_policy_load(o) == 0, "shipped restart.lua and hosts.lua: %s", tr_error());
+  if (!o->pol) return;
+  CHECK(hosts_cordon(o, "10.0.0.5", 1, "from attach") == 2, "cordon by address: both hosts at it");
+  CHECK(o->hosts[0].cordoned && o->hosts[1].cordoned && !o->hosts[2].cordoned, "h1, h2 cordoned; h3 not");
+  CHECK(count_in_events("host h1 (10.0.0.5) cordoned") == 1 && count_in_events("host h2 (10.0.0.5) cordoned") == 1,
+        "an event for each");
+  CHECK(hosts_cordon(o, "10.0.0.9", 1, "from attach") == -1, "no host at an unknown address");
+  for (int k = 0; k < 2; k++) hosts_failure(o, 2, "killed"); /* h3: two failures, hosts.lua cordons it */
+  CHECK(o->hosts[2].cordoned && !o->hosts[2].cordoned_by_hand, "h3 cordoned by the policy");
+  o->t0 -= 2 * 1800 + 1; /* an hour later: past the shipped trust_after */
+  o->hosts_policy_at = 0;
+  hosts_tick(o);
+  CHECK(!o->hosts[2].cordoned, "the policy's cordon of h3 is lifted after trust_after");
+  CHECK(o->hosts[0].cordoned && o->hosts[1].cordoned, "the hand cordons of h1, h2 stay");
+  CHECK(count_in_events("\"kind\":\"uncordon\"") == 1, "one uncordon event (h3's)");
+  CHECK(hosts_cordon(o, "h1", 0, "from attach") == 1 && !o->hosts[0].cordoned && o->hosts[1].cordoned,
+        "uncordon by name: h1 only");
+  CHECK(hosts_cordon(o, "10.0.0.5", 0, "from attach") == 2 && !o->hosts[1].cordoned, "uncordon by address: h2 too");
+  operator_policy_free(o);
+  fclose(o->events);
+  free(o);
+  free(cfg);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   snprintf(tdir, sizeof tdir, "%s/transom-policy-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -693,6 +743,7 @@ int main(void) {
   test_reload();
   test_watch();
   test_restart_policy();
+  test_hosts_cordon();
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tdir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tdir);

@@ -31,7 +31,9 @@ typedef struct bpe bpe;
 bpe *bpe_train(const char *text, size_t len, int vocab_size);
 /* Reads a tokenizer.bpe file, or a tiktoken file ("BASE64 RANK" a line,
  * ranks 0.. in order, as GPT-2's gpt2.tiktoken: then <|endoftext|> is added
- * as the next id, 50256 for GPT-2). Errors name the file and line. */
+ * as the next id, 50256 for GPT-2). Errors name the file and line; a file
+ * without a (non-special) token for each of the 256 bytes is refused,
+ * naming the first byte missing. */
 bpe *bpe_load(const char *path);
 int bpe_save(const bpe *b, const char *path);
 void bpe_free(bpe *b);
@@ -41,7 +43,9 @@ int64_t bpe_vocab_size(const bpe *b);
 int bpe_eot(const bpe *b);
 /* Encodes text into out[0..cap) (at most len + eot_first ids are produced),
  * *n = how many; eot_first puts <|endoftext|> first (as GPT-2 starts a
- * document). TR_EINVAL if cap is too small. */
+ * document). TR_EINVAL if cap is too small, or if the text holds a byte
+ * with no token (only a tokenizer built by hand can lack one: bpe_load and
+ * bpe_train never return such a tokenizer). */
 int bpe_encode(const bpe *b, const char *text, size_t len, int32_t *out, int64_t cap, int64_t *n, int eot_first);
 /* Writes token id's bytes to out (nothing for an id out of range). */
 void bpe_decode(const bpe *b, int id, FILE *out);

@@ -33,7 +33,9 @@ int hf_export(const char *weights, const hf_shape *s, const char *dir);
  * dir/model.safetensors (names with or without the "transformer." prefix);
  * params is the host array the tensors' offsets index (graph_params on the
  * CPU). config.json must agree with s (the job): an error names the field,
- * both values and the file. Padding rows of wte are zeroed. */
+ * both values and the file. wte must have a row for each of the
+ * s->vocab_size tokens (an error names model.safetensors and both sizes);
+ * only the model's padding rows past them are zeroed. */
 int hf_import(graph *g, float *params, const char *dir, const hf_shape *s);
 
 #endif
