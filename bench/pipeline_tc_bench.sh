@@ -76,7 +76,10 @@ dp() { # name seed steps
       > "$run-agent$k.log" 2>&1 & )
   done
   wait $op || echo "data parallel run $1 failed: see $run.log"
-  for k in 1 2 3 4; do $TH exec $NAME $k pkill -f "[t]ransom agent" 2>/dev/null || true; done
+  # the agents stop when their operator is gone; whatever is left on the
+  # test hosts goes (testhosts.sh kill: that namespace's processes only; a
+  # pkill would reach every transom agent on the machine)
+  for k in 1 2 3 4; do $TH kill $NAME $k >/dev/null 2>&1 || true; done
 }
 
 $TH up $NAME 4 $NET >/dev/null
