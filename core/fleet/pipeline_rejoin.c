@@ -21,8 +21,10 @@
  *      first step the rebuilt pipeline computes, and all its stages enter
  *      their groups there, together.
  * A group already past J when the worker registered answers its first
- * collective with FTAR_ESEQ: the worker exits saying so and the launcher
- * tries again with a larger margin (pipeline.rebuilds bounds the tries).
+ * collective with FTAR_ESEQ, and a group that changed before J (a member
+ * lost) has removed the worker (FTAR_EEVICTED): the worker exits saying
+ * so and the launcher tries again with a larger margin (pipeline.rebuilds
+ * bounds the tries).
  */
 #include <math.h>
 #include <stdio.h>
