@@ -99,7 +99,7 @@ static int mean_of(pipe_stage *s, float *buf, int64_t n, uint64_t seq, loop_exch
   if (rc == FTAR_ESEQ && s->join_step > 0 && seq / PIPE_SEQ_PER_STEP == (uint64_t)s->join_step)
     return tr_fail(rc, "stage %d: its replicas were past step %lld when this rebuilt pipeline registered to enter "
                    "there (the launcher tries again further ahead)", s->k, (long long)s->join_step);
-  if (rc < 0) return tr_fail(rc, "stage %d's replicas: %s", s->k, tr_error());
+  if (rc < 0) return tr_fail_prefix(rc, "stage %d's replicas", s->k);
   x->replicas = res.contributors;
   x->epoch = (int64_t)res.epoch;
   x->redos += res.redos;
