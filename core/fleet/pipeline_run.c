@@ -109,7 +109,11 @@ static void coord_log(void *ud, const char *msg) {
 static int open_worker(launch *l, int w) {
   int sv[2];
   if ((l->lfd[w] = listen_local(&l->port[w])) < 0) return l->lfd[w];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) return tr_fail(TR_EIO, "socketpair: %s", strerror(errno));
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
+    close(l->lfd[w]);
+    l->lfd[w] = -1;
+    return tr_fail(TR_EIO, "socketpair: %s", strerror(errno));
+  }
   if (l->ctl[w] >= 0) close(l->ctl[w]);
   l->ctl[w] = sv[0];
   l->ctl_child[w] = sv[1];
@@ -139,7 +143,7 @@ static int start(launch *l, const job_config *cfg) {
   co.log = coord_log;
   for (int k = 0; l->R > 1 && k < l->S; k++)
     if ((co.log_ud = (void *)(intptr_t)k), !(l->coord[k] = ftar_coord_start("127.0.0.1", 0, &co)))
-      return tr_fail(TR_EIO, "pipeline: cannot start stage %d's replica coordinator: %s", k, tr_error());
+      return tr_fail_prefix(TR_EIO, "pipeline: cannot start stage %d's replica coordinator", k);
   int rc = TR_OK;
   for (int w = 0; w < l->W && !rc; w++) rc = open_worker(l, w);
   for (int w = 0; w < l->W && !rc; w++) rc = spawn(l, w, 0);
@@ -183,9 +187,9 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   if (!rc) rc = plan_graph(L, cfg, &t);
   char line[4096];
   for (int w = 0; w < l->W && !rc; w++) { /* one at a time: a probe has the host to itself */
-    if (write(l->ctl[w], "GO\n", 3) != 3) rc = tr_fail(TR_EIO, "pipeline: cannot reach worker %d", w);
+    if (pipe_write_line(l->ctl[w], "GO\n")) rc = tr_fail_prefix(TR_EIO, "pipeline: cannot reach worker %d", w);
     else if ((rc = pipe_read_line(l->ctl[w], line, sizeof line, cfg->hang_seconds * 4)))
-      rc = tr_fail(rc, "pipeline worker %d did not report its probes: %s", w, tr_error());
+      rc = tr_fail_prefix(rc, "pipeline worker %d did not report its probes", w);
     else if (cfg->pipe_probe && w < l->S) rc = pipe_probe_parse(line, &l->plan); /* pipeline 0's */
   }
   l->plan.measured = cfg->pipe_probe;
@@ -202,8 +206,7 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
     else if ((rc = pipe_plan_line(line, sizeof line - 32, &l->plan, k)) < 0) break;
     rc = TR_OK;
     if (!stop && l->coord[k]) snprintf(line + strlen(line) - 1, 32, " coord=%d\n", ftar_coord_port(l->coord[k]));
-    if (write(l->ctl[w], line, strlen(line)) != (ssize_t)strlen(line))
-      rc = tr_fail(TR_EIO, "pipeline: cannot reach worker %d", w);
+    if (pipe_write_line(l->ctl[w], line)) rc = tr_fail_prefix(TR_EIO, "pipeline: cannot reach worker %d", w);
   }
   trainer_free(t);
   return rc;
@@ -294,10 +297,15 @@ static int rebuild(launch *l, int p) {
     }
     snprintf(line + strlen(line) - 1, 64, " coord=%d donor=%d attempt=%d\n", ftar_coord_port(l->coord[k]),
              l->donor[d], l->rebuilt[p]);
-    rc = pipe_write_line(l->ctl[w], line);
+    if ((rc = pipe_write_line(l->ctl[w], line))) rc = tr_fail_prefix(rc, "pipeline: cannot reach worker %d", w);
   }
   if (rc) {
     stop_some(l, p, 0.0);
+    for (int w = p * l->S; w < (p + 1) * l->S; w++) { /* opened, never started */
+      if (l->lfd[w] >= 0) close(l->lfd[w]);
+      if (l->ctl_child[w] >= 0) close(l->ctl_child[w]);
+      l->lfd[w] = l->ctl_child[w] = -1;
+    }
     return rc;
   }
   l->lost[p] = 0;
