@@ -24,7 +24,8 @@
  * a member still catching up. Meanwhile a new HELLO is refused, any other
  * change (a close, lapse, evict, abort, clean leave) and an old member
  * entering the epoch before J (it aborted in the old one) remove the
- * joiner (BYE: register again) and publish the change without it.
+ * joiner (BYE: register again) and publish the change without it; a
+ * joiner left alone stays (nobody waits for it).
  * Heartbeat lapse: every frame from a member stamps it; a timer (every
  * deadline/4) drops members silent past the deadline. The ages are judged
  * from when the loop last ran: a loop that stalled (a host's long REPL
@@ -266,7 +267,7 @@ static void member_remove(cconn *k);
  * group (BYE) and registers again; the change is published without it. */
 static void cancel_pending_join(ftar_coord *c, const char *change) {
   cconn *k = pending_join(c);
-  if (!k) return;
+  if (!k || c->n == 1) return; /* alone now: nobody waits for it, it enters whenever it comes */
   char why[160];
   snprintf(why, sizeof why, "the group changed (%s) before seq %llu, where slot %d was to enter: register again",
            change, (unsigned long long)k->enter_seq, k->slot);

@@ -761,6 +761,24 @@ static void test_join_cancel(void) {
   }
   ftar_member_free(t[0].m);
   ftar_coord_free(c);
+  /* the only other member lost while a joiner waits: it is the group now,
+   * nobody waits for it, and it enters at its seq alone */
+  if (!(c = coord_start())) return;
+  port = ftar_coord_port(c);
+  ftar_member *x = ftar_member_create("127.0.0.1", port, 0, &mo);
+  jo.join_seq = 5;
+  ftar_member *y = x ? ftar_member_create("127.0.0.1", port, 1, &jo) : NULL;
+  CHECK(x && y && ftar_member_wait(x, 2, T(10)) == 0, "a member and a joiner at seq 5: %s", tr_error());
+  ftar_member_free(x);
+  if (y) {
+    float v[100] = {0};
+    ftar_result r;
+    int rc = ftar_allreduce(y, v, 100, FTAR_SUM, 5, &r);
+    CHECK(rc >= 0 && r.contributors == 1 && r.seq == 5, "the joiner left alone enters at 5: rc %d %s", rc,
+          rc < 0 ? tr_error() : "");
+    ftar_member_free(y);
+  }
+  ftar_coord_free(c);
 }
 
 /* --- buckets reduced while the input is still written (ftar_allreduce_start) --- */
