@@ -12,7 +12,8 @@
  * SIGKILL after a bounded wait) and reaped: no worker outlives the run.
  * Several (replicas): a failure stops that pipeline only; the others train
  * on, and the launcher starts the lost one again (pipeline.rebuilds times):
- * new workers that catch up from a live pipeline's (pipeline_rejoin.c).
+ * new workers that catch up from a live pipeline's (pipeline_rejoin.c),
+ * once one has told its donors' ports.
  * `transom plan` does the same up to the plan and then tells the workers
  * to stop.
  */
@@ -52,6 +53,7 @@ typedef struct {
   int status[PIPE_MAX_WORKERS];
   int donor[PIPE_MAX_WORKERS];        /* a worker's donor port, once it said (0: none yet) */
   int lost[PIPE_MAX_WORKERS / 2 + 1]; /* pipelines that lost a worker */
+  int owed[PIPE_MAX_WORKERS / 2 + 1]; /* lost, to be started again once a live pipeline's donors are known */
   int rebuilt[PIPE_MAX_WORKERS / 2 + 1]; /* times each was started again */
   int threads;                         /* per worker */
   int64_t rebuilds;                    /* pipeline.rebuilds */
@@ -268,15 +270,35 @@ static int failure(const launch *l, int p) {
 
 /* --- rebuilding a lost pipeline --- */
 
+/* 1 if worker pid has ended but is not reaped yet (looked at, left for
+ * wait_all to reap). */
+static int ended(pid_t pid) {
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid;
+}
+
 /* A live pipeline other than p whose every worker told its donor's port
- * (-1: none). */
+ * (-1: none). A worker that ended and waits to be reaped is not live: two
+ * pipelines lost at once do not serve each other. */
 static int donor_pipeline(const launch *l, int p) {
   for (int q = 0; q < l->R; q++) {
     int ok = q != p && !l->lost[q];
-    for (int w = q * l->S; w < (q + 1) * l->S && ok; w++) ok = l->pid[w] > 0 && l->donor[w] > 0;
+    for (int w = q * l->S; w < (q + 1) * l->S && ok; w++) ok = l->pid[w] > 0 && l->donor[w] > 0 && !ended(l->pid[w]);
     if (ok) return q;
   }
   return -1;
+}
+
+/* 1 if a pipeline other than p runs whole but has not told every donor
+ * port yet (its workers starting, or rebuilt and not yet in its groups). */
+static int donor_pending(const launch *l, int p) {
+  for (int q = 0; q < l->R; q++) {
+    int ok = q != p && !l->lost[q];
+    for (int w = q * l->S; w < (q + 1) * l->S && ok; w++) ok = l->pid[w] > 0 && !ended(l->pid[w]);
+    if (ok) return 1;
+  }
+  return 0;
 }
 
 /* Starts pipeline p's workers again (--rejoin): the plan as before, the
@@ -353,9 +375,22 @@ static int reaped(launch *l, pid_t pid, int st) {
   printf("pipeline %d lost: %s; the other %d pipeline(s) train on\n", p, tr_error(), alive);
   if (l->rebuilt[p] >= l->rebuilds) printf("pipeline %d: not started again (pipeline.rebuilds = %lld)\n", p,
                                            (long long)l->rebuilds);
-  else if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
+  else if (donor_pipeline(l, p) < 0 && donor_pending(l, p)) {
+    l->owed[p] = 1;
+    printf("pipeline %d: started again once a live pipeline's donors are known\n", p);
+  } else if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
   fflush(stdout);
   return 0;
+}
+
+/* The lost pipelines owed a rebuild whose donors are now known. */
+static void rebuild_owed(launch *l) {
+  for (int p = 0; p < l->R; p++)
+    if (l->owed[p] && l->lost[p] && donor_pipeline(l, p) >= 0) {
+      l->owed[p] = 0;
+      if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
+      fflush(stdout);
+    }
 }
 
 /* Waits for every worker, reading their control lines meanwhile. */
@@ -371,6 +406,7 @@ static void wait_all(launch *l) {
     if (poll(pf, (nfds_t)n, 100) > 0)
       for (int i = 0; i < n; i++)
         if (pf[i].revents) read_control(l, who[i]);
+    rebuild_owed(l);
     pid_t pid;
     while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
       if (reaped(l, pid, st)) return;
