@@ -12,7 +12,8 @@
 -- is killed (-9) the launcher starts that pipeline again, its new workers
 -- catch up from the live one and rejoin with the same parameters, bit for
 -- bit, from the step they entered at (with pipeline.rebuilds = 0 the other
--- trains on alone). About 30 s on 2 cores.
+-- trains on alone); a worker killed before it got the plan ends the run
+-- naming it (not the launcher by SIGPIPE). About 30 s on 2 cores.
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
 local q, write = S.q, S.write
