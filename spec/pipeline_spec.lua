@@ -12,7 +12,8 @@
 -- is killed (-9) the launcher starts that pipeline again, its new workers
 -- catch up from the live one and rejoin with the same parameters, bit for
 -- bit, from the step they entered at (with pipeline.rebuilds = 0 the other
--- trains on alone). About 30 s on 2 cores.
+-- trains on alone); a worker killed before it got the plan ends the run
+-- naming it (not the launcher by SIGPIPE). About 30 s on 2 cores.
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
 local q, write = S.q, S.write
@@ -398,5 +399,33 @@ end]])
     end)
     S.sh(TH .. " down " .. name)
     assert(ok, err)
+  end)
+
+  -- The launcher writes GO and the plan to each worker's control socket: a
+  -- worker gone before that was a SIGPIPE that killed the launcher (status
+  -- 141, no message; mid-run, the live workers left without a launcher).
+  it("a worker killed before the plan ends the run naming it, the launcher not killed by SIGPIPE", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local job = dir .. "/earlykill.lua"
+    write(job, job_text(data, "replicas = 2, pipeline = { stages = 2, micro_batches = 2 },"))
+    local rd, log = dir .. "/earlykill", dir .. "/earlykill.log"
+    local _, rc = S.spawn_rc(q(S.BIN) .. " run " .. q(job) .. " --set run_dir=" .. q(rd), log)
+    local w3 = ""
+    for _ = 1, S.N(600) do -- the last worker, killed as soon as it is there (it probes last)
+      w3 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker 3 ") .. " || true")
+      if w3:match("%d") or rc() then break end
+      S.sleep(0.01)
+    end
+    os.execute("kill -9 " .. assert(tonumber(w3:match("(%d+)")), w3))
+    for _ = 1, S.N(1200) do
+      if rc() then break end
+      S.sleep(0.05)
+    end
+    local out = S.read(log)
+    assert.are_not.equal(141, rc(), out)
+    -- before the plan: an error naming the worker; after it (a slow kill): the pipeline was lost
+    assert.truthy(rc() == 1 and out:find("worker 3") or out:find("pipeline 1 lost", 1, true), out)
+    local left = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true")
+    assert.are.equal("", (left:gsub("%s", "")), "no stage outlives the run")
   end)
 end)

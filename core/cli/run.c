@@ -293,7 +293,7 @@ static int check_devices(const run_ctx *r, const tr_backend *be) {
 static int make_trainer(lua_State *L, run_ctx *r) {
   if (r->cfg.replicas <= 1) return (r->t = trainer_create(L, &r->cfg)) ? 0 : TR_EINVAL;
   const tr_backend *be = backend_load(r->cfg.device);
-  if (!be) return tr_fail(TR_EINVAL, "%s: key 'device': %s", r->cfg.path, tr_error());
+  if (!be) return tr_fail_prefix(TR_EINVAL, "%s: key 'device'", r->cfg.path);
   int rc = check_devices(r, be);
   if (rc) return rc;
   job_config host = r->cfg;

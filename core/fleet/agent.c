@@ -279,9 +279,11 @@ static int hello(agent *a) {
   struct timeval tv = {SEND_TIMEOUT_S, 0};
   if (setsockopt(a->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
     return tr_fail(TR_EIO, "setsockopt(SO_SNDTIMEO): %s", strerror(errno));
-  if (auth_client(a->fd, &a->secret, 30.0))
-    return tr_fail(TR_EIO, "the operator at %s:%d: %s (is --secret-file RUN/secret given?)", a->op, a->op_port,
-                   tr_error());
+  if (auth_client(a->fd, &a->secret, 30.0)) {
+    char why[512]; /* tr_fail writes the buffer tr_error() reads */
+    snprintf(why, sizeof why, "%s", tr_error());
+    return tr_fail(TR_EIO, "the operator at %s:%d: %s (is --secret-file RUN/secret given?)", a->op, a->op_port, why);
+  }
   char line[PROTO_LINE_MAX];
   if (proto_send(a->fd, "AGENT name=%s addr=%s cores=%d gpus=%d slots=%d pid=%d", a->name, a->addr, a->cores,
                  a->gpus, a->nslots, (int)getpid()))

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -178,9 +179,11 @@ static int make_trainer(lua_State *L, const stage_args *a, job_config *cfg, pipe
 int pipe_write_line(int fd, const char *line) {
   size_t n = strlen(line);
   for (size_t off = 0; off < n;) {
-    ssize_t w = write(fd, line + off, n - off);
+    /* a peer gone is EPIPE here, not SIGPIPE: the launcher does not ignore
+     * it, and dying of it would orphan the workers it supervises */
+    ssize_t w = send(fd, line + off, n - off, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return tr_fail(TR_EIO, "writing to the launcher: %s", strerror(errno));
+    if (w <= 0) return tr_fail(TR_EIO, "writing a control line: %s", strerror(errno));
     off += (size_t)w;
   }
   return TR_OK;

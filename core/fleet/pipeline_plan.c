@@ -143,7 +143,7 @@ static int predict(const graph *g, pipe_plan *p) {
   }
   p->step_s += (p->M - 1) * p->bottleneck_s;
   free(c);
-  return rc ? tr_fail(TR_EINVAL, "planning: %s", tr_error()) : TR_OK;
+  return rc ? tr_fail_prefix(TR_EINVAL, "planning") : TR_OK;
 }
 
 /* Cuts for p->order by the DP, with the order's speeds and links. */

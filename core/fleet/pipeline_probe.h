@@ -38,7 +38,8 @@ int pipe_probe_parse(const char *line, pipe_plan *p);
 /* A line (without its newline) from fd within timeout seconds
  * (pipeline_main.c): the control socket between launcher and worker. */
 int pipe_read_line(int fd, char *out, size_t n, double timeout);
-/* Writes line (with its newline) whole. */
+/* Writes line (with its newline) whole to a control socket (EPIPE, never
+ * SIGPIPE, when the peer is gone). 0 or TR_EIO. */
 int pipe_write_line(int fd, const char *line);
 
 #endif

@@ -21,8 +21,10 @@
  *      first step the rebuilt pipeline computes, and all its stages enter
  *      their groups there, together.
  * A group already past J when the worker registered answers its first
- * collective with FTAR_ESEQ: the worker exits saying so and the launcher
- * tries again with a larger margin (pipeline.rebuilds bounds the tries).
+ * collective with FTAR_ESEQ, and a group that changed before J (a member
+ * lost) has removed the worker (FTAR_EEVICTED): the worker exits saying
+ * so and the launcher tries again with a larger margin (pipeline.rebuilds
+ * bounds the tries).
  */
 #include <math.h>
 #include <stdio.h>
@@ -40,7 +42,7 @@
 int pipe_donor_start(pipe_stage *s) {
   int port = 0;
   if (!(s->dn = donor_start("127.0.0.1", s->t, DONOR_HISTORY, &port, NULL)))
-    return tr_fail(TR_EIO, "stage %d: cannot start its donor: %s", s->k, tr_error());
+    return tr_fail_prefix(TR_EIO, "stage %d: cannot start its donor", s->k);
   char line[64];
   snprintf(line, sizeof line, "DONOR port=%d\n", port);
   return pipe_write_line(s->ctl, line);
@@ -121,7 +123,7 @@ static int enter_group(pipe_stage *s, const job_config *cfg, int coord, int64_t 
   fo.strict_seq = 1; /* a group past our step must say so, not take us in at its own */
   fo.join_seq = (uint64_t)step * PIPE_SEQ_PER_STEP;
   if (!(s->fm = ftar_member_create("127.0.0.1", coord, s->p, &fo)))
-    return tr_fail(TR_EIO, "stage %d: cannot register with its replicas: %s", s->k, tr_error());
+    return tr_fail_prefix(TR_EIO, "stage %d: cannot register with its replicas", s->k);
   return TR_OK;
 }
 

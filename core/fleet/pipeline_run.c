@@ -15,7 +15,8 @@
  * SIGKILL after a bounded wait) and reaped: no worker outlives the run.
  * Several (replicas): a failure stops that pipeline only; the others train
  * on, and the launcher starts the lost one again (pipeline.rebuilds times):
- * new workers that catch up from a live pipeline's (pipeline_rejoin.c).
+ * new workers that catch up from a live pipeline's (pipeline_rejoin.c),
+ * once one has told its donors' ports.
  * `transom plan` does the same up to the plan and then tells the workers
  * to stop.
  */
@@ -59,6 +60,7 @@ typedef struct {
   int status[PIPE_MAX_WORKERS];
   int donor[PIPE_MAX_WORKERS];        /* a worker's donor port, once it said (0: none yet) */
   int lost[PIPE_MAX_WORKERS / 2 + 1]; /* pipelines that lost a worker */
+  int owed[PIPE_MAX_WORKERS / 2 + 1]; /* lost, to be started again once a live pipeline's donors are known */
   int rebuilt[PIPE_MAX_WORKERS / 2 + 1]; /* times each was started again */
   int threads;                         /* per worker */
   int64_t rebuilds;                    /* pipeline.rebuilds */
@@ -156,7 +158,11 @@ static void coord_log(void *ud, const char *msg) {
 static int open_worker(launch *l, int w) {
   int sv[2];
   if ((l->lfd[w] = listen_at(l->plan.netns[w % l->S], &l->port[w])) < 0) return l->lfd[w];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) return tr_fail(TR_EIO, "socketpair: %s", strerror(errno));
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
+    close(l->lfd[w]);
+    l->lfd[w] = -1;
+    return tr_fail(TR_EIO, "socketpair: %s", strerror(errno));
+  }
   if (l->ctl[w] >= 0) close(l->ctl[w]);
   l->ctl[w] = sv[0];
   l->ctl_child[w] = sv[1];
@@ -188,7 +194,7 @@ static int start(lua_State *L, launch *l, const job_config *cfg) {
   co.log = coord_log;
   for (int k = 0; l->R > 1 && k < l->S; k++)
     if ((co.log_ud = (void *)(intptr_t)k), !(l->coord[k] = ftar_coord_start("127.0.0.1", 0, &co)))
-      return tr_fail(TR_EIO, "pipeline: cannot start stage %d's replica coordinator: %s", k, tr_error());
+      return tr_fail_prefix(TR_EIO, "pipeline: cannot start stage %d's replica coordinator", k);
   for (int w = 0; w < l->W && !rc; w++) rc = open_worker(l, w);
   for (int w = 0; w < l->W && !rc; w++) rc = spawn(l, w, 0);
   return rc;
@@ -231,9 +237,9 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   if (!rc) rc = plan_graph(L, cfg, &t);
   char line[4096];
   for (int w = 0; w < l->W && !rc; w++) { /* one at a time: a probe has the host to itself */
-    if (write(l->ctl[w], "GO\n", 3) != 3) rc = tr_fail(TR_EIO, "pipeline: cannot reach worker %d", w);
+    if (pipe_write_line(l->ctl[w], "GO\n")) rc = tr_fail_prefix(TR_EIO, "pipeline: cannot reach worker %d", w);
     else if ((rc = pipe_read_line(l->ctl[w], line, sizeof line, cfg->hang_seconds * 4)))
-      rc = tr_fail(rc, "pipeline worker %d did not report its probes: %s", w, tr_error());
+      rc = tr_fail_prefix(rc, "pipeline worker %d did not report its probes", w);
     else if (cfg->pipe_probe && w < l->S) rc = pipe_probe_parse(line, &l->plan); /* pipeline 0's */
   }
   l->plan.measured = cfg->pipe_probe;
@@ -258,8 +264,7 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
     rc = TR_OK;
     if (!stop) snprintf(line + strlen(line) - 1, 64, " coord=%d resume=%lld\n", l->coord[k] ? ftar_coord_port(l->coord[k]) : 0,
                         (long long)l->resume);
-    if (write(l->ctl[w], line, strlen(line)) != (ssize_t)strlen(line))
-      rc = tr_fail(TR_EIO, "pipeline: cannot reach worker %d", w);
+    if (pipe_write_line(l->ctl[w], line)) rc = tr_fail_prefix(TR_EIO, "pipeline: cannot reach worker %d", w);
   }
   trainer_free(t);
   return rc;
@@ -321,15 +326,35 @@ static int failure(const launch *l, int p) {
 
 /* --- rebuilding a lost pipeline --- */
 
+/* 1 if worker pid has ended but is not reaped yet (looked at, left for
+ * wait_all to reap). */
+static int ended(pid_t pid) {
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid;
+}
+
 /* A live pipeline other than p whose every worker told its donor's port
- * (-1: none). */
+ * (-1: none). A worker that ended and waits to be reaped is not live: two
+ * pipelines lost at once do not serve each other. */
 static int donor_pipeline(const launch *l, int p) {
   for (int q = 0; q < l->R; q++) {
     int ok = q != p && !l->lost[q];
-    for (int w = q * l->S; w < (q + 1) * l->S && ok; w++) ok = l->pid[w] > 0 && l->donor[w] > 0;
+    for (int w = q * l->S; w < (q + 1) * l->S && ok; w++) ok = l->pid[w] > 0 && l->donor[w] > 0 && !ended(l->pid[w]);
     if (ok) return q;
   }
   return -1;
+}
+
+/* 1 if a pipeline other than p runs whole but has not told every donor
+ * port yet (its workers starting, or rebuilt and not yet in its groups). */
+static int donor_pending(const launch *l, int p) {
+  for (int q = 0; q < l->R; q++) {
+    int ok = q != p && !l->lost[q];
+    for (int w = q * l->S; w < (q + 1) * l->S && ok; w++) ok = l->pid[w] > 0 && !ended(l->pid[w]);
+    if (ok) return 1;
+  }
+  return 0;
 }
 
 /* Starts pipeline p's workers again (--rejoin): the plan as before, the
@@ -350,10 +375,15 @@ static int rebuild(launch *l, int p) {
     }
     snprintf(line + strlen(line) - 1, 64, " coord=%d donor=%d attempt=%d\n", ftar_coord_port(l->coord[k]),
              l->donor[d], l->rebuilt[p]);
-    rc = pipe_write_line(l->ctl[w], line);
+    if ((rc = pipe_write_line(l->ctl[w], line))) rc = tr_fail_prefix(rc, "pipeline: cannot reach worker %d", w);
   }
   if (rc) {
     stop_some(l, p, 0.0);
+    for (int w = p * l->S; w < (p + 1) * l->S; w++) { /* opened, never started */
+      if (l->lfd[w] >= 0) close(l->lfd[w]);
+      if (l->ctl_child[w] >= 0) close(l->ctl_child[w]);
+      l->lfd[w] = l->ctl_child[w] = -1;
+    }
     return rc;
   }
   l->lost[p] = 0;
@@ -401,9 +431,22 @@ static int reaped(launch *l, pid_t pid, int st) {
   printf("pipeline %d lost: %s; the other %d pipeline(s) train on\n", p, tr_error(), alive);
   if (l->rebuilt[p] >= l->rebuilds) printf("pipeline %d: not started again (pipeline.rebuilds = %lld)\n", p,
                                            (long long)l->rebuilds);
-  else if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
+  else if (donor_pipeline(l, p) < 0 && donor_pending(l, p)) {
+    l->owed[p] = 1;
+    printf("pipeline %d: started again once a live pipeline's donors are known\n", p);
+  } else if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
   fflush(stdout);
   return 0;
+}
+
+/* The lost pipelines owed a rebuild whose donors are now known. */
+static void rebuild_owed(launch *l) {
+  for (int p = 0; p < l->R; p++)
+    if (l->owed[p] && l->lost[p] && donor_pipeline(l, p) >= 0) {
+      l->owed[p] = 0;
+      if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
+      fflush(stdout);
+    }
 }
 
 /* Waits for every worker, reading their control lines meanwhile. */
@@ -419,6 +462,7 @@ static void wait_all(launch *l) {
     if (poll(pf, (nfds_t)n, 100) > 0)
       for (int i = 0; i < n; i++)
         if (pf[i].revents) read_control(l, who[i]);
+    rebuild_owed(l);
     pid_t pid;
     while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
       if (reaped(l, pid, st)) return;

@@ -97,9 +97,10 @@ static int mean_of(pipe_stage *s, float *buf, int64_t n, uint64_t seq, loop_exch
   ftar_result res;
   int rc = ftar_allreduce(s->fm, buf, (size_t)n, FTAR_MEAN, seq, &res);
   if (rc == FTAR_ESEQ && s->join_step > 0 && seq / PIPE_SEQ_PER_STEP == (uint64_t)s->join_step)
-    return tr_fail(rc, "stage %d: its replicas were past step %lld when this rebuilt pipeline registered to enter "
-                   "there (the launcher tries again further ahead)", s->k, (long long)s->join_step);
-  if (rc < 0) return tr_fail(rc, "stage %d's replicas: %s", s->k, tr_error());
+    return tr_fail(rc, "stage %d: its replicas were past step %lld (at step %lld) when this rebuilt pipeline "
+                   "registered to enter there (the launcher tries again further ahead)", s->k,
+                   (long long)s->join_step, (long long)(res.seq / PIPE_SEQ_PER_STEP));
+  if (rc < 0) return tr_fail_prefix(rc, "stage %d's replicas", s->k);
   x->replicas = res.contributors;
   x->epoch = (int64_t)res.epoch;
   x->redos += res.redos;

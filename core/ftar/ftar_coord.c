@@ -18,6 +18,14 @@
  *   RUN     (re)run the group's collective in this epoch (a fresh joiner
  *           adopts the group's seq);
  *   ESEQ    its seq is not the group's: the caller is out of step.
+ * A join at seq J is pending until that epoch's GO: members keep one
+ * epoch, the latest, so nothing else can be published in between without
+ * putting the joiner into the group early, where the group would wait for
+ * a member still catching up. Meanwhile a new HELLO is refused, any other
+ * change (a close, lapse, evict, abort, clean leave) and an old member
+ * entering the epoch before J (it aborted in the old one) remove the
+ * joiner (BYE: register again) and publish the change without it; a
+ * joiner left alone stays (nobody waits for it).
  * Heartbeat lapse: every frame from a member stamps it; a timer (every
  * deadline/4) drops members silent past the deadline. The ages are judged
  * from when the loop last ran: a loop that stalled (a host's long REPL
@@ -86,6 +94,7 @@ struct cconn {
   uint16_t sync_flags;
   uint64_t sync_seq;
   double seen; /* tr_now() of its last frame */
+  uint64_t enter_seq; /* it registered to enter at this seq and has not yet (0: none) */
   int authed;  /* answered our challenge (or none was asked) */
   uint8_t ch[AUTH_CHALLENGE];
   cconn *prev, *next;
@@ -245,12 +254,35 @@ static const char *change_name(ftar_change_kind k) {
   return "?";
 }
 
+/* The member whose join at a chosen seq is pending (NULL: none). */
+static cconn *pending_join(ftar_coord *c) {
+  for (int i = 0; i < c->n; i++)
+    if (c->mem[i]->enter_seq) return c->mem[i];
+  return NULL;
+}
+
+static void member_remove(cconn *k);
+
+/* Another change came before the pending joiner's seq: it leaves the
+ * group (BYE) and registers again; the change is published without it. */
+static void cancel_pending_join(ftar_coord *c, const char *change) {
+  cconn *k = pending_join(c);
+  if (!k || c->n == 1) return; /* alone now: nobody waits for it, it enters whenever it comes */
+  char why[160];
+  snprintf(why, sizeof why, "the group changed (%s) before seq %llu, where slot %d was to enter: register again",
+           change, (unsigned long long)k->enter_seq, k->slot);
+  clog_(c, "%s", why);
+  member_remove(k);
+  conn_close_with(k, FT_BYE, FTAR_EEVICTED, why);
+}
+
 /* clean: a CLOSED that was a clean leave (LEAVE frame) */
 static void publish(ftar_coord *c, ftar_change_kind kind, int slot, int clean) {
   if (c->held) { /* owed: one epoch with everyone at the release */
     c->held_change = 1;
     return;
   }
+  if (!(kind == FTAR_CHANGE_JOIN && c->join_from)) cancel_pending_join(c, clean ? "a clean leave" : change_name(kind));
   c->epoch++;
   c->go_sent = 0;
   c->cid_set = 0;
@@ -360,6 +392,7 @@ static void maybe_go(ftar_coord *c) {
             (unsigned long long)run);
     }
     conn_send(k, &h, NULL);
+    k->enter_seq = 0; /* a pending joiner is in from this GO on */
   }
   c->go_sent = 1;
 }
@@ -395,9 +428,19 @@ static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
     return 1;
   }
   int slot = (int)h->index;
+  uint64_t at = h->epoch ? 0 : h->seq; /* a join at a chosen seq (not a lost coordinator's member coming back) */
   if (find_slot(c, slot) >= 0) {
     snprintf(why, sizeof why, "slot %d is in use", slot);
     clog_(c, "refusing %s: %s", k->peer, why);
+    conn_close_with(k, FT_REJECT, FTAR_ECOORD, why);
+    return 1;
+  }
+  cconn *pj = pending_join(c);
+  if (pj || (at && c->held)) {
+    if (pj) snprintf(why, sizeof why, "slot %d is entering at seq %llu: register after", pj->slot,
+                     (unsigned long long)pj->enter_seq);
+    else snprintf(why, sizeof why, "the coordinator holds its epochs: no join at a chosen seq now");
+    clog_(c, "refusing %s (slot %d): %s", k->peer, slot, why);
     conn_close_with(k, FT_REJECT, FTAR_ECOORD, why);
     return 1;
   }
@@ -411,6 +454,7 @@ static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   memcpy(k->host, pay + 8, hl);
   k->host[hl] = 0;
   k->uid = ++c->next_uid;
+  k->enter_seq = at;
   k->state = CS_MEMBER;
   k->seen = tr_now();
   bufferevent_set_timeouts(k->bev, NULL, NULL); /* a member's silence is the lapse timer's */
@@ -433,8 +477,8 @@ static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   ftar_hdr wh = {.type = FT_WELCOME, .len = FTAR_WELCOME_LEN, .index = (uint32_t)slot};
   conn_send(k, &wh, w);
   clog_(c, "slot %d registered from %s (data %s:%u)", slot, k->peer, k->host, port);
-  if (h->seq) clog_(c, "slot %d enters at seq %llu", slot, (unsigned long long)h->seq);
-  c->join_from = h->seq;
+  if (at) clog_(c, "slot %d enters at seq %llu", slot, (unsigned long long)at);
+  c->join_from = at;
   publish(c, FTAR_CHANGE_JOIN, slot, 0);
   c->join_from = 0;
   return 0;
@@ -457,7 +501,16 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   }
   switch (h->type) {
   case FT_HEARTBEAT: break; /* on_frame stamped it */
-  case FT_SYNC:
+  case FT_SYNC: {
+    cconn *pj = pending_join(c);
+    if (h->epoch == c->epoch && !c->go_sent && pj && !k->enter_seq && h->seq < pj->enter_seq) {
+      /* it came to the joiner's epoch before seq J (its collective in the
+       * old one aborted): the group must not wait for the joiner */
+      clog_(c, "slot %d entered epoch %llu at seq %llu, before seq %llu", k->slot, (unsigned long long)h->epoch,
+            (unsigned long long)h->seq, (unsigned long long)pj->enter_seq);
+      publish(c, FTAR_CHANGE_ABORTED, k->slot, 0);
+      break;
+    }
     if (h->epoch == c->epoch && !c->go_sent) {
       k->synced = 1;
       k->sync_seq = h->seq;
@@ -465,6 +518,7 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
       maybe_go(c);
     }
     break;
+  }
   case FT_COMMID: {
     if (h->len != FTAR_COMMID_LEN) {
       conn_fail(k, "malformed COMMID");

@@ -17,6 +17,9 @@
  *   join_at   a member registered to enter at seq 20 (opts.join_seq): the
  *             group runs 11..19 without waiting for it, 20.. with it; a seq
  *             the group has passed gets FTAR_ESEQ and the group's seq
+ *   join_cancel  a member lost while a joiner waits for its seq: the
+ *             survivor goes on without it, the joiner is removed, a second
+ *             registration meanwhile is refused
  *   join      after a kill, a new rank registers and takes part in the very
  *             next collective of the survivors
  *   garbage   random bytes, oversized lengths, bad checksums, truncated and
@@ -649,6 +652,9 @@ static void test_join_at(void) {
   jo.join_seq = 20;
   t[2].m = ftar_member_create("127.0.0.1", port, 2, &jo);
   CHECK(t[2].m != NULL, "joiner at seq 20: %s", tr_error());
+  /* both know the epoch that adds it before they go on (no race with the EPOCH frame) */
+  for (int i = 0; i < 2; i++)
+    CHECK(!t[2].m || ftar_member_wait(t[i].m, 3, T(10)) == 0, "member %d sees the joiner: %s", i, tr_error());
   pthread_create(&th[2], NULL, thr_range_run, &t[2]);
   go = 1;
   for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
@@ -665,6 +671,8 @@ static void test_join_at(void) {
   lo.join_seq = 5;
   ftar_member *late = ftar_member_create("127.0.0.1", port, 3, &lo);
   CHECK(late != NULL, "late joiner: %s", tr_error());
+  for (int i = 0; i < 3 && late; i++) /* they know its epoch before they run 31 (else 31 may run without it) */
+    CHECK(ftar_member_wait(t[i].m, 4, T(10)) == 0, "member %d sees the late joiner: %s", i, tr_error());
   if (late) {
     thr_range g[3];
     for (int i = 0; i < 3; i++) {
@@ -684,6 +692,94 @@ static void test_join_at(void) {
     ftar_member_free(late);
   }
   for (int i = 0; i < 3; i++) ftar_member_free(t[i].m);
+  ftar_coord_free(c);
+}
+
+/* A member lost while a joiner waits to enter at seq 20: the survivor
+ * goes on at once without it (it must not wait for a joiner still
+ * catching up); the joiner is removed and told so, and a new
+ * registration can then enter where it asks. */
+static void test_join_cancel(void) {
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(20);
+  mo.strict_seq = 1;
+  volatile int go = 0;
+  thr_range t[2] = {{.slot = 0, .from = 1, .to = 30, .pause_after = 10, .go = &go},
+                    {.slot = 1, .from = 1, .to = 10, .go = &go}};
+  for (int i = 0; i < 2; i++) t[i].m = ftar_member_create("127.0.0.1", port, i, &mo);
+  CHECK(t[0].m && t[1].m && ftar_member_wait(t[0].m, 2, T(10)) == 0, "two members: %s", tr_error());
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, thr_range_run, &t[i]);
+  pthread_join(th[1], NULL);
+  while (t[0].contributors[10] == 0) usleep(1000);
+  ftar_member_opts jo = mo;
+  jo.join_seq = 20;
+  ftar_member *j = ftar_member_create("127.0.0.1", port, 2, &jo);
+  CHECK(j != NULL, "joiner at seq 20: %s", tr_error());
+  ftar_member_opts oo = mo;
+  oo.join_seq = 25;
+  ftar_member *other = ftar_member_create("127.0.0.1", port, 3, &oo);
+  CHECK(other == NULL && strstr(tr_error(), "entering at seq 20"), "a second join while one is pending: %s",
+        other ? "accepted" : tr_error());
+  ftar_member_free(other);
+  ftar_member_free(t[1].m); /* lost before seq 20 */
+  t[1].m = NULL;
+  go = 1;
+  pthread_join(th[0], NULL);
+  int ok = !t[0].rc;
+  for (uint64_t s = 11; s <= 30; s++) ok &= t[0].contributors[s] == 1 && t[0].sums[s] == 1.0f;
+  CHECK(ok, "the survivor ran 11..30 alone: rc %d (%s), seq 11: %d, seq 20: %d contributors", t[0].rc,
+        t[0].rc ? tr_error() : "", t[0].contributors[11], t[0].contributors[20]);
+  if (j) {
+    float v[100] = {0};
+    ftar_result r;
+    int rc = ftar_allreduce(j, v, 100, FTAR_SUM, 20, &r);
+    CHECK(rc == FTAR_EEVICTED && strstr(tr_error(), "before seq 20"), "the joiner was removed: rc %d %s", rc,
+          tr_error());
+    ftar_member_free(j);
+  }
+  /* registered again, further ahead: enters there */
+  jo.join_seq = 35;
+  thr_range a = {.m = t[0].m, .slot = 0, .from = 31, .to = 40, .go = &go};
+  thr_range b = {.slot = 2, .from = 35, .to = 40, .go = &go};
+  b.m = ftar_member_create("127.0.0.1", port, 2, &jo);
+  CHECK(b.m != NULL, "joiner at seq 35: %s", tr_error());
+  /* the survivor knows the epoch that adds it before it runs 31.. (alone,
+   * those need no coordinator and would outrun the EPOCH frame) */
+  CHECK(!b.m || ftar_member_wait(t[0].m, 2, T(10)) == 0, "the survivor sees the joiner: %s", tr_error());
+  if (b.m) {
+    pthread_create(&th[0], NULL, thr_range_run, &a);
+    pthread_create(&th[1], NULL, thr_range_run, &b);
+    pthread_join(th[0], NULL);
+    pthread_join(th[1], NULL);
+    CHECK(!a.rc && !b.rc && a.contributors[34] == 1 && a.contributors[35] == 2 && b.sums[40] == 4.0f,
+          "entered at 35: rc %d %d, seq 34: %d, 35: %d contributors", a.rc, b.rc, a.contributors[34],
+          a.contributors[35]);
+    ftar_member_free(b.m);
+  }
+  ftar_member_free(t[0].m);
+  ftar_coord_free(c);
+  /* the only other member lost while a joiner waits: it is the group now,
+   * nobody waits for it, and it enters at its seq alone */
+  if (!(c = coord_start())) return;
+  port = ftar_coord_port(c);
+  ftar_member *x = ftar_member_create("127.0.0.1", port, 0, &mo);
+  jo.join_seq = 5;
+  ftar_member *y = x ? ftar_member_create("127.0.0.1", port, 1, &jo) : NULL;
+  CHECK(x && y && ftar_member_wait(x, 2, T(10)) == 0, "a member and a joiner at seq 5: %s", tr_error());
+  ftar_member_free(x);
+  if (y) {
+    float v[100] = {0};
+    ftar_result r;
+    int rc = ftar_allreduce(y, v, 100, FTAR_SUM, 5, &r);
+    CHECK(rc >= 0 && r.contributors == 1 && r.seq == 5, "the joiner left alone enters at 5: rc %d %s", rc,
+          rc < 0 ? tr_error() : "");
+    ftar_member_free(y);
+  }
   ftar_coord_free(c);
 }
 
@@ -1466,6 +1562,7 @@ int main(void) {
   test_wire();
   test_api();
   test_join_at();
+  test_join_cancel();
   test_buckets();
   test_stall();
   test_new_coordinator();

@@ -188,7 +188,11 @@ typedef struct {
                             enters where it planned, whatever the group's speed (a pipeline
                             rebuilt stage by stage enters every stage's group at the same
                             step). A group already past J answers its collective with
-                            FTAR_ESEQ (pick a later J). */
+                            FTAR_ESEQ (pick a later J). Until the group reaches J, any other
+                            change to it (a member lost or aborting, a clean leave) removes the
+                            joiner unless that leaves it alone (its calls fail with
+                            FTAR_EEVICTED: create it again with a later J), and the coordinator
+                            refuses other registrations. */
   int survive_coord_loss; /* 0 (default): losing the coordinator fails the member (FTAR_ECOORD).
                             1: it aborts the collective in flight (kept for a redo, as after a
                             membership change) and the member waits, up to timeout, for
