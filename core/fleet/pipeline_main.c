@@ -341,5 +341,5 @@ int pipeline_stage_main(int argc, char **argv) {
   pipe_stage_free(&s);
   trainer_free(s.t);
   lua_host_close(L);
-  return rc ? 1 : 0;
+  return rc ? (s.too_late ? PIPE_EXIT_LATE : 1) : 0;
 }

@@ -137,7 +137,7 @@ int pipe_rejoin(pipe_stage *s, const job_config *cfg, int coord, int donor_port,
   if ((rc = measure(s, &now, &rate))) return rc;
   int64_t margin = (int64_t)ceil(rate * MARGIN_S * (attempt > 0 ? attempt : 1)) + 2;
   if ((rc = agree(s, now + margin, &step))) return tr_fail_prefix(rc, "stage %d: agreeing on a step to enter at", s->k);
-  if (step > s->cfg->max_steps)
+  if (step > s->cfg->max_steps && (s->too_late = 1))
     return tr_fail(TR_ESTATE, "the live pipelines end (step %lld) before a rebuilt one could enter (step %lld)",
                    (long long)s->cfg->max_steps, (long long)step);
   if ((rc = enter_group(s, cfg, coord, step))) return rc;

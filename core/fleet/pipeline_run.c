@@ -429,7 +429,9 @@ static int reaped(launch *l, pid_t pid, int st) {
   stop_some(l, p, 1.0);
   failure(l, p);
   printf("pipeline %d lost: %s; the other %d pipeline(s) train on\n", p, tr_error(), alive);
-  if (l->rebuilt[p] >= l->rebuilds) printf("pipeline %d: not started again (pipeline.rebuilds = %lld)\n", p,
+  if (WIFEXITED(st) && WEXITSTATUS(st) == PIPE_EXIT_LATE)
+    printf("pipeline %d: not started again: the live pipelines end before it could enter\n", p);
+  else if (l->rebuilt[p] >= l->rebuilds) printf("pipeline %d: not started again (pipeline.rebuilds = %lld)\n", p,
                                            (long long)l->rebuilds);
   else if (donor_pipeline(l, p) < 0 && donor_pending(l, p)) {
     l->owed[p] = 1;

@@ -23,6 +23,9 @@
 /* FTAR seqs of a stage's collectives: step x this, +0 its parameters, +1
  * (the first stage) the tied gradients */
 #define PIPE_SEQ_PER_STEP (1 + PIPE_MAX_TIED * PIPE_MAX_USES)
+/* A rebuilt worker's exit status when the live pipelines end before it
+ * could enter: the launcher does not try again. */
+#define PIPE_EXIT_LATE 3
 
 /* A parameter read by more than one op (the token embedding and the tied
  * head): each use accumulates its own gradient over the micro-batches, and
@@ -78,6 +81,7 @@ typedef struct {
   donor *dn;         /* R > 1: serves a rebuilt pipeline's worker of this stage (pipeline_rejoin.c) */
   int donor_fd;      /* a rebuilt worker: its donor, until its first step with the others (else -1) */
   int64_t join_step; /* a rebuilt worker: the step it enters its replicas' group at */
+  int too_late;      /* a rebuilt worker: the live pipelines end before it could enter (exit PIPE_EXIT_LATE) */
   int ctl;           /* the control socket to the launcher */
   int lowest;        /* the lowest live pipeline (its stage 0 leads) */
   int64_t own_lo, own_hi; /* the span of the gradient slab this stage's parameters cover (what replicas average) */
