@@ -608,7 +608,8 @@ typedef struct {
   uint64_t from, to, pause_after; /* seqs run; after pause_after, wait for go */
   int contributors[64];           /* per seq */
   float sums[64];
-  volatile int *go;
+  atomic_int *go;
+  atomic_int reached; /* the last seq done (the main thread polls it) */
 } thr_range;
 
 /* SUM of (slot + 1) for seq from..to, pausing after pause_after until *go. */
@@ -622,7 +623,8 @@ static void *thr_range_run(void *p) {
     if (rc < 0) a->rc = rc;
     a->contributors[seq] = r.contributors;
     a->sums[seq] = v[99];
-    while (seq == a->pause_after && !*a->go) usleep(1000);
+    atomic_store(&a->reached, (int)seq);
+    while (seq == a->pause_after && !atomic_load(a->go)) usleep(1000);
   }
   return NULL;
 }
@@ -639,7 +641,7 @@ static void test_join_at(void) {
   ftar_member_opts_default(&mo);
   mo.timeout = T(20);
   mo.strict_seq = 1;
-  volatile int go = 0;
+  atomic_int go = 0;
   thr_range t[3] = {{.slot = 0, .from = 1, .to = 30, .pause_after = 10, .go = &go},
                     {.slot = 1, .from = 1, .to = 30, .pause_after = 10, .go = &go},
                     {.slot = 2, .from = 20, .to = 30, .pause_after = 0, .go = &go}};
@@ -647,7 +649,7 @@ static void test_join_at(void) {
   CHECK(t[0].m && t[1].m && ftar_member_wait(t[0].m, 2, T(10)) == 0, "two members: %s", tr_error());
   pthread_t th[3];
   for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, thr_range_run, &t[i]);
-  while (t[0].contributors[10] == 0 || t[1].contributors[10] == 0) usleep(1000);
+  while (atomic_load(&t[0].reached) < 10 || atomic_load(&t[1].reached) < 10) usleep(1000);
   ftar_member_opts jo = mo;
   jo.join_seq = 20;
   t[2].m = ftar_member_create("127.0.0.1", port, 2, &jo);
@@ -656,7 +658,7 @@ static void test_join_at(void) {
   for (int i = 0; i < 2; i++)
     CHECK(!t[2].m || ftar_member_wait(t[i].m, 3, T(10)) == 0, "member %d sees the joiner: %s", i, tr_error());
   pthread_create(&th[2], NULL, thr_range_run, &t[2]);
-  go = 1;
+  atomic_store(&go, 1);
   for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
   int ok = !t[0].rc && !t[1].rc && !t[2].rc;
   for (int i = 0; i < 3; i++)
@@ -707,7 +709,7 @@ static void test_join_cancel(void) {
   ftar_member_opts_default(&mo);
   mo.timeout = T(20);
   mo.strict_seq = 1;
-  volatile int go = 0;
+  atomic_int go = 0;
   thr_range t[2] = {{.slot = 0, .from = 1, .to = 30, .pause_after = 10, .go = &go},
                     {.slot = 1, .from = 1, .to = 10, .go = &go}};
   for (int i = 0; i < 2; i++) t[i].m = ftar_member_create("127.0.0.1", port, i, &mo);
@@ -715,7 +717,7 @@ static void test_join_cancel(void) {
   pthread_t th[2];
   for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, thr_range_run, &t[i]);
   pthread_join(th[1], NULL);
-  while (t[0].contributors[10] == 0) usleep(1000);
+  while (atomic_load(&t[0].reached) < 10) usleep(1000);
   ftar_member_opts jo = mo;
   jo.join_seq = 20;
   ftar_member *j = ftar_member_create("127.0.0.1", port, 2, &jo);
@@ -728,7 +730,7 @@ static void test_join_cancel(void) {
   ftar_member_free(other);
   ftar_member_free(t[1].m); /* lost before seq 20 */
   t[1].m = NULL;
-  go = 1;
+  atomic_store(&go, 1);
   pthread_join(th[0], NULL);
   int ok = !t[0].rc;
   for (uint64_t s = 11; s <= 30; s++) ok &= t[0].contributors[s] == 1 && t[0].sums[s] == 1.0f;
