@@ -169,28 +169,25 @@ describe("Hugging Face round trip", function()
     local cfg = assert(read(tmp .. "/fhf/config.json"))
     out, rc = S.sh(base .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/fok 2>&1")
     assert.equal(0, rc, out) -- the export as written starts a job
-    local untied = cfg:gsub('"tie_word_embeddings": true', '"tie_word_embeddings": false')
-    assert.are_not.equal(cfg, untied)
-    write(tmp .. "/fhf/config.json", untied)
-    out, rc = S.sh(base .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/funtied 2>&1")
-    assert.equal(2, rc, out)
-    assert.matches("config%.json': tie_word_embeddings is false", out)
-    local eps = cfg:gsub('"layer_norm_epsilon": 1e%-05', '"layer_norm_epsilon": 1e-06')
-    assert.are_not.equal(cfg, eps)
-    write(tmp .. "/fhf/config.json", eps)
-    out, rc = S.sh(base .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/feps 2>&1")
-    assert.equal(2, rc, out)
-    assert.matches("config%.json': layer_norm_epsilon is 1e%-06", out)
+    -- config.json edited (from, to): the job (base) refuses it, naming why
+    local function refused(from, to, run, why, job)
+      local edited = cfg:gsub(from, to)
+      assert.are_not.equal(cfg, edited)
+      write(tmp .. "/fhf/config.json", edited)
+      local o, code = S.sh((job or base) .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/" .. run
+        .. " 2>&1")
+      assert.equal(2, code, o)
+      assert.matches(why, o)
+    end
+    refused('"tie_word_embeddings": true', '"tie_word_embeddings": false', "funtied",
+      "config%.json': tie_word_embeddings is false")
+    refused('"layer_norm_epsilon": 1e%-05', '"layer_norm_epsilon": 1e-06', "feps",
+      "config%.json.: layer_norm_epsilon is 1e%-06")
     -- a wte with fewer rows than vocab_size (config.json and the job both
     -- say 320, the export holds 300): refused, not the 20 rows zero-filled
-    local wider = cfg:gsub('"vocab_size": 300', '"vocab_size": 320')
-    assert.are_not.equal(cfg, wider)
-    write(tmp .. "/fhf/config.json", wider)
-    out, rc = S.sh(base:gsub("vocab_size=300", "vocab_size=320") .. "--set init_from=" .. tmp .. "/fhf --set run_dir="
-      .. tmp .. "/fshort 2>&1")
-    assert.equal(2, rc, out)
-    assert.matches("fhf/model%.safetensors': 'transformer%.wte%.weight' has 300 rows, fewer than vocab_size = 320: "
-      .. "tokens 300%.%.319 would have no embedding", out)
+    refused('"vocab_size": 300', '"vocab_size": 320', "fshort",
+      "fhf/model%.safetensors': 'transformer%.wte%.weight' has 300 rows, fewer than vocab_size = 320: "
+      .. "tokens 300%.%.319 would have no embedding", (base:gsub("vocab_size=300", "vocab_size=320")))
   end)
 
   it("init_from: a job starts from a transformers GPT-2 and computes its logits", function()
