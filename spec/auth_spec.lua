@@ -3,6 +3,8 @@
 -- it opens: `transom agent` with no secret and with a wrong one (refused,
 -- exit 1, an auth_refused event), one with the right secret (registered),
 -- a connection that never answers the challenge (closed, an auth_refused event),
+-- a flood of wrong answers (each refused; at most 5 events per 10 s, the rest
+-- counted in one event),
 -- junk to the FTAR coordinator (refused, an auth_refused event) and to a
 -- worker's data and donor ports (refused, the worker's log says why); the
 -- job goes on untouched (no failure, every step, replicas agree).
@@ -98,6 +100,11 @@ describe("the job secret", function()
     end, T(10)), read(run .. "/worker-0.log"))
     assert(wait_for(function() return events(run):match("auth_refused[^\n]*sent no answer") end, T(30)), events(run))
     assert(wait_for(function() return (read(silent) or ""):match("rc=0") end, T(10)), read(silent))
+    -- a flood of wrong answers: every one refused, but at most 5 events per 10 s; the rest counted in one line
+    local FLOOD = 30
+    local before = select(2, events(run):gsub("did not prove the job secret; closed", ""))
+    sh("bash -c 'for i in $(seq " .. FLOOD .. "); do exec 3<>/dev/tcp/127.0.0.1/" .. op_port ..
+      " && head -c 64 /dev/zero | tr \"\\0\" x >&3; exec 3>&-; done' 2>&1")
     -- and the job never noticed
     assert(wait_for(function() return rc_of() ~= nil end, T(120)), "the job did not finish")
     assert.equal(0, rc_of(), read(run .. ".out"))
@@ -105,5 +112,10 @@ describe("the job secret", function()
     assert.matches("replicas_agree", ev, 1, true)
     assert.is_nil(ev:match("replica_failed"))
     assert.matches("finished at step " .. STEPS .. " | 2 replicas finished | 0 restarts", read(run .. ".out"), 1, true)
+    local logged = select(2, ev:gsub("did not prove the job secret; closed", "")) - before
+    local counted = 0
+    for k in ev:gmatch("(%d+) more connection%(s%) refused") do counted = counted + tonumber(k) end
+    assert.is_true(counted > 0, ev)
+    assert.equal(FLOOD, logged + counted, ev)
   end)
 end)

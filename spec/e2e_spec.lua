@@ -353,6 +353,24 @@ describe("the command line", function()
     assert.is_truthy(err:find("transom agent: --slots needs a value", 1, true), err)
   end)
 
+  it("transom worker and the operator refuse a slot, thread count, RANK or MASTER_PORT that is not an integer", function()
+    -- usage errors before any connect (atoi once took "1x" for slot 1 and "abc" for port 0, any port)
+    for _, c in ipairs({ { "--slot", "1x", "0..4096" }, { "--slot", "", "0..4096" }, { "--threads", "0", "1..4096" },
+      { "--threads", "two", "1..4096" } }) do
+      local code, out, err = S.transom(dir, "worker", "--operator", "127.0.0.1:1", c[1], c[2])
+      assert.are.equal(2, code, table.concat(c, " ") .. ": " .. out .. err)
+      local want = "transom worker: " .. c[1] .. " '" .. c[2] .. "' is not an integer in " .. c[3]
+      assert.is_truthy(err:find(want, 1, true), want .. " in: " .. err)
+    end
+    local out, rc = S.sh("RANK=abc MASTER_ADDR=127.0.0.1 MASTER_PORT=1 " .. S.q(BIN) .. " worker 2>&1")
+    assert.are.equal(2, rc, out)
+    assert.is_truthy(out:find("RANK / SLURM_PROCID 'abc' is not an integer", 1, true), out)
+    out, rc = S.sh("MASTER_PORT=29x " .. S.q(BIN) .. " run " .. S.ROOT .. "/examples/shakespeare.lua --replicas 2 " ..
+      "--set max_steps=1 --set data=" .. S.q(CORPUS) .. " --set run_dir=" .. dir .. "/mp 2>&1")
+    assert.are_not.equal(0, rc, out)
+    assert.is_truthy(out:find("MASTER_PORT '29x' is not a port number", 1, true), out)
+  end)
+
   it("transom run --help lists every job key with its type, default and meaning", function()
     local code, out, err = S.transom(dir, "run", "--help")
     assert.are.equal(0, code, err)

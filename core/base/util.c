@@ -87,6 +87,16 @@ void tr_event_line(FILE *f, int64_t step, int worker, const char *kind, const ch
 
 /* --- clocks and memory --- */
 
+int tr_parse_int(const char *s, long long lo, long long hi, long long *out) {
+  if (!s || !(*s == '-' || (*s >= '0' && *s <= '9'))) return -1;
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (end == s || *end || errno || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
 double tr_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

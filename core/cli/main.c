@@ -68,14 +68,6 @@ static const char sample_usage[] =
     "Defaults: the job's sample_prompt, 200 tokens, temperature 1.0, the\n"
     "job's seed.\n";
 
-static int parse_int(const char *s, long long lo, long long hi, long long *out) {
-  char *end;
-  long long v = strtoll(s, &end, 10);
-  if (end == s || *end || v < lo || v > hi) return -1;
-  *out = v;
-  return 0;
-}
-
 static int cmd_sample(int argc, char **argv) {
   const char *run = NULL, *prompt = NULL;
   long long ntok = 200, seed = -1;
@@ -89,9 +81,9 @@ static int cmd_sample(int argc, char **argv) {
     int has = i + 1 < argc;
     if (strcmp(a, "--prompt") == 0 && has) prompt = argv[++i];
     else if (strcmp(a, "--tokens") == 0 && has) {
-      if (parse_int(argv[++i], 0, 1 << 24, &ntok)) die_usage("sample: --tokens must be an integer in 0..16777216");
+      if (tr_parse_int(argv[++i], 0, 1 << 24, &ntok)) die_usage("sample: --tokens must be an integer in 0..16777216");
     } else if (strcmp(a, "--seed") == 0 && has) {
-      if (parse_int(argv[++i], 0, LLONG_MAX, &seed)) die_usage("sample: --seed must be a non-negative integer");
+      if (tr_parse_int(argv[++i], 0, LLONG_MAX, &seed)) die_usage("sample: --seed must be a non-negative integer");
     } else if (strcmp(a, "--temperature") == 0 && has) {
       char *end;
       temp = strtod(argv[++i], &end);

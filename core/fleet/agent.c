@@ -4,7 +4,8 @@
  * `transom worker --operator OP --slot K --threads N`, TRANSOM_HOST set to
  * this host's routable address so the worker advertises it to its peers),
  * kills them when told (KILL), reports every exit with its real wait status
- * (EXITED), heartbeats (HB) every HB_INTERVAL, and every PROBE_INTERVAL
+ * (EXITED); STARTED / EXITED / KILL carry the SPAWN's generation (gen=), so
+ * neither side takes an older worker of a slot for its newest, heartbeats (HB) every HB_INTERVAL, and every PROBE_INTERVAL
  * sends a link probe (64 KB of padded lines) the operator times. Its death is the host's
  * death: its workers die with it (PR_SET_PDEATHSIG), and the operator
  * counts them lost when its connection closes or its heartbeats lapse.
@@ -63,6 +64,7 @@ typedef struct {
   proto_reader rd;
   pid_t pids[AGENT_SLOTS]; /* per worker: its pid */
   int slots[AGENT_SLOTS];  /* and its replica slot */
+  unsigned gens[AGENT_SLOTS]; /* and the operator's SPAWN generation (echoed in STARTED / EXITED, named by KILL) */
   int n;
   auth_secret secret; /* the job's: --secret-file, TRANSOM_SECRET or TRANSOM_SECRET_FILE */
   char secret_hex[2 * AUTH_KEY_MAX + 1];
@@ -107,10 +109,8 @@ static int count_gpus(void) {
 /* A whole decimal integer in lo..hi into *out; else a usage error naming
  * the flag (atoi took "--slots abc" for 0 and "--slots 2x" for 2). */
 static int int_flag(const char *flag, const char *s, int lo, int hi, int *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (end == s || *end || errno || v < lo || v > hi) {
+  long long v;
+  if (tr_parse_int(s, lo, hi, &v)) {
     fprintf(stderr, "transom agent: %s '%s' is not an integer in %d..%d\n%s", flag, s, lo, hi, agent_usage);
     return 2;
   }
@@ -196,10 +196,11 @@ static void local_addr(agent *a) {
 
 static void start_worker(agent *a, const char *line) {
   int k = (int)proto_int(line, "slot", -1), threads = (int)proto_int(line, "threads", 1);
+  unsigned gen = (unsigned)proto_int(line, "gen", 0);
   char log[PATH_MAX], op[320], ks[16], ts[16];
   if (!proto_get(line, "log", log, sizeof log)) snprintf(log, sizeof log, "/dev/null");
   if (k < 0 || a->n == AGENT_SLOTS) {
-    proto_send(a->fd, "EXITED slot=%d pid=0 status=%d", k, 0x100);
+    proto_send(a->fd, "EXITED slot=%d gen=%u pid=0 status=%d", k, gen, 0x100);
     return;
   }
   snprintf(op, sizeof op, "%s:%d", a->op, a->op_port);
@@ -227,20 +228,24 @@ static void start_worker(agent *a, const char *line) {
     _exit(127); /* ok-exit: exec failed in the child */
   }
   if (pid < 0) {
-    proto_send(a->fd, "EXITED slot=%d pid=0 status=%d", k, 0x100);
+    proto_send(a->fd, "EXITED slot=%d gen=%u pid=0 status=%d", k, gen, 0x100);
     return;
   }
   a->pids[a->n] = pid;
+  a->gens[a->n] = gen;
   a->slots[a->n++] = k;
   fprintf(stderr, "agent %s: replica %d started (pid %d)\n", a->name, k, (int)pid);
-  proto_send(a->fd, "STARTED slot=%d pid=%d", k, (int)pid);
+  proto_send(a->fd, "STARTED slot=%d gen=%u pid=%d", k, gen, (int)pid);
 }
 
+/* KILL names the worker by slot and SPAWN generation: the operator may ask
+ * before our STARTED reached it (it does not know the pid yet). */
 static void kill_worker(agent *a, const char *line) {
-  pid_t pid = (pid_t)proto_int(line, "pid", 0);
-  int sig = (int)proto_int(line, "sig", SIGKILL);
+  int k = (int)proto_int(line, "slot", -1), sig = (int)proto_int(line, "sig", SIGKILL);
+  unsigned gen = (unsigned)proto_int(line, "gen", 0);
+  if (sig != SIGKILL && sig != SIGTERM && sig != SIGSTOP && sig != SIGCONT) return;
   for (int i = 0; i < a->n; i++)
-    if (a->pids[i] == pid && (sig == SIGKILL || sig == SIGTERM || sig == SIGSTOP || sig == SIGCONT)) kill(pid, sig);
+    if (a->slots[i] == k && a->gens[i] == gen) kill(a->pids[i], sig);
 }
 
 static void reap(agent *a) {
@@ -250,8 +255,10 @@ static void reap(agent *a) {
     for (int i = 0; i < a->n; i++) {
       if (a->pids[i] != pid) continue;
       fprintf(stderr, "agent %s: replica %d (pid %d) exited, status 0x%x\n", a->name, a->slots[i], (int)pid, status);
-      if (a->fd >= 0) proto_send(a->fd, "EXITED slot=%d pid=%d status=%d", a->slots[i], (int)pid, status);
+      if (a->fd >= 0)
+        proto_send(a->fd, "EXITED slot=%d gen=%u pid=%d status=%d", a->slots[i], a->gens[i], (int)pid, status);
       a->pids[i] = a->pids[a->n - 1];
+      a->gens[i] = a->gens[a->n - 1];
       a->slots[i] = a->slots[--a->n];
       break;
     }

@@ -135,11 +135,15 @@ void operator_spawn(operator_state *o, int k, const char *mode) {
   operator_event(o, o->best_step, k, "spawn", "replica %d started (pid %d, %s)", k, (int)pid, mode);
 }
 
+int operator_slot_has_process(const slot *s) {
+  return s->pid > 0 || (s->host >= 0 && (s->state == SLOT_STARTING || s->state == SLOT_RUNNING));
+}
+
 void operator_kill_slot(operator_state *o, slot *s, int sig) {
-  if (s->host >= 0) {
+  if (s->host >= 0) { /* by SPAWN generation: the agent's STARTED (the pid) may not have reached us yet */
     host_rec *h = &o->hosts[s->host];
-    if (h->bev && s->pid > 0)
-      evbuffer_add_printf(bufferevent_get_output(h->bev), "KILL slot=%d pid=%d sig=%d\n", s->slot, (int)s->pid, sig);
+    if (h->bev && operator_slot_has_process(s))
+      evbuffer_add_printf(bufferevent_get_output(h->bev), "KILL slot=%d gen=%u sig=%d\n", s->slot, s->gen, sig);
   } else if (s->pid > 0) {
     kill(s->pid, sig);
   }
@@ -263,7 +267,7 @@ void operator_slot_exited(operator_state *o, slot *s, int status) {
       operator_count_restart(o, NULL);
       operator_event(o, s->step, -1, "restart_all", "stopping every replica to restart from the newest checkpoint");
       for (int i = 0; i < o->nslots; i++)
-        if (o->slots[i].pid > 0) operator_kill_slot(o, &o->slots[i], SIGKILL);
+        if (operator_slot_has_process(&o->slots[i])) operator_kill_slot(o, &o->slots[i], SIGKILL);
     }
     if (operator_live_count(o) == 0) {
       o->restart_all_pending = 0;
@@ -328,7 +332,7 @@ static void det_action(void *ud, const detector_action *a) {
   const char *why = a->cause ? a->cause->kind : "detector";
   switch (a->action) {
     case DET_ACT_EVICT:
-      if (a->worker >= 0 && a->worker < o->nslots && o->slots[a->worker].pid > 0) {
+      if (a->worker >= 0 && a->worker < o->nslots && operator_slot_has_process(&o->slots[a->worker])) {
         operator_event(o, o->best_step, a->worker, "evict", "replica %d evicted: %s", a->worker, why);
         operator_kill_slot(o, &o->slots[a->worker], SIGKILL); /* also ends a stopped (SIGSTOP) process */
       }
@@ -386,7 +390,8 @@ static void find_hung(operator_state *o) {
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
     double busy = s->phase_for;
-    if (s->state != SLOT_RUNNING || s->in_allreduce || s->pid <= 0 || busy < o->cfg->hang_seconds) continue;
+    if (s->state != SLOT_RUNNING || s->in_allreduce || !operator_slot_has_process(s) || busy < o->cfg->hang_seconds)
+      continue;
     operator_event(o, s->step, i, "anomaly",
               "hang: replica %d has computed step %lld for %.1f s while %d replica(s) wait for it in the all-reduce",
               i, (long long)s->step + 1, busy, waiting);
@@ -396,11 +401,14 @@ static void find_hung(operator_state *o) {
   }
 }
 
+static void auth_refused_flush(operator_state *o, double now);
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
   if (o->cfg->hosts > 0) hosts_tick(o);
+  auth_refused_flush(o, tr_now());
   if (o->stopping) return;
   if (o->det) detector_tick(o->det, tr_now());
   find_hung(o);
@@ -451,7 +459,7 @@ void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, c
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
     if (s->timer) evtimer_del(s->timer);
-    if (s->pid > 0) operator_kill_slot(o, s, SIGKILL);
+    if (operator_slot_has_process(s)) operator_kill_slot(o, s, SIGKILL);
     else if (s->state == SLOT_WAITING) s->state = SLOT_DEAD;
   }
   if (operator_live_count(o) == 0) {
@@ -477,7 +485,7 @@ static void kill_stragglers(evutil_socket_t fd, short what, void *arg) {
   operator_state *o = arg;
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
-    if (s->pid > 0) operator_kill_slot(o, s, SIGKILL);
+    if (operator_slot_has_process(s)) operator_kill_slot(o, s, SIGKILL);
     if (s->host >= 0 && (s->state == SLOT_STARTING || s->state == SLOT_RUNNING)) {
       /* its agent may be unreachable: the stop does not wait for its word */
       operator_event(o, s->step, i, "stop_timeout", "replica %d on host %s did not stop in time; given up", i,
@@ -722,6 +730,39 @@ typedef struct {
   char peer[64];
 } conn;
 
+/* Refused connections are events, but a scanner or a misconfigured client
+ * retrying in a loop must not flood events.jsonl: at most AUTH_EVENTS_BURST
+ * of them per AUTH_EVENTS_WINDOW seconds; the others are counted and said in
+ * one line when the window ends (auth_refused_flush, every tick). */
+#define AUTH_EVENTS_BURST 5
+#define AUTH_EVENTS_WINDOW 10.0
+
+static void auth_refused_flush(operator_state *o, double now) {
+  if (now - o->auth_ev_window < AUTH_EVENTS_WINDOW) return;
+  if (o->auth_ev_dropped > 0)
+    operator_event(o, o->best_step, -1, "auth_refused",
+                   "%d more connection(s) refused in %.0f s, not logged one by one (at most %d per %.0f s)",
+                   o->auth_ev_dropped, now - o->auth_ev_window, AUTH_EVENTS_BURST, AUTH_EVENTS_WINDOW);
+  o->auth_ev_window = now;
+  o->auth_ev_n = o->auth_ev_dropped = 0;
+}
+
+static void auth_refused(operator_state *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void auth_refused(operator_state *o, const char *fmt, ...) {
+  auth_refused_flush(o, tr_now());
+  if (o->auth_ev_n >= AUTH_EVENTS_BURST) {
+    o->auth_ev_dropped++;
+    return;
+  }
+  o->auth_ev_n++;
+  char detail[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  operator_event(o, o->best_step, -1, "auth_refused", "%s", detail);
+}
+
 /* An honest client answers the challenge at once (auth_client is the first
  * thing a worker or agent does); a connection that has not within this many
  * seconds is closed, so that silent connections cannot pile up and hold the
@@ -740,8 +781,7 @@ static int conn_auth(conn *c, struct bufferevent *bev, struct evbuffer *in) {
     bufferevent_set_timeouts(bev, NULL, NULL); /* a replica may be quiet for long */
     return c->authed = 1;
   }
-  operator_event(c->o, c->o->best_step, -1, "auth_refused",
-                 "a connection from %s to the workers' port did not prove the job secret; closed", c->peer);
+  auth_refused(c->o, "a connection from %s to the workers' port did not prove the job secret; closed", c->peer);
   return -1;
 }
 
@@ -774,9 +814,8 @@ static void conn_read(struct bufferevent *bev, void *arg) {
 static void conn_event(struct bufferevent *bev, short what, void *arg) {
   conn *c = arg;
   if ((what & BEV_EVENT_TIMEOUT) && !c->authed) /* only an unproven connection has a timeout */
-    operator_event(c->o, c->o->best_step, -1, "auth_refused",
-                   "a connection from %s to the workers' port sent no answer to the challenge in %.0f s; closed",
-                   c->peer, auth_answer_s(c->o));
+    auth_refused(c->o, "a connection from %s to the workers' port sent no answer to the challenge in %.0f s; closed",
+                 c->peer, auth_answer_s(c->o));
   else if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
   if (c->host >= 0 && c->o->hosts[c->host].bev == bev) {
     c->o->hosts[c->host].bev = NULL;
@@ -785,7 +824,8 @@ static void conn_event(struct bufferevent *bev, short what, void *arg) {
   slot *s = c->s;
   if (s && s->bev == bev) {
     s->bev = NULL;
-    if ((s->pid == 0 || s->adopted) && s->state == SLOT_RUNNING) { /* external or adopted: the connection is its life */
+    /* external or adopted: the connection is its life (an agent's worker: the agent reports its exit) */
+    if (s->host < 0 && (s->pid == 0 || s->adopted) && s->state == SLOT_RUNNING) {
       if (s->adopted && !s->done && s->pid > 0) kill(s->pid, SIGKILL); /* not our child: make sure it is gone */
       s->state = s->done ? SLOT_DONE : SLOT_DEAD;
       if (!s->done) operator_slot_exited(c->o, s, 0x100 /* exit code 1 */);
@@ -916,7 +956,7 @@ static void on_change(void *ud, const ftar_change *c) {
 
 static void coord_log(void *ud, const char *msg) {
   operator_state *o = ud;
-  if (strstr(msg, "did not prove the job secret")) operator_event(o, o->best_step, -1, "auth_refused", "coordinator: %s", msg);
+  if (strstr(msg, "did not prove the job secret")) auth_refused(o, "coordinator: %s", msg);
   if (o->coord_log) {
     fprintf(o->coord_log, "%.3f %s\n", tr_now() - o->t0, msg);
     fflush(o->coord_log);
@@ -965,7 +1005,10 @@ static int start_listeners(operator_state *o) {
   o->coord = ftar_coord_create(o->base, maddr && *maddr ? "0.0.0.0" : "127.0.0.1", 0, &co);
   if (!o->coord) return tr_fail_prefix(TR_EIO, "coordinator");
   const char *mp = getenv("MASTER_PORT");
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(mp ? atoi(mp) : 0))};
+  long long port = 0;
+  if (mp && tr_parse_int(mp, 0, 65535, &port))
+    return tr_fail(TR_EINVAL, "MASTER_PORT '%s' is not a port number (0..65535)", mp);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   sa.sin_addr.s_addr = htonl(mp ? INADDR_ANY : INADDR_LOOPBACK);
   o->lis = evconnlistener_new_bind(o->base, accept_cb, o, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC | LEV_OPT_REUSEABLE, 64,
                                    (struct sockaddr *)&sa, sizeof sa);
@@ -1156,6 +1199,7 @@ static void teardown(operator_state *o) {
   if (o->lis) unlink(path);
   if (o->adopt_ev) event_free(o->adopt_ev);
   if (o->metrics) fclose(o->metrics);
+  if (o->events) auth_refused_flush(o, o->auth_ev_window + AUTH_EVENTS_WINDOW); /* what the last window held back */
   if (o->events) fclose(o->events);
   if (o->coord_log) fclose(o->coord_log);
   free(o->chaos_fired);

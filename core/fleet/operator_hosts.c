@@ -238,8 +238,9 @@ void hosts_place(operator_state *o, int k, const char *mode) {
   snprintf(log, sizeof log, "%s/worker-%d.log", o->dir, k);
   proto_escape(log, esc, sizeof esc);
   int threads = o->cfg->threads > 0 ? (int)o->cfg->threads : r->cores / (r->nslots > 0 ? r->nslots : 1);
-  evbuffer_add_printf(bufferevent_get_output(r->bev), "SPAWN slot=%d threads=%d log=%s\n", k, threads > 0 ? threads : 1,
-                      esc);
+  s->gen++;
+  evbuffer_add_printf(bufferevent_get_output(r->bev), "SPAWN slot=%d gen=%u threads=%d log=%s\n", k, s->gen,
+                      threads > 0 ? threads : 1, esc);
   s->host = h;
   r->used++;
   s->pid = 0;
@@ -337,7 +338,8 @@ static void on_exited(operator_state *o, int h, const char *line) {
   pid_t pid = (pid_t)proto_int(line, "pid", 0);
   if (k < 0 || k >= o->nslots) return;
   slot *s = &o->slots[k];
-  if (s->host != h || (s->pid != pid && s->pid != 0)) return; /* an older worker of the slot */
+  if (s->host != h || proto_int(line, "gen", -1) != (int64_t)s->gen) return; /* an older worker of the slot */
+  if (s->pid != pid && s->pid != 0 && pid != 0) return;
   if (s->state != SLOT_STARTING && s->state != SLOT_RUNNING) return;
   s->pid = 0;
   if (s->bev) close_conn(s->bev), s->bev = NULL;
@@ -358,7 +360,8 @@ void hosts_line(operator_state *o, int *hp, struct bufferevent *bev, const char 
     on_probe_end(o, h, proto_num(line, "bytes", 0));
   } else if (proto_is(line, "STARTED")) {
     int k = (int)proto_int(line, "slot", -1);
-    if (k >= 0 && k < o->nslots && o->slots[k].host == h && o->slots[k].pid == 0)
+    if (k >= 0 && k < o->nslots && o->slots[k].host == h && o->slots[k].pid == 0 &&
+        proto_int(line, "gen", -1) == (int64_t)o->slots[k].gen)
       o->slots[k].pid = (pid_t)proto_int(line, "pid", 0);
   } else if (proto_is(line, "EXITED")) {
     on_exited(o, h, line);

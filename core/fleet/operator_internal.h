@@ -58,6 +58,8 @@ typedef struct {
   int host;         /* the agent's host it runs on (operator_hosts.c), -1: this host (our child) */
   int last_host;    /* the host it last failed on: a replacement goes elsewhere first */
   int unplaced;     /* waiting for a free slot on a healthy host */
+  unsigned gen;     /* its latest SPAWN to an agent: the agent's STARTED / EXITED / KILL name it, so an older
+                       worker's late word is never taken for the new one's */
   const char *lost; /* why it is gone when no exit status says it ("host_lost") */
 } slot;
 
@@ -96,6 +98,9 @@ struct operator_state {
   int port, threads, nslots;
   slot slots[MAX_SLOTS];
   FILE *metrics, *events, *coord_log;
+  /* auth_refused events: at most AUTH_EVENTS_BURST per AUTH_EVENTS_WINDOW s, the rest counted (operator.c) */
+  double auth_ev_window;
+  int auth_ev_n, auth_ev_dropped;
   policy_engine *pol;        /* the restart policy's engine: its own VM, watched */
   policy *restart;           /* restart.lua */
   int state_ref;             /* the policy's state table (in pol's VM), kept across reloads */
@@ -178,6 +183,8 @@ void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, c
  * child, or what its agent reported); the restart policy decides. */
 void operator_slot_exited(operator_state *o, slot *s, int status);
 /* Sends sig to slot s's worker: kill() for our child, KILL to its agent. */
+/* The slot has a process we started or adopted (an agent's worker counts from its SPAWN on). */
+int operator_slot_has_process(const slot *s);
 void operator_kill_slot(operator_state *o, slot *s, int sig);
 /* Starts every slot (a fresh job or a resume). */
 void operator_spawn_all(operator_state *o);

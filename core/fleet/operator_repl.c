@@ -55,11 +55,11 @@ static void conn_free(ctl_conn *c) {
 
 static void do_chaos(operator_state *o, struct evbuffer *out, const char *fault, int k) {
   slot *s = &o->slots[k];
-  if (s->pid <= 0 && !s->bev) {
+  if (!operator_slot_has_process(s) && !s->bev) {
     evbuffer_add_printf(out, "error: replica %d is not running\n", k);
   } else if (strcmp(fault, "kill") == 0 || strcmp(fault, "hang") == 0) {
     operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
-    if (s->pid > 0) operator_kill_slot(o, s, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
+    if (operator_slot_has_process(s)) operator_kill_slot(o, s, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
     evbuffer_add_printf(out, "ok\n");
   } else if ((strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0) && s->bev) {
     operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
@@ -254,7 +254,7 @@ static int l_events(lua_State *L) {
 static int l_evict(lua_State *L) {
   operator_state *o = get_op(L);
   slot *s = &o->slots[check_slot(L, o, 1)];
-  if (s->pid <= 0) return luaL_error(L, "replica %d is not running", s->slot);
+  if (!operator_slot_has_process(s)) return luaL_error(L, "replica %d is not running", s->slot);
   operator_event(o, s->step, s->slot, "evict", "replica %d evicted from the REPL", s->slot);
   operator_kill_slot(o, s, SIGKILL);
   lua_pushboolean(L, 1);

@@ -59,29 +59,45 @@ static const char stage_usage[] =
 static int parse_ports(stage_args *a, const char *s) {
   for (a->nports = 0; *s && a->nports < PIPE_MAX_STAGES;) {
     char *end;
-    a->ports[a->nports++] = (int)strtol(s, &end, 10);
-    if (end == s) return tr_fail(TR_EINVAL, "stage: bad --ports");
+    long v = strtol(s, &end, 10);
+    if (end == s || v < 0 || v > 65535 || (*end && *end != ','))
+      return tr_fail(TR_EINVAL, "stage: bad --ports '%s'", s);
+    a->ports[a->nports++] = (int)v;
     s = *end == ',' ? end + 1 : end;
   }
+  return TR_OK;
+}
+
+/* An integer flag's value, whole and in lo..hi, else TR_EINVAL naming the flag. */
+static int int_arg(const char *flag, const char *v, long long lo, long long hi, int *out) {
+  long long x;
+  if (tr_parse_int(v, lo, hi, &x))
+    return tr_fail(TR_EINVAL, "stage: %s '%s' is not an integer in %lld..%lld", flag, v, lo, hi);
+  *out = (int)x;
   return TR_OK;
 }
 
 /* 1: --help was asked (printed) */
 static int parse(stage_args *a, int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
-    int more = i + 1 < argc, rc;
+    int more = i + 1 < argc, rc = TR_OK;
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       fputs(stage_usage, stdout);
       return 1;
     } else if (strcmp(argv[i], "--run") == 0 && more) a->run = argv[++i];
-    else if (strcmp(argv[i], "--worker") == 0 && more) a->worker = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--listen-fd") == 0 && more) a->listen_fd = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--control-fd") == 0 && more) a->control_fd = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--threads") == 0 && more) a->threads = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--worker") == 0 && more)
+      rc = int_arg(argv[i], argv[i + 1], 0, PIPE_MAX_STAGES - 1, &a->worker), i++;
+    else if (strcmp(argv[i], "--listen-fd") == 0 && more)
+      rc = int_arg(argv[i], argv[i + 1], -1, INT_MAX, &a->listen_fd), i++;
+    else if (strcmp(argv[i], "--control-fd") == 0 && more)
+      rc = int_arg(argv[i], argv[i + 1], 0, INT_MAX, &a->control_fd), i++;
+    else if (strcmp(argv[i], "--threads") == 0 && more)
+      rc = int_arg(argv[i], argv[i + 1], 1, 4096, &a->threads), i++;
     else if (strcmp(argv[i], "--rejoin") == 0) a->rejoin = 1;
     else if (strcmp(argv[i], "--ports") == 0 && more) {
       if ((rc = parse_ports(a, argv[++i]))) return rc;
     } else return tr_fail(TR_EINVAL, "stage: unknown argument '%s'", argv[i]);
+    if (rc) return rc;
   }
   if (!a->run || a->worker < 0 || a->control_fd < 0 || a->worker >= a->nports)
     return tr_fail(TR_EINVAL, "usage: transom stage --run DIR --worker W --listen-fd FD --control-fd FD --ports ...");

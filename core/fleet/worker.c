@@ -474,17 +474,29 @@ static int parse_args(worker *w, int argc, char **argv, int *done) {
       return 0;
     } else if (strcmp(argv[i], "--operator") == 0 && i + 1 < argc) {
       opaddr = argv[++i];
-    } else if (strcmp(argv[i], "--slot") == 0 && i + 1 < argc) {
-      w->slot = atoi(argv[++i]);
-    } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-      w->threads = atoi(argv[++i]);
+    } else if ((strcmp(argv[i], "--slot") == 0 || strcmp(argv[i], "--threads") == 0) && i + 1 < argc) {
+      long long v;
+      if (tr_parse_int(argv[i + 1], argv[i][2] == 's' ? 0 : 1, 4096, &v)) {
+        fprintf(stderr, "transom worker: %s '%s' is not an integer in %d..4096\n", argv[i], argv[i + 1],
+                argv[i][2] == 's' ? 0 : 1);
+        return 2;
+      }
+      *(argv[i][2] == 's' ? &w->slot : &w->threads) = (int)v;
+      i++;
     } else {
       fprintf(stderr, "transom worker: unexpected argument '%s'\n%s", argv[i], usage);
       return 2;
     }
   }
   const char *rank = env_any("RANK", "SLURM_PROCID"); /* external launchers */
-  if (w->slot < 0 && rank) w->slot = atoi(rank);
+  long long rv;
+  if (w->slot < 0 && rank) {
+    if (tr_parse_int(rank, 0, 4096, &rv)) {
+      fprintf(stderr, "transom worker: RANK / SLURM_PROCID '%s' is not an integer in 0..4096\n", rank);
+      return 2;
+    }
+    w->slot = (int)rv;
+  }
   char envaddr[300];
   if (!opaddr && env_any("MASTER_ADDR", NULL) && env_any("MASTER_PORT", NULL)) {
     snprintf(envaddr, sizeof envaddr, "%s:%s", getenv("MASTER_ADDR"), getenv("MASTER_PORT"));

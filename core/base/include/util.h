@@ -43,6 +43,12 @@ void tr_event_line(FILE *f, int64_t step, int worker, const char *kind, const ch
  * swallow the events that report it. */
 void tr_log_reserve(FILE *f);
 
+/* A whole decimal integer in lo..hi (no sign games: "2x", "", " 3" and
+ * out-of-range values are refused, where atoi would take 2, 0, 3 or wrap):
+ * 0 with *out set, or -1 (*out untouched). For flags and environment
+ * variables; the caller names what was wrong. */
+int tr_parse_int(const char *s, long long lo, long long hi, long long *out);
+
 /* Monotonic time in seconds. */
 double tr_now(void);
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
