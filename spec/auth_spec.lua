@@ -118,4 +118,34 @@ describe("the job secret", function()
     assert.is_true(counted > 0, ev)
     assert.equal(FLOOD, logged + counted, ev)
   end)
+
+  it("silent connections to a donor's port do not keep a joiner waiting: it joins on its first try", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    if sh("command -v ss >/dev/null && echo y"):match("y") == nil then pending("no ss (iproute2)") return end
+    local run = tmp .. "/run2"
+    local _, rc_of = S.spawn_rc(table.concat({ "env TRANSOM_TEST_STEP_MS=40", BIN, "run",
+      ROOT .. "/examples/shakespeare.lua", "--replicas 2 --set data=" .. data, "--set run_dir=" .. run,
+      "--set max_steps=" .. STEPS, "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32",
+      "--set batch_size=8 --set eval_interval=0 --set sample_tokens=0 --set log_interval=50",
+      "--set checkpoint.every_steps=50 --set deadline=" .. T(2) }, " "), run .. ".out")
+    assert(wait_for(function() return select(2, events(run):gsub("replica_ready", "")) >= 2 end, T(60)), events(run))
+    local wpid = tonumber(sh(BIN .. " chaos " .. run .. " status"):match("replica 0: running pid (%d+)"))
+    assert(wpid, "no worker 0")
+    -- three silent connections to each port of replica 0 (its donor port among them), held open
+    for _, p in ipairs(ports_of(wpid)) do
+      for _ = 1, 3 do
+        S.spawn("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" .. p .. " && sleep 60'", tmp .. "/silent2.out")
+      end
+    end
+    sleep(0.5)
+    local out, rc = sh(BIN .. " chaos " .. run .. " kill 1")
+    assert.equal(0, rc, out)
+    -- the replacement catches up from replica 0 on its first try (a joiner's challenge waits at most 10 s: one
+    -- silent connection served first would have failed it)
+    assert(wait_for(function() return events(run):match('"worker":1,"kind":"replica_ready"[^\n]*join') end, T(60)),
+      events(run))
+    assert(wait_for(function() return rc_of() ~= nil end, T(120)), "the job did not finish")
+    assert.equal(0, rc_of(), read(run .. ".out"))
+    assert.equal(1, select(2, events(run):gsub('"kind":"replica_failed"', "")), events(run))
+  end)
 end)

@@ -1,5 +1,7 @@
 /* donor.c — state snapshot + gradient history for joining replicas (see
- * donor.h). */
+ * donor.h). One thread serves one joiner at a time; connections that have
+ * not proved the job secret yet wait beside it (challenged, bounded), so a
+ * silent one never holds the port. */
 #include "auth.h"
 #include "donor.h"
 
@@ -113,10 +115,6 @@ static int next_request(donor *d, proto_reader *r, char *line, size_t n) {
 static void serve(donor *d, int fd) {
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
-  if (auth_server(fd, &d->secret, 10.0)) {
-    fprintf(stderr, "donor: refused a connection: %s\n", tr_error());
-    return;
-  }
   while (next_request(d, &r, line, sizeof line)) {
     if (proto_is(line, "SNAP")) {
       pthread_mutex_lock(&d->mu);
@@ -164,16 +162,81 @@ static void serve(donor *d, int fd) {
   end_session(d);
 }
 
-static void *donor_main(void *arg) {
-  donor *d = arg;
-  while (!d->stop) {
-    struct pollfd p = {d->lfd, POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    int fd = accept(d->lfd, NULL, NULL);
-    if (fd < 0) continue;
+/* Connections that have been challenged and not answered yet: several at
+ * once, so that silent ones (a port scanner, a stuck client) cannot keep a
+ * joiner waiting behind them; each is closed AUTH_WAIT_S after it came, and
+ * the oldest makes room when all PENDING_MAX are taken. */
+#define PENDING_MAX 8
+#define AUTH_WAIT_S 10.0
+typedef struct {
+  int fd;
+  double t_end;
+  size_t got;
+  uint8_t ch[AUTH_CHALLENGE], mac[AUTH_MAC];
+} pending_conn;
+
+static void pending_drop(pending_conn *pc, int *np, int i, const char *why) {
+  if (why) fprintf(stderr, "donor: refused a connection: %s\n", why);
+  close(pc[i].fd);
+  pc[i] = pc[--*np];
+}
+
+/* A new connection: challenged at once (20 bytes fit any fresh socket
+ * buffer); with no secret it is served straight away. */
+static void take_conn(donor *d, pending_conn *pc, int *np, int fd) {
+  if (d->secret.len == 0) {
     serve(d, fd);
     close(fd);
+    return;
   }
+  if (*np == PENDING_MAX) pending_drop(pc, np, 0, "too many connections waiting to answer the challenge");
+  pending_conn *c = &pc[(*np)++];
+  *c = (pending_conn){.fd = fd, .t_end = tr_now() + AUTH_WAIT_S};
+  auth_challenge(c->ch);
+  if (send(fd, c->ch, AUTH_CHALLENGE, MSG_NOSIGNAL | MSG_DONTWAIT) != AUTH_CHALLENGE)
+    pending_drop(pc, np, *np - 1, "could not send the challenge");
+}
+
+/* Reads what pending connection i sent; serves it once it proved the secret. */
+static void pending_read(donor *d, pending_conn *pc, int *np, int i) {
+  pending_conn *c = &pc[i];
+  ssize_t k = recv(c->fd, c->mac + c->got, AUTH_MAC - c->got, MSG_DONTWAIT);
+  if (k <= 0) {
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    pending_drop(pc, np, i, "closed before answering the challenge");
+    return;
+  }
+  c->got += (size_t)k;
+  if (c->got < AUTH_MAC) return;
+  if (!auth_verify(&d->secret, c->ch, c->mac)) {
+    pending_drop(pc, np, i, "did not prove the job secret");
+    return;
+  }
+  int fd = c->fd;
+  pc[i] = pc[--*np];
+  serve(d, fd);
+  close(fd);
+}
+
+static void *donor_main(void *arg) {
+  donor *d = arg;
+  pending_conn pc[PENDING_MAX];
+  int np = 0;
+  while (!d->stop) {
+    struct pollfd p[1 + PENDING_MAX] = {{d->lfd, POLLIN, 0}};
+    for (int i = 0; i < np; i++) p[1 + i] = (struct pollfd){pc[i].fd, POLLIN, 0};
+    if (poll(p, (nfds_t)(1 + np), 200) < 0) continue;
+    double now = tr_now();
+    for (int i = np - 1; i >= 0; i--) { /* from the end: a drop moves the last entry into i */
+      if (p[1 + i].revents) pending_read(d, pc, &np, i);
+      else if (now > pc[i].t_end) pending_drop(pc, &np, i, "no answer to the challenge in time");
+    }
+    if (p[0].revents & POLLIN) {
+      int fd = accept(d->lfd, NULL, NULL);
+      if (fd >= 0) take_conn(d, pc, &np, fd);
+    }
+  }
+  while (np > 0) pending_drop(pc, &np, 0, NULL);
   return NULL;
 }
 
