@@ -1045,6 +1045,13 @@ ckpt_reader *ckpt_reader_open(const char *dir) {
   return r;
 }
 
+int ckpt_reader_set_remote(ckpt_reader *r, const char *dir) {
+  if (!dir) dir = "";
+  if (strlen(dir) >= sizeof r->remote) return tr_fail(TR_EINVAL, "remote checkpoint path too long: '%s'", dir);
+  snprintf(r->remote, sizeof r->remote, "%s", dir);
+  return TR_OK;
+}
+
 ckpt_reader *ckpt_engine_reader(ckpt_engine *e) {
   ckpt_reader *r = calloc(1, sizeof *r);
   if (!r) {

@@ -256,6 +256,34 @@ describe("checkpoints", function()
     assert.not_matches("step%s+1/", out)
   end)
 
+  it("the remote level: a rollback asked of the operator finds its target there when the local store is gone", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: checkpoint spec skipped") end
+    local run, remote = tmp .. "/remote-rollback", tmp .. "/remote-rollback-store"
+    local _, rc_of = S.spawn_rc("env TRANSOM_TEST_STEP_MS=40 " .. args(run, "--replicas 2 --set max_steps=400 " ..
+      "--set checkpoint.every_steps=10 --set checkpoint.remote=" .. remote .. " --set deadline=" .. S.T(2)),
+      run .. ".out")
+    local listed
+    for _ = 1, S.N(600) do -- the remote level holds a checkpoint
+      listed = sh(BIN .. " ckpt ls " .. remote .. " 2>/dev/null"):match("\n%s*(%d+)%s")
+      if listed then break end
+      sleep(0.05)
+    end
+    assert(listed, "no remote checkpoint: " .. (read(run .. ".out") or ""))
+    -- the local disk is lost while the job runs (the workers keep the store they opened)
+    assert.equal(0, select(2, sh("mv " .. run .. "/ckpt " .. run .. "/ckpt.lost")))
+    local out, rc = sh(BIN .. " attach " .. run .. " -e 'rollback()' 2>&1")
+    assert.equal(0, rc, out)
+    local target = tonumber(out:match("(%d+)"))
+    assert(target and target >= tonumber(listed), out)
+    for _ = 1, S.N(1200) do
+      if rc_of() then break end
+      sleep(0.1)
+    end
+    assert.equal(0, rc_of(), read(run .. ".out"))
+    local ev = read(run .. "/events.jsonl")
+    assert.matches('"kind":"rollback"[^\n]*at or before step ' .. target, ev)
+  end)
+
   it("an unwritable run directory is a clear error before training", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: checkpoint spec skipped") end
     local file = tmp .. "/plain-file"

@@ -185,6 +185,11 @@ ckpt_reader *ckpt_reader_open(const char *dir);
  * once the writer runs it may grow the map, which LMDB allows only with no
  * transaction of this process open, and this reader's are not excluded. */
 ckpt_reader *ckpt_engine_reader(ckpt_engine *e);
+/* Adds level 3 to a reader of the local store: steps, manifests and loads
+ * then see both levels, as an engine's reader does (a process with no
+ * engine: the operator choosing a rollback target). dir "" or NULL: none.
+ * 0, or TR_EINVAL (path too long). */
+int ckpt_reader_set_remote(ckpt_reader *r, const char *dir);
 void ckpt_reader_close(ckpt_reader *r);
 /* Steps of the committed checkpoints, ascending; returns the count (<= cap),
  * or a negative error. */

@@ -300,7 +300,13 @@ void operator_slot_exited(operator_state *o, slot *s, int status) {
 int64_t operator_newest_checkpoint(operator_state *o, int64_t step) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/ckpt", o->dir);
-  ckpt_reader *r = ckpt_reader_open(path);
+  const char *remote = o->cfg->ckpt_remote;
+  ckpt_reader *r = ckpt_reader_open(path); /* the local level, and the remote one beside it */
+  if (r && remote[0] && ckpt_reader_set_remote(r, remote)) {
+    ckpt_reader_close(r);
+    r = NULL;
+  }
+  if (!r && remote[0]) r = ckpt_reader_open(remote); /* no local store (lost, moved aside): the remote alone */
   if (!r) return -1;
   int64_t steps[4096], best = -1;
   int n = ckpt_reader_steps(r, steps, 4096);

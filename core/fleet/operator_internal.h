@@ -171,8 +171,8 @@ void operator_policy_call(operator_state *o, const char *fn, const slot *s, cons
                  double *delay, char *detail, size_t dn);
 void operator_spawn(operator_state *o, int k, const char *mode);
 void operator_stop_all(operator_state *o, const char *why);
-/* Newest committed checkpoint at or before step (read-only look at the
- * store), or -1. */
+/* Newest committed checkpoint at or before step on either level: the local
+ * store and checkpoint.remote (read-only looks), or -1. */
 int64_t operator_newest_checkpoint(operator_state *o, int64_t step);
 /* Kills every replica and restarts them all from the newest checkpoint at or
  * before step; with skip_step > step, no replica draws the batch of step
