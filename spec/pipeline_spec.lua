@@ -257,10 +257,11 @@ end]])
   -- mid-run; steps padded (TRANSOM_TEST_STEP_MS) so the run outlasts the
   -- rebuild on a loaded machine. Returns the log, the exit status and the
   -- run directory.
-  local function kill_one(name, extra)
+  -- a 2 x 2 run whose worker 3 (pipeline 1, stage 1) gets signal sig (default KILL) at step 20; top: more job keys
+  local function kill_one(name, extra, sig, top)
     local job = dir .. "/" .. name .. ".lua"
     write(job, job_text(data, "replicas = 2, pipeline = { stages = 2, micro_batches = 2" .. (extra or "") .. " }, "
-      .. "max_steps = 2000, eval_interval = 0, checksum_interval = 1,"))
+      .. "max_steps = 2000, eval_interval = 0, checksum_interval = 1," .. (top or "")))
     local rd = dir .. "/" .. name
     local log = dir .. "/" .. name .. ".log"
     local _, rc = S.spawn_rc("env TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(2)) .. " " .. q(S.BIN) .. " run " .. q(job)
@@ -272,7 +273,7 @@ end]])
     end
     assert.truthy(lines() >= 20 and not rc(), S.read(log))
     local w3 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker 3 "))
-    os.execute("kill -9 " .. assert(tonumber(w3:match("(%d+)")), w3))
+    os.execute("kill -" .. (sig or "KILL") .. " " .. assert(tonumber(w3:match("(%d+)")), w3))
     for _ = 1, S.N(1800) do
       if rc() then break end
       S.sleep(0.05)
@@ -325,6 +326,18 @@ end]])
     assert.truthy(log:find("pipeline 1: not started again (pipeline.rebuilds = 0)", 1, true), log)
     assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":1'), "one pipeline left")
     assert.truthy(S.exists(rd .. "/model.safetensors"))
+  end)
+
+  it("a stage worker stopped (SIGSTOP): its pipeline is lost and the worker killed, the other pipeline trains on", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    -- its mate gives up waiting on the link after hang_seconds; the replicas' groups wait twice that, so the
+    -- live pipeline's members are not timed out along with it (they were: one hung worker ended the run)
+    local log, rc, rd = kill_one("stopped", ", rebuilds = 0", "STOP",
+      " hang_seconds = " .. S.T(3) .. ", deadline = " .. S.T(1) .. ",")
+    assert.are.equal(0, rc, log)
+    assert.truthy(log:find("pipeline 1 lost: pipeline stage %d %(worker 3%) was killed by signal 9"), log)
+    assert.falsy(log:find("pipeline 0 lost", 1, true), log)
+    assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":1'), "one pipeline left")
   end)
 
   it("checkpoints each stage, and a launcher killed with -9 resumes to the weights of an uninterrupted run", function()
@@ -416,7 +429,7 @@ end]])
       if w3:match("%d") or rc() then break end
       S.sleep(0.01)
     end
-    os.execute("kill -9 " .. assert(tonumber(w3:match("(%d+)")), w3))
+    os.execute("kill -" .. (sig or "KILL") .. " " .. assert(tonumber(w3:match("(%d+)")), w3))
     for _ = 1, S.N(1200) do
       if rc() then break end
       S.sleep(0.05)

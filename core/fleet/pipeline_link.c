@@ -39,6 +39,7 @@ struct pl_link {
   char why[160];
   uint64_t sent, received;
   double rate, delay, busy_until, send_s; /* emulation (pl_link_shape); time in pl_send */
+  double send_timeout;                     /* pl_link_send_timeout, for the message */
 };
 
 /* --- the socket --- */
@@ -160,6 +161,16 @@ void pl_link_shape(pl_link *l, double bytes_per_s, double delay_s) {
 
 double pl_link_send_seconds(const pl_link *l) { return l->send_s; }
 
+void pl_link_send_timeout(pl_link *l, double timeout_s) {
+  struct timeval tv = {0, 0};
+  if (timeout_s > 0) {
+    tv.tv_sec = (time_t)timeout_s;
+    tv.tv_usec = (suseconds_t)((timeout_s - (double)tv.tv_sec) * 1e6);
+  }
+  setsockopt(l->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  l->send_timeout = timeout_s;
+}
+
 int pl_send(pl_link *l, const pl_header *h, const void *payload) {
   double t0 = tr_now();
   pl_header hh = *h;
@@ -169,8 +180,11 @@ int pl_send(pl_link *l, const pl_header *h, const void *payload) {
     l->busy_until = (l->busy_until > t0 ? l->busy_until : t0) + (double)(sizeof hh + hh.bytes) / l->rate;
     hh.sent_at = l->busy_until;
   }
-  if (write_all(l->fd, &hh, sizeof hh) || (hh.bytes && write_all(l->fd, payload, hh.bytes)))
+  if (write_all(l->fd, &hh, sizeof hh) || (hh.bytes && write_all(l->fd, payload, hh.bytes))) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      return tr_fail(TR_EIO, "sending to %s: it took nothing in %.0f s", l->peer, l->send_timeout);
     return tr_fail(TR_EIO, "sending to %s: %s", l->peer, strerror(errno));
+  }
   if (l->rate > 0) sleep_until(l->busy_until);
   l->sent += sizeof hh + hh.bytes;
   l->send_s += tr_now() - t0;

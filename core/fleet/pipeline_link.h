@@ -64,6 +64,10 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
  * time, as a blocking send on a full socket would, and a message is handed
  * over delay_s after it left. Both ends set the same numbers. */
 void pl_link_shape(pl_link *l, double bytes_per_s, double delay_s);
+/* A send that has the kernel take no byte for timeout_s seconds fails (the
+ * peer stopped reading: SIGSTOP, a hung host), instead of blocking the
+ * stage for ever. <= 0: no limit (the default). */
+void pl_link_send_timeout(pl_link *l, double timeout_s);
 
 /* Seconds spent in pl_send so far (what a slow link costs the sender). */
 double pl_link_send_seconds(const pl_link *l);

@@ -275,7 +275,11 @@ static int join_replicas(const job_config *cfg, pipe_stage *s, int coord) {
   ftar_member_opts fo;
   ftar_member_opts_default(&fo);
   fo.deadline = cfg->deadline;
-  fo.timeout = cfg->hang_seconds;
+  /* Longer than a link's wait (hang_seconds): a member that waits on a hung
+   * pipeline mate gives up on its link first and leaves the group, and the
+   * other pipelines' members carry on without it; with equal bounds they
+   * timed out too, and one hung worker ended every pipeline. */
+  fo.timeout = 2 * cfg->hang_seconds;
   if (!(s->fm = ftar_member_create("127.0.0.1", coord, s->p, &fo))) return TR_EIO;
   int rc = ftar_member_wait(s->fm, s->R, cfg->hang_seconds);
   return rc ? tr_fail(rc, "stage %d: its %d replicas did not all join", s->k, s->R) : TR_OK;
@@ -293,6 +297,7 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
     if (fd < 0 || !(s->next = pl_link_create(fd, name))) return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k + 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[nw], &rate, &delay);
     pl_link_shape(s->next, rate, delay);
+    pl_link_send_timeout(s->next, s->timeout);
   }
   if (s->k > 0) {
     int fd = pl_accept(a->listen_fd, s->timeout);
@@ -300,6 +305,7 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
     if (fd < 0 || !(s->prev = pl_link_create(fd, name))) return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k - 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[p->order[s->k - 1]], &rate, &delay);
     pl_link_shape(s->prev, rate, delay);
+    pl_link_send_timeout(s->prev, s->timeout);
   }
   return TR_OK;
 }
