@@ -23,12 +23,10 @@ if have_corpus then write(data, read(CORPUS):sub(1, 100000)) end
 
 -- waits (bounded) until pattern shows in the file at path; returns its text
 local function wait_for(path, pattern, seconds)
-  for _ = 1, N(seconds * 10) do
+  return S.wait_for(function()
     local text = read(path) or ""
-    if text:find(pattern) then return text end
-    sleep(0.1)
-  end
-  return nil
+    return text:find(pattern) and text
+  end, seconds)
 end
 
 local function count(text, pattern)

@@ -54,15 +54,11 @@ local function agent(k, run, extra, envs)
     (extra or ""), run .. "-agent" .. k .. ".log")
 end
 
-local function events(run) return read(run .. "/events.jsonl") or "" end
+local events = S.events
 
 -- waits (bounded) until pattern shows in the run's events
 local function wait_event(run, pattern, seconds)
-  for _ = 1, N((seconds or 30) * 10) do
-    if events(run):match(pattern) then return true end
-    sleep(0.1)
-  end
-  return false
+  return S.wait_for(function() return events(run):match(pattern) end, seconds or 30) ~= nil
 end
 
 -- the highest step any replica reported
@@ -97,14 +93,7 @@ local function steps_by_worker(run)
   return by
 end
 
-local function wait_exit(rc_of, seconds)
-  for _ = 1, N(seconds * 10) do
-    local rc = rc_of()
-    if rc then return rc end
-    sleep(0.1)
-  end
-  return nil
-end
+local wait_exit = S.wait_rc
 
 local function up(n)
   local out, rc = sh(TH .. " up " .. NAME .. " " .. n)

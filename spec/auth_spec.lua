@@ -24,15 +24,7 @@ if have_corpus then S.write(data, read(CORPUS):sub(1, 300000)) end
 
 local STEPS = 300
 
-local function events(run) return read(run .. "/events.jsonl") or "" end
-
-local function wait_for(fn, seconds)
-  for _ = 1, N(seconds * 10) do
-    if fn() then return true end
-    sleep(0.1)
-  end
-  return false
-end
+local events, wait_for = S.events, S.wait_for
 
 -- the TCP ports pid listens on
 local function ports_of(pid)

@@ -37,15 +37,7 @@ end
 
 local spawn, spawn_rc = S.spawn, S.spawn_rc
 
-local function alive(pid) return (sh("kill -0 " .. pid .. " 2>/dev/null && echo yes || echo no")):match("yes") end
-
-local function wait_exit(pid, seconds)
-  for _ = 1, N(seconds * 20) do
-    if not alive(pid) then return true end
-    sleep(0.05)
-  end
-  return false
-end
+local alive, wait_exit = S.alive, S.wait_gone
 
 -- the metrics lines of a multi-replica run: per worker, its steps in order
 local function steps_by_worker(run)
@@ -70,7 +62,7 @@ local function final_val(run)
   return v
 end
 
-local function events(run) return read(run .. "/events.jsonl") or "" end
+local events = S.events
 
 -- pid of a slot, from the operator itself (`transom chaos RUN status`)
 local function pid_of(run, slot)

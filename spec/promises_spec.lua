@@ -49,7 +49,7 @@ local function policies(name, rules, actions, restart)
   return dir
 end
 
-local function events(run) return read(run .. "/events.jsonl") or "" end
+local events = S.events
 
 -- metrics.jsonl's step records in file order: {step, worker, replicas,
 -- skipped, loss (the string: runs compare bit for bit), checksum}
@@ -78,15 +78,7 @@ local function events_of(run, kind)
   return t
 end
 
-local function alive(pid) return (sh("kill -0 " .. pid .. " 2>/dev/null && echo yes || echo no")):match("yes") end
-
-local function wait_exit(pid, seconds)
-  for _ = 1, seconds * 20 do
-    if not alive(pid) then return true end
-    sleep(0.05)
-  end
-  return false
-end
+local alive, wait_exit = S.alive, S.wait_gone
 
 -- (slot state, pid, step) from the operator itself (`transom chaos RUN status`)
 local function status(run, slot)
@@ -96,13 +88,7 @@ local function status(run, slot)
 end
 
 -- waits (bounded) until fn() is true; returns whether it came
-local function wait_for(fn, seconds)
-  for _ = 1, (seconds or 30) * 20 do
-    if fn() then return true end
-    sleep(0.05)
-  end
-  return false
-end
+local function wait_for(fn, seconds) return S.wait_for(fn, seconds or 30) ~= nil end
 
 local function assert_agree(run, out, n)
   assert.matches('"kind":"replicas_agree","detail":"' .. (n or 2) .. ' replicas finished with parameter crc32c',
@@ -288,7 +274,10 @@ function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } en
   it("`transom chaos RUN kill 1`: the operator kills replica 1, a replacement joins, every step done", function()
     if not have_corpus then return skip() end
     local run = tmp .. "/chaoskill"
-    local op = S.spawn(job(run, "--set max_steps=300 --set checkpoint.every_steps=50"), tmp .. "/chaoskill.log")
+    -- steps padded to 20 ms: unpadded, a loaded machine let the survivor run its last 250 steps before the
+    -- replacement joined (cancelled: one replica finished, and the test failed on what it does not check)
+    local op = S.spawn(job(run, "--set max_steps=300 --set checkpoint.every_steps=50"), tmp .. "/chaoskill.log",
+      "TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(20)))
     local pid, at
     assert.is_true(wait_for(function()
       local st, p, step = status(run, 1)

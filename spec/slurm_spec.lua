@@ -30,15 +30,9 @@ local CL = tmp .. "/cluster"
 -- a command on test host 1 (the controller's), with the cluster's SLURM_CONF
 local function on1(cmd) return sh(TH .. " exec " .. NAME .. " 1 env SLURM_CONF=" .. CL .. "/slurm.conf " .. cmd) end
 local function state(id) return (on1("scontrol show job " .. id)):match("JobState=(%u+)") end
-local function events(run) return read(run .. "/events.jsonl") or "" end
+local events = S.events
 
-local function wait_for(fn, seconds)
-  for _ = 1, N(seconds * 10) do
-    if fn() then return true end
-    sleep(0.1)
-  end
-  return false
-end
+local wait_for = S.wait_for
 
 describe("examples/slurm.sbatch under a real Slurm", function()
   after_each(function()

@@ -1,7 +1,8 @@
 -- support.lua — what the process-level specs share: the binary under test,
 -- the repository root, the corpus, running shell commands, reading and
 -- writing files, quoting, running the binary, the time scale of a slow
--- (sanitizer) build. Loaded with dofile by every
+-- (sanitizer) build, bounded waits (for a condition, a process's end, an
+-- exit status), a run's events. Loaded with dofile by every
 -- spec that spawns transom (busted does not run it: no _spec suffix).
 
 local S = {}
@@ -121,6 +122,47 @@ function S.transom(dir, ...)
   assert(how == "exit", "transom was killed by signal " .. tostring(code))
   return code, assert(S.read(out)), assert(S.read(err))
 end
+
+-- A fresh directory for a spec's files.
+function S.tmpdir()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. S.q(dir)))
+  return dir
+end
+
+-- The corpus's first `bytes` in dir/corpus.txt: its path, or nil where this
+-- machine has no corpus (the spec then marks its cases pending).
+function S.corpus_copy(dir, bytes)
+  local text = S.read(S.CORPUS)
+  if not text then return nil end
+  S.write(dir .. "/corpus.txt", text:sub(1, bytes))
+  return dir .. "/corpus.txt"
+end
+
+-- A run's events.jsonl ("" before the run wrote one).
+function S.events(run) return S.read(run .. "/events.jsonl") or "" end
+
+-- Polls fn every 0.05 s until it returns a true value, which is returned;
+-- nil once `seconds` (stretched by the time scale) passed. Every wait of a
+-- spec is bounded this way.
+function S.wait_for(fn, seconds)
+  for _ = 1, S.N(seconds * 20) do
+    local v = fn()
+    if v then return v end
+    S.sleep(0.05)
+  end
+  return nil
+end
+
+-- Whether process pid exists (a zombie counts).
+function S.alive(pid) return (S.sh("kill -0 " .. pid .. " 2>/dev/null && echo yes || echo no")):match("yes") ~= nil end
+
+-- Waits (bounded, scaled) until pid is gone; whether it went.
+function S.wait_gone(pid, seconds) return S.wait_for(function() return not S.alive(pid) end, seconds) == true end
+
+-- Waits (bounded, scaled) for rc_of() (S.spawn_rc's) to give the exit status; it, or nil.
+function S.wait_rc(rc_of, seconds) return S.wait_for(rc_of, seconds) end
 
 -- The "step=loss" strings of a single-replica run's metrics.jsonl, in order
 -- (strings: two runs compare bit for bit).
