@@ -13,13 +13,10 @@ local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
 local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
 local T, N = S.T, S.N
 
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. tmp))
+local tmp = S.tmpdir()
 local have_python = select(2, sh("python3 -c 'import hmac, hashlib'")) == 0
-local have_corpus = read(CORPUS) ~= nil
-local data = tmp .. "/corpus.txt"
-if have_corpus then write(data, read(CORPUS):sub(1, 100000)) end
+local data = S.corpus_copy(tmp, 100000)
+local have_corpus = data ~= nil
 
 -- waits (bounded) until pattern shows in the file at path; returns its text
 local function wait_for(path, pattern, seconds)

@@ -24,12 +24,9 @@ local NAME = "ta" .. (tonumber(sh("echo $$"):match("%d+")) % 100000)
 local probe, probe_rc = sh(TH .. " probe")
 local have_ns = probe_rc == 0
 
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. tmp))
-local data = tmp .. "/corpus.txt"
-local have_corpus = read(CORPUS) ~= nil
-if have_corpus then S.write(data, read(CORPUS):sub(1, 300000)) end
+local tmp = S.tmpdir()
+local data = S.corpus_copy(tmp, 300000)
+local have_corpus = data ~= nil
 
 local STEPS = 400
 local PORT = 29500

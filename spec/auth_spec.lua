@@ -15,12 +15,9 @@ local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
 local sh, sleep, read = S.sh, S.sleep, S.read
 local T, N = S.T, S.N
 
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. tmp))
-local data = tmp .. "/corpus.txt"
-local have_corpus = read(CORPUS) ~= nil
-if have_corpus then S.write(data, read(CORPUS):sub(1, 300000)) end
+local tmp = S.tmpdir()
+local data = S.corpus_copy(tmp, 300000)
+local have_corpus = data ~= nil
 
 local STEPS = 300
 

@@ -18,16 +18,9 @@ local function count_lines(path)
   return n
 end
 
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. tmp))
-local data = tmp .. "/corpus.txt"
-local have_corpus = read(CORPUS) ~= nil
-if have_corpus then
-  local f = io.open(data, "wb")
-  f:write(read(CORPUS):sub(1, 200000))
-  f:close()
-end
+local tmp = S.tmpdir()
+local data = S.corpus_copy(tmp, 200000)
+local have_corpus = data ~= nil
 
 -- a small GPT: 1.2 MiB of state per checkpoint, a few ms per step
 local function args(run, extra)

@@ -10,12 +10,9 @@ local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec")
 local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
 local sh, read = S.sh, S.read
 
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. tmp))
-local data = tmp .. "/corpus.txt"
-local have_corpus = read(CORPUS) ~= nil
-if have_corpus then S.write(data, read(CORPUS):sub(1, 200000)) end
+local tmp = S.tmpdir()
+local data = S.corpus_copy(tmp, 200000)
+local have_corpus = data ~= nil
 
 -- a GPU is visible to this process: the cuda cases train instead of failing
 local gpu = select(2, sh("nvidia-smi -L >/dev/null 2>&1")) == 0

@@ -14,16 +14,9 @@ local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
 local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
 local T, N = S.T, S.N
 
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. tmp))
-local data = tmp .. "/corpus.txt"
-local have_corpus = read(CORPUS) ~= nil
-if have_corpus then
-  local f = io.open(data, "wb")
-  f:write(read(CORPUS):sub(1, 300000))
-  f:close()
-end
+local tmp = S.tmpdir()
+local data = S.corpus_copy(tmp, 300000)
+local have_corpus = data ~= nil
 
 local STEPS = 300
 local function job(run, extra)

@@ -12,12 +12,9 @@ local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec")
 local BIN, ROOT, CORPUS = S.BIN, S.ROOT, S.CORPUS
 local sh, sleep, read, write = S.sh, S.sleep, S.read, S.write
 
-local tmp = os.tmpname()
-os.remove(tmp)
-assert(os.execute("mkdir -p " .. tmp))
-local data = tmp .. "/corpus.txt"
-local have_corpus = read(CORPUS) ~= nil
-if have_corpus then write(data, read(CORPUS):sub(1, 300000)) end
+local tmp = S.tmpdir()
+local data = S.corpus_copy(tmp, 300000)
+local have_corpus = data ~= nil
 
 local function skip() return pending("no ../shared/data/tinyshakespeare.txt: promises spec skipped") end
 
