@@ -3,8 +3,11 @@
  * per membership epoch (core/ftar/ftar_dev.c creates and drops them).
  *
  * Called through backend.cu's wrappers, which make the device current, by
- * the training thread (the one that drives the compute stream). Nothing
- * here blocks without a bound:
+ * the training thread (the one that drives the compute stream) for
+ * comm_allreduce, and by FTAR's communication thread for the overlapped
+ * all-reduces (comm_allreduce_async / comm_wait: buckets of gradients
+ * reduced while backward runs); either may create and destroy
+ * communicators, one at a time. Nothing here blocks without a bound:
  *   - every communicator is non-blocking (config.blocking = 0): calls may
  *     return ncclInProgress, and then the communicator's state
  *     (ncclCommGetAsyncError) is polled until it is not, before any other
@@ -13,7 +16,8 @@
  *     made then, not by the first all-reduce: NCCL_RUNTIME_CONNECT=0 (set
  *     at the first id or communicator unless the environment says
  *     otherwise) connects every peer during init, and a one-float warm-up
- *     all-reduce, bounded by what is left of `timeout`, runs the first
+ *     all-reduce on the communication stream (not behind the compute
+ *     stream's work), bounded by what is left of `timeout`, runs the first
  *     collective's set-up, so that no deadline below pays for either;
  *   - an all-reduce is cut into chunks of CHUNK_FLOATS, each queued on the
  *     compute stream between two events, one after the other; a watchdog
@@ -25,6 +29,16 @@
  *     whatever the size. The start event keeps the compute queued before
  *     the collective out of the first chunk's deadline; waiting for the
  *     stream to get there is bounded too (START_SLACK_S or 10 x deadline);
+ *   - an overlapped all-reduce (comm_allreduce_async) is queued the same way
+ *     on the communication stream, after cudaStreamWaitEvent on the
+ *     caller's mark (an event the training thread recorded on the compute
+ *     stream once the bucket's last gradient kernel was queued), its chunks'
+ *     events kept; comm_wait watches them one by one as above (a chunk's
+ *     deadline runs from its start event, so the compute stream's backward
+ *     before the mark is not counted), then drains the communication stream
+ *     (the scaling kernel, copies). After an abort it still drains it (the
+ *     aborted kernels quit), bounded, so that the caller may copy the
+ *     input back behind it; a stream that does not drain loses the device;
  *   - aborting (ncclCommAbort, which NCCL leaves blocking even for a
  *     non-blocking communicator, and which has been seen to hang) runs on a
  *     helper thread and is waited for ABORT_S: past it the device is
@@ -49,7 +63,8 @@
  * kernel of this file (the ring of core/ftar/ftar.c divides: bits may differ).
  *
  * Not here: the id's transport (FTAR's coordinator), the decision what
- * survivors return (core/ftar/ftar.c).
+ * survivors return and the buckets (core/ftar/ftar_collective.c,
+ * ftar_dev.c), the marks and the communication stream (backend.cu).
  */
 #include <nccl.h>
 #include <pthread.h>

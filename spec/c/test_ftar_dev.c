@@ -37,6 +37,20 @@
  *             collective (TR_EIO, naming the restore) instead of redoing it
  *             from a buffer that may be half reduced, and its member stays
  *             failed (the next call fails at once)
+ *   dev-bucket  ftar_allreduce_dev_start on emu at 2 and 3 members: each
+ *             member writes its buffer from the end in pieces that straddle
+ *             buckets, marking each ready (ftar_allreduce_ready) with a
+ *             pause between pieces, then waits: exact sums and means with
+ *             every member as contributor, identical bits everywhere,
+ *             comm_s reported
+ *   dev-bucket kill -9  (1) slot 0 stops halfway through writing seq 10,
+ *             once its bucket 0 holds the sum (buckets in flight), and is
+ *             killed there: the survivors abort on the communicator's
+ *             deadline, put back the buckets they had reduced and redo seq
+ *             10 in a new epoch: exact sums of exactly slots 1 and 2 (a
+ *             restore that missed a float would leave slot 0's value in
+ *             it), RESHAPED; (2) slot 1 killed at any moment of 60
+ *             bucketed collectives: the same
  *   dev-lost  a member's device is lost in the middle of a collective (emu:
  *             an illegal address, sticky like a corrupted CUDA context):
  *             its call fails at once with TR_EDEVICE, not redone (a redo
