@@ -569,6 +569,7 @@ int tc_comm_wait(tr_comm *c, double deadline) {
   }
   if (c) c->npend = 0;
   /* the rest (scaling, copies), or what an abort left: its kernels quit */
+  if (rc == TC_EDEVICE) return rc; /* nothing may touch a lost device */
   if (rc) {
     char why[512];
     snprintf(why, sizeof why, "%s", tc_last_error());
