@@ -210,6 +210,47 @@ describe("device", function()
     for i, st in ipairs(steps) do assert.equals(i, st) end
   end)
 
+  -- step records of worker w: {loss, comm_s, allreduce_s} per step
+  local function comm_records(run, w)
+    local by = {}
+    for line in (read(run .. "/metrics.jsonl") or ""):gmatch("[^\n]+") do
+      local st, wk = line:match('^{"step":(%d+),"worker":(%d+),')
+      if st and tonumber(wk) == w then
+        by[#by + 1] = { step = tonumber(st), loss = line:match('"loss":([^,}]+)'),
+                        comm = tonumber(line:match('"comm_s":([%d%.eE%-]+)')),
+                        exposed = tonumber(line:match('"allreduce_s":([%d%.eE%-]+)')) }
+      end
+    end
+    return by
+  end
+
+  it("on emu, gradient buckets are reduced through the device communicator while backward runs: the bits of one all-reduce after backward", function()
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    local recs, crcs = {}, {}
+    for _, b in ipairs({ "0", "0.02" }) do
+      local run = tmp .. "/emu_bucket" .. b
+      local out, rc = sh("timeout 180 " .. args(run, "emu", "--set max_steps=30 --set replicas=2 --set bucket_mb=" .. b))
+      assert.equals(0, rc, out)
+      crcs[b] = out:match("2 replicas finished with parameter crc32c (%x+)")
+      assert.is_truthy(crcs[b], out)
+      recs[b] = comm_records(run, 0)
+      assert.equals(30, #recs[b])
+    end
+    assert.equals(crcs["0"], crcs["0.02"])
+    local overlapped = 0
+    for i = 1, 30 do
+      local a, b = recs["0"][i], recs["0.02"][i]
+      assert.equals(a.loss, b.loss, "step " .. i)
+      -- after backward: the collective ran exactly while the step waited
+      assert.equals(a.comm, a.exposed, "step " .. i)
+      -- overlapped: it ran at least while the step waited, and started
+      -- during backward (comm_s is the communication thread's time)
+      assert.is_true(b.exposed <= b.comm + 1e-6, string.format("step %d: exposed %g > comm %g", i, b.exposed, b.comm))
+      if b.comm > b.exposed + 1e-6 then overlapped = overlapped + 1 end
+    end
+    assert.is_true(overlapped >= 10, "only " .. overlapped .. " of 30 steps had communication before the wait")
+  end)
+
   it("replicas on emu agree bit for bit", function()
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
     local run = tmp .. "/emu2"

@@ -364,16 +364,20 @@ static int hook_before_step(void *ud, int64_t next) {
   return 0;
 }
 
-/* bucket_mb > 0 on host memory: the all-reduce of step `next` starts now
- * and reduces buckets while backward writes the rest (hook_grads_ready). */
+/* bucket_mb > 0 on host memory, or on a device backend with overlapped
+ * collectives (emu, cuda with NCCL): the all-reduce of step `next` starts
+ * now and reduces buckets while backward writes the rest
+ * (hook_grads_ready; on a device, after a mark of the compute stream).
+ * Other backends reduce after backward (hook_exchange). */
 static int hook_exchange_start(void *ud, int64_t next) {
   worker *w = ud;
   trainer *t = w->t;
+  const tr_backend *be = trainer_backend(t);
   size_t bucket = (size_t)(w->cfg->bucket_mb * (1 << 20) / sizeof(float));
   w->inflight = 0;
-  if (!bucket || !trainer_backend(t)->host_memory) return 0;
-  int rc = ftar_allreduce_start(w->fm, trainer_grads(t), (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)next,
-                                bucket);
+  if (!bucket || !ftar_dev_overlaps(be)) return 0;
+  int rc = ftar_allreduce_dev_start(w->fm, be, trainer_grads(t), (size_t)trainer_grads_size(t), FTAR_MEAN,
+                                    (uint64_t)next, bucket);
   if (rc) return rc;
   w->inflight = 1;
   return 0;

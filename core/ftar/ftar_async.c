@@ -18,7 +18,13 @@
  * collective waits for quorum on the communication thread, ftar_allreduce_
  * wait calls it on the caller's thread.
  *
- * Not here: moving bytes (ftar_ring.c), the control round
+ * A device call (ftar_allreduce_dev_start) runs the same way on the device
+ * plane in bucket mode (ftar_dev.c): ready, on the producer's thread,
+ * records a mark of the compute stream (be->comm_mark) for the buckets it
+ * makes final, and the plane queues each bucket's all-reduce on the
+ * backend's communication stream after that mark.
+ *
+ * Not here: moving bytes (ftar_ring.c, ftar_dev.c), the control round
  * (ftar_collective.c). Called by: the worker's exchange hooks
  * (core/fleet/worker.c), ftar_bench.c, tests.
  */
@@ -46,6 +52,8 @@ struct ftar_async {
   int state, quit;
   int qw_pending; /* the collective waits for quorum: the caller should run quorum_wait */
   /* the call: written by the caller before A_QUEUED, read by the thread */
+  const tr_backend *be; /* a device call (ftar_allreduce_dev_start), NULL for host memory */
+  tr_mark **marks;      /* a device call: the producer's mark per bucket (rd.marks) */
   float *buf;
   size_t n, bucket, nb;
   ftar_op op;
@@ -72,13 +80,15 @@ static size_t buckets_ready(const ftar_async *a, size_t from) {
 static void run_call(ftar_member *m, ftar_async *a) {
   a->t0 = tr_now();
   a->err[0] = 0;
-  ftar_plane *pl = ftar_ring_plane_new(a->buf, a->n, a->op, a->bucket, &a->rd);
+  ftar_plane *pl = a->be ? ftar_dev_plane_new(m, a->be, a->buf, a->n, a->op, a->bucket, &a->rd)
+                        : ftar_ring_plane_new(a->buf, a->n, a->op, a->bucket, &a->rd);
   if (!pl) {
     memset(&a->res, 0, sizeof a->res);
     a->rc = tr_fail(TR_ENOMEM, "ftar_allreduce_start: out of memory");
   } else {
     a->rc = ftar_collective(m, pl, a->n, a->op, a->seq, &a->res);
-    ftar_ring_plane_free(pl);
+    if (a->be) ftar_dev_plane_free(pl);
+    else ftar_ring_plane_free(pl);
   }
   if (a->rc < 0) snprintf(a->err, sizeof a->err, "%s", tr_error());
   a->t1 = tr_now();
@@ -126,6 +136,27 @@ void ftar_quorum_wait(ftar_member *m) {
   if (m->o.quorum_wait) m->o.quorum_wait(m->o.quorum_ud);
 }
 
+int ftar_member_ready_wait(ftar_member *m, const ftar_ready *rd, size_t off, double t_end) {
+  pthread_mutex_lock(&m->mu);
+  while (!m->failed && atomic_load_explicit(&rd->from, memory_order_acquire) > off && tr_now() < t_end)
+    ftar_cv_wait(m, t_end);
+  int failed = m->failed, ready = atomic_load_explicit(&rd->from, memory_order_acquire) <= off;
+  pthread_mutex_unlock(&m->mu);
+  if (failed) return tr_fail(failed, "ftar: %s", m->fail_msg);
+  if (!ready) return tr_fail(FTAR_ETIMEOUT, "ftar: the buffer was not final within %.1f s", m->o.timeout);
+  return 0;
+}
+
+/* Frees a device call's marks (a mark covers a run of buckets: once each). */
+static void marks_free(ftar_async *a) {
+  if (!a->marks) return;
+  for (size_t b = 0; b < a->nb; b++)
+    if (a->marks[b] && (b == 0 || a->marks[b] != a->marks[b - 1])) a->be->comm_mark_free(a->marks[b]);
+  free(a->marks);
+  a->marks = NULL;
+  a->rd.marks = NULL;
+}
+
 int ftar_async_busy(ftar_member *m) {
   ftar_async *a = m->async;
   if (!a) return 0;
@@ -148,6 +179,7 @@ void ftar_async_free(ftar_member *m) {
     if (busy) ftar_member_fail(m, FTAR_ECOORD, "the member was freed with a collective in flight");
     pthread_join(a->th, NULL);
   }
+  marks_free(a);
   free(a);
   m->async = NULL;
 }
@@ -170,20 +202,25 @@ static int async_get(ftar_member *m, ftar_async **out) {
   return 0;
 }
 
-int ftar_allreduce_start(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, size_t bucket) {
-  if (!m || (!buf && n) || (op != FTAR_SUM && op != FTAR_MEAN))
-    return tr_fail(TR_EINVAL, "ftar_allreduce_start: bad arguments");
+/* Hands the call to the communication thread (be: a device call). */
+static int queue_call(ftar_member *m, const tr_backend *be, float *buf, size_t n, ftar_op op, uint64_t seq,
+                      size_t bucket) {
   if (ftar_async_busy(m)) return tr_fail(TR_ESTATE, "ftar_allreduce_start: a collective is in flight");
   ftar_async *a = NULL;
   int rc = async_get(m, &a);
   if (rc) return rc;
+  size_t B = bucket && bucket < n ? bucket : (n ? n : 1), nb = (n + B - 1) / B;
+  tr_mark **marks = NULL;
+  if (be && !(marks = calloc(nb + 1, sizeof *marks))) return tr_fail(TR_ENOMEM, "ftar_allreduce_start: out of memory");
   pthread_mutex_lock(&m->mu);
+  a->be = be;
+  a->marks = a->rd.marks = marks;
   a->buf = buf;
   a->n = n;
   a->op = op;
   a->seq = seq;
-  a->bucket = bucket && bucket < n ? bucket : (n ? n : 1);
-  a->nb = (n + a->bucket - 1) / a->bucket;
+  a->bucket = B;
+  a->nb = nb;
   a->qw_pending = 0;
   atomic_store(&a->rd.from, n);
   a->state = A_QUEUED;
@@ -192,13 +229,45 @@ int ftar_allreduce_start(ftar_member *m, float *buf, size_t n, ftar_op op, uint6
   return 0;
 }
 
+int ftar_allreduce_start(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, size_t bucket) {
+  if (!m || (!buf && n) || (op != FTAR_SUM && op != FTAR_MEAN))
+    return tr_fail(TR_EINVAL, "ftar_allreduce_start: bad arguments");
+  return queue_call(m, NULL, buf, n, op, seq, bucket);
+}
+
+int ftar_dev_overlaps(const tr_backend *be) { return be && (be->host_memory || ftar_dev_has_overlap(be)); }
+
+int ftar_allreduce_dev_start(ftar_member *m, const tr_backend *be, float *buf, size_t n, ftar_op op, uint64_t seq,
+                             size_t bucket) {
+  if (!m || !be || (!buf && n) || (op != FTAR_SUM && op != FTAR_MEAN) || n > ((size_t)1 << 40))
+    return tr_fail(TR_EINVAL, "ftar_allreduce_dev_start: bad arguments");
+  if (be->host_memory) return queue_call(m, NULL, buf, n, op, seq, bucket);
+  if (!ftar_dev_has_overlap(be))
+    return tr_fail(TR_EINVAL, "ftar_allreduce_dev_start: the %s backend has no overlapped collectives", be->name);
+  return queue_call(m, be, buf, n, op, seq, bucket);
+}
+
+/* A device call: bucket k_old .. k_new - 1 become final; the compute
+ * stream's mark after which they are, in marks[] before `from` says so (a
+ * mark that cannot be recorded: the stream is synchronised instead). */
+static void mark_buckets(ftar_async *a, size_t k_old, size_t k_new) {
+  tr_mark *mk = NULL;
+  if (a->be->comm_mark(&mk)) {
+    mk = NULL;
+    (void)a->be->sync(); /* a failure here fails the collectives that follow too */
+  }
+  for (size_t b = k_old; b < k_new; b++) a->marks[b] = mk;
+}
+
 void ftar_allreduce_ready(ftar_member *m, size_t from) {
   ftar_async *a = m ? m->async : NULL;
   if (!a) return;
   size_t old = atomic_load_explicit(&a->rd.from, memory_order_relaxed); /* we are its only writer */
   if (from >= old) return;
+  size_t k_old = buckets_ready(a, old), k_new = buckets_ready(a, from);
+  if (a->marks && k_new > k_old) mark_buckets(a, k_old, k_new);
   atomic_store_explicit(&a->rd.from, from, memory_order_release);
-  if (buckets_ready(a, from) == buckets_ready(a, old)) return;
+  if (k_new == k_old) return;
   /* a bucket became final: wake the ring, or the thread waiting for the first one */
   pthread_mutex_lock(&m->mu);
   pthread_cond_broadcast(&m->cv);
@@ -223,6 +292,7 @@ int ftar_allreduce_wait(ftar_member *m, ftar_result *res, double *comm_s) {
   }
   a->state = A_IDLE;
   pthread_mutex_unlock(&m->mu);
+  marks_free(a);
   if (res) *res = a->res;
   if (comm_s) *comm_s = a->t1 - a->t0;
   if (a->rc < 0) return tr_fail(a->rc, "%s", a->err);

@@ -31,8 +31,19 @@
  * (FATAL), so that the worker exits (and is replaced, or the job stops)
  * instead of stalling its group epoch after epoch until the call's timeout.
  *
+ * Bucket mode (ftar_allreduce_dev_start, on the member's communication
+ * thread, ftar_async.c): the same attempt, bucket after bucket from the
+ * end of buf as the producer makes them final. Each bucket waits for the
+ * producer's mark of the compute stream, then on the backend's
+ * communication stream its input is copied (first attempt) and it is
+ * all-reduced, watched to its end before the next one is queued; the
+ * commit round follows the last bucket. An abort copies back only the
+ * buckets it touched (the producer may be writing the others), on the
+ * communication stream behind the aborted collective.
+ *
  * Not here: the NCCL calls (ext/cuda/comm.cu), the shared-memory
- * communicator (comm_emu.c). Called by: the trainer, tests.
+ * communicator (comm_emu.c), the communication thread (ftar_async.c).
+ * Called by: the trainer, ftar_async.c, tests.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +115,24 @@ static dev_state *dev_get(ftar_member *m, const tr_backend *be) {
   return st;
 }
 
+/* The device buffers of a collective of n floats: the input copy (at least
+ * n) and the commit round's float. 0 or TR_ENOMEM. */
+static int dev_buffers(dev_state *st, size_t n) {
+  const tr_backend *be = st->be;
+  if (n > st->save_cap) {
+    if (st->save) be->free(st->save);
+    st->save_cap = 0;
+    st->save = be->alloc(n * sizeof(float));
+    if (!st->save)
+      return tr_fail(TR_ENOMEM, "ftar_allreduce_dev: %s: cannot allocate the input copy (%zu floats): %s", be->name, n,
+                     be->error());
+    st->save_cap = n;
+  }
+  if (!st->token && !(st->token = be->alloc(sizeof(float))))
+    return tr_fail(TR_ENOMEM, "ftar_allreduce_dev: %s: out of device memory: %s", be->name, be->error());
+  return 0;
+}
+
 /* --- the communicator plane --- */
 
 typedef struct {
@@ -133,9 +162,8 @@ static int comm_failed(int rc, int *fatal_rc) {
 
 /* Makes sure st->comm is the communicator of ri's epoch. FTAR_PLANE_DONE
  * (0) when it is, else ABORT / FATAL with why. */
-static int comm_ready(dev_plane *p, ftar_member *m, const ftar_run_info *ri, double t_end, int *fatal_rc,
+static int comm_ready(dev_state *st, ftar_member *m, const ftar_run_info *ri, double t_end, int *fatal_rc,
                       char *why, size_t why_len) {
-  dev_state *st = p->st;
   const tr_backend *be = st->be;
   if (st->comm && st->comm_ep == ri->epoch) return FTAR_PLANE_DONE;
   comm_drop(st, 0);
@@ -185,30 +213,21 @@ static int dev_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_
   ftar_run_info ri;
   ftar_member_run_info(m, &ri);
   *full = 0;
+  int rc = dev_buffers(st, p->n);
+  if (rc) return rc;
   if (!p->saved && p->n) {
-    if (p->n > st->save_cap) {
-      if (st->save) be->free(st->save);
-      st->save_cap = 0;
-      st->save = be->alloc(p->n * sizeof(float));
-      if (!st->save)
-        return tr_fail(TR_ENOMEM, "ftar_allreduce_dev: %s: cannot allocate the input copy (%zu floats): %s", be->name,
-                       p->n, be->error());
-      st->save_cap = p->n;
-    }
-    int rc = be->copy(st->save, p->buf, p->n * sizeof(float));
+    rc = be->copy(st->save, p->buf, p->n * sizeof(float));
     if (rc)
       return tr_fail(rc == TR_EDEVICE ? TR_EDEVICE : TR_EIO, "ftar_allreduce_dev: %s: saving the input: %s", be->name,
                      be->error());
     p->saved = 1;
   }
-  if (!st->token && !(st->token = be->alloc(sizeof(float))))
-    return tr_fail(TR_ENOMEM, "ftar_allreduce_dev: %s: out of device memory: %s", be->name, be->error());
-  int r = comm_ready(p, m, &ri, t_end, fatal_rc, why, why_len);
+  int r = comm_ready(st, m, &ri, t_end, fatal_rc, why, why_len);
   if (r != FTAR_PLANE_DONE) return r;
   float scale = p->op == FTAR_MEAN ? 1.0f / (float)ri.n : 1.0f;
   p->dirty = 1;
   st->comm_ok = 0;
-  int rc = be->comm_allreduce(st->comm, p->buf, p->n, scale, ri.deadline);
+  rc = be->comm_allreduce(st->comm, p->buf, p->n, scale, ri.deadline);
   if (rc) {
     snprintf(why, why_len, "seq %llu, rank %d of %d: %s", (unsigned long long)seq, ri.rank, ri.n, be->error());
     comm_drop(st, 0);
@@ -242,6 +261,172 @@ static int dev_plane_restore(ftar_plane *pl, ftar_member *m) {
 static void dev_plane_leave(ftar_plane *pl, ftar_member *m) {
   (void)m;
   comm_drop(((dev_plane *)pl)->st, 0);
+}
+
+/* --- the communicator plane in bucket mode (ftar_allreduce_dev_start) --- */
+
+typedef struct {
+  ftar_plane base;
+  dev_state *st;
+  float *buf;
+  size_t n, B, nb; /* nb buckets of B floats from the end of buf (ftar_ring.c's geometry) */
+  ftar_op op;
+  const ftar_ready *rd;
+  uint8_t *saved; /* per bucket: st->save holds its input (made by this call's first attempt) */
+  uint8_t *dirty; /* per bucket: an all-reduce was queued on it since the last restore */
+} bucket_plane;
+
+static size_t bk_off(const bucket_plane *p, size_t b) {
+  size_t hi = p->n - b * p->B;
+  return hi > p->B ? hi - p->B : 0;
+}
+static size_t bk_len(const bucket_plane *p, size_t b) {
+  size_t hi = p->n - b * p->B;
+  return hi > p->B ? p->B : hi;
+}
+
+/* An attempt ends after work was queued: the communicator is aborted (the
+ * queued collectives quit) so that the restore's copies can follow. */
+static int bucket_failed(bucket_plane *p, int rc, int *fatal_rc) {
+  comm_drop(p->st, 0);
+  return comm_failed(rc, fatal_rc);
+}
+
+/* Reduces bucket b once its producer is done with it: on the communication
+ * stream, after the producer's mark, the copy of its input (first attempt)
+ * and its all-reduce, watched to its end (comm_wait) before the next bucket
+ * is queued: at most one collective of the communicator is outstanding, as
+ * in dev_plane_run, so an abort never finds a queue of collectives that
+ * have not started. The compute stream runs on meanwhile: that is the
+ * overlap. FTAR_PLANE_DONE (0) when reduced, else ABORT / FATAL with why,
+ * or a negative code (the input copy could not be queued). */
+static int bucket_queue(bucket_plane *p, ftar_member *m, size_t b, float scale, const ftar_run_info *ri,
+                        double t_end, int *fatal_rc, char *why, size_t why_len) {
+  dev_state *st = p->st;
+  const tr_backend *be = st->be;
+  size_t off = bk_off(p, b), len = bk_len(p, b);
+  int rc = ftar_member_ready_wait(m, p->rd, off, t_end);
+  if (rc) {
+    snprintf(why, why_len, "waiting for bucket %zu of the producer: %s", b, tr_error());
+    comm_drop(st, 0);
+    return plane_fatal(fatal_rc, rc);
+  }
+  const tr_mark *mark = p->rd->marks ? p->rd->marks[b] : NULL;
+  if (!p->saved[b]) {
+    rc = be->comm_copy(st->save + off, p->buf + off, len * sizeof(float), mark);
+    if (rc) {
+      comm_drop(st, 0);
+      return tr_fail(rc == TR_EDEVICE ? TR_EDEVICE : TR_EIO, "ftar_allreduce_dev: %s: saving bucket %zu: %s",
+                     be->name, b, be->error());
+    }
+    p->saved[b] = 1;
+  }
+  p->dirty[b] = 1;
+  rc = be->comm_allreduce_async(st->comm, p->buf + off, len, scale, mark, ri->deadline);
+  if (!rc) rc = be->comm_wait(st->comm, ri->deadline);
+  if (rc) {
+    snprintf(why, why_len, "bucket %zu of %zu, rank %d of %d: %s", b, p->nb, ri->rank, ri->n, be->error());
+    return bucket_failed(p, rc, fatal_rc);
+  }
+  return FTAR_PLANE_DONE;
+}
+
+/* One attempt: every bucket as it becomes final, then (all reduced) the
+ * commit round, as dev_plane_run. */
+static int bucket_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_end, int *full, int *fatal_rc,
+                            char *why, size_t why_len) {
+  bucket_plane *p = (bucket_plane *)pl;
+  dev_state *st = p->st;
+  const tr_backend *be = st->be;
+  ftar_run_info ri;
+  ftar_member_run_info(m, &ri);
+  *full = 0;
+  int rc = dev_buffers(st, p->n);
+  if (rc) return rc;
+  int r = comm_ready(st, m, &ri, t_end, fatal_rc, why, why_len);
+  if (r != FTAR_PLANE_DONE) return r;
+  float scale = p->op == FTAR_MEAN ? 1.0f / (float)ri.n : 1.0f;
+  st->comm_ok = 0;
+  for (size_t b = 0; b < p->nb; b++) {
+    r = bucket_queue(p, m, b, scale, &ri, t_end, fatal_rc, why, why_len);
+    if (r != FTAR_PLANE_DONE) return r;
+  }
+  *full = 1;
+  rc = be->comm_allreduce_async(st->comm, st->token, 1, 1.0f, NULL, ri.deadline);
+  if (!rc) rc = be->comm_wait(st->comm, ri.deadline);
+  if (rc) {
+    snprintf(why, why_len, "seq %llu commit round, rank %d of %d: %s", (unsigned long long)seq, ri.rank, ri.n,
+             be->error());
+    return bucket_failed(p, rc, fatal_rc);
+  }
+  st->comm_ok = 1;
+  return FTAR_PLANE_DONE;
+}
+
+/* Puts back the buckets that were touched (only those: the producer may
+ * still be writing the others), on the communication stream, after the
+ * aborted collectives, and waits for the copies. */
+static int bucket_plane_restore(ftar_plane *pl, ftar_member *m) {
+  bucket_plane *p = (bucket_plane *)pl;
+  const tr_backend *be = p->st->be;
+  int any = 0, rc = 0;
+  for (size_t b = 0; b < p->nb && !rc; b++) {
+    if (!p->dirty[b]) continue;
+    size_t off = bk_off(p, b);
+    rc = be->comm_copy(p->buf + off, p->st->save + off, bk_len(p, b) * sizeof(float), NULL);
+    any = 1;
+  }
+  if (!rc && any) {
+    ftar_run_info ri;
+    ftar_member_run_info(m, &ri);
+    rc = be->comm_wait(NULL, ri.deadline);
+  }
+  if (rc) /* buf may be half reduced: ftar_collective fails the member */
+    return tr_fail(rc == TR_EDEVICE ? TR_EDEVICE : TR_EIO, "%s: restoring the input of an aborted collective: %s",
+                   be->name, be->error());
+  memset(p->dirty, 0, p->nb);
+  return 0;
+}
+
+static void bucket_plane_leave(ftar_plane *pl, ftar_member *m) {
+  (void)m;
+  comm_drop(((bucket_plane *)pl)->st, 0);
+}
+
+int ftar_dev_has_overlap(const tr_backend *be) {
+  return be->comm_id && be->comm_create && be->comm_allreduce && be->comm_destroy && be->comm_mark &&
+         be->comm_mark_free && be->comm_copy && be->comm_allreduce_async && be->comm_wait;
+}
+
+ftar_plane *ftar_dev_plane_new(ftar_member *m, const tr_backend *be, float *buf, size_t n, ftar_op op, size_t bucket,
+                               const ftar_ready *rd) {
+  dev_state *st = dev_get(m, be);
+  if (!st) return NULL;
+  bucket_plane *p = calloc(1, sizeof *p);
+  if (!p) goto oom;
+  p->base = (ftar_plane){bucket_plane_run, bucket_plane_restore, bucket_plane_leave};
+  p->st = st;
+  p->buf = buf;
+  p->n = n;
+  p->op = op;
+  p->rd = rd;
+  p->B = bucket && bucket < n ? bucket : (n ? n : 1);
+  p->nb = (n + p->B - 1) / p->B;
+  p->saved = calloc(p->nb + 1, 2);
+  if (!p->saved) goto oom;
+  p->dirty = p->saved + p->nb;
+  return &p->base;
+oom:
+  free(p);
+  tr_fail(TR_ENOMEM, "ftar_allreduce_dev_start: out of memory");
+  return NULL;
+}
+
+void ftar_dev_plane_free(ftar_plane *pl) {
+  bucket_plane *p = (bucket_plane *)pl;
+  if (!p) return;
+  free(p->saved);
+  free(p);
 }
 
 /* --- entry --- */

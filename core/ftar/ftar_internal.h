@@ -13,6 +13,7 @@
 #ifndef TRANSOM_FTAR_INTERNAL_H
 #define TRANSOM_FTAR_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,33 @@ struct ftar_plane {
    * sync a newer one): drop what belongs to the old epoch. */
   void (*leave_epoch)(ftar_plane *pl, ftar_member *m);
 };
+
+/* How far its producer got with a buffer being all-reduced while it is
+ * still written (ftar_allreduce_start): buf[from..n) is final. The
+ * producer stores with release, the planes load with acquire. A device
+ * call's producer also leaves, before `from` covers bucket b, in marks[b]
+ * the backend's mark (comm_mark) after which bucket b is final on the
+ * device (NULL: the compute stream was synchronised instead). */
+typedef struct {
+  _Atomic size_t from;
+  tr_mark **marks; /* device calls: one per bucket; NULL for host memory */
+} ftar_ready;
+
+/* The device plane in bucket mode, for ftar_allreduce_dev_start: buf[0..n)
+ * of be (which has the overlapped collectives of backend.h) in buckets of
+ * `bucket` floats from the end (ftar_ring.c's geometry), each all-reduced
+ * on the epoch's communicator once rd says it is final. NULL with
+ * tr_error() set when out of memory. Freed with ftar_dev_plane_free (NULL
+ * ok). Communication thread. */
+ftar_plane *ftar_dev_plane_new(ftar_member *m, const tr_backend *be, float *buf, size_t n, ftar_op op, size_t bucket,
+                               const ftar_ready *rd);
+void ftar_dev_plane_free(ftar_plane *pl);
+/* be has the overlapped collectives (all five hooks). */
+int ftar_dev_has_overlap(const tr_backend *be);
+/* Waits until rd says buf[off..) is final: 0, or a negative code with
+ * tr_error() set when the member failed or t_end (tr_now() clock) passed.
+ * The communication thread of ftar_allreduce_start. */
+int ftar_member_ready_wait(ftar_member *m, const ftar_ready *rd, size_t off, double t_end);
 
 /* The collective of ftar_allreduce (same arguments checks, return values,
  * agreement and redo rules) with its data moved by pl. n is only checked

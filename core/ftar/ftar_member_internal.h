@@ -43,13 +43,6 @@ typedef struct {
   char host[FTAR_HOST_MAX + 1];
 } peer;
 
-/* How far its producer got with a buffer being all-reduced while it is
- * still written (ftar_allreduce_start): buf[from..n) is final. The
- * producer stores with release, the ring loads with acquire. */
-typedef struct {
-  _Atomic size_t from;
-} ftar_ready;
-
 typedef struct ftar_async ftar_async; /* ftar_async.c's communication thread */
 
 typedef struct { /* a connection on the data port that has not shown a valid CONNECT yet */

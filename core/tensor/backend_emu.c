@@ -25,6 +25,10 @@
  * and the communicator refuses two ranks on one emulated device as NCCL
  * refuses two ranks on one GPU (comm_emu.c). Unset: no limit, no check.
  *
+ * The communicator (comm_emu.c) stands in for NCCL; the overlapped
+ * collectives (comm_mark .. comm_wait) run at once on the calling thread,
+ * since emu's kernels ran when they were called: a mark is a token.
+ *
  * Otherwise it is the cpu backend: the same kernels in the same order, so a
  * run on emu gives the bits of a run on cpu. The wrappers of the graph ops
  * (check the pointers, open the memory, call the cpu table, close it) are
@@ -316,6 +320,35 @@ static int e_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, doubl
   return rc;
 }
 
+/* The overlapped collectives: emu's kernels ran when they were called, so
+ * a mark is a token and everything runs at once on the calling thread. */
+static char emu_mark_token;
+
+static int e_comm_mark(tr_mark **out) {
+  *out = (tr_mark *)(void *)&emu_mark_token;
+  return e_sync();
+}
+
+static void e_comm_mark_free(tr_mark *mark) { (void)mark; }
+
+static int e_comm_copy(void *dst, const void *src, size_t bytes, const tr_mark *after) {
+  (void)after;
+  return transfer("comm_copy", dst, src, bytes, 1, 1);
+}
+
+static int e_comm_allreduce_async(tr_comm *c, float *buf, size_t n, float scale, const tr_mark *after,
+                                  double deadline) {
+  (void)after;
+  return e_comm_allreduce(c, buf, n, scale, deadline);
+}
+
+/* Nothing is left to wait for: a failure was returned by the call that met it. */
+static int e_comm_wait(tr_comm *c, double deadline) {
+  (void)c;
+  (void)deadline;
+  return e_sync();
+}
+
 static const tr_backend emu_backend = {
     .abi = TR_BACKEND_ABI, .name = "emu", .host_memory = 0,
     .init = e_init, .devices = e_devices, .describe = e_describe, .error = e_error,
@@ -326,6 +359,8 @@ static const tr_backend emu_backend = {
     .ckpt_mark = e_ckpt_nothing, .ckpt_copy = e_ckpt_copy, .ckpt_wait = e_sync,
     .comm_id = e_comm_id, .comm_create = e_comm_create, .comm_allreduce = e_comm_allreduce,
     .comm_destroy = emu_comm_destroy,
+    .comm_mark = e_comm_mark, .comm_mark_free = e_comm_mark_free, .comm_copy = e_comm_copy,
+    .comm_allreduce_async = e_comm_allreduce_async, .comm_wait = e_comm_wait,
     .bf16 = &emu_bf16,
 };
 

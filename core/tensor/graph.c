@@ -878,7 +878,7 @@ int graph_set_grad_hook(graph *g, graph_grad_hook fn, void *ud) {
 
 /* After backward ran position k: tell the hook if more became final. */
 static void grad_progress(graph *g, int k, int64_t *told) {
-  if (!g->grad_hook || !g->be->host_memory || g->grad_ready[k] >= *told) return;
+  if (!g->grad_hook || g->grad_ready[k] >= *told) return;
   *told = g->grad_ready[k];
   g->grad_hook(g->grad_ud, *told);
 }

@@ -347,7 +347,7 @@ int trainer_compute_grads(trainer *t, step_stats *st) {
     t->poison_next = 0;
     if ((rc = t->be->upload(graph_grads(t->g), &nan, sizeof nan))) return rc;
   }
-  if (t->ready_fn && t->be->host_memory) t->ready_fn(t->ready_ud, 0);
+  if (t->ready_fn) t->ready_fn(t->ready_ud, 0);
   st->t_data = t1 - t0;
   st->t_fwd = t2 - t1;
   st->t_bwd = t3 - t2;

@@ -11,8 +11,11 @@
  *     comm_* and the kernels from the training thread) makes it current
  *     first, since CUDA's current device is per host thread;
  *   - the compute stream (non-blocking) with the cuBLAS handle bound to it,
- *     and a side stream for checkpoint copies, ordered after the compute
- *     stream by an event (ckpt_mark);
+ *     a side stream for checkpoint copies, ordered after the compute
+ *     stream by an event (ckpt_mark), and a communication stream for the
+ *     overlapped collectives (comm_mark .. comm_wait: FTAR's communication
+ *     thread queues a bucket's copy and NCCL all-reduce there after an
+ *     event that the training thread recorded on the compute stream);
  *   - errors: a thread-local message (error()), and one deferred error for
  *     queued work, which has no return value: sync/upload/download/copy
  *     report it;
@@ -54,6 +57,7 @@ static int g_dev = -1;       /* the device ordinal */
 static cudaStream_t g_stream; /* compute: kernels, cuBLAS, memory ops, collectives */
 static cudaStream_t g_side;   /* checkpoint copies */
 static cudaEvent_t g_mark;    /* recorded on g_stream by ckpt_mark */
+static cudaStream_t g_comm;   /* overlapped collectives (comm_copy, comm_allreduce_async) */
 static cublasHandle_t g_blas;
 static char g_describe[512] = "CUDA backend (not initialised)";
 
@@ -195,6 +199,7 @@ void tc_blas_check(cublasStatus_t s, const char *what) {
 /* --- what kernels.cu and comm.cu borrow --- */
 
 cudaStream_t tc_stream(void) { return g_stream; }
+cudaStream_t tc_comm_stream(void) { return g_comm; }
 cublasHandle_t tc_blas(void) { return g_blas; }
 
 /* Current device for this thread; errors returned (not deferred). A lost
@@ -287,7 +292,7 @@ static int init_locked(int ordinal) {
   int count = 0, dev, rc, tf32, rt = 0, drv = 0;
   const char *env;
   cublasStatus_t bs;
-  cudaStream_t stream = NULL, side = NULL;
+  cudaStream_t stream = NULL, side = NULL, comm = NULL;
   cudaEvent_t mark = NULL;
   cublasHandle_t blas = NULL;
   cudaDeviceProp prop;
@@ -321,6 +326,8 @@ static int init_locked(int ordinal) {
     goto error;
   if ((rc = tc_check(cudaEventCreateWithFlags(&mark, cudaEventDisableTiming), "cudaEventCreateWithFlags")))
     goto error;
+  if ((rc = tc_check(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags")))
+    goto error;
   if ((bs = cublasCreate(&blas)) != CUBLAS_STATUS_SUCCESS) {
     blas = NULL;
     rc = tc_fail(TC_EIO, "cublasCreate: %s", cublasGetStatusString(bs));
@@ -352,12 +359,14 @@ static int init_locked(int ordinal) {
   g_stream = stream;
   g_side = side;
   g_mark = mark;
+  g_comm = comm;
   g_blas = blas;
   g_ready = 1;
   return TC_OK;
 
 error:
   if (blas) (void)cublasDestroy(blas);
+  if (comm) (void)cudaStreamDestroy(comm);
   if (mark) (void)cudaEventDestroy(mark);
   if (side) (void)cudaStreamDestroy(side);
   if (stream) (void)cudaStreamDestroy(stream);
@@ -406,6 +415,8 @@ static void cu_free(void *p) {
   (void)tc_check(cudaStreamSynchronize(g_stream), "cudaStreamSynchronize (before a free)");
   /* and the checkpoint copies queued on the side stream, which may read p */
   (void)tc_check(cudaStreamSynchronize(g_side), "cudaStreamSynchronize (checkpoint copies, before a free)");
+  /* and the overlapped collectives' copies (FTAR waits for its collectives before it frees) */
+  (void)tc_check(cudaStreamSynchronize(g_comm), "cudaStreamSynchronize (communication stream, before a free)");
   if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
 }
 
@@ -520,6 +531,55 @@ static void cu_comm_destroy(tr_comm *c, int finalize) {
   }
   tc_comm_destroy(c, finalize); /* also after another failure of enter(): comm.cu frees what it can */
 }
+
+/* --- overlapped collectives (backend.h): marks of the compute stream, and
+ * work on the communication stream ordered after them --- */
+
+/* Training thread: a fresh event recorded on the compute stream (the mark
+ * is the event). */
+static int cu_comm_mark(tr_mark **out) {
+  *out = NULL;
+  int rc = enter();
+  if (rc) return rc;
+  cudaEvent_t ev;
+  if ((rc = tc_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "comm_mark (cudaEventCreateWithFlags)")))
+    return rc;
+  if ((rc = tc_check(cudaEventRecord(ev, g_stream), "comm_mark (cudaEventRecord)"))) {
+    (void)cudaEventDestroy(ev);
+    return rc;
+  }
+  *out = (tr_mark *)(void *)ev;
+  return TC_OK;
+}
+
+/* Work already queued after the event still waits for it (CUDA releases a
+ * pending event once it completes). A lost device: left alone. */
+static void cu_comm_mark_free(tr_mark *mark) {
+  if (!mark || enter()) return;
+  if (cudaEventDestroy((cudaEvent_t)(void *)mark) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* Communication thread: a device-to-device copy on the communication stream. */
+static int cu_comm_copy(void *dst, const void *src, size_t bytes, const tr_mark *after) {
+  int rc = enter();
+  if (rc) return rc;
+  if (after && (rc = tc_check(cudaStreamWaitEvent(g_comm, (cudaEvent_t)(void *)after, 0),
+                              "comm_copy (cudaStreamWaitEvent)")))
+    return rc;
+  if (bytes == 0) return TC_OK;
+  return tc_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_comm), "comm_copy (cudaMemcpyAsync)");
+}
+
+static int cu_comm_allreduce_async(tr_comm *c, float *buf, size_t n, float scale, const tr_mark *after,
+                                   double deadline) {
+  int rc = enter();
+  return rc ? rc : tc_comm_allreduce_async(c, buf, n, scale, after, deadline);
+}
+
+static int cu_comm_wait(tr_comm *c, double deadline) {
+  int rc = enter();
+  return rc ? rc : tc_comm_wait(c, deadline);
+}
 #endif
 
 /* --- the table (its graph-op entries generated from ops.def: a launcher
@@ -560,6 +620,11 @@ static tr_backend make_table(void) {
   t.comm_create = cu_comm_create;
   t.comm_allreduce = cu_comm_allreduce;
   t.comm_destroy = cu_comm_destroy;
+  t.comm_mark = cu_comm_mark;
+  t.comm_mark_free = cu_comm_mark_free;
+  t.comm_copy = cu_comm_copy;
+  t.comm_allreduce_async = cu_comm_allreduce_async;
+  t.comm_wait = cu_comm_wait;
 #endif
   return t;
 }

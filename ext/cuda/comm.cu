@@ -3,8 +3,11 @@
  * per membership epoch (core/ftar/ftar_dev.c creates and drops them).
  *
  * Called through backend.cu's wrappers, which make the device current, by
- * the training thread (the one that drives the compute stream). Nothing
- * here blocks without a bound:
+ * the training thread (the one that drives the compute stream) for
+ * comm_allreduce, and by FTAR's communication thread for the overlapped
+ * all-reduces (comm_allreduce_async / comm_wait: buckets of gradients
+ * reduced while backward runs); either may create and destroy
+ * communicators, one at a time. Nothing here blocks without a bound:
  *   - every communicator is non-blocking (config.blocking = 0): calls may
  *     return ncclInProgress, and then the communicator's state
  *     (ncclCommGetAsyncError) is polled until it is not, before any other
@@ -13,7 +16,8 @@
  *     made then, not by the first all-reduce: NCCL_RUNTIME_CONNECT=0 (set
  *     at the first id or communicator unless the environment says
  *     otherwise) connects every peer during init, and a one-float warm-up
- *     all-reduce, bounded by what is left of `timeout`, runs the first
+ *     all-reduce on the communication stream (not behind the compute
+ *     stream's work), bounded by what is left of `timeout`, runs the first
  *     collective's set-up, so that no deadline below pays for either;
  *   - an all-reduce is cut into chunks of CHUNK_FLOATS, each queued on the
  *     compute stream between two events, one after the other; a watchdog
@@ -25,6 +29,16 @@
  *     whatever the size. The start event keeps the compute queued before
  *     the collective out of the first chunk's deadline; waiting for the
  *     stream to get there is bounded too (START_SLACK_S or 10 x deadline);
+ *   - an overlapped all-reduce (comm_allreduce_async) is queued the same way
+ *     on the communication stream, after cudaStreamWaitEvent on the
+ *     caller's mark (an event the training thread recorded on the compute
+ *     stream once the bucket's last gradient kernel was queued), its chunks'
+ *     events kept; comm_wait watches them one by one as above (a chunk's
+ *     deadline runs from its start event, so the compute stream's backward
+ *     before the mark is not counted), then drains the communication stream
+ *     (the scaling kernel, copies). After an abort it still drains it (the
+ *     aborted kernels quit), bounded, so that the caller may copy the
+ *     input back behind it; a stream that does not drain loses the device;
  *   - aborting (ncclCommAbort, which NCCL leaves blocking even for a
  *     non-blocking communicator, and which has been seen to hang) runs on a
  *     helper thread and is waited for ABORT_S: past it the device is
@@ -49,7 +63,8 @@
  * kernel of this file (the ring of core/ftar/ftar.c divides: bits may differ).
  *
  * Not here: the id's transport (FTAR's coordinator), the decision what
- * survivors return (core/ftar/ftar.c).
+ * survivors return and the buckets (core/ftar/ftar_collective.c,
+ * ftar_dev.c), the marks and the communication stream (backend.cu).
  */
 #include <nccl.h>
 #include <pthread.h>
@@ -71,12 +86,21 @@ static_assert(sizeof(ncclUniqueId) == TR_COMM_ID_BYTES, "backend.h's id is an nc
 #define CHUNK_FLOATS ((size_t)8 << 20) /* 32 MiB: the unit of progress the deadline watches */
 #define MAX_OPEN_ROOTS 16  /* bootstrap roots left waiting by aborted epochs before the process is replaced */
 
+/* A chunk of an overlapped all-reduce queued on the communication stream
+ * and not waited for yet: its start and end events. */
+typedef struct {
+  cudaEvent_t start, done;
+  size_t n;
+} pend_op;
+
 struct tr_comm {
   ncclComm_t comm; /* NULL once aborted */
   int nranks, rank;
   int aborted;
   cudaEvent_t ev_start, ev_done;
   float *warm;   /* device: the warm-up float */
+  pend_op *pend; /* overlapped chunks queued since the last tc_comm_wait (events kept for reuse) */
+  int npend, cap_pend;
   char why[384]; /* why it was aborted, repeated by later calls */
 };
 
@@ -278,28 +302,17 @@ __global__ void comm_scale_kernel(float *p, size_t n, float s) {
 
 /* --- one watched collective --- */
 
-/* All-reduces buf[0..n) (n <= CHUNK_FLOATS) in place, watched: done, or
- * the communicator aborted (comm_die's code) when the stream does not reach
- * it by start_limit, a peer fails, or it is not done `deadline` s after it
+/* Watches a collective queued between events start and done: done, or the
+ * communicator aborted (comm_die's code) when the stream does not reach it
+ * by start_limit, a peer fails, or it is not done `deadline` s after it
  * started on the device. */
-static int allreduce_watched(tr_comm *c, float *buf, size_t n, double deadline, double start_limit) {
-  cudaStream_t stream = tc_stream();
-  cudaError_t e = cudaEventRecord(c->ev_start, stream);
-  if (e != cudaSuccess) return cuda_die(c, e, "queueing the all-reduce (cudaEventRecord)");
-  double t0 = now_s();
-  ncclResult_t st = ncclSuccess, r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c->comm, stream);
-  if (r == ncclInProgress) r = wait_state(c->comm, t0 + deadline);
-  if (r == ncclInProgress)
-    return comm_die(c, "NCCL all-reduce (rank %d of %d): not queued within %.2f s", c->rank, c->nranks, deadline);
-  if (r != ncclSuccess)
-    return comm_die(c, "NCCL all-reduce (rank %d of %d): ncclAllReduce: %s (%s)", c->rank, c->nranks,
-                    ncclGetErrorString(r), last_error());
-  e = cudaEventRecord(c->ev_done, stream);
-  if (e != cudaSuccess) return cuda_die(c, e, "queueing the all-reduce (cudaEventRecord)");
+static int watch(tr_comm *c, cudaEvent_t start, cudaEvent_t done, size_t n, double deadline, double start_limit,
+                 double t0) {
+  ncclResult_t st = ncclSuccess, r;
   double t_dl = 0; /* the deadline, once the chunk started on the device */
   int k = 0;
   for (;;) {
-    e = cudaEventQuery(c->ev_done);
+    cudaError_t e = cudaEventQuery(done);
     if (e == cudaSuccess) return TC_OK;
     if (e != cudaErrorNotReady) return cuda_die(c, e, "waiting for it (cudaEventQuery)");
     r = ncclCommGetAsyncError(c->comm, &st);
@@ -308,14 +321,14 @@ static int allreduce_watched(tr_comm *c, float *buf, size_t n, double deadline, 
                       ncclGetErrorString(r != ncclSuccess ? r : st), last_error());
     double now = now_s();
     if (t_dl == 0) {
-      e = cudaEventQuery(c->ev_start);
+      e = cudaEventQuery(start);
       if (e == cudaSuccess) {
         t_dl = now + deadline;
       } else if (e != cudaErrorNotReady) {
         return cuda_die(c, e, "waiting for it to start (cudaEventQuery)");
       } else if (now > start_limit) {
-        return comm_die(c, "NCCL all-reduce (rank %d of %d): the compute stream did not reach it within %.0f s",
-                        c->rank, c->nranks, start_limit - t0);
+        return comm_die(c, "NCCL all-reduce (rank %d of %d): the stream did not reach it within %.0f s", c->rank,
+                        c->nranks, start_limit - t0);
       }
     } else if (now > t_dl) {
       return comm_die(c, "NCCL all-reduce of %zu floats (rank %d of %d): no progress for %.2f s: a peer died or "
@@ -324,6 +337,53 @@ static int allreduce_watched(tr_comm *c, float *buf, size_t n, double deadline, 
     }
     poll_pause(&k);
   }
+}
+
+/* Queues ncclAllReduce of buf[0..n) on stream between events start and
+ * done: 0, or the communicator aborted (comm_die's code). */
+static int queue_between(tr_comm *c, float *buf, size_t n, cudaStream_t stream, cudaEvent_t start, cudaEvent_t done,
+                         double deadline) {
+  cudaError_t e = cudaEventRecord(start, stream);
+  if (e != cudaSuccess) return cuda_die(c, e, "queueing the all-reduce (cudaEventRecord)");
+  double t0 = now_s();
+  ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, c->comm, stream);
+  if (r == ncclInProgress) r = wait_state(c->comm, t0 + deadline);
+  if (r == ncclInProgress)
+    return comm_die(c, "NCCL all-reduce (rank %d of %d): not queued within %.2f s", c->rank, c->nranks, deadline);
+  if (r != ncclSuccess)
+    return comm_die(c, "NCCL all-reduce (rank %d of %d): ncclAllReduce: %s (%s)", c->rank, c->nranks,
+                    ncclGetErrorString(r), last_error());
+  e = cudaEventRecord(done, stream);
+  if (e != cudaSuccess) return cuda_die(c, e, "queueing the all-reduce (cudaEventRecord)");
+  return TC_OK;
+}
+
+/* All-reduces buf[0..n) (n <= CHUNK_FLOATS) in place on stream, watched
+ * (see watch). */
+static int allreduce_watched(tr_comm *c, float *buf, size_t n, cudaStream_t stream, double deadline,
+                             double start_limit) {
+  double t0 = now_s();
+  int rc = queue_between(c, buf, n, stream, c->ev_start, c->ev_done, deadline);
+  return rc ? rc : watch(c, c->ev_start, c->ev_done, n, deadline, start_limit, t0);
+}
+
+/* buf[0..n) *= scale on stream (nothing for scale 1). */
+static int scale_on(float *buf, size_t n, float scale, cudaStream_t stream) {
+  if (scale == 1.0f || !n) return TC_OK;
+  int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+  comm_scale_kernel<<<blocks, 256, 0, stream>>>(buf, n, scale);
+  return tc_check(cudaGetLastError(), "scaling the all-reduce's result");
+}
+
+/* Settles a non-blocking communicator before new work: 0, or aborted. */
+static int settle(tr_comm *c, double deadline) {
+  ncclResult_t st = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(c->comm, &st);
+  if (r == ncclSuccess && st == ncclInProgress) st = wait_state(c->comm, now_s() + deadline);
+  if (r != ncclSuccess || st != ncclSuccess)
+    return comm_die(c, "NCCL communicator (rank %d of %d) failed before the all-reduce: %s", c->rank, c->nranks,
+                    ncclGetErrorString(r != ncclSuccess ? r : st));
+  return TC_OK;
 }
 
 /* --- the table's functions --- */
@@ -346,6 +406,11 @@ static int comm_free(tr_comm *c) {
   if (c->ev_start) (void)cudaEventDestroy(c->ev_start);
   if (c->ev_done) (void)cudaEventDestroy(c->ev_done);
   if (c->warm) (void)cudaFree(c->warm);
+  for (int i = 0; i < c->cap_pend; i++) {
+    if (c->pend[i].start) (void)cudaEventDestroy(c->pend[i].start);
+    if (c->pend[i].done) (void)cudaEventDestroy(c->pend[i].done);
+  }
+  free(c->pend);
   free(c);
   return rc;
 }
@@ -384,12 +449,12 @@ int tc_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks
   if ((rc = tc_check(cudaEventCreateWithFlags(&c->ev_start, cudaEventDisableTiming), "cudaEventCreateWithFlags")) ||
       (rc = tc_check(cudaEventCreateWithFlags(&c->ev_done, cudaEventDisableTiming), "cudaEventCreateWithFlags")) ||
       (rc = tc_check(cudaMalloc(&c->warm, sizeof(float)), "cudaMalloc (the warm-up float)")) ||
-      (rc = tc_check(cudaMemsetAsync(c->warm, 0, sizeof(float), tc_stream()), "cudaMemsetAsync")))
+      (rc = tc_check(cudaMemsetAsync(c->warm, 0, sizeof(float), tc_comm_stream()), "cudaMemsetAsync")))
     goto error;
   { /* the first collective's set-up, inside the creation's bound */
     double left = t_end - now_s();
     if (left < 1.0) left = 1.0;
-    rc = allreduce_watched(c, c->warm, 1, left, now_s() + left);
+    rc = allreduce_watched(c, c->warm, 1, tc_comm_stream(), left, now_s() + left);
     if (rc) {
       char why[512];
       snprintf(why, sizeof why, "%s", tc_last_error());
@@ -412,28 +477,109 @@ int tc_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, double dead
   if (!c || (!buf && n)) return tc_fail(TC_EINVAL, "NCCL all-reduce: bad arguments");
   if (c->aborted) return tc_fail(TC_EIO, "NCCL communicator is aborted: %s", c->why);
   if (!(deadline > 0)) deadline = DEFAULT_S;
-  ncclResult_t st = ncclSuccess;
-  ncclResult_t r = ncclCommGetAsyncError(c->comm, &st);
-  if (r == ncclSuccess && st == ncclInProgress) st = wait_state(c->comm, now_s() + deadline); /* settle first */
-  if (r != ncclSuccess || st != ncclSuccess)
-    return comm_die(c, "NCCL communicator (rank %d of %d) failed before the all-reduce: %s", c->rank, c->nranks,
-                    ncclGetErrorString(r != ncclSuccess ? r : st));
+  int rc = settle(c, deadline);
+  if (rc) return rc;
   double start_limit = now_s() + (START_SLACK_S > 10 * deadline ? START_SLACK_S : 10 * deadline);
   size_t off = 0;
   do { /* one chunk at least: n = 0 is still a collective every rank takes part in */
     size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
-    int rc = allreduce_watched(c, buf + off, len, deadline, start_limit);
+    rc = allreduce_watched(c, buf + off, len, tc_stream(), deadline, start_limit);
     if (rc) return rc;
     off += len;
     start_limit = now_s() + START_SLACK_S; /* the next chunk follows at once: the stream is there */
   } while (off < n);
-  if (scale != 1.0f && n) {
-    int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-    comm_scale_kernel<<<blocks, 256, 0, tc_stream()>>>(buf, n, scale);
-    int rc = tc_check(cudaGetLastError(), "scaling the all-reduce's result");
-    if (rc) return rc;
+  return scale_on(buf, n, scale, tc_stream());
+}
+
+/* --- overlapped all-reduces on the communication stream --- */
+
+/* The next pending slot of c, its events made on first use: NULL with
+ * error() set when out of memory or events. */
+static pend_op *pend_push(tr_comm *c) {
+  if (c->npend == c->cap_pend) {
+    int cap = c->cap_pend ? 2 * c->cap_pend : 16;
+    pend_op *np = (pend_op *)realloc(c->pend, (size_t)cap * sizeof *np);
+    if (!np) {
+      tc_fail(TC_ENOMEM, "NCCL all-reduce: out of memory");
+      return NULL;
+    }
+    memset(np + c->cap_pend, 0, (size_t)(cap - c->cap_pend) * sizeof *np);
+    c->pend = np;
+    c->cap_pend = cap;
   }
-  return TC_OK;
+  pend_op *o = &c->pend[c->npend];
+  if (!o->start && tc_check(cudaEventCreateWithFlags(&o->start, cudaEventDisableTiming), "cudaEventCreateWithFlags"))
+    return NULL;
+  if (!o->done && tc_check(cudaEventCreateWithFlags(&o->done, cudaEventDisableTiming), "cudaEventCreateWithFlags"))
+    return NULL;
+  c->npend++;
+  return o;
+}
+
+int tc_comm_allreduce_async(tr_comm *c, float *buf, size_t n, float scale, const tr_mark *after, double deadline) {
+  if (!c || (!buf && n)) return tc_fail(TC_EINVAL, "NCCL all-reduce: bad arguments");
+  if (c->aborted) return tc_fail(TC_EIO, "NCCL communicator is aborted: %s", c->why);
+  if (!(deadline > 0)) deadline = DEFAULT_S;
+  int rc = settle(c, deadline);
+  if (rc) return rc;
+  cudaStream_t s = tc_comm_stream();
+  if (after) {
+    cudaError_t e = cudaStreamWaitEvent(s, (cudaEvent_t)(void *)after, 0);
+    if (e != cudaSuccess) return cuda_die(c, e, "ordering it after the compute stream (cudaStreamWaitEvent)");
+  }
+  size_t off = 0;
+  do { /* one chunk at least, as tc_comm_allreduce */
+    size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
+    pend_op *o = pend_push(c);
+    if (!o) return comm_die(c, "NCCL all-reduce (rank %d of %d): %s", c->rank, c->nranks, tc_last_error());
+    o->n = len;
+    if ((rc = queue_between(c, buf + off, len, s, o->start, o->done, deadline))) return rc;
+    off += len;
+  } while (off < n);
+  return scale_on(buf, n, scale, s);
+}
+
+/* Waits for what the communication stream holds now, bounded by limit:
+ * 0, or TC_EIO (not done by then) / a CUDA error's code. */
+static int drain(double limit, const char *what) {
+  cudaEvent_t ev;
+  int rc = tc_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  if (rc) return rc;
+  rc = tc_check(cudaEventRecord(ev, tc_comm_stream()), "cudaEventRecord (communication stream)");
+  int k = 0;
+  while (!rc) {
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) break;
+    if (e != cudaErrorNotReady) rc = tc_check(e, what);
+    else if (now_s() > limit) rc = tc_fail(TC_EIO, "%s: not done within its bound", what);
+    else poll_pause(&k);
+  }
+  (void)cudaEventDestroy(ev);
+  return rc;
+}
+
+int tc_comm_wait(tr_comm *c, double deadline) {
+  if (!(deadline > 0)) deadline = DEFAULT_S;
+  double slack = START_SLACK_S > 10 * deadline ? START_SLACK_S : 10 * deadline;
+  int rc = TC_OK;
+  if (c && c->aborted && c->npend) rc = tc_fail(TC_EIO, "NCCL communicator is aborted: %s", c->why);
+  for (int i = 0; c && !rc && i < c->npend; i++) {
+    double t0 = now_s();
+    rc = watch(c, c->pend[i].start, c->pend[i].done, c->pend[i].n, deadline, t0 + slack, t0);
+  }
+  if (c) c->npend = 0;
+  /* the rest (scaling, copies), or what an abort left: its kernels quit */
+  if (rc == TC_EDEVICE) return rc; /* nothing may touch a lost device */
+  if (rc) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tc_last_error());
+    int rd = drain(now_s() + slack, "draining the communication stream after an abort");
+    if (rd) return tc_device_lost("%s; %s", why, tc_last_error());
+    return tc_fail(rc, "%s", why);
+  }
+  rc = drain(now_s() + slack + deadline, "waiting for the communication stream");
+  if (rc && c) return comm_die(c, "NCCL all-reduce (rank %d of %d): %s", c->rank, c->nranks, tc_last_error());
+  return rc;
 }
 
 void tc_comm_destroy(tr_comm *c, int finalize) {
@@ -449,5 +595,6 @@ void tc_comm_destroy(tr_comm *c, int finalize) {
 
 void tc_comm_forget(tr_comm *c) {
   if (!c) return;
+  free(c->pend);
   free(c); /* the device is lost: leave its NCCL and CUDA state to the process's end */
 }

@@ -13,8 +13,12 @@
 
 #include "backend.h"
 
-/* The stream every kernel, cuBLAS call and collective is queued on. */
+/* The compute stream: every kernel, cuBLAS call and (comm_allreduce)
+ * collective is queued on it. */
 cudaStream_t tc_stream(void);
+/* The communication stream: the overlapped collectives (comm_copy,
+ * comm_allreduce_async) and every communicator's warm-up. */
+cudaStream_t tc_comm_stream(void);
 /* Sets the calling thread's error message; returns code (a TR_* value). */
 int tc_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The calling thread's error message (error()). */
@@ -41,6 +45,8 @@ int tc_comm_id(uint8_t id[TR_COMM_ID_BYTES]);
 int tc_comm_create(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout);
 int tc_comm_allreduce(tr_comm *c, float *buf, size_t n, float scale, double deadline);
 void tc_comm_destroy(tr_comm *c, int finalize);
+int tc_comm_allreduce_async(tr_comm *c, float *buf, size_t n, float scale, const tr_mark *after, double deadline);
+int tc_comm_wait(tr_comm *c, double deadline);
 /* Frees c's host memory only (its device is lost: nothing may touch it). */
 void tc_comm_forget(tr_comm *c);
 

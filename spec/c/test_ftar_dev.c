@@ -37,6 +37,20 @@
  *             collective (TR_EIO, naming the restore) instead of redoing it
  *             from a buffer that may be half reduced, and its member stays
  *             failed (the next call fails at once)
+ *   dev-bucket  ftar_allreduce_dev_start on emu at 2 and 3 members: each
+ *             member writes its buffer from the end in pieces that straddle
+ *             buckets, marking each ready (ftar_allreduce_ready) with a
+ *             pause between pieces, then waits: exact sums and means with
+ *             every member as contributor, identical bits everywhere,
+ *             comm_s reported
+ *   dev-bucket kill -9  (1) slot 0 stops halfway through writing seq 10,
+ *             once its bucket 0 holds the sum (buckets in flight), and is
+ *             killed there: the survivors abort on the communicator's
+ *             deadline, put back the buckets they had reduced and redo seq
+ *             10 in a new epoch: exact sums of exactly slots 1 and 2 (a
+ *             restore that missed a float would leave slot 0's value in
+ *             it), RESHAPED; (2) slot 1 killed at any moment of 60
+ *             bucketed collectives: the same
  *   dev-lost  a member's device is lost in the middle of a collective (emu:
  *             an illegal address, sticky like a corrupted CUDA context):
  *             its call fails at once with TR_EDEVICE, not redone (a redo
@@ -680,6 +694,8 @@ typedef struct {
   int fail_restore;          /* a device copy into the caller's buffer (a restore) fails */
   int same_device;           /* every member on emulated device 0 of 2 */
   int backend;               /* BE_*: emu's communicator, emu without collectives (host + ring), cpu */
+  size_t bucket;             /* > 0: ftar_allreduce_dev_start in buckets of (at most) this many floats,
+                                the buffer written and marked ready progressively */
 } dev_job;
 
 /* emu whose comm_destroy reports how it was asked to destroy: "destroy
@@ -718,6 +734,47 @@ static int lose_allreduce(tr_comm *c, float *buf, size_t n, float scale, double 
     lose_base->scale(&host, 1, 2.0f);
   }
   return lose_base->comm_allreduce(c, buf, n, scale, deadline);
+}
+
+/* Bucket 0 of dev (its last floats) holds the sum already: compared with
+ * this member's own input on its first 8 floats (reading device memory
+ * that the communication thread may be writing: a test's look only). */
+static int bucket0_reduced(const tr_backend *be, const float *dev, const float *host, size_t n, size_t bk) {
+  size_t k = bk < 8 ? bk : 8, off = n - bk;
+  float got[8];
+  if (be->download(got, dev + off, k * sizeof(float))) return 0;
+  for (size_t i = 0; i < k; i++)
+    if (got[i] != host[off + i]) return 1;
+  return 0;
+}
+
+/* The producer of a bucketed call: writes buf from its end in pieces that
+ * straddle buckets (as backward does), marking each ready, with a pause
+ * between pieces; the staller, halfway, waits until bucket 0 was reduced
+ * (buckets in flight), says "stalling" and sleeps (it is killed there).
+ * Returns ftar_allreduce_wait's code. */
+static int dev_produce(ftar_member *m, const tr_backend *be, float *dev, const float *host, size_t n, ftar_op op,
+                       uint64_t seq, size_t bucket, int stall, int out, ftar_result *res, double *comm_s) {
+  size_t bk = bucket < n ? bucket : n / 3 + 1;
+  int rc = ftar_allreduce_dev_start(m, be, dev, n, op, seq, bk);
+  if (rc) return rc;
+  size_t piece = bk * 2 / 3 + 1, from = n;
+  int stalled = 0;
+  while (from > 0) {
+    size_t len = from < piece ? from : piece;
+    from -= len;
+    be->upload(dev + from, host + from, len * sizeof(float));
+    ftar_allreduce_ready(m, from);
+    if (stall && !stalled && from < n / 2) {
+      double end = tr_now() + T(20);
+      while (!bucket0_reduced(be, dev, host, n, bk) && tr_now() < end) usleep(2000);
+      say(out, "stalling %d", bucket0_reduced(be, dev, host, n, bk));
+      stalled = 1;
+      usleep(3000000);
+    }
+    usleep(500);
+  }
+  return ftar_allreduce_wait(m, res, comm_s);
 }
 
 /* Child: member of slot r; nseq collectives on emu device buffers; prints
@@ -796,14 +853,22 @@ static int dev_child(void *arg, int r, int out) {
     size_t n = s <= 6 ? sizes[s % 3] : sizes[2];
     ftar_op op = s % 2 ? FTAR_MEAN : FTAR_SUM;
     for (size_t i = 0; i < n; i++) host[i] = val(r, seq, i);
-    be->upload(dev, host, n * sizeof(float));
-    if (r == j->stall_slot && s == j->stall_seq) {
-      say(out, "stalling");
-      usleep(1000000);
-    }
+    int stall = r == j->stall_slot && s == j->stall_seq;
     ftar_result res;
+    int rc;
     lose_now = r == j->lose_slot && s == j->lose_seq;
-    int rc = ftar_allreduce_dev(m, be, dev, n, op, seq, &res);
+    if (j->bucket) {
+      double comm_s = -1;
+      rc = dev_produce(m, be, dev, host, n, op, seq, j->bucket, stall, out, &res, &comm_s);
+      if (rc >= 0 && !(comm_s >= 0)) say(out, "error seq %d: comm_s %g", s, comm_s);
+    } else {
+      be->upload(dev, host, n * sizeof(float));
+      if (stall) {
+        say(out, "stalling");
+        usleep(1000000);
+      }
+      rc = ftar_allreduce_dev(m, be, dev, n, op, seq, &res);
+    }
     if (j->fail_restore && rc < 0) {
       char msg[400];
       snprintf(msg, sizeof msg, "%s", tr_error());
@@ -892,10 +957,11 @@ static ftar_coord *dev_start(dev_job *j, kid *ks) {
  * abort on the communicator's deadline and redo seq 10 in a new epoch
  * whose id slot 1 made. DEV_KILL_ANYTIME: slot 1 is killed at whatever
  * point it is after 8 collectives. */
-static void test_dev(int mode, int backend) {
+static void test_dev_p(int mode, int backend, int p, size_t bucket) {
   double t0 = tr_now();
   int victim = mode == DEV_KILL_ANYTIME || mode == DEV_LOST ? 1 : 0;
-  dev_job j = {.p = 3,
+  dev_job j = {.p = p,
+               .bucket = bucket,
                .nseq = mode == DEV_LOST ? 16 : mode ? 60 : 12,
                .stall_slot = mode == DEV_KILL_WAITED ? 0 : -1,
                .stall_seq = 10,
@@ -904,9 +970,10 @@ static void test_dev(int mode, int backend) {
                .backend = backend};
   kid ks[MAXK];
   ftar_coord *c = dev_start(&j, ks);
-  const char *what = mode == DEV_KILL_WAITED    ? "dev kill -9 (waited for)"
-                     : mode == DEV_KILL_ANYTIME ? "dev kill -9 (any time)"
+  const char *what = mode == DEV_KILL_WAITED    ? (bucket ? "dev-bucket kill -9 (buckets in flight)" : "dev kill -9 (waited for)")
+                     : mode == DEV_KILL_ANYTIME ? (bucket ? "dev-bucket kill -9 (any time)" : "dev kill -9 (any time)")
                      : mode == DEV_LOST         ? "dev lost (device corrupted mid-collective)"
+                     : bucket                   ? (p == 2 ? "dev-bucket (2 members)" : "dev-bucket (3 members)")
                      : backend == BE_CPU        ? "dev (cpu: ftar_allreduce)"
                      : backend == BE_EMU_NOCOMM ? "dev (emu without collectives: host + ring)"
                                                 : "dev";
@@ -915,6 +982,9 @@ static void test_dev(int mode, int backend) {
     double end = tr_now() + T(60);
     while (kid_find(&ks[victim], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
     CHECK(kid_find(&ks[victim], "stalling", 0) >= 0, "%s: slot 0 reached seq %d", what, j.stall_seq);
+    if (bucket)
+      CHECK(kid_find(&ks[victim], "stalling 1", 0) >= 0,
+            "%s: slot 0 stalls halfway through writing seq %d with bucket 0 already reduced", what, j.stall_seq);
     usleep(300000); /* the others are inside seq 10 by now */
     kill(ks[victim].pid, SIGKILL);
     t_kill = tr_now();
@@ -929,7 +999,7 @@ static void test_dev(int mode, int backend) {
   for (int r = 0; r < j.p; r++)
     if (mode == DEV_PLAIN || r != victim) sv[ns++] = r;
   char want_slots[16];
-  snprintf(want_slots, sizeof want_slots, "%d,%d", sv[0], sv[1]);
+  snprintf(want_slots, sizeof want_slots, "%d,%d", sv[0], ns > 1 ? sv[1] : -1);
   /* survivors: every seq, identical results */
   int reshaped_seen = 0, bad = 0, reduced_at = 0, redos_at = 0;
   for (int s = 1; s <= j.nseq; s++) {
@@ -948,7 +1018,8 @@ static void test_dev(int mode, int backend) {
         CHECK(0, "%s: seq %d: slot %d (crc %08x epoch %llu contrib %d) differs from slot %d (%08x %llu %d)", what, s,
               sv[i], d[i].crc, d[i].epoch, d[i].contrib, sv[0], d[0].crc, d[0].epoch, d[0].contrib);
     }
-    if (mode == DEV_PLAIN && d[0].contrib != 3 && !bad++) CHECK(0, "%s: seq %d had %d contributors", what, s, d[0].contrib);
+    if (mode == DEV_PLAIN && d[0].contrib != j.p && !bad++)
+      CHECK(0, "%s: seq %d had %d contributors", what, s, d[0].contrib);
     if (mode && d[0].contrib == 2 && !reduced_at) {
       reduced_at = s;
       redos_at = d[0].redos;
@@ -1016,10 +1087,12 @@ static void test_dev(int mode, int backend) {
     printf("  %s: 3 members, %d collectives; seq %d, the first without slot %d, done %.2f s after the kill (%d redos): %.1f s\n",
            what, j.nseq, reduced_at, victim, recovery, redos_at, tr_now() - t0);
   else
-    printf("  %s: 3 members, %d collectives: %.1f s\n", what, j.nseq, tr_now() - t0);
+    printf("  %s: %d members, %d collectives: %.1f s\n", what, j.p, j.nseq, tr_now() - t0);
   kids_free(ks, j.p);
   ftar_coord_free(c);
 }
+
+static void test_dev(int mode, int backend) { test_dev_p(mode, backend, 3, 0); }
 
 /* dev-samedev: see the top of the file. */
 static void test_dev_same_device(void) {
@@ -1091,6 +1164,10 @@ int main(void) {
   test_dev(DEV_KILL_WAITED, BE_EMU);
   test_dev(DEV_KILL_ANYTIME, BE_EMU);
   test_dev(DEV_LOST, BE_EMU);
+  test_dev_p(DEV_PLAIN, BE_EMU, 2, 70000);
+  test_dev_p(DEV_PLAIN, BE_EMU, 3, 70000);
+  test_dev_p(DEV_KILL_WAITED, BE_EMU, 3, 70000);
+  test_dev_p(DEV_KILL_ANYTIME, BE_EMU, 3, 70000);
   test_dev_restore();
   test_dev_same_device();
   test_commid(); /* last: it starts threads, and the others fork */

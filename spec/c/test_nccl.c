@@ -12,6 +12,12 @@
  *   - the creation deadline: a communicator of 2 ranks whose other rank
  *     never comes fails with TR_EIO (not TR_EDEVICE: the device is fine)
  *     within its timeout, and the next communicator still works.
+ *   - the overlapped hooks on a communicator of 1 rank: a kernel on the
+ *     compute stream doubles the buffer, comm_mark, then on the
+ *     communication stream comm_copy of it (FTAR's input copy) and
+ *     comm_allreduce_async with scale 0.5 after the mark, comm_wait: the
+ *     copy holds the doubled values, the buffer the halved ones (exact);
+ *     comm_copy back and comm_wait(NULL) restore it; a 2.5-chunk one too.
  * More GPUs (forked peer ranks, one per further visible device, up to 3;
  * skipped with a note where there is one GPU):
  *   - all ranks: exact sums of 1 M + 3 floats and of the large size;
@@ -247,6 +253,61 @@ static void one_rank(void) {
   }
 }
 
+/* Elements of dev[0..n) (downloaded into h) that are not mul * val(0, .). */
+static long count_bad(const float *dev, size_t n, float mul) {
+  if (be->download(h, dev, n * sizeof(float))) return -1;
+  long bad = 0;
+  for (size_t i = 0; i < n; i++)
+    if (h[i] != val(0, i) * mul) {
+      if (!bad) fprintf(stderr, "  [%zu] = %g, want %g\n", i, (double)h[i], (double)(val(0, i) * mul));
+      bad++;
+    }
+  return bad;
+}
+
+/* The overlapped hooks (see the top of the file) on n floats. */
+static void overlap_one(tr_comm *c, float *save, size_t n) {
+  for (size_t i = 0; i < n; i++) h[i] = val(0, i);
+  CHECK(be->upload(d, h, n * sizeof(float)) == 0, "upload: %s", be->error());
+  be->scale(d, (int64_t)n, 2.0f); /* queued on the compute stream */
+  tr_mark *mk = NULL;
+  int rc = be->comm_mark(&mk);
+  CHECK(rc == 0 && mk, "comm_mark: %s", be->error());
+  double t = tr_now();
+  if (!rc) rc = be->comm_copy(save, d, n * sizeof(float), mk);
+  if (!rc) rc = be->comm_allreduce_async(c, d, n, 0.5f, mk, 10);
+  if (!rc) rc = be->comm_wait(c, 10);
+  CHECK(rc == 0, "overlapped all-reduce of %zu floats: %s", n, rc ? be->error() : "");
+  be->comm_mark_free(mk);
+  printf("  overlapped all-reduce of %zu floats after a compute-stream mark: %.3f s\n", n, tr_now() - t);
+  long bad = count_bad(save, n, 2.0f);
+  CHECK(bad == 0, "the input copy on the communication stream follows the mark: %ld wrong", bad);
+  bad = count_bad(d, n, 1.0f);
+  CHECK(bad == 0, "overlapped all-reduce, scale 0.5 of the doubled input: %ld wrong", bad);
+  rc = be->comm_copy(d, save, n * sizeof(float), NULL);
+  if (!rc) rc = be->comm_wait(NULL, 10);
+  CHECK(rc == 0, "restore through the communication stream: %s", rc ? be->error() : "");
+  bad = count_bad(d, n, 2.0f);
+  CHECK(bad == 0, "restored: %ld wrong", bad);
+}
+
+static void overlap_one_rank(void) {
+  CHECK(be->comm_mark && be->comm_mark_free && be->comm_copy && be->comm_allreduce_async && be->comm_wait,
+        "the cuda table has the overlapped collectives");
+  if (!be->comm_mark) return;
+  uint8_t id[TR_COMM_ID_BYTES];
+  tr_comm *c = NULL;
+  CHECK(be->comm_id(id) == 0 && be->comm_create(&c, id, 1, 0, 30) == 0 && c, "1-rank communicator: %s", be->error());
+  float *save = be->alloc(BIG * sizeof(float));
+  CHECK(save != NULL, "save buffer: %s", be->error());
+  if (c && save) {
+    overlap_one(c, save, N);
+    overlap_one(c, save, BIG);
+  }
+  be->free(save);
+  if (c) be->comm_destroy(c, 1);
+}
+
 /* A communicator of the parent (rank 0) and the peers listed (ranks 1..):
  * NULL when it could not be made. */
 static tr_comm *group(const int *ks, int nk) {
@@ -363,6 +424,7 @@ int main(void) {
   if (!h || !d || !be->comm_id) return check_report("test_nccl");
 
   one_rank();
+  overlap_one_rank();
   int gpus = 0;
   for (int k = 0; k < npeers; k++) gpus += peers[k].gpu = peer_status(&peers[k], 60) == 'g';
   if (gpus == 0) printf("  several ranks: skipped (one GPU visible)\n");

@@ -34,6 +34,11 @@
  * created when the epoch's first collective runs: the epoch's rank 0 makes
  * the id and the coordinator hands it to every member (COMMID frames).
  *
+ * While they are being written (ftar_allreduce_dev_start): the same in
+ * buckets on the member's communication thread, each bucket's all-reduce
+ * queued on the backend's communication stream after a mark of its compute
+ * stream.
+ *
  * Not here: the NCCL calls themselves (ext/cuda/comm.cu), state catch-up of
  * a joiner (the operator streams it a snapshot), Lua bindings.
  *
@@ -266,10 +271,44 @@ int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t se
  * same bits on every member and from run to run for a fixed membership and
  * bucket, possibly not those of ftar_allreduce. Between start and wait the
  * caller calls nothing else on m but ready (ftar_member_free fails the
- * collective in flight). Host memory only. */
+ * collective in flight). Host memory (a device buffer:
+ * ftar_allreduce_dev_start). */
 int ftar_allreduce_start(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, size_t bucket);
 void ftar_allreduce_ready(ftar_member *m, size_t from);
 int ftar_allreduce_wait(ftar_member *m, ftar_result *res, double *comm_s);
+
+/* ftar_allreduce_start on a backend's buffer (ftar_allreduce_dev's data
+ * plane, in buckets), finished by the same ftar_allreduce_ready and
+ * ftar_allreduce_wait. be->host_memory: exactly ftar_allreduce_start.
+ * Otherwise be must have the overlapped collectives of backend.h
+ * (ftar_dev_overlaps; else TR_EINVAL: call ftar_allreduce_dev after the
+ * producer instead). "Final" is then about the compute stream: ready and
+ * wait must be called by the thread that drives be's compute stream, after
+ * it queued the last kernel that writes buf[from..n); ready records a mark
+ * there (be->comm_mark) when a bucket becomes final, and the
+ * communication thread queues that bucket's all-reduce on the backend's
+ * communication stream after the mark, so it runs on the device while the
+ * compute stream goes on with backward. Per attempt, in the epoch's
+ * communicator (created as ftar_allreduce_dev says, on the communication
+ * thread): each bucket, from the end of buf, as soon as it is final: its
+ * input is copied into the member's device copy (first attempt only),
+ * then it is all-reduced (scale 1/contributors for FTAR_MEAN); once all
+ * are done (be->comm_wait, the watchdog of comm_allreduce), the commit
+ * round. Faults as ftar_allreduce_dev, for the whole buffer: a member lost
+ * mid-call aborts the communicator, the buckets that were queued are
+ * copied back from the device copy (only those: the producer may still be
+ * writing the others) and the survivors redo every bucket in the next
+ * epoch; TR_EDEVICE is not retried. Results: each bucket's sum is the
+ * communicator's sum of that bucket; on emu (sums in rank order) the bits
+ * of ftar_allreduce_dev. wait's *comm_s: as for host memory (the time the
+ * communication thread spent on the collective, from bucket 0 final). On
+ * return from wait the result is in buf for the compute stream's next
+ * kernels. The member's device copies are freed by ftar_member_free. */
+int ftar_allreduce_dev_start(ftar_member *m, const tr_backend *be, float *buf, size_t n, ftar_op op, uint64_t seq,
+                             size_t bucket);
+/* 1 when ftar_allreduce_dev_start can overlap on be: host memory, or the
+ * backend has the overlapped collectives (emu; cuda built with NCCL). */
+int ftar_dev_overlaps(const tr_backend *be);
 
 /* ftar_allreduce on a backend's ("device") buffer: buf[0..n) is a pointer
  * of be (backend.h); same seq, op, res, return values and agreement as

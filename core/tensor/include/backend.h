@@ -49,8 +49,8 @@ enum {
 
 /* The table's layout version; the op count is part of it, so a plugin built
  * from another ops.def is refused rather than called through a shifted
- * table. Bump the 2 when a member's signature changes. */
-#define TR_BACKEND_ABI (3 * 1000 + TR_OP_COUNT)
+ * table. Bump the 4 when a member's signature changes. */
+#define TR_BACKEND_ABI (4 * 1000 + TR_OP_COUNT)
 
 /* bfloat16 storage: the top 16 bits of an IEEE float32. Conversions round to
  * nearest even (NaN stays NaN). */
@@ -58,8 +58,11 @@ typedef uint16_t tr_bf16;
 
 typedef struct tr_backend tr_backend;
 
-/* An opaque NCCL communicator of one membership epoch (cuda only). */
+/* An opaque communicator of one membership epoch (NCCL on cuda, shared
+ * memory on emu). */
 typedef struct tr_comm tr_comm;
+/* An opaque point of the compute stream (a CUDA event): comm_mark. */
+typedef struct tr_mark tr_mark;
 #define TR_COMM_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 
 struct tr_backend {
@@ -154,6 +157,42 @@ struct tr_backend {
   int (*comm_create)(tr_comm **out, const uint8_t id[TR_COMM_ID_BYTES], int nranks, int rank, double timeout);
   int (*comm_allreduce)(tr_comm *c, float *buf, size_t n, float scale, double deadline);
   void (*comm_destroy)(tr_comm *c, int finalize);
+
+  /* --- overlapped collectives: all-reduces of buckets of gradients while
+   * backward still runs (FTAR's ftar_allreduce_dev_start). NULL when the
+   * backend has none (all five or none): FTAR then reduces after backward
+   * with comm_allreduce. Work queued here runs on the backend's
+   * communication stream (one per process, not the compute stream), in the
+   * order queued, and is ordered after the compute stream only through
+   * marks. comm_mark is called by the thread that drives the compute stream;
+   * the others by one other thread at a time (FTAR's communication thread),
+   * which may also call comm_create and comm_destroy.
+   * comm_mark records the compute stream's current point: work queued after
+   * it on the communication stream starts only once every kernel queued
+   * before it on the compute stream ran. *out is freed with comm_mark_free,
+   * which may come as soon as the last call that was given the mark
+   * returned (what was queued after it still waits for it). 0, or a
+   * negative code (then *out = NULL).
+   * comm_copy queues a device-to-device copy after `after` (NULL: after
+   * nothing but the communication stream's earlier work). 0 or TR_EDEVICE /
+   * TR_EIO when it could not be queued.
+   * comm_allreduce_async queues comm_allreduce's sum and scale of
+   * buf[0..n) after `after` (NULL as above) and returns; `deadline` bounds
+   * queueing it. comm_wait waits until everything queued on the
+   * communication stream is done, with comm_allreduce's watchdog on the
+   * collectives queued on c since the last wait (c NULL: only copies were):
+   * a peer's failure, or an all-reduce that makes no progress for
+   * `deadline` seconds once it started, aborts c (TR_EIO; destroy it as
+   * after comm_allreduce). The error codes of both are comm_allreduce's.
+   * However it returns, nothing it waited for still runs or will run
+   * (an aborted collective's kernels have quit): buffers may be copied
+   * again. emu runs all of them at once on the calling thread (its kernels
+   * are synchronous: a mark is a token). */
+  int (*comm_mark)(tr_mark **out);
+  void (*comm_mark_free)(tr_mark *mark);
+  int (*comm_copy)(void *dst, const void *src, size_t bytes, const tr_mark *after);
+  int (*comm_allreduce_async)(tr_comm *c, float *buf, size_t n, float scale, const tr_mark *after, double deadline);
+  int (*comm_wait)(tr_comm *c, double deadline);
 
   /* bf16 activations with fp32 master weights (job: precision = "bf16");
    * NULL when the backend has none. */

@@ -140,8 +140,10 @@ void graph_zero_act_grads(graph *g);
  * ran its backward; parameters are laid out in declaration order, so a
  * model declared input to output finishes from the end). from only
  * decreases within one backward; it reaches 0 only after the last op.
- * Host-memory backends only (on a device the kernels are asynchronous:
- * the hook is not called). fn NULL removes it. 0, or TR_ESTATE (not
+ * On a device backend kernels are asynchronous: "final" means every
+ * kernel that writes them has been queued on the compute stream (a
+ * consumer on another stream orders itself after a mark of it:
+ * backend.h's comm_mark). fn NULL removes it. 0, or TR_ESTATE (not
  * planned for training), TR_ENOMEM. */
 typedef void (*graph_grad_hook)(void *ud, int64_t from);
 int graph_set_grad_hook(graph *g, graph_grad_hook fn, void *ud);

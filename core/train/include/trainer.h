@@ -51,8 +51,9 @@ int trainer_apply_grads(trainer *t, step_stats *st);
 /* fn(ud, from) from inside trainer_compute_grads, on its thread, as the
  * backward finishes gradients: trainer_grads()[from..trainer_grads_size())
  * is final for this step (from decreases; 0 comes last, after everything
- * the step does to the gradients). Host-memory backends only (a device
- * backend never calls it). fn NULL removes it. 0 or a negative code. */
+ * the step does to the gradients). On a device backend: every kernel that
+ * writes them was queued on the compute stream (graph_set_grad_hook).
+ * fn NULL removes it. 0 or a negative code. */
 int trainer_set_grads_ready(trainer *t, void (*fn)(void *ud, int64_t from), void *ud);
 float *trainer_grads(trainer *t); /* the backend's memory (device pointer on a device) */
 int64_t trainer_grads_size(const trainer *t);
