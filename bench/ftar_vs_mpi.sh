@@ -26,13 +26,7 @@ RANKS=${RANKS:-"2 4"}
 REPEAT=${REPEAT:-3}
 JOBS=${JOBS:-2}
 
-if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
-  echo "ftar_vs_mpi: installing openmpi-bin libopenmpi-dev"
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
-fi
+spec/apt_need.sh ftar_vs_mpi mpirun:openmpi-bin mpicc:libopenmpi-dev
 if [ ! -x "$BUILD/transom" ]; then
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$BUILD" -j"$JOBS" --target transom

@@ -5,14 +5,4 @@
 # full package is installed, without its recommends). test.sh calls this
 # before ctest; the tests themselves skip with a message when a tool is
 # absent, unless TRANSOM_REQUIRE_PROMTOOL=1 / TRANSOM_REQUIRE_GNUPLOT=1.
-set -euo pipefail
-missing=()
-command -v gnuplot >/dev/null 2>&1 || missing+=(gnuplot-nox)
-command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "test_deps: installing ${missing[*]}"
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-$SUDO apt-get update -qq || true
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+exec "$(dirname "$0")/../spec/apt_need.sh" test_deps gnuplot:gnuplot-nox promtool:prometheus
