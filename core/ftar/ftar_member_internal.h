@@ -1,8 +1,8 @@
 /* ftar_member_internal.h — the FTAR member's state and the functions its
  * files lend each other: ftar_member.c (lifecycle), ftar_control.c (control
  * thread, coordinator link), ftar_shm.c (same-host rings), ftar_port.c (data
- * port, links), ftar_ring.c (the ring data plane), ftar_collective.c (the
- * control round). How the pieces fit: the comment at the top of ftar_ring.c
+ * port, links), ftar_ring.c (the ring engine and flat plane), ftar_hier.c
+ * (the hierarchical plane), ftar_collective.c (the control round). How the pieces fit: the comment at the top of ftar_ring.c
  * (data) and ftar_control.c (control).
  *
  * Not for ftar_dev.c or other modules: the device data plane sees the member

@@ -1,5 +1,12 @@
-/* ftar_ring.c — FTAR's ring data plane: one attempt of a collective over
- * host memory in the member's run epoch (ftar_internal.h's ftar_plane).
+/* ftar_ring.c — FTAR's ring engine, and the flat ring as a data plane: one
+ * attempt of a collective over host memory in the member's run epoch
+ * (ftar_internal.h's ftar_plane). The same engine runs the passes of the
+ * hierarchical plane (ftar_hier.c, ftar_ring_pass): a pass runs over one
+ * ring level's view and links (ftar_links: the flat ring, a host's local
+ * ring, the leaders' ring) and is a reduce-scatter + all-gather with or
+ * without the commit tokens, a broadcast from rank 0 along the chain, the
+ * tokens alone, or one release token along the chain; the pass's phase is
+ * in every frame's flags.
  *
  * Members of an epoch, ordered by slot, form a ring; each keeps one TCP
  * link to its downstream neighbour (it connects, sends CONNECT) and one
@@ -32,9 +39,10 @@
  * aborts the attempt, which ftar_collective.c then redoes.
  *
  * Not here: SYNC / GO, redo and what the caller gets back
- * (ftar_collective.c), the data port (ftar_port.c), the device data plane
- * (ftar_dev.c). Called by: ftar_allreduce (ftar_collective.c) through
- * ftar_ring_plane_new.
+ * (ftar_collective.c), the data port (ftar_port.c), the hierarchy
+ * (ftar_hier.c), the device data plane (ftar_dev.c). Called by: ftar_hier.c
+ * (its plane runs the flat ring plane when the epoch has no hierarchy, and
+ * its passes through ftar_ring_pass).
  */
 #include <errno.h>
 #include <poll.h>

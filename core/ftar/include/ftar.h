@@ -13,7 +13,9 @@
  *     in place with the other members over direct TCP links (ring
  *     reduce-scatter then all-gather, chunked and pipelined; same-host
  *     neighbours move frames through a shared-memory ring, the TCP link
- *     still carrying the handshake and detecting death). It keeps the
+ *     still carrying the handshake and detecting death; across hosts,
+ *     opts.hier, the members of each host reduce among themselves first and
+ *     one ring runs between the hosts' leaders). It keeps the
  *     caller's input: when a peer dies or stalls past the deadline, the
  *     collective is aborted on every survivor, buf is restored, and the same
  *     collective is redone in the next epoch, automatically. Survivors agree
