@@ -56,8 +56,6 @@
 
 /* This member's place in the hierarchy of run_ep. */
 typedef struct {
-  int hosts;    /* distinct hosts */
-  int most;     /* members on the most populated host */
   int leader;   /* this member leads its host */
   int nl, rl;   /* members of this host, our rank among them */
   int nh, rh;   /* leaders (= hosts), our rank among them (leaders only) */
@@ -71,18 +69,28 @@ static int host_of(const peer *mem, int i) {
   return i;
 }
 
-static void topo_build(const ftar_member *m, topo *t) {
-  const peer *mem = m->run_mem;
-  int n = m->run_n, me = m->run_r, first[FTAR_MAX_MEMBERS], count[FTAR_MAX_MEMBERS];
-  memset(t, 0, offsetof(topo, local));
+/* first[i]: host_of(run_mem, i); returns the number of hosts, *most the
+ * members on the most populated one. */
+static int host_shape(const ftar_member *m, int *first, int *most) {
+  int n = m->run_n, hosts = 0, count[FTAR_MAX_MEMBERS];
+  *most = 0;
   for (int i = 0; i < n; i++) {
-    first[i] = host_of(mem, i);
+    first[i] = host_of(m->run_mem, i);
     count[i] = 0;
     count[first[i]]++;
+    hosts += first[i] == i;
   }
+  for (int i = 0; i < n; i++)
+    if (count[i] > *most) *most = count[i];
+  return hosts;
+}
+
+static void topo_build(const ftar_member *m, const int *first, topo *t) {
+  const peer *mem = m->run_mem;
+  int n = m->run_n, me = m->run_r;
+  memset(t, 0, offsetof(topo, local));
   int mine = first[me];
   for (int i = 0; i < n; i++) {
-    if (count[i] > t->most) t->most = count[i];
     if (first[i] == i) {
       if (i == mine) t->rh = t->nh;
       t->leaders[t->nh++] = mem[i];
@@ -92,13 +100,12 @@ static void topo_build(const ftar_member *m, topo *t) {
       t->local[t->nl++] = mem[i];
     }
   }
-  t->hosts = t->nh;
   t->leader = t->rl == 0;
 }
 
-static int hier_wanted(const ftar_member *m, const topo *t) {
-  if (m->o.hier == 0 || t->most < 2) return 0;
-  return m->o.hier > 0 || t->hosts >= 2;
+static int hier_wanted(const ftar_member *m, int hosts, int most) {
+  if (m->o.hier == 0 || most < 2) return 0;
+  return m->o.hier > 0 || hosts >= 2;
 }
 
 /* --- the plane --- */
@@ -110,11 +117,11 @@ typedef struct {
   size_t n;
   ftar_op op;
   const ftar_ready *rd;
-  ftar_ring_run *rr;
+  ftar_ring_run *rr; /* NULL until the first hierarchical attempt, as t */
+  topo *t;
   float *saved; /* the caller's input, while buf may differ from it */
   size_t saved_cap;
   int dirty;
-  topo t;
 } host_plane;
 
 /* What one attempt carries from phase to phase. */
@@ -187,14 +194,14 @@ static int save_input(host_plane *hp, ftar_member *m) {
 }
 
 static void set_views(const host_plane *hp, ftar_member *m) {
-  const topo *t = &hp->t;
+  const topo *t = hp->t;
   if (t->nl >= 2) ftar_links_view(&m->lk[FTAR_LEVEL_LOCAL], m->run_ep, t->local, t->nl, t->rl);
   if (t->leader && t->nh >= 2) ftar_links_view(&m->lk[FTAR_LEVEL_LEADERS], m->run_ep, t->leaders, t->nh, t->rh);
 }
 
 /* Phases 1-3: every member of the host ends with the epoch's result. */
 static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
-  const topo *t = &hp->t;
+  const topo *t = hp->t;
   int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
   if (local && (r = phase(hp, m, at, FTAR_LEVEL_LOCAL, FTAR_PASS_REDUCE, 1)) != FTAR_PLANE_DONE) return r;
   if (across && (r = phase(hp, m, at, FTAR_LEVEL_LEADERS, FTAR_PASS_REDUCE, 2)) != FTAR_PLANE_DONE) return r;
@@ -212,7 +219,7 @@ static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
 
 /* Phases 4-6: return only once every member of the epoch is full. */
 static int commit_phases(host_plane *hp, ftar_member *m, attempt *at) {
-  const topo *t = &hp->t;
+  const topo *t = hp->t;
   int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
   if (local && (r = phase(hp, m, at, FTAR_LEVEL_LOCAL, FTAR_PASS_TOKENS, 4)) != FTAR_PLANE_DONE) return r;
   if (across && (r = phase(hp, m, at, FTAR_LEVEL_LEADERS, FTAR_PASS_TOKENS, 5)) != FTAR_PLANE_DONE) return r;
@@ -234,8 +241,20 @@ static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
 static int host_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_end, int *full, int *fatal_rc,
                           char *why, size_t why_len) {
   host_plane *hp = (host_plane *)pl;
-  topo_build(m, &hp->t);
-  if (!hier_wanted(m, &hp->t)) return hp->flat->run(hp->flat, m, seq, t_end, full, fatal_rc, why, why_len);
+  int first[FTAR_MAX_MEMBERS];
+  if (m->shape_ep != m->run_ep) { /* once per epoch: a small all-reduce should not pay n^2 compares */
+    m->shape_hosts = host_shape(m, first, &m->shape_most);
+    m->shape_ep = m->run_ep;
+  }
+  if (!hier_wanted(m, m->shape_hosts, m->shape_most))
+    return hp->flat->run(hp->flat, m, seq, t_end, full, fatal_rc, why, why_len);
+  int most;
+  host_shape(m, first, &most);
+  if (!hp->t && !(hp->t = malloc(sizeof *hp->t)))
+    return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the hierarchy");
+  if (!hp->rr && !(hp->rr = ftar_ring_run_new()))
+    return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the hierarchy");
+  topo_build(m, first, hp->t);
   attempt at = {.seq = seq, .t_end = t_end, .why = why, .why_len = why_len};
   int r = hier_attempt(hp, m, &at);
   *full = at.full;
@@ -264,8 +283,7 @@ ftar_plane *ftar_host_plane_new(float *buf, size_t n, ftar_op op, size_t bucket,
   hp->op = op;
   hp->rd = rd;
   hp->flat = ftar_ring_plane_new(buf, n, op, bucket, rd);
-  hp->rr = ftar_ring_run_new();
-  if (!hp->flat || !hp->rr) {
+  if (!hp->flat) {
     ftar_host_plane_free(&hp->base);
     return NULL;
   }
@@ -277,6 +295,7 @@ void ftar_host_plane_free(ftar_plane *pl) {
   if (!hp) return;
   ftar_ring_plane_free(hp->flat);
   ftar_ring_run_free(hp->rr);
+  free(hp->t);
   free(hp->saved);
   free(hp);
 }

@@ -176,6 +176,8 @@ struct ftar_member {
   int run_n, run_r; /* the epoch's members (ordered by slot) and our place */
   peer run_mem[FTAR_MAX_MEMBERS];
   ftar_links lk[FTAR_LEVELS]; /* each ring level's view and links */
+  uint64_t shape_ep;          /* ftar_hier.c: the run epoch whose hosts were counted (0: none) */
+  int shape_hosts, shape_most; /* its hosts, members on the most populated one */
   float *in_copy, *stage;
   size_t in_cap;
   uint64_t last_seq, last_ep;

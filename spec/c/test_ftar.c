@@ -31,7 +31,7 @@
  *             links (shared memory within a host, TCP only between
  *             leaders, no cross-host bytes from the others), --flat on the
  *             same hosts, a bucketed call; kill -9 of a non-leader (phase
- *             1) and of a leader (phase 2), SIGSTOP of a non-leader: the
+ *             1) and of a leader (phase 2), SIGSTOP of either: the
  *             survivors redo, exact over the survivors; kill -9 of the end
  *             of a broadcast chain once every survivor is full: COMMIT
  *   soak      1000 back-to-back small collectives (run from the sanitizer
@@ -1585,6 +1585,7 @@ static void test_hier(void) {
   test_hier_fault(3, 8, 0, 2, "holding the full result", 1);
   test_hier_fault(2, 8, 0, 0, "phase 2 (leaders' reduce)", 0);
   test_hier_fault(1, 2, 1, 0, "phase 1 (local reduce)", 0);
+  test_hier_fault(2, 8, 1, 0, "phase 2 (leaders' reduce)", 0);
 }
 
 /* --- garbage on the data port and the coordinator port --- */
