@@ -248,13 +248,18 @@ static int host_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
   }
   if (!hier_wanted(m, m->shape_hosts, m->shape_most))
     return hp->flat->run(hp->flat, m, seq, t_end, full, fatal_rc, why, why_len);
-  int most;
+  int most, fresh_epoch = m->shape_ep != m->shape_logged;
   host_shape(m, first, &most);
   if (!hp->t && !(hp->t = malloc(sizeof *hp->t)))
     return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the hierarchy");
   if (!hp->rr && !(hp->rr = ftar_ring_run_new()))
     return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the hierarchy");
   topo_build(m, first, hp->t);
+  if (fresh_epoch) { /* once per epoch: the shape the reduction takes */
+    m->shape_logged = m->shape_ep;
+    ftar_member_log(m, "epoch %llu: hierarchical over %d hosts, %s of %d on %s", (unsigned long long)m->run_ep,
+                    m->shape_hosts, hp->t->leader ? "leader" : "member", hp->t->nl, m->data_host);
+  }
   attempt at = {.seq = seq, .t_end = t_end, .why = why, .why_len = why_len};
   int r = hier_attempt(hp, m, &at);
   *full = at.full;

@@ -178,6 +178,7 @@ struct ftar_member {
   ftar_links lk[FTAR_LEVELS]; /* each ring level's view and links */
   uint64_t shape_ep;          /* ftar_hier.c: the run epoch whose hosts were counted (0: none) */
   int shape_hosts, shape_most; /* its hosts, members on the most populated one */
+  uint64_t shape_logged;      /* the last epoch whose hierarchy was logged */
   float *in_copy, *stage;
   size_t in_cap;
   uint64_t last_seq, last_ep;
