@@ -137,6 +137,7 @@ typedef struct {
   int tok_send_n, tok_recv_n; /* commit tokens this member sends / receives */
   int tok_base_send, tok_base_recv; /* token values: base + 1, base + 2, ... */
   uint32_t frames_before; /* data frames received in earlier passes of the attempt */
+  int cross;              /* our downstream is on another host */
   float *buf;
   size_t n, Fmax;
   geom G;
@@ -457,7 +458,7 @@ static int pump_send(ring *g, undo_log *u) {
     progress = 1;
     g->s_off += (size_t)w;
     m->st.bytes_sent += (uint64_t)w;
-    if (!same_host(m, down_peer(g))) m->st.bytes_cross += (uint64_t)w;
+    if (g->cross) m->st.bytes_cross += (uint64_t)w;
     if (g->s_off == total) {
       g->s_busy = 0;
       if (g->s_token) g->tok_sent++;
@@ -932,6 +933,7 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
   g->seq = seq;
   g->sF = g->rF = bucket_F(g, 0);
   tokens_set(g);
+  g->cross = g->p > 1 && !same_host(m, down_peer(g));
   pthread_once(&test_fault_once, test_fault_read);
   skip_send(g);
   skip_recv(g);
@@ -1216,7 +1218,8 @@ static int ring_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
   (void)fatal_rc; /* FTAR_ETIMEOUT, or the control link's failure */
   int rc = ftar_in_copy_reserve(m, rp->a.n);
   if (rc) return rc;
-  ftar_links_view(&m->lk[FTAR_LEVEL_FLAT], m->run_ep, m->run_mem, m->run_n, m->run_r);
+  ftar_links *L = &m->lk[FTAR_LEVEL_FLAT];
+  if (L->ep != m->run_ep) ftar_links_view(L, m->run_ep, m->run_mem, m->run_n, m->run_r); /* the epoch's, once */
   int timed_out;
   int rr = ring_run(m, rp->g, rp->u, &rp->a, seq, t_end, &timed_out);
   *full = rp->g->full;
