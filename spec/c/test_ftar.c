@@ -31,9 +31,10 @@
  *             links (shared memory within a host, TCP only between
  *             leaders, no cross-host bytes from the others), --flat on the
  *             same hosts, a bucketed call; kill -9 of a non-leader (phase
- *             1) and of a leader (phase 2), SIGSTOP of either: the
- *             survivors redo, exact over the survivors; kill -9 of the end
- *             of a broadcast chain once every survivor is full: COMMIT
+ *             1) and of a leader (phase 2), of the middle of a 3-member
+ *             broadcast chain (phase 3), SIGSTOP of either: the survivors
+ *             redo, exact over the survivors; kill -9 of the end of a
+ *             broadcast chain: COMMIT or redo, alike on every survivor
  *   soak      1000 back-to-back small collectives (run from the sanitizer
  *             build, LeakSanitizer checks every rank process at exit)
  * FTAR_TEST_ONLY=hier runs only the hier cases.
@@ -1481,10 +1482,12 @@ static int victim_signalled(proc *ps, int n, int victim) {
   return 0;
 }
 
-/* kill -9 / SIGSTOP of one member of 2 hosts x 2 at data frame `frames`
- * of collective 6 (counted over the attempt's phases: a 2-member ring pass
- * of 1 MiB is 6 frames, the broadcast 5, so 2 lands in phase 1, 8 in
- * phase 2 on a leader and in phase 3 on the others): the survivors redo it
+/* kill -9 / SIGSTOP of one member of layout L at data frame `frames` of
+ * collective 6 (counted over the attempt's phases, 1 MiB: a 2-member ring
+ * pass is 6 frames, a 3-member one 12, the broadcast 5; so at 2 x 2, 2
+ * lands in phase 1, 8 in phase 2 on a leader and in phase 3 on the others;
+ * at 3 + 2, 14 in the middle of the 3-member host's chain, whose end can
+ * then not be full): the survivors redo it
  * without the victim, exact sums over the right contributors; the witness's
  * log names the phase where the abort landed. commit: the victim is the
  * end of its host's broadcast chain, lost after its host's members got the
@@ -1492,16 +1495,16 @@ static int victim_signalled(proc *ps, int n, int victim) {
  * full and the coordinator commits (all 4 contributors, the victim's input
  * included), else they redo it without the victim; either way the same on
  * every survivor, and the next collective runs without it. */
-static void test_hier_fault(int victim, unsigned frames, int use_stop, int witness, const char *phase_name,
-                            int commit) {
+static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int use_stop, int witness,
+                            const char *phase_name, int commit) {
   double tstart = tr_now();
-  const layout L = {4, {1, 1, 2, 2}};
+  const layout L = *Lp;
   char what[96];
-  snprintf(what, sizeof what, "hier %s of slot %d (%s) at frame %u", use_stop ? "SIGSTOP" : "kill -9", victim,
-           hl_leader(&L, victim) ? "leader" : "not a leader", frames);
+  snprintf(what, sizeof what, "hier %s of slot %d of %d (%s) at frame %u", use_stop ? "SIGSTOP" : "kill -9", victim,
+           L.n, hl_leader(&L, victim) ? "leader" : "not a leader", frames);
   ftar_coord *c = coord_start();
   if (!c) return;
-  const int p = 4, iters = 10;
+  const int p = L.n, iters = 10;
   proc ps[MAXP];
   for (int r = 0; r < p; r++) {
     args a;
@@ -1532,7 +1535,7 @@ static void test_hier_fault(int victim, unsigned frames, int use_stop, int witne
   finish(&ps[victim], 1, T(10));
   char sl[64], sl6[64];
   slots_expected(sl, sizeof sl, surv, nl);
-  const int all[4] = {0, 1, 2, 3};
+  const int all[MAXP] = {0, 1, 2, 3, 4, 5, 6, 7};
   slots_expected(sl6, sizeof sl6, commit ? all : surv, commit ? p : nl);
   int redid = 0, committed = -1;
   for (int i = 0; i < nl; i++) {
@@ -1581,11 +1584,13 @@ static void test_hier(void) {
   test_hier_sizes("2x3+1", &two_by_three_one, "mean", 0, 0);
   test_hier_sizes("1+2+3", &three, "sum", 0, 0);
   test_hier_sizes("1+2+3", &three, "sum", 0, 4096);
-  test_hier_fault(3, 2, 0, 2, "phase 1 (local reduce)", 0);
-  test_hier_fault(3, 8, 0, 2, "holding the full result", 1);
-  test_hier_fault(2, 8, 0, 0, "phase 2 (leaders' reduce)", 0);
-  test_hier_fault(1, 2, 1, 0, "phase 1 (local reduce)", 0);
-  test_hier_fault(2, 8, 1, 0, "phase 2 (leaders' reduce)", 0);
+  const layout three_two = {5, {1, 1, 1, 2, 2}};
+  test_hier_fault(&two_by_two, 3, 2, 0, 2, "phase 1 (local reduce)", 0);
+  test_hier_fault(&two_by_two, 3, 8, 0, 2, "holding the full result", 1);
+  test_hier_fault(&two_by_two, 2, 8, 0, 0, "phase 2 (leaders' reduce)", 0);
+  test_hier_fault(&three_two, 1, 14, 0, 2, "phase 3 (local broadcast)", 0);
+  test_hier_fault(&two_by_two, 1, 2, 1, 0, "phase 1 (local reduce)", 0);
+  test_hier_fault(&two_by_two, 2, 8, 1, 0, "phase 2 (leaders' reduce)", 0);
 }
 
 /* --- garbage on the data port and the coordinator port --- */
