@@ -23,8 +23,11 @@
  * sends 2(p-1)/p * N over every cross-host link).
  *
  * Faults: any pass that fails closes every level's links (so the others'
- * passes fail too) and aborts the attempt; the input, copied whole before
- * phase 1, is put back exactly by restore; ftar_collective redoes the
+ * passes fail too) and aborts the attempt; restore puts the input back
+ * exactly: the attempt's first reduce (phase 1, or phase 2 on a host
+ * alone) saves into in_copy each element it overwrites, as the flat ring
+ * does, and the passes after it save nothing (every element was saved once
+ * the first reduce completed); ftar_collective redoes the
  * collective in the next epoch, where the hierarchy is recomputed.
  * "full" on an abort: this member holds the final result (the leader after
  * phase 2, the others after phase 3).
@@ -32,9 +35,10 @@
  * When: opts.hier -1 (auto): the epoch spans >= 2 hosts and some host has
  * >= 2 members; 1: some host has >= 2 members; 0: never. Otherwise, and per
  * attempt (a redo may find another shape), the flat ring plane runs. Every
- * member must use the same opts.hier. A bucketed call (ftar_allreduce_start)
- * waits until every bucket is final, then runs: no overlap with the
- * producer yet.
+ * member must use the same opts.hier. A bucketed call (ftar_allreduce_start):
+ * the local reduce takes the buckets as the producer finishes them; phases
+ * 2-6, and a member alone on its host, wait until every bucket is final:
+ * the cross-host part does not overlap with the producer yet.
  *
  * Not here: moving frames (ftar_ring.c), links (ftar_port.c), the control
  * round (ftar_collective.c). Called by: ftar_allreduce (ftar_collective.c)
@@ -117,11 +121,10 @@ typedef struct {
   size_t n;
   ftar_op op;
   const ftar_ready *rd;
-  ftar_ring_run *rr; /* NULL until the first hierarchical attempt, as t */
+  size_t bucket;
+  ftar_ring_run *first; /* the attempt's first reduce (its undo log restores buf) */
+  ftar_ring_run *rr;    /* the other passes; NULL until the first hierarchical attempt, as first and t */
   topo *t;
-  float *saved; /* the caller's input, while buf may differ from it */
-  size_t saved_cap;
-  int dirty;
 } host_plane;
 
 /* What one attempt carries from phase to phase. */
@@ -134,27 +137,27 @@ typedef struct {
   size_t why_len;
 } attempt;
 
-/* One phase: a pass of kind over level. FTAR_PLANE_*, why prefixed. */
-static int phase(host_plane *hp, ftar_member *m, attempt *at, int level, int kind, int ph) {
+/* One phase: pass a (level, kind, phase; save, bucket and rd when it is
+ * the first reduce) through rr. FTAR_PLANE_*, why prefixed. */
+static int phase(host_plane *hp, ftar_member *m, attempt *at, ftar_ring_run *rr, ftar_pass a) {
   static const char *names[] = {"", "local reduce", "leaders' reduce", "local broadcast", "local commit",
                                 "leaders' commit", "local release"};
-  ftar_pass a = {.buf = hp->buf,
-                 .n = kind == FTAR_PASS_TOKENS || kind == FTAR_PASS_RELEASE ? 0 : hp->n,
-                 .op = FTAR_SUM,
-                 .level = level,
-                 .kind = kind,
-                 .phase = ph,
-                 .frames_before = at->frames};
+  int ph = a.phase;
+  a.buf = hp->buf;
+  a.n = a.kind == FTAR_PASS_TOKENS || a.kind == FTAR_PASS_RELEASE ? 0 : hp->n;
+  a.op = FTAR_SUM;
+  a.frames_before = at->frames;
   int full = 0;
   uint32_t got = 0;
   char why[256];
-  int r = ftar_ring_pass(m, hp->rr, &a, at->seq, at->t_end, &full, why, sizeof why, &got);
+  int r = ftar_ring_pass(m, rr, &a, at->seq, at->t_end, &full, why, sizeof why, &got);
   at->frames += got;
   if (r != FTAR_PLANE_DONE) snprintf(at->why, at->why_len, "phase %d (%s): %s", ph, names[ph], why);
   return r;
 }
 
-/* A bucketed call: every bucket final before anything moves. */
+/* A bucketed call on a host alone: every bucket final before the leaders'
+ * ring (whose members do not cut buckets) moves it. */
 static int wait_final(ftar_member *m, const ftar_ready *rd, attempt *at) {
   while (rd && atomic_load_explicit(&rd->from, memory_order_acquire) != 0) {
     pthread_mutex_lock(&m->mu);
@@ -178,33 +181,31 @@ static int wait_final(ftar_member *m, const ftar_ready *rd, attempt *at) {
   return FTAR_PLANE_DONE;
 }
 
-/* The whole input, kept until the call ends. 0, or a negative code. */
-static int save_input(host_plane *hp, ftar_member *m) {
-  int rc = ftar_in_copy_reserve(m, hp->n);
-  if (rc) return rc;
-  if (hp->n > hp->saved_cap) {
-    float *s = realloc(hp->saved, hp->n * sizeof(float));
-    if (!s) return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the input copy (%zu floats)", hp->n);
-    hp->saved = s;
-    hp->saved_cap = hp->n;
-  }
-  if (hp->n) memcpy(hp->saved, hp->buf, hp->n * sizeof(float));
-  hp->dirty = 1;
-  return 0;
-}
-
 static void set_views(const host_plane *hp, ftar_member *m) {
   const topo *t = hp->t;
   if (t->nl >= 2) ftar_links_view(&m->lk[FTAR_LEVEL_LOCAL], m->run_ep, t->local, t->nl, t->rl);
   if (t->leader && t->nh >= 2) ftar_links_view(&m->lk[FTAR_LEVEL_LEADERS], m->run_ep, t->leaders, t->nh, t->rh);
 }
 
-/* Phases 1-3: every member of the host ends with the epoch's result. */
+/* Phases 1-3: every member of the host ends with the epoch's result. The
+ * first reduce saves the input it overwrites into in_copy (hp->first's
+ * undo log; every element once it completes); the passes after it save
+ * nothing. The local reduce takes buckets as the producer finishes them. */
 static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
   const topo *t = hp->t;
   int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
-  if (local && (r = phase(hp, m, at, FTAR_LEVEL_LOCAL, FTAR_PASS_REDUCE, 1)) != FTAR_PLANE_DONE) return r;
-  if (across && (r = phase(hp, m, at, FTAR_LEVEL_LEADERS, FTAR_PASS_REDUCE, 2)) != FTAR_PLANE_DONE) return r;
+  ftar_pass p1 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_REDUCE, .phase = 1},
+            p2 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_REDUCE, .phase = 2};
+  if (local) {
+    p1.save = m->in_copy;
+    p1.bucket = hp->bucket;
+    p1.rd = hp->rd;
+    if ((r = phase(hp, m, at, hp->first, p1)) != FTAR_PLANE_DONE) return r;
+  } else {
+    if ((r = wait_final(m, hp->rd, at)) != FTAR_PLANE_DONE) return r;
+    p2.save = m->in_copy;
+  }
+  if (across && (r = phase(hp, m, at, local ? hp->rr : hp->first, p2)) != FTAR_PLANE_DONE) return r;
   if (t->leader) {
     if (hp->op == FTAR_MEAN) { /* once, on bits every leader holds alike */
       float d = (float)m->run_n;
@@ -212,7 +213,8 @@ static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
     }
     at->full = 1;
   }
-  if (local && (r = phase(hp, m, at, FTAR_LEVEL_LOCAL, FTAR_PASS_BCAST, 3)) != FTAR_PLANE_DONE) return r;
+  ftar_pass p3 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_BCAST, .phase = 3};
+  if (local && (r = phase(hp, m, at, hp->rr, p3)) != FTAR_PLANE_DONE) return r;
   at->full = 1;
   return FTAR_PLANE_DONE;
 }
@@ -221,16 +223,18 @@ static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
 static int commit_phases(host_plane *hp, ftar_member *m, attempt *at) {
   const topo *t = hp->t;
   int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
-  if (local && (r = phase(hp, m, at, FTAR_LEVEL_LOCAL, FTAR_PASS_TOKENS, 4)) != FTAR_PLANE_DONE) return r;
-  if (across && (r = phase(hp, m, at, FTAR_LEVEL_LEADERS, FTAR_PASS_TOKENS, 5)) != FTAR_PLANE_DONE) return r;
-  if (local && (r = phase(hp, m, at, FTAR_LEVEL_LOCAL, FTAR_PASS_RELEASE, 6)) != FTAR_PLANE_DONE) return r;
+  ftar_pass p4 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_TOKENS, .phase = 4},
+            p5 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 5},
+            p6 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_RELEASE, .phase = 6};
+  if (local && (r = phase(hp, m, at, hp->rr, p4)) != FTAR_PLANE_DONE) return r;
+  if (across && (r = phase(hp, m, at, hp->rr, p5)) != FTAR_PLANE_DONE) return r;
+  if (local && (r = phase(hp, m, at, hp->rr, p6)) != FTAR_PLANE_DONE) return r;
   return FTAR_PLANE_DONE;
 }
 
 static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
-  int r = wait_final(m, hp->rd, at);
-  if (r != FTAR_PLANE_DONE) return r;
-  if ((r = save_input(hp, m))) return r;
+  int r = ftar_in_copy_reserve(m, hp->n);
+  if (r) return r;
   set_views(hp, m);
   if ((r = reduce_phases(hp, m, at)) != FTAR_PLANE_DONE) return r;
   if ((r = commit_phases(hp, m, at)) != FTAR_PLANE_DONE) return r;
@@ -252,7 +256,7 @@ static int host_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
   host_shape(m, first, &most);
   if (!hp->t && !(hp->t = malloc(sizeof *hp->t)))
     return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the hierarchy");
-  if (!hp->rr && !(hp->rr = ftar_ring_run_new()))
+  if ((!hp->rr && !(hp->rr = ftar_ring_run_new())) || (!hp->first && !(hp->first = ftar_ring_run_new())))
     return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the hierarchy");
   topo_build(m, first, hp->t);
   if (fresh_epoch) { /* once per epoch: the shape the reduction takes */
@@ -269,8 +273,7 @@ static int host_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
 
 static int host_plane_restore(ftar_plane *pl, ftar_member *m) {
   host_plane *hp = (host_plane *)pl;
-  if (hp->dirty && hp->n) memcpy(hp->buf, hp->saved, hp->n * sizeof(float));
-  hp->dirty = 0;
+  if (hp->first) ftar_ring_undo(hp->first, hp->buf); /* what the last hierarchical attempt changed */
   return hp->flat->restore(hp->flat, m);
 }
 
@@ -287,6 +290,7 @@ ftar_plane *ftar_host_plane_new(float *buf, size_t n, ftar_op op, size_t bucket,
   hp->n = n;
   hp->op = op;
   hp->rd = rd;
+  hp->bucket = bucket;
   hp->flat = ftar_ring_plane_new(buf, n, op, bucket, rd);
   if (!hp->flat) {
     ftar_host_plane_free(&hp->base);
@@ -300,7 +304,7 @@ void ftar_host_plane_free(ftar_plane *pl) {
   if (!hp) return;
   ftar_ring_plane_free(hp->flat);
   ftar_ring_run_free(hp->rr);
+  ftar_ring_run_free(hp->first);
   free(hp->t);
-  free(hp->saved);
   free(hp);
 }

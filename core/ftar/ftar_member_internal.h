@@ -271,6 +271,8 @@ typedef struct {
   int level;            /* FTAR_LEVEL_*: whose view and links (the view set) */
   int kind;             /* FTAR_PASS_* */
   int phase;            /* 0..255, in every frame's flags (bits 8..15): passes on one link never mix */
+  float *save;          /* where the pass saves the input it overwrites, at buf's offsets (n floats;
+                           restored by ftar_ring_undo); NULL: saved nowhere */
   uint32_t frames_before; /* data frames received earlier in this attempt (the fault hook counts on) */
 } ftar_pass;
 
@@ -280,10 +282,12 @@ void ftar_ring_run_free(ftar_ring_run *rr); /* NULL ok */
 /* One pass in run_ep, bounded by t_end: FTAR_PLANE_DONE, FTAR_PLANE_ABORT
  * (every level's links closed; *full: buf holds the pass's result) or
  * FTAR_PLANE_FATAL (timeout, control link down). why: the reason. *frames:
- * data frames this pass received. m->in_copy must hold n floats: the
- * pass saves there what it overwrites (restored by ftar_ring_undo). */
+ * data frames this pass received. */
 int ftar_ring_pass(ftar_member *m, ftar_ring_run *rr, const ftar_pass *a, uint64_t seq, double t_end, int *full,
                    char *why, size_t why_len, uint32_t *frames);
+/* Puts back into buf what rr's last pass overwrote (from a->save), once:
+ * every element a reduce pass completed was saved before it changed. */
+void ftar_ring_undo(ftar_ring_run *rr, float *buf);
 /* Grows m->in_copy to n floats: 0, or a negative code with tr_error() set. */
 int ftar_in_copy_reserve(ftar_member *m, size_t n);
 

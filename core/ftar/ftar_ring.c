@@ -137,6 +137,7 @@ typedef struct {
   int tok_send_n, tok_recv_n; /* commit tokens this member sends / receives */
   int tok_base_send, tok_base_recv; /* token values: base + 1, base + 2, ... */
   uint32_t frames_before; /* data frames received in earlier passes of the attempt */
+  float *save;            /* where overwritten input is saved (NULL: nowhere) */
   int cross;              /* our downstream is on another host */
   float *buf;
   size_t n, Fmax;
@@ -185,12 +186,13 @@ static double spin_seconds(const ftar_member *m) {
   return (m->o.spin_us < 0 ? 500 : m->o.spin_us) * 1e-6;
 }
 
-/* What was overwritten in buf (and saved in in_copy): per bucket and
- * segment, a prefix, in the geometry of the ring that did it. Nothing
+/* What was overwritten in buf (and saved in save: in_copy): per bucket
+ * and segment, a prefix, in the geometry of the ring that did it. Nothing
  * else is written back: a bucket the ring never touched may still be
  * being written by its producer. */
 typedef struct {
   geom G;
+  float *save;    /* NULL: the pass saved nothing */
   size_t *copied; /* [nb * p] */
   size_t cap;
 } undo_log;
@@ -262,14 +264,14 @@ static void skip_cursor(ring *g, size_t *b, int *s, size_t *j, size_t *F, int se
 static void skip_send(ring *g) { skip_cursor(g, &g->sb, &g->ss, &g->sj, &g->sF, 1); }
 static void skip_recv(ring *g) { skip_cursor(g, &g->rb, &g->rs, &g->rj, &g->rF, 0); }
 
-static void undo_restore(ftar_member *m, float *buf, undo_log *u) {
-  if (!u->copied) return;
+static void undo_restore(float *buf, undo_log *u) {
+  if (!u->copied || !u->save) return;
   for (size_t b = 0; b < u->G.nb; b++)
     for (int c = 0; c < u->G.p; c++) {
       size_t *k = undo_at(u, b, c);
       if (!*k) continue;
       size_t off = seg_off(&u->G, b, c);
-      memcpy(buf + off, m->in_copy + off, *k * sizeof(float));
+      memcpy(buf + off, u->save + off, *k * sizeof(float));
       *k = 0;
     }
 }
@@ -337,8 +339,8 @@ static void prep_data(ring *g, undo_log *u) {
   if (len > g->sF) len = g->sF;
   float *x = g->buf + off;
   uint32_t pcrc;
-  if (g->ss == 0 && g->rsteps > 0) { /* our own segment, overwritten by the all-gather later: save it, same pass */
-    pcrc = tr_crc32c_copy(0, g->m->in_copy + off, x, len * sizeof(float));
+  if (g->ss == 0 && g->rsteps > 0 && g->save) { /* our own segment, overwritten by the all-gather later: save it */
+    pcrc = tr_crc32c_copy(0, g->save + off, x, len * sizeof(float));
     *undo_at(u, g->sb, c) += len;
   } else {
     if (g->ss == g->p - 1 && g->op == FTAR_MEAN) { /* the segment we own: divide once, everyone gets these bits */
@@ -647,6 +649,16 @@ static int recv_header_tcp(ring *g) {
   return accept_header(g);
 }
 
+/* dst += src over n floats, dst's old values saved into save (NULL: not
+ * saved); returns the CRC of src continued from crc. The same float adds
+ * either way. */
+static uint32_t reduce_crc(uint32_t crc, float *dst, float *save, const float *src, size_t n) {
+  if (save) return tr_crc32c_reduce(crc, dst, save, src, n);
+  crc = tr_crc32c(crc, src, n * sizeof(float));
+  for (size_t k = 0; k < n; k++) dst[k] = dst[k] + src[k];
+  return crc;
+}
+
 /* The frame being received: a reduce-scatter DATA frame (added into buf)? */
 static int rx_reducing(const ring *g) { return g->rh.type == FT_DATA && g->rs < g->rsteps; }
 
@@ -673,7 +685,7 @@ static int recv_payload_shm(ring *g, undo_log *u) {
   }
   if (rx_reducing(g)) {
     size_t f0 = off + g->r_got / 4;
-    g->r_crc = tr_crc32c_reduce(g->r_crc, g->buf + f0, m->in_copy + f0, (const float *)(const void *)src, k / 4);
+    g->r_crc = reduce_crc(g->r_crc, g->buf + f0, g->save ? g->save + f0 : NULL, (const float *)(const void *)src, k / 4);
     *undo_at(u, g->rb, c) += k / 4;
   } else {
     g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
@@ -718,7 +730,7 @@ static int finish_frame(ring *g, undo_log *u) {
     pcrc = g->r_crc;
   } else if (rx_reducing(g)) {
     size_t len = g->rh.len / 4;
-    pcrc = tr_crc32c_reduce(0, g->buf + off, m->in_copy + off, m->stage, len);
+    pcrc = reduce_crc(0, g->buf + off, g->save ? g->save + off : NULL, m->stage, len);
     *undo_at(u, g->rb, c) += len;
   } else {
     pcrc = g->rh.len ? tr_crc32c(0, g->r_dst, g->rh.len) : 0;
@@ -929,6 +941,7 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
   g->op = a->op;
   g->flags = (uint16_t)((unsigned)a->op | ((unsigned)a->phase & 0xff) << 8);
   g->frames_before = a->frames_before;
+  g->save = a->save;
   g->ep = m->run_ep;
   g->seq = seq;
   g->sF = g->rF = bucket_F(g, 0);
@@ -948,6 +961,7 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
     u->cap = need;
   }
   u->G = g->G;
+  u->save = a->save;
   if (need) memset(u->copied, 0, need * sizeof(size_t));
   return 0;
 }
@@ -1184,6 +1198,8 @@ void ftar_ring_run_free(ftar_ring_run *rr) {
   free(rr);
 }
 
+void ftar_ring_undo(ftar_ring_run *rr, float *buf) { undo_restore(buf, &rr->u); }
+
 int ftar_in_copy_reserve(ftar_member *m, size_t n) {
   if (n <= m->in_cap) return 0;
   float *nc = realloc(m->in_copy, n * sizeof(float));
@@ -1218,6 +1234,7 @@ static int ring_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
   (void)fatal_rc; /* FTAR_ETIMEOUT, or the control link's failure */
   int rc = ftar_in_copy_reserve(m, rp->a.n);
   if (rc) return rc;
+  rp->a.save = m->in_copy;
   ftar_links *L = &m->lk[FTAR_LEVEL_FLAT];
   if (L->ep != m->run_ep) ftar_links_view(L, m->run_ep, m->run_mem, m->run_n, m->run_r); /* the epoch's, once */
   int timed_out;
@@ -1229,7 +1246,8 @@ static int ring_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
 
 static int ring_plane_restore(ftar_plane *pl, ftar_member *m) {
   ring_plane *rp = (ring_plane *)pl;
-  undo_restore(m, rp->a.buf, rp->u); /* host memory: cannot fail */
+  (void)m;
+  undo_restore(rp->a.buf, rp->u); /* host memory: cannot fail */
   return 0;
 }
 

@@ -32,7 +32,8 @@
  *             leaders, no cross-host bytes from the others), --flat on the
  *             same hosts, a bucketed call; kill -9 of a non-leader (phase
  *             1) and of a leader (phase 2), of the middle of a 3-member
- *             broadcast chain (phase 3), SIGSTOP of either: the survivors
+ *             broadcast chain (phase 3), SIGSTOP of either, kill -9 with
+ *             buckets in flight: the survivors
  *             redo, exact over the survivors; kill -9 of the end of a
  *             broadcast chain: COMMIT or redo, alike on every survivor
  *   soak      1000 back-to-back small collectives (run from the sanitizer
@@ -1496,12 +1497,12 @@ static int victim_signalled(proc *ps, int n, int victim) {
  * included), else they redo it without the victim; either way the same on
  * every survivor, and the next collective runs without it. */
 static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int use_stop, int witness,
-                            const char *phase_name, int commit) {
+                            const char *phase_name, int commit, int bucket) {
   double tstart = tr_now();
   const layout L = *Lp;
-  char what[96];
-  snprintf(what, sizeof what, "hier %s of slot %d of %d (%s) at frame %u", use_stop ? "SIGSTOP" : "kill -9", victim,
-           L.n, hl_leader(&L, victim) ? "leader" : "not a leader", frames);
+  char what[128];
+  snprintf(what, sizeof what, "hier %s of slot %d of %d (%s) at frame %u%s", use_stop ? "SIGSTOP" : "kill -9", victim,
+           L.n, hl_leader(&L, victim) ? "leader" : "not a leader", frames, bucket ? ", buckets" : "");
   ftar_coord *c = coord_start();
   if (!c) return;
   const int p = L.n, iters = 10;
@@ -1516,6 +1517,12 @@ static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int u
     arg(&a, "--verify");
     arg(&a, "--iters");
     arg(&a, "%d", iters);
+    if (bucket) { /* reduced while written, slowly: the victim dies with buckets in flight */
+      arg(&a, "--bucket");
+      arg(&a, "%d", 262144 / 8);
+      arg(&a, "--produce-us");
+      arg(&a, "2000");
+    }
     char fault[64];
     snprintf(fault, sizeof fault, "%s:6:%u", use_stop ? "stop" : "kill", frames);
     if (r == victim) setenv("TRANSOM_TEST_FTAR_FAULT", fault, 1);
@@ -1585,12 +1592,13 @@ static void test_hier(void) {
   test_hier_sizes("1+2+3", &three, "sum", 0, 0);
   test_hier_sizes("1+2+3", &three, "sum", 0, 4096);
   const layout three_two = {5, {1, 1, 1, 2, 2}};
-  test_hier_fault(&two_by_two, 3, 2, 0, 2, "phase 1 (local reduce)", 0);
-  test_hier_fault(&two_by_two, 3, 8, 0, 2, "holding the full result", 1);
-  test_hier_fault(&two_by_two, 2, 8, 0, 0, "phase 2 (leaders' reduce)", 0);
-  test_hier_fault(&three_two, 1, 14, 0, 2, "phase 3 (local broadcast)", 0);
-  test_hier_fault(&two_by_two, 1, 2, 1, 0, "phase 1 (local reduce)", 0);
-  test_hier_fault(&two_by_two, 2, 8, 1, 0, "phase 2 (leaders' reduce)", 0);
+  test_hier_fault(&two_by_two, 3, 2, 0, 2, "phase 1 (local reduce)", 0, 0);
+  test_hier_fault(&two_by_two, 3, 8, 0, 2, "holding the full result", 1, 0);
+  test_hier_fault(&two_by_two, 2, 8, 0, 0, "phase 2 (leaders' reduce)", 0, 0);
+  test_hier_fault(&three_two, 1, 14, 0, 2, "phase 3 (local broadcast)", 0, 0);
+  test_hier_fault(&two_by_two, 1, 2, 1, 0, "phase 1 (local reduce)", 0, 0);
+  test_hier_fault(&two_by_two, 2, 8, 1, 0, "phase 2 (leaders' reduce)", 0, 0);
+  test_hier_fault(&two_by_two, 3, 2, 0, 2, "phase 1 (local reduce)", 0, 1);
 }
 
 /* --- garbage on the data port and the coordinator port --- */
