@@ -231,6 +231,48 @@ describe("replicas across hosts (transom agent on test hosts)", function()
       ev:match('replica ' .. v .. ' ready at step %d+ %(join[^)]*%)') or "?"))
   end)
 
+  it("4 replicas on 2 hosts (2 slots each): FTAR reduces hierarchically, a replica killed mid-reduce is redone", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    local run = tmp .. "/hier"
+    local FAULT_SEQ = 60
+    local pid, rc_of = S.spawn_rc(job(run, "--replicas 4"), run .. ".out") -- (the last --replicas wins)
+    -- the replica of slot 3 (not a leader: slots 0 and 1 lead, wherever
+    -- placement puts them) kills itself at its 2nd data frame of the
+    -- all-reduce of step 60, in the local reduce (frames counted over the
+    -- hierarchy's phases); both agents carry the hook, the slot picks it
+    local fault = "TRANSOM_TEST_FTAR_FAULT=kill:" .. FAULT_SEQ .. ":2:3"
+    agent(2, run, "--slots 2", fault)
+    agent(3, run, "--slots 2", fault)
+    local rc = wait_exit(rc_of, T(180))
+    local out = read(run .. ".out") or ""
+    assert.equal(0, rc, out)
+    assert.matches("finished at step " .. STEPS, out, 1, true)
+    local ev = events(run)
+    assert.matches("replicas_agree", ev, 1, true)
+    -- two replicas per host, and every worker's FTAR ran the hierarchy
+    local hosts = {}
+    for h in ev:gmatch("replica %d placed on host (h%d) %([%d.]+, start%)") do hosts[h] = (hosts[h] or 0) + 1 end
+    assert.equal(2, hosts.h2, ev)
+    assert.equal(2, hosts.h3, ev)
+    local logs = ""
+    for w = 0, 3 do logs = logs .. (read(run .. "/worker-" .. w .. ".log") or "") end
+    assert.matches("hierarchical over 2 hosts, leader of 2", logs, 1, true)
+    assert.matches("hierarchical over 2 hosts, member of 2", logs, 1, true)
+    -- the killed replica's step was redone by the survivors over 3 replicas
+    local by = steps_by_worker(run)
+    local redone = false
+    for w = 0, 2 do
+      for _, r in ipairs(by[w] or {}) do
+        if r.step == FAULT_SEQ + 1 and r.replicas == 3 then redone = true end
+      end
+    end
+    assert(redone, "no survivor averaged step " .. (FAULT_SEQ + 1) .. " over 3 replicas")
+    assert.matches("seq " .. FAULT_SEQ .. " aborted", logs, 1, true)
+    print(string.format("\n  hierarchical: 4 replicas on 2 hosts, step %d redone over 3", FAULT_SEQ + 1))
+  end)
+
   it("attach: hosts() lists them; a cordoned spare gets no replacement until uncordoned", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end

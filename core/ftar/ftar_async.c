@@ -8,7 +8,9 @@
  * of buf) is final, then runs the ordinary collective (ftar_collective.c:
  * SYNC, GO, abort and redo, commit) on the ring plane in bucket mode: each
  * bucket is reduced as soon as the producer's ftar_allreduce_ready says it
- * is final, while the producer writes the rest. So the fault rules are
+ * is final, while the producer writes the rest (through the hierarchical
+ * plane, ftar_hier.c, only its local reduce does: the cross-host part
+ * waits until every bucket is final). So the fault rules are
  * those of ftar_allreduce, for the whole buffer: a member lost mid-call
  * aborts the attempt, every bucket reduced so far is put back, and the
  * survivors redo all of them in the next epoch; every member returns the
@@ -24,7 +26,7 @@
  * makes final, and the plane queues each bucket's all-reduce on the
  * backend's communication stream after that mark.
  *
- * Not here: moving bytes (ftar_ring.c, ftar_dev.c), the control round
+ * Not here: moving bytes (ftar_ring.c, ftar_hier.c, ftar_dev.c), the control round
  * (ftar_collective.c). Called by: the worker's exchange hooks
  * (core/fleet/worker.c), ftar_bench.c, tests.
  */
@@ -81,14 +83,14 @@ static void run_call(ftar_member *m, ftar_async *a) {
   a->t0 = tr_now();
   a->err[0] = 0;
   ftar_plane *pl = a->be ? ftar_dev_plane_new(m, a->be, a->buf, a->n, a->op, a->bucket, &a->rd)
-                        : ftar_ring_plane_new(a->buf, a->n, a->op, a->bucket, &a->rd);
+                        : ftar_host_plane_new(a->buf, a->n, a->op, a->bucket, &a->rd);
   if (!pl) {
     memset(&a->res, 0, sizeof a->res);
     a->rc = tr_fail(TR_ENOMEM, "ftar_allreduce_start: out of memory");
   } else {
     a->rc = ftar_collective(m, pl, a->n, a->op, a->seq, &a->res);
     if (a->be) ftar_dev_plane_free(pl);
-    else ftar_ring_plane_free(pl);
+    else ftar_host_plane_free(pl);
   }
   if (a->rc < 0) snprintf(a->err, sizeof a->err, "%s", tr_error());
   a->t1 = tr_now();

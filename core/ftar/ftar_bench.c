@@ -1,6 +1,6 @@
 /* ftar_bench.c — `transom ftar-bench`: the standalone FTAR driver.
  *
- * Modes (all on 127.0.0.1):
+ * Modes (on 127.0.0.1; a rank listens on --data-host when given):
  *   sweep (default)  a coordinator thread + N rank processes (this binary,
  *                    re-executed as `ftar-bench rank`); every rank all-reduces
  *                    each size warmup+iters times; prints time, algbw and
@@ -20,6 +20,9 @@
  *     ftar-error  slot=S seq=Q rc=R msg=...
  *     ftar-done   slot=S collectives=N redos=R epochs=E rejected=J shm_links=K
  *                 tcp_links=L
+ *     ftar-hier   slot=S hier_collectives=N bytes_sent=B cross_bytes=X (after
+ *                 ftar-done: attempts through the hierarchical plane, bytes
+ *                 sent, of them to members of other hosts)
  *   Inputs are small integers, (slot+1) * (1 + (i + seq) % 5) (or without
  *   seq: --pattern static, for joiners that cannot know the group's seq
  *   before their first collective), so --verify checks exact sums element by
@@ -119,6 +122,8 @@ typedef struct {
   uint64_t chunk, seq0;
   int64_t sockbuf;
   int spin_us, bind, no_shm;
+  int hier;              /* opts.hier: -1 auto, 0 --flat, 1 --hier */
+  const char *data_host; /* --data-host: the address to listen on and advertise (NULL: 127.0.0.1) */
   uint64_t bucket;  /* > 0: ftar_allreduce_start in buckets of this many floats, the input produced
                        from its end in half buckets (the way backward produces gradients) */
   uint64_t produce_us; /* a pause after each produced half bucket */
@@ -219,6 +224,8 @@ static int rank_join(rank_opts *ro, rank_state *rs) {
   if (ro->sockbuf >= 0) mo.sockbuf = (int)ro->sockbuf;
   mo.spin_us = ro->spin_us;
   if (ro->no_shm) mo.shm = 0;
+  mo.hier = ro->hier;
+  if (ro->data_host) mo.data_host = ro->data_host;
   char host[64];
   int port = 0;
   const char *colon = strrchr(ro->coord, ':');
@@ -366,6 +373,9 @@ static int rank_run(rank_opts *ro) {
   printf("ftar-done slot=%d collectives=%llu redos=%llu epochs=%llu rejected=%llu shm_links=%llu tcp_links=%llu\n",
          ro->slot, (unsigned long long)st.collectives, (unsigned long long)st.redos, (unsigned long long)st.epochs,
          (unsigned long long)st.conns_rejected, (unsigned long long)st.links_shm, (unsigned long long)st.links_tcp);
+  printf("ftar-hier slot=%d hier_collectives=%llu bytes_sent=%llu cross_bytes=%llu\n", ro->slot,
+         (unsigned long long)st.hier_collectives, (unsigned long long)st.bytes_sent,
+         (unsigned long long)st.bytes_cross);
   fflush(stdout);
   free(rs.buf);
   free(rs.src);
@@ -497,7 +507,7 @@ typedef struct {
   double deadline;
   uint64_t chunk;
   int64_t sockbuf;
-  int spin_us, bind, no_shm;
+  int spin_us, bind, no_shm, hier;
   uint64_t sizes[MAX_SIZES];
   int nsizes;
 } sweep_opts;
@@ -537,6 +547,7 @@ static void sweep_rank_argv(const sweep_opts *so, const char *coordaddr, char *s
   if (so->verify) argv[k++] = "--verify";
   if (so->bind) argv[k++] = "--bind";
   if (so->no_shm) argv[k++] = "--tcp";
+  if (so->hier >= 0) argv[k++] = so->hier ? "--hier" : "--flat";
   argv[k] = NULL;
 }
 
@@ -855,7 +866,7 @@ static int run_coord(const char *host, int port, double deadline, double heartbe
 static const char usage[] =
     "usage: transom ftar-bench [--ranks N] [--sizes LIST] [--iters N|auto] [--warmup N] [--op sum|mean]\n"
     "                          [--verify] [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES] [--spin US]\n"
-    "                          [--bind | --no-bind] [--tcp]\n"
+    "                          [--bind | --no-bind] [--tcp] [--hier | --flat]\n"
     "       transom ftar-bench recovery [--ranks N] [--count FLOATS] [--signal kill|stop] [--trials N] [--bucket FLOATS]\n"
     "                          [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES]\n"
     "       transom ftar-bench coord [--host H] [--port P] [--deadline SEC] [--heartbeat SEC]\n"
@@ -865,6 +876,7 @@ static const char usage[] =
     "                          [--sockbuf BYTES] [--seq0 N] [--loop] [--until-contrib C | --until-slot S]\n"
     "                          [--tail T] [--until-seq Q] [--control-stdin] [--tcp] [--bind] [--spin US]\n"
     "                          [--max-sec SEC] [--quiet] [--bucket FLOATS [--produce-us US]]\n"
+    "                          [--data-host ADDR] [--hier | --flat]\n"
     "\n"
     "FTAR, the fault-tolerant ring all-reduce, on 127.0.0.1: a coordinator and N rank processes.\n"
     "The default mode prints time, algbw and busbw = algbw*2(n-1)/n per size (sizes in bytes with\n"
@@ -874,7 +886,11 @@ static const char usage[] =
     "recovery kills (or stops) the last rank in the middle of an all-reduce and prints the time until\n"
     "the survivors finished the redo. coord and rank are the building blocks (tests use them); ranks\n"
     "print machine-readable ftar-ready/ftar-result/ftar-time/ftar-error/ftar-done lines; --bucket makes\n"
-    "a rank reduce in buckets while it still writes its input (ftar_allreduce_start), as training does.\n";
+    "a rank reduce in buckets while it still writes its input (ftar_allreduce_start), as training does.\n"
+    "Ranks that advertise the same --data-host form a host: by default (auto) an epoch spanning >= 2\n"
+    "hosts with >= 2 ranks on one reduces hierarchically (local ring, one ring across the hosts'\n"
+    "leaders, broadcast back); --flat forces the flat ring, --hier the hierarchy whenever a host has\n"
+    ">= 2 ranks. A rank also prints ftar-hier slot=S hier_collectives=N bytes_sent=B cross_bytes=X.\n";
 
 /* Everything the command line sets, for every mode. */
 typedef struct {
@@ -889,8 +905,9 @@ typedef struct {
 static void args_default(bench_args *a) {
   *a = (bench_args){
       .ro = {.slot = -1, .until_slot = -1, .spin_us = -1, .wait = 1, .min_members = 1, .iters = 1, .timeout = 60,
-             .sockbuf = -1, .seq0 = 1, .tail = 1},
-      .so = {.ranks = 2, .warmup = 2, .iters = 0, .deadline = 3, .sockbuf = -1, .spin_us = -1, .bind = -1},
+             .sockbuf = -1, .seq0 = 1, .tail = 1, .hier = -1},
+      .so = {.ranks = 2, .warmup = 2, .iters = 0, .deadline = 3, .sockbuf = -1, .spin_us = -1, .bind = -1,
+             .hier = -1},
       .host = "127.0.0.1",
       .ranks = -1,
       .trials = 3,
@@ -913,6 +930,8 @@ static int parse_flag(bench_args *a, const char *name) {
   else if (strcmp(name, "--bind") == 0) ro->bind = so->bind = 1;
   else if (strcmp(name, "--no-bind") == 0) ro->bind = so->bind = 0;
   else if (strcmp(name, "--tcp") == 0) ro->no_shm = so->no_shm = 1;
+  else if (strcmp(name, "--hier") == 0) ro->hier = so->hier = 1;
+  else if (strcmp(name, "--flat") == 0) ro->hier = so->hier = 0;
   else return 0;
   return 1;
 }
@@ -935,6 +954,7 @@ static int parse_value_rank(bench_args *a, const char *n, const char *v, int *ba
   else if (strcmp(n, "--until-seq") == 0) *bad = parse_u64(v, &ro->until_seq);
   else if (strcmp(n, "--tail") == 0) *bad = parse_u64(v, &u) || u < 1 || u > 1000000 || ((ro->tail = (int)u), 0);
   else if (strcmp(n, "--host") == 0) a->host = v;
+  else if (strcmp(n, "--data-host") == 0) *bad = strlen(v) > FTAR_HOST_MAX || ((a->ro.data_host = v), 0);
   else if (strcmp(n, "--port") == 0) *bad = parse_u64(v, &u) || u > 65535 || ((a->port = (int)u), 0);
   else if (strcmp(n, "--count") == 0) *bad = parse_u64(v, &a->count) || a->count == 0;
   else if (strcmp(n, "--signal") == 0) {

@@ -1,5 +1,7 @@
 /* ftar_collective.c — the control round of one FTAR collective, whatever
- * data plane moves its bytes, and ftar_allreduce on the ring plane.
+ * data plane moves its bytes, and ftar_allreduce on the host-memory plane
+ * (the hierarchical plane of ftar_hier.c, which runs the flat ring when the
+ * epoch has no hierarchy to use).
  *
  * A call: SYNC for the latest epoch (with quorum), wait for the
  * coordinator's GO; RUN means one attempt of the data plane in that epoch,
@@ -11,7 +13,7 @@
  * buf, or the member has failed for good (the plane could not put it back).
  * This is the one place that decides what survivors return.
  *
- * Not here: moving bytes (ftar_ring.c, ftar_dev.c), how the coordinator
+ * Not here: moving bytes (ftar_ring.c, ftar_hier.c, ftar_dev.c), how the coordinator
  * decides (ftar_coord.c), the control thread (ftar_control.c).
  * Called by: users of ftar_allreduce, and ftar_dev.c's ftar_allreduce_dev
  * through ftar_collective (ftar_internal.h).
@@ -309,18 +311,18 @@ int ftar_collective(ftar_member *m, ftar_plane *pl, size_t n, ftar_op op, uint64
   return rr ? rr : rc;
 }
 
-/* --- ftar_allreduce: the collective on the ring plane --- */
+/* --- ftar_allreduce: the collective on the host-memory plane --- */
 
 int ftar_allreduce(ftar_member *m, float *buf, size_t n, ftar_op op, uint64_t seq, ftar_result *res) {
   if (!m || (!buf && n) || (op != FTAR_SUM && op != FTAR_MEAN) || n > MAX_COUNT)
     return tr_fail(TR_EINVAL, "ftar_allreduce: bad arguments");
   if (ftar_async_busy(m)) return tr_fail(TR_ESTATE, "ftar_allreduce: a started collective was not waited for");
-  ftar_plane *pl = ftar_ring_plane_new(buf, n, op, 0, NULL);
+  ftar_plane *pl = ftar_host_plane_new(buf, n, op, 0, NULL);
   if (!pl) {
     if (res) memset(res, 0, sizeof *res);
     return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory");
   }
   int rc = ftar_collective(m, pl, n, op, seq, res);
-  ftar_ring_plane_free(pl);
+  ftar_host_plane_free(pl);
   return rc;
 }

@@ -6,7 +6,8 @@
  * ftar_collective.c owns the collective's control round: SYNC, the
  * coordinator's GO (RUN / COMMIT / ESEQ), redo after an abort, the result.
  * The bytes move through a data plane: ftar_ring.c's TCP / shared-memory
- * ring, or ftar_dev.c's per-epoch communicator. A plane only runs one attempt in the member's run
+ * ring or ftar_hier.c's hierarchy of rings (host memory), or ftar_dev.c's
+ * per-epoch communicator. A plane only runs one attempt in the member's run
  * epoch and puts the caller's input back when told; the decision of what
  * survivors return stays in one place (ftar_collective).
  */

@@ -145,6 +145,7 @@ void ftar_member_opts_default(ftar_member_opts *o) {
   o->sockbuf = 4 << 20;
   o->spin_us = -1;
   o->shm = 1;
+  o->hier = -1;
 }
 
 /* The member before any descriptor or thread: options normalized, the
@@ -156,8 +157,12 @@ static ftar_member *member_alloc(int slot, const ftar_member_opts *o) {
     tr_fail(TR_ENOMEM, "ftar_member_create: out of memory");
     return NULL;
   }
-  m->cmd[0] = m->cmd[1] = m->wake[0] = m->wake[1] = m->lfd = m->up_fd = m->down_fd = m->q_fd = -1;
-  m->up_shm.memfd = m->down_shm.memfd = -1;
+  m->cmd[0] = m->cmd[1] = m->wake[0] = m->wake[1] = m->lfd = m->q_fd = -1;
+  for (int i = 0; i < FTAR_LEVELS; i++) {
+    ftar_links *L = &m->lk[i];
+    L->level = i;
+    L->up_fd = L->down_fd = L->up_shm.memfd = L->down_shm.memfd = -1;
+  }
   pthread_mutex_init(&m->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -186,9 +191,9 @@ static int member_buffers(ftar_member *m) {
   if (strlen(m->o.data_host) > FTAR_HOST_MAX)
     return tr_fail(TR_EINVAL, "ftar: data host '%s' too long", m->o.data_host);
   snprintf(m->data_host, sizeof m->data_host, "%s", m->o.data_host);
-  m->rx = malloc(RX_CAP);
-  m->stage = malloc(m->chunk * sizeof(float));
-  if (!m->rx || !m->stage) return tr_fail(TR_ENOMEM, "ftar: out of memory");
+  int ok = (m->stage = malloc(m->chunk * sizeof(float))) != NULL;
+  for (int i = 0; i < FTAR_LEVELS; i++) ok &= (m->lk[i].rx = malloc(RX_CAP)) != NULL;
+  if (!ok) return tr_fail(TR_ENOMEM, "ftar: out of memory");
   return 0;
 }
 
@@ -248,7 +253,7 @@ void ftar_member_free(ftar_member *m) {
     ftar_close_fd(&m->cmd[i]);
     ftar_close_fd(&m->wake[i]);
   }
-  free(m->rx);
+  for (int i = 0; i < FTAR_LEVELS; i++) free(m->lk[i].rx);
   free(m->stage);
   free(m->in_copy);
   pthread_cond_destroy(&m->cv);

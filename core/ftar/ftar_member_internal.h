@@ -1,8 +1,8 @@
 /* ftar_member_internal.h — the FTAR member's state and the functions its
  * files lend each other: ftar_member.c (lifecycle), ftar_control.c (control
  * thread, coordinator link), ftar_shm.c (same-host rings), ftar_port.c (data
- * port, links), ftar_ring.c (the ring data plane), ftar_collective.c (the
- * control round). How the pieces fit: the comment at the top of ftar_ring.c
+ * port, links), ftar_ring.c (the ring engine and flat plane), ftar_hier.c
+ * (the hierarchical plane), ftar_collective.c (the control round). How the pieces fit: the comment at the top of ftar_ring.c
  * (data) and ftar_control.c (control).
  *
  * Not for ftar_dev.c or other modules: the device data plane sees the member
@@ -52,6 +52,7 @@ typedef struct { /* a connection on the data port that has not shown a valid CON
   int complete; /* valid CONNECT read; parked until its epoch is ours */
   ftar_hdr h;
   uint64_t uid;
+  uint32_t level; /* the ring level it links (FTAR_LEVEL_*) */
   uint8_t b[FTAR_HDR + FTAR_CONNECT_LEN];
   int authed;    /* answered our challenge with the job secret (or none was asked) */
   size_t mgot;   /* bytes of that answer so far */
@@ -92,6 +93,29 @@ typedef struct {
   int active;     /* frames flow through the ring */
   int armed;      /* we set our *_waiting flag */
 } shm_link;
+
+/* The links of one ring in run_ep: the view (its members in ring order,
+ * our place) and the two neighbours' links. Level 0 is the flat ring of
+ * every member; the hierarchical plane (ftar_hier.c) adds this host's
+ * local ring (1) and the ring of the hosts' leaders (2). A CONNECT names
+ * its level, so an accepted link is matched to (upstream uid, level).
+ * rx keeps what TCP delivered past the last frame: it belongs to the next
+ * frame on the same link, whatever collective or phase that is. */
+enum { FTAR_LEVEL_FLAT = 0, FTAR_LEVEL_LOCAL = 1, FTAR_LEVEL_LEADERS = 2, FTAR_LEVELS = 3 };
+
+typedef struct {
+  int level;
+  uint64_t ep; /* the epoch of the view (0: none yet): CONNECTs of run_ep wait for it */
+  int n, r;    /* members of this ring, our place in it */
+  peer mem[FTAR_MAX_MEMBERS];
+  int up_fd, down_fd, down_state;
+  uint8_t down_ch[AUTH_CHALLENGE]; /* the downstream's challenge (DOWN_AUTH) */
+  size_t down_chgot;
+  int up_eof, down_eof; /* the peer closed; fatal only while that link still has work */
+  shm_link up_shm, down_shm;
+  uint8_t *rx;
+  size_t rx_head, rx_tail;
+} ftar_links;
 
 struct ftar_member {
   ftar_member_opts o;
@@ -142,15 +166,12 @@ struct ftar_member {
   int npend;
   uint64_t run_ep; /* epoch we were told to run in (GO) */
   int run_aborted; /* a collective failed in run_ep: do not run there again */
-  int run_n, run_r;
+  int run_n, run_r; /* the epoch's members (ordered by slot) and our place */
   peer run_mem[FTAR_MAX_MEMBERS];
-  int up_fd, down_fd, down_state;
-  uint8_t down_ch[AUTH_CHALLENGE]; /* the downstream's challenge (DOWN_AUTH) */
-  size_t down_chgot;
-  int up_eof, down_eof; /* the peer closed; fatal only while that link still has work */
-  shm_link up_shm, down_shm;
-  uint8_t *rx;
-  size_t rx_head, rx_tail;
+  ftar_links lk[FTAR_LEVELS]; /* each ring level's view and links */
+  uint64_t shape_ep;          /* ftar_hier.c: the run epoch whose hosts were counted (0: none) */
+  int shape_hosts, shape_most; /* its hosts, members on the most populated one */
+  uint64_t shape_logged;      /* the last epoch whose hierarchy was logged */
   float *in_copy, *stage;
   size_t in_cap;
   uint64_t last_seq, last_ep;
@@ -196,21 +217,24 @@ void ftar_ctl_queue(ftar_member *m, int abort_frame, const ftar_hdr *h);
 
 /* --- ftar_shm.c: same-host shared-memory rings --- */
 
-int ftar_shm_create(ftar_member *m);                     /* producer: maps down_shm; 0 or -1 */
-int ftar_shm_attach(ftar_member *m, const uint8_t *pay); /* consumer: maps up_shm from CONNECT; 0 or -1 */
-void ftar_shm_unmap(shm_link *L);
-ssize_t ftar_shm_write(ftar_member *m, const struct iovec *iov, int niov);
-ssize_t ftar_shm_read(ftar_member *m, void *dst, size_t cap);
-const uint8_t *ftar_shm_peek(ftar_member *m, size_t *n, int *bad);
-void ftar_shm_consume(ftar_member *m, size_t n);
+int ftar_shm_create(ftar_links *L);                     /* producer: maps down_shm; 0 or -1 */
+int ftar_shm_attach(ftar_links *L, const uint8_t *pay); /* consumer: maps up_shm from CONNECT; 0 or -1 */
+void ftar_shm_unmap(shm_link *S);
+ssize_t ftar_shm_write(ftar_links *L, const struct iovec *iov, int niov);
+ssize_t ftar_shm_read(ftar_links *L, void *dst, size_t cap);
+const uint8_t *ftar_shm_peek(ftar_links *L, size_t *n, int *bad);
+void ftar_shm_consume(ftar_links *L, size_t n);
 
 /* --- ftar_port.c: the data port and the ring's links --- */
 
 void ftar_port_accept(ftar_member *m); /* accepts strangers on the data port */
 void ftar_port_read(ftar_member *m);   /* reads and checks their CONNECT frames */
-void ftar_port_match(ftar_member *m);  /* adopts our upstream's CONNECT for run_ep */
+void ftar_port_match(ftar_member *m);  /* adopts each ring level's upstream CONNECT for run_ep */
 void ftar_port_close(ftar_member *m);  /* closes every stranger */
-void ftar_links_close(ftar_member *m); /* closes both ring links of run_ep */
+void ftar_links_close(ftar_member *m); /* closes the ring links of every level */
+void ftar_links_close_one(ftar_links *L); /* closes one level's two links */
+/* Sets level L's view for epoch ep: n members in ring order, ours at r. */
+void ftar_links_view(ftar_links *L, uint64_t ep, const peer *mem, int n, int r);
 
 /* --- ftar_async.c: the communication thread of ftar_allreduce_start --- */
 
@@ -220,7 +244,45 @@ void ftar_quorum_wait(ftar_member *m);
 int ftar_async_busy(ftar_member *m); /* a started collective was not waited for yet */
 void ftar_async_free(ftar_member *m); /* fails a collective in flight, joins the thread */
 
-/* --- ftar_ring.c: the ring as a data plane --- */
+/* --- ftar_ring.c: the ring engine, and the flat ring as a data plane --- */
+
+/* What one pass of the ring engine does over one level's links. */
+enum {
+  FTAR_PASS_RING = 0,    /* reduce-scatter, all-gather, p-1 commit tokens: the flat ring's collective */
+  FTAR_PASS_REDUCE = 1,  /* reduce-scatter and all-gather, no tokens: done once we hold the ring's sum */
+  FTAR_PASS_BCAST = 2,   /* rank 0's buf along the chain 0 -> 1 -> .. -> p-1, no tokens */
+  FTAR_PASS_TOKENS = 3,  /* p-1 tokens around the ring (n = 0): then every member of it got here */
+  FTAR_PASS_RELEASE = 4, /* one token along the chain 0 -> .. -> p-1 (n = 0) */
+};
+
+typedef struct {
+  float *buf;
+  size_t n;
+  ftar_op op;           /* FTAR_MEAN divides in the pass (FTAR_PASS_RING only) */
+  size_t bucket;        /* floats per bucket (0: one), reduced once rd says they are final */
+  const ftar_ready *rd; /* NULL: all are */
+  int level;            /* FTAR_LEVEL_*: whose view and links (the view set) */
+  int kind;             /* FTAR_PASS_* */
+  int phase;            /* 0..255, in every frame's flags (bits 8..15): passes on one link never mix */
+  float *save;          /* where the pass saves the input it overwrites, at buf's offsets (n floats;
+                           restored by ftar_ring_undo); NULL: saved nowhere */
+  uint32_t frames_before; /* data frames received earlier in this attempt (the fault hook counts on) */
+} ftar_pass;
+
+typedef struct ftar_ring_run ftar_ring_run; /* a pass's state and undo log, reused across passes */
+ftar_ring_run *ftar_ring_run_new(void);     /* NULL when out of memory */
+void ftar_ring_run_free(ftar_ring_run *rr); /* NULL ok */
+/* One pass in run_ep, bounded by t_end: FTAR_PLANE_DONE, FTAR_PLANE_ABORT
+ * (every level's links closed; *full: buf holds the pass's result) or
+ * FTAR_PLANE_FATAL (timeout, control link down). why: the reason. *frames:
+ * data frames this pass received. */
+int ftar_ring_pass(ftar_member *m, ftar_ring_run *rr, const ftar_pass *a, uint64_t seq, double t_end, int *full,
+                   char *why, size_t why_len, uint32_t *frames);
+/* Puts back into buf what rr's last pass overwrote (from a->save), once:
+ * every element a reduce pass completed was saved before it changed. */
+void ftar_ring_undo(ftar_ring_run *rr, float *buf);
+/* Grows m->in_copy to n floats: 0, or a negative code with tr_error() set. */
+int ftar_in_copy_reserve(ftar_member *m, size_t n);
 
 /* The ring plane over buf[0..n) for ftar_allreduce: in buckets of `bucket`
  * floats from the end of buf (0 or >= n: one), each reduced once rd says
@@ -228,5 +290,14 @@ void ftar_async_free(ftar_member *m); /* fails a collective in flight, joins the
  * Freed with ftar_ring_plane_free (NULL ok). */
 ftar_plane *ftar_ring_plane_new(float *buf, size_t n, ftar_op op, size_t bucket, const ftar_ready *rd);
 void ftar_ring_plane_free(ftar_plane *pl);
+
+/* --- ftar_hier.c: the hierarchical plane --- */
+
+/* The plane of ftar_allreduce and ftar_allreduce_start: per attempt, the
+ * hierarchical reduction when the run epoch's hosts call for it (opts.hier),
+ * else the flat ring plane (same arguments as ftar_ring_plane_new). NULL
+ * when out of memory. Freed with ftar_host_plane_free (NULL ok). */
+ftar_plane *ftar_host_plane_new(float *buf, size_t n, ftar_op op, size_t bucket, const ftar_ready *rd);
+void ftar_host_plane_free(ftar_plane *pl);
 
 #endif

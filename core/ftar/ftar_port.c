@@ -1,11 +1,13 @@
-/* ftar_port.c — an FTAR member's data port and the two links of its ring
- * position.
+/* ftar_port.c — an FTAR member's data port and the links of its ring
+ * positions (one pair per ring level: the flat ring, and for the
+ * hierarchical plane the host's local ring and the leaders' ring).
  *
  * Anyone may connect to the data port. A connection is a stranger, kept in
  * a small bounded list (PENDING_MAX, the oldest dropped first), until its
- * CONNECT frame is complete and checked (header, type, exact length, CRC);
- * then it is parked until the member runs the epoch it names. In that epoch
- * the CONNECT of our upstream neighbour becomes the upstream link (answered
+ * CONNECT frame is complete and checked (header, type, exact length, CRC,
+ * a known ring level); then it is parked until the member runs the epoch
+ * it names and has that level's view of it. Then the CONNECT of that
+ * level's upstream neighbour becomes the level's upstream link (answered
  * 'S' when we mapped its shared-memory ring, 'T' for TCP); stale epochs,
  * the wrong sender, a second CONNECT, a bad byte or a stranger that
  * overstayed the deadline are closed with a logged reason.
@@ -25,14 +27,25 @@
 
 /* --- the links of run_ep --- */
 
+void ftar_links_close_one(ftar_links *L) {
+  ftar_close_fd(&L->up_fd);
+  ftar_close_fd(&L->down_fd);
+  ftar_shm_unmap(&L->up_shm);
+  ftar_shm_unmap(&L->down_shm);
+  L->down_state = DOWN_NONE;
+  L->up_eof = L->down_eof = 0;
+  L->rx_head = L->rx_tail = 0;
+}
+
 void ftar_links_close(ftar_member *m) {
-  ftar_close_fd(&m->up_fd);
-  ftar_close_fd(&m->down_fd);
-  ftar_shm_unmap(&m->up_shm);
-  ftar_shm_unmap(&m->down_shm);
-  m->down_state = DOWN_NONE;
-  m->up_eof = m->down_eof = 0;
-  m->rx_head = m->rx_tail = 0;
+  for (int i = 0; i < FTAR_LEVELS; i++) ftar_links_close_one(&m->lk[i]);
+}
+
+void ftar_links_view(ftar_links *L, uint64_t ep, const peer *mem, int n, int r) {
+  if (L->mem != mem) memcpy(L->mem, mem, (size_t)n * sizeof *mem);
+  L->n = n;
+  L->r = r;
+  L->ep = ep;
 }
 
 /* --- strangers and CONNECT handshakes --- */
@@ -126,16 +139,59 @@ void ftar_port_read(ftar_member *m) {
         continue;
       }
       q->uid = ftw_get64(q->b + FTAR_HDR);
+      q->level = ftw_get32(q->b + FTAR_HDR + 20);
+      if (q->level >= FTAR_LEVELS) {
+        snprintf(why, sizeof why, "CONNECT for ring level %u (there are %d)", q->level, FTAR_LEVELS);
+        pend_reject(m, i--, why);
+        continue;
+      }
       q->complete = 1;
     }
   }
 }
 
-/* Adopts a parked CONNECT from our upstream for run_ep; drops stale ones and
- * strangers that overstayed. */
+/* Makes q (a CONNECT for run_ep from L's upstream) L's upstream link and
+ * answers it. 0, or -1 when the answer could not be sent (q dropped). */
+static int adopt_upstream(ftar_member *m, ftar_links *L, pending *q) {
+  L->up_fd = q->fd;
+  L->up_eof = 0;
+  L->rx_head = L->rx_tail = 0;
+  char ack = 'T';
+  if ((q->h.flags & FTF_SHM) && m->o.shm && ftar_shm_attach(L, q->b + FTAR_HDR) == 0) ack = 'S';
+  if (send(L->up_fd, &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+    ftar_member_log(m, "data port: cannot answer slot %u's CONNECT: %s", q->h.index, strerror(errno));
+    ftar_close_fd(&L->up_fd);
+    ftar_shm_unmap(&L->up_shm);
+    return -1;
+  }
+  if (ack == 'S') m->st.links_shm++;
+  else m->st.links_tcp++;
+  return 0;
+}
+
+/* A parked CONNECT for run_ep: 1 if it waits on (its level has no view of
+ * run_ep yet), else adopted (0) or rejected with why (-1). */
+static int match_one(ftar_member *m, pending *q, char *why, size_t why_len) {
+  ftar_links *L = &m->lk[q->level];
+  if (L->ep != m->run_ep) return 1;
+  const peer *up = L->n > 1 ? &L->mem[(L->r + L->n - 1) % L->n] : NULL;
+  if (!up || q->h.aux != (uint32_t)m->slot || q->h.index != (uint32_t)up->slot || q->uid != up->uid) {
+    snprintf(why, why_len, "CONNECT from slot %u (uid %llu) to slot %u is not from our upstream (ring level %u)",
+             q->h.index, (unsigned long long)q->uid, q->h.aux, q->level);
+    return -1;
+  }
+  if (L->up_fd >= 0) {
+    snprintf(why, why_len, "second CONNECT from our upstream in one epoch (ring level %u)", q->level);
+    return -1;
+  }
+  adopt_upstream(m, L, q);
+  return 0;
+}
+
+/* Adopts parked CONNECTs from each level's upstream for run_ep; drops stale
+ * ones and strangers that overstayed. */
 void ftar_port_match(ftar_member *m) {
   double now = tr_now();
-  const peer *up = m->run_n > 1 ? &m->run_mem[(m->run_r + m->run_n - 1) % m->run_n] : NULL;
   char why[200];
   for (int i = 0; i < m->npend; i++) {
     pending *q = &m->pend[i];
@@ -146,37 +202,17 @@ void ftar_port_match(ftar_member *m) {
       }
       continue;
     }
+    int r = 1;
     if (q->h.epoch < m->run_ep) {
       snprintf(why, sizeof why, "CONNECT from slot %u for stale epoch %llu (current %llu)", q->h.index,
                (unsigned long long)q->h.epoch, (unsigned long long)m->run_ep);
-      pend_reject(m, i--, why);
+      r = -1;
     } else if (q->h.epoch == m->run_ep) {
-      if (!up || q->h.aux != (uint32_t)m->slot || q->h.index != (uint32_t)up->slot || q->uid != up->uid) {
-        snprintf(why, sizeof why, "CONNECT from slot %u (uid %llu) to slot %u is not from our upstream", q->h.index,
-                 (unsigned long long)q->uid, q->h.aux);
-        pend_reject(m, i--, why);
-      } else if (m->up_fd >= 0) {
-        pend_reject(m, i--, "second CONNECT from our upstream in one epoch");
-      } else {
-        m->up_fd = q->fd;
-        m->up_eof = 0;
-        m->rx_head = m->rx_tail = 0;
-        char ack = 'T';
-        if ((q->h.flags & FTF_SHM) && m->o.shm && ftar_shm_attach(m, q->b + FTAR_HDR) == 0) ack = 'S';
-        if (send(m->up_fd, &ack, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
-          ftar_member_log(m, "data port: cannot answer slot %u's CONNECT: %s", q->h.index, strerror(errno));
-          ftar_close_fd(&m->up_fd);
-          ftar_shm_unmap(&m->up_shm);
-          pend_remove(m, i--, 0);
-          continue;
-        }
-        if (ack == 'S') m->st.links_shm++;
-        else m->st.links_tcp++;
-        pend_remove(m, i--, 0);
-      }
-    } else if (now - q->t0 > m->o.timeout) {
-      pend_reject(m, i--, "CONNECT for a future epoch that never came");
+      r = match_one(m, q, why, sizeof why);
     }
+    if (r < 0) pend_reject(m, i--, why);
+    else if (r == 0) pend_remove(m, i--, 0);
+    else if (now - q->t0 > m->o.timeout) pend_reject(m, i--, "CONNECT for a future epoch (or a ring level) that never came");
   }
 }
 

@@ -1,5 +1,12 @@
-/* ftar_ring.c — FTAR's ring data plane: one attempt of a collective over
- * host memory in the member's run epoch (ftar_internal.h's ftar_plane).
+/* ftar_ring.c — FTAR's ring engine, and the flat ring as a data plane: one
+ * attempt of a collective over host memory in the member's run epoch
+ * (ftar_internal.h's ftar_plane). The same engine runs the passes of the
+ * hierarchical plane (ftar_hier.c, ftar_ring_pass): a pass runs over one
+ * ring level's view and links (ftar_links: the flat ring, a host's local
+ * ring, the leaders' ring) and is a reduce-scatter + all-gather with or
+ * without the commit tokens, a broadcast from rank 0 along the chain, the
+ * tokens alone, or one release token along the chain; the pass's phase is
+ * in every frame's flags.
  *
  * Members of an epoch, ordered by slot, form a ring; each keeps one TCP
  * link to its downstream neighbour (it connects, sends CONNECT) and one
@@ -32,9 +39,10 @@
  * aborts the attempt, which ftar_collective.c then redoes.
  *
  * Not here: SYNC / GO, redo and what the caller gets back
- * (ftar_collective.c), the data port (ftar_port.c), the device data plane
- * (ftar_dev.c). Called by: ftar_allreduce (ftar_collective.c) through
- * ftar_ring_plane_new.
+ * (ftar_collective.c), the data port (ftar_port.c), the hierarchy
+ * (ftar_hier.c), the device data plane (ftar_dev.c). Called by: ftar_hier.c
+ * (its plane runs the flat ring plane when the epoch has no hierarchy, and
+ * its passes through ftar_ring_pass).
  */
 #include <errno.h>
 #include <poll.h>
@@ -122,6 +130,15 @@ static inline size_t b_off(const geom *G, size_t b) {
 
 typedef struct {
   ftar_member *m;
+  ftar_links *L; /* the level's view and links */
+  int kind;      /* FTAR_PASS_* */
+  int rsteps;    /* reduce-scatter steps (p-1; 0 for a broadcast) */
+  uint16_t flags; /* of every DATA frame: op | phase << 8 (TOKEN: phase << 8) */
+  int tok_send_n, tok_recv_n; /* commit tokens this member sends / receives */
+  int tok_base_send, tok_base_recv; /* token values: base + 1, base + 2, ... */
+  uint32_t frames_before; /* data frames received in earlier passes of the attempt */
+  float *save;            /* where overwritten input is saved (NULL: nowhere) */
+  int cross;              /* our downstream is on another host */
   float *buf;
   size_t n, Fmax;
   geom G;
@@ -169,12 +186,13 @@ static double spin_seconds(const ftar_member *m) {
   return (m->o.spin_us < 0 ? 500 : m->o.spin_us) * 1e-6;
 }
 
-/* What was overwritten in buf (and saved in in_copy): per bucket and
- * segment, a prefix, in the geometry of the ring that did it. Nothing
+/* What was overwritten in buf (and saved in save: in_copy): per bucket
+ * and segment, a prefix, in the geometry of the ring that did it. Nothing
  * else is written back: a bucket the ring never touched may still be
  * being written by its producer. */
 typedef struct {
   geom G;
+  float *save;    /* NULL: the pass saved nothing */
   size_t *copied; /* [nb * p] */
   size_t cap;
 } undo_log;
@@ -212,7 +230,7 @@ static inline size_t seg_len(const geom *G, size_t b, int c) { return seg_len_p(
 static inline size_t seg_off(const geom *G, size_t b, int c) { return b_off(G, b) + seg_off_p(b_len(G, b), G->p, c); }
 static inline size_t *undo_at(undo_log *u, size_t b, int c) { return &u->copied[b * (size_t)u->G.p + (size_t)c]; }
 static inline size_t bucket_F(const ring *g, size_t b) {
-  return b < g->G.nb ? frame_floats(b_len(&g->G, b), g->p, g->m->chunk) : 1;
+  return b < g->G.nb ? frame_floats(b_len(&g->G, b), g->G.p, g->m->chunk) : 1;
 }
 static inline size_t seg_frames(const ring *g, size_t b, size_t F, int c) { return (seg_len(&g->G, b, c) + F - 1) / F; }
 /* Our own bucket b is final (its producer will not write it again). */
@@ -220,9 +238,11 @@ static inline int bucket_ready(const ring *g, size_t b) {
   return !g->rd || b_off(&g->G, b) >= atomic_load_explicit(&g->rd->from, memory_order_acquire);
 }
 static inline int send_seg(const ring *g, int s) {
+  if (g->kind == FTAR_PASS_BCAST) return 0;
   return s < g->p - 1 ? modp(g->r - s, g->p) : modp(g->r + 1 - (s - (g->p - 1)), g->p);
 }
 static inline int recv_seg(const ring *g, int s) {
+  if (g->kind == FTAR_PASS_BCAST) return 0;
   return s < g->p - 1 ? modp(g->r - s - 1, g->p) : modp(g->r - (s - (g->p - 1)), g->p);
 }
 
@@ -244,14 +264,14 @@ static void skip_cursor(ring *g, size_t *b, int *s, size_t *j, size_t *F, int se
 static void skip_send(ring *g) { skip_cursor(g, &g->sb, &g->ss, &g->sj, &g->sF, 1); }
 static void skip_recv(ring *g) { skip_cursor(g, &g->rb, &g->rs, &g->rj, &g->rF, 0); }
 
-static void undo_restore(ftar_member *m, float *buf, undo_log *u) {
-  if (!u->copied) return;
+static void undo_restore(float *buf, undo_log *u) {
+  if (!u->copied || !u->save) return;
   for (size_t b = 0; b < u->G.nb; b++)
     for (int c = 0; c < u->G.p; c++) {
       size_t *k = undo_at(u, b, c);
       if (!*k) continue;
       size_t off = seg_off(&u->G, b, c);
-      memcpy(buf + off, m->in_copy + off, *k * sizeof(float));
+      memcpy(buf + off, u->save + off, *k * sizeof(float));
       *k = 0;
     }
 }
@@ -267,12 +287,12 @@ static int ring_fail(ring *g, const char *fmt, ...) {
 
 /* Our neighbours in run_ep: the upstream sends to us, we send downstream. */
 static const peer *up_peer(const ring *g) {
-  const ftar_member *m = g->m;
-  return &m->run_mem[(m->run_r + m->run_n - 1) % m->run_n];
+  const ftar_links *L = g->L;
+  return &L->mem[(L->r + L->n - 1) % L->n];
 }
 static const peer *down_peer(const ring *g) {
-  const ftar_member *m = g->m;
-  return &m->run_mem[(m->run_r + 1) % m->run_n];
+  const ftar_links *L = g->L;
+  return &L->mem[(L->r + 1) % L->n];
 }
 
 /* --- sending --- */
@@ -285,6 +305,10 @@ static void update_full(ring *g) {
  * bucket arrived; step 0 (our own segment) once the bucket is ready. */
 static int send_ready(const ring *g) {
   if (g->sb >= g->G.nb) return 0;
+  if (g->kind == FTAR_PASS_BCAST) { /* the root sends its buf; the others pass on what arrived */
+    if (g->r == 0) return 1;
+    return g->rb > g->sb || (g->rb == g->sb && (g->rs > g->ss || (g->rs == g->ss && g->rj > g->sj)));
+  }
   if (g->ss == 0) return bucket_ready(g, g->sb);
   if (g->rb != g->sb) return g->rb > g->sb;
   return g->rs > g->ss - 1 || (g->rs == g->ss - 1 && g->rj > g->sj);
@@ -300,9 +324,12 @@ static int waiting_local(const ring *g) {
   return (g->sb < g->G.nb && g->ss == 0 && !g->s_busy && !bucket_ready(g, g->sb)) || recv_gated(g);
 }
 
+/* Around the ring, token k leaves once token k-1 came; along a chain
+ * (FTAR_PASS_RELEASE) ours leaves once the upstream's came. */
 static int token_ready(const ring *g) {
   int k = g->tok_sent + 1;
-  return g->full && k <= g->p - 1 && g->tok_recv >= k - 1;
+  if (!g->full || k > g->tok_send_n) return 0;
+  return g->kind == FTAR_PASS_RELEASE ? g->tok_recv >= g->tok_recv_n : g->tok_recv >= k - 1;
 }
 
 static void prep_data(ring *g, undo_log *u) {
@@ -312,8 +339,8 @@ static void prep_data(ring *g, undo_log *u) {
   if (len > g->sF) len = g->sF;
   float *x = g->buf + off;
   uint32_t pcrc;
-  if (g->ss == 0) { /* our own segment, overwritten by the all-gather later: save it, same pass */
-    pcrc = tr_crc32c_copy(0, g->m->in_copy + off, x, len * sizeof(float));
+  if (g->ss == 0 && g->rsteps > 0 && g->save) { /* our own segment, overwritten by the all-gather later: save it */
+    pcrc = tr_crc32c_copy(0, g->save + off, x, len * sizeof(float));
     *undo_at(u, g->sb, c) += len;
   } else {
     if (g->ss == g->p - 1 && g->op == FTAR_MEAN) { /* the segment we own: divide once, everyone gets these bits */
@@ -323,7 +350,7 @@ static void prep_data(ring *g, undo_log *u) {
     pcrc = tr_crc32c(0, x, len * sizeof(float));
   }
   ftar_hdr h = {.type = FT_DATA,
-                .flags = (uint16_t)g->op,
+                .flags = g->flags,
                 .epoch = g->ep,
                 .seq = g->seq,
                 .index = g->sidx,
@@ -341,7 +368,11 @@ static void prep_data(ring *g, undo_log *u) {
 }
 
 static void prep_token(ring *g) {
-  ftar_hdr h = {.type = FT_TOKEN, .epoch = g->ep, .seq = g->seq, .index = (uint32_t)(g->tok_sent + 1)};
+  ftar_hdr h = {.type = FT_TOKEN,
+                .flags = (uint16_t)(g->flags & 0xff00),
+                .epoch = g->ep,
+                .seq = g->seq,
+                .index = (uint32_t)(g->tok_base_send + g->tok_sent + 1)};
   ftar_frame_build(g->s_hdr, &h, NULL);
   g->s_pay = NULL;
   g->s_len = g->s_off = 0;
@@ -353,17 +384,19 @@ static int same_host(const ftar_member *m, const peer *p) { return strcmp(p->hos
 
 static void prep_connect(ring *g) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   const peer *d = down_peer(g);
   memset(g->s_extra, 0, sizeof g->s_extra);
   ftw_put64(g->s_extra, m->uid);
   uint16_t flags = 0;
-  if (m->o.shm && same_host(m, d) && ftar_shm_create(m) == 0) {
+  if (m->o.shm && same_host(m, d) && ftar_shm_create(g->L) == 0) {
     flags = FTF_SHM;
     ftw_put32(g->s_extra + 8, (uint32_t)getpid());
-    ftw_put32(g->s_extra + 12, (uint32_t)m->down_shm.memfd);
-    ftw_put32(g->s_extra + 16, (uint32_t)m->down_shm.size);
-    ftw_put64(g->s_extra + 24, m->down_shm.h->token);
+    ftw_put32(g->s_extra + 12, (uint32_t)L->down_shm.memfd);
+    ftw_put32(g->s_extra + 16, (uint32_t)L->down_shm.size);
+    ftw_put64(g->s_extra + 24, L->down_shm.h->token);
   }
+  ftw_put32(g->s_extra + 20, (uint32_t)L->level);
   ftar_hdr h = {.type = FT_CONNECT,
                 .flags = flags,
                 .epoch = g->ep,
@@ -379,23 +412,24 @@ static void prep_connect(ring *g) {
 }
 
 static int want_send(const ring *g) {
-  const ftar_member *m = g->m;
-  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK || m->down_state == DOWN_AUTH) return 1;
-  return g->s_busy || m->down_state == DOWN_HELLO || send_ready(g) || token_ready(g);
+  const ftar_links *L = g->L;
+  if (L->down_state == DOWN_CONNECTING || L->down_state == DOWN_ACK || L->down_state == DOWN_AUTH) return 1;
+  return g->s_busy || L->down_state == DOWN_HELLO || send_ready(g) || token_ready(g);
 }
 
 /* Still something to send in this collective (the downstream must live). */
-static int send_pending(const ring *g) { return g->s_busy || g->sb < g->G.nb || g->tok_sent < g->p - 1; }
+static int send_pending(const ring *g) { return g->s_busy || g->sb < g->G.nb || g->tok_sent < g->tok_send_n; }
 
 /* Returns 1 on progress, 0 if blocked, -1 on failure (g->why). */
 static int pump_send(ring *g, undo_log *u) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   int progress = 0;
-  if (m->down_state == DOWN_CONNECTING || m->down_state == DOWN_ACK || m->down_state == DOWN_AUTH)
+  if (L->down_state == DOWN_CONNECTING || L->down_state == DOWN_ACK || L->down_state == DOWN_AUTH)
     return 0; /* poll reports these */
   for (;;) {
     if (!g->s_busy) {
-      if (m->down_state == DOWN_HELLO) prep_connect(g);
+      if (L->down_state == DOWN_HELLO) prep_connect(g);
       else if (send_ready(g)) prep_data(g, u);
       else if (token_ready(g)) prep_token(g);
       else return progress;
@@ -410,13 +444,13 @@ static int pump_send(ring *g, undo_log *u) {
       iov[niov++] = (struct iovec){(void *)(g->s_pay + (g->s_off - FTAR_HDR)), total - g->s_off};
     }
     ssize_t w;
-    if (m->down_shm.active) {
-      if ((w = ftar_shm_write(m, iov, niov)) < 0)
+    if (L->down_shm.active) {
+      if ((w = ftar_shm_write(g->L, iov, niov)) < 0)
         return ring_fail(g, "shared-memory ring to slot %d is corrupt", down_peer(g)->slot);
       if (w == 0) return progress;
     } else {
       struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-      w = sendmsg(m->down_fd, &mh, MSG_NOSIGNAL);
+      w = sendmsg(L->down_fd, &mh, MSG_NOSIGNAL);
     }
     if (w < 0) {
       if (errno == EINTR) continue;
@@ -426,13 +460,14 @@ static int pump_send(ring *g, undo_log *u) {
     progress = 1;
     g->s_off += (size_t)w;
     m->st.bytes_sent += (uint64_t)w;
+    if (g->cross) m->st.bytes_cross += (uint64_t)w;
     if (g->s_off == total) {
       g->s_busy = 0;
       if (g->s_token) g->tok_sent++;
       update_full(g);
       if (g->s_connect) { /* nothing more until the receiver answers 'S' or 'T' */
         g->s_connect = 0;
-        m->down_state = DOWN_ACK;
+        L->down_state = DOWN_ACK;
         return progress;
       }
     }
@@ -441,12 +476,12 @@ static int pump_send(ring *g, undo_log *u) {
 
 /* --- receiving --- */
 
-static int expecting(const ring *g) { return g->rb < g->G.nb || g->tok_recv < g->p - 1; }
+static int expecting(const ring *g) { return g->rb < g->G.nb || g->tok_recv < g->tok_recv_n; }
 
 /* Where the payload of the next DATA frame goes: stage (reduce-scatter, added
  * after the CRC check) or its place in buf (all-gather). */
 static uint8_t *expected_dst(const ring *g) {
-  if (g->rs < g->p - 1) return (uint8_t *)g->m->stage;
+  if (g->rs < g->rsteps) return (uint8_t *)g->m->stage;
   int c = recv_seg(g, g->rs);
   return (uint8_t *)(g->buf + seg_off(&g->G, g->rb, c) + g->rj * g->rF);
 }
@@ -477,8 +512,10 @@ static int check_rx_header(ring *g) {
     return ring_fail(g, "slot %d sent a frame of seq %llu while running seq %llu", upslot, (unsigned long long)h->seq,
                      (unsigned long long)g->seq);
   if (want == FT_TOKEN) {
-    if (h->index != (uint32_t)(g->tok_recv + 1) || h->len != 0)
-      return ring_fail(g, "slot %d sent token %u, expected %d", upslot, h->index, g->tok_recv + 1);
+    int k = g->tok_base_recv + g->tok_recv + 1;
+    if (h->index != (uint32_t)k || h->len != 0 || h->flags != (g->flags & 0xff00))
+      return ring_fail(g, "slot %d sent token %u (flags 0x%x), expected %d (flags 0x%x)", upslot, h->index, h->flags,
+                       k, g->flags & 0xff00);
     g->r_dst = NULL;
     return 0;
   }
@@ -486,13 +523,13 @@ static int check_rx_header(ring *g) {
   size_t off = seg_off(&g->G, g->rb, c) + g->rj * g->rF;
   size_t len = seg_len(&g->G, g->rb, c) - g->rj * g->rF;
   if (len > g->rF) len = g->rF;
-  if (h->flags != (uint16_t)g->op || h->aux != (uint32_t)g->n)
-    return ring_fail(g, "slot %d runs op %u on %u floats, we run op %d on %zu (callers disagree)", upslot, h->flags,
-                     h->aux, (int)g->op, g->n);
+  if (h->flags != g->flags || h->aux != (uint32_t)g->n)
+    return ring_fail(g, "slot %d runs op/phase 0x%x on %u floats, we run 0x%x on %zu (callers disagree)", upslot,
+                     h->flags, h->aux, g->flags, g->n);
   if (h->index != g->ridx || h->len != len * 4)
     return ring_fail(g, "slot %d sent frame %u of %u bytes, expected frame %u of %zu bytes", upslot, h->index, h->len,
                      g->ridx, len * 4);
-  g->r_dst = g->rs < g->p - 1 ? (uint8_t *)m->stage : (uint8_t *)(g->buf + off);
+  g->r_dst = g->rs < g->rsteps ? (uint8_t *)m->stage : (uint8_t *)(g->buf + off);
   return 0;
 }
 
@@ -500,15 +537,16 @@ static int check_rx_header(ring *g) {
  * block, -1 on EOF or error (g->why). */
 static ssize_t up_recv(ring *g, void *dst, size_t cap) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   int upslot = up_peer(g)->slot;
-  if (m->up_shm.active) {
-    ssize_t k = ftar_shm_read(m, dst, cap);
+  if (L->up_shm.active) {
+    ssize_t k = ftar_shm_read(g->L, dst, cap);
     if (k < 0) return ring_fail(g, "shared-memory ring from slot %d is corrupt", upslot);
     if (k > 0) m->st.bytes_recv += (uint64_t)k;
-    else if (m->up_eof) return ring_fail(g, "slot %d closed the link", upslot);
+    else if (L->up_eof) return ring_fail(g, "slot %d closed the link", upslot);
     return k;
   }
-  ssize_t k = recv(m->up_fd, dst, cap, 0);
+  ssize_t k = recv(L->up_fd, dst, cap, 0);
   if (k > 0) {
     m->st.bytes_recv += (uint64_t)k;
     return k;
@@ -540,16 +578,17 @@ static int accept_header(ring *g) {
 /* Shared memory: headers are copied out (40 bytes, maybe across the wrap). */
 static int recv_header_shm(ring *g) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   size_t n;
   int bad = 0;
-  ftar_shm_peek(m, &n, &bad);
-  uint64_t avail = bad ? 0 : atomic_load(&m->up_shm.h->head) - m->up_shm.pos;
+  ftar_shm_peek(g->L, &n, &bad);
+  uint64_t avail = bad ? 0 : atomic_load(&L->up_shm.h->head) - L->up_shm.pos;
   if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", up_peer(g)->slot);
   if (avail < FTAR_HDR) {
-    if (m->up_eof) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
+    if (L->up_eof) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
     return RX_BLOCKED;
   }
-  if (ftar_shm_read(m, g->rhb, FTAR_HDR) != FTAR_HDR)
+  if (ftar_shm_read(g->L, g->rhb, FTAR_HDR) != FTAR_HDR)
     return ring_fail(g, "shared-memory ring from slot %d is corrupt", up_peer(g)->slot);
   m->st.bytes_recv += FTAR_HDR;
   return accept_header(g);
@@ -559,9 +598,10 @@ static int recv_header_shm(ring *g) {
  * the payload straight to where check_rx_header will put it. */
 static int recv_header_direct(ring *g) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   struct iovec iov[2] = {{g->rhb, FTAR_HDR}, {expected_dst(g), expected_len(g)}};
   struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-  ssize_t k = recvmsg(m->up_fd, &mh, 0);
+  ssize_t k = recvmsg(L->up_fd, &mh, 0);
   if (k == 0) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
   if (k < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return RX_BLOCKED;
@@ -569,9 +609,9 @@ static int recv_header_direct(ring *g) {
   }
   m->st.bytes_recv += (uint64_t)k;
   if (k < FTAR_HDR) { /* a partial header: finish it through rx */
-    memcpy(m->rx, g->rhb, (size_t)k);
-    m->rx_head = 0;
-    m->rx_tail = (size_t)k;
+    memcpy(L->rx, g->rhb, (size_t)k);
+    L->rx_head = 0;
+    L->rx_tail = (size_t)k;
     return RX_PROGRESS;
   }
   if (accept_header(g) == RX_FAIL) return RX_FAIL;
@@ -581,36 +621,46 @@ static int recv_header_direct(ring *g) {
 
 /* TCP, less than a header in rx: read more into rx. */
 static int fill_rx(ring *g) {
-  ftar_member *m = g->m;
-  size_t have = m->rx_tail - m->rx_head;
-  if (m->rx_head > 0) {
-    memmove(m->rx, m->rx + m->rx_head, have);
-    m->rx_head = 0;
-    m->rx_tail = have;
+  ftar_links *L = g->L;
+  size_t have = L->rx_tail - L->rx_head;
+  if (L->rx_head > 0) {
+    memmove(L->rx, L->rx + L->rx_head, have);
+    L->rx_head = 0;
+    L->rx_tail = have;
   }
   /* before a big payload read just the header, so the payload goes
    * straight to its place instead of through rx */
-  size_t want = RX_CAP - m->rx_tail;
+  size_t want = RX_CAP - L->rx_tail;
   if (expected_len(g) >= RX_CAP / 2) want = FTAR_HDR - have;
-  ssize_t k = up_recv(g, m->rx + m->rx_tail, want);
+  ssize_t k = up_recv(g, L->rx + L->rx_tail, want);
   if (k < 0) return RX_FAIL;
   if (k == 0) return RX_BLOCKED;
-  m->rx_tail += (size_t)k;
+  L->rx_tail += (size_t)k;
   return RX_PROGRESS;
 }
 
 static int recv_header_tcp(ring *g) {
-  ftar_member *m = g->m;
-  size_t have = m->rx_tail - m->rx_head;
+  ftar_links *L = g->L;
+  size_t have = L->rx_tail - L->rx_head;
   if (have == 0 && expected_len(g) >= RX_CAP / 2) return recv_header_direct(g);
   if (have < FTAR_HDR) return fill_rx(g);
-  memcpy(g->rhb, m->rx + m->rx_head, FTAR_HDR);
-  m->rx_head += FTAR_HDR;
+  memcpy(g->rhb, L->rx + L->rx_head, FTAR_HDR);
+  L->rx_head += FTAR_HDR;
   return accept_header(g);
 }
 
+/* dst += src over n floats, dst's old values saved into save (NULL: not
+ * saved); returns the CRC of src continued from crc. The same float adds
+ * either way. */
+static uint32_t reduce_crc(uint32_t crc, float *dst, float *save, const float *src, size_t n) {
+  if (save) return tr_crc32c_reduce(crc, dst, save, src, n);
+  crc = tr_crc32c(crc, src, n * sizeof(float));
+  for (size_t k = 0; k < n; k++) dst[k] = dst[k] + src[k];
+  return crc;
+}
+
 /* The frame being received: a reduce-scatter DATA frame (added into buf)? */
-static int rx_reducing(const ring *g) { return g->rh.type == FT_DATA && g->rs < g->p - 1; }
+static int rx_reducing(const ring *g) { return g->rh.type == FT_DATA && g->rs < g->rsteps; }
 
 /* Its segment (*c) and offset in buf (0 for a token). */
 static size_t rx_offset(const ring *g, int *c) {
@@ -622,24 +672,25 @@ static size_t rx_offset(const ring *g, int *c) {
  * verify-and-copy in one pass. */
 static int recv_payload_shm(ring *g, undo_log *u) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   int c, bad = 0;
   size_t off = rx_offset(g, &c), need = g->rh.len - g->r_got, k;
-  const uint8_t *src = ftar_shm_peek(m, &k, &bad);
+  const uint8_t *src = ftar_shm_peek(g->L, &k, &bad);
   if (bad) return ring_fail(g, "shared-memory ring from slot %d is corrupt", up_peer(g)->slot);
   if (k > need) k = need;
   k &= ~(size_t)3; /* whole floats; offsets in the ring are multiples of 4 */
   if (k == 0) {
-    if (m->up_eof) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
+    if (L->up_eof) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
     return RX_BLOCKED;
   }
   if (rx_reducing(g)) {
     size_t f0 = off + g->r_got / 4;
-    g->r_crc = tr_crc32c_reduce(g->r_crc, g->buf + f0, m->in_copy + f0, (const float *)(const void *)src, k / 4);
+    g->r_crc = reduce_crc(g->r_crc, g->buf + f0, g->save ? g->save + f0 : NULL, (const float *)(const void *)src, k / 4);
     *undo_at(u, g->rb, c) += k / 4;
   } else {
     g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
   }
-  ftar_shm_consume(m, k);
+  ftar_shm_consume(g->L, k);
   m->st.bytes_recv += k;
   g->r_got += k;
   return RX_PROGRESS;
@@ -648,22 +699,22 @@ static int recv_payload_shm(ring *g, undo_log *u) {
 /* TCP: the payload from rx, or read: big payloads straight to their
  * place, small ones through rx so that one recv() brings several frames. */
 static int recv_payload_tcp(ring *g) {
-  ftar_member *m = g->m;
-  size_t have = m->rx_tail - m->rx_head, need = g->rh.len - g->r_got;
+  ftar_links *L = g->L;
+  size_t have = L->rx_tail - L->rx_head, need = g->rh.len - g->r_got;
   if (have > 0) {
     size_t k = have < need ? have : need;
-    memcpy(g->r_dst + g->r_got, m->rx + m->rx_head, k);
-    m->rx_head += k;
+    memcpy(g->r_dst + g->r_got, L->rx + L->rx_head, k);
+    L->rx_head += k;
     g->r_got += k;
     return RX_PROGRESS;
   }
-  m->rx_head = m->rx_tail = 0;
+  L->rx_head = L->rx_tail = 0;
   int direct = need >= RX_CAP / 2;
-  ssize_t k = direct ? up_recv(g, g->r_dst + g->r_got, need) : up_recv(g, m->rx, RX_CAP);
+  ssize_t k = direct ? up_recv(g, g->r_dst + g->r_got, need) : up_recv(g, L->rx, RX_CAP);
   if (k < 0) return RX_FAIL;
   if (k == 0) return RX_BLOCKED;
   if (direct) g->r_got += (size_t)k;
-  else m->rx_tail = (size_t)k;
+  else L->rx_tail = (size_t)k;
   return RX_PROGRESS;
 }
 
@@ -671,14 +722,15 @@ static int recv_payload_tcp(ring *g) {
  * the collective and the undo log restores what was touched. */
 static int finish_frame(ring *g, undo_log *u) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   int c;
   size_t off = rx_offset(g, &c);
   uint32_t pcrc;
-  if (m->up_shm.active) {
+  if (L->up_shm.active) {
     pcrc = g->r_crc;
   } else if (rx_reducing(g)) {
     size_t len = g->rh.len / 4;
-    pcrc = tr_crc32c_reduce(0, g->buf + off, m->in_copy + off, m->stage, len);
+    pcrc = reduce_crc(0, g->buf + off, g->save ? g->save + off : NULL, m->stage, len);
     *undo_at(u, g->rb, c) += len;
   } else {
     pcrc = g->rh.len ? tr_crc32c(0, g->r_dst, g->rh.len) : 0;
@@ -693,7 +745,7 @@ static int finish_frame(ring *g, undo_log *u) {
     g->ridx++;
     g->rj++;
     skip_recv(g);
-    test_fault_check(g->m->slot, g->seq, g->ridx);
+    test_fault_check(g->m->slot, g->seq, g->frames_before + g->ridx);
   }
   update_full(g);
   return RX_FRAME;
@@ -702,7 +754,8 @@ static int finish_frame(ring *g, undo_log *u) {
 /* Receives what the upstream sent, frame by frame: header, payload, check.
  * Returns 1 on progress, 0 if blocked, -1 on failure (g->why). */
 static int pump_recv(ring *g, undo_log *u) {
-  int progress = 0, shm = g->m->up_shm.active;
+  ftar_links *L = g->L;
+  int progress = 0, shm = L->up_shm.active;
   while (expecting(g) && !recv_gated(g)) {
     int r;
     if (!g->r_have) r = shm ? recv_header_shm(g) : recv_header_tcp(g);
@@ -720,23 +773,25 @@ static int pump_recv(ring *g, undo_log *u) {
 /* Starts the link to our downstream for run_ep. */
 static int down_start(ring *g) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   const peer *d = down_peer(g);
   int fd;
   if (ftar_connect_to(d->host, d->port, m->o.sockbuf, 0, &fd))
     return ring_fail(g, "connect to slot %d: %s", d->slot, tr_error());
-  m->down_fd = fd;
-  m->down_state = DOWN_CONNECTING;
+  L->down_fd = fd;
+  L->down_state = DOWN_CONNECTING;
   return 0;
 }
 
 static int down_finish_connect(ring *g) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   int err = 0;
   socklen_t el = sizeof err;
-  getsockopt(m->down_fd, SOL_SOCKET, SO_ERROR, &err, &el);
+  getsockopt(L->down_fd, SOL_SOCKET, SO_ERROR, &err, &el);
   if (err) return ring_fail(g, "connect to slot %d: %s", down_peer(g)->slot, strerror(err));
-  m->down_state = m->secret.len ? DOWN_AUTH : DOWN_HELLO;
-  m->down_chgot = 0;
+  L->down_state = m->secret.len ? DOWN_AUTH : DOWN_HELLO;
+  L->down_chgot = 0;
   return 0;
 }
 
@@ -744,40 +799,42 @@ static int down_finish_connect(ring *g) {
  * CONNECT. The answer fits an empty socket buffer: sent whole or failed. */
 static int down_read_challenge(ring *g) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   int slot = down_peer(g)->slot;
-  ssize_t k = recv(m->down_fd, m->down_ch + m->down_chgot, sizeof m->down_ch - m->down_chgot, MSG_DONTWAIT);
+  ssize_t k = recv(L->down_fd, L->down_ch + L->down_chgot, sizeof L->down_ch - L->down_chgot, MSG_DONTWAIT);
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
   if (k <= 0) return ring_fail(g, "slot %d closed the link before its challenge", slot);
-  m->down_chgot += (size_t)k;
-  if (m->down_chgot < sizeof m->down_ch) return 0;
-  if (memcmp(m->down_ch, "TRAU", 4) != 0) return ring_fail(g, "slot %d sent no job-secret challenge", slot);
+  L->down_chgot += (size_t)k;
+  if (L->down_chgot < sizeof L->down_ch) return 0;
+  if (memcmp(L->down_ch, "TRAU", 4) != 0) return ring_fail(g, "slot %d sent no job-secret challenge", slot);
   uint8_t mac[AUTH_MAC];
-  auth_answer(&m->secret, m->down_ch, mac);
-  if (send(m->down_fd, mac, sizeof mac, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof mac)
+  auth_answer(&m->secret, L->down_ch, mac);
+  if (send(L->down_fd, mac, sizeof mac, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof mac)
     return ring_fail(g, "slot %d: cannot answer its challenge: %s", slot, strerror(errno));
-  m->down_state = DOWN_HELLO;
+  L->down_state = DOWN_HELLO;
   return 0;
 }
 
 /* The receiver's answer to CONNECT: 'S' use the ring, 'T' use TCP. */
 static int down_read_ack(ring *g) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   int slot = down_peer(g)->slot;
   char a;
-  ssize_t k = recv(m->down_fd, &a, 1, MSG_DONTWAIT);
+  ssize_t k = recv(L->down_fd, &a, 1, MSG_DONTWAIT);
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
   if (k <= 0) return ring_fail(g, "slot %d closed the link before answering CONNECT", slot);
-  if (a == 'S' && m->down_shm.h) {
-    m->down_shm.active = 1;
-    ftar_close_fd(&m->down_shm.memfd); /* mapped on both sides now */
+  if (a == 'S' && L->down_shm.h) {
+    L->down_shm.active = 1;
+    ftar_close_fd(&L->down_shm.memfd); /* mapped on both sides now */
     m->st.links_shm++;
   } else if (a == 'T') {
-    ftar_shm_unmap(&m->down_shm);
+    ftar_shm_unmap(&L->down_shm);
     m->st.links_tcp++;
   } else {
     return ring_fail(g, "slot %d answered CONNECT with 0x%02x", slot, (unsigned char)a);
   }
-  m->down_state = DOWN_READY;
+  L->down_state = DOWN_READY;
   return 0;
 }
 
@@ -801,15 +858,15 @@ static int doorbell_drain(int fd, int *eof) {
  * (Dekker-style with the seq_cst flag and counter accesses). 1 if there is
  * something to do after all. */
 static int shm_arm(ring *g) {
-  ftar_member *m = g->m;
+  ftar_links *L = g->L;
   int ready = 0;
-  shm_link *U = &m->up_shm, *D = &m->down_shm;
+  shm_link *U = &L->up_shm, *D = &L->down_shm;
   if (U->active && expecting(g) && !recv_gated(g)) {
     U->armed = 1;
     atomic_store(&U->h->cons_waiting, 1);
     if (atomic_load(&U->h->head) != U->pos) ready = 1;
   }
-  if (D->active && m->down_state == DOWN_READY && (g->s_busy || send_ready(g) || token_ready(g))) {
+  if (D->active && L->down_state == DOWN_READY && (g->s_busy || send_ready(g) || token_ready(g))) {
     D->armed = 1;
     atomic_store(&D->h->prod_waiting, 1);
     if (D->pos - atomic_load(&D->h->tail) < D->size) ready = 1;
@@ -817,10 +874,10 @@ static int shm_arm(ring *g) {
   return ready;
 }
 
-static void shm_disarm(ftar_member *m) {
-  if (m->up_shm.armed) atomic_store(&m->up_shm.h->cons_waiting, 0);
-  if (m->down_shm.armed) atomic_store(&m->down_shm.h->prod_waiting, 0);
-  m->up_shm.armed = m->down_shm.armed = 0;
+static void shm_disarm(ftar_links *L) {
+  if (L->up_shm.armed) atomic_store(&L->up_shm.h->cons_waiting, 0);
+  if (L->down_shm.armed) atomic_store(&L->down_shm.h->prod_waiting, 0);
+  L->up_shm.armed = L->down_shm.armed = 0;
 }
 
 /* Checks the control state: 1 if this collective must stop. */
@@ -847,29 +904,56 @@ static int ctl_check(ring *g, unsigned *gen_seen) {
 
 /* --- one attempt --- */
 
-/* A fresh ring for collective seq in run_ep, and an empty undo log (the
- * last attempt's was restored before this one). -1 when out of memory. */
-static int ring_init(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n, ftar_op op, uint64_t seq,
-                     size_t bucket, const ftar_ready *rd) {
+/* Tokens of the pass: around the ring (p-1 each way) for FTAR_PASS_RING
+ * and _TOKENS, one along the chain for _RELEASE (rank r receives token r
+ * and sends r+1), none otherwise. */
+static void tokens_set(ring *g) {
+  int p = g->p, r = g->r;
+  if (g->kind == FTAR_PASS_RING || g->kind == FTAR_PASS_TOKENS) {
+    g->tok_send_n = g->tok_recv_n = p - 1;
+  } else if (g->kind == FTAR_PASS_RELEASE) {
+    g->tok_send_n = r < p - 1;
+    g->tok_recv_n = r > 0;
+    g->tok_base_send = r;
+    g->tok_base_recv = r - 1;
+  }
+}
+
+/* A fresh ring for pass a of collective seq in run_ep, and an empty undo
+ * log (the last attempt's was restored before this one). -1 when out of
+ * memory. */
+static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, uint64_t seq) {
+  ftar_links *L = &m->lk[a->level];
   memset(g, 0, sizeof *g);
   g->m = m;
-  g->buf = buf;
-  g->n = n;
-  geom_set(&g->G, n, bucket, m->run_n);
-  g->rd = rd;
-  g->Fmax = frame_floats(b_len(&g->G, 0), m->run_n, m->chunk);
-  g->p = m->run_n;
-  g->r = m->run_r;
-  g->nsteps = 2 * (g->p - 1);
-  g->op = op;
+  g->L = L;
+  g->kind = a->kind;
+  g->buf = a->buf;
+  g->n = a->n;
+  g->p = L->n;
+  g->r = L->r;
+  int bcast = a->kind == FTAR_PASS_BCAST;
+  geom_set(&g->G, a->n, a->bucket, bcast ? 1 : g->p);
+  g->rd = a->rd;
+  g->Fmax = frame_floats(b_len(&g->G, 0), g->G.p, m->chunk);
+  g->rsteps = bcast ? 0 : g->p - 1;
+  g->nsteps = bcast ? 1 : 2 * (g->p - 1);
+  g->op = a->op;
+  g->flags = (uint16_t)((unsigned)a->op | ((unsigned)a->phase & 0xff) << 8);
+  g->frames_before = a->frames_before;
+  g->save = a->save;
   g->ep = m->run_ep;
   g->seq = seq;
   g->sF = g->rF = bucket_F(g, 0);
+  tokens_set(g);
+  g->cross = g->p > 1 && !same_host(m, down_peer(g));
   pthread_once(&test_fault_once, test_fault_read);
   skip_send(g);
   skip_recv(g);
+  if (bcast && g->r == g->p - 1) g->sb = g->G.nb; /* the chain's end passes nothing on */
+  if (bcast && g->r == 0) g->rb = g->G.nb;         /* its root receives nothing */
   update_full(g);
-  size_t need = g->G.nb * (size_t)g->p;
+  size_t need = g->G.nb * (size_t)g->G.p;
   if (need > u->cap) {
     free(u->copied);
     u->cap = 0;
@@ -877,6 +961,7 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n,
     u->cap = need;
   }
   u->G = g->G;
+  u->save = a->save;
   if (need) memset(u->copied, 0, need * sizeof(size_t));
   return 0;
 }
@@ -884,17 +969,17 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, float *buf, size_t n,
 /* Sends and receives what the links take now: 1 on progress, 0 if
  * blocked, -1 on failure (g->why). */
 static int ring_pump(ring *g, undo_log *u) {
-  ftar_member *m = g->m;
+  ftar_links *L = g->L;
   int pr = 0, r;
-  if (m->down_state != DOWN_CONNECTING) {
+  if (L->down_state != DOWN_CONNECTING) {
     if ((r = pump_send(g, u)) < 0) return -1;
     pr |= r;
   }
-  if (m->up_fd >= 0) {
+  if (L->up_fd >= 0) {
     if ((r = pump_recv(g, u)) < 0) return -1;
     pr |= r;
     if (pr) { /* receiving may have unblocked sends */
-      if (m->down_state != DOWN_CONNECTING && (r = pump_send(g, u)) < 0) return -1;
+      if (L->down_state != DOWN_CONNECTING && (r = pump_send(g, u)) < 0) return -1;
     }
   }
   return pr;
@@ -902,7 +987,7 @@ static int ring_pump(ring *g, undo_log *u) {
 
 /* Every member holds the full result: the last token went around. */
 static int ring_done(const ring *g) {
-  return g->full && g->tok_recv == g->p - 1 && g->tok_sent == g->p - 1 && !g->s_busy;
+  return g->full && g->tok_recv == g->tok_recv_n && g->tok_sent == g->tok_send_n && !g->s_busy;
 }
 
 /* No progress: 1 (g->why set) if a started collective stalled past the
@@ -930,25 +1015,26 @@ typedef struct {
 
 static void pollset_build(const ring *g, ring_pollset *ps) {
   const ftar_member *m = g->m;
+  const ftar_links *L = g->L;
   struct pollfd *pf = ps->pf;
   int np = 0;
   ps->i_up = ps->i_down = -1;
   pf[np++] = (struct pollfd){.fd = m->wake[0], .events = POLLIN};
   ps->i_lis = np;
   pf[np++] = (struct pollfd){.fd = m->lfd, .events = POLLIN};
-  if (m->up_fd >= 0 && expecting(g) && !m->up_eof && !recv_gated(g)) { /* data, or with a ring: doorbells and EOF */
+  if (L->up_fd >= 0 && expecting(g) && !L->up_eof && !recv_gated(g)) { /* data, or with a ring: doorbells and EOF */
     ps->i_up = np;
-    pf[np++] = (struct pollfd){.fd = m->up_fd, .events = POLLIN};
+    pf[np++] = (struct pollfd){.fd = L->up_fd, .events = POLLIN};
   }
-  if (m->down_fd >= 0 && !m->down_eof) {
+  if (L->down_fd >= 0 && !L->down_eof) {
     short ev = 0;
-    if (m->down_state == DOWN_CONNECTING) ev = POLLOUT;
-    else if (m->down_state == DOWN_ACK || m->down_state == DOWN_AUTH) ev = POLLIN;
-    else if (m->down_shm.active) ev = send_pending(g) ? POLLIN : 0;
+    if (L->down_state == DOWN_CONNECTING) ev = POLLOUT;
+    else if (L->down_state == DOWN_ACK || L->down_state == DOWN_AUTH) ev = POLLIN;
+    else if (L->down_shm.active) ev = send_pending(g) ? POLLIN : 0;
     else if (want_send(g)) ev = POLLOUT;
     if (ev) {
       ps->i_down = np;
-      pf[np++] = (struct pollfd){.fd = m->down_fd, .events = ev};
+      pf[np++] = (struct pollfd){.fd = L->down_fd, .events = ev};
     }
   }
   ps->i_pend0 = np;
@@ -960,13 +1046,13 @@ static void pollset_build(const ring *g, ring_pollset *ps) {
 /* The downstream link is readable or writable: finish the connect, read
  * the answer to CONNECT, or (shared memory) drain doorbells and see EOF. */
 static int down_event(ring *g) {
-  ftar_member *m = g->m;
-  if (m->down_state == DOWN_CONNECTING) return down_finish_connect(g);
-  if (m->down_state == DOWN_ACK) return down_read_ack(g);
-  if (m->down_state == DOWN_AUTH) return down_read_challenge(g);
-  if (m->down_shm.active) {
+  ftar_links *L = g->L;
+  if (L->down_state == DOWN_CONNECTING) return down_finish_connect(g);
+  if (L->down_state == DOWN_ACK) return down_read_ack(g);
+  if (L->down_state == DOWN_AUTH) return down_read_challenge(g);
+  if (L->down_shm.active) {
     int slot = down_peer(g)->slot;
-    if (doorbell_drain(m->down_fd, &m->down_eof) < 0 || (m->down_eof && send_pending(g)))
+    if (doorbell_drain(L->down_fd, &L->down_eof) < 0 || (L->down_eof && send_pending(g)))
       return ring_fail(g, "slot %d closed the link", slot);
   }
   return 0;
@@ -975,14 +1061,15 @@ static int down_event(ring *g) {
 /* Handles what poll reported. 0, or -1 (g->why) to abort. */
 static int pollset_handle(ring *g, const ring_pollset *ps) {
   ftar_member *m = g->m;
+  ftar_links *L = g->L;
   const struct pollfd *pf = ps->pf;
   if (pf[0].revents) ftar_drain_fd(m->wake[0]);
   if (pf[ps->i_lis].revents) ftar_port_accept(m);
   if (ps->np > ps->i_pend0) ftar_port_read(m);
   if (ps->i_down >= 0 && pf[ps->i_down].revents && down_event(g)) return -1;
-  if (ps->i_up >= 0 && pf[ps->i_up].revents && m->up_shm.active) {
+  if (ps->i_up >= 0 && pf[ps->i_up].revents && L->up_shm.active) {
     int slot = up_peer(g)->slot;
-    if (doorbell_drain(m->up_fd, &m->up_eof) < 0)
+    if (doorbell_drain(L->up_fd, &L->up_eof) < 0)
       return ring_fail(g, "receive from slot %d: %s", slot, strerror(errno));
     /* on EOF, up_recv fails once the ring is empty: data sent before
      * the close is still delivered */
@@ -1023,7 +1110,8 @@ static int shm_watch_worth(const ring *g) {
 
 static int shm_watch(const ring *g) {
   ftar_member *m = g->m;
-  shm_link *U = &m->up_shm, *D = &m->down_shm;
+  ftar_links *L = g->L; /* the ring's counters, not ours to write */
+  shm_link *U = &L->up_shm, *D = &L->down_shm;
   if ((!U->active && !D->active) || !shm_watch_worth(g)) return 0;
   uint64_t head = U->active ? atomic_load(&U->h->head) : 0, tail = D->active ? atomic_load(&D->h->tail) : 0;
   unsigned gen = atomic_load(&m->gen);
@@ -1042,7 +1130,6 @@ static int shm_watch(const ring *g) {
  * (spin), else arm the shared-memory doorbells and sleep up to POLL_MS;
  * then handle what woke us. 0, or -1 (g->why) to abort. */
 static int ring_wait(ring *g, double now, double spin) {
-  ftar_member *m = g->m;
   /* blocked on our own next bucket: the producer (backward, on the core
    * we would spin on) wakes us through wake[] when it is final */
   int spinning = now - g->t_progress < spin && !recv_gated(g);
@@ -1051,30 +1138,20 @@ static int ring_wait(ring *g, double now, double spin) {
   pollset_build(g, &ps);
   if (!spinning && shm_arm(g)) return 0; /* progress became possible while arming */
   int rc = poll(ps.pf, (nfds_t)ps.np, spinning ? 0 : POLL_MS);
-  shm_disarm(m);
+  shm_disarm(g->L);
   if (rc == 0 && spinning) sched_yield(); /* let a runnable peer have the core */
   if (rc < 0 && errno != EINTR) return ring_fail(g, "poll: %s", strerror(errno));
   if (rc <= 0) return 0;
   return pollset_handle(g, &ps);
 }
 
-/* What the plane reduces: buf[0..n), op, in buckets of `bucket` floats
- * (0: one) that become ready as rd says (NULL: all are). */
-typedef struct {
-  float *buf;
-  size_t n;
-  ftar_op op;
-  size_t bucket;
-  const ftar_ready *rd;
-} ring_args;
-
-/* Runs one collective in run_ep. R_DONE, R_ABORT (links closed, g->why,
- * g->full tells whether buf holds the full result), R_FATAL (timeout or
+/* Runs one pass in run_ep. R_DONE, R_ABORT (links closed, g->why,
+ * g->full tells whether buf holds the pass's result), R_FATAL (timeout or
  * control link down). */
-static int ring_run(ftar_member *m, ring *g, undo_log *u, const ring_args *a, uint64_t seq, double t_end,
+static int ring_run(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, uint64_t seq, double t_end,
                     int *timed_out) {
   *timed_out = 0;
-  if (ring_init(m, g, u, a->buf, a->n, a->op, seq, a->bucket, a->rd)) {
+  if (ring_init(m, g, u, a, seq)) {
     ring_fail(g, "out of memory for the undo log");
     g->fatal = 1;
     return R_FATAL;
@@ -1082,7 +1159,7 @@ static int ring_run(ftar_member *m, ring *g, undo_log *u, const ring_args *a, ui
   unsigned gen_seen = atomic_load(&m->gen) - 1; /* check once at the start */
   g->t_progress = tr_now();
   double spin = spin_seconds(m);
-  if (m->down_fd < 0 && down_start(g)) goto abort;
+  if (g->L->down_fd < 0 && down_start(g)) goto abort;
   int stopping = 0;
   for (;;) {
     /* an aborting epoch (or a lost coordinator) stops the collective once
@@ -1106,11 +1183,47 @@ abort:
   return g->fatal || *timed_out ? R_FATAL : R_ABORT;
 }
 
+/* --- passes for other planes (ftar_hier.c) --- */
+
+struct ftar_ring_run {
+  ring g;
+  undo_log u;
+};
+
+ftar_ring_run *ftar_ring_run_new(void) { return calloc(1, sizeof(ftar_ring_run)); }
+
+void ftar_ring_run_free(ftar_ring_run *rr) {
+  if (!rr) return;
+  free(rr->u.copied);
+  free(rr);
+}
+
+void ftar_ring_undo(ftar_ring_run *rr, float *buf) { undo_restore(buf, &rr->u); }
+
+int ftar_in_copy_reserve(ftar_member *m, size_t n) {
+  if (n <= m->in_cap) return 0;
+  float *nc = realloc(m->in_copy, n * sizeof(float));
+  if (!nc) return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the input copy (%zu floats)", n);
+  m->in_copy = nc;
+  m->in_cap = n;
+  return 0;
+}
+
+int ftar_ring_pass(ftar_member *m, ftar_ring_run *rr, const ftar_pass *a, uint64_t seq, double t_end, int *full,
+                   char *why, size_t why_len, uint32_t *frames) {
+  int timed_out;
+  int r = ring_run(m, &rr->g, &rr->u, a, seq, t_end, &timed_out);
+  *full = rr->g.full;
+  *frames = rr->g.ridx;
+  snprintf(why, why_len, "%s", rr->g.why);
+  return r == R_DONE ? FTAR_PLANE_DONE : r == R_FATAL ? FTAR_PLANE_FATAL : FTAR_PLANE_ABORT;
+}
+
 /* --- the ring as a data plane --- */
 
 typedef struct {
   ftar_plane base; /* first: a ftar_plane * is a ring_plane * */
-  ring_args a;
+  ftar_pass a;
   undo_log *u;
   ring *g;
 } ring_plane;
@@ -1119,12 +1232,11 @@ static int ring_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
                           char *why, size_t why_len) {
   ring_plane *rp = (ring_plane *)pl;
   (void)fatal_rc; /* FTAR_ETIMEOUT, or the control link's failure */
-  if (rp->a.n > m->in_cap) {
-    float *nc = realloc(m->in_copy, rp->a.n * sizeof(float));
-    if (!nc) return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the input copy (%zu floats)", rp->a.n);
-    m->in_copy = nc;
-    m->in_cap = rp->a.n;
-  }
+  int rc = ftar_in_copy_reserve(m, rp->a.n);
+  if (rc) return rc;
+  rp->a.save = m->in_copy;
+  ftar_links *L = &m->lk[FTAR_LEVEL_FLAT];
+  if (L->ep != m->run_ep) ftar_links_view(L, m->run_ep, m->run_mem, m->run_n, m->run_r); /* the epoch's, once */
   int timed_out;
   int rr = ring_run(m, rp->g, rp->u, &rp->a, seq, t_end, &timed_out);
   *full = rp->g->full;
@@ -1134,7 +1246,8 @@ static int ring_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
 
 static int ring_plane_restore(ftar_plane *pl, ftar_member *m) {
   ring_plane *rp = (ring_plane *)pl;
-  undo_restore(m, rp->a.buf, rp->u); /* host memory: cannot fail */
+  (void)m;
+  undo_restore(rp->a.buf, rp->u); /* host memory: cannot fail */
   return 0;
 }
 
@@ -1147,7 +1260,13 @@ ftar_plane *ftar_ring_plane_new(float *buf, size_t n, ftar_op op, size_t bucket,
   ring_plane *rp = calloc(1, sizeof *rp);
   if (!rp) return NULL;
   *rp = (ring_plane){.base = {ring_plane_run, ring_plane_restore, ring_plane_leave},
-                     .a = {.buf = buf, .n = n, .op = op, .bucket = bucket, .rd = rd}};
+                     .a = {.buf = buf,
+                           .n = n,
+                           .op = op,
+                           .bucket = bucket,
+                           .rd = rd,
+                           .level = FTAR_LEVEL_FLAT,
+                           .kind = FTAR_PASS_RING}};
   rp->u = calloc(1, sizeof *rp->u);
   rp->g = calloc(1, sizeof *rp->g);
   if (!rp->u || !rp->g) {

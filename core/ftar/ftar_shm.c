@@ -7,7 +7,8 @@
  * consumer; head/tail count bytes. The TCP link stays for the handshake,
  * 1-byte doorbells when a side sleeps (the *_waiting flags, set by the
  * ring's poll loop) and EOF when a peer dies, so failure handling is the
- * TCP path's. Counters a peer corrupted are reported (-1 / *bad), never
+ * TCP path's. Each ring level's links (ftar_links) have their own rings.
+ * Counters a peer corrupted are reported (-1 / *bad), never
  * followed.
  *
  * Not here: frame headers, CRCs and when to sleep (ftar_ring.c), the
@@ -29,17 +30,17 @@
 #include "ftar_member_internal.h"
 #include "util.h"
 
-void ftar_shm_unmap(shm_link *L) {
-  if (L->h) munmap(L->h, SHM_DATA + L->size);
-  if (L->memfd >= 0) close(L->memfd);
-  memset(L, 0, sizeof *L);
-  L->memfd = -1;
+void ftar_shm_unmap(shm_link *S) {
+  if (S->h) munmap(S->h, SHM_DATA + S->size);
+  if (S->memfd >= 0) close(S->memfd);
+  memset(S, 0, sizeof *S);
+  S->memfd = -1;
 }
 
 /* Producer: creates and maps the ring offered in CONNECT. */
-int ftar_shm_create(ftar_member *m) {
-  shm_link *L = &m->down_shm;
-  ftar_shm_unmap(L);
+int ftar_shm_create(ftar_links *L) {
+  shm_link *S = &L->down_shm;
+  ftar_shm_unmap(S);
   int fd = memfd_create("ftar-link", MFD_CLOEXEC);
   if (fd < 0) return -1;
   if (ftruncate(fd, SHM_DATA + SHM_RING) != 0) {
@@ -51,24 +52,24 @@ int ftar_shm_create(ftar_member *m) {
     close(fd);
     return -1;
   }
-  L->h = p;
-  L->data = (uint8_t *)p + SHM_DATA;
-  L->size = SHM_RING;
-  L->memfd = fd;
-  L->h->magic = SHM_MAGIC;
-  L->h->size = SHM_RING;
+  S->h = p;
+  S->data = (uint8_t *)p + SHM_DATA;
+  S->size = SHM_RING;
+  S->memfd = fd;
+  S->h->magic = SHM_MAGIC;
+  S->h->size = SHM_RING;
   uint64_t tok = 0;
   if (getrandom(&tok, sizeof tok, GRND_NONBLOCK) != (ssize_t)sizeof tok)
     tok = (uint64_t)(tr_now() * 1e9) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)p;
-  L->h->token = tok;
+  S->h->token = tok;
   return 0;
 }
 
 /* Consumer: maps the ring a CONNECT payload describes; checks it is what the
  * sender announced (size, token) before trusting it. */
-int ftar_shm_attach(ftar_member *m, const uint8_t *pay) {
-  shm_link *L = &m->up_shm;
-  ftar_shm_unmap(L);
+int ftar_shm_attach(ftar_links *L, const uint8_t *pay) {
+  shm_link *S = &L->up_shm;
+  ftar_shm_unmap(S);
   uint32_t pid = ftw_get32(pay + 8), fdn = ftw_get32(pay + 12), size = ftw_get32(pay + 16);
   uint64_t tok = ftw_get64(pay + 24);
   if (size < 65536 || size > (64u << 20) || (size & (size - 1))) return -1;
@@ -87,11 +88,11 @@ int ftar_shm_attach(ftar_member *m, const uint8_t *pay) {
     munmap(p, SHM_DATA + size);
     return -1;
   }
-  L->h = h;
-  L->data = (uint8_t *)p + SHM_DATA;
-  L->size = size;
-  L->pos = atomic_load(&h->tail);
-  L->active = 1;
+  S->h = h;
+  S->data = (uint8_t *)p + SHM_DATA;
+  S->size = size;
+  S->pos = atomic_load(&h->tail);
+  S->active = 1;
   return 0;
 }
 
@@ -103,44 +104,44 @@ static void doorbell(int fd) {
 
 /* Producer: copies as much of iov as fits. Bytes written, or -1 if the
  * consumer corrupted the counters. */
-ssize_t ftar_shm_write(ftar_member *m, const struct iovec *iov, int niov) {
-  shm_link *L = &m->down_shm;
-  uint64_t tail = atomic_load_explicit(&L->h->tail, memory_order_acquire), head = L->pos;
-  if (tail > head || head - tail > L->size) return -1;
-  size_t space = L->size - (size_t)(head - tail), done = 0;
+ssize_t ftar_shm_write(ftar_links *L, const struct iovec *iov, int niov) {
+  shm_link *S = &L->down_shm;
+  uint64_t tail = atomic_load_explicit(&S->h->tail, memory_order_acquire), head = S->pos;
+  if (tail > head || head - tail > S->size) return -1;
+  size_t space = S->size - (size_t)(head - tail), done = 0;
   for (int i = 0; i < niov && done < space; i++) {
     size_t n = iov[i].iov_len < space - done ? iov[i].iov_len : space - done;
-    size_t off = (size_t)(head + done) & (L->size - 1), first = L->size - off < n ? L->size - off : n;
-    memcpy(L->data + off, iov[i].iov_base, first);
-    memcpy(L->data, (const uint8_t *)iov[i].iov_base + first, n - first);
+    size_t off = (size_t)(head + done) & (S->size - 1), first = S->size - off < n ? S->size - off : n;
+    memcpy(S->data + off, iov[i].iov_base, first);
+    memcpy(S->data, (const uint8_t *)iov[i].iov_base + first, n - first);
     done += n;
   }
   if (done) {
-    L->pos = head + done;
-    atomic_store(&L->h->head, L->pos);
+    S->pos = head + done;
+    atomic_store(&S->h->head, S->pos);
     uint32_t one = 1;
-    if (atomic_load(&L->h->cons_waiting) && atomic_compare_exchange_strong(&L->h->cons_waiting, &one, 0))
-      doorbell(m->down_fd);
+    if (atomic_load(&S->h->cons_waiting) && atomic_compare_exchange_strong(&S->h->cons_waiting, &one, 0))
+      doorbell(L->down_fd);
   }
   return (ssize_t)done;
 }
 
 /* Consumer: copies up to cap bytes out. Bytes read, or -1 if corrupt. */
-ssize_t ftar_shm_read(ftar_member *m, void *dst, size_t cap) {
-  shm_link *L = &m->up_shm;
-  uint64_t head = atomic_load_explicit(&L->h->head, memory_order_acquire), tail = L->pos;
-  if (head < tail || head - tail > L->size) return -1;
+ssize_t ftar_shm_read(ftar_links *L, void *dst, size_t cap) {
+  shm_link *S = &L->up_shm;
+  uint64_t head = atomic_load_explicit(&S->h->head, memory_order_acquire), tail = S->pos;
+  if (head < tail || head - tail > S->size) return -1;
   size_t n = (size_t)(head - tail);
   if (n > cap) n = cap;
   if (n) {
-    size_t off = (size_t)tail & (L->size - 1), first = L->size - off < n ? L->size - off : n;
-    memcpy(dst, L->data + off, first);
-    memcpy((uint8_t *)dst + first, L->data, n - first);
-    L->pos = tail + n;
-    atomic_store(&L->h->tail, L->pos);
+    size_t off = (size_t)tail & (S->size - 1), first = S->size - off < n ? S->size - off : n;
+    memcpy(dst, S->data + off, first);
+    memcpy((uint8_t *)dst + first, S->data, n - first);
+    S->pos = tail + n;
+    atomic_store(&S->h->tail, S->pos);
     uint32_t one = 1;
-    if (atomic_load(&L->h->prod_waiting) && atomic_compare_exchange_strong(&L->h->prod_waiting, &one, 0))
-      doorbell(m->up_fd);
+    if (atomic_load(&S->h->prod_waiting) && atomic_compare_exchange_strong(&S->h->prod_waiting, &one, 0))
+      doorbell(L->up_fd);
   }
   return (ssize_t)n;
 }
@@ -148,24 +149,24 @@ ssize_t ftar_shm_read(ftar_member *m, void *dst, size_t cap) {
 /* Consumer, zero-copy: the contiguous bytes readable in place (up to the
  * ring's end), or NULL with *n = 0 if none; *bad set if the counters are
  * corrupt. */
-const uint8_t *ftar_shm_peek(ftar_member *m, size_t *n, int *bad) {
-  shm_link *L = &m->up_shm;
-  uint64_t head = atomic_load_explicit(&L->h->head, memory_order_acquire), tail = L->pos;
+const uint8_t *ftar_shm_peek(ftar_links *L, size_t *n, int *bad) {
+  shm_link *S = &L->up_shm;
+  uint64_t head = atomic_load_explicit(&S->h->head, memory_order_acquire), tail = S->pos;
   *n = 0;
-  if (head < tail || head - tail > L->size) {
+  if (head < tail || head - tail > S->size) {
     *bad = 1;
     return NULL;
   }
-  size_t avail = (size_t)(head - tail), off = (size_t)tail & (L->size - 1);
-  *n = avail < L->size - off ? avail : L->size - off;
-  return *n ? L->data + off : NULL;
+  size_t avail = (size_t)(head - tail), off = (size_t)tail & (S->size - 1);
+  *n = avail < S->size - off ? avail : S->size - off;
+  return *n ? S->data + off : NULL;
 }
 
-void ftar_shm_consume(ftar_member *m, size_t n) {
-  shm_link *L = &m->up_shm;
-  L->pos += n;
-  atomic_store(&L->h->tail, L->pos);
+void ftar_shm_consume(ftar_links *L, size_t n) {
+  shm_link *S = &L->up_shm;
+  S->pos += n;
+  atomic_store(&S->h->tail, S->pos);
   uint32_t one = 1;
-  if (atomic_load(&L->h->prod_waiting) && atomic_compare_exchange_strong(&L->h->prod_waiting, &one, 0))
-    doorbell(m->up_fd);
+  if (atomic_load(&S->h->prod_waiting) && atomic_compare_exchange_strong(&S->h->prod_waiting, &one, 0))
+    doorbell(L->up_fd);
 }

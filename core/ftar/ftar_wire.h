@@ -1,5 +1,5 @@
 /* ftar_wire.h — FTAR frame format, shared by members (ftar_control.c,
- * ftar_port.c, ftar_ring.c) and the coordinator (ftar_coord.c). Internal:
+ * ftar_port.c, ftar_ring.c, ftar_hier.c) and the coordinator (ftar_coord.c). Internal:
  * not for other modules.
  *
  * Every frame, control or data, is a 40-byte little-endian header and a
@@ -48,14 +48,18 @@
  *                  after a join or clean leave) is passed on, not kept
  * Data frames (member -> its downstream neighbour):
  *   CONNECT  first frame of a link: epoch, index = sender slot, aux = receiver
- *            slot; u64 sender uid, u32 pid, u32 memfd, u32 ring bytes, u32 0,
- *            u64 ring token. flags FTF_SHM offers a same-host shared-memory
+ *            slot; u64 sender uid, u32 pid, u32 memfd, u32 ring bytes, u32 ring
+ *            level (0 flat, 1 the host's local ring, 2 the leaders' ring of
+ *            ftar_hier.c; the receiver refuses a level >= 3), u64 ring token. flags FTF_SHM offers a same-host shared-memory
  *            ring (the memfd, opened as /proc/pid/fd/N); the receiver answers
  *            one byte, 'S' (frames go through the ring; the TCP link then only
  *            carries 1-byte doorbells and EOF) or 'T' (frames go over TCP)
- *   DATA     epoch, seq, flags = op, index = frame number, aux = element
- *            count (low 32 bits), len = payload bytes (float32)
- *   TOKEN    epoch, seq, index = commit token value (1..p-1)
+ *   DATA     epoch, seq, flags = op | phase << 8 (phase 0: the flat ring;
+ *            1..6: ftar_hier.c's phases), index = frame number within the
+ *            phase, aux = element count (low 32 bits), len = payload bytes
+ *            (float32)
+ *   TOKEN    epoch, seq, flags = phase << 8, index = commit token value
+ *            (1..p-1)
  */
 #ifndef TRANSOM_FTAR_WIRE_H
 #define TRANSOM_FTAR_WIRE_H

@@ -25,8 +25,20 @@
  *   garbage   random bytes, oversized lengths, bad checksums, truncated and
  *             stale frames to a rank's data port and to the coordinator: the
  *             ranks never notice (no epoch change), reasons are logged
+ *   hier      members on fake hosts (--data-host 127.0.0.K): 2 hosts x 2,
+ *             2 x 3 + 1 lone member, 3 hosts; exact sums and means, that
+ *             the hierarchical plane ran (ftar-hier line) over the right
+ *             links (shared memory within a host, TCP only between
+ *             leaders, no cross-host bytes from the others), --flat on the
+ *             same hosts, a bucketed call; kill -9 of a non-leader (phase
+ *             1) and of a leader (phase 2), of the middle of a 3-member
+ *             broadcast chain (phase 3), SIGSTOP of either, kill -9 with
+ *             buckets in flight: the survivors
+ *             redo, exact over the survivors; kill -9 of the end of a
+ *             broadcast chain: COMMIT or redo, alike on every survivor
  *   soak      1000 back-to-back small collectives (run from the sanitizer
  *             build, LeakSanitizer checks every rank process at exit)
+ * FTAR_TEST_ONLY=hier runs only the hier cases.
  * The deadline is 1.5 s here. TRANSOM_LONG=1 repeats kill/stop more times.
  * TRANSOM_TIME_SCALE (check.h) stretches this file's own waits and the
  * slack over the deadline that kill/stop allow; TRANSOM_TEST_SMALL caps the
@@ -149,6 +161,7 @@ typedef struct {
   int nres, rcap;
   int port, ready, done, errors;
   long rejected, collectives, shm_links, tcp_links;
+  long hier_collectives, cross_bytes; /* the ftar-hier line; -1 until it came */
   int exited, status;
 } proc;
 
@@ -178,6 +191,11 @@ static void on_line(proc *p, char *line) {
     if (q) p->shm_links = atol(q + 10);
     q = strstr(line, "tcp_links=");
     if (q) p->tcp_links = atol(q + 10);
+  } else if (strncmp(line, "ftar-hier", 9) == 0) {
+    const char *q = strstr(line, "hier_collectives=");
+    if (q) p->hier_collectives = atol(q + 17);
+    q = strstr(line, "cross_bytes=");
+    if (q) p->cross_bytes = atol(q + 12);
   }
   if (verbose) fprintf(stderr, "  [%d] %s\n", p->slot, line);
 }
@@ -199,6 +217,7 @@ static void append_err(proc *p, const char *b, size_t n) {
 static int spawn(proc *p, int slot, char **args) {
   memset(p, 0, sizeof *p);
   p->slot = slot;
+  p->hier_collectives = p->cross_bytes = -1;
   int o[2], e[2], in[2];
   if (pipe(o) || pipe(e) || pipe(in)) return -1;
   fcntl(in[1], F_SETFD, FD_CLOEXEC);
@@ -1349,6 +1368,239 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
   ftar_coord_free(c);
 }
 
+/* --- hierarchical: members on fake hosts (loopback addresses) --- */
+
+/* Slot k advertises --data-host 127.0.0.<host[k]>: members with the same
+ * address are one host to FTAR (shared-memory links among them, TCP to the
+ * others), so the hierarchical plane runs without namespaces. A host's
+ * leader is its lowest slot. */
+typedef struct {
+  int n;
+  int host[MAXP];
+} layout;
+
+static int hl_count(const layout *L, int k) {
+  int c = 0;
+  for (int i = 0; i < L->n; i++) c += L->host[i] == L->host[k];
+  return c;
+}
+static int hl_leader(const layout *L, int k) {
+  for (int i = 0; i < k; i++)
+    if (L->host[i] == L->host[k]) return 0;
+  return 1;
+}
+static int hl_hosts(const layout *L) {
+  int h = 0;
+  for (int k = 0; k < L->n; k++) h += hl_leader(L, k);
+  return h;
+}
+
+static void hier_rank_args(args *a, int port, const layout *L, int slot) {
+  rank_args(a, port, slot);
+  arg(a, "--data-host");
+  arg(a, "127.0.0.%d", L->host[slot]);
+}
+
+/* The hierarchy ran every collective of p and used the links it should:
+ * a member of a shared host two shared-memory links (its local ring), a
+ * leader two TCP links more (the leaders' ring), and only leaders send
+ * bytes to other hosts. */
+static void check_hier_links(const char *what, const layout *L, const proc *p, int k, long want_hier) {
+  int leader = hl_leader(L, k), shared = hl_count(L, k) >= 2;
+  CHECK(p->hier_collectives == want_hier, "%s: rank %d ran %ld of %ld collectives hierarchically", what, k,
+        p->hier_collectives, want_hier);
+  long want_shm = shared ? 2 : 0, want_tcp = leader && hl_hosts(L) >= 2 ? 2 : 0;
+  CHECK(p->shm_links == want_shm && p->tcp_links == want_tcp, "%s: rank %d used %ld shm and %ld tcp links, want %ld and %ld",
+        what, k, p->shm_links, p->tcp_links, want_shm, want_tcp);
+  CHECK(leader ? p->cross_bytes > 0 : p->cross_bytes == 0, "%s: rank %d (%s) sent %ld bytes to other hosts", what, k,
+        leader ? "leader" : "not a leader", p->cross_bytes);
+}
+
+/* Exact sums over every layout member (sum or mean), through the
+ * hierarchy (or --flat: the flat ring on the same hosts, none of it
+ * hierarchical); bucket > 0: ftar_allreduce_start while written. */
+static void test_hier_sizes(const char *name, const layout *L, const char *op, int flat, size_t bucket) {
+  double t0 = tr_now();
+  char what[96];
+  snprintf(what, sizeof what, "hier %s %s%s%s", name, op, flat ? " --flat" : "", bucket ? " buckets" : "");
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  const char *counts = test_small() ? "1,7,1000,65537" : "1,7,1000,65537,1048573";
+  int ncounts = test_small() ? 4 : 5, p = L->n;
+  proc ps[MAXP];
+  for (int r = 0; r < p; r++) {
+    args a;
+    hier_rank_args(&a, ftar_coord_port(c), L, r);
+    arg(&a, "--wait");
+    arg(&a, "%d", p);
+    arg(&a, "--counts");
+    arg(&a, "%s", counts);
+    arg(&a, "--op");
+    arg(&a, "%s", op);
+    arg(&a, "--verify");
+    if (flat) arg(&a, "--flat");
+    if (bucket) {
+      arg(&a, "--bucket");
+      arg(&a, "%zu", bucket);
+      arg(&a, "--produce-us");
+      arg(&a, "20");
+    }
+    spawn(&ps[r], r, a.v);
+  }
+  finish(ps, p, T(120));
+  int want[MAXP] = {0};
+  for (int r = 0; r < p; r++) want[r] = r;
+  char sl[64];
+  slots_expected(sl, sizeof sl, want, p);
+  for (int r = 0; r < p; r++) {
+    CHECK(exited_ok(&ps[r]), "%s: rank %d exit status %d", what, r, ps[r].status);
+    CHECK(ps[r].nres == ncounts, "%s: rank %d reported %d of %d results", what, r, ps[r].nres, ncounts);
+    int bad = 0;
+    for (int i = 0; i < ps[r].nres; i++) {
+      result *x = &ps[r].res[i];
+      bad += !x->ok || x->rc != 0 || x->contrib != p || strcmp(x->slots, sl) || x->redos;
+    }
+    CHECK(bad == 0, "%s: rank %d: %d results wrong (exact sums over slots %s)", what, r, bad, sl);
+    if (flat) CHECK(ps[r].hier_collectives == 0, "%s: rank %d ran %ld hierarchically", what, r, ps[r].hier_collectives);
+    else check_hier_links(what, L, &ps[r], r, ncounts);
+  }
+  printf("  %s: %d ranks on %d hosts, %d sizes: %.1f s\n", what, p, hl_hosts(L), ncounts, tr_now() - t0);
+  proc_free(ps, p);
+  ftar_coord_free(c);
+}
+
+/* Waits (bounded) until the victim stopped or died; 1 if a signal did it
+ * (not a normal exit: its fault point never came). */
+static int victim_signalled(proc *ps, int n, int victim) {
+  siginfo_t si = {0};
+  double end = tr_now() + T(60);
+  while (tr_now() < end) {
+    si.si_pid = 0;
+    if (waitid(P_PID, (id_t)ps[victim].pid, &si, WEXITED | WSTOPPED | WNOHANG | WNOWAIT) == 0 && si.si_pid)
+      return si.si_code == CLD_KILLED || si.si_code == CLD_STOPPED;
+    pump(ps, n, 5);
+  }
+  return 0;
+}
+
+/* kill -9 / SIGSTOP of one member of layout L at data frame `frames` of
+ * collective 6 (counted over the attempt's phases, 1 MiB: a 2-member ring
+ * pass is 6 frames, a 3-member one 12, the broadcast 5; so at 2 x 2, 2
+ * lands in phase 1, 8 in phase 2 on a leader and in phase 3 on the others;
+ * at 3 + 2, 14 in the middle of the 3-member host's chain, whose end can
+ * then not be full): the survivors redo it
+ * without the victim, exact sums over the right contributors; the witness's
+ * log names the phase where the abort landed. commit: the victim is the
+ * end of its host's broadcast chain, lost after its host's members got the
+ * result: if the other host's broadcast was done too, every survivor is
+ * full and the coordinator commits (all 4 contributors, the victim's input
+ * included), else they redo it without the victim; either way the same on
+ * every survivor, and the next collective runs without it. */
+static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int use_stop, int witness,
+                            const char *phase_name, int commit, int bucket) {
+  double tstart = tr_now();
+  const layout L = *Lp;
+  char what[128];
+  snprintf(what, sizeof what, "hier %s of slot %d of %d (%s) at frame %u%s", use_stop ? "SIGSTOP" : "kill -9", victim,
+           L.n, hl_leader(&L, victim) ? "leader" : "not a leader", frames, bucket ? ", buckets" : "");
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  const int p = L.n, iters = 10;
+  proc ps[MAXP];
+  for (int r = 0; r < p; r++) {
+    args a;
+    hier_rank_args(&a, ftar_coord_port(c), &L, r);
+    arg(&a, "--wait");
+    arg(&a, "%d", p);
+    arg(&a, "--counts");
+    arg(&a, "262144");
+    arg(&a, "--verify");
+    arg(&a, "--iters");
+    arg(&a, "%d", iters);
+    if (bucket) { /* reduced while written, slowly: the victim dies with buckets in flight */
+      arg(&a, "--bucket");
+      arg(&a, "%d", 262144 / 8);
+      arg(&a, "--produce-us");
+      arg(&a, "2000");
+    }
+    char fault[64];
+    snprintf(fault, sizeof fault, "%s:6:%u", use_stop ? "stop" : "kill", frames);
+    if (r == victim) setenv("TRANSOM_TEST_FTAR_FAULT", fault, 1);
+    spawn(&ps[r], r, a.v);
+    unsetenv("TRANSOM_TEST_FTAR_FAULT");
+  }
+  CHECK(victim_signalled(ps, p, victim), "%s: the victim never signalled itself", what);
+  proc live[MAXP];
+  int nl = 0, surv[MAXP] = {0};
+  for (int r = 0; r < p; r++)
+    if (r != victim) {
+      surv[nl] = r;
+      live[nl++] = ps[r];
+    }
+  finish(live, nl, T(90));
+  if (use_stop) kill(ps[victim].pid, SIGKILL);
+  finish(&ps[victim], 1, T(10));
+  char sl[64], sl6[64];
+  slots_expected(sl, sizeof sl, surv, nl);
+  const int all[MAXP] = {0, 1, 2, 3, 4, 5, 6, 7};
+  slots_expected(sl6, sizeof sl6, commit ? all : surv, commit ? p : nl);
+  int redid = 0, committed = -1;
+  for (int i = 0; i < nl; i++) {
+    proc *s = &live[i];
+    int r = surv[i], bad = 0, at6 = -1;
+    CHECK(exited_ok(s) && s->errors == 0, "%s: survivor %d exit status %d, %d errors", what, r, s->status, s->errors);
+    for (int k = 0; k < s->nres; k++) {
+      bad += !s->res[k].ok || s->res[k].rc < 0;
+      if (s->res[k].seq == 6) at6 = k;
+      int c6 = s->res[k].seq == 6 && commit && strcmp(s->res[k].slots, sl6) == 0;
+      if (s->res[k].seq == 6 && commit) { /* committed or redone: alike on every survivor */
+        if (committed < 0) committed = c6;
+        bad += committed != c6;
+      }
+      if (s->res[k].seq >= 6 && !c6 && strcmp(s->res[k].slots, sl)) bad++;
+    }
+    CHECK(bad == 0, "%s: survivor %d: %d results wrong (exact sums; seq 6 over slots %s%s, then %s)", what, r, bad,
+          commit ? "(0,1,2,3 or) " : "", commit ? sl : sl6, sl);
+    CHECK(s->nres == iters, "%s: survivor %d completed %d of %d collectives", what, r, s->nres, iters);
+    CHECK(at6 >= 0 && s->res[at6].rc == FTAR_RESHAPED, "%s: survivor %d: collective 6 not reshaped", what, r);
+    if (at6 >= 0) redid += s->res[at6].redos >= 1;
+    /* the redo and what follows ran through the hierarchy too (a commit
+     * of a result held at the abort is the one that may not) */
+    CHECK(s->hier_collectives >= iters - 1, "%s: survivor %d ran %ld hierarchically", what, r, s->hier_collectives);
+    if (r == witness)
+      CHECK(s->eb && strstr(s->eb, phase_name), "%s: survivor %d's log does not name '%s'", what, r, phase_name);
+  }
+  CHECK(redid >= 1, "%s: no survivor aborted collective 6", what);
+  if (commit) printf("  %s: collective 6 %s\n", what, committed > 0 ? "committed with the victim's input" : "redone without it");
+  char notice[64];
+  snprintf(notice, sizeof notice, "slot %d: %s", victim, use_stop ? "heartbeat lapsed" : "connection closed");
+  CHECK(coord_log_has(notice), "%s: the coordinator noticed (%s)", what, notice);
+  for (int i = 0; i < nl; i++) ps[surv[i]] = live[i];
+  printf("  %s: %.1f s\n", what, tr_now() - tstart);
+  proc_free(ps, p);
+  ftar_coord_free(c);
+}
+
+static void test_hier(void) {
+  const layout two_by_two = {4, {1, 1, 2, 2}}, two_by_three_one = {7, {1, 1, 1, 2, 2, 2, 3}},
+               three = {6, {1, 2, 2, 3, 3, 3}};
+  test_hier_sizes("2x2", &two_by_two, "sum", 0, 0);
+  test_hier_sizes("2x2", &two_by_two, "mean", 0, 0);
+  test_hier_sizes("2x2", &two_by_two, "sum", 1, 0);
+  test_hier_sizes("2x3+1", &two_by_three_one, "sum", 0, 0);
+  test_hier_sizes("2x3+1", &two_by_three_one, "mean", 0, 0);
+  test_hier_sizes("1+2+3", &three, "sum", 0, 0);
+  test_hier_sizes("1+2+3", &three, "sum", 0, 4096);
+  const layout three_two = {5, {1, 1, 1, 2, 2}};
+  test_hier_fault(&two_by_two, 3, 2, 0, 2, "phase 1 (local reduce)", 0, 0);
+  test_hier_fault(&two_by_two, 3, 8, 0, 2, "holding the full result", 1, 0);
+  test_hier_fault(&two_by_two, 2, 8, 0, 0, "phase 2 (leaders' reduce)", 0, 0);
+  test_hier_fault(&three_two, 1, 14, 0, 2, "phase 3 (local broadcast)", 0, 0);
+  test_hier_fault(&two_by_two, 1, 2, 1, 0, "phase 1 (local reduce)", 0, 0);
+  test_hier_fault(&two_by_two, 2, 8, 1, 0, "phase 2 (leaders' reduce)", 0, 0);
+  test_hier_fault(&two_by_two, 3, 2, 0, 2, "phase 1 (local reduce)", 0, 1);
+}
+
 /* --- garbage on the data port and the coordinator port --- */
 
 static int tcp_connect(int port) {
@@ -1561,6 +1813,12 @@ int main(void) {
   }
   int lng = getenv("TRANSOM_LONG") != NULL;
   double t0 = tr_now();
+  const char *only = getenv("FTAR_TEST_ONLY");
+  if (only && strcmp(only, "hier") == 0) {
+    test_hier();
+    printf("  total %.1f s\n", tr_now() - t0);
+    return check_report("test_ftar");
+  }
   test_wire();
   test_api();
   test_join_at();
@@ -1590,6 +1848,7 @@ int main(void) {
   test_fault(0, 1, 0, 99u, 0);
   test_fault(0, 1, 1, 98u, 0);
   test_fault(0, 1, 0, 97u, 1);
+  test_hier();
   test_garbage();
   test_soak();
   printf("  total %.1f s\n", tr_now() - t0);

@@ -13,7 +13,9 @@
  *     in place with the other members over direct TCP links (ring
  *     reduce-scatter then all-gather, chunked and pipelined; same-host
  *     neighbours move frames through a shared-memory ring, the TCP link
- *     still carrying the handshake and detecting death). It keeps the
+ *     still carrying the handshake and detecting death; across hosts,
+ *     opts.hier, the members of each host reduce among themselves first and
+ *     one ring runs between the hosts' leaders). It keeps the
  *     caller's input: when a peer dies or stalls past the deadline, the
  *     collective is aborted on every survivor, buf is restored, and the same
  *     collective is redone in the next epoch, automatically. Survivors agree
@@ -88,6 +90,8 @@ typedef struct {
   uint64_t bytes_sent, bytes_recv;     /* data plane payload + headers */
   uint64_t conns_rejected;             /* data connections closed as malformed/stale */
   uint64_t links_shm, links_tcp;       /* data links this member opened or accepted, by transport */
+  uint64_t bytes_cross;                /* of bytes_sent, those sent to a member of another host */
+  uint64_t hier_collectives;           /* attempts that completed through the hierarchical plane */
 } ftar_stats;
 
 typedef void (*ftar_log_fn)(void *ud, const char *msg);
@@ -182,6 +186,14 @@ typedef struct {
                             rounds) before sleeping: -1 default (500 us), 0 never */
   int shm;               /* same-host peers exchange frames through a shared-memory ring
                             (TCP stays for the handshake, doorbells and EOF): 1 (default) / 0 */
+  int hier;              /* hierarchical reduction (core/ftar/ftar_hier.c): members that
+                            advertise the same data_host reduce through a local ring first,
+                            their host's leader (lowest slot) runs one ring across hosts, the
+                            result goes back within the host. -1 (default, auto): when the
+                            epoch spans >= 2 hosts with >= 2 members on some host; 1: whenever
+                            some host has >= 2 members; 0: never (the flat ring). Decided per
+                            attempt from the epoch's members; every member must use the same
+                            value. Host buffers only (not ftar_allreduce_dev) */
   int strict_seq;        /* 0 (default): a member that never completed a collective adopts the
                             group's seq. 1: it gets FTAR_ESEQ with res->seq = the group's seq
                             instead; it stays a member and the group waits for it: call

@@ -1,0 +1,310 @@
+/* ftar_hier.c — FTAR's hierarchical plane: members on one host reduce
+ * through shared memory first, one ring runs across hosts, the result goes
+ * back within each host (ftar_internal.h's ftar_plane).
+ *
+ * The epoch's members (ordered by slot) are grouped by the host they
+ * advertise; a host's leader is its first (lowest slot) member. One
+ * attempt, each phase a pass of the ring engine (ftar_ring.c) over its own
+ * ring level's links, the phase number in every frame's flags:
+ *   1  local ring (level 1, shared memory): reduce-scatter + all-gather, SUM
+ *   2  leaders' ring (level 2, TCP across hosts): the same over the hosts'
+ *      sums; the leader then divides once by the epoch's member count for
+ *      MEAN (every leader divides the same bits: all members get them)
+ *   3  local broadcast: the leader's result along the chain leader -> 2nd
+ *      -> .. -> last (each member passes a frame on once it arrived)
+ *   4  local tokens around the ring: the leader learns its host is full
+ *   5  leaders' tokens around their ring: every leader learns every host is
+ *   6  local release along the chain: the others learn it too
+ * So a member returns only when every member of the epoch holds the full
+ * result, as after the flat ring's last commit token, and the coordinator
+ * resolves an abort the same way (COMMIT if anyone could have returned).
+ * A host with one member has no local ring (its member is its leader).
+ * Cross-host bytes per leader: 2(H-1)/H * N for H hosts (the flat ring
+ * sends 2(p-1)/p * N over every cross-host link).
+ *
+ * Faults: any pass that fails closes every level's links (so the others'
+ * passes fail too) and aborts the attempt; restore puts the input back
+ * exactly: the attempt's first reduce (phase 1, or phase 2 on a host
+ * alone) saves into in_copy each element it overwrites, as the flat ring
+ * does, and the passes after it save nothing (every element was saved once
+ * the first reduce completed); ftar_collective redoes the
+ * collective in the next epoch, where the hierarchy is recomputed.
+ * "full" on an abort: this member holds the final result (the leader after
+ * phase 2, the others after phase 3).
+ *
+ * When: opts.hier -1 (auto): the epoch spans >= 2 hosts and some host has
+ * >= 2 members; 1: some host has >= 2 members; 0: never. Otherwise, and per
+ * attempt (a redo may find another shape), the flat ring plane runs. Every
+ * member must use the same opts.hier. A bucketed call (ftar_allreduce_start):
+ * the local reduce takes the buckets as the producer finishes them; phases
+ * 2-6, and a member alone on its host, wait until every bucket is final:
+ * the cross-host part does not overlap with the producer yet.
+ *
+ * Not here: moving frames (ftar_ring.c), links (ftar_port.c), the control
+ * round (ftar_collective.c). Called by: ftar_allreduce (ftar_collective.c)
+ * and ftar_async.c through ftar_host_plane_new.
+ */
+#include <poll.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ftar.h"
+#include "ftar_internal.h"
+#include "ftar_member_internal.h"
+#include "util.h"
+
+/* --- the epoch's hosts --- */
+
+/* This member's place in the hierarchy of run_ep. */
+typedef struct {
+  int leader;   /* this member leads its host */
+  int nl, rl;   /* members of this host, our rank among them */
+  int nh, rh;   /* leaders (= hosts), our rank among them (leaders only) */
+  peer local[FTAR_MAX_MEMBERS], leaders[FTAR_MAX_MEMBERS];
+} topo;
+
+/* The index of the first member on mem[i]'s host. */
+static int host_of(const peer *mem, int i) {
+  for (int k = 0; k < i; k++)
+    if (strcmp(mem[k].host, mem[i].host) == 0) return k;
+  return i;
+}
+
+/* first[i]: host_of(run_mem, i); returns the number of hosts, *most the
+ * members on the most populated one. */
+static int host_shape(const ftar_member *m, int *first, int *most) {
+  int n = m->run_n, hosts = 0, count[FTAR_MAX_MEMBERS];
+  *most = 0;
+  for (int i = 0; i < n; i++) {
+    first[i] = host_of(m->run_mem, i);
+    count[i] = 0;
+    count[first[i]]++;
+    hosts += first[i] == i;
+  }
+  for (int i = 0; i < n; i++)
+    if (count[i] > *most) *most = count[i];
+  return hosts;
+}
+
+static void topo_build(const ftar_member *m, const int *first, topo *t) {
+  const peer *mem = m->run_mem;
+  int n = m->run_n, me = m->run_r;
+  memset(t, 0, offsetof(topo, local));
+  int mine = first[me];
+  for (int i = 0; i < n; i++) {
+    if (first[i] == i) {
+      if (i == mine) t->rh = t->nh;
+      t->leaders[t->nh++] = mem[i];
+    }
+    if (first[i] == mine) {
+      if (i == me) t->rl = t->nl;
+      t->local[t->nl++] = mem[i];
+    }
+  }
+  t->leader = t->rl == 0;
+}
+
+static int hier_wanted(const ftar_member *m, int hosts, int most) {
+  if (m->o.hier == 0 || most < 2) return 0;
+  return m->o.hier > 0 || hosts >= 2;
+}
+
+/* --- the plane --- */
+
+typedef struct {
+  ftar_plane base; /* first: a ftar_plane * is a host_plane * */
+  ftar_plane *flat;
+  float *buf;
+  size_t n;
+  ftar_op op;
+  const ftar_ready *rd;
+  size_t bucket;
+  ftar_ring_run *first; /* the attempt's first reduce (its undo log restores buf) */
+  ftar_ring_run *rr;    /* the other passes; NULL until the first hierarchical attempt, as first and t */
+  topo *t;
+} host_plane;
+
+/* What one attempt carries from phase to phase. */
+typedef struct {
+  uint64_t seq;
+  double t_end;
+  int full;         /* buf holds the final result */
+  uint32_t frames;  /* data frames received so far */
+  char *why;
+  size_t why_len;
+} attempt;
+
+/* One phase: pass a (level, kind, phase; save, bucket and rd when it is
+ * the first reduce) through rr. FTAR_PLANE_*, why prefixed. */
+static int phase(host_plane *hp, ftar_member *m, attempt *at, ftar_ring_run *rr, ftar_pass a) {
+  static const char *names[] = {"", "local reduce", "leaders' reduce", "local broadcast", "local commit",
+                                "leaders' commit", "local release"};
+  int ph = a.phase;
+  a.buf = hp->buf;
+  a.n = a.kind == FTAR_PASS_TOKENS || a.kind == FTAR_PASS_RELEASE ? 0 : hp->n;
+  a.op = FTAR_SUM;
+  a.frames_before = at->frames;
+  int full = 0;
+  uint32_t got = 0;
+  char why[256];
+  int r = ftar_ring_pass(m, rr, &a, at->seq, at->t_end, &full, why, sizeof why, &got);
+  at->frames += got;
+  if (r != FTAR_PLANE_DONE) snprintf(at->why, at->why_len, "phase %d (%s): %s", ph, names[ph], why);
+  return r;
+}
+
+/* A bucketed call on a host alone: every bucket final before the leaders'
+ * ring (whose members do not cut buckets) moves it. */
+static int wait_final(ftar_member *m, const ftar_ready *rd, attempt *at) {
+  while (rd && atomic_load_explicit(&rd->from, memory_order_acquire) != 0) {
+    pthread_mutex_lock(&m->mu);
+    int failed = m->failed, aborted = m->abort_ep > m->run_ep;
+    pthread_mutex_unlock(&m->mu);
+    if (failed) {
+      snprintf(at->why, at->why_len, "control link down");
+      return FTAR_PLANE_FATAL;
+    }
+    if (aborted) {
+      snprintf(at->why, at->why_len, "a newer epoch aborts epoch %llu", (unsigned long long)m->run_ep);
+      return FTAR_PLANE_ABORT;
+    }
+    if (tr_now() > at->t_end) {
+      snprintf(at->why, at->why_len, "timed out after %.1f s waiting for the buffer", m->o.timeout);
+      return FTAR_PLANE_FATAL;
+    }
+    struct pollfd p = {.fd = m->wake[0], .events = POLLIN};
+    if (poll(&p, 1, 50) > 0) ftar_drain_fd(m->wake[0]);
+  }
+  return FTAR_PLANE_DONE;
+}
+
+static void set_views(const host_plane *hp, ftar_member *m) {
+  const topo *t = hp->t;
+  if (t->nl >= 2) ftar_links_view(&m->lk[FTAR_LEVEL_LOCAL], m->run_ep, t->local, t->nl, t->rl);
+  if (t->leader && t->nh >= 2) ftar_links_view(&m->lk[FTAR_LEVEL_LEADERS], m->run_ep, t->leaders, t->nh, t->rh);
+}
+
+/* Phases 1-3: every member of the host ends with the epoch's result. The
+ * first reduce saves the input it overwrites into in_copy (hp->first's
+ * undo log; every element once it completes); the passes after it save
+ * nothing. The local reduce takes buckets as the producer finishes them. */
+static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
+  const topo *t = hp->t;
+  int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
+  ftar_pass p1 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_REDUCE, .phase = 1},
+            p2 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_REDUCE, .phase = 2};
+  if (local) {
+    p1.save = m->in_copy;
+    p1.bucket = hp->bucket;
+    p1.rd = hp->rd;
+    if ((r = phase(hp, m, at, hp->first, p1)) != FTAR_PLANE_DONE) return r;
+  } else {
+    if ((r = wait_final(m, hp->rd, at)) != FTAR_PLANE_DONE) return r;
+    p2.save = m->in_copy;
+  }
+  if (across && (r = phase(hp, m, at, local ? hp->rr : hp->first, p2)) != FTAR_PLANE_DONE) return r;
+  if (t->leader) {
+    if (hp->op == FTAR_MEAN) { /* once, on bits every leader holds alike */
+      float d = (float)m->run_n;
+      for (size_t i = 0; i < hp->n; i++) hp->buf[i] /= d;
+    }
+    at->full = 1;
+  }
+  ftar_pass p3 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_BCAST, .phase = 3};
+  if (local && (r = phase(hp, m, at, hp->rr, p3)) != FTAR_PLANE_DONE) return r;
+  at->full = 1;
+  return FTAR_PLANE_DONE;
+}
+
+/* Phases 4-6: return only once every member of the epoch is full. */
+static int commit_phases(host_plane *hp, ftar_member *m, attempt *at) {
+  const topo *t = hp->t;
+  int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
+  ftar_pass p4 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_TOKENS, .phase = 4},
+            p5 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 5},
+            p6 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_RELEASE, .phase = 6};
+  if (local && (r = phase(hp, m, at, hp->rr, p4)) != FTAR_PLANE_DONE) return r;
+  if (across && (r = phase(hp, m, at, hp->rr, p5)) != FTAR_PLANE_DONE) return r;
+  if (local && (r = phase(hp, m, at, hp->rr, p6)) != FTAR_PLANE_DONE) return r;
+  return FTAR_PLANE_DONE;
+}
+
+static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
+  int r = ftar_in_copy_reserve(m, hp->n);
+  if (r) return r;
+  set_views(hp, m);
+  if ((r = reduce_phases(hp, m, at)) != FTAR_PLANE_DONE) return r;
+  if ((r = commit_phases(hp, m, at)) != FTAR_PLANE_DONE) return r;
+  m->st.hier_collectives++;
+  return FTAR_PLANE_DONE;
+}
+
+static int host_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t_end, int *full, int *fatal_rc,
+                          char *why, size_t why_len) {
+  host_plane *hp = (host_plane *)pl;
+  int first[FTAR_MAX_MEMBERS];
+  if (m->shape_ep != m->run_ep) { /* once per epoch: a small all-reduce should not pay n^2 compares */
+    m->shape_hosts = host_shape(m, first, &m->shape_most);
+    m->shape_ep = m->run_ep;
+  }
+  if (!hier_wanted(m, m->shape_hosts, m->shape_most))
+    return hp->flat->run(hp->flat, m, seq, t_end, full, fatal_rc, why, why_len);
+  int most, fresh_epoch = m->shape_ep != m->shape_logged;
+  host_shape(m, first, &most);
+  if (!hp->t && !(hp->t = malloc(sizeof *hp->t)))
+    return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the hierarchy");
+  if ((!hp->rr && !(hp->rr = ftar_ring_run_new())) || (!hp->first && !(hp->first = ftar_ring_run_new())))
+    return tr_fail(TR_ENOMEM, "ftar_allreduce: out of memory for the hierarchy");
+  topo_build(m, first, hp->t);
+  if (fresh_epoch) { /* once per epoch: the shape the reduction takes */
+    m->shape_logged = m->shape_ep;
+    ftar_member_log(m, "epoch %llu: hierarchical over %d hosts, %s of %d on %s", (unsigned long long)m->run_ep,
+                    m->shape_hosts, hp->t->leader ? "leader" : "member", hp->t->nl, m->data_host);
+  }
+  attempt at = {.seq = seq, .t_end = t_end, .why = why, .why_len = why_len};
+  int r = hier_attempt(hp, m, &at);
+  *full = at.full;
+  if (r == FTAR_PLANE_ABORT || r == FTAR_PLANE_FATAL) ftar_links_close(m);
+  return r;
+}
+
+static int host_plane_restore(ftar_plane *pl, ftar_member *m) {
+  host_plane *hp = (host_plane *)pl;
+  if (hp->first) ftar_ring_undo(hp->first, hp->buf); /* what the last hierarchical attempt changed */
+  return hp->flat->restore(hp->flat, m);
+}
+
+static void host_plane_leave(ftar_plane *pl, ftar_member *m) {
+  (void)pl;
+  ftar_links_close(m);
+}
+
+ftar_plane *ftar_host_plane_new(float *buf, size_t n, ftar_op op, size_t bucket, const ftar_ready *rd) {
+  host_plane *hp = calloc(1, sizeof *hp);
+  if (!hp) return NULL;
+  hp->base = (ftar_plane){host_plane_run, host_plane_restore, host_plane_leave};
+  hp->buf = buf;
+  hp->n = n;
+  hp->op = op;
+  hp->rd = rd;
+  hp->bucket = bucket;
+  hp->flat = ftar_ring_plane_new(buf, n, op, bucket, rd);
+  if (!hp->flat) {
+    ftar_host_plane_free(&hp->base);
+    return NULL;
+  }
+  return &hp->base;
+}
+
+void ftar_host_plane_free(ftar_plane *pl) {
+  host_plane *hp = (host_plane *)pl;
+  if (!hp) return;
+  ftar_ring_plane_free(hp->flat);
+  ftar_ring_run_free(hp->rr);
+  ftar_ring_run_free(hp->first);
+  free(hp->t);
+  free(hp);
+}
