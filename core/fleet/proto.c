@@ -184,14 +184,19 @@ int net_connect(const char *host, int port, double timeout_s) {
   int rc = resolve(host, port, &sa);
   if (rc) return rc;
   double t_end = tr_now() + timeout_s;
+  int refused = 0; /* an earlier try was refused: a later one's timeout is still that refusal */
   for (;;) { /* retry a refusal while the peer is still starting */
     int e = 0, fd = connect_once(&sa, t_end, &e);
     if (fd >= 0) return fd;
+    if (e == ETIMEDOUT && refused) e = refused;
     if (e == ETIMEDOUT)
       return tr_fail(TR_EIO, "cannot connect to %s:%d: no answer in %.1f s", host, port, timeout_s);
-    if (tr_now() + 0.05 >= t_end || (e != ECONNREFUSED && e != EAGAIN)) /* no time for one more try */
+    if (e != ECONNREFUSED && e != EAGAIN)
       return tr_fail(TR_EIO, "cannot connect to %s:%d: %s", host, port, strerror(e));
+    refused = e;
     usleep(50000);
+    if (tr_now() >= t_end) /* no time for one more try (a loaded machine may oversleep) */
+      return tr_fail(TR_EIO, "cannot connect to %s:%d: %s", host, port, strerror(e));
   }
 }
 
