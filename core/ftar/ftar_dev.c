@@ -440,6 +440,9 @@ int ftar_allreduce_dev(ftar_member *m, const tr_backend *be, float *buf, size_t 
   if (!m || !be || (!buf && n)) return tr_fail(TR_EINVAL, "ftar_allreduce_dev: bad arguments");
   if (be->host_memory) return ftar_allreduce(m, buf, n, op, seq, res);
   if (n > ((size_t)1 << 40)) return tr_fail(TR_EINVAL, "ftar_allreduce_dev: bad arguments");
+  /* as ftar_allreduce: the communication thread may be inside ftar_collective
+   * on m, with this member's dev_state and communicator */
+  if (ftar_async_busy(m)) return tr_fail(TR_ESTATE, "ftar_allreduce_dev: a started collective was not waited for");
   dev_state *st = dev_get(m, be);
   if (!st) return TR_ENOMEM;
   if (!has_comm(be)) { /* through the host and the TCP ring */

@@ -69,6 +69,9 @@ ftar_plane *ftar_dev_plane_new(ftar_member *m, const tr_backend *be, float *buf,
 void ftar_dev_plane_free(ftar_plane *pl);
 /* be has the overlapped collectives (all five hooks). */
 int ftar_dev_has_overlap(const tr_backend *be);
+/* A collective started with ftar_allreduce_start / _dev_start was not
+ * waited for yet (its communication thread may be inside ftar_collective). */
+int ftar_async_busy(ftar_member *m);
 /* Waits until rd says buf[off..) is final: 0, or a negative code with
  * tr_error() set when the member failed or t_end (tr_now() clock) passed.
  * The communication thread of ftar_allreduce_start. */

@@ -51,6 +51,10 @@
  *             restore that missed a float would leave slot 0's value in
  *             it), RESHAPED; (2) slot 1 killed at any moment of 60
  *             bucketed collectives: the same
+ *   dev-busy  one member: ftar_allreduce_dev while a collective started
+ *             with ftar_allreduce_dev_start was not waited for is refused
+ *             (TR_ESTATE) instead of running a second control round on the
+ *             member beside the communication thread's
  *   dev-lost  a member's device is lost in the middle of a collective (emu:
  *             an illegal address, sticky like a corrupted CUDA context):
  *             its call fails at once with TR_EDEVICE, not redone (a redo
@@ -1149,6 +1153,37 @@ static void test_dev_restore(void) {
   ftar_coord_free(c);
 }
 
+/* dev-busy: see the top of the file. */
+static void test_dev_busy(void) {
+  ftar_coord *c = coord_start();
+  const tr_backend *be = backend_get("emu", 1);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(15);
+  mo.log = quiet_log;
+  ftar_member *m = c && be ? ftar_member_create("127.0.0.1", ftar_coord_port(c), 5, &mo) : NULL;
+  CHECK(m != NULL, "dev-busy: a member: %s", tr_error());
+  size_t n = 3000;
+  float *d = be ? be->alloc(n * sizeof(float)) : NULL;
+  if (m && d && ftar_member_wait(m, 1, 10) == 0) {
+    ftar_result res;
+    int rc = ftar_allreduce_dev_start(m, be, d, n, FTAR_SUM, 1, 1000);
+    CHECK(rc == 0, "dev-busy: start: %s", tr_error());
+    int rc2 = ftar_allreduce_dev(m, be, d, n, FTAR_SUM, 2, &res);
+    CHECK(rc2 == TR_ESTATE, "dev-busy: ftar_allreduce_dev with a started collective not waited for is refused "
+          "(TR_ESTATE), not run beside it on the communication thread's member: %d", rc2);
+    rc = ftar_allreduce_wait(m, &res, NULL);
+    CHECK(rc >= 0 && res.seq == 1 && res.contributors == 1, "dev-busy: the started collective completes: %d seq %llu: %s",
+          rc, (unsigned long long)res.seq, rc < 0 ? tr_error() : "");
+    rc = ftar_allreduce_dev(m, be, d, n, FTAR_SUM, 2, &res);
+    CHECK(rc >= 0 && res.seq == 2, "dev-busy: after the wait, ftar_allreduce_dev runs: %d", rc);
+  }
+  ftar_member_free(m);
+  if (d) be->free(d);
+  ftar_coord_free(c);
+  printf("  dev-busy: ftar_allreduce_dev refused while a started collective runs\n");
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   verbose = getenv("TRANSOM_VERBOSE") != NULL;
@@ -1170,6 +1205,7 @@ int main(void) {
   test_dev_p(DEV_KILL_ANYTIME, BE_EMU, 3, 70000);
   test_dev_restore();
   test_dev_same_device();
-  test_commid(); /* last: it starts threads, and the others fork */
+  test_commid(); /* last (with dev-busy): they start threads, and the others fork */
+  test_dev_busy();
   return check_report("test_ftar_dev");
 }

@@ -340,7 +340,9 @@ int ftar_dev_overlaps(const tr_backend *be);
  *   One member: no communicator, buf untouched.
  * Device memory the member keeps (the input copy, one float) is freed by
  * ftar_member_free, which must run while be is still usable. The calling
- * thread must be the one that drives be's compute stream. On a negative
+ * thread must be the one that drives be's compute stream. TR_ESTATE while
+ * a collective started with ftar_allreduce_start / _dev_start was not
+ * waited for (as ftar_allreduce). On a negative
  * return buf holds the caller's input again (a backend without
  * collectives: buf is untouched, unless uploading the result failed:
  * TR_EIO, buf undefined). */
