@@ -37,7 +37,10 @@
  * producer's mark of the compute stream, then on the backend's
  * communication stream its input is copied (first attempt) and it is
  * all-reduced, watched to its end before the next one is queued; the
- * commit round follows the last bucket. An abort copies back only the
+ * commit round follows the last bucket. An epoch that aborts while a
+ * bucket waits for its producer ends the attempt there (as it stops the
+ * ring), rather than after a collective queued into the dead epoch's
+ * communicator. An abort copies back only the
  * buckets it touched (the producer may be writing the others), on the
  * communication stream behind the aborted collective.
  *
@@ -305,7 +308,14 @@ static int bucket_queue(bucket_plane *p, ftar_member *m, size_t b, float scale, 
   dev_state *st = p->st;
   const tr_backend *be = st->be;
   size_t off = bk_off(p, b), len = bk_len(p, b);
-  int rc = ftar_member_ready_wait(m, p->rd, off, t_end);
+  uint64_t ab = 0;
+  int rc = ftar_member_ready_wait(m, p->rd, off, t_end, &ab);
+  if (rc == 1) { /* the epoch is over: into its communicator now, this bucket would wait for the dead */
+    snprintf(why, why_len, "epoch %llu aborts epoch %llu while bucket %zu waited for the producer",
+             (unsigned long long)ab, (unsigned long long)ri->epoch, b);
+    comm_drop(st, 0);
+    return FTAR_PLANE_ABORT;
+  }
   if (rc) {
     snprintf(why, why_len, "waiting for bucket %zu of the producer: %s", b, tr_error());
     comm_drop(st, 0);

@@ -50,7 +50,11 @@
  *             10 in a new epoch: exact sums of exactly slots 1 and 2 (a
  *             restore that missed a float would leave slot 0's value in
  *             it), RESHAPED; (2) slot 1 killed at any moment of 60
- *             bucketed collectives: the same
+ *             bucketed collectives: the same; (3) slot 2 stalls as slot 0
+ *             did in (1) and slot 0 is killed: slot 2's attempt ends on
+ *             the epoch's abort while it waits for its producer (its
+ *             abort names that), not on a bucket queued later into the
+ *             dead epoch's communicator; the survivors redo seq 10
  *   dev-busy  one member: ftar_allreduce_dev while a collective started
  *             with ftar_allreduce_dev_start was not waited for is refused
  *             (TR_ESTATE) instead of running a second control round on the
@@ -686,7 +690,7 @@ static void test_emu_kill(int use_stop) {
 
 /* --- ftar_allreduce_dev across forked members --- */
 
-enum { DEV_PLAIN = 0, DEV_KILL_WAITED = 1, DEV_KILL_ANYTIME = 2, DEV_LOST = 3 };
+enum { DEV_PLAIN = 0, DEV_KILL_WAITED = 1, DEV_KILL_ANYTIME = 2, DEV_LOST = 3, DEV_KILL_PRODUCING = 4 };
 enum { BE_EMU = 0, BE_EMU_NOCOMM = 1, BE_CPU = 2 };
 
 typedef struct {
@@ -738,6 +742,13 @@ static int lose_allreduce(tr_comm *c, float *buf, size_t n, float scale, double 
     lose_base->scale(&host, 1, 2.0f);
   }
   return lose_base->comm_allreduce(c, buf, n, scale, deadline);
+}
+
+/* A child's member log: the abort lines go to the parent ("log <line>"). */
+static int log_out = -1;
+static void abort_log(void *ud, const char *msg) {
+  quiet_log(ud, msg);
+  if (log_out >= 0 && strstr(msg, " aborted in epoch ")) say(log_out, "log %s", msg);
 }
 
 /* Bucket 0 of dev (its last floats) holds the sum already: compared with
@@ -829,7 +840,8 @@ static int dev_child(void *arg, int r, int out) {
   ftar_member_opts mo;
   ftar_member_opts_default(&mo);
   mo.timeout = T(30);
-  mo.log = quiet_log;
+  mo.log = abort_log;
+  log_out = out;
   ftar_member *m = ftar_member_create("127.0.0.1", port, r, &mo);
   if (!m) {
     say(out, "error member: %s", tr_error());
@@ -964,17 +976,19 @@ static ftar_coord *dev_start(dev_job *j, kid *ks) {
 static void test_dev_p(int mode, int backend, int p, size_t bucket) {
   double t0 = tr_now();
   int victim = mode == DEV_KILL_ANYTIME || mode == DEV_LOST ? 1 : 0;
+  int staller = mode == DEV_KILL_PRODUCING ? 2 : 0;
   dev_job j = {.p = p,
                .bucket = bucket,
                .nseq = mode == DEV_LOST ? 16 : mode ? 60 : 12,
-               .stall_slot = mode == DEV_KILL_WAITED ? 0 : -1,
+               .stall_slot = mode == DEV_KILL_WAITED || mode == DEV_KILL_PRODUCING ? staller : -1,
                .stall_seq = 10,
                .lose_slot = mode == DEV_LOST ? victim : -1,
                .lose_seq = 10,
                .backend = backend};
   kid ks[MAXK];
   ftar_coord *c = dev_start(&j, ks);
-  const char *what = mode == DEV_KILL_WAITED    ? (bucket ? "dev-bucket kill -9 (buckets in flight)" : "dev kill -9 (waited for)")
+  const char *what = mode == DEV_KILL_PRODUCING ? "dev-bucket kill -9 (a survivor still producing)"
+                     : mode == DEV_KILL_WAITED  ? (bucket ? "dev-bucket kill -9 (buckets in flight)" : "dev kill -9 (waited for)")
                      : mode == DEV_KILL_ANYTIME ? (bucket ? "dev-bucket kill -9 (any time)" : "dev kill -9 (any time)")
                      : mode == DEV_LOST         ? "dev lost (device corrupted mid-collective)"
                      : bucket                   ? (p == 2 ? "dev-bucket (2 members)" : "dev-bucket (3 members)")
@@ -982,13 +996,14 @@ static void test_dev_p(int mode, int backend, int p, size_t bucket) {
                      : backend == BE_EMU_NOCOMM ? "dev (emu without collectives: host + ring)"
                                                 : "dev";
   double t_kill = 0;
-  if (mode == DEV_KILL_WAITED) {
+  if (mode == DEV_KILL_WAITED || mode == DEV_KILL_PRODUCING) {
     double end = tr_now() + T(60);
-    while (kid_find(&ks[victim], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
-    CHECK(kid_find(&ks[victim], "stalling", 0) >= 0, "%s: slot 0 reached seq %d", what, j.stall_seq);
+    while (kid_find(&ks[staller], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
+    CHECK(kid_find(&ks[staller], "stalling", 0) >= 0, "%s: slot %d reached seq %d", what, staller, j.stall_seq);
     if (bucket)
-      CHECK(kid_find(&ks[victim], "stalling 1", 0) >= 0,
-            "%s: slot 0 stalls halfway through writing seq %d with bucket 0 already reduced", what, j.stall_seq);
+      CHECK(kid_find(&ks[staller], "stalling 1", 0) >= 0,
+            "%s: slot %d stalls halfway through writing seq %d with bucket 0 already reduced", what, staller,
+            j.stall_seq);
     usleep(300000); /* the others are inside seq 10 by now */
     kill(ks[victim].pid, SIGKILL);
     t_kill = tr_now();
@@ -1067,7 +1082,17 @@ static void test_dev_p(int mode, int backend, int p, size_t bucket) {
     /* no bound on `recovery`: that the survivors reduced without the victim
      * (above) shows they did not wait for it; how soon is a load question */
     CHECK(redos_at <= 2, "%s: seq %d redone %d times", what, reduced_at, redos_at);
-    if (mode == DEV_KILL_WAITED)
+    if (mode == DEV_KILL_PRODUCING) {
+      /* slot 2's communication thread waited for its producer's next
+       * bucket when slot 0 died: the epoch's abort ends its attempt there,
+       * not a collective queued later into the dead epoch's communicator
+       * (which would wait out the deadline for slot 0 first) */
+      int i = kid_find(&ks[staller], "log ", 0);
+      CHECK(i >= 0 && strstr(ks[staller].lines[i], "waited for the producer"),
+            "%s: slot %d's attempt of seq %d ends on the epoch's abort while it waits for its producer: %s", what,
+            staller, j.stall_seq, i >= 0 ? ks[staller].lines[i] : "(no abort logged)");
+    }
+    if (mode == DEV_KILL_WAITED || mode == DEV_KILL_PRODUCING)
       CHECK(reduced_at == j.stall_seq && redos_at >= 1,
             "%s: seq %d (the one the victim was killed in) aborted on the communicator and was redone (seq %d, %d "
             "redos)",
@@ -1203,6 +1228,7 @@ int main(void) {
   test_dev_p(DEV_PLAIN, BE_EMU, 3, 70000);
   test_dev_p(DEV_KILL_WAITED, BE_EMU, 3, 70000);
   test_dev_p(DEV_KILL_ANYTIME, BE_EMU, 3, 70000);
+  test_dev_p(DEV_KILL_PRODUCING, BE_EMU, 3, 70000);
   test_dev_restore();
   test_dev_same_device();
   test_commid(); /* last (with dev-busy): they start threads, and the others fork */
