@@ -63,7 +63,9 @@
  *             an illegal address, sticky like a corrupted CUDA context):
  *             its call fails at once with TR_EDEVICE, not redone (a redo
  *             could only fail again, epoch after epoch, until the timeout);
- *             it leaves, and the survivors redo that collective without it
+ *             it leaves, and the survivors redo that collective without it;
+ *             the same with buckets (the device lost in a bucket's
+ *             overlapped all-reduce)
  * Every scenario checks that /dev/shm holds no segment named after one of
  * its processes afterwards. TRANSOM_TIME_SCALE (check.h) stretches this
  * file's own waits and the slack its latency bounds allow over the
@@ -744,6 +746,17 @@ static int lose_allreduce(tr_comm *c, float *buf, size_t n, float scale, double 
   return lose_base->comm_allreduce(c, buf, n, scale, deadline);
 }
 
+/* the same for a bucket's overlapped all-reduce (ftar_allreduce_dev_start) */
+static int lose_allreduce_async(tr_comm *c, float *buf, size_t n, float scale, const tr_mark *after,
+                                double deadline) {
+  if (lose_now) {
+    lose_now = 0;
+    float host = 1;
+    lose_base->scale(&host, 1, 2.0f);
+  }
+  return lose_base->comm_allreduce_async(c, buf, n, scale, after, deadline);
+}
+
 /* A child's member log: the abort lines go to the parent ("log <line>"). */
 static int log_out = -1;
 static void abort_log(void *ud, const char *msg) {
@@ -834,6 +847,7 @@ static int dev_child(void *arg, int r, int out) {
     lose_base = be;
     lose_be = *be;
     lose_be.comm_allreduce = lose_allreduce;
+    lose_be.comm_allreduce_async = lose_allreduce_async;
     be = &lose_be;
   }
   int ring = j->backend != BE_EMU; /* the TCP ring divides a mean; the communicator multiplies by 1/p */
@@ -990,7 +1004,8 @@ static void test_dev_p(int mode, int backend, int p, size_t bucket) {
   const char *what = mode == DEV_KILL_PRODUCING ? "dev-bucket kill -9 (a survivor still producing)"
                      : mode == DEV_KILL_WAITED  ? (bucket ? "dev-bucket kill -9 (buckets in flight)" : "dev kill -9 (waited for)")
                      : mode == DEV_KILL_ANYTIME ? (bucket ? "dev-bucket kill -9 (any time)" : "dev kill -9 (any time)")
-                     : mode == DEV_LOST         ? "dev lost (device corrupted mid-collective)"
+                     : mode == DEV_LOST         ? (bucket ? "dev-bucket lost (device corrupted mid-collective)"
+                                                          : "dev lost (device corrupted mid-collective)")
                      : bucket                   ? (p == 2 ? "dev-bucket (2 members)" : "dev-bucket (3 members)")
                      : backend == BE_CPU        ? "dev (cpu: ftar_allreduce)"
                      : backend == BE_EMU_NOCOMM ? "dev (emu without collectives: host + ring)"
@@ -1229,6 +1244,7 @@ int main(void) {
   test_dev_p(DEV_KILL_WAITED, BE_EMU, 3, 70000);
   test_dev_p(DEV_KILL_ANYTIME, BE_EMU, 3, 70000);
   test_dev_p(DEV_KILL_PRODUCING, BE_EMU, 3, 70000);
+  test_dev_p(DEV_LOST, BE_EMU, 3, 70000);
   test_dev_restore();
   test_dev_same_device();
   test_commid(); /* last (with dev-busy): they start threads, and the others fork */
