@@ -298,7 +298,9 @@ int ftar_allreduce_wait(ftar_member *m, ftar_result *res, double *comm_s);
  * mid-call aborts the communicator, the buckets that were queued are
  * copied back from the device copy (only those: the producer may still be
  * writing the others) and the survivors redo every bucket in the next
- * epoch; TR_EDEVICE is not retried. Results: each bucket's sum is the
+ * epoch (an epoch that aborts while the communication thread waits for
+ * the producer ends the attempt there, as on the ring); TR_EDEVICE is not
+ * retried. Results: each bucket's sum is the
  * communicator's sum of that bucket; on emu (sums in rank order) the bits
  * of ftar_allreduce_dev. wait's *comm_s: as for host memory (the time the
  * communication thread spent on the collective, from bucket 0 final). On
