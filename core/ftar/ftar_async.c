@@ -138,15 +138,23 @@ void ftar_quorum_wait(ftar_member *m) {
   if (m->o.quorum_wait) m->o.quorum_wait(m->o.quorum_ud);
 }
 
-int ftar_member_ready_wait(ftar_member *m, const ftar_ready *rd, size_t off, double t_end) {
+int ftar_member_ready_wait(ftar_member *m, const ftar_ready *rd, size_t off, double t_end, uint64_t *abort_ep) {
   pthread_mutex_lock(&m->mu);
-  while (!m->failed && atomic_load_explicit(&rd->from, memory_order_acquire) > off && tr_now() < t_end)
+  /* an epoch that aborts run_ep's collectives stops the wait, as it stops
+   * the ring (ftar_ring.c's ctl_check) */
+  while (!m->failed && m->abort_ep <= m->run_ep && atomic_load_explicit(&rd->from, memory_order_acquire) > off &&
+         tr_now() < t_end)
     ftar_cv_wait(m, t_end);
   int failed = m->failed, ready = atomic_load_explicit(&rd->from, memory_order_acquire) <= off;
+  uint64_t ab = m->abort_ep > m->run_ep ? m->abort_ep : 0;
   pthread_mutex_unlock(&m->mu);
   if (failed) return tr_fail(failed, "ftar: %s", m->fail_msg);
-  if (!ready) return tr_fail(FTAR_ETIMEOUT, "ftar: the buffer was not final within %.1f s", m->o.timeout);
-  return 0;
+  if (ready) return 0;
+  if (ab) {
+    *abort_ep = ab;
+    return 1;
+  }
+  return tr_fail(FTAR_ETIMEOUT, "ftar: the buffer was not final within %.1f s", m->o.timeout);
 }
 
 /* Frees a device call's marks (a mark covers a run of buckets: once each). */

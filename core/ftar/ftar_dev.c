@@ -37,7 +37,10 @@
  * producer's mark of the compute stream, then on the backend's
  * communication stream its input is copied (first attempt) and it is
  * all-reduced, watched to its end before the next one is queued; the
- * commit round follows the last bucket. An abort copies back only the
+ * commit round follows the last bucket. An epoch that aborts while a
+ * bucket waits for its producer ends the attempt there (as it stops the
+ * ring), rather than after a collective queued into the dead epoch's
+ * communicator. An abort copies back only the
  * buckets it touched (the producer may be writing the others), on the
  * communication stream behind the aborted collective.
  *
@@ -305,7 +308,14 @@ static int bucket_queue(bucket_plane *p, ftar_member *m, size_t b, float scale, 
   dev_state *st = p->st;
   const tr_backend *be = st->be;
   size_t off = bk_off(p, b), len = bk_len(p, b);
-  int rc = ftar_member_ready_wait(m, p->rd, off, t_end);
+  uint64_t ab = 0;
+  int rc = ftar_member_ready_wait(m, p->rd, off, t_end, &ab);
+  if (rc == 1) { /* the epoch is over: into its communicator now, this bucket would wait for the dead */
+    snprintf(why, why_len, "epoch %llu aborts epoch %llu while bucket %zu waited for the producer",
+             (unsigned long long)ab, (unsigned long long)ri->epoch, b);
+    comm_drop(st, 0);
+    return FTAR_PLANE_ABORT;
+  }
   if (rc) {
     snprintf(why, why_len, "waiting for bucket %zu of the producer: %s", b, tr_error());
     comm_drop(st, 0);
@@ -440,6 +450,9 @@ int ftar_allreduce_dev(ftar_member *m, const tr_backend *be, float *buf, size_t 
   if (!m || !be || (!buf && n)) return tr_fail(TR_EINVAL, "ftar_allreduce_dev: bad arguments");
   if (be->host_memory) return ftar_allreduce(m, buf, n, op, seq, res);
   if (n > ((size_t)1 << 40)) return tr_fail(TR_EINVAL, "ftar_allreduce_dev: bad arguments");
+  /* as ftar_allreduce: the communication thread may be inside ftar_collective
+   * on m, with this member's dev_state and communicator */
+  if (ftar_async_busy(m)) return tr_fail(TR_ESTATE, "ftar_allreduce_dev: a started collective was not waited for");
   dev_state *st = dev_get(m, be);
   if (!st) return TR_ENOMEM;
   if (!has_comm(be)) { /* through the host and the TCP ring */

@@ -70,10 +70,15 @@ ftar_plane *ftar_dev_plane_new(ftar_member *m, const tr_backend *be, float *buf,
 void ftar_dev_plane_free(ftar_plane *pl);
 /* be has the overlapped collectives (all five hooks). */
 int ftar_dev_has_overlap(const tr_backend *be);
-/* Waits until rd says buf[off..) is final: 0, or a negative code with
- * tr_error() set when the member failed or t_end (tr_now() clock) passed.
- * The communication thread of ftar_allreduce_start. */
-int ftar_member_ready_wait(ftar_member *m, const ftar_ready *rd, size_t off, double t_end);
+/* A collective started with ftar_allreduce_start / _dev_start was not
+ * waited for yet (its communication thread may be inside ftar_collective). */
+int ftar_async_busy(ftar_member *m);
+/* Waits until rd says buf[off..) is final: 0; 1 with *abort_ep set when
+ * a newer epoch aborts the collectives of the member's run epoch first
+ * (the attempt is over: the producer may take its time); or a negative
+ * code with tr_error() set when the member failed or t_end (tr_now()
+ * clock) passed. The communication thread of ftar_allreduce_start. */
+int ftar_member_ready_wait(ftar_member *m, const ftar_ready *rd, size_t off, double t_end, uint64_t *abort_ep);
 
 /* The collective of ftar_allreduce (same arguments checks, return values,
  * agreement and redo rules) with its data moved by pl. n is only checked

@@ -50,12 +50,22 @@
  *             10 in a new epoch: exact sums of exactly slots 1 and 2 (a
  *             restore that missed a float would leave slot 0's value in
  *             it), RESHAPED; (2) slot 1 killed at any moment of 60
- *             bucketed collectives: the same
+ *             bucketed collectives: the same; (3) slot 2 stalls as slot 0
+ *             did in (1) and slot 0 is killed: slot 2's attempt ends on
+ *             the epoch's abort while it waits for its producer (its
+ *             abort names that), not on a bucket queued later into the
+ *             dead epoch's communicator; the survivors redo seq 10
+ *   dev-busy  one member: ftar_allreduce_dev while a collective started
+ *             with ftar_allreduce_dev_start was not waited for is refused
+ *             (TR_ESTATE) instead of running a second control round on the
+ *             member beside the communication thread's
  *   dev-lost  a member's device is lost in the middle of a collective (emu:
  *             an illegal address, sticky like a corrupted CUDA context):
  *             its call fails at once with TR_EDEVICE, not redone (a redo
  *             could only fail again, epoch after epoch, until the timeout);
- *             it leaves, and the survivors redo that collective without it
+ *             it leaves, and the survivors redo that collective without it;
+ *             the same with buckets (the device lost in a bucket's
+ *             overlapped all-reduce)
  * Every scenario checks that /dev/shm holds no segment named after one of
  * its processes afterwards. TRANSOM_TIME_SCALE (check.h) stretches this
  * file's own waits and the slack its latency bounds allow over the
@@ -70,6 +80,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -682,7 +693,7 @@ static void test_emu_kill(int use_stop) {
 
 /* --- ftar_allreduce_dev across forked members --- */
 
-enum { DEV_PLAIN = 0, DEV_KILL_WAITED = 1, DEV_KILL_ANYTIME = 2, DEV_LOST = 3 };
+enum { DEV_PLAIN = 0, DEV_KILL_WAITED = 1, DEV_KILL_ANYTIME = 2, DEV_LOST = 3, DEV_KILL_PRODUCING = 4 };
 enum { BE_EMU = 0, BE_EMU_NOCOMM = 1, BE_CPU = 2 };
 
 typedef struct {
@@ -736,17 +747,39 @@ static int lose_allreduce(tr_comm *c, float *buf, size_t n, float scale, double 
   return lose_base->comm_allreduce(c, buf, n, scale, deadline);
 }
 
-/* Bucket 0 of dev (its last floats) holds the sum already: compared with
- * this member's own input on its first 8 floats (reading device memory
- * that the communication thread may be writing: a test's look only). */
-static int bucket0_reduced(const tr_backend *be, const float *dev, const float *host, size_t n, size_t bk) {
-  size_t k = bk < 8 ? bk : 8, off = n - bk;
-  float got[8];
-  if (be->download(got, dev + off, k * sizeof(float))) return 0;
-  for (size_t i = 0; i < k; i++)
-    if (got[i] != host[off + i]) return 1;
-  return 0;
+/* the same for a bucket's overlapped all-reduce (ftar_allreduce_dev_start) */
+static int lose_allreduce_async(tr_comm *c, float *buf, size_t n, float scale, const tr_mark *after,
+                                double deadline) {
+  if (lose_now) {
+    lose_now = 0;
+    float host = 1;
+    lose_base->scale(&host, 1, 2.0f);
+  }
+  return lose_base->comm_allreduce_async(c, buf, n, scale, after, deadline);
 }
+
+/* A child's member log: the abort lines go to the parent ("log <line>"). */
+static int log_out = -1;
+static void abort_log(void *ud, const char *msg) {
+  quiet_log(ud, msg);
+  if (log_out >= 0 && strstr(msg, " aborted in epoch ")) say(log_out, "log %s", msg);
+}
+
+/* Bucket 0 of the call in flight holds the sum already: on emu a bucket's
+ * overlapped all-reduce ran when it returned, so rec_be counts those (reset
+ * by dev_produce before each call). A count, not a look at the device
+ * memory the communication thread is writing, which raced with it (a
+ * surviving staller failed under TSan). */
+static _Atomic int rec_reduced;
+
+static int rec_allreduce_async(tr_comm *c, float *buf, size_t n, float scale, const tr_mark *after,
+                               double deadline) {
+  int rc = rec_base->comm_allreduce_async(c, buf, n, scale, after, deadline);
+  if (!rc) atomic_fetch_add(&rec_reduced, 1);
+  return rc;
+}
+
+static int bucket0_reduced(void) { return atomic_load(&rec_reduced) > 0; }
 
 /* The producer of a bucketed call: writes buf from its end in pieces that
  * straddle buckets (as backward does), marking each ready, with a pause
@@ -756,6 +789,7 @@ static int bucket0_reduced(const tr_backend *be, const float *dev, const float *
 static int dev_produce(ftar_member *m, const tr_backend *be, float *dev, const float *host, size_t n, ftar_op op,
                        uint64_t seq, size_t bucket, int stall, int out, ftar_result *res, double *comm_s) {
   size_t bk = bucket < n ? bucket : n / 3 + 1;
+  atomic_store(&rec_reduced, 0); /* the last call is over: its thread is done */
   int rc = ftar_allreduce_dev_start(m, be, dev, n, op, seq, bk);
   if (rc) return rc;
   size_t piece = bk * 2 / 3 + 1, from = n;
@@ -767,8 +801,8 @@ static int dev_produce(ftar_member *m, const tr_backend *be, float *dev, const f
     ftar_allreduce_ready(m, from);
     if (stall && !stalled && from < n / 2) {
       double end = tr_now() + T(20);
-      while (!bucket0_reduced(be, dev, host, n, bk) && tr_now() < end) usleep(2000);
-      say(out, "stalling %d", bucket0_reduced(be, dev, host, n, bk));
+      while (!bucket0_reduced() && tr_now() < end) usleep(2000);
+      say(out, "stalling %d", bucket0_reduced());
       stalled = 1;
       usleep(3000000);
     }
@@ -812,6 +846,7 @@ static int dev_child(void *arg, int r, int out) {
     rec_base = be;
     rec_be = *be;
     rec_be.comm_destroy = rec_destroy;
+    rec_be.comm_allreduce_async = rec_allreduce_async;
     rec_out = out;
     be = &rec_be;
   }
@@ -819,13 +854,15 @@ static int dev_child(void *arg, int r, int out) {
     lose_base = be;
     lose_be = *be;
     lose_be.comm_allreduce = lose_allreduce;
+    lose_be.comm_allreduce_async = lose_allreduce_async;
     be = &lose_be;
   }
   int ring = j->backend != BE_EMU; /* the TCP ring divides a mean; the communicator multiplies by 1/p */
   ftar_member_opts mo;
   ftar_member_opts_default(&mo);
   mo.timeout = T(30);
-  mo.log = quiet_log;
+  mo.log = abort_log;
+  log_out = out;
   ftar_member *m = ftar_member_create("127.0.0.1", port, r, &mo);
   if (!m) {
     say(out, "error member: %s", tr_error());
@@ -960,31 +997,35 @@ static ftar_coord *dev_start(dev_job *j, kid *ks) {
 static void test_dev_p(int mode, int backend, int p, size_t bucket) {
   double t0 = tr_now();
   int victim = mode == DEV_KILL_ANYTIME || mode == DEV_LOST ? 1 : 0;
+  int staller = mode == DEV_KILL_PRODUCING ? 2 : 0;
   dev_job j = {.p = p,
                .bucket = bucket,
                .nseq = mode == DEV_LOST ? 16 : mode ? 60 : 12,
-               .stall_slot = mode == DEV_KILL_WAITED ? 0 : -1,
+               .stall_slot = mode == DEV_KILL_WAITED || mode == DEV_KILL_PRODUCING ? staller : -1,
                .stall_seq = 10,
                .lose_slot = mode == DEV_LOST ? victim : -1,
                .lose_seq = 10,
                .backend = backend};
   kid ks[MAXK];
   ftar_coord *c = dev_start(&j, ks);
-  const char *what = mode == DEV_KILL_WAITED    ? (bucket ? "dev-bucket kill -9 (buckets in flight)" : "dev kill -9 (waited for)")
+  const char *what = mode == DEV_KILL_PRODUCING ? "dev-bucket kill -9 (a survivor still producing)"
+                     : mode == DEV_KILL_WAITED  ? (bucket ? "dev-bucket kill -9 (buckets in flight)" : "dev kill -9 (waited for)")
                      : mode == DEV_KILL_ANYTIME ? (bucket ? "dev-bucket kill -9 (any time)" : "dev kill -9 (any time)")
-                     : mode == DEV_LOST         ? "dev lost (device corrupted mid-collective)"
+                     : mode == DEV_LOST         ? (bucket ? "dev-bucket lost (device corrupted mid-collective)"
+                                                          : "dev lost (device corrupted mid-collective)")
                      : bucket                   ? (p == 2 ? "dev-bucket (2 members)" : "dev-bucket (3 members)")
                      : backend == BE_CPU        ? "dev (cpu: ftar_allreduce)"
                      : backend == BE_EMU_NOCOMM ? "dev (emu without collectives: host + ring)"
                                                 : "dev";
   double t_kill = 0;
-  if (mode == DEV_KILL_WAITED) {
+  if (mode == DEV_KILL_WAITED || mode == DEV_KILL_PRODUCING) {
     double end = tr_now() + T(60);
-    while (kid_find(&ks[victim], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
-    CHECK(kid_find(&ks[victim], "stalling", 0) >= 0, "%s: slot 0 reached seq %d", what, j.stall_seq);
+    while (kid_find(&ks[staller], "stalling", 0) < 0 && tr_now() < end) kids_pump(ks, j.p, 20);
+    CHECK(kid_find(&ks[staller], "stalling", 0) >= 0, "%s: slot %d reached seq %d", what, staller, j.stall_seq);
     if (bucket)
-      CHECK(kid_find(&ks[victim], "stalling 1", 0) >= 0,
-            "%s: slot 0 stalls halfway through writing seq %d with bucket 0 already reduced", what, j.stall_seq);
+      CHECK(kid_find(&ks[staller], "stalling 1", 0) >= 0,
+            "%s: slot %d stalls halfway through writing seq %d with bucket 0 already reduced", what, staller,
+            j.stall_seq);
     usleep(300000); /* the others are inside seq 10 by now */
     kill(ks[victim].pid, SIGKILL);
     t_kill = tr_now();
@@ -1063,7 +1104,17 @@ static void test_dev_p(int mode, int backend, int p, size_t bucket) {
     /* no bound on `recovery`: that the survivors reduced without the victim
      * (above) shows they did not wait for it; how soon is a load question */
     CHECK(redos_at <= 2, "%s: seq %d redone %d times", what, reduced_at, redos_at);
-    if (mode == DEV_KILL_WAITED)
+    if (mode == DEV_KILL_PRODUCING) {
+      /* slot 2's communication thread waited for its producer's next
+       * bucket when slot 0 died: the epoch's abort ends its attempt there,
+       * not a collective queued later into the dead epoch's communicator
+       * (which would wait out the deadline for slot 0 first) */
+      int i = kid_find(&ks[staller], "log ", 0);
+      CHECK(i >= 0 && strstr(ks[staller].lines[i], "waited for the producer"),
+            "%s: slot %d's attempt of seq %d ends on the epoch's abort while it waits for its producer: %s", what,
+            staller, j.stall_seq, i >= 0 ? ks[staller].lines[i] : "(no abort logged)");
+    }
+    if (mode == DEV_KILL_WAITED || mode == DEV_KILL_PRODUCING)
       CHECK(reduced_at == j.stall_seq && redos_at >= 1,
             "%s: seq %d (the one the victim was killed in) aborted on the communicator and was redone (seq %d, %d "
             "redos)",
@@ -1149,6 +1200,37 @@ static void test_dev_restore(void) {
   ftar_coord_free(c);
 }
 
+/* dev-busy: see the top of the file. */
+static void test_dev_busy(void) {
+  ftar_coord *c = coord_start();
+  const tr_backend *be = backend_get("emu", 1);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(15);
+  mo.log = quiet_log;
+  ftar_member *m = c && be ? ftar_member_create("127.0.0.1", ftar_coord_port(c), 5, &mo) : NULL;
+  CHECK(m != NULL, "dev-busy: a member: %s", tr_error());
+  size_t n = 3000;
+  float *d = be ? be->alloc(n * sizeof(float)) : NULL;
+  if (m && d && ftar_member_wait(m, 1, 10) == 0) {
+    ftar_result res;
+    int rc = ftar_allreduce_dev_start(m, be, d, n, FTAR_SUM, 1, 1000);
+    CHECK(rc == 0, "dev-busy: start: %s", tr_error());
+    int rc2 = ftar_allreduce_dev(m, be, d, n, FTAR_SUM, 2, &res);
+    CHECK(rc2 == TR_ESTATE, "dev-busy: ftar_allreduce_dev with a started collective not waited for is refused "
+          "(TR_ESTATE), not run beside it on the communication thread's member: %d", rc2);
+    rc = ftar_allreduce_wait(m, &res, NULL);
+    CHECK(rc >= 0 && res.seq == 1 && res.contributors == 1, "dev-busy: the started collective completes: %d seq %llu: %s",
+          rc, (unsigned long long)res.seq, rc < 0 ? tr_error() : "");
+    rc = ftar_allreduce_dev(m, be, d, n, FTAR_SUM, 2, &res);
+    CHECK(rc >= 0 && res.seq == 2, "dev-busy: after the wait, ftar_allreduce_dev runs: %d", rc);
+  }
+  ftar_member_free(m);
+  if (d) be->free(d);
+  ftar_coord_free(c);
+  printf("  dev-busy: ftar_allreduce_dev refused while a started collective runs\n");
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   verbose = getenv("TRANSOM_VERBOSE") != NULL;
@@ -1168,8 +1250,11 @@ int main(void) {
   test_dev_p(DEV_PLAIN, BE_EMU, 3, 70000);
   test_dev_p(DEV_KILL_WAITED, BE_EMU, 3, 70000);
   test_dev_p(DEV_KILL_ANYTIME, BE_EMU, 3, 70000);
+  test_dev_p(DEV_KILL_PRODUCING, BE_EMU, 3, 70000);
+  test_dev_p(DEV_LOST, BE_EMU, 3, 70000);
   test_dev_restore();
   test_dev_same_device();
-  test_commid(); /* last: it starts threads, and the others fork */
+  test_commid(); /* last (with dev-busy): they start threads, and the others fork */
+  test_dev_busy();
   return check_report("test_ftar_dev");
 }

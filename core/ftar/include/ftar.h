@@ -310,7 +310,9 @@ int ftar_allreduce_wait(ftar_member *m, ftar_result *res, double *comm_s);
  * mid-call aborts the communicator, the buckets that were queued are
  * copied back from the device copy (only those: the producer may still be
  * writing the others) and the survivors redo every bucket in the next
- * epoch; TR_EDEVICE is not retried. Results: each bucket's sum is the
+ * epoch (an epoch that aborts while the communication thread waits for
+ * the producer ends the attempt there, as on the ring); TR_EDEVICE is not
+ * retried. Results: each bucket's sum is the
  * communicator's sum of that bucket; on emu (sums in rank order) the bits
  * of ftar_allreduce_dev. wait's *comm_s: as for host memory (the time the
  * communication thread spent on the collective, from bucket 0 final). On
@@ -352,7 +354,9 @@ int ftar_dev_overlaps(const tr_backend *be);
  *   One member: no communicator, buf untouched.
  * Device memory the member keeps (the input copy, one float) is freed by
  * ftar_member_free, which must run while be is still usable. The calling
- * thread must be the one that drives be's compute stream. On a negative
+ * thread must be the one that drives be's compute stream. TR_ESTATE while
+ * a collective started with ftar_allreduce_start / _dev_start was not
+ * waited for (as ftar_allreduce). On a negative
  * return buf holds the caller's input again (a backend without
  * collectives: buf is untouched, unless uploading the result failed:
  * TR_EIO, buf undefined). */

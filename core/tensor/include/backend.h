@@ -184,9 +184,12 @@ struct tr_backend {
    * a peer's failure, or an all-reduce that makes no progress for
    * `deadline` seconds once it started, aborts c (TR_EIO; destroy it as
    * after comm_allreduce). The error codes of both are comm_allreduce's.
-   * However it returns, nothing it waited for still runs or will run
-   * (an aborted collective's kernels have quit): buffers may be copied
-   * again. emu runs all of them at once on the calling thread (its kernels
+   * However it returns, except TR_EDEVICE, nothing it waited for still
+   * runs or will run (an aborted collective's kernels have quit): buffers
+   * may be copied again. TR_EDEVICE (the device is lost: an abort or the
+   * drain after it did not finish in its bound, a corrupted context)
+   * promises nothing: the queued work may still run, and nothing may
+   * touch the buffers but the process's exit. emu runs all of them at once on the calling thread (its kernels
    * are synchronous: a mark is a token). */
   int (*comm_mark)(tr_mark **out);
   void (*comm_mark_free)(tr_mark *mark);
