@@ -1,6 +1,7 @@
 /* ftar_bench.c — `transom ftar-bench`: the standalone FTAR driver.
  *
- * Modes (all on 127.0.0.1):
+ * Modes (on 127.0.0.1; a rank given --host ADDR listens on and advertises
+ * ADDR, so ranks in network namespaces, bench/ftar_hier_bench.sh, reach each other):
  *   sweep (default)  a coordinator thread + N rank processes (this binary,
  *                    re-executed as `ftar-bench rank`); every rank all-reduces
  *                    each size warmup+iters times; prints time, algbw and
@@ -111,6 +112,7 @@ static int auto_iters(uint64_t bytes) {
 
 typedef struct {
   const char *coord;
+  const char *data_host; /* --host: the address to listen on and advertise (a test host's) */
   int slot, wait, min_members, warmup, iters, verify, quiet, loop, static_pattern, until_contrib, until_slot, tail;
   int control_stdin; /* read "until-seq N" lines from stdin between collectives */
   uint64_t until_seq;
@@ -219,6 +221,7 @@ static int rank_join(rank_opts *ro, rank_state *rs) {
   if (ro->sockbuf >= 0) mo.sockbuf = (int)ro->sockbuf;
   mo.spin_us = ro->spin_us;
   if (ro->no_shm) mo.shm = 0;
+  if (ro->data_host) mo.data_host = ro->data_host;
   char host[64];
   int port = 0;
   const char *colon = strrchr(ro->coord, ':');
@@ -864,7 +867,7 @@ static const char usage[] =
     "                          [--min-members N] [--timeout SEC] [--deadline SEC] [--chunk BYTES]\n"
     "                          [--sockbuf BYTES] [--seq0 N] [--loop] [--until-contrib C | --until-slot S]\n"
     "                          [--tail T] [--until-seq Q] [--control-stdin] [--tcp] [--bind] [--spin US]\n"
-    "                          [--max-sec SEC] [--quiet] [--bucket FLOATS [--produce-us US]]\n"
+    "                          [--max-sec SEC] [--quiet] [--bucket FLOATS [--produce-us US]] [--host ADDR]\n"
     "\n"
     "FTAR, the fault-tolerant ring all-reduce, on 127.0.0.1: a coordinator and N rank processes.\n"
     "The default mode prints time, algbw and busbw = algbw*2(n-1)/n per size (sizes in bytes with\n"
@@ -874,7 +877,10 @@ static const char usage[] =
     "recovery kills (or stops) the last rank in the middle of an all-reduce and prints the time until\n"
     "the survivors finished the redo. coord and rank are the building blocks (tests use them); ranks\n"
     "print machine-readable ftar-ready/ftar-result/ftar-time/ftar-error/ftar-done lines; --bucket makes\n"
-    "a rank reduce in buckets while it still writes its input (ftar_allreduce_start), as training does.\n";
+    "a rank reduce in buckets while it still writes its input (ftar_allreduce_start), as training does.\n"
+    "A rank's --host is the address it listens on and advertises (default 127.0.0.1; a test host's\n"
+    "address for ranks in network namespaces: bench/ftar_hier_bench.sh); ranks with the same one share\n"
+    "memory.\n";
 
 /* Everything the command line sets, for every mode. */
 typedef struct {
@@ -1006,6 +1012,7 @@ static int run_mode(const char *mode, bench_args *a) {
       return 2;
     }
     a->ro.deadline = a->deadline > 0 ? a->deadline : 0;
+    a->ro.data_host = a->host;
     return rank_run(&a->ro);
   }
   if (strcmp(mode, "coord") == 0) return run_coord(a->host, a->port, a->deadline > 0 ? a->deadline : 3, a->heartbeat);
