@@ -27,10 +27,11 @@
 # busbw = algbw * 2(n-1)/n (nccl-tests' convention), float32 sum, in place,
 # the slowest rank's time, iterations as `ftar-bench` chooses (--iters auto).
 # Ratios are between runs of this script, never against a number from
-# elsewhere. With more ranks than CPUs in all (the hosts share this machine's
-# cores), neither side pins ranks, and Open MPI gets mpi_yield_when_idle=1 (what
+# elsewhere. Neither side pins ranks (each host would pin its ranks to the
+# same cores of this one machine), and with more ranks than CPUs in all (the
+# hosts share this machine's cores) Open MPI gets mpi_yield_when_idle=1 (what
 # mpirun sets itself when it sees the oversubscription; across "hosts" it
-# cannot). Then, optionally, the recovery time after kill -9 of the last rank
+# cannot: without it, busy-polling ranks took 12-27 ms per 64 KiB). Then, optionally, the recovery time after kill -9 of the last rank
 # on h2 in the middle of a 16 MiB all-reduce (flat, and hier when there).
 # Needs root (namespaces). Usage:
 #
