@@ -335,7 +335,7 @@ links_line() { # H label: slot 0's ftar-done of the last run
 }
 
 # --- main ---
-echo "FTAR vs OpenMPI $OMPI_VERSION MPI_Allreduce across test hosts | float32 sum | $RPH ranks per host | link ${RATE} (tc tbf both ways) | $(nproc) CPUs shared by every host | best of $REPEAT interleaved runs"
+echo "FTAR vs OpenMPI $OMPI_VERSION MPI_Allreduce across test hosts | float32 sum | $RPH ranks per host | links $([ "$RATE" = none ] && echo unlimited || echo "at $RATE (tc tbf both ways)") | $(nproc) CPUs shared by every host | best of $REPEAT interleaved runs"
 if [ "$HIER" = 1 ]; then echo "hierarchical: available (FTAR-flat runs with --flat)"; else echo "hierarchical: not available in this build"; fi
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for h in $HOSTS; do
