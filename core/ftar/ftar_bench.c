@@ -1,6 +1,8 @@
 /* ftar_bench.c — `transom ftar-bench`: the standalone FTAR driver.
  *
- * Modes (on 127.0.0.1; a rank listens on --data-host when given):
+ * Modes (on 127.0.0.1; a rank listens on and advertises --data-host (or
+ * --host) when given, so ranks in network namespaces reach each other,
+ * bench/ftar_hier_bench.sh):
  *   sweep (default)  a coordinator thread + N rank processes (this binary,
  *                    re-executed as `ftar-bench rank`); every rank all-reduces
  *                    each size warmup+iters times; prints time, algbw and
@@ -876,7 +878,7 @@ static const char usage[] =
     "                          [--sockbuf BYTES] [--seq0 N] [--loop] [--until-contrib C | --until-slot S]\n"
     "                          [--tail T] [--until-seq Q] [--control-stdin] [--tcp] [--bind] [--spin US]\n"
     "                          [--max-sec SEC] [--quiet] [--bucket FLOATS [--produce-us US]]\n"
-    "                          [--data-host ADDR] [--hier | --flat]\n"
+    "                          [--data-host ADDR | --host ADDR] [--hier | --flat]\n"
     "\n"
     "FTAR, the fault-tolerant ring all-reduce, on 127.0.0.1: a coordinator and N rank processes.\n"
     "The default mode prints time, algbw and busbw = algbw*2(n-1)/n per size (sizes in bytes with\n"
@@ -1026,6 +1028,7 @@ static int run_mode(const char *mode, bench_args *a) {
       return 2;
     }
     a->ro.deadline = a->deadline > 0 ? a->deadline : 0;
+    if (!a->ro.data_host) a->ro.data_host = a->host; /* --host: the same, for a rank */
     return rank_run(&a->ro);
   }
   if (strcmp(mode, "coord") == 0) return run_coord(a->host, a->port, a->deadline > 0 ? a->deadline : 3, a->heartbeat);
