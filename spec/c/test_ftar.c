@@ -1620,7 +1620,7 @@ static int churn_round(ftar_member **ms, int k, uint64_t *seq, float *bufs, int 
   int bad = 0;
   for (int i = 0; i < k; i++) {
     pthread_join(th[i], NULL);
-    bad += one[i].rc < 0 || one[i].buf[0] != (float)k || one[i].buf[n - 1] != (float)k;
+    bad += one[i].rc < 0 || (n && (one[i].buf[0] != (float)k || one[i].buf[n - 1] != (float)k));
     seq[i] = one[i].res.seq + 1;
   }
   return bad;
@@ -1652,6 +1652,8 @@ static void test_hier_churn(int rounds) {
   uint64_t seq[4] = {1, 1, 1, 1};
   int bad = 0, fd1 = -1, map1 = -1, fdN = -1, mapN = -1, done = 0;
   if (!ms[0] || !ms[1] || !ms[2] || !bufs) goto out;
+  bad += churn_round(ms, 3, seq, bufs, 0); /* nothing to reduce: every phase passes empty */
+  bad += churn_round(ms, 3, seq, bufs, 1);
   mo.data_host = hosts[3];
   for (int r = 0; r < rounds && !bad; r++, done++) {
     ms[3] = ftar_member_create("127.0.0.1", port, 3, &mo);
@@ -1672,8 +1674,8 @@ static void test_hier_churn(int rounds) {
         fdN, mapN, done);
   ftar_stats st;
   ftar_member_stats(ms[0], &st);
-  CHECK(st.hier_collectives == (uint64_t)(2 * done), "hier churn: %llu of %d collectives hierarchical",
-        (unsigned long long)st.hier_collectives, 2 * done);
+  CHECK(st.hier_collectives == (uint64_t)(2 * done + 2), "hier churn: %llu of %d collectives hierarchical",
+        (unsigned long long)st.hier_collectives, 2 * done + 2);
 out:
   printf("  hier churn: %d joins and leaves, fds %d -> %d, link maps %d -> %d: %.1f s\n", done, fd1, fdN, map1, mapN,
          tr_now() - t0);
@@ -1801,6 +1803,10 @@ static void test_garbage(void) {
   n = frame(f, FT_CONNECT, ep, 99, target, pay, FTAR_CONNECT_LEN, 0);
   send_and_close(dport, f, n); /* current epoch, not our upstream */
   send_and_close(dport, f, FTAR_HDR + 3); /* truncated payload */
+  ftw_put32(pay + 20, 0xffffffffu);
+  n = frame(f, FT_CONNECT, ep, 0, target, pay, FTAR_CONNECT_LEN, 0);
+  send_and_close(dport, f, n); /* a ring level that does not exist */
+  memset(pay, 0, sizeof pay);
   int idle_d = tcp_connect(dport);        /* says nothing: dropped after the deadline */
   /* coordinator port */
   send_and_close(port, b + 1024, 512);
@@ -1857,10 +1863,11 @@ static void test_garbage(void) {
   }
   const char *eb = ps[target].eb ? ps[target].eb : "";
   const char *reasons[] = {"bad magic",     "beyond",        "truncated handshake", "stale epoch",
-                           "bad checksum",  "not from our upstream", "no valid CONNECT"};
+                           "bad checksum",  "not from our upstream", "no valid CONNECT",
+                           "CONNECT for ring level 4294967295"};
   for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++)
     CHECK(strstr(eb, reasons[i]) != NULL, "garbage: rank log names '%s'", reasons[i]);
-  CHECK(ps[target].rejected >= 7, "garbage: rank counted %ld rejected connections", ps[target].rejected);
+  CHECK(ps[target].rejected >= 8, "garbage: rank counted %ld rejected connections", ps[target].rejected);
   const char *creasons[] = {"bad magic", "unexpected EPOCH", "beyond", "bad checksum", "frame before HELLO",
                             "is in use", "no HELLO within"};
   for (size_t i = 0; i < sizeof creasons / sizeof creasons[0]; i++)
