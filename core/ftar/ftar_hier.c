@@ -138,14 +138,16 @@ typedef struct {
 } attempt;
 
 /* One phase: pass a (level, kind, phase; save, bucket and rd when it is
- * the first reduce) through rr. FTAR_PLANE_*, why prefixed. */
+ * the first reduce) through rr. The caller's op goes into every frame, so
+ * members that disagree on it abort as on the flat ring (the passes only
+ * add; the leader divides for MEAN). FTAR_PLANE_*, why prefixed. */
 static int phase(host_plane *hp, ftar_member *m, attempt *at, ftar_ring_run *rr, ftar_pass a) {
   static const char *names[] = {"", "local reduce", "leaders' reduce", "local broadcast", "local commit",
                                 "leaders' commit", "local release"};
   int ph = a.phase;
   a.buf = hp->buf;
   a.n = a.kind == FTAR_PASS_TOKENS || a.kind == FTAR_PASS_RELEASE ? 0 : hp->n;
-  a.op = FTAR_SUM;
+  a.op = hp->op;
   a.frames_before = at->frames;
   int full = 0;
   uint32_t got = 0;

@@ -343,7 +343,7 @@ static void prep_data(ring *g, undo_log *u) {
     pcrc = tr_crc32c_copy(0, g->save + off, x, len * sizeof(float));
     *undo_at(u, g->sb, c) += len;
   } else {
-    if (g->ss == g->p - 1 && g->op == FTAR_MEAN) { /* the segment we own: divide once, everyone gets these bits */
+    if (g->ss == g->p - 1 && g->op == FTAR_MEAN && g->kind == FTAR_PASS_RING) { /* ours: divide once (flat ring) */
       float d = (float)g->p;
       for (size_t k = 0; k < len; k++) x[k] /= d;
     }

@@ -1626,6 +1626,56 @@ static int churn_round(ftar_member **ms, int k, uint64_t *seq, float *bufs, int 
   return bad;
 }
 
+typedef struct {
+  ftar_member *m;
+  ftar_op op;
+  int rc;
+  float buf[1000];
+} thr_op;
+
+static void *thr_op_run(void *p) {
+  thr_op *a = p;
+  for (int i = 0; i < 1000; i++) a->buf[i] = 1.0f;
+  a->rc = ftar_allreduce(a->m, a->buf, 1000, a->op, 1, NULL);
+  return NULL;
+}
+
+/* Callers that disagree on the op (slot 0 MEAN, the others SUM) through
+ * the hierarchy (slots 0, 1 on host .1, slot 2 on .2): refused as on the
+ * flat ring (every attempt aborts: "callers disagree"), never returned as
+ * a mean on one host and a sum on the other. */
+static void test_hier_op_mismatch(int hier) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(3);
+  mo.log = churn_log;
+  mo.hier = hier;
+  const char *hosts[3] = {"127.0.0.1", "127.0.0.1", "127.0.0.2"};
+  thr_op a[3];
+  pthread_t th[3];
+  int ok = 1;
+  for (int i = 0; i < 3; i++) {
+    mo.data_host = hosts[i];
+    a[i].m = ftar_member_create("127.0.0.1", ftar_coord_port(c), i, &mo);
+    a[i].op = i == 0 ? FTAR_MEAN : FTAR_SUM;
+    ok &= a[i].m != NULL;
+  }
+  CHECK(ok && ftar_member_wait(a[0].m, 3, T(10)) == 0, "hier op mismatch: members: %s", tr_error());
+  if (ok) {
+    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, thr_op_run, &a[i]);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++)
+      CHECK(a[i].rc < 0 && a[i].buf[0] == 1.0f, "%s op mismatch: slot %d (%s) returned %d with %g",
+            hier ? "hier" : "flat", i, i == 0 ? "mean" : "sum", a[i].rc, (double)a[i].buf[0]);
+  }
+  printf("  %s op mismatch: refused: %.1f s\n", hier ? "hier" : "flat", tr_now() - t0);
+  for (int i = 0; i < 3; i++) ftar_member_free(a[i].m);
+  ftar_coord_free(c);
+}
+
 /* Epoch churn through the hierarchy: slots 0, 1 on host .1, slot 2 on .2
  * stay; slot 3 (on .2) joins and leaves, rounds times: every epoch is
  * hierarchical, its links (shared memory within a host, TCP between the
@@ -1712,6 +1762,8 @@ static void test_hier(void) {
   /* ... lost mid broadcast: the survivors are the two leaders, both full: committed */
   test_hier_fault(&two_one, 1, 8, 0, 0, "holding the full result", 1, 0);
   test_hier_churn(test_small() ? 50 : 200);
+  test_hier_op_mismatch(0);
+  test_hier_op_mismatch(-1);
 }
 
 /* --- garbage on the data port and the coordinator port --- */
