@@ -7,6 +7,8 @@
  * attempt, each phase a pass of the ring engine (ftar_ring.c) over its own
  * ring level's links, the phase number in every frame's flags:
  *   1  local ring (level 1, shared memory): reduce-scatter + all-gather, SUM
+ *   7  leaders' tokens around their ring (no frames): every leader is past
+ *      phase 1, however long another host's local reduce took
  *   2  leaders' ring (level 2, TCP across hosts): the same over the hosts'
  *      sums; the leader then divides once by the epoch's member count for
  *      MEAN (every leader divides the same bits: all members get them)
@@ -15,6 +17,11 @@
  *   4  local tokens around the ring: the leader learns its host is full
  *   5  leaders' tokens around their ring: every leader learns every host is
  *   6  local release along the chain: the others learn it too
+ * Phases 7 and 5 wait, legitimately, on other hosts' local phases (whose
+ * length grows with the buffer and the host's member count, and is zero on
+ * a host alone): they have no "peer stalled" limit (ftar_pass.no_stall), a
+ * lost peer ends them through EOF, the coordinator's abort or the call's
+ * timeout; after phase 7 the leaders' ring runs in step and keeps it.
  * So a member returns only when every member of the epoch holds the full
  * result, as after the flat ring's last commit token, and the coordinator
  * resolves an abort the same way (COMMIT if anyone could have returned).
@@ -138,14 +145,16 @@ typedef struct {
 } attempt;
 
 /* One phase: pass a (level, kind, phase; save, bucket and rd when it is
- * the first reduce) through rr. FTAR_PLANE_*, why prefixed. */
+ * the first reduce) through rr. The caller's op goes into every frame, so
+ * members that disagree on it abort as on the flat ring (the passes only
+ * add; the leader divides for MEAN). FTAR_PLANE_*, why prefixed. */
 static int phase(host_plane *hp, ftar_member *m, attempt *at, ftar_ring_run *rr, ftar_pass a) {
   static const char *names[] = {"", "local reduce", "leaders' reduce", "local broadcast", "local commit",
-                                "leaders' commit", "local release"};
+                                "leaders' commit", "local release", "leaders' ready"};
   int ph = a.phase;
   a.buf = hp->buf;
   a.n = a.kind == FTAR_PASS_TOKENS || a.kind == FTAR_PASS_RELEASE ? 0 : hp->n;
-  a.op = FTAR_SUM;
+  a.op = hp->op;
   a.frames_before = at->frames;
   int full = 0;
   uint32_t got = 0;
@@ -205,7 +214,11 @@ static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
     if ((r = wait_final(m, hp->rd, at)) != FTAR_PLANE_DONE) return r;
     p2.save = m->in_copy;
   }
-  if (across && (r = phase(hp, m, at, local ? hp->rr : hp->first, p2)) != FTAR_PLANE_DONE) return r;
+  if (across) { /* every leader past its local reduce first: the leaders' ring then runs in step */
+    ftar_pass p7 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 7, .no_stall = 1};
+    if ((r = phase(hp, m, at, hp->rr, p7)) != FTAR_PLANE_DONE) return r;
+    if ((r = phase(hp, m, at, local ? hp->rr : hp->first, p2)) != FTAR_PLANE_DONE) return r;
+  }
   if (t->leader) {
     if (hp->op == FTAR_MEAN) { /* once, on bits every leader holds alike */
       float d = (float)m->run_n;
@@ -224,7 +237,7 @@ static int commit_phases(host_plane *hp, ftar_member *m, attempt *at) {
   const topo *t = hp->t;
   int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
   ftar_pass p4 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_TOKENS, .phase = 4},
-            p5 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 5},
+            p5 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 5, .no_stall = 1},
             p6 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_RELEASE, .phase = 6};
   if (local && (r = phase(hp, m, at, hp->rr, p4)) != FTAR_PLANE_DONE) return r;
   if (across && (r = phase(hp, m, at, hp->rr, p5)) != FTAR_PLANE_DONE) return r;

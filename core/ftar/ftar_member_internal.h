@@ -267,6 +267,8 @@ typedef struct {
   float *save;          /* where the pass saves the input it overwrites, at buf's offsets (n floats;
                            restored by ftar_ring_undo); NULL: saved nowhere */
   uint32_t frames_before; /* data frames received earlier in this attempt (the fault hook counts on) */
+  int no_stall;           /* the pass waits on other hosts' local work: no "peer stalled" limit (a lost
+                             peer ends it through EOF, the coordinator's abort or t_end) */
 } ftar_pass;
 
 typedef struct ftar_ring_run ftar_ring_run; /* a pass's state and undo log, reused across passes */

@@ -137,6 +137,7 @@ typedef struct {
   int tok_send_n, tok_recv_n; /* commit tokens this member sends / receives */
   int tok_base_send, tok_base_recv; /* token values: base + 1, base + 2, ... */
   uint32_t frames_before; /* data frames received in earlier passes of the attempt */
+  int no_stall;           /* no "peer stalled" limit (ftar_pass) */
   float *save;            /* where overwritten input is saved (NULL: nowhere) */
   int cross;              /* our downstream is on another host */
   float *buf;
@@ -343,7 +344,7 @@ static void prep_data(ring *g, undo_log *u) {
     pcrc = tr_crc32c_copy(0, g->save + off, x, len * sizeof(float));
     *undo_at(u, g->sb, c) += len;
   } else {
-    if (g->ss == g->p - 1 && g->op == FTAR_MEAN) { /* the segment we own: divide once, everyone gets these bits */
+    if (g->ss == g->p - 1 && g->op == FTAR_MEAN && g->kind == FTAR_PASS_RING) { /* ours: divide once (flat ring) */
       float d = (float)g->p;
       for (size_t k = 0; k < len; k++) x[k] /= d;
     }
@@ -941,6 +942,7 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
   g->op = a->op;
   g->flags = (uint16_t)((unsigned)a->op | ((unsigned)a->phase & 0xff) << 8);
   g->frames_before = a->frames_before;
+  g->no_stall = a->no_stall;
   g->save = a->save;
   g->ep = m->run_ep;
   g->seq = seq;
@@ -995,7 +997,7 @@ static int ring_done(const ring *g) {
 static int ring_expired(ring *g, double now, double t_end, int *timed_out) {
   ftar_member *m = g->m;
   double since = g->t_progress > g->t_local ? g->t_progress : g->t_local;
-  if (g->started && now - since > m->deadline) {
+  if (g->started && !g->no_stall && now - since > m->deadline) {
     ring_fail(g, "no progress for %.2f s (peer stalled)", now - since);
     return 1;
   }

@@ -55,7 +55,7 @@
  *            one byte, 'S' (frames go through the ring; the TCP link then only
  *            carries 1-byte doorbells and EOF) or 'T' (frames go over TCP)
  *   DATA     epoch, seq, flags = op | phase << 8 (phase 0: the flat ring;
- *            1..6: ftar_hier.c's phases), index = frame number within the
+ *            1..7: ftar_hier.c's phases), index = frame number within the
  *            phase, aux = element count (low 32 bits), len = payload bytes
  *            (float32)
  *   TOKEN    epoch, seq, flags = phase << 8, index = commit token value

@@ -46,6 +46,7 @@
  * ThreadSanitizer pass: the threads meet the same way at any size).
  */
 #define _GNU_SOURCE /* pthread_timedjoin_np */
+#include <dirent.h>
 #include <errno.h>
 #include <event2/event.h>
 #include <stdatomic.h>
@@ -1544,7 +1545,9 @@ static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int u
   slots_expected(sl, sizeof sl, surv, nl);
   const int all[MAXP] = {0, 1, 2, 3, 4, 5, 6, 7};
   slots_expected(sl6, sizeof sl6, commit ? all : surv, commit ? p : nl);
-  int redid = 0, committed = -1;
+  int redid = 0, committed = -1, shared_after = 0;
+  for (int i = 0; i < nl; i++)
+    for (int j = 0; j < i; j++) shared_after |= L.host[surv[i]] == L.host[surv[j]];
   for (int i = 0; i < nl; i++) {
     proc *s = &live[i];
     int r = surv[i], bad = 0, at6 = -1;
@@ -1566,7 +1569,11 @@ static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int u
     if (at6 >= 0) redid += s->res[at6].redos >= 1;
     /* the redo and what follows ran through the hierarchy too (a commit
      * of a result held at the abort is the one that may not) */
-    CHECK(s->hier_collectives >= iters - 1, "%s: survivor %d ran %ld hierarchically", what, r, s->hier_collectives);
+    if (shared_after)
+      CHECK(s->hier_collectives >= iters - 1, "%s: survivor %d ran %ld hierarchically", what, r, s->hier_collectives);
+    else /* no host keeps 2 members: collectives 1-5 hierarchical, the redo and the rest flat */
+      CHECK(s->hier_collectives == 5, "%s: survivor %d ran %ld hierarchically, want 5 (then flat)", what, r,
+            s->hier_collectives);
     if (r == witness)
       CHECK(s->eb && strstr(s->eb, phase_name), "%s: survivor %d's log does not name '%s'", what, r, phase_name);
   }
@@ -1578,6 +1585,152 @@ static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int u
   for (int i = 0; i < nl; i++) ps[surv[i]] = live[i];
   printf("  %s: %.1f s\n", what, tr_now() - tstart);
   proc_free(ps, p);
+  ftar_coord_free(c);
+}
+
+static void churn_log(void *ud, const char *msg) { (void)ud, (void)msg; } /* 3 lines an epoch: not shown */
+
+/* Open descriptors and shared-memory link maps of this process. */
+static int fds_open(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+static int shm_maps(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, f)) n += strstr(line, "ftar-link") != NULL;
+  fclose(f);
+  return n;
+}
+
+/* One SUM collective of ones on k in-process members at once: each gets k. */
+static int churn_round(ftar_member **ms, int k, uint64_t *seq, float *bufs, int n) {
+  thr_one one[4];
+  pthread_t th[4];
+  for (int i = 0; i < k; i++) {
+    one[i] = (thr_one){.m = ms[i], .seq = seq[i], .n = n, .slot = i, .buf = bufs + (size_t)i * n};
+    pthread_create(&th[i], NULL, thr_once, &one[i]);
+  }
+  int bad = 0;
+  for (int i = 0; i < k; i++) {
+    pthread_join(th[i], NULL);
+    bad += one[i].rc < 0 || (n && (one[i].buf[0] != (float)k || one[i].buf[n - 1] != (float)k));
+    seq[i] = one[i].res.seq + 1;
+  }
+  return bad;
+}
+
+typedef struct {
+  ftar_member *m;
+  ftar_op op;
+  int rc;
+  float buf[1000];
+} thr_op;
+
+static void *thr_op_run(void *p) {
+  thr_op *a = p;
+  for (int i = 0; i < 1000; i++) a->buf[i] = 1.0f;
+  a->rc = ftar_allreduce(a->m, a->buf, 1000, a->op, 1, NULL);
+  return NULL;
+}
+
+/* Callers that disagree on the op (slot 0 MEAN, the others SUM) through
+ * the hierarchy (slots 0, 1 on host .1, slot 2 on .2): refused as on the
+ * flat ring (every attempt aborts: "callers disagree"), never returned as
+ * a mean on one host and a sum on the other. */
+static void test_hier_op_mismatch(int hier) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(3);
+  mo.log = churn_log;
+  mo.hier = hier;
+  const char *hosts[3] = {"127.0.0.1", "127.0.0.1", "127.0.0.2"};
+  thr_op a[3];
+  pthread_t th[3];
+  int ok = 1;
+  for (int i = 0; i < 3; i++) {
+    mo.data_host = hosts[i];
+    a[i].m = ftar_member_create("127.0.0.1", ftar_coord_port(c), i, &mo);
+    a[i].op = i == 0 ? FTAR_MEAN : FTAR_SUM;
+    ok &= a[i].m != NULL;
+  }
+  CHECK(ok && ftar_member_wait(a[0].m, 3, T(10)) == 0, "hier op mismatch: members: %s", tr_error());
+  if (ok) {
+    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, thr_op_run, &a[i]);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++)
+      CHECK(a[i].rc < 0 && a[i].buf[0] == 1.0f, "%s op mismatch: slot %d (%s) returned %d with %g",
+            hier ? "hier" : "flat", i, i == 0 ? "mean" : "sum", a[i].rc, (double)a[i].buf[0]);
+  }
+  printf("  %s op mismatch: refused: %.1f s\n", hier ? "hier" : "flat", tr_now() - t0);
+  for (int i = 0; i < 3; i++) ftar_member_free(a[i].m);
+  ftar_coord_free(c);
+}
+
+/* Epoch churn through the hierarchy: slots 0, 1 on host .1, slot 2 on .2
+ * stay; slot 3 (on .2) joins and leaves, rounds times: every epoch is
+ * hierarchical, its links (shared memory within a host, TCP between the
+ * leaders) replaced. The descriptors and shared-memory maps of the process
+ * are the same after the last round as after the first. */
+static void test_hier_churn(int rounds) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = 20;
+  mo.log = churn_log;
+  const char *hosts[4] = {"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"};
+  ftar_member *ms[4] = {0};
+  for (int i = 0; i < 3; i++) {
+    mo.data_host = hosts[i];
+    ms[i] = ftar_member_create("127.0.0.1", port, i, &mo);
+    CHECK(ms[i] != NULL, "hier churn: member %d: %s", i, tr_error());
+  }
+  const int n = 5000;
+  float *bufs = malloc(4 * n * sizeof(float));
+  uint64_t seq[4] = {1, 1, 1, 1};
+  int bad = 0, fd1 = -1, map1 = -1, fdN = -1, mapN = -1, done = 0;
+  if (!ms[0] || !ms[1] || !ms[2] || !bufs) goto out;
+  bad += churn_round(ms, 3, seq, bufs, 0); /* nothing to reduce: every phase passes empty */
+  bad += churn_round(ms, 3, seq, bufs, 1);
+  mo.data_host = hosts[3];
+  for (int r = 0; r < rounds && !bad; r++, done++) {
+    ms[3] = ftar_member_create("127.0.0.1", port, 3, &mo);
+    if (!ms[3] || ftar_member_wait(ms[0], 4, T(10))) {
+      bad++;
+      break;
+    }
+    seq[3] = 1;
+    bad += churn_round(ms, 4, seq, bufs, n);
+    ftar_member_free(ms[3]);
+    ms[3] = NULL;
+    bad += churn_round(ms, 3, seq, bufs, n);
+    if (r == 0) fd1 = fds_open(), map1 = shm_maps();
+  }
+  fdN = fds_open(), mapN = shm_maps();
+  CHECK(bad == 0, "hier churn: %d wrong results or failed joins in %d rounds", bad, done);
+  CHECK(fdN == fd1 && mapN == map1, "hier churn: %d fds, %d link maps after round 1; %d, %d after round %d", fd1, map1,
+        fdN, mapN, done);
+  ftar_stats st;
+  ftar_member_stats(ms[0], &st);
+  CHECK(st.hier_collectives == (uint64_t)(2 * done + 2), "hier churn: %llu of %d collectives hierarchical",
+        (unsigned long long)st.hier_collectives, 2 * done + 2);
+out:
+  printf("  hier churn: %d joins and leaves, fds %d -> %d, link maps %d -> %d: %.1f s\n", done, fd1, fdN, map1, mapN,
+         tr_now() - t0);
+  for (int i = 0; i < 4; i++) ftar_member_free(ms[i]);
+  free(bufs);
   ftar_coord_free(c);
 }
 
@@ -1599,6 +1752,18 @@ static void test_hier(void) {
   test_hier_fault(&two_by_two, 1, 2, 1, 0, "phase 1 (local reduce)", 0, 0);
   test_hier_fault(&two_by_two, 2, 8, 1, 0, "phase 2 (leaders' reduce)", 0, 0);
   test_hier_fault(&two_by_two, 3, 2, 0, 2, "phase 1 (local reduce)", 0, 1);
+  /* a leader lost at its last frame of phase 2: its host's other member never gets the result */
+  test_hier_fault(&two_by_two, 2, 12, 0, 3, "phase 3 (local broadcast)", 0, 0);
+  /* the end of a broadcast chain lost at its last frame (full, before the tokens): committed or redone */
+  test_hier_fault(&two_by_two, 3, 11, 0, 2, "phase 4 (local commit)", 1, 0);
+  /* a host's only other member lost: the redo falls back to the flat ring (no host keeps 2) */
+  const layout two_one = {3, {1, 1, 2}};
+  test_hier_fault(&two_one, 1, 2, 0, 0, "phase 1 (local reduce)", 0, 0);
+  /* ... lost mid broadcast: the survivors are the two leaders, both full: committed */
+  test_hier_fault(&two_one, 1, 8, 0, 0, "holding the full result", 1, 0);
+  test_hier_churn(test_small() ? 50 : 200);
+  test_hier_op_mismatch(0);
+  test_hier_op_mismatch(-1);
 }
 
 /* --- garbage on the data port and the coordinator port --- */
@@ -1690,6 +1855,10 @@ static void test_garbage(void) {
   n = frame(f, FT_CONNECT, ep, 99, target, pay, FTAR_CONNECT_LEN, 0);
   send_and_close(dport, f, n); /* current epoch, not our upstream */
   send_and_close(dport, f, FTAR_HDR + 3); /* truncated payload */
+  ftw_put32(pay + 20, 0xffffffffu);
+  n = frame(f, FT_CONNECT, ep, 0, target, pay, FTAR_CONNECT_LEN, 0);
+  send_and_close(dport, f, n); /* a ring level that does not exist */
+  memset(pay, 0, sizeof pay);
   int idle_d = tcp_connect(dport);        /* says nothing: dropped after the deadline */
   /* coordinator port */
   send_and_close(port, b + 1024, 512);
@@ -1746,10 +1915,11 @@ static void test_garbage(void) {
   }
   const char *eb = ps[target].eb ? ps[target].eb : "";
   const char *reasons[] = {"bad magic",     "beyond",        "truncated handshake", "stale epoch",
-                           "bad checksum",  "not from our upstream", "no valid CONNECT"};
+                           "bad checksum",  "not from our upstream", "no valid CONNECT",
+                           "CONNECT for ring level 4294967295"};
   for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++)
     CHECK(strstr(eb, reasons[i]) != NULL, "garbage: rank log names '%s'", reasons[i]);
-  CHECK(ps[target].rejected >= 7, "garbage: rank counted %ld rejected connections", ps[target].rejected);
+  CHECK(ps[target].rejected >= 8, "garbage: rank counted %ld rejected connections", ps[target].rejected);
   const char *creasons[] = {"bad magic", "unexpected EPOCH", "beyond", "bad checksum", "frame before HELLO",
                             "is in use", "no HELLO within"};
   for (size_t i = 0; i < sizeof creasons / sizeof creasons[0]; i++)
