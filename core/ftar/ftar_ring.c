@@ -208,15 +208,18 @@ static inline int modp(int a, int p) { return ((a % p) + p) % p; }
  * TCP_NODELAY a frame never leaves a runt segment behind (on 1500/9000-byte
  * MTUs the unit is irrelevant). About 4 frames per segment so the steps
  * pipeline (8 pipelined better on paper but cost more wake-ups than they
- * saved when ranks share cores); small buffers use frames of at least
- * 16 KiB; at most chunk. */
+ * saved when ranks share cores); a segment of up to 4 units is cut in
+ * units, one of up to a unit is one frame; at most chunk. Small segments
+ * were cut in 16 KiB frames until a profile of 64 KiB over TCP (2 ranks)
+ * showed what they cost: a syscall and a wake-up each, and below RX_CAP / 2
+ * the payload goes through rx, one copy more; one frame per segment: 36.5
+ * -> 25.1 us a collective (A/B, best of 6 interleaved runs, load 2). */
 #define FRAME_UNIT 16352
 static size_t frame_floats(size_t n, int p, size_t chunk) {
   size_t seg = (n + (size_t)p - 1) / (size_t)p, f = (seg + 3) / 4;
   size_t cap = chunk >= FRAME_UNIT ? chunk / FRAME_UNIT * FRAME_UNIT : (chunk + 15) & ~(size_t)15;
   if (f <= FRAME_UNIT) {
-    f = (f + 15) & ~(size_t)15;
-    if (f < 4096) f = 4096;
+    f = (seg + 15) & ~(size_t)15;
     if (f > FRAME_UNIT) f = FRAME_UNIT;
   } else {
     f = (f + FRAME_UNIT - 1) / FRAME_UNIT * FRAME_UNIT;
@@ -232,14 +235,13 @@ static inline size_t seg_off_p(size_t n, int p, int c) {
 static inline size_t seg_len(const geom *G, size_t b, int c) { return seg_len_p(b_len(G, b), G->p, c); }
 static inline size_t seg_off(const geom *G, size_t b, int c) { return b_off(G, b) + seg_off_p(b_len(G, b), G->p, c); }
 static inline size_t *undo_at(undo_log *u, size_t b, int c) { return &u->copied[b * (size_t)u->G.p + (size_t)c]; }
-/* The exchange (below) uses the ring's frames, at most half a shared-memory
- * ring: a frame it holds unread must not keep the peer from finishing the
- * same frame the other way. */
+/* The exchange (below) cuts its bucket as the ring cuts a segment, in
+ * frames of at most half a shared-memory ring: a frame it holds unread must
+ * not keep the peer from finishing the same frame the other way. */
 #define EXCH_FRAME_MAX ((size_t)SHM_RING / 8 / FRAME_UNIT * FRAME_UNIT)
 static size_t ring_frame_floats(const ring *g, size_t len) {
-  if (!g->exch) return frame_floats(len, g->G.p, g->m->chunk);
-  size_t f = frame_floats(len, 2, g->m->chunk);
-  return f < EXCH_FRAME_MAX ? f : EXCH_FRAME_MAX;
+  size_t f = frame_floats(len, g->G.p, g->m->chunk); /* the exchange: G.p = 1, the bucket one segment */
+  return g->exch && f > EXCH_FRAME_MAX ? EXCH_FRAME_MAX : f;
 }
 static inline size_t bucket_F(const ring *g, size_t b) { return b < g->G.nb ? ring_frame_floats(g, b_len(&g->G, b)) : 1; }
 static inline size_t seg_frames(const ring *g, size_t b, size_t F, int c) { return (seg_len(&g->G, b, c) + F - 1) / F; }
@@ -336,9 +338,18 @@ static int send_ready(const ring *g) {
  * (the kernel or the shared-memory ring holds a copy): until then it waits
  * in the stage (TCP) or in the ring (shared memory). The frames carry
  * FTAR_FLAG_EXCH, so a member running the ring against one exchanging
- * sees "callers disagree", not a wrong sum. TRANSOM_FTAR_EXCHANGE=0 turns
+ * sees "callers disagree", not a wrong sum. Only up to EXCH_MAX: there the
+ * hop it saves outweighs the work it adds (adds over the whole bucket, not
+ * half, and every received byte through the stage). A/B against the ring
+ * (both with the one-frame small segments of frame_floats), 2 ranks, 300
+ * collectives, best of 6 interleaved runs, load 2-5: TCP 16 KiB 13.6 vs
+ * 19.2 us, 64 KiB 24.9 vs 30.7, 128 KiB 37.1 vs 43.0, 256 KiB 60.2 vs 69.4,
+ * 512 KiB 114.4 vs 114.6; shared memory 16 KiB 14.1 vs 19.4, 64 KiB 6.5 vs
+ * 11.1, 256 KiB 23.1 vs 31.7; uncapped, 16 MiB over TCP: 8.5 vs 6.7 ms
+ * (the ring's pipelined halves win big buffers). TRANSOM_FTAR_EXCHANGE=0 turns
  * it off (the ring's two hops, for A/B benches; every member must agree). */
 #define FTAR_FLAG_EXCH 0x10
+#define EXCH_MAX ((size_t)128 * 1024) /* floats a bucket (512 KiB): above, the ring's pipelined halves win */
 static int exch_on = 1;
 static pthread_once_t exch_once = PTHREAD_ONCE_INIT;
 static void exch_read(void) {
@@ -986,7 +997,8 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
   g->r = L->r;
   int bcast = a->kind == FTAR_PASS_BCAST;
   pthread_once(&exch_once, exch_read);
-  g->exch = exch_on && g->p == 2 && a->kind == FTAR_PASS_RING; /* the flat ring (not the hierarchy's passes) */
+  g->exch = exch_on && g->p == 2 && a->kind == FTAR_PASS_RING && /* the flat ring (not the hierarchy's passes) */
+            (a->bucket && a->bucket < a->n ? a->bucket : a->n) <= EXCH_MAX;
   geom_set(&g->G, a->n, a->bucket, bcast || g->exch ? 1 : g->p);
   g->rd = a->rd;
   g->Fmax = ring_frame_floats(g, b_len(&g->G, 0));
