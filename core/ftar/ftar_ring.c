@@ -208,8 +208,9 @@ static inline int modp(int a, int p) { return ((a % p) + p) % p; }
  * TCP_NODELAY a frame never leaves a runt segment behind (on 1500/9000-byte
  * MTUs the unit is irrelevant). About 4 frames per segment so the steps
  * pipeline (8 pipelined better on paper but cost more wake-ups than they
- * saved when ranks share cores); a segment of up to 4 units is cut in
- * units, one of up to a unit is one frame; at most chunk. Small segments
+ * saved when ranks share cores); a segment of up to 4 units is cut evenly
+ * in as few frames as hold it (64 KiB: 2 of 32 KiB, not a unit and a
+ * 128-byte runt); at most chunk. Small segments
  * were cut in 16 KiB frames until a profile of 64 KiB over TCP (2 ranks)
  * showed what they cost: a syscall and a wake-up each, and below RX_CAP / 2
  * the payload goes through rx, one copy more; one frame per segment: 36.5
@@ -219,8 +220,8 @@ static size_t frame_floats(size_t n, int p, size_t chunk) {
   size_t seg = (n + (size_t)p - 1) / (size_t)p, f = (seg + 3) / 4;
   size_t cap = chunk >= FRAME_UNIT ? chunk / FRAME_UNIT * FRAME_UNIT : (chunk + 15) & ~(size_t)15;
   if (f <= FRAME_UNIT) {
-    f = (seg + 15) & ~(size_t)15;
-    if (f > FRAME_UNIT) f = FRAME_UNIT;
+    size_t k = seg ? (seg + FRAME_UNIT - 1) / FRAME_UNIT : 1; /* frames, cut evenly: no runt after a full unit */
+    f = ((seg + k - 1) / k + 15) & ~(size_t)15;
   } else {
     f = (f + FRAME_UNIT - 1) / FRAME_UNIT * FRAME_UNIT;
   }
@@ -1001,7 +1002,9 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
             (a->bucket && a->bucket < a->n ? a->bucket : a->n) <= EXCH_MAX;
   geom_set(&g->G, a->n, a->bucket, bcast || g->exch ? 1 : g->p);
   g->rd = a->rd;
-  g->Fmax = ring_frame_floats(g, b_len(&g->G, 0));
+  /* buckets come in two lengths, B and the rest (frames of a shorter one may be longer) */
+  size_t f0 = ring_frame_floats(g, b_len(&g->G, 0)), f1 = ring_frame_floats(g, b_len(&g->G, g->G.nb ? g->G.nb - 1 : 0));
+  g->Fmax = f0 > f1 ? f0 : f1;
   g->rsteps = bcast ? 0 : g->exch ? 1 : g->p - 1;
   g->nsteps = bcast || g->exch ? 1 : 2 * (g->p - 1);
   g->op = a->op;
