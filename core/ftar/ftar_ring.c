@@ -16,6 +16,8 @@
  *   all-gather,     p-1 steps: send segment (r+1-t), receive (r-t) in place;
  *   commit tokens:  p-1 small frames around the ring; token v from upstream
  *                   means the v members before us hold the full result.
+ * Two members on the flat ring skip the two halves: each sends its whole
+ * bucket and adds the peer's (one hop, then the token; see "two members").
  * A member returns only after token p-1: then every member holds the full
  * result, which is what lets the coordinator resolve an abort consistently
  * (COMMIT if anyone could have returned, RUN again otherwise).
@@ -132,6 +134,7 @@ typedef struct {
   ftar_member *m;
   ftar_links *L; /* the level's view and links */
   int kind;      /* FTAR_PASS_* */
+  int exch;      /* two members: the one-hop exchange (see "two members" below) */
   int rsteps;    /* reduce-scatter steps (p-1; 0 for a broadcast) */
   uint16_t flags; /* of every DATA frame: op | phase << 8 (TOKEN: phase << 8) */
   int tok_send_n, tok_recv_n; /* commit tokens this member sends / receives */
@@ -206,16 +209,23 @@ static inline int modp(int a, int p) { return ((a % p) + p) % p; }
  * TCP_NODELAY a frame never leaves a runt segment behind (on 1500/9000-byte
  * MTUs the unit is irrelevant). About 4 frames per segment so the steps
  * pipeline (8 pipelined better on paper but cost more wake-ups than they
- * saved when ranks share cores); small buffers use frames of at least
- * 16 KiB; at most chunk. */
+ * saved when ranks share cores). A segment of up to 4 units is cut evenly
+ * in as few frames of at most a unit as hold it (no runt frame after a full
+ * one). Cutting big segments evenly too (no runt frame, but frames off the
+ * unit) was slower: 4 ranks, 1 MiB over TCP 1155 vs 1016 us, 2 ranks
+ * 256 KiB 84.6 vs 79.5 (A/B, best of 6, load 3). At most chunk. Small segments
+ * were cut in 16 KiB frames until a profile of 64 KiB over TCP (2 ranks)
+ * showed what they cost: a syscall and a wake-up each, and below RX_CAP / 2
+ * the payload goes through rx, one copy more; one frame per segment: 36.5
+ * -> 25.1 us a collective (A/B, best of 6 interleaved runs, load 2). */
 #define FRAME_UNIT 16352
 static size_t frame_floats(size_t n, int p, size_t chunk) {
   size_t seg = (n + (size_t)p - 1) / (size_t)p, f = (seg + 3) / 4;
   size_t cap = chunk >= FRAME_UNIT ? chunk / FRAME_UNIT * FRAME_UNIT : (chunk + 15) & ~(size_t)15;
   if (f <= FRAME_UNIT) {
-    f = (f + 15) & ~(size_t)15;
-    if (f < 4096) f = 4096;
-    if (f > FRAME_UNIT) f = FRAME_UNIT;
+    size_t k = seg ? (seg + FRAME_UNIT - 1) / FRAME_UNIT : 1; /* 1..4 frames of at most a unit, cut evenly */
+    f = ((seg + k - 1) / k + 15) & ~(size_t)15;
+    if (f == 0) f = 16;
   } else {
     f = (f + FRAME_UNIT - 1) / FRAME_UNIT * FRAME_UNIT;
   }
@@ -230,20 +240,33 @@ static inline size_t seg_off_p(size_t n, int p, int c) {
 static inline size_t seg_len(const geom *G, size_t b, int c) { return seg_len_p(b_len(G, b), G->p, c); }
 static inline size_t seg_off(const geom *G, size_t b, int c) { return b_off(G, b) + seg_off_p(b_len(G, b), G->p, c); }
 static inline size_t *undo_at(undo_log *u, size_t b, int c) { return &u->copied[b * (size_t)u->G.p + (size_t)c]; }
-static inline size_t bucket_F(const ring *g, size_t b) {
-  return b < g->G.nb ? frame_floats(b_len(&g->G, b), g->G.p, g->m->chunk) : 1;
+/* The exchange (below) cuts its bucket as the ring cuts a segment, in
+ * frames of at most half a shared-memory ring: a frame it holds unread must
+ * not keep the peer from finishing the same frame the other way. Up to
+ * 64 KiB it sends one frame, not two of 32 KiB: its single hop has no
+ * steps to pipeline (A/B, 64 KiB, 2 ranks, best of 10 interleaved, load
+ * 7-8: TCP 32.6 vs 35.5 us, median 64 vs 131; shared memory 32.8 vs 41.1;
+ * the ring's 4 ranks at 256 KiB, one frame per 64 KiB segment: no better). */
+#define EXCH_FRAME_MAX ((size_t)SHM_RING / 8 / FRAME_UNIT * FRAME_UNIT)
+#define EXCH_ONE_FRAME ((size_t)16384)
+static size_t ring_frame_floats(const ring *g, size_t len) {
+  size_t f = frame_floats(len, g->G.p, g->m->chunk); /* the exchange: G.p = 1, the bucket one segment */
+  if (!g->exch) return f;
+  if (len <= EXCH_ONE_FRAME && len > f && (len + 15) / 16 * 16 <= g->m->chunk) f = (len + 15) & ~(size_t)15;
+  return f > EXCH_FRAME_MAX ? EXCH_FRAME_MAX : f;
 }
+static inline size_t bucket_F(const ring *g, size_t b) { return b < g->G.nb ? ring_frame_floats(g, b_len(&g->G, b)) : 1; }
 static inline size_t seg_frames(const ring *g, size_t b, size_t F, int c) { return (seg_len(&g->G, b, c) + F - 1) / F; }
 /* Our own bucket b is final (its producer will not write it again). */
 static inline int bucket_ready(const ring *g, size_t b) {
   return !g->rd || b_off(&g->G, b) >= atomic_load_explicit(&g->rd->from, memory_order_acquire);
 }
 static inline int send_seg(const ring *g, int s) {
-  if (g->kind == FTAR_PASS_BCAST) return 0;
+  if (g->kind == FTAR_PASS_BCAST || g->exch) return 0;
   return s < g->p - 1 ? modp(g->r - s, g->p) : modp(g->r + 1 - (s - (g->p - 1)), g->p);
 }
 static inline int recv_seg(const ring *g, int s) {
-  if (g->kind == FTAR_PASS_BCAST) return 0;
+  if (g->kind == FTAR_PASS_BCAST || g->exch) return 0;
   return s < g->p - 1 ? modp(g->r - s - 1, g->p) : modp(g->r - (s - (g->p - 1)), g->p);
 }
 
@@ -313,6 +336,52 @@ static int send_ready(const ring *g) {
   if (g->ss == 0) return bucket_ready(g, g->sb);
   if (g->rb != g->sb) return g->rb > g->sb;
   return g->rs > g->ss - 1 || (g->rs == g->ss - 1 && g->rj > g->sj);
+}
+
+/* --- two members: the one-hop exchange ---
+ * With p = 2 the ring's reduce-scatter and all-gather are two sequential
+ * hops of half the bucket each, then the commit token a third. Instead
+ * each member sends its whole bucket (saved frame by frame as it leaves,
+ * as the ring saves its own segment) and adds the peer's into its own:
+ * the same bytes on each link, one hop instead of two, then the one token.
+ * a + b and b + a are the same float, so both hold the same bits (MEAN:
+ * both divide the sum by 2, as the ring's owner of a segment does). A
+ * received frame is added only once our frame of the same range has left
+ * (the kernel or the shared-memory ring holds a copy): until then it waits
+ * in the stage (TCP) or in the ring (shared memory). The frames carry
+ * FTAR_FLAG_EXCH, so a member running the ring against one exchanging
+ * sees "callers disagree", not a wrong sum. Only up to EXCH_MAX: there the
+ * hop it saves outweighs the work it adds (adds over the whole bucket, not
+ * half, and every received byte through the stage). A/B against the ring
+ * (both with the one-frame small segments of frame_floats), 2 ranks, 300
+ * collectives, best of 6 interleaved runs, load 2-5: TCP 16 KiB 13.6 vs
+ * 19.2 us, 64 KiB 24.9 vs 30.7, 128 KiB 37.1 vs 43.0, 256 KiB 60.2 vs 69.4,
+ * 512 KiB 114.4 vs 114.6; shared memory 16 KiB 14.1 vs 19.4, 64 KiB 6.5 vs
+ * 11.1, 256 KiB 23.1 vs 31.7; uncapped, 16 MiB over TCP: 8.5 vs 6.7 ms
+ * (the ring's pipelined halves win big buffers). TRANSOM_FTAR_EXCHANGE=0 turns
+ * it off (the ring's two hops, for A/B benches; every member must agree). */
+#define FTAR_FLAG_EXCH 0x10
+#define EXCH_MAX ((size_t)128 * 1024) /* floats a bucket (512 KiB): above, the ring's pipelined halves win */
+static int exch_on = 1;
+static pthread_once_t exch_once = PTHREAD_ONCE_INIT;
+static void exch_read(void) {
+  const char *v = getenv("TRANSOM_FTAR_EXCHANGE");
+  exch_on = !(v && strcmp(v, "0") == 0);
+}
+
+/* Data frames that have left whole (the one in flight does not count). */
+static inline uint32_t frames_sent(const ring *g) { return g->sidx - (uint32_t)(g->s_busy && !g->s_token && !g->s_connect); }
+
+/* The data frame being received may not be added yet: ours of that range
+ * is still being sent. */
+static int exch_wait(const ring *g) {
+  return g->exch && g->r_have && g->rh.type == FT_DATA && frames_sent(g) <= g->ridx;
+}
+
+/* ... and nothing more of it can be read now (TCP reads the payload into
+ * the stage meanwhile; shared memory leaves it in the ring). */
+static int exch_hold(const ring *g) {
+  return exch_wait(g) && (g->L->up_shm.active || g->r_got == g->rh.len);
 }
 
 /* Frames of a bucket are added into (reduce-scatter) or written over
@@ -687,7 +756,7 @@ static int recv_payload_shm(ring *g, undo_log *u) {
   if (rx_reducing(g)) {
     size_t f0 = off + g->r_got / 4;
     g->r_crc = reduce_crc(g->r_crc, g->buf + f0, g->save ? g->save + f0 : NULL, (const float *)(const void *)src, k / 4);
-    *undo_at(u, g->rb, c) += k / 4;
+    if (!g->exch) *undo_at(u, g->rb, c) += k / 4;
   } else {
     g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
   }
@@ -732,13 +801,17 @@ static int finish_frame(ring *g, undo_log *u) {
   } else if (rx_reducing(g)) {
     size_t len = g->rh.len / 4;
     pcrc = reduce_crc(0, g->buf + off, g->save ? g->save + off : NULL, m->stage, len);
-    *undo_at(u, g->rb, c) += len;
+    if (!g->exch) *undo_at(u, g->rb, c) += len; /* the exchange saved the range as it sent it */
   } else {
     pcrc = g->rh.len ? tr_crc32c(0, g->r_dst, g->rh.len) : 0;
   }
   if (ftar_frame_crc_finish(pcrc, g->rhb) != g->rh.crc)
     return ring_fail(g, "bad checksum on %s frame %u from slot %d", ftar_type_name(g->rh.type), g->rh.index,
                      up_peer(g)->slot);
+  if (g->exch && g->op == FTAR_MEAN && g->rh.type == FT_DATA) {
+    float *x = g->buf + off;
+    for (size_t k = 0; k < g->rh.len / 4; k++) x[k] /= 2.0f;
+  }
   g->r_have = 0;
   if (g->rh.type == FT_TOKEN) {
     g->tok_recv++;
@@ -760,6 +833,7 @@ static int pump_recv(ring *g, undo_log *u) {
   while (expecting(g) && !recv_gated(g)) {
     int r;
     if (!g->r_have) r = shm ? recv_header_shm(g) : recv_header_tcp(g);
+    else if (exch_hold(g)) return progress;
     else if (g->r_got < g->rh.len) r = shm ? recv_payload_shm(g, u) : recv_payload_tcp(g);
     else r = finish_frame(g, u);
     if (r == RX_FAIL) return -1;
@@ -862,7 +936,7 @@ static int shm_arm(ring *g) {
   ftar_links *L = g->L;
   int ready = 0;
   shm_link *U = &L->up_shm, *D = &L->down_shm;
-  if (U->active && expecting(g) && !recv_gated(g)) {
+  if (U->active && expecting(g) && !recv_gated(g) && !exch_hold(g)) {
     U->armed = 1;
     atomic_store(&U->h->cons_waiting, 1);
     if (atomic_load(&U->h->head) != U->pos) ready = 1;
@@ -934,13 +1008,18 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
   g->p = L->n;
   g->r = L->r;
   int bcast = a->kind == FTAR_PASS_BCAST;
-  geom_set(&g->G, a->n, a->bucket, bcast ? 1 : g->p);
+  pthread_once(&exch_once, exch_read);
+  g->exch = exch_on && g->p == 2 && a->kind == FTAR_PASS_RING && /* the flat ring (not the hierarchy's passes) */
+            (a->bucket && a->bucket < a->n ? a->bucket : a->n) <= EXCH_MAX;
+  geom_set(&g->G, a->n, a->bucket, bcast || g->exch ? 1 : g->p);
   g->rd = a->rd;
-  g->Fmax = frame_floats(b_len(&g->G, 0), g->G.p, m->chunk);
-  g->rsteps = bcast ? 0 : g->p - 1;
-  g->nsteps = bcast ? 1 : 2 * (g->p - 1);
+  /* buckets come in two lengths, B and the rest (frames of a shorter one may be longer) */
+  size_t f0 = ring_frame_floats(g, b_len(&g->G, 0)), f1 = ring_frame_floats(g, b_len(&g->G, g->G.nb ? g->G.nb - 1 : 0));
+  g->Fmax = f0 > f1 ? f0 : f1;
+  g->rsteps = bcast ? 0 : g->exch ? 1 : g->p - 1;
+  g->nsteps = bcast || g->exch ? 1 : 2 * (g->p - 1);
   g->op = a->op;
-  g->flags = (uint16_t)((unsigned)a->op | ((unsigned)a->phase & 0xff) << 8);
+  g->flags = (uint16_t)((unsigned)a->op | (g->exch ? FTAR_FLAG_EXCH : 0) | ((unsigned)a->phase & 0xff) << 8);
   g->frames_before = a->frames_before;
   g->no_stall = a->no_stall;
   g->save = a->save;
@@ -1024,7 +1103,7 @@ static void pollset_build(const ring *g, ring_pollset *ps) {
   pf[np++] = (struct pollfd){.fd = m->wake[0], .events = POLLIN};
   ps->i_lis = np;
   pf[np++] = (struct pollfd){.fd = m->lfd, .events = POLLIN};
-  if (L->up_fd >= 0 && expecting(g) && !L->up_eof && !recv_gated(g)) { /* data, or with a ring: doorbells and EOF */
+  if (L->up_fd >= 0 && expecting(g) && !L->up_eof && !recv_gated(g) && !exch_hold(g)) { /* data, or with a ring: doorbells and EOF */
     ps->i_up = np;
     pf[np++] = (struct pollfd){.fd = L->up_fd, .events = POLLIN};
   }

@@ -177,10 +177,10 @@ typedef struct {
   double timeout;        /* longest wait inside one call for quorum/peers/decision (default 60 s) */
   double deadline;       /* data-plane stall limit; 0 = the coordinator's deadline */
   int min_members;       /* quorum: wait (up to timeout) for at least this many (default 1) */
-  size_t chunk_bytes;    /* largest frame payload (default 256 KiB). Frames are about 1/4 of a
-                            ring segment, at least 16 KiB, big ones in multiples of 65408 bytes
-                            (header + payload fill one 64 KiB loopback segment). Every member
-                            must use the same value. */
+  size_t chunk_bytes;    /* largest frame payload (default 256 KiB). A ring segment of up to
+                            4 x 65408 B is cut evenly in frames of at most 65408 B (header +
+                            payload fill one 64 KiB loopback segment); bigger ones in about 4
+                            frames of whole multiples of it. Every member must use the same value. */
   int sockbuf;           /* SO_SNDBUF/SO_RCVBUF bytes (default 4 MiB; 0 = kernel autotuning) */
   int spin_us;           /* after the last progress, poll this long (yielding the core between
                             rounds) before sleeping: -1 default (500 us), 0 never */
