@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # apt_need.sh — installs the Debian packages of the commands that are
 # missing, and nothing when every command is there (so a machine that has
-# them never touches apt). Used by detector/test_deps.sh, spec/hosts/deps.sh
-# and the benches that need OpenMPI.
+# them never touches apt). Used by detector/test_deps.sh, spec/hosts/deps.sh,
+# spec/fuzz/deps.sh and the benches that need OpenMPI.
 #
 #   spec/apt_need.sh LABEL COMMAND:PACKAGE ...
 #   spec/apt_need.sh test_deps gnuplot:gnuplot-nox promtool:prometheus
+#   spec/apt_need.sh "fuzz deps" clang:clang -:libomp-dev   (-: no command, the package itself)
 #
 # Packages go in without their recommends; sudo when not root. Exit status:
 # apt-get install's (set -e), 2 on a malformed argument.
@@ -16,7 +17,11 @@ shift
 missing=()
 for pair in "$@"; do
   [[ $pair == ?*:?* ]] || { echo "apt_need.sh: '$pair' is not COMMAND:PACKAGE" >&2; exit 2; }
-  command -v "${pair%%:*}" >/dev/null 2>&1 && continue
+  if [ "${pair%%:*}" = - ]; then
+    dpkg-query -W -f='${Status}' "${pair#*:}" 2>/dev/null | grep -q "ok installed" && continue
+  else
+    command -v "${pair%%:*}" >/dev/null 2>&1 && continue
+  fi
   [[ " ${missing[*]-} " == *" ${pair#*:} "* ]] || missing+=("${pair#*:}")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
