@@ -406,6 +406,24 @@ static void arg(args *a, const char *fmt, ...) {
   a->v[a->n] = NULL;
 }
 
+/* A rank of an exact-sums run: all p in, each count reduced with op and
+ * checked element by element; bucket > 0: reduced while it is written. */
+static void verify_args(args *a, int p, const char *counts, const char *op, size_t bucket) {
+  arg(a, "--wait");
+  arg(a, "%d", p);
+  arg(a, "--counts");
+  arg(a, "%s", counts);
+  arg(a, "--op");
+  arg(a, "%s", op);
+  arg(a, "--verify");
+  if (bucket) {
+    arg(a, "--bucket");
+    arg(a, "%zu", bucket);
+    arg(a, "--produce-us");
+    arg(a, "20");
+  }
+}
+
 static void rank_args(args *a, int port, int slot) {
   a->n = 0;
   arg(a, "--coord");
@@ -1134,20 +1152,8 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
   for (int r = 0; r < p; r++) {
     args a;
     rank_args(&a, ftar_coord_port(c), r);
-    arg(&a, "--wait");
-    arg(&a, "%d", p);
-    arg(&a, "--counts");
-    arg(&a, "%s", counts_csv);
-    arg(&a, "--op");
-    arg(&a, "%s", op);
-    arg(&a, "--verify");
+    verify_args(&a, p, counts_csv, op, bucket);
     if (tcp) arg(&a, "--tcp");
-    if (bucket) {
-      arg(&a, "--bucket");
-      arg(&a, "%zu", bucket);
-      arg(&a, "--produce-us");
-      arg(&a, "20");
-    }
     spawn(&ps[r], r, a.v);
   }
   finish(ps, p, T(120));
@@ -1451,20 +1457,8 @@ static void test_hier_sizes(const char *name, const layout *L, const char *op, i
   for (int r = 0; r < p; r++) {
     args a;
     hier_rank_args(&a, ftar_coord_port(c), L, r);
-    arg(&a, "--wait");
-    arg(&a, "%d", p);
-    arg(&a, "--counts");
-    arg(&a, "%s", counts);
-    arg(&a, "--op");
-    arg(&a, "%s", op);
-    arg(&a, "--verify");
+    verify_args(&a, p, counts, op, bucket);
     if (flat) arg(&a, "--flat");
-    if (bucket) {
-      arg(&a, "--bucket");
-      arg(&a, "%zu", bucket);
-      arg(&a, "--produce-us");
-      arg(&a, "20");
-    }
     spawn(&ps[r], r, a.v);
   }
   finish(ps, p, T(120));
