@@ -442,6 +442,48 @@ static void slots_expected(char *out, size_t n, const int *slots, int k) {
 
 /* --- unit: wire format --- */
 
+/* Every CRC path this CPU has (AVX-512 folding, SSE4.2 + AVX2, table), the
+ * plain CRC and both fused passes, against the table CRC and a plain copy /
+ * add: lengths around the paths' block sizes, odd offsets, a running value. */
+static void test_crc_paths(const uint8_t *b, size_t big) {
+  size_t lens[] = {0, 3, 8, 252, 256, 1020, 1024, 1028, 1280, 1536, 4096, 8191, 65536, 65540, 100000};
+  size_t nmax = 100000 + 64;
+  uint8_t *d = malloc(nmax);
+  float *dst = malloc(nmax), *ref = malloc(nmax), *save = malloc(nmax);
+  int top = tr_crc32c_level(2), mism = 0;
+  for (int lv = top; lv >= 0; lv--) {
+    CHECK(tr_crc32c_level(lv) == lv, "crc32c path %d available", lv);
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+      for (size_t off = 0; off < 12; off += 4) {
+        size_t len = lens[li];
+        if (off + len + 8 > big) continue;
+        const uint8_t *src = b + off;
+        uint32_t want = tr_crc32c_sw(0x5a5a5a5au, src, len);
+        int bad = tr_crc32c(0x5a5a5a5au, src, len) != want;
+        bad |= tr_crc32c_copy(0x5a5a5a5au, d + 1, src, len) != want || memcmp(d + 1, src, len) != 0;
+        size_t n = len / 4;
+        const float *fs = (const float *)(const void *)(b + 8 + off); /* 4-aligned: b is malloc'd */
+        uint32_t fwant = tr_crc32c_sw(7, fs, n * 4);
+        for (size_t k = 0; k < n; k++) dst[k] = ref[k] = (float)(k % 97) * 0.25f - 3.0f;
+        bad |= tr_crc32c_reduce(7, dst, save, fs, n) != fwant;
+        for (size_t k = 0; k < n; k++) {
+          float sk;
+          memcpy(&sk, b + 8 + off + 4 * k, 4);
+          float sum = ref[k] + sk;
+          if (memcmp(&dst[k], &sum, 4) != 0 || save[k] != ref[k]) bad = 1;
+        }
+        if (bad && !mism) fprintf(stderr, "  crc32c path %d wrong at len %zu off %zu\n", lv, len, off);
+        mism += bad;
+      }
+  }
+  CHECK(mism == 0, "crc32c paths differ from the table (or copy / add wrong) in %d cases", mism);
+  tr_crc32c_level(2);
+  free(d);
+  free(dst);
+  free(ref);
+  free(save);
+}
+
 static void test_wire(void) {
   CHECK(tr_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c check value");
   CHECK(tr_crc32c_sw(0, "123456789", 9) == 0xE3069283u, "crc32c (table) check value");
@@ -468,6 +510,7 @@ static void test_wire(void) {
       if (tr_crc32c(tr_crc32c(0, b + off, cut), b + off + cut, lens[li] - cut) != hw) mism++;
     }
   CHECK(mism == 0, "hardware and table CRC32C differ in %d cases", mism);
+  test_crc_paths(b, big);
   free(b);
 
   ftar_hdr h = {.type = FT_DATA, .flags = 3, .epoch = 0x1122334455667788ull, .seq = 42, .index = 7, .len = 8,
