@@ -253,6 +253,8 @@ enum {
   FTAR_PASS_BCAST = 2,   /* rank 0's buf along the chain 0 -> 1 -> .. -> p-1, no tokens */
   FTAR_PASS_TOKENS = 3,  /* p-1 tokens around the ring (n = 0): then every member of it got here */
   FTAR_PASS_RELEASE = 4, /* one token along the chain 0 -> .. -> p-1 (n = 0) */
+  FTAR_PASS_RS = 5,      /* the reduce-scatter alone: rank r then holds the sum of segment r+1 mod p */
+  FTAR_PASS_AG = 6,      /* the all-gather alone, from what FTAR_PASS_RS left */
 };
 
 typedef struct {
@@ -269,6 +271,10 @@ typedef struct {
   uint32_t frames_before; /* data frames received earlier in this attempt (the fault hook counts on) */
   int no_stall;           /* the pass waits on other hosts' local work: no "peer stalled" limit (a lost
                              peer ends it through EOF, the coordinator's abort or t_end) */
+  int outer_p, outer_c;   /* > 1: the pass moves only segment outer_c of outer_p of every bucket (the
+                             part an earlier FTAR_PASS_RS over outer_p members left this member) */
+  float div;              /* FTAR_PASS_REDUCE: each member divides the segment it completes by div before
+                             the all-gather sends it (0: no division) */
 } ftar_pass;
 
 typedef struct ftar_ring_run ftar_ring_run; /* a pass's state and undo log, reused across passes */

@@ -113,21 +113,30 @@ enum { R_DONE = 0, R_ABORT = 1, R_FATAL = 2 };
 typedef struct {
   size_t n, B, nb;
   int p;
+  int outer_p, outer_c; /* a pass over part outer_c of outer_p of every bucket (ftar_pass) */
 } geom;
 
-static void geom_set(geom *G, size_t n, size_t bucket, int p) {
+static void geom_set(geom *G, size_t n, size_t bucket, int p, int outer_p, int outer_c) {
   G->n = n;
   G->B = bucket && bucket < n ? bucket : (n ? n : 1);
   G->nb = (n + G->B - 1) / G->B;
   G->p = p;
+  G->outer_p = outer_p > 1 ? outer_p : 1;
+  G->outer_c = outer_p > 1 ? outer_c : 0;
 }
-static inline size_t b_len(const geom *G, size_t b) {
+static inline size_t seg_len_p(size_t n, int p, int c) { return n / (size_t)p + ((size_t)c < n % (size_t)p); }
+static inline size_t seg_off_p(size_t n, int p, int c) {
+  size_t b = n / (size_t)p, rem = n % (size_t)p;
+  return (size_t)c * b + ((size_t)c < rem ? (size_t)c : rem);
+}
+static inline size_t whole_len(const geom *G, size_t b) {
   size_t hi = G->n - b * G->B;
   return hi > G->B ? G->B : hi;
 }
+static inline size_t b_len(const geom *G, size_t b) { return seg_len_p(whole_len(G, b), G->outer_p, G->outer_c); }
 static inline size_t b_off(const geom *G, size_t b) {
   size_t hi = G->n - b * G->B;
-  return hi > G->B ? hi - G->B : 0;
+  return (hi > G->B ? hi - G->B : 0) + seg_off_p(whole_len(G, b), G->outer_p, G->outer_c);
 }
 
 typedef struct {
@@ -141,6 +150,7 @@ typedef struct {
   int tok_base_send, tok_base_recv; /* token values: base + 1, base + 2, ... */
   uint32_t frames_before; /* data frames received in earlier passes of the attempt */
   int no_stall;           /* no "peer stalled" limit (ftar_pass) */
+  float div;              /* ftar_pass.div */
   float *save;            /* where overwritten input is saved (NULL: nowhere) */
   int cross;              /* our downstream is on another host */
   float *buf;
@@ -232,11 +242,6 @@ static size_t frame_floats(size_t n, int p, size_t chunk) {
   return f < cap ? f : cap;
 }
 
-static inline size_t seg_len_p(size_t n, int p, int c) { return n / (size_t)p + ((size_t)c < n % (size_t)p); }
-static inline size_t seg_off_p(size_t n, int p, int c) {
-  size_t b = n / (size_t)p, rem = n % (size_t)p;
-  return (size_t)c * b + ((size_t)c < rem ? (size_t)c : rem);
-}
 static inline size_t seg_len(const geom *G, size_t b, int c) { return seg_len_p(b_len(G, b), G->p, c); }
 static inline size_t seg_off(const geom *G, size_t b, int c) { return b_off(G, b) + seg_off_p(b_len(G, b), G->p, c); }
 static inline size_t *undo_at(undo_log *u, size_t b, int c) { return &u->copied[b * (size_t)u->G.p + (size_t)c]; }
@@ -263,10 +268,12 @@ static inline int bucket_ready(const ring *g, size_t b) {
 }
 static inline int send_seg(const ring *g, int s) {
   if (g->kind == FTAR_PASS_BCAST || g->exch) return 0;
+  if (g->kind == FTAR_PASS_AG) s += g->p - 1; /* the all-gather's steps alone */
   return s < g->p - 1 ? modp(g->r - s, g->p) : modp(g->r + 1 - (s - (g->p - 1)), g->p);
 }
 static inline int recv_seg(const ring *g, int s) {
   if (g->kind == FTAR_PASS_BCAST || g->exch) return 0;
+  if (g->kind == FTAR_PASS_AG) s += g->p - 1;
   return s < g->p - 1 ? modp(g->r - s - 1, g->p) : modp(g->r - (s - (g->p - 1)), g->p);
 }
 
@@ -413,8 +420,8 @@ static void prep_data(ring *g, undo_log *u) {
     pcrc = tr_crc32c_copy(0, g->save + off, x, len * sizeof(float));
     *undo_at(u, g->sb, c) += len;
   } else {
-    if (g->ss == g->p - 1 && g->op == FTAR_MEAN && g->kind == FTAR_PASS_RING) { /* ours: divide once (flat ring) */
-      float d = (float)g->p;
+    if (g->ss == g->p - 1 && ((g->op == FTAR_MEAN && g->kind == FTAR_PASS_RING) || g->div != 0)) {
+      float d = g->div != 0 ? g->div : (float)g->p; /* ours: divide once (flat ring; the grid's columns) */
       for (size_t k = 0; k < len; k++) x[k] /= d;
     }
     pcrc = tr_crc32c(0, x, len * sizeof(float));
@@ -1011,17 +1018,18 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
   pthread_once(&exch_once, exch_read);
   g->exch = exch_on && g->p == 2 && a->kind == FTAR_PASS_RING && /* the flat ring (not the hierarchy's passes) */
             (a->bucket && a->bucket < a->n ? a->bucket : a->n) <= EXCH_MAX;
-  geom_set(&g->G, a->n, a->bucket, bcast || g->exch ? 1 : g->p);
+  geom_set(&g->G, a->n, a->bucket, bcast || g->exch ? 1 : g->p, a->outer_p, a->outer_c);
   g->rd = a->rd;
   /* buckets come in two lengths, B and the rest (frames of a shorter one may be longer) */
   size_t f0 = ring_frame_floats(g, b_len(&g->G, 0)), f1 = ring_frame_floats(g, b_len(&g->G, g->G.nb ? g->G.nb - 1 : 0));
   g->Fmax = f0 > f1 ? f0 : f1;
-  g->rsteps = bcast ? 0 : g->exch ? 1 : g->p - 1;
-  g->nsteps = bcast || g->exch ? 1 : 2 * (g->p - 1);
+  g->rsteps = bcast || a->kind == FTAR_PASS_AG ? 0 : g->exch ? 1 : g->p - 1;
+  g->nsteps = bcast || g->exch ? 1 : a->kind == FTAR_PASS_RS || a->kind == FTAR_PASS_AG ? g->p - 1 : 2 * (g->p - 1);
   g->op = a->op;
   g->flags = (uint16_t)((unsigned)a->op | (g->exch ? FTAR_FLAG_EXCH : 0) | ((unsigned)a->phase & 0xff) << 8);
   g->frames_before = a->frames_before;
   g->no_stall = a->no_stall;
+  g->div = a->kind == FTAR_PASS_REDUCE ? a->div : 0;
   g->save = a->save;
   g->ep = m->run_ep;
   g->seq = seq;

@@ -82,6 +82,9 @@ extern char **environ;
 
 #define DEADLINE 1.5
 #define MAXP 8
+/* test_grid's fault frames (see there) for 4 ranks at 4194304 and 262144 floats */
+#define GRID_F_BIG 2, 40, 56, 70
+#define GRID_F_SMALL 2, 5, 8, 10
 
 static char transom_bin[PATH_MAX];
 static int verbose;
@@ -164,7 +167,7 @@ typedef struct {
   int nres, rcap;
   int port, ready, done, errors;
   long rejected, collectives, shm_links, tcp_links;
-  long hier_collectives, cross_bytes; /* the ftar-hier line; -1 until it came */
+  long hier_collectives, grid_collectives, cross_bytes; /* the ftar-hier line; -1 until it came */
   int exited, status;
 } proc;
 
@@ -197,6 +200,8 @@ static void on_line(proc *p, char *line) {
   } else if (strncmp(line, "ftar-hier", 9) == 0) {
     const char *q = strstr(line, "hier_collectives=");
     if (q) p->hier_collectives = atol(q + 17);
+    q = strstr(line, "grid_collectives=");
+    if (q) p->grid_collectives = atol(q + 17);
     q = strstr(line, "cross_bytes=");
     if (q) p->cross_bytes = atol(q + 12);
   }
@@ -220,7 +225,7 @@ static void append_err(proc *p, const char *b, size_t n) {
 static int spawn(proc *p, int slot, char **args) {
   memset(p, 0, sizeof *p);
   p->slot = slot;
-  p->hier_collectives = p->cross_bytes = -1;
+  p->hier_collectives = p->grid_collectives = p->cross_bytes = -1;
   int o[2], e[2], in[2];
   if (pipe(o) || pipe(e) || pipe(in)) return -1;
   fcntl(in[1], F_SETFD, FD_CLOEXEC);
@@ -1218,10 +1223,14 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
       }
     }
     CHECK(bad == 0, "%d ranks %s: rank %d: %d results wrong", p, op, r, bad);
-    /* the transport asked for is the one used: two links per member */
-    CHECK(tcp ? ps[r].shm_links == 0 && ps[r].tcp_links == 2 : ps[r].shm_links == 2 && ps[r].tcp_links == 0,
+    /* the transport asked for is the one used: two links per member, four
+     * in the grid (TCP, an even number >= 4: a pair and a column) */
+    int grid = tcp && p >= 4 && p % 2 == 0;
+    CHECK(tcp ? ps[r].shm_links == 0 && ps[r].tcp_links == (grid ? 4 : 2) : ps[r].shm_links == 2 && ps[r].tcp_links == 0,
           "%d ranks %s: rank %d used %ld shm and %ld tcp links", p, tcp ? "tcp" : "shm", r, ps[r].shm_links,
           ps[r].tcp_links);
+    CHECK(ps[r].grid_collectives == (grid ? ncounts : 0), "%d ranks %s %s: rank %d ran %ld of %d collectives as a grid",
+          p, op, tcp ? "tcp" : "shm", r, ps[r].grid_collectives, ncounts);
   }
   /* finishing ranks leave cleanly: a boundary epoch, not an aborting one */
   CHECK(coord_log_has("leaves after seq") && !coord_log_has("connection closed"),
@@ -1240,17 +1249,17 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
  * p ranks (2 or 3), the last one the victim: with 2, the fault lands in
  * the two-member exchange (ftar_ring.c) and the survivor redoes alone
  * from its restored input, which --verify checks exactly. */
-static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int bucket, int p) {
+static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int bucket, int p, unsigned frames) {
   double tstart = tr_now();
   char what[64];
-  snprintf(what, sizeof what, "%s (%s%s, %d ranks)", use_stop ? "SIGSTOP" : "kill -9", tcp ? "tcp" : "shm",
-           bucket ? ", buckets" : "", p);
+  snprintf(what, sizeof what, "%s (%s%s, %d ranks, frame %u)", use_stop ? "SIGSTOP" : "kill -9", tcp ? "tcp" : "shm",
+           bucket ? ", buckets" : "", p, frames ? frames : 1 + seed % 3);
   ftar_coord *c = coord_start();
   if (!c) return;
   int port = ftar_coord_port(c);
   const int victim = p - 1, joiner = 5, iters = 14;
   char surv_slots[32];
-  slots_expected(surv_slots, sizeof surv_slots, (const int[]){0, 1}, p - 1);
+  slots_expected(surv_slots, sizeof surv_slots, (const int[]){0, 1, 2, 3, 4, 5, 6, 7}, p - 1);
   /* 1 MiB / 16 MiB; two members always 16 MiB: in the exchange the victim
    * sends while it receives, and 1 MiB could all reach the survivor before
    * the victim dies (a COMMIT of the full result, not the redo tested) */
@@ -1291,7 +1300,7 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
      * survivors' abort and redo always run (a signal from outside could
      * land between collectives) */
     char fault[64];
-    snprintf(fault, sizeof fault, "%s:6:%u", use_stop ? "stop" : "kill", 1 + seed % 3);
+    snprintf(fault, sizeof fault, "%s:6:%u", use_stop ? "stop" : "kill", frames ? frames : 1 + seed % 3);
     if (r == victim) setenv("TRANSOM_TEST_FTAR_FAULT", fault, 1);
     spawn(&ps[r], r, a.v);
     unsetenv("TRANSOM_TEST_FTAR_FAULT");
@@ -1384,8 +1393,13 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
      * stopped (its sends do not wait for its receives), so the survivor
      * can hold the full result and the coordinator COMMITs it (with the
      * victim's input, as the ring does when every survivor is full) */
-    int committed = p == 2 && x->seq == 6 && x->contrib == 2 && strcmp(x->slots, "0,1") == 0 && x->redos >= 1 &&
-                    x->rc == FTAR_RESHAPED;
+    /* the grid likewise, when the victim dies late in the pair all-gather,
+     * its part already sent to its partner */
+    char all_slots[32];
+    slots_expected(all_slots, sizeof all_slots, (const int[]){0, 1, 2, 3, 4, 5, 6, 7}, p);
+    int may_commit = p == 2 || (tcp && p >= 4 && p % 2 == 0);
+    int committed = may_commit && x->seq == 6 && x->contrib == p && strcmp(x->slots, all_slots) == 0 &&
+                    x->redos >= 1 && x->rc == FTAR_RESHAPED;
     if (committed) printf("  %s: collective 6 committed with the victim's input (the survivor held it all)\n", what);
     redid += committed;
     CHECK(without || committed, "%s: survivor %d: collective %llu without the victim (contrib %d slots %s redos %d rc %d)", what, r,
@@ -1404,6 +1418,13 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
       }
     }
     if (!with_join) CHECK(s->nres == iters, "%s: survivor %d completed %d of %d collectives", what, r, s->nres, iters);
+    /* over TCP an even number >= 4 of members reduces as a grid: before
+     * the fault (collectives 1-5) and after it (6, redone, and the rest) */
+    if (!with_join && tcp) {
+      long want = (p >= 4 && p % 2 == 0 ? 5 : 0) + (p - 1 >= 4 && (p - 1) % 2 == 0 ? iters - 5 : 0);
+      CHECK(s->grid_collectives == want, "%s: survivor %d ran %ld collectives as a grid, want %ld", what, r,
+            s->grid_collectives, want);
+    }
   }
   CHECK(redid >= 1, "%s: no survivor redid the collective the victim died in", what);
   char noticed[64];
@@ -1435,6 +1456,28 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
   (void)end;
   proc_free(ps, np);
   ftar_coord_free(c);
+}
+
+/* --- the grid: TCP, an even number >= 4 of members (ftar_hier.c) ---
+ * test_sizes(4, .., tcp) of main's loop runs it too. Here: MEAN divided
+ * once, 6 members (columns of 3), buckets while written; the last member
+ * killed in each data pass of 4 (the 3 survivors redo on the flat ring) or
+ * stopped in the column pass; one of 5 killed, the 4 survivors redo
+ * through the grid. The victim's data frames in one grid attempt of
+ * collective 6 (count floats, frames of at most 65408): the pair
+ * reduce-scatter's first, the column reduce's, the pair all-gather's. */
+static void test_grid(void) {
+  int small = test_small();
+  test_sizes(4, "mean", 1, small ? "1,3,1000,65537" : "1,3,1000,65537,1048573", 0);
+  test_sizes(6, "sum", 1, small ? "1,2,7,1000,65537" : "1,2,7,1000,65537,1048573", 0);
+  test_sizes(4, "sum", 1, "1,7,1000,65537,1048573", 10000);
+  test_sizes(4, "mean", 1, "1,3,65537,1048573", 4096);
+  /* frames: pair reduce-scatter, column reduce-scatter, column all-gather, pair all-gather */
+  const unsigned at_big[4] = {GRID_F_BIG}, at_small[4] = {GRID_F_SMALL};
+  const unsigned *at = small ? at_small : at_big;
+  for (int ph = 0; ph < 4; ph++) test_fault(0, 0, 1, 11u, 0, 4, at[ph]);
+  test_fault(1, 0, 1, 12u, 0, 4, at[1]);
+  test_fault(0, 0, 1, 13u, 0, 5, 0);
 }
 
 /* --- hierarchical: members on fake hosts (loopback addresses) --- */
@@ -2040,6 +2083,11 @@ int main(void) {
   int lng = getenv("TRANSOM_LONG") != NULL;
   double t0 = tr_now();
   const char *only = getenv("FTAR_TEST_ONLY");
+  if (only && strcmp(only, "grid") == 0) {
+    test_grid();
+    printf("  total %.1f s\n", tr_now() - t0);
+    return check_report("test_ftar");
+  }
   if (only && strcmp(only, "hier") == 0) {
     test_hier();
     printf("  total %.1f s\n", tr_now() - t0);
@@ -2063,20 +2111,21 @@ int main(void) {
     test_sizes(3, "sum", tcp, "1,7,1000,65537,1048573", 10000);
     test_sizes(2, "mean", tcp, "1,3,65537", 4096);
   }
+  test_grid();
   int rounds = lng ? 5 : 1;
   for (int i = 0; i < rounds; i++)
     for (int tcp = 0; tcp < 2; tcp++) {
-      test_fault(0, 0, tcp, 1234u + (unsigned)i, 0, 3);
-      test_fault(1, 0, tcp, 4321u + (unsigned)i, 0, 3);
-      test_fault(0, 0, tcp, 2345u + (unsigned)i, 1, 3);
-      test_fault(0, 0, tcp, 3456u + (unsigned)i, 0, 2); /* mid two-member exchange */
-      test_fault(1, 0, tcp, 6543u + (unsigned)i, 0, 2);
+      test_fault(0, 0, tcp, 1234u + (unsigned)i, 0, 3, 0);
+      test_fault(1, 0, tcp, 4321u + (unsigned)i, 0, 3, 0);
+      test_fault(0, 0, tcp, 2345u + (unsigned)i, 1, 3, 0);
+      test_fault(0, 0, tcp, 3456u + (unsigned)i, 0, 2, 0); /* mid two-member exchange */
+      test_fault(1, 0, tcp, 6543u + (unsigned)i, 0, 2, 0);
     }
-  test_fault(0, 0, 1, 4567u, 1, 2); /* the exchange, bucketed */
-  test_fault(1, 0, 0, 5432u, 1, 3);
-  test_fault(0, 1, 0, 99u, 0, 3);
-  test_fault(0, 1, 1, 98u, 0, 3);
-  test_fault(0, 1, 0, 97u, 1, 3);
+  test_fault(0, 0, 1, 4567u, 1, 2, 0); /* the exchange, bucketed */
+  test_fault(1, 0, 0, 5432u, 1, 3, 0);
+  test_fault(0, 1, 0, 99u, 0, 3, 0);
+  test_fault(0, 1, 1, 98u, 0, 3, 0);
+  test_fault(0, 1, 0, 97u, 1, 3, 0);
   test_hier();
   test_garbage();
   test_soak();

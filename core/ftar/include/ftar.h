@@ -92,6 +92,7 @@ typedef struct {
   uint64_t links_shm, links_tcp;       /* data links this member opened or accepted, by transport */
   uint64_t bytes_cross;                /* of bytes_sent, those sent to a member of another host */
   uint64_t hier_collectives;           /* attempts that completed through the hierarchical plane */
+  uint64_t grid_collectives;           /* ... through the grid (one host, an even count >= 4) */
 } ftar_stats;
 
 typedef void (*ftar_log_fn)(void *ud, const char *msg);
