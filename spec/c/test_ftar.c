@@ -1458,6 +1458,8 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
   ftar_coord_free(c);
 }
 
+static void test_grid_hosts(void);
+
 /* --- the grid: TCP, an even number >= 4 of members (ftar_hier.c) ---
  * test_sizes(4, .., tcp) of main's loop runs it too. Here: MEAN divided
  * once, 6 members (columns of 3), buckets while written; the last member
@@ -1478,6 +1480,7 @@ static void test_grid(void) {
   for (int ph = 0; ph < 4; ph++) test_fault(0, 0, 1, 11u, 0, 4, at[ph]);
   test_fault(1, 0, 1, 12u, 0, 4, at[1]);
   test_fault(0, 0, 1, 13u, 0, 5, 0);
+  test_grid_hosts();
 }
 
 /* --- hierarchical: members on fake hosts (loopback addresses) --- */
@@ -1561,12 +1564,31 @@ static void test_hier_sizes(const char *name, const layout *L, const char *op, i
       bad += !x->ok || x->rc != 0 || x->contrib != p || strcmp(x->slots, sl) || x->redos;
     }
     CHECK(bad == 0, "%s: rank %d: %d results wrong (exact sums over slots %s)", what, r, bad, sl);
-    if (flat) CHECK(ps[r].hier_collectives == 0, "%s: rank %d ran %ld hierarchically", what, r, ps[r].hier_collectives);
-    else check_hier_links(what, L, &ps[r], r, ncounts);
+    /* a host each, an even number >= 4: the grid over TCP */
+    int grid = !flat && hl_hosts(L) == p && p >= 4 && p % 2 == 0;
+    if (flat)
+      CHECK(ps[r].hier_collectives == 0 && ps[r].grid_collectives == 0, "%s: rank %d ran %ld hierarchically, %ld as a grid",
+            what, r, ps[r].hier_collectives, ps[r].grid_collectives);
+    else if (grid)
+      CHECK(ps[r].grid_collectives == ncounts && ps[r].hier_collectives == 0 && ps[r].shm_links == 0 &&
+                ps[r].tcp_links == 4,
+            "%s: rank %d: %ld grid, %ld hierarchical of %d collectives; %ld shm, %ld tcp links", what, r,
+            ps[r].grid_collectives, ps[r].hier_collectives, ncounts, ps[r].shm_links, ps[r].tcp_links);
+    else
+      check_hier_links(what, L, &ps[r], r, ncounts);
   }
   printf("  %s: %d ranks on %d hosts, %d sizes: %.1f s\n", what, p, hl_hosts(L), ncounts, tr_now() - t0);
   proc_free(ps, p);
   ftar_coord_free(c);
+}
+
+/* The grid across hosts: 4 fake hosts of one member each (shared memory
+ * allowed, nothing to share); --flat keeps the flat ring. */
+static void test_grid_hosts(void) {
+  static const layout four = {4, {1, 2, 3, 4}};
+  test_hier_sizes("4 x 1", &four, "sum", 0, 0);
+  test_hier_sizes("4 x 1", &four, "mean", 0, 4096);
+  test_hier_sizes("4 x 1", &four, "sum", 1, 0);
 }
 
 /* Waits (bounded) until the victim stopped or died; 1 if a signal did it
