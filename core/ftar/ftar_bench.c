@@ -893,8 +893,9 @@ static const char usage[] =
     "hosts with >= 2 ranks on one reduces hierarchically (local ring, one ring across the hosts'\n"
     "leaders, broadcast back); --flat forces the flat ring, --hier the hierarchy whenever a host has\n"
     ">= 2 ranks. A rank also prints ftar-hier slot=S hier_collectives=N grid_collectives=G bytes_sent=B\n"
-    "cross_bytes=X. On one host an even number >= 4 of ranks reduces as a grid (pairs, then columns) in\n"
-    "auto mode; --flat forces the flat ring there too.\n";
+    "cross_bytes=X. An even number >= 4 of ranks whose links are all TCP (--tcp on one host, or a host\n"
+    "each) reduces as a grid (pairs, then columns) in auto mode; --flat forces the flat ring there too.\n"
+    "Every rank must get the same --tcp and --hier / --flat.\n";
 
 /* Everything the command line sets, for every mode. */
 typedef struct {
