@@ -548,7 +548,12 @@ static void sweep_rank_argv(const sweep_opts *so, const char *coordaddr, char *s
   argv[k++] = "--quiet";
   if (so->verify) argv[k++] = "--verify";
   if (so->bind) argv[k++] = "--bind";
-  if (so->no_shm) argv[k++] = "--tcp";
+  if (so->no_shm) { /* TCP as between hosts: each rank a host of its own (127.0.0.r+1) */
+    argv[k++] = "--tcp";
+    argv[k++] = "--data-host";
+    snprintf(bufs[b], 64, "127.0.0.%d", r + 1);
+    argv[k++] = bufs[b++];
+  }
   if (so->hier >= 0) argv[k++] = so->hier ? "--hier" : "--flat";
   argv[k] = NULL;
 }
@@ -893,9 +898,10 @@ static const char usage[] =
     "hosts with >= 2 ranks on one reduces hierarchically (local ring, one ring across the hosts'\n"
     "leaders, broadcast back); --flat forces the flat ring, --hier the hierarchy whenever a host has\n"
     ">= 2 ranks. A rank also prints ftar-hier slot=S hier_collectives=N grid_collectives=G bytes_sent=B\n"
-    "cross_bytes=X. An even number >= 4 of ranks whose links are all TCP (--tcp on one host, or a host\n"
-    "each) reduces as a grid (pairs, then columns) in auto mode; --flat forces the flat ring there too.\n"
-    "Every rank must get the same --tcp and --hier / --flat.\n";
+    "cross_bytes=X. An even number >= 4 of ranks, each on a host of its own, reduces as a grid (pairs,\n"
+    "then columns) in auto mode; --flat forces the flat ring there too. The sweep's --tcp gives each\n"
+    "rank a host of its own (--data-host 127.0.0.R+1): TCP as between hosts. Every rank must get the\n"
+    "same --hier / --flat.\n";
 
 /* Everything the command line sets, for every mode. */
 typedef struct {

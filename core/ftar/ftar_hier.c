@@ -285,18 +285,21 @@ static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
  * hp->first. Buckets: the pair reduce-scatter takes them as the producer
  * finishes them, a column token round (no stall limit) then waits for
  * every pair to be through, the rest runs after.
- * When: opts.hier -1 (auto), an even number >= 4 of members, and every
- * link TCP: each member on a host of its own, or opts.shm 0 (one host over
- * loopback TCP). Where a host's members share memory, the flat ring (or
- * the hierarchy) stays: there a hop costs no syscall, and the grid's
+ * When: opts.hier -1 (auto), an even number >= 4 of members, each on a
+ * host of its own (every link TCP), decided from what every member knows
+ * alike (the advertised hosts; not opts.shm, which members may set
+ * differently: a member that chose otherwise would leave the others
+ * waiting on links it never opens). Where a host's members share memory,
+ * the flat ring (or the hierarchy) stays: there a hop costs no syscall, and the grid's
  * passes, each waiting for the last, lost to the flat ring's pipelined
  * steps (4 ranks on 2 cores, 64 KiB: 88 vs 65 us best of 5; 1 and 4 MiB
  * even), while over TCP it won at every size (64 KiB 121 vs 170 us, 1 MiB
  * 675 vs 860, 4 MiB 4331 vs 5222; best of 5 interleaved, load 1).
+ * (Measured over loopback TCP, each rank advertising its own 127.0.0.k.)
  * opts.hier 0 (the flat ring forced) turns it off; every member must agree
- * on opts.hier and opts.shm. */
+ * on opts.hier. */
 static int grid_wanted(const ftar_member *m, int hosts) {
-  return m->o.hier < 0 && m->run_n >= 4 && m->run_n % 2 == 0 && (hosts == m->run_n || !m->o.shm);
+  return m->o.hier < 0 && m->run_n >= 4 && m->run_n % 2 == 0 && hosts == m->run_n;
 }
 
 static void grid_views(host_plane *hp, ftar_member *m) {

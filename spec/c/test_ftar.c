@@ -1207,7 +1207,11 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
     args a;
     rank_args(&a, ftar_coord_port(c), r);
     verify_args(&a, p, counts_csv, op, bucket);
-    if (tcp) arg(&a, "--tcp");
+    if (tcp == 1) arg(&a, "--tcp");
+    if (tcp == 2) { /* a host each: TCP because nothing is shared, not because --tcp says so */
+      arg(&a, "--data-host");
+      arg(&a, "127.0.0.%d", r + 1);
+    }
     spawn(&ps[r], r, a.v);
   }
   finish(ps, p, T(120));
@@ -1230,8 +1234,8 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
     }
     CHECK(bad == 0, "%d ranks %s: rank %d: %d results wrong", p, op, r, bad);
     /* the transport asked for is the one used: two links per member, four
-     * in the grid (TCP, an even number >= 4: a pair and a column) */
-    int grid = tcp && p >= 4 && p % 2 == 0;
+     * in the grid (a host each, an even number >= 4: a pair and a column) */
+    int grid = tcp == 2 && p >= 4 && p % 2 == 0;
     CHECK(tcp ? ps[r].shm_links == 0 && ps[r].tcp_links == (grid ? 4 : 2) : ps[r].shm_links == 2 && ps[r].tcp_links == 0,
           "%d ranks %s: rank %d used %ld shm and %ld tcp links", p, tcp ? "tcp" : "shm", r, ps[r].shm_links,
           ps[r].tcp_links);
@@ -1241,7 +1245,7 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
   /* finishing ranks leave cleanly: a boundary epoch, not an aborting one */
   CHECK(coord_log_has("leaves after seq") && !coord_log_has("connection closed"),
         "%d ranks: ranks that finished left cleanly", p);
-  printf("  sizes: %d ranks, %s, %s, %d sizes%s: %.1f s\n", p, op, tcp ? "tcp" : "shm", ncounts,
+  printf("  sizes: %d ranks, %s, %s, %d sizes%s: %.1f s\n", p, op, tcp == 2 ? "a host each" : tcp ? "tcp" : "shm", ncounts,
          bucket ? ", in buckets while written" : "", tr_now() - t0);
   proc_free(ps, p);
   ftar_coord_free(c);
@@ -1258,7 +1262,8 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
 static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int bucket, int p, unsigned frames) {
   double tstart = tr_now();
   char what[64];
-  snprintf(what, sizeof what, "%s (%s%s, %d ranks, frame %u)", use_stop ? "SIGSTOP" : "kill -9", tcp ? "tcp" : "shm",
+  snprintf(what, sizeof what, "%s (%s%s, %d ranks, frame %u)", use_stop ? "SIGSTOP" : "kill -9",
+           tcp == 2 ? "a host each" : tcp ? "tcp" : "shm",
            bucket ? ", buckets" : "", p, frames ? frames : 1 + seed % 3);
   ftar_coord *c = coord_start();
   if (!c) return;
@@ -1294,7 +1299,11 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
       arg(&a, "--iters");
       arg(&a, "%d", iters);
     }
-    if (tcp) arg(&a, "--tcp");
+    if (tcp == 1) arg(&a, "--tcp");
+    if (tcp == 2) {
+      arg(&a, "--data-host");
+      arg(&a, "127.0.0.%d", r + 1);
+    }
     if (bucket) {
       arg(&a, "--bucket");
       arg(&a, "%zu", count / 8);
@@ -1403,7 +1412,7 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
      * its part already sent to its partner */
     char all_slots[32];
     slots_expected(all_slots, sizeof all_slots, (const int[]){0, 1, 2, 3, 4, 5, 6, 7}, p);
-    int may_commit = p == 2 || (tcp && p >= 4 && p % 2 == 0);
+    int may_commit = p == 2 || (tcp == 2 && p >= 4 && p % 2 == 0);
     int committed = may_commit && x->seq == 6 && x->contrib == p && strcmp(x->slots, all_slots) == 0 &&
                     x->redos >= 1 && x->rc == FTAR_RESHAPED;
     if (committed) printf("  %s: collective 6 committed with the victim's input (the survivor held it all)\n", what);
@@ -1424,9 +1433,9 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
       }
     }
     if (!with_join) CHECK(s->nres == iters, "%s: survivor %d completed %d of %d collectives", what, r, s->nres, iters);
-    /* over TCP an even number >= 4 of members reduces as a grid: before
-     * the fault (collectives 1-5) and after it (6, redone, and the rest) */
-    if (!with_join && tcp) {
+    /* a host each, an even number >= 4 of members: the grid, before the
+     * fault (collectives 1-5) and after it (6, redone, and the rest) */
+    if (!with_join && tcp == 2) {
       long want = (p >= 4 && p % 2 == 0 ? 5 : 0) + (p - 1 >= 4 && (p - 1) % 2 == 0 ? iters - 5 : 0);
       CHECK(s->grid_collectives == want, "%s: survivor %d ran %ld collectives as a grid, want %ld", what, r,
             s->grid_collectives, want);
@@ -1466,9 +1475,11 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
 
 static void test_grid_hosts(void);
 
-/* --- the grid: TCP, an even number >= 4 of members (ftar_hier.c) ---
- * test_sizes(4, .., tcp) of main's loop runs it too. Here: MEAN divided
- * once, 6 members (columns of 3), buckets while written; the last member
+/* --- the grid: an even number >= 4 of members, a host each (ftar_hier.c) ---
+ * Ranks advertise 127.0.0.<slot+1> (tcp = 2 in test_sizes / test_fault):
+ * sums at every size, MEAN divided once, 6 members (columns of 3), buckets
+ * while written (main's test_sizes(4, .., tcp = 1) on one host keeps the
+ * flat ring, and says so); the last member
  * killed in each data pass of 4 (the 3 survivors redo on the flat ring) or
  * stopped in the column pass; one of 5 killed, the 4 survivors redo
  * through the grid. The victim's data frames in one grid attempt of
@@ -1476,16 +1487,18 @@ static void test_grid_hosts(void);
  * reduce-scatter's first, the column reduce's, the pair all-gather's. */
 static void test_grid(void) {
   int small = test_small();
-  test_sizes(4, "mean", 1, small ? "1,3,1000,65537" : "1,3,1000,65537,1048573", 0);
-  test_sizes(6, "sum", 1, small ? "1,2,7,1000,65537" : "1,2,7,1000,65537,1048573", 0);
-  test_sizes(4, "sum", 1, "1,7,1000,65537,1048573", 10000);
-  test_sizes(4, "mean", 1, "1,3,65537,1048573", 4096);
+  const char *counts = small ? "1,2,3,5,7,31,1000,4097,65537" : "1,2,3,5,7,31,1000,4097,65537,1048573,4194301";
+  test_sizes(4, "sum", 2, counts, 0);
+  test_sizes(4, "mean", 2, small ? "1,3,1000,65537" : "1,3,1000,65537,1048573", 0);
+  test_sizes(6, "sum", 2, small ? "1,2,7,1000,65537" : "1,2,7,1000,65537,1048573", 0);
+  test_sizes(4, "sum", 2, "1,7,1000,65537,1048573", 10000);
+  test_sizes(4, "mean", 2, "1,3,65537,1048573", 4096);
   /* frames: pair reduce-scatter, column reduce-scatter, column all-gather, pair all-gather */
   const unsigned at_big[4] = {GRID_F_BIG}, at_small[4] = {GRID_F_SMALL};
   const unsigned *at = small ? at_small : at_big;
-  for (int ph = 0; ph < 4; ph++) test_fault(0, 0, 1, 11u, 0, 4, at[ph]);
-  test_fault(1, 0, 1, 12u, 0, 4, at[1]);
-  test_fault(0, 0, 1, 13u, 0, 5, 0);
+  for (int ph = 0; ph < 4; ph++) test_fault(0, 0, 2, 11u, 0, 4, at[ph]);
+  test_fault(1, 0, 2, 12u, 0, 4, at[1]);
+  test_fault(0, 0, 2, 13u, 0, 5, 0);
   test_grid_hosts();
 }
 

@@ -186,18 +186,15 @@ typedef struct {
   int spin_us;           /* after the last progress, poll this long (yielding the core between
                             rounds) before sleeping: -1 default (500 us), 0 never */
   int shm;               /* same-host peers exchange frames through a shared-memory ring
-                            (TCP stays for the handshake, doorbells and EOF): 1 (default) / 0.
-                            With hier -1 it also picks the plane (0: an even number >= 4 of
-                            members on one host reduces as the grid, see hier), so every member
-                            must use the same value: members that disagree wait on links the
-                            others never open until opts.timeout, for every collective */
+                            (TCP stays for the handshake, doorbells and EOF): 1 (default) / 0;
+                            decided link by link (members may differ) */
   int hier;              /* hierarchical reduction (core/ftar/ftar_hier.c): members that
                             advertise the same data_host reduce through a local ring first,
                             their host's leader (lowest slot) runs one ring across hosts, the
                             result goes back within the host. -1 (default, auto): when the
                             epoch spans >= 2 hosts with >= 2 members on some host, else the
                             grid (pairs, then columns; ftar_hier.c) for an even number >= 4 of
-                            members whose every link is TCP (a host each, or shm 0); 1: whenever
+                            members, each on a host of its own; 1: whenever
                             some host has >= 2 members; 0: never (the flat ring). Decided per
                             attempt from the epoch's members; every member must use the same
                             value. Host buffers only (not ftar_allreduce_dev) */
