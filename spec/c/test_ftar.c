@@ -1259,7 +1259,8 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
  * p ranks (2 or 3), the last one the victim: with 2, the fault lands in
  * the two-member exchange (ftar_ring.c) and the survivor redoes alone
  * from its restored input, which --verify checks exactly. */
-static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int bucket, int p, unsigned frames) {
+static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int bucket, int p, unsigned frames,
+                       size_t count_arg) {
   double tstart = tr_now();
   char what[64];
   snprintf(what, sizeof what, "%s (%s%s, %d ranks, frame %u)", use_stop ? "SIGSTOP" : "kill -9",
@@ -1274,7 +1275,7 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
   /* 1 MiB / 16 MiB; two members always 16 MiB: in the exchange the victim
    * sends while it receives, and 1 MiB could all reach the survivor before
    * the victim dies (a COMMIT of the full result, not the redo tested) */
-  const size_t count = with_join || (test_small() && p > 2) ? 262144 : 4194304;
+  const size_t count = count_arg ? count_arg : with_join || (test_small() && p > 2) ? 262144 : 4194304;
   proc ps[MAXP];
   for (int r = 0; r < p; r++) {
     args a;
@@ -1493,12 +1494,21 @@ static void test_grid(void) {
   test_sizes(6, "sum", 2, small ? "1,2,7,1000,65537" : "1,2,7,1000,65537,1048573", 0);
   test_sizes(4, "sum", 2, "1,7,1000,65537,1048573", 10000);
   test_sizes(4, "mean", 2, "1,3,65537,1048573", 4096);
+  /* small buckets take the pair and column exchanges; without them, the halves */
+  setenv("TRANSOM_FTAR_EXCHANGE", "0", 1);
+  test_sizes(4, "sum", 2, "1,2,3,5,7,31,1000,4097,65537", 0);
+  test_sizes(4, "mean", 2, "1,3,1000,65537", 4096);
+  unsetenv("TRANSOM_FTAR_EXCHANGE");
   /* frames: pair reduce-scatter, column reduce-scatter, column all-gather, pair all-gather */
   const unsigned at_big[4] = {GRID_F_BIG}, at_small[4] = {GRID_F_SMALL};
   const unsigned *at = small ? at_small : at_big;
-  for (int ph = 0; ph < 4; ph++) test_fault(0, 0, 2, 11u, 0, 4, at[ph]);
-  test_fault(1, 0, 2, 12u, 0, 4, at[1]);
-  test_fault(0, 0, 2, 13u, 0, 5, 0);
+  for (int ph = 0; ph < 4; ph++) test_fault(0, 0, 2, 11u, 0, 4, at[ph], 0);
+  test_fault(1, 0, 2, 12u, 0, 4, at[1], 0);
+  test_fault(0, 0, 2, 13u, 0, 5, 0, 0);
+  /* small buckets (65536 floats): the pair exchange's frames 1-3, the column exchange's 4-6 */
+  test_fault(0, 0, 2, 14u, 0, 4, 2, 65536);
+  test_fault(0, 0, 2, 15u, 0, 4, 5, 65536);
+  test_fault(1, 0, 2, 16u, 0, 4, 5, 65536);
   test_grid_hosts();
 }
 
@@ -2161,17 +2171,17 @@ int main(void) {
   int rounds = lng ? 5 : 1;
   for (int i = 0; i < rounds; i++)
     for (int tcp = 0; tcp < 2; tcp++) {
-      test_fault(0, 0, tcp, 1234u + (unsigned)i, 0, 3, 0);
-      test_fault(1, 0, tcp, 4321u + (unsigned)i, 0, 3, 0);
-      test_fault(0, 0, tcp, 2345u + (unsigned)i, 1, 3, 0);
-      test_fault(0, 0, tcp, 3456u + (unsigned)i, 0, 2, 0); /* mid two-member exchange */
-      test_fault(1, 0, tcp, 6543u + (unsigned)i, 0, 2, 0);
+      test_fault(0, 0, tcp, 1234u + (unsigned)i, 0, 3, 0, 0);
+      test_fault(1, 0, tcp, 4321u + (unsigned)i, 0, 3, 0, 0);
+      test_fault(0, 0, tcp, 2345u + (unsigned)i, 1, 3, 0, 0);
+      test_fault(0, 0, tcp, 3456u + (unsigned)i, 0, 2, 0, 0); /* mid two-member exchange */
+      test_fault(1, 0, tcp, 6543u + (unsigned)i, 0, 2, 0, 0);
     }
-  test_fault(0, 0, 1, 4567u, 1, 2, 0); /* the exchange, bucketed */
-  test_fault(1, 0, 0, 5432u, 1, 3, 0);
-  test_fault(0, 1, 0, 99u, 0, 3, 0);
-  test_fault(0, 1, 1, 98u, 0, 3, 0);
-  test_fault(0, 1, 0, 97u, 1, 3, 0);
+  test_fault(0, 0, 1, 4567u, 1, 2, 0, 0); /* the exchange, bucketed */
+  test_fault(1, 0, 0, 5432u, 1, 3, 0, 0);
+  test_fault(0, 1, 0, 99u, 0, 3, 0, 0);
+  test_fault(0, 1, 1, 98u, 0, 3, 0, 0);
+  test_fault(0, 1, 0, 97u, 1, 3, 0, 0);
   test_hier();
   test_garbage();
   test_soak();
