@@ -217,8 +217,8 @@ static void set_views(const host_plane *hp, ftar_member *m) {
 static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
   const topo *t = hp->t;
   int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
-  ftar_pass p1 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_REDUCE, .phase = 1},
-            p2 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_REDUCE, .phase = 2};
+  ftar_pass p1 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_REDUCE, .phase = 1, .exch = 1},
+            p2 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_REDUCE, .phase = 2, .exch = 1};
   if (local) {
     p1.save = m->in_copy;
     p1.bucket = hp->bucket;
