@@ -162,9 +162,7 @@ static int phase(host_plane *hp, ftar_member *m, attempt *at, ftar_ring_run *rr,
                                 "column reduce",
                                 "pair all-gather",
                                 "pair commit",
-                                "column commit",
-                                "pair exchange",
-                                "column exchange"};
+                                "column commit"};
   int ph = a.phase;
   a.buf = hp->buf;
   a.n = a.kind == FTAR_PASS_TOKENS || a.kind == FTAR_PASS_RELEASE ? 0 : hp->n;
@@ -298,6 +296,11 @@ static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
  * even), while over TCP it won at every size (64 KiB 121 vs 170 us, 1 MiB
  * 675 vs 860, 4 MiB 4331 vs 5222; best of 5 interleaved, load 1).
  * (Measured over loopback TCP, each rank advertising its own 127.0.0.k.)
+ * Tried and not kept: small buckets as a pair exchange then a column
+ * exchange of whole buckets (recursive doubling: 2 data hops instead of 4,
+ * twice the bytes a hop): no faster than the halves at 64 KiB (best 102.6
+ * vs 103.9 us, median 145.8 vs 108.3) and slower at 512 KiB (383 vs 335);
+ * 4 ranks, best of 5 interleaved, load 0-1.
  * opts.hier 0 (the flat ring forced) turns it off; every member must agree
  * on opts.hier. */
 static int grid_wanted(const ftar_member *m, int hosts) {
@@ -319,47 +322,19 @@ static void grid_views(host_plane *hp, ftar_member *m) {
   ftar_links_view(&m->lk[FTAR_LEVEL_LEADERS], m->run_ep, t->leaders, t->nh, t->rh);
 }
 
-/* Small buckets (those the two-member exchange takes): the pair exchanges
- * whole buckets (one hop: both hold the pair's sum), the column exchanges
- * them too (a column of 2: one hop, or a ring over whole buckets), and
- * every member holds the result: 2 data hops instead of the halves' 4, for
- * twice the bytes per hop, which a small bucket does not feel (OpenMPI's
- * small all-reduce, recursive doubling, is this at 4 ranks). Then the same
- * tokens. The pair exchange saves what it overwrites (all of it). */
-static int grid_small(host_plane *hp, ftar_member *m, attempt *at) {
-  float div = hp->op == FTAR_MEAN ? (float)m->run_n : 0;
-  ftar_pass pair = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_REDUCE, .phase = 14, .save = m->in_copy,
-                    .bucket = hp->bucket, .rd = hp->rd, .exch = 1},
-            ready = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 9, .no_stall = 1},
-            col = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_REDUCE, .phase = 15, .bucket = hp->bucket, .div = div,
-                   .exch = 1};
-  int r;
-  if ((r = phase(hp, m, at, hp->first, pair)) != FTAR_PLANE_DONE) return r;
-  if (hp->rd && (r = phase(hp, m, at, hp->rr, ready)) != FTAR_PLANE_DONE) return r;
-  return phase(hp, m, at, hp->rr, col);
-}
-
 static int grid_attempt(host_plane *hp, ftar_member *m, attempt *at) {
   int r = ftar_in_copy_reserve(m, hp->n);
   if (r) return r;
   grid_views(hp, m);
-  ftar_pass ptok = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_TOKENS, .phase = 12},
-            ctok = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 13};
-  if (ftar_ring_exch_fits(hp->n, hp->bucket)) {
-    if ((r = grid_small(hp, m, at)) != FTAR_PLANE_DONE) return r;
-    at->full = 1;
-    if ((r = phase(hp, m, at, hp->rr, ptok)) != FTAR_PLANE_DONE) return r;
-    if ((r = phase(hp, m, at, hp->rr, ctok)) != FTAR_PLANE_DONE) return r;
-    m->st.grid_collectives++;
-    return FTAR_PLANE_DONE;
-  }
   int half = (hp->t->rl + 1) % 2; /* what the pair's reduce-scatter leaves us */
   ftar_pass rs = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_RS, .phase = 8, .save = m->in_copy,
                   .bucket = hp->bucket, .rd = hp->rd},
             ready = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 9, .no_stall = 1},
             col = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_REDUCE, .phase = 10, .bucket = hp->bucket,
                    .outer_p = 2, .outer_c = half, .div = hp->op == FTAR_MEAN ? (float)m->run_n : 0},
-            ag = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_AG, .phase = 11, .bucket = hp->bucket};
+            ag = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_AG, .phase = 11, .bucket = hp->bucket},
+            ptok = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_TOKENS, .phase = 12},
+            ctok = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 13};
   if ((r = phase(hp, m, at, hp->first, rs)) != FTAR_PLANE_DONE) return r;
   if (hp->rd && (r = phase(hp, m, at, hp->rr, ready)) != FTAR_PLANE_DONE) return r;
   if ((r = phase(hp, m, at, hp->rr, col)) != FTAR_PLANE_DONE) return r;

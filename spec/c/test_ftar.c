@@ -1494,18 +1494,13 @@ static void test_grid(void) {
   test_sizes(6, "sum", 2, small ? "1,2,7,1000,65537" : "1,2,7,1000,65537,1048573", 0);
   test_sizes(4, "sum", 2, "1,7,1000,65537,1048573", 10000);
   test_sizes(4, "mean", 2, "1,3,65537,1048573", 4096);
-  /* small buckets take the pair and column exchanges; without them, the halves */
-  setenv("TRANSOM_FTAR_EXCHANGE", "0", 1);
-  test_sizes(4, "sum", 2, "1,2,3,5,7,31,1000,4097,65537", 0);
-  test_sizes(4, "mean", 2, "1,3,1000,65537", 4096);
-  unsetenv("TRANSOM_FTAR_EXCHANGE");
   /* frames: pair reduce-scatter, column reduce-scatter, column all-gather, pair all-gather */
   const unsigned at_big[4] = {GRID_F_BIG}, at_small[4] = {GRID_F_SMALL};
   const unsigned *at = small ? at_small : at_big;
   for (int ph = 0; ph < 4; ph++) test_fault(0, 0, 2, 11u, 0, 4, at[ph], 0);
   test_fault(1, 0, 2, 12u, 0, 4, at[1], 0);
   test_fault(0, 0, 2, 13u, 0, 5, 0, 0);
-  /* small buckets (65536 floats): the pair exchange's frames 1-3, the column exchange's 4-6 */
+  /* 65536 floats (small frames): the pair reduce-scatter's frames 1-3, the column reduce-scatter's 4-5 */
   test_fault(0, 0, 2, 14u, 0, 4, 2, 65536);
   test_fault(0, 0, 2, 15u, 0, 4, 5, 65536);
   test_fault(1, 0, 2, 16u, 0, 4, 5, 65536);
