@@ -47,6 +47,12 @@
  * 2-6, and a member alone on its host, wait until every bucket is final:
  * the cross-host part does not overlap with the producer yet.
  *
+ * Tried and not kept: the two-member exchange (ftar_ring.c) for the local
+ * and the leaders' passes of 2 members on small buckets (one hop instead
+ * of two each): across 2 test hosts x 2 at 1 Gbit, hier 64 KiB / 256 KiB /
+ * 1 MiB 0.087 / 0.101 / 0.100 GB/s busbw with it, 0.097 / 0.093 / 0.094
+ * without (best of 3, one run each, load 1-4): no gain to carry it for.
+ *
  * Not here: moving frames (ftar_ring.c), links (ftar_port.c), the control
  * round (ftar_collective.c). Called by: ftar_allreduce (ftar_collective.c)
  * and ftar_async.c through ftar_host_plane_new.
@@ -215,8 +221,8 @@ static void set_views(const host_plane *hp, ftar_member *m) {
 static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
   const topo *t = hp->t;
   int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
-  ftar_pass p1 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_REDUCE, .phase = 1, .exch = 1},
-            p2 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_REDUCE, .phase = 2, .exch = 1};
+  ftar_pass p1 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_REDUCE, .phase = 1},
+            p2 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_REDUCE, .phase = 2};
   if (local) {
     p1.save = m->in_copy;
     p1.bucket = hp->bucket;

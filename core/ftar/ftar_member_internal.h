@@ -275,13 +275,7 @@ typedef struct {
                              part an earlier FTAR_PASS_RS over outer_p members left this member) */
   float div;              /* FTAR_PASS_REDUCE: each member divides the segment it completes by div before
                              the all-gather sends it (0: no division) */
-  int exch;               /* FTAR_PASS_REDUCE between 2 members: the one-hop exchange (each sends its
-                             whole bucket, adds the other's) where ftar_ring_exch_fits */
 } ftar_pass;
-
-/* The two-member exchange is on (TRANSOM_FTAR_EXCHANGE) and takes buckets
- * of this size (n floats in buckets of `bucket`, 0: one). */
-int ftar_ring_exch_fits(size_t n, size_t bucket);
 
 typedef struct ftar_ring_run ftar_ring_run; /* a pass's state and undo log, reused across passes */
 ftar_ring_run *ftar_ring_run_new(void);     /* NULL when out of memory */

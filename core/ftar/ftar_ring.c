@@ -376,11 +376,6 @@ static void exch_read(void) {
   exch_on = !(v && strcmp(v, "0") == 0);
 }
 
-int ftar_ring_exch_fits(size_t n, size_t bucket) {
-  pthread_once(&exch_once, exch_read);
-  return exch_on && (bucket && bucket < n ? bucket : n) <= EXCH_MAX;
-}
-
 /* Data frames that have left whole (the one in flight does not count). */
 static inline uint32_t frames_sent(const ring *g) { return g->sidx - (uint32_t)(g->s_busy && !g->s_token && !g->s_connect); }
 
@@ -820,10 +815,9 @@ static int finish_frame(ring *g, undo_log *u) {
   if (ftar_frame_crc_finish(pcrc, g->rhb) != g->rh.crc)
     return ring_fail(g, "bad checksum on %s frame %u from slot %d", ftar_type_name(g->rh.type), g->rh.index,
                      up_peer(g)->slot);
-  float d = g->kind == FTAR_PASS_RING ? (g->op == FTAR_MEAN ? 2.0f : 0) : g->div;
-  if (g->exch && d != 0 && g->rh.type == FT_DATA) { /* both members divide the same sum */
+  if (g->exch && g->op == FTAR_MEAN && g->rh.type == FT_DATA) {
     float *x = g->buf + off;
-    for (size_t k = 0; k < g->rh.len / 4; k++) x[k] /= d;
+    for (size_t k = 0; k < g->rh.len / 4; k++) x[k] /= 2.0f;
   }
   g->r_have = 0;
   if (g->rh.type == FT_TOKEN) {
@@ -1022,9 +1016,8 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
   g->r = L->r;
   int bcast = a->kind == FTAR_PASS_BCAST;
   pthread_once(&exch_once, exch_read);
-  /* the flat ring, and the grid's passes that ask (not the hierarchy's) */
-  g->exch = g->p == 2 && (a->kind == FTAR_PASS_RING || (a->kind == FTAR_PASS_REDUCE && a->exch)) &&
-            ftar_ring_exch_fits(a->n, a->bucket);
+  g->exch = exch_on && g->p == 2 && a->kind == FTAR_PASS_RING && /* the flat ring (not the hierarchy's passes) */
+            (a->bucket && a->bucket < a->n ? a->bucket : a->n) <= EXCH_MAX;
   geom_set(&g->G, a->n, a->bucket, bcast || g->exch ? 1 : g->p, a->outer_p, a->outer_c);
   g->rd = a->rd;
   /* buckets come in two lengths, B and the rest (frames of a shorter one may be longer) */

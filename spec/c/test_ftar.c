@@ -1642,7 +1642,7 @@ static int victim_signalled(proc *ps, int n, int victim) {
  * full and the coordinator commits (all 4 contributors, the victim's input
  * included), else they redo it without the victim; either way the same on
  * every survivor, and the next collective runs without it. */
-/* floats of test_hier_fault's collectives: 1 MiB; 65536 takes the exchanges */
+/* floats of test_hier_fault's collectives: 1 MiB, or 65536 (small frames) */
 static int hier_fault_count = 262144;
 
 static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int use_stop, int witness,
@@ -1909,9 +1909,8 @@ static void test_hier(void) {
   test_hier_fault(&two_one, 1, 2, 0, 0, "phase 1 (local reduce)", 0, 0);
   /* ... lost mid broadcast: the survivors are the two leaders, both full: committed */
   test_hier_fault(&two_one, 1, 8, 0, 0, "holding the full result", 1, 0);
-  /* small buckets: the local and the leaders' passes are two-member
-   * exchanges (3 frames each at 65536 floats); the victim's whole part may
-   * have left before it dies, so committed or redone, alike everywhere */
+  /* small frames (65536 floats: 2 or 3 a pass); the victim's whole part
+   * may have left before it dies, so committed or redone, alike everywhere */
   hier_fault_count = 65536;
   test_hier_fault(&two_by_two, 3, 2, 0, 2, NULL, 1, 0);
   test_hier_fault(&two_by_two, 2, 5, 0, 0, NULL, 1, 0);
