@@ -15,7 +15,9 @@
 #   FTAR-hier  the hierarchical plane (shared memory inside a host, a ring of
 #              host leaders across hosts, broadcast back), when the build's
 #              `ftar-bench rank` takes --flat (hier is then its default across
-#              hosts); else "hierarchical: not available in this build".
+#              hosts); else "hierarchical: not available in this build". With
+#              RANKS_PER_HOST=1 and an even number >= 4 of hosts this column is
+#              the grid (pairs x columns, FTAR's default there): "FTAR-grid".
 #   OpenMPI    bench/mpi_allreduce.c under mpirun run in h1, ranks launched
 #              into the other namespaces by an rsh agent the bench writes
 #              (ip netns exec NS + a UTS namespace with the host's own
@@ -303,7 +305,9 @@ table() { # H
   local h=$1 n=$(($1 * RPH))
   echo
   echo "$h hosts x $RPH ranks = $n ranks (busbw GB/s, best of $REPEAT)"
-  awk -v sizes="$(echo $SIZE_BYTES)" -v hier="$HIER" '
+  local label=hier
+  [ "$RPH" = 1 ] && [ "$n" -ge 4 ] && [ $((n % 2)) = 0 ] && label=grid
+  awk -v sizes="$(echo $SIZE_BYTES)" -v hier="$HIER" -v label="$label" '
     function human(b) { if (b >= 1048576) return (b / 1048576) " MiB"; if (b >= 1024) return (b / 1024) " KiB"; return b " B" }
     function ratio(a, b) { return (a > 0 && b > 0) ? sprintf("%.2fx", a / b) : "-" }
     function num(v) { return v > 0 ? sprintf("%.3f", v) : "-" }
@@ -312,7 +316,7 @@ table() { # H
       if (f["busbw"] + 0 > best[f["impl"], f["bytes"]]) best[f["impl"], f["bytes"]] = f["busbw"] + 0
     }
     END {
-      printf "%9s %10s %10s %9s %15s %15s %10s\n", "size", "FTAR-hier", "FTAR-flat", "OpenMPI", "hier/OpenMPI", "flat/OpenMPI", "hier/flat"
+      printf "%9s %10s %10s %9s %15s %15s %10s\n", "size", "FTAR-" label, "FTAR-flat", "OpenMPI", label "/OpenMPI", "flat/OpenMPI", label "/flat"
       m = split(sizes, s, " ")
       for (i = 1; i <= m; i++) {
         b = s[i]; hb = best["hier", b]; fb = best["flat", b]; mb = best["mpi", b]
