@@ -349,7 +349,7 @@ int pipeline_stage_main(int argc, char **argv) {
     loop_opts lo = {.t = s.t, .ck = ck, .run_dir = a.run, .worker = s.k, .save_on_stop = 0};
     loop_hooks h = {.ud = &s, .compute = pipe_compute, .exchange = pipe_exchange, .evaluate = pipe_evaluate,
                     .boundary = pipe_boundary, .report = stage_report, .eval = stage_eval,
-                    .ckpt_event = stage_ckpt_event};
+                    .ckpt_event = stage_ckpt_event, .failed = pipe_failed};
     loop_result res;
     rc = loop_run(&lo, &h, &res);
   }

@@ -137,5 +137,8 @@ int pipe_donor_boundary(pipe_stage *s, int64_t step);
 int pipe_exchange(void *ud, int64_t next, loop_exchange *x);
 int pipe_evaluate(void *ud, int64_t step, float *val_loss);
 int pipe_boundary(void *ud, int64_t step);
+/* The loop failed: the stage's FTAR group (pipelines x replicas) goes on
+ * without it now. */
+void pipe_failed(void *ud, int rc);
 
 #endif

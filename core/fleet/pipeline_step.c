@@ -243,6 +243,13 @@ int pipe_evaluate(void *ud, int64_t step, float *val_loss) {
  * slab up: the first stage ends with every owner's values and saves them.
  * The copies of a tied parameter must agree bit for bit (every stage
  * applies the same tied gradient): a difference is an error. */
+void pipe_failed(void *ud, int rc) {
+  pipe_stage *s = ud;
+  char why[256];
+  snprintf(why, sizeof why, "stage %d's training loop failed (%d): %s", s->k, rc, tr_error());
+  if (s->fm) ftar_member_leave(s->fm, why);
+}
+
 int pipe_boundary(void *ud, int64_t step) {
   pipe_stage *s = ud;
   int rc = pipe_donor_boundary(s, step);

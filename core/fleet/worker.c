@@ -423,6 +423,17 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
   return 0;
 }
 
+/* The loop failed (a step's compute, say, with an all-reduce started): the
+ * group goes on without this replica now, not when the process exits after
+ * the final checkpoint; a collective in flight fails with it. */
+static void hook_failed(void *ud, int rc) {
+  worker *w = ud;
+  char why[256];
+  snprintf(why, sizeof why, "slot %d's training loop failed (%d): %s", w->slot, rc, tr_error());
+  w->inflight = 0;
+  if (w->fm) ftar_member_leave(w->fm, why);
+}
+
 static int hook_boundary(void *ud, int64_t step) {
   worker *w = ud;
   (void)step;
@@ -676,7 +687,8 @@ static int train(worker *w, ckpt_engine *ck, const char *run) {
                   .report = hook_report,
                   .eval = hook_eval,
                   .ckpt_event = hook_ckpt_event,
-                  .saved = hook_saved};
+                  .saved = hook_saved,
+                  .failed = hook_failed};
   loop_result res;
   int rc = loop_run(&lo, &h, &res);
   if (!rc) SEND(w, "DONE slot=%d step=%lld crc=%08x", w->slot, (long long)res.step, trainer_param_crc(w->t));

@@ -475,6 +475,7 @@ void ftar_ctl_stop(ftar_member *m) {
     pthread_mutex_unlock(&m->mu);
     ftar_wake_fd(m->cmd[1]);
     pthread_join(m->th, NULL);
+    m->th_started = 0; /* once: ftar_member_leave, then ftar_member_free */
     if (m->bev) send_leave(m);
   }
   if (m->bev) bufferevent_free(m->bev);

@@ -261,6 +261,14 @@ void ftar_member_free(ftar_member *m) {
   free(m);
 }
 
+void ftar_member_leave(ftar_member *m, const char *why) {
+  if (!m) return;
+  ftar_member_fail(m, FTAR_ECOORD, why); /* first: a collective in flight fails with our reason */
+  ftar_async_free(m);
+  ftar_ctl_stop(m); /* LEAVE: the coordinator publishes the group without us */
+  ftar_links_close(m);
+}
+
 int ftar_member_wait(ftar_member *m, int n, double timeout) {
   double t_end = tr_now() + timeout;
   int rc = 0;

@@ -195,6 +195,7 @@ int loop_run(const loop_opts *o, const loop_hooks *h, loop_result *res) {
     if (rc || (rc = after_step(&L, &st, &x, wall))) break;
   }
   if (h->grads_ready) trainer_set_grads_ready(o->t, NULL, NULL);
+  if (rc && h->failed) h->failed(h->ud, rc); /* before finish: its flush may take a while */
   rc = finish(&L, rc);
   res->step = L.step;
   res->stopped = L.step < L.cfg->max_steps && stop_reached(&L);

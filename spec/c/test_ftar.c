@@ -1824,6 +1824,57 @@ static void test_hier_op_mismatch(int hier) {
   ftar_coord_free(c);
 }
 
+/* A member whose producer failed after ftar_allreduce_start (its buckets
+ * never all come) leaves with ftar_member_leave: the others' collective is
+ * redone without it at once, while it still exists (it is freed only
+ * after they returned), exact over the two that stayed; m stays usable
+ * for stats and free (the control thread is stopped once). Without the
+ * leave they would wait on its buckets until their timeout. */
+static void test_member_leave(void) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(20);
+  mo.log = churn_log;
+  thr_op a[2];
+  pthread_t th[2];
+  ftar_member *gone = ftar_member_create("127.0.0.1", ftar_coord_port(c), 2, &mo);
+  int ok = gone != NULL;
+  for (int i = 0; i < 2; i++) {
+    a[i].m = ftar_member_create("127.0.0.1", ftar_coord_port(c), i, &mo);
+    a[i].op = FTAR_SUM;
+    ok &= a[i].m != NULL;
+  }
+  CHECK(ok && ftar_member_wait(a[0].m, 3, T(10)) == 0, "member leave: members: %s", tr_error());
+  if (ok) {
+    static float half_written[1000];
+    for (int k = 0; k < 1000; k++) half_written[k] = 1.0f;
+    CHECK(ftar_allreduce_start(gone, half_written, 1000, FTAR_SUM, 1, 100) == 0, "member leave: start: %s", tr_error());
+    ftar_allreduce_ready(gone, 500); /* half its buckets, then its producer fails */
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, thr_op_run, &a[i]);
+    usleep(300 * 1000);
+    double t_leave = tr_now();
+    ftar_member_leave(gone, "compute failed");
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    double took = tr_now() - t_leave;
+    for (int i = 0; i < 2; i++)
+      CHECK(a[i].rc >= 0 && a[i].buf[0] == 2.0f && a[i].buf[999] == 2.0f, "member leave: slot %d returned %d with %g",
+            i, a[i].rc, (double)a[i].buf[0]);
+    ftar_stats st;
+    ftar_member_stats(gone, &st);
+    CHECK(ftar_allreduce(gone, half_written, 1000, FTAR_SUM, 2, NULL) < 0 && strstr(tr_error(), "compute failed"),
+          "member leave: a call after it fails with its reason: %s", tr_error());
+    CHECK(coord_log_has("leaves after seq"), "member leave: the coordinator saw LEAVE");
+    printf("  member leave: the other two done %.0f ms after it\n", took * 1e3);
+  }
+  ftar_member_free(gone); /* after leave: nothing joined twice */
+  for (int i = 0; i < 2; i++) ftar_member_free(a[i].m);
+  printf("  member leave: %.1f s\n", tr_now() - t0);
+  ftar_coord_free(c);
+}
+
 /* Epoch churn through the hierarchy: slots 0, 1 on host .1, slot 2 on .2
  * stay; slot 3 (on .2) joins and leaves, rounds times: every epoch is
  * hierarchical, its links (shared memory within a host, TCP between the
@@ -2140,6 +2191,10 @@ int main(void) {
   int lng = getenv("TRANSOM_LONG") != NULL;
   double t0 = tr_now();
   const char *only = getenv("FTAR_TEST_ONLY");
+  if (only && strcmp(only, "leave") == 0) {
+    test_member_leave();
+    return check_report("test_ftar");
+  }
   if (only && strcmp(only, "grid") == 0) {
     test_grid();
     printf("  total %.1f s\n", tr_now() - t0);
@@ -2189,6 +2244,7 @@ int main(void) {
   test_fault(0, 1, 1, 98u, 0, 3, 0, 0);
   test_fault(0, 1, 0, 97u, 1, 3, 0, 0);
   test_hier();
+  test_member_leave();
   test_garbage();
   test_soak();
   printf("  total %.1f s\n", tr_now() - t0);

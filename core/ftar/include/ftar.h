@@ -383,6 +383,15 @@ int ftar_member_reconnect(ftar_member *m, const char *host, int port, double tim
  * ftar_allreduce returns (input restored). For a host that gives up on
  * every coordinator. Any thread. */
 void ftar_member_abandon(ftar_member *m, const char *why);
+/* Leaves the group now, for a caller that cannot go on (its compute
+ * failed): a collective in flight (ftar_allreduce_start) fails with its
+ * input restored, LEAVE goes to the coordinator and the links close, so
+ * the others redo without this member at once instead of waiting for it
+ * until their deadline, and again in every epoch until the process exits.
+ * m stays valid for ftar_member_stats and ftar_member_free; every call
+ * fails with why from now on. Not while another thread of the caller is
+ * inside ftar_allreduce or _wait; not from the control thread. */
+void ftar_member_leave(ftar_member *m, const char *why);
 /* Latest epoch known and its member count. Any thread. */
 uint64_t ftar_member_epoch(ftar_member *m, int *n_members);
 /* Port of the data listener. Any thread. */

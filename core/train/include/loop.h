@@ -84,6 +84,10 @@ typedef struct {
   /* In place of trainer_eval, and then on every process, leader or not (a
    * pipeline's stages all take part); only the leader's value is reported. */
   int (*evaluate)(void *ud, int64_t step, float *val_loss);
+  /* The loop ends with error rc (a step failed, after exchange_start
+   * perhaps), before the final checkpoint is flushed: peers should stop
+   * waiting for this process now, not when it exits. */
+  void (*failed)(void *ud, int rc);
 } loop_hooks;
 
 typedef struct {
