@@ -176,6 +176,15 @@ int ftar_async_busy(ftar_member *m) {
   return busy;
 }
 
+int ftar_async_inflight(ftar_member *m) {
+  ftar_async *a = m->async;
+  if (!a) return 0;
+  pthread_mutex_lock(&m->mu);
+  int r = a->state == A_QUEUED || a->state == A_RUNNING;
+  pthread_mutex_unlock(&m->mu);
+  return r;
+}
+
 void ftar_async_free(ftar_member *m) {
   ftar_async *a = m->async;
   if (!a) return;

@@ -390,6 +390,11 @@ int ftar_member_reconnect(ftar_member *m, const char *host, int port, double tim
     return tr_fail_prefix(rc, "ftar: new coordinator");
   }
   pthread_mutex_lock(&m->mu);
+  if ((failed = m->failed)) { /* failed (left) meanwhile: no control thread may take it any more */
+    pthread_mutex_unlock(&m->mu);
+    close(fd);
+    return tr_fail(failed, "ftar: %s", m->fail_msg);
+  }
   m->uid = w.uid;
   if (m->q_fd >= 0) close(m->q_fd); /* an earlier one the control thread has not taken: superseded */
   m->q_fd = fd;
@@ -451,7 +456,11 @@ static void send_leave(ftar_member *m) {
   size_t len = evbuffer_get_length(out);
   if (len + FTAR_HDR > sizeof buf) return; /* a backlog this big: the coordinator is not reading anyway */
   if (len && evbuffer_copyout(out, buf, len) != (ssize_t)len) return;
-  ftar_hdr h = {.type = FT_LEAVE, .epoch = m->ep, .seq = m->last_seq, .index = (uint32_t)m->slot};
+  ftar_hdr h = {.type = FT_LEAVE,
+                .flags = m->leave_abort ? FTF_ABORT_PREV : 0,
+                .epoch = m->ep,
+                .seq = m->last_seq,
+                .index = (uint32_t)m->slot};
   ftar_frame_build(buf + len, &h, NULL);
   int fd = (int)bufferevent_getfd(m->bev);
   double t_end = tr_now() + 1.0;
@@ -481,8 +490,13 @@ void ftar_ctl_stop(ftar_member *m) {
   if (m->bev) bufferevent_free(m->bev);
   if (m->hb_ev) event_free(m->hb_ev);
   if (m->cmd_ev) event_free(m->cmd_ev);
-  if (m->q_fd >= 0) close(m->q_fd);
+  /* under mu: ftar_member_reconnect (another thread: the worker's link
+   * keeper, while ftar_member_leave runs) swaps q_fd under it too */
+  pthread_mutex_lock(&m->mu);
+  int qfd = m->q_fd;
   m->q_fd = -1;
+  pthread_mutex_unlock(&m->mu);
+  if (qfd >= 0) close(qfd);
   if (m->base) event_base_free(m->base);
   m->bev = NULL;
   m->hb_ev = m->cmd_ev = NULL;

@@ -7,6 +7,8 @@
  *                                that asked for seq J (its HELLO's seq):
  *                                they switch at J, the EPOCH's seq
  *   clean leave (LEAVE frame) -> the same: the leaver completed its part
+ *                                (a LEAVE with FTF_ABORT_PREV, from a member
+ *                                whose collective was in flight: as a close)
  *   close / lapse / evict     -> FTF_ABORT_PREV: every member aborts the
  *   / a member's ABORT           collective in flight and resynchronises
  * Before a member runs a collective in a new epoch it sends SYNC (the seq it
@@ -542,10 +544,15 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
     }
     break;
   }
-  case FT_LEAVE:
-    clog_(c, "slot %d leaves after seq %llu", k->slot, (unsigned long long)h->seq);
-    member_drop(k, FTAR_CHANGE_CLOSED, "left", 1);
+  case FT_LEAVE: {
+    /* FTF_ABORT_PREV: it left with a collective in flight (ftar_member_leave),
+     * its part of it never to come: no boundary, the epoch aborts it */
+    int mid = (h->flags & FTF_ABORT_PREV) != 0;
+    clog_(c, "slot %d leaves after seq %llu%s", k->slot, (unsigned long long)h->seq,
+          mid ? ", its collective in flight" : "");
+    member_drop(k, FTAR_CHANGE_CLOSED, "left", !mid);
     return 1;
+  }
   case FT_ABORT:
     if (h->epoch == c->epoch && c->go_sent && !(c->abort_ev && evtimer_pending(c->abort_ev, NULL))) {
       clog_(c, "slot %d aborted seq %llu in epoch %llu", k->slot, (unsigned long long)h->seq,

@@ -263,10 +263,20 @@ void ftar_member_free(ftar_member *m) {
 
 void ftar_member_leave(ftar_member *m, const char *why) {
   if (!m) return;
+  char err[1024]; /* the caller's tr_error() (why it leaves), kept: a failed LEAVE send sets its own */
+  snprintf(err, sizeof err, "%s", tr_error());
+  /* before the failure below ends it: this member's part of that
+   * collective will never come, so its LEAVE is no collective boundary and
+   * the others' attempt (they may already hold a GO for an epoch with us)
+   * is called off, not left to wait for us until their timeout */
+  m->leave_abort = ftar_async_inflight(m);
   ftar_member_fail(m, FTAR_ECOORD, why); /* first: a collective in flight fails with our reason */
   ftar_async_free(m);
   ftar_ctl_stop(m); /* LEAVE: the coordinator publishes the group without us */
   ftar_links_close(m);
+  ftar_port_close(m); /* and nobody reaches us any more: a connection to us is refused, not parked */
+  ftar_close_fd(&m->lfd);
+  tr_fail(0, "%s", err);
 }
 
 int ftar_member_wait(ftar_member *m, int n, double timeout) {

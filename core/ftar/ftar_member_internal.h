@@ -151,6 +151,7 @@ struct ftar_member {
   int failed; /* FTAR_ECOORD / FTAR_EEVICTED once the control link is gone */
   int coord_lost; /* survive_coord_loss: the link is gone, waiting for ftar_member_reconnect */
   int q_fd;       /* a new coordinator connection for the control thread (-1: none) */
+  int leave_abort; /* ftar_member_leave with a collective in flight: its LEAVE calls that collective off */
   char fail_msg[256];
   int q_sync, q_abort, q_quit, q_commid;
   ftar_hdr sync_h, abort_h, commid_h;
@@ -243,6 +244,7 @@ void ftar_links_view(ftar_links *L, uint64_t ep, const peer *mem, int n, int r);
 void ftar_quorum_wait(ftar_member *m);
 int ftar_async_busy(ftar_member *m); /* a started collective was not waited for yet */
 void ftar_async_free(ftar_member *m); /* fails a collective in flight, joins the thread */
+int ftar_async_inflight(ftar_member *m); /* a started collective is queued or running (not done) */
 
 /* --- ftar_ring.c: the ring engine, and the flat ring as a data plane --- */
 

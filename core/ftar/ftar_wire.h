@@ -37,7 +37,9 @@
  *   GO       c->m  epoch, seq, index = FT_GO_RUN / FT_GO_COMMIT / FT_GO_ESEQ
  *   ABORT    m->c  epoch, seq of the collective that failed
  *   LEAVE    m->c  seq = its last completed collective: a clean exit at a
- *                  collective boundary (no abort, unlike a closed connection)
+ *                  collective boundary (no abort, unlike a closed connection);
+ *                  flags FTF_ABORT_PREV: it leaves with a collective in
+ *                  flight (ftar_member_leave), which the epoch aborts
  *   COMMID   m->c  epoch, index = slot; the 128-byte communicator id that the
  *                  epoch's rank 0 (first member of its list) made for the
  *                  device data plane (ftar_dev.c)

@@ -1875,6 +1875,54 @@ static void test_member_leave(void) {
   ftar_coord_free(c);
 }
 
+/* The leave races the group's GO: the leaver synced its collective, then
+ * (the coordinator's loop stalled meanwhile) the other member synced and
+ * the leaver left, so the coordinator reads that SYNC first, sends GO for
+ * an epoch with the leaver in it, and only then reads its LEAVE. The other
+ * runs that epoch's ring towards a member whose links never formed: its
+ * collective must be called off at once (the leave was not at a collective
+ * boundary), not wait for the leaver until its timeout or until the
+ * leaver's process exits (the leaver is freed only after it returned). */
+static void test_member_leave_go(void) {
+  double t0 = tr_now();
+  loop_drv d;
+  if (drv_start(&d, 0)) return;
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(10);
+  mo.log = churn_log;
+  thr_op a = {.op = FTAR_SUM};
+  a.m = ftar_member_create("127.0.0.1", ftar_coord_port(d.c), 0, &mo);
+  ftar_member *gone = a.m ? ftar_member_create("127.0.0.1", ftar_coord_port(d.c), 1, &mo) : NULL;
+  CHECK(a.m && gone && ftar_member_wait(a.m, 2, T(10)) == 0, "leave vs GO: members: %s", tr_error());
+  if (a.m && gone) {
+    static float half_written[1000];
+    for (int k = 0; k < 1000; k++) half_written[k] = 1.0f;
+    CHECK(ftar_allreduce_start(gone, half_written, 1000, FTAR_SUM, 1, 100) == 0, "leave vs GO: start: %s",
+          tr_error());
+    ftar_allreduce_ready(gone, 900); /* its first bucket: it syncs and waits for GO */
+    usleep(300 * 1000);
+    d.stall_ms = 1500;
+    usleep(100 * 1000); /* the loop stalls: what follows is read in one go, in this order */
+    pthread_t th;
+    pthread_create(&th, NULL, thr_op_run, &a); /* its SYNC completes the epoch: GO */
+    usleep(100 * 1000);
+    ftar_member_leave(gone, "compute failed"); /* its LEAVE comes after that SYNC */
+    double t_leave = tr_now();
+    pthread_join(th, NULL);
+    double took = tr_now() - t_leave;
+    CHECK(a.rc >= 0 && a.buf[0] == 1.0f && a.buf[999] == 1.0f, "leave vs GO: the other returned %d with %g", a.rc,
+          (double)a.buf[0]);
+    CHECK(coord_log_has("its collective in flight"), "leave vs GO: the coordinator saw a LEAVE mid-collective");
+    CHECK(took < T(4), "leave vs GO: the other waited %.1f s for the member that left", took);
+    printf("  leave vs GO: the other done %.0f ms after the leave\n", took * 1e3);
+  }
+  ftar_member_free(gone);
+  ftar_member_free(a.m);
+  printf("  leave vs GO: %.1f s\n", tr_now() - t0);
+  drv_stop(&d);
+}
+
 /* Epoch churn through the hierarchy: slots 0, 1 on host .1, slot 2 on .2
  * stay; slot 3 (on .2) joins and leaves, rounds times: every epoch is
  * hierarchical, its links (shared memory within a host, TCP between the
@@ -2193,6 +2241,7 @@ int main(void) {
   const char *only = getenv("FTAR_TEST_ONLY");
   if (only && strcmp(only, "leave") == 0) {
     test_member_leave();
+    test_member_leave_go();
     return check_report("test_ftar");
   }
   if (only && strcmp(only, "grid") == 0) {
@@ -2245,6 +2294,7 @@ int main(void) {
   test_fault(0, 1, 0, 97u, 1, 3, 0, 0);
   test_hier();
   test_member_leave();
+  test_member_leave_go();
   test_garbage();
   test_soak();
   printf("  total %.1f s\n", tr_now() - t0);

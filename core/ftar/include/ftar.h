@@ -385,12 +385,15 @@ int ftar_member_reconnect(ftar_member *m, const char *host, int port, double tim
 void ftar_member_abandon(ftar_member *m, const char *why);
 /* Leaves the group now, for a caller that cannot go on (its compute
  * failed): a collective in flight (ftar_allreduce_start) fails with its
- * input restored, LEAVE goes to the coordinator and the links close, so
+ * input restored, LEAVE goes to the coordinator (flagged, with a
+ * collective in flight: the epoch it publishes aborts the others' attempt
+ * as a lost member's would) and the links and the data listener close, so
  * the others redo without this member at once instead of waiting for it
  * until their deadline, and again in every epoch until the process exits.
  * m stays valid for ftar_member_stats and ftar_member_free; every call
  * fails with why from now on. Not while another thread of the caller is
- * inside ftar_allreduce or _wait; not from the control thread. */
+ * inside ftar_allreduce or _wait; not from the control thread. Leaves
+ * the caller's tr_error() as it was. */
 void ftar_member_leave(ftar_member *m, const char *why);
 /* Latest epoch known and its member count. Any thread. */
 uint64_t ftar_member_epoch(ftar_member *m, int *n_members);
