@@ -238,11 +238,8 @@ int pipe_evaluate(void *ud, int64_t step, float *val_loss) {
 
 /* --- the end: every parameter into the first stage --- */
 
-/* After the last step each stage takes, from the whole slab the next stage
- * sends, the parameters owned further down the chain, and passes its own
- * slab up: the first stage ends with every owner's values and saves them.
- * The copies of a tied parameter must agree bit for bit (every stage
- * applies the same tied gradient): a difference is an error. */
+/* The loop failed: the FTAR group (pipelines x replicas) goes on without
+ * this stage at once (pipeline_stage.h). */
 void pipe_failed(void *ud, int rc) {
   pipe_stage *s = ud;
   char why[256];
@@ -250,6 +247,11 @@ void pipe_failed(void *ud, int rc) {
   if (s->fm) ftar_member_leave(s->fm, why);
 }
 
+/* After the last step each stage takes, from the whole slab the next stage
+ * sends, the parameters owned further down the chain, and passes its own
+ * slab up: the first stage ends with every owner's values and saves them.
+ * The copies of a tied parameter must agree bit for bit (every stage
+ * applies the same tied gradient): a difference is an error. */
 int pipe_boundary(void *ud, int64_t step) {
   pipe_stage *s = ud;
   int rc = pipe_donor_boundary(s, step);
