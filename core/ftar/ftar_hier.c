@@ -1,6 +1,8 @@
 /* ftar_hier.c — FTAR's hierarchical plane: members on one host reduce
  * through shared memory first, one ring runs across hosts, the result goes
- * back within each host (ftar_internal.h's ftar_plane).
+ * back within each host (ftar_internal.h's ftar_plane); and the grid, for
+ * an even number of members each on a host of its own (pairs, then
+ * columns: see "the grid" below).
  *
  * The epoch's members (ordered by slot) are grouped by the host they
  * advertise; a host's leader is its first (lowest slot) member. One
@@ -296,9 +298,9 @@ static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
  * alike (the advertised hosts; not opts.shm, which members may set
  * differently: a member that chose otherwise would leave the others
  * waiting on links it never opens). Where a host's members share memory,
- * the flat ring (or the hierarchy) stays: there a hop costs no syscall, and the grid's
- * passes, each waiting for the last, lost to the flat ring's pipelined
- * steps (4 ranks on 2 cores, 64 KiB: 88 vs 65 us best of 5; 1 and 4 MiB
+ * the flat ring (or the hierarchy) stays: there a hop costs no syscall,
+ * and the grid's passes, each waiting for the last, lost to the flat
+ * ring's pipelined steps (4 ranks on 2 cores, 64 KiB: 88 vs 65 us best of 5; 1 and 4 MiB
  * even), while over TCP it won at every size (64 KiB 121 vs 170 us, 1 MiB
  * 675 vs 860, 4 MiB 4331 vs 5222; best of 5 interleaved, load 1).
  * (Measured over loopback TCP, each rank advertising its own 127.0.0.k.)
