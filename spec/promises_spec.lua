@@ -195,7 +195,10 @@ function R.test_mark(w, fleet, state)
 end]], [[
 function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } end]])
     local run = tmp .. "/rollback"
-    local out, rc = sh(job(run, "--set max_steps=100 --set checkpoint.every_steps=10 --set policies=" .. pol))
+    -- steps padded to 20 ms: unpadded, 45 steps ran in 0.11 s on a loaded machine while the first
+    -- checkpoint (step 10) took 83 ms to commit, so the rollback was refused (no checkpoint yet)
+    local out, rc = sh("env TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(20)) .. " " ..
+      job(run, "--set max_steps=100 --set checkpoint.every_steps=10 --set policies=" .. pol))
     assert.equal(0, rc, out)
     assert_agree(run, out)
     local a = assert(anomaly_step(run, "mark_rollback"), events(run))
