@@ -654,7 +654,8 @@ typedef struct {
   double dur_sum;
   int dur_n;
   double t_sig;
-  double done_at[MAX_RANKS]; /* t1 of the first collective ending after t_sig */
+  double done_at[MAX_RANKS]; /* t1 of the first collective ending after t_sig without the victim (one it
+                                had already done its part of may end after the signal with it) */
   int redos[MAX_RANKS], contrib[MAX_RANKS], bad;
 } rec_state;
 
@@ -674,7 +675,7 @@ static void rec_line(void *ud, child *c, const char *line) {
     s->dur_sum += t1 - t0;
     s->dur_n++;
     if (!ok) s->bad++;
-    if (s->t_sig > 0 && slot != s->victim && t1 > s->t_sig && s->done_at[slot] == 0) {
+    if (s->t_sig > 0 && slot != s->victim && t1 > s->t_sig && contrib < s->nranks && s->done_at[slot] == 0) {
       s->done_at[slot] = t1;
       s->redos[slot] = redos;
       s->contrib[slot] = contrib;
