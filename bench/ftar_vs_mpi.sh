@@ -7,6 +7,8 @@
 #   FTAR-shm  same-host shared-memory rings    vs  OpenMPI's default transport
 #             (FTAR's default on one host)         (shared memory)
 # busbw = algbw * 2(n-1)/n (nccl-tests' convention), float32 sum, in place.
+# With an even number >= 4 of ranks FTAR-TCP is the grid (a host per rank);
+# the flat ring (--flat) runs beside it and the table adds grid/flat ring.
 # Each implementation runs REPEAT times, interleaved, and the best run per
 # size is kept: on a shared machine the neighbours' load moves every number,
 # and interleaving exposes all three to the same conditions. Then the
@@ -43,6 +45,10 @@ echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for n in $RANKS; do
   for r in $(seq "$REPEAT"); do
     "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp 2>/dev/null | grep '^ftar-bw' >>"$TMP/ftcp.$n" || true
+    # an even number >= 4 over TCP runs the grid: the flat ring beside it (--flat)
+    if [ "$n" -ge 4 ] && [ $((n % 2)) = 0 ]; then
+      "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp --flat 2>/dev/null | grep '^ftar-bw' >>"$TMP/fring.$n" || true
+    fi
     "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" 2>/dev/null | grep '^ftar-bw' >>"$TMP/fshm.$n" || true
     "${MPIRUN[@]}" -np "$n" --mca btl tcp,self --mca btl_tcp_if_include lo "$BUILD/mpi_allreduce" $sizes_sp 2>/dev/null \
       | grep '^mpi-bw' >>"$TMP/tcp.$n" || true
@@ -62,10 +68,12 @@ for n in $RANKS; do
         x = s[i]; mul = 1
         if (x ~ /[Kk]$/) mul = 1024; else if (x ~ /[Mm]$/) mul = 1048576; else if (x ~ /[Gg]$/) mul = 1073741824
         sub(/[KkMmGg]$/, "", x); b = x * mul
-        f = best["ftcp", b]; t = best["tcp", b]; g = best["fshm", b]; h = best["shm", b]
-        printf "%10s %9.3f %9.3f %13s %9.3f %9.3f %13s\n", human(b), f, t, (t > 0 ? sprintf("%.2fx", f / t) : "-"), g, h, (h > 0 ? sprintf("%.2fx", g / h) : "-")
+        f = best["ftcp", b]; t = best["tcp", b]; g = best["fshm", b]; h = best["shm", b]; k = best["fring", b]
+        printf "%10s %9.3f %9.3f %13s %9.3f %9.3f %13s", human(b), f, t, (t > 0 ? sprintf("%.2fx", f / t) : "-"), g, h, (h > 0 ? sprintf("%.2fx", g / h) : "-")
+        if (k > 0) printf "   TCP grid/flat ring %.2fx", f / k
+        printf "\n"
       }
-    }' "$TMP/ftcp.$n" "$TMP/tcp.$n" "$TMP/fshm.$n" "$TMP/shm.$n"
+    }' "$TMP/ftcp.$n" "$TMP/tcp.$n" "$TMP/fshm.$n" "$TMP/shm.$n" $([ -s "$TMP/fring.$n" ] && echo "$TMP/fring.$n")
 done
 echo
 echo "recovery: 3 ranks, one killed / stopped in the middle of a 16 MiB all-reduce, deadline 1 s (shm links)"
