@@ -303,7 +303,9 @@ static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
  * ring's pipelined steps (4 ranks on 2 cores, 64 KiB: 88 vs 65 us best of 5; 1 and 4 MiB
  * even), while over TCP it won at every size (64 KiB 121 vs 170 us, 1 MiB
  * 675 vs 860, 4 MiB 4331 vs 5222; best of 5 interleaved, load 1).
- * (Measured over loopback TCP, each rank advertising its own 127.0.0.k.)
+ * (Measured over loopback TCP, each rank advertising its own 127.0.0.k;
+ * bench/ftar_vs_mpi.sh's "TCP grid/flat ring" later: 0.89x-1.31x at
+ * 64 KiB, 1.08x-1.23x at 1 MiB, 0.99x-1.15x at 4 MiB, 1.03x at 16 MiB.)
  * Tried and not kept: small buckets as a pair exchange then a column
  * exchange of whole buckets (recursive doubling: 2 data hops instead of 4,
  * twice the bytes a hop): no faster than the halves at 64 KiB (best 102.6
