@@ -223,7 +223,12 @@ static inline int modp(int a, int p) { return ((a % p) + p) % p; }
  * in as few frames of at most a unit as hold it (no runt frame after a full
  * one). Cutting big segments evenly too (no runt frame, but frames off the
  * unit) was slower: 4 ranks, 1 MiB over TCP 1155 vs 1016 us, 2 ranks
- * 256 KiB 84.6 vs 79.5 (A/B, best of 6, load 3). At most chunk. Small segments
+ * 256 KiB 84.6 vs 79.5 (A/B, best of 6, load 3). At most chunk: 128 KiB
+ * (2 units) by default since bench/ftar_frames.sh put it ahead of 256 KiB
+ * over TCP wherever segments are big enough to tell (4 ranks, 4 MiB
+ * 1.26x-1.35x, 16 MiB 1.14x-1.20x; 2 ranks 4 MiB 1.05x-1.29x; shared
+ * memory within the noise, 0.97x-1.00x): a frame forwarded sooner lets
+ * the next hop start sooner, where ranks hand the core over. Small segments
  * were cut in 16 KiB frames until a profile of 64 KiB over TCP (2 ranks)
  * showed what they cost: a syscall and a wake-up each, and below RX_CAP / 2
  * the payload goes through rx, one copy more; one frame per segment: 36.5

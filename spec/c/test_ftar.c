@@ -1663,6 +1663,8 @@ static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int u
     arg(&a, "%d", p);
     arg(&a, "--counts");
     arg(&a, "%d", hier_fault_count);
+    arg(&a, "--chunk"); /* the frame counts above are for frames of at most 256 KiB */
+    arg(&a, "262144");
     arg(&a, "--verify");
     arg(&a, "--iters");
     arg(&a, "%d", iters);

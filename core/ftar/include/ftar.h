@@ -178,10 +178,12 @@ typedef struct {
   double timeout;        /* longest wait inside one call for quorum/peers/decision (default 60 s) */
   double deadline;       /* data-plane stall limit; 0 = the coordinator's deadline */
   int min_members;       /* quorum: wait (up to timeout) for at least this many (default 1) */
-  size_t chunk_bytes;    /* largest frame payload (default 256 KiB). A ring segment of up to
-                            4 x 65408 B is cut evenly in frames of at most 65408 B (header +
+  size_t chunk_bytes;    /* largest frame payload (default 128 KiB, whole frames of 2 x 65408 B;
+                            bench/ftar_frames.sh measures it against 256 KiB). A ring segment of
+                            up to 4 x 65408 B is cut evenly in frames of at most 65408 B (header +
                             payload fill one 64 KiB loopback segment); bigger ones in about 4
-                            frames of whole multiples of it. Every member must use the same value. */
+                            frames of whole multiples of it, at most chunk_bytes. Every member
+                            must use the same value. */
   int sockbuf;           /* SO_SNDBUF/SO_RCVBUF bytes (default 4 MiB; 0 = kernel autotuning) */
   int spin_us;           /* after the last progress, poll this long (yielding the core between
                             rounds) before sleeping: -1 default (500 us), 0 never */
