@@ -22,9 +22,10 @@
  *     ftar-error  slot=S seq=Q rc=R msg=...
  *     ftar-done   slot=S collectives=N redos=R epochs=E rejected=J shm_links=K
  *                 tcp_links=L
- *     ftar-hier   slot=S hier_collectives=N grid_collectives=G bytes_sent=B cross_bytes=X (after
- *                 ftar-done: attempts through the hierarchical plane, bytes
- *                 sent, of them to members of other hosts)
+ *     ftar-hier   slot=S hier_collectives=N grid_collectives=G waves=W
+ *                 bytes_sent=B cross_bytes=X (after ftar-done: attempts
+ *                 through the hierarchical plane and the grid, their waves,
+ *                 bytes sent, of them to members of other hosts)
  *   Inputs are small integers, (slot+1) * (1 + (i + seq) % 5) (or without
  *   seq: --pattern static, for joiners that cannot know the group's seq
  *   before their first collective), so --verify checks exact sums element by
@@ -375,9 +376,9 @@ static int rank_run(rank_opts *ro) {
   printf("ftar-done slot=%d collectives=%llu redos=%llu epochs=%llu rejected=%llu shm_links=%llu tcp_links=%llu\n",
          ro->slot, (unsigned long long)st.collectives, (unsigned long long)st.redos, (unsigned long long)st.epochs,
          (unsigned long long)st.conns_rejected, (unsigned long long)st.links_shm, (unsigned long long)st.links_tcp);
-  printf("ftar-hier slot=%d hier_collectives=%llu grid_collectives=%llu bytes_sent=%llu cross_bytes=%llu\n", ro->slot,
-         (unsigned long long)st.hier_collectives, (unsigned long long)st.grid_collectives, (unsigned long long)st.bytes_sent,
-         (unsigned long long)st.bytes_cross);
+  printf("ftar-hier slot=%d hier_collectives=%llu grid_collectives=%llu waves=%llu bytes_sent=%llu cross_bytes=%llu\n",
+         ro->slot, (unsigned long long)st.hier_collectives, (unsigned long long)st.grid_collectives,
+         (unsigned long long)st.waves, (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_cross);
   fflush(stdout);
   free(rs.buf);
   free(rs.src);
@@ -898,8 +899,9 @@ static const char usage[] =
     "Ranks that advertise the same --data-host form a host: by default (auto) an epoch spanning >= 2\n"
     "hosts with >= 2 ranks on one reduces hierarchically (local ring, one ring across the hosts'\n"
     "leaders, broadcast back); --flat forces the flat ring, --hier the hierarchy whenever a host has\n"
-    ">= 2 ranks. A rank also prints ftar-hier slot=S hier_collectives=N grid_collectives=G bytes_sent=B\n"
-    "cross_bytes=X. An even number >= 4 of ranks, each on a host of its own, reduces as a grid (pairs,\n"
+    ">= 2 ranks. A rank also prints ftar-hier slot=S hier_collectives=N grid_collectives=G waves=W\n"
+    "bytes_sent=B cross_bytes=X (with --bucket a wave per bucket: its cross-host part overlaps with the\n"
+    "writing of the next). An even number >= 4 of ranks, each on a host of its own, reduces as a grid (pairs,\n"
     "then columns) in auto mode; --flat forces the flat ring there too. The sweep's --tcp gives each\n"
     "rank a host of its own (--data-host 127.0.0.R+1): TCP as between hosts. Every rank must get the\n"
     "same --hier / --flat.\n";

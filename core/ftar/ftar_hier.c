@@ -44,10 +44,10 @@
  * When: opts.hier -1 (auto): the epoch spans >= 2 hosts and some host has
  * >= 2 members; 1: some host has >= 2 members; 0: never. Otherwise, and per
  * attempt (a redo may find another shape), the flat ring plane runs. Every
- * member must use the same opts.hier. A bucketed call (ftar_allreduce_start):
- * the local reduce takes the buckets as the producer finishes them; phases
- * 2-6, and a member alone on its host, wait until every bucket is final:
- * the cross-host part does not overlap with the producer yet.
+ * member must use the same opts.hier. A bucketed call (ftar_allreduce_start)
+ * runs phases 1, 7, 2 and 3 once per wave of buckets, from the end of buf
+ * as the producer finishes them, then 4-6 once (see "waves"): the
+ * cross-host part of a wave overlaps with the producer writing the next.
  *
  * Tried and not kept: the two-member exchange (ftar_ring.c) for the local
  * and the leaders' passes of 2 members on small buckets (one hop instead
@@ -60,6 +60,7 @@
  * and ftar_async.c through ftar_host_plane_new.
  */
 #include <poll.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -137,9 +138,11 @@ typedef struct {
   ftar_op op;
   const ftar_ready *rd;
   size_t bucket;
-  ftar_ring_run *first; /* the attempt's first reduce (its undo log restores buf) */
+  ftar_ring_run *first; /* the wave's first reduce (its undo log restores buf[wave_off..)) */
   ftar_ring_run *rr;    /* the other passes; NULL until the first hierarchical attempt, as first and t */
   topo *t;
+  size_t wave_off;   /* where the wave hp->first's undo log covers starts in buf */
+  size_t saved_from; /* buf[saved_from..n) was saved whole into in_copy by the attempt's done waves */
 } host_plane;
 
 /* What one attempt carries from phase to phase. */
@@ -148,9 +151,66 @@ typedef struct {
   double t_end;
   int full;         /* buf holds the final result */
   uint32_t frames;  /* data frames received so far */
+  size_t off, len;  /* the wave: buf[off..off+len) */
+  int last;         /* the attempt's last wave */
   char *why;
   size_t why_len;
 } attempt;
+
+/* --- waves ---
+ * A bucketed call (ftar_allreduce_start) runs the attempt's reduce phases
+ * once per wave of whole buckets, from the end of buf as the producer
+ * finishes them: a wave is its buckets' local reduce (bucket by bucket as
+ * they become final), the leaders' ready tokens, the leaders' ring and the
+ * local broadcast (the grid: pair reduce-scatter, column ready tokens,
+ * column reduce, pair all-gather); the commit phases run once after the
+ * last wave. So the cross-host part of wave w runs while the producer
+ * (backward) still writes wave w+1; with one wave it waited for the last
+ * bucket. Across 2 test hosts x 2 at 1 Gbit, 1 MiB buckets, a producer as
+ * slow as the links (bench/ftar_waves_bench.sh, best of 2): exposed time
+ * 2.78x (4 MiB) and 4.39x (16 MiB) smaller than with one wave; the grid on
+ * 4 hosts 2.98x. A wave costs a token round and a pass startup per level:
+ * with nothing to overlap, fast links and 256 KiB waves, 4 MiB took 1.25x
+ * as long as one wave, so a wave holds at least WAVE_MIN floats (1 MiB).
+ * Every member cuts the same waves (they depend only on n, bucket and
+ * WAVE_MIN). Faults: each wave's first reduce saves what it overwrites
+ * (hp->first's undo log, reset per wave), a done wave's range was saved
+ * whole (hp->saved_from), restore puts both back.
+ * TRANSOM_FTAR_WAVE_MIN=F (floats) overrides WAVE_MIN, 0 keeps one wave
+ * (A/B benches, tests; every member must agree). */
+#define WAVE_MIN ((size_t)1 << 18)
+static size_t wave_min = WAVE_MIN;
+static pthread_once_t waves_once = PTHREAD_ONCE_INIT;
+static void waves_read(void) {
+  const char *v = getenv("TRANSOM_FTAR_WAVE_MIN");
+  char *end;
+  if (v && *v) {
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*end) wave_min = (size_t)x;
+  }
+}
+
+/* Floats a wave: whole buckets, at least wave_min; 0: one wave. */
+static size_t wave_floats(const host_plane *hp) {
+  pthread_once(&waves_once, waves_read);
+  if (!wave_min || !hp->rd || !hp->bucket || hp->bucket >= hp->n) return 0;
+  size_t k = (wave_min + hp->bucket - 1) / hp->bucket;
+  return k * hp->bucket < hp->n ? k * hp->bucket : 0;
+}
+
+static size_t wave_count(const host_plane *hp) {
+  size_t W = wave_floats(hp);
+  return W ? (hp->n + W - 1) / W : 1;
+}
+
+/* Wave w of nw: its buckets from the end of buf (ftar_ring.c's geometry:
+ * bucket b is buf[n-(b+1)B, n-bB), the last one short). */
+static void wave_set(const host_plane *hp, size_t w, size_t nw, attempt *at) {
+  size_t W = wave_floats(hp), hi = hp->n - w * W;
+  at->last = w + 1 == nw;
+  at->off = W && hi > W ? hi - W : 0;
+  at->len = hi - at->off;
+}
 
 /* One phase: pass a (level, kind, phase; save, bucket and rd when it is
  * the first reduce) through rr. The caller's op goes into every frame, so
@@ -172,8 +232,10 @@ static int phase(host_plane *hp, ftar_member *m, attempt *at, ftar_ring_run *rr,
                                 "pair commit",
                                 "column commit"};
   int ph = a.phase;
-  a.buf = hp->buf;
-  a.n = a.kind == FTAR_PASS_TOKENS || a.kind == FTAR_PASS_RELEASE ? 0 : hp->n;
+  a.buf = hp->buf + at->off;
+  a.n = a.kind == FTAR_PASS_TOKENS || a.kind == FTAR_PASS_RELEASE ? 0 : at->len;
+  if (a.save) a.save += at->off;
+  a.rd_off = at->off;
   a.op = hp->op;
   a.frames_before = at->frames;
   int full = 0;
@@ -185,10 +247,10 @@ static int phase(host_plane *hp, ftar_member *m, attempt *at, ftar_ring_run *rr,
   return r;
 }
 
-/* A bucketed call on a host alone: every bucket final before the leaders'
- * ring (whose members do not cut buckets) moves it. */
+/* A bucketed call on a host alone: the wave final before the leaders'
+ * ring (which takes it whole) moves it. */
 static int wait_final(ftar_member *m, const ftar_ready *rd, attempt *at) {
-  while (rd && atomic_load_explicit(&rd->from, memory_order_acquire) != 0) {
+  while (rd && atomic_load_explicit(&rd->from, memory_order_acquire) > at->off) {
     pthread_mutex_lock(&m->mu);
     int failed = m->failed, aborted = m->abort_ep > m->run_ep;
     pthread_mutex_unlock(&m->mu);
@@ -216,10 +278,11 @@ static void set_views(const host_plane *hp, ftar_member *m) {
   if (t->leader && t->nh >= 2) ftar_links_view(&m->lk[FTAR_LEVEL_LEADERS], m->run_ep, t->leaders, t->nh, t->rh);
 }
 
-/* Phases 1-3: every member of the host ends with the epoch's result. The
- * first reduce saves the input it overwrites into in_copy (hp->first's
- * undo log; every element once it completes); the passes after it save
- * nothing. The local reduce takes buckets as the producer finishes them. */
+/* Phases 1-3 over the wave: every member of the host ends with the epoch's
+ * result there. The first reduce saves the input it overwrites into
+ * in_copy (hp->first's undo log; every element once it completes); the
+ * passes after it save nothing. The local reduce takes buckets as the
+ * producer finishes them. */
 static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
   const topo *t = hp->t;
   int local = t->nl >= 2, across = t->leader && t->nh >= 2, r;
@@ -229,6 +292,7 @@ static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
     p1.save = m->in_copy;
     p1.bucket = hp->bucket;
     p1.rd = hp->rd;
+    hp->wave_off = at->off; /* hp->first's log is this wave's from here on */
     if ((r = phase(hp, m, at, hp->first, p1)) != FTAR_PLANE_DONE) return r;
   } else {
     if ((r = wait_final(m, hp->rd, at)) != FTAR_PLANE_DONE) return r;
@@ -237,18 +301,19 @@ static int reduce_phases(host_plane *hp, ftar_member *m, attempt *at) {
   if (across) { /* every leader past its local reduce first: the leaders' ring then runs in step */
     ftar_pass p7 = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 7, .no_stall = 1};
     if ((r = phase(hp, m, at, hp->rr, p7)) != FTAR_PLANE_DONE) return r;
+    if (!local) hp->wave_off = at->off; /* hp->first's log is this wave's from here on */
     if ((r = phase(hp, m, at, local ? hp->rr : hp->first, p2)) != FTAR_PLANE_DONE) return r;
   }
   if (t->leader) {
     if (hp->op == FTAR_MEAN) { /* once, on bits every leader holds alike */
-      float d = (float)m->run_n;
-      for (size_t i = 0; i < hp->n; i++) hp->buf[i] /= d;
+      float d = (float)m->run_n, *x = hp->buf + at->off;
+      for (size_t i = 0; i < at->len; i++) x[i] /= d;
     }
-    at->full = 1;
+    at->full = at->last;
   }
   ftar_pass p3 = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_BCAST, .phase = 3};
   if (local && (r = phase(hp, m, at, hp->rr, p3)) != FTAR_PLANE_DONE) return r;
-  at->full = 1;
+  at->full = at->last;
   return FTAR_PLANE_DONE;
 }
 
@@ -269,9 +334,16 @@ static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
   int r = ftar_in_copy_reserve(m, hp->n);
   if (r) return r;
   set_views(hp, m);
-  if ((r = reduce_phases(hp, m, at)) != FTAR_PLANE_DONE) return r;
+  size_t nw = wave_count(hp);
+  hp->saved_from = hp->n;
+  for (size_t w = 0; w < nw; w++) {
+    wave_set(hp, w, nw, at);
+    if ((r = reduce_phases(hp, m, at)) != FTAR_PLANE_DONE) return r;
+    hp->saved_from = at->off;
+  }
   if ((r = commit_phases(hp, m, at)) != FTAR_PLANE_DONE) return r;
   m->st.hier_collectives++;
+  m->st.waves += nw;
   return FTAR_PLANE_DONE;
 }
 
@@ -290,9 +362,10 @@ static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
  * Rabenseifner all-reduce, recursive halving then doubling, is the same
  * shape at 4 ranks). Faults as the hierarchy: the pair reduce-scatter
  * saves what it overwrites, the later passes save nothing, restore through
- * hp->first. Buckets: the pair reduce-scatter takes them as the producer
- * finishes them, a column token round (no stall limit) then waits for
- * every pair to be through, the rest runs after.
+ * hp->first. Buckets: phases 8-11 run once per wave (above), the pair
+ * reduce-scatter bucket by bucket as the producer finishes them, a column
+ * token round (no stall limit) then waits for every pair to be through;
+ * 12 and 13 once after the last wave.
  * When: opts.hier -1 (auto), an even number >= 4 of members, each on a
  * host of its own (every link TCP), decided from what every member knows
  * alike (the advertised hosts; not opts.shm, which members may set
@@ -332,27 +405,42 @@ static void grid_views(host_plane *hp, ftar_member *m) {
   ftar_links_view(&m->lk[FTAR_LEVEL_LEADERS], m->run_ep, t->leaders, t->nh, t->rh);
 }
 
-static int grid_attempt(host_plane *hp, ftar_member *m, attempt *at) {
-  int r = ftar_in_copy_reserve(m, hp->n);
-  if (r) return r;
-  grid_views(hp, m);
-  int half = (hp->t->rl + 1) % 2; /* what the pair's reduce-scatter leaves us */
+/* Phases 8-11 over the wave: every member ends with the epoch's result
+ * there. */
+static int grid_wave(host_plane *hp, ftar_member *m, attempt *at) {
+  int r, half = (hp->t->rl + 1) % 2; /* what the pair's reduce-scatter leaves us */
   ftar_pass rs = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_RS, .phase = 8, .save = m->in_copy,
                   .bucket = hp->bucket, .rd = hp->rd},
             ready = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 9, .no_stall = 1},
             col = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_REDUCE, .phase = 10, .bucket = hp->bucket,
                    .outer_p = 2, .outer_c = half, .div = hp->op == FTAR_MEAN ? (float)m->run_n : 0},
-            ag = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_AG, .phase = 11, .bucket = hp->bucket},
-            ptok = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_TOKENS, .phase = 12},
-            ctok = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 13};
+            ag = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_AG, .phase = 11, .bucket = hp->bucket};
+  hp->wave_off = at->off;
   if ((r = phase(hp, m, at, hp->first, rs)) != FTAR_PLANE_DONE) return r;
   if (hp->rd && (r = phase(hp, m, at, hp->rr, ready)) != FTAR_PLANE_DONE) return r;
   if ((r = phase(hp, m, at, hp->rr, col)) != FTAR_PLANE_DONE) return r;
   if ((r = phase(hp, m, at, hp->rr, ag)) != FTAR_PLANE_DONE) return r;
-  at->full = 1;
+  at->full = at->last;
+  return FTAR_PLANE_DONE;
+}
+
+static int grid_attempt(host_plane *hp, ftar_member *m, attempt *at) {
+  int r = ftar_in_copy_reserve(m, hp->n);
+  if (r) return r;
+  grid_views(hp, m);
+  size_t nw = wave_count(hp);
+  hp->saved_from = hp->n;
+  for (size_t w = 0; w < nw; w++) {
+    wave_set(hp, w, nw, at);
+    if ((r = grid_wave(hp, m, at)) != FTAR_PLANE_DONE) return r;
+    hp->saved_from = at->off;
+  }
+  ftar_pass ptok = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_TOKENS, .phase = 12},
+            ctok = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 13};
   if ((r = phase(hp, m, at, hp->rr, ptok)) != FTAR_PLANE_DONE) return r;
   if ((r = phase(hp, m, at, hp->rr, ctok)) != FTAR_PLANE_DONE) return r;
   m->st.grid_collectives++;
+  m->st.waves += nw;
   return FTAR_PLANE_DONE;
 }
 
@@ -411,7 +499,10 @@ static int host_plane_run(ftar_plane *pl, ftar_member *m, uint64_t seq, double t
 
 static int host_plane_restore(ftar_plane *pl, ftar_member *m) {
   host_plane *hp = (host_plane *)pl;
-  if (hp->first) ftar_ring_undo(hp->first, hp->buf); /* what the last hierarchical attempt changed */
+  if (hp->saved_from < hp->n) /* the last hierarchical attempt's done waves */
+    memcpy(hp->buf + hp->saved_from, m->in_copy + hp->saved_from, (hp->n - hp->saved_from) * sizeof(float));
+  hp->saved_from = hp->n;
+  if (hp->first) ftar_ring_undo(hp->first, hp->buf + hp->wave_off); /* and what its last wave changed */
   return hp->flat->restore(hp->flat, m);
 }
 
@@ -429,6 +520,7 @@ ftar_plane *ftar_host_plane_new(float *buf, size_t n, ftar_op op, size_t bucket,
   hp->op = op;
   hp->rd = rd;
   hp->bucket = bucket;
+  hp->saved_from = n;
   hp->flat = ftar_ring_plane_new(buf, n, op, bucket, rd);
   if (!hp->flat) {
     ftar_host_plane_free(&hp->base);

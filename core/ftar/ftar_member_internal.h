@@ -265,6 +265,8 @@ typedef struct {
   ftar_op op;           /* FTAR_MEAN divides in the pass (FTAR_PASS_RING only) */
   size_t bucket;        /* floats per bucket (0: one), reduced once rd says they are final */
   const ftar_ready *rd; /* NULL: all are */
+  size_t rd_off;        /* buf's offset in the buffer rd describes (a wave of the hierarchy's
+                           bucketed call passes one bucket of it) */
   int level;            /* FTAR_LEVEL_*: whose view and links (the view set) */
   int kind;             /* FTAR_PASS_* */
   int phase;            /* 0..255, in every frame's flags (bits 8..15): passes on one link never mix */

@@ -157,6 +157,7 @@ typedef struct {
   size_t n, Fmax;
   geom G;
   const ftar_ready *rd; /* NULL: every bucket is ready */
+  size_t rd_off;        /* buf's offset in the buffer rd describes (ftar_pass) */
   int p, r, nsteps;
   ftar_op op;
   uint64_t ep, seq;
@@ -269,7 +270,7 @@ static inline size_t bucket_F(const ring *g, size_t b) { return b < g->G.nb ? ri
 static inline size_t seg_frames(const ring *g, size_t b, size_t F, int c) { return (seg_len(&g->G, b, c) + F - 1) / F; }
 /* Our own bucket b is final (its producer will not write it again). */
 static inline int bucket_ready(const ring *g, size_t b) {
-  return !g->rd || b_off(&g->G, b) >= atomic_load_explicit(&g->rd->from, memory_order_acquire);
+  return !g->rd || g->rd_off + b_off(&g->G, b) >= atomic_load_explicit(&g->rd->from, memory_order_acquire);
 }
 static inline int send_seg(const ring *g, int s) {
   if (g->kind == FTAR_PASS_BCAST || g->exch) return 0;
@@ -1025,6 +1026,7 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
             (a->bucket && a->bucket < a->n ? a->bucket : a->n) <= EXCH_MAX;
   geom_set(&g->G, a->n, a->bucket, bcast || g->exch ? 1 : g->p, a->outer_p, a->outer_c);
   g->rd = a->rd;
+  g->rd_off = a->rd_off;
   /* buckets come in two lengths, B and the rest (frames of a shorter one may be longer) */
   size_t f0 = ring_frame_floats(g, b_len(&g->G, 0)), f1 = ring_frame_floats(g, b_len(&g->G, g->G.nb ? g->G.nb - 1 : 0));
   g->Fmax = f0 > f1 ? f0 : f1;

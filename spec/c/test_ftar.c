@@ -168,7 +168,7 @@ typedef struct {
   int nres, rcap;
   int port, ready, done, errors;
   long rejected, collectives, shm_links, tcp_links;
-  long hier_collectives, grid_collectives, cross_bytes; /* the ftar-hier line; -1 until it came */
+  long hier_collectives, grid_collectives, waves, cross_bytes; /* the ftar-hier line; -1 until it came */
   int exited, status;
 } proc;
 
@@ -203,6 +203,8 @@ static void on_line(proc *p, char *line) {
     if (q) p->hier_collectives = atol(q + 17);
     q = strstr(line, "grid_collectives=");
     if (q) p->grid_collectives = atol(q + 17);
+    q = strstr(line, "waves=");
+    if (q) p->waves = atol(q + 6);
     q = strstr(line, "cross_bytes=");
     if (q) p->cross_bytes = atol(q + 12);
   }
@@ -226,7 +228,7 @@ static void append_err(proc *p, const char *b, size_t n) {
 static int spawn(proc *p, int slot, char **args) {
   memset(p, 0, sizeof *p);
   p->slot = slot;
-  p->hier_collectives = p->grid_collectives = p->cross_bytes = -1;
+  p->hier_collectives = p->grid_collectives = p->waves = p->cross_bytes = -1;
   int o[2], e[2], in[2];
   if (pipe(o) || pipe(e) || pipe(in)) return -1;
   fcntl(in[1], F_SETFD, FD_CLOEXEC);
@@ -1262,10 +1264,10 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
 static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int bucket, int p, unsigned frames,
                        size_t count_arg) {
   double tstart = tr_now();
-  char what[64];
+  char what[96];
   snprintf(what, sizeof what, "%s (%s%s, %d ranks, frame %u)", use_stop ? "SIGSTOP" : "kill -9",
            tcp == 2 ? "a host each" : tcp ? "tcp" : "shm",
-           bucket ? ", buckets" : "", p, frames ? frames : 1 + seed % 3);
+           bucket == 2 ? ", a wave per bucket" : bucket ? ", buckets" : "", p, frames ? frames : 1 + seed % 3);
   ftar_coord *c = coord_start();
   if (!c) return;
   int port = ftar_coord_port(c);
@@ -1304,6 +1306,8 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
     if (tcp == 2) {
       arg(&a, "--data-host");
       arg(&a, "127.0.0.%d", r + 1);
+      arg(&a, "--chunk"); /* GRID_F_* count frames of at most 256 KiB */
+      arg(&a, "262144");
     }
     if (bucket) {
       arg(&a, "--bucket");
@@ -1318,8 +1322,10 @@ static void test_fault(int use_stop, int with_join, int tcp, unsigned seed, int 
     char fault[64];
     snprintf(fault, sizeof fault, "%s:6:%u", use_stop ? "stop" : "kill", frames ? frames : 1 + seed % 3);
     if (r == victim) setenv("TRANSOM_TEST_FTAR_FAULT", fault, 1);
+    if (bucket == 2) setenv("TRANSOM_FTAR_WAVE_MIN", "1", 1); /* a wave per bucket */
     spawn(&ps[r], r, a.v);
     unsetenv("TRANSOM_TEST_FTAR_FAULT");
+    unsetenv("TRANSOM_FTAR_WAVE_MIN");
   }
   int three = 3;
   CHECK(wait_until(ps, p, each_has_results, &three, T(60)), "%s: ranks did not start", what);
@@ -1504,6 +1510,13 @@ static void test_grid(void) {
   test_fault(0, 0, 2, 14u, 0, 4, 2, 65536);
   test_fault(0, 0, 2, 15u, 0, 4, 5, 65536);
   test_fault(1, 0, 2, 16u, 0, 4, 5, 65536);
+  /* buckets of count/8 floats, a wave each (bucket 2: TRANSOM_FTAR_WAVE_MIN=1,
+   * not waves of 1 MiB): a member receives 16 data frames
+   * a wave at 4194304 floats (pair 5, column 3 + 3, pair 5), 6 at 262144;
+   * 56 / 21 land in wave 3's column pass: the done waves' input is put back
+   * too, and the survivors' redo runs on the flat ring */
+  test_fault(0, 0, 2, 17u, 2, 4, small ? 21 : 56, 0);
+  test_fault(1, 0, 2, 18u, 2, 4, small ? 21 : 56, 0);
   test_grid_hosts();
 }
 
@@ -1600,6 +1613,15 @@ static void test_hier_sizes(const char *name, const layout *L, const char *op, i
             ps[r].grid_collectives, ps[r].hier_collectives, ncounts, ps[r].shm_links, ps[r].tcp_links);
     else
       check_hier_links(what, L, &ps[r], r, ncounts);
+    /* a wave a collective, or with buckets one per 262144 floats of whole
+     * buckets (ftar_hier.c's WAVE_MIN: the cross-host part overlaps the producer) */
+    long waves = 0, W = bucket ? (262144 + (long)bucket - 1) / (long)bucket * (long)bucket : 0;
+    for (const char *q = counts; *q; q = strchr(q, ',') ? strchr(q, ',') + 1 : "") {
+      long cnt = atol(q);
+      waves += W && W < cnt ? (cnt + W - 1) / W : 1;
+    }
+    if (!flat)
+      CHECK(ps[r].waves == waves, "%s: rank %d ran %ld waves, expected %ld", what, r, ps[r].waves, waves);
   }
   printf("  %s: %d ranks on %d hosts, %d sizes: %.1f s\n", what, p, hl_hosts(L), ncounts, tr_now() - t0);
   proc_free(ps, p);
@@ -1651,7 +1673,8 @@ static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int u
   const layout L = *Lp;
   char what[128];
   snprintf(what, sizeof what, "hier %s of slot %d of %d (%s) at frame %u%s", use_stop ? "SIGSTOP" : "kill -9", victim,
-           L.n, hl_leader(&L, victim) ? "leader" : "not a leader", frames, bucket ? ", buckets" : "");
+           L.n, hl_leader(&L, victim) ? "leader" : "not a leader", frames,
+           bucket == 2 ? ", a wave per bucket" : bucket ? ", buckets" : "");
   ftar_coord *c = coord_start();
   if (!c) return;
   const int p = L.n, iters = 10;
@@ -1677,8 +1700,10 @@ static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int u
     char fault[64];
     snprintf(fault, sizeof fault, "%s:6:%u", use_stop ? "stop" : "kill", frames);
     if (r == victim) setenv("TRANSOM_TEST_FTAR_FAULT", fault, 1);
+    if (bucket == 2) setenv("TRANSOM_FTAR_WAVE_MIN", "1", 1); /* a wave per bucket */
     spawn(&ps[r], r, a.v);
     unsetenv("TRANSOM_TEST_FTAR_FAULT");
+    unsetenv("TRANSOM_FTAR_WAVE_MIN");
   }
   CHECK(victim_signalled(ps, p, victim), "%s: the victim never signalled itself", what);
   proc live[MAXP];
@@ -2001,6 +2026,15 @@ static void test_hier(void) {
   test_hier_fault(&two_by_two, 1, 2, 1, 0, "phase 1 (local reduce)", 0, 0);
   test_hier_fault(&two_by_two, 2, 8, 1, 0, "phase 2 (leaders' reduce)", 0, 0);
   test_hier_fault(&two_by_two, 3, 2, 0, 2, "phase 1 (local reduce)", 0, 1);
+  /* (bucket 2: TRANSOM_FTAR_WAVE_MIN=1, a wave per bucket, not per 1 MiB)
+   * buckets of 32768 floats, a wave each: a leader receives 8 data frames a
+   * wave (local reduce 4, leaders' reduce 4), the others 7 (local reduce 4,
+   * broadcast 3); so 30 is a leader's wave 3, phase 2, and the other
+   * member's wave 4, phase 1: lost in a later wave, the done waves' input
+   * is put back too (exact sums on the redo) */
+  test_hier_fault(&two_by_two, 2, 30, 0, 0, "phase 2 (leaders' reduce)", 0, 2);
+  test_hier_fault(&two_by_two, 2, 30, 1, 0, "phase 2 (leaders' reduce)", 0, 2);
+  test_hier_fault(&two_by_two, 3, 30, 0, 2, "phase 1 (local reduce)", 0, 2);
   /* a leader lost at its last frame of phase 2: its host's other member never gets the result */
   test_hier_fault(&two_by_two, 2, 12, 0, 3, "phase 3 (local broadcast)", 0, 0);
   /* the end of a broadcast chain lost at its last frame (full, before the tokens): committed or redone */
