@@ -166,12 +166,13 @@ typedef struct {
  * column reduce, pair all-gather); the commit phases run once after the
  * last wave. So the cross-host part of wave w runs while the producer
  * (backward) still writes wave w+1; with one wave it waited for the last
- * bucket. Across 2 test hosts x 2 at 1 Gbit, 1 MiB buckets, a producer as
- * slow as the links (bench/ftar_waves_bench.sh, best of 2): exposed time
- * 2.78x (4 MiB) and 4.39x (16 MiB) smaller than with one wave; the grid on
- * 4 hosts 2.98x. A wave costs a token round and a pass startup per level:
- * with nothing to overlap, fast links and 256 KiB waves, 4 MiB took 1.25x
- * as long as one wave, so a wave holds at least WAVE_MIN floats (1 MiB).
+ * bucket. Across 2 test hosts x 2 at 1 Gbit, 1 MiB buckets, a producer
+ * about as slow as the links (bench/ftar_waves_bench.sh, best of 3): the
+ * exposed time 2.91x (4 MiB) and 4.47x (16 MiB) smaller than with one
+ * wave; the grid on 4 hosts x 1, 2.85x and 4.89x. A wave costs a token
+ * round and a pass startup per level: with nothing to overlap, unshaped
+ * links and 256 KiB buckets, a wave per bucket made 4 MiB 1.25x slower,
+ * so a wave holds at least WAVE_MIN floats (1 MiB): then 0.98x / 1.06x.
  * Every member cuts the same waves (they depend only on n, bucket and
  * WAVE_MIN). Faults: each wave's first reduce saves what it overwrites
  * (hp->first's undo log, reset per wave), a done wave's range was saved
