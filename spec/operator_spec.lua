@@ -295,6 +295,46 @@ describe("operator (3 replicas)", function()
     survivors_never_go_back(run, { [1] = true })
   end)
 
+  it("a replica whose step fails with buckets in flight leaves FTAR at once: the survivors go on during its error path", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/failleave"
+    local jobfile = tmp .. "/failleave-job.lua"
+    -- replica 2's step 40 fails once its all-reduce started (chaos fail);
+    -- then it spends 8 s in its error path before it reports FAIL and exits.
+    -- deadline 30 s: a survivor waiting for it would not give up on its own
+    -- before that, so only the loop's failed hook (ftar_member_leave) lets
+    -- the survivors redo step 40 while the failed worker is still there
+    local f = io.open(jobfile, "w")
+    f:write('return { data = "' .. data .. '", chaos = { { at_step = 40, replica = 2, fault = "fail", ms = 8000 } } }\n')
+    f:close()
+    local cmd = job(run, "--set bucket_mb=0.02 --set deadline=30"):gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1)
+    local out, rc = sh(cmd)
+    assert.equal(0, rc, out)
+    local ev = events(run)
+    -- the survivors may well finish every step during those 8 s: then the
+    -- failed replica is not replaced and 2 replicas agree at the end
+    assert.matches("finished at step " .. STEPS, out, 1, true)
+    assert.matches('"replicas_agree","detail":"[23] replicas finished with parameter crc32c', ev)
+    local failed_at = ev:find('"worker":2,"kind":"replica_error"', 1, true) -- its FAIL, after the error path
+    assert.is_truthy(failed_at, ev)
+    assert.matches("chaos: step 40 failed after its all-reduce started", ev:sub(failed_at, failed_at + 300), 1, true)
+    assert.matches('"worker":2,"kind":"replica_failed"', ev, failed_at, true)
+    -- slot 2 left the FTAR membership before the operator heard of its failure
+    local left_at
+    for pos, kind in ev:gmatch('()"kind":"membership","detail":"epoch %d+: (%a+) slot 2;') do
+      if kind ~= "join" then left_at = pos break end
+    end
+    assert.is_truthy(left_at, "slot 2 never left the membership: " .. ev)
+    assert.is_true(left_at < failed_at, "slot 2 left the membership only after its failure was reported: " .. ev)
+    -- and the survivors redid step 40 over 2 replicas meanwhile
+    for _, w in ipairs({ 0, 1 }) do
+      local s40 = records(run, w)[40]
+      assert.is_truthy(s40, "survivor " .. w .. " has no record of step 40")
+      assert.equal(2, s40.replicas)
+    end
+    survivors_never_go_back(run, { [2] = true })
+  end)
+
   it("the job's chaos list kills a replica at its step; the job finishes", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/chaos"

@@ -95,6 +95,7 @@ typedef struct {
   int in_allreduce;
   double phase_since; /* tr_now() when it entered that phase */
   int64_t slow_until, slow_ms, nan_until;
+  int64_t fail_at, fail_ms; /* chaos fail: the step that fails, the error path's extra time */
   int pad_ms; /* TRANSOM_TEST_STEP_MS: every step sleeps this long first (soak tests) */
   auth_secret secret; /* the job's: TRANSOM_SECRET / TRANSOM_SECRET_FILE (the operator or agent sets it) */
   int inflight; /* a bucketed all-reduce of this step runs on FTAR's communication thread */
@@ -324,6 +325,10 @@ static void apply_chaos(worker *w, int64_t step) {
       w->slow_until = c->steps > 0 ? step + c->steps : INT64_MAX;
     }
     if (strcmp(c->fault, "nan") == 0) w->nan_until = step + (c->steps > 0 ? c->steps : 1);
+    if (strcmp(c->fault, "fail") == 0) { /* an error in the step, its all-reduce started (hook_exchange) */
+      w->fail_at = step;
+      w->fail_ms = c->ms;
+    }
   }
 }
 
@@ -397,6 +402,8 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
   const tr_backend *be = trainer_backend(t);
   float *g = trainer_grads(t); /* the backend's memory: FTAR moves it with the device's communicator */
   set_phase(w, 1);
+  if (next == w->fail_at) /* chaos fail: with bucket_mb > 0 the buckets are in flight */
+    return tr_fail(TR_EIO, "chaos: step %lld failed after its all-reduce started", (long long)next);
   ftar_result res;
   int rc;
   if (w->inflight) {
@@ -748,6 +755,9 @@ int worker_main(int argc, char **argv) {
   goto done;
 fail:
   fprintf(stderr, "transom worker %d: %s\n", w.slot, tr_error());
+  /* chaos fail: a slow error path (a crash dump, a final flush) before the
+   * operator hears of it; the loop's failed hook left FTAR already */
+  if (w.fail_at > 0 && w.fail_ms > 0) usleep((useconds_t)w.fail_ms * 1000);
   if (w.opfd >= 0) {
     char why[600];
     proto_escape(tr_error(), why, sizeof why);
