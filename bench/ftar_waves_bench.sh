@@ -103,7 +103,7 @@ one_run() {
   kill -TERM "$cpid" 2>/dev/null || true
   wait "$cpid" 2>/dev/null || true
   [ $fail = 0 ] || die "a rank failed (waves=$waves, $bytes bytes): $(tail -2 "$TMP"/rank.* | head -20)"
-  grep -h '^ftar-hier' "$TMP"/rank.* | head -1 >"$TMP/hier.$waves"
+  grep -h '^ftar-hier' "$TMP"/rank.* | head -1 >"$TMP/hier.$waves" || true
   awk '/^ftar-time/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
                       t = f["sec"] / f["iters"]; if (t > worst) worst = t }
        END { if (worst <= 0) exit 1; printf "%.1f\n", worst * 1e6 }' "$TMP"/rank.* ||
@@ -115,7 +115,12 @@ echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for size in ${SIZES//,/ }; do
   bytes=$(echo "$size" | awk '{ x = $1; m = 1; if (x ~ /K$/) m = 1024; else if (x ~ /M$/) m = 1048576; sub(/[KM]$/, "", x); print x * m }')
   for r in $(seq "$REPEAT"); do
-    for w in 0 1; do echo "$size $w $(one_run $w "$bytes")" >>"$TMP/times"; done
+    for w in 0 1; do
+      # not in $(...): there `die` would end only the subshell (and errexit
+      # is off), leaving an empty time in the table and the coordinator running
+      one_run $w "$bytes" >"$TMP/t"
+      echo "$size $w $(cat "$TMP/t")" >>"$TMP/times"
+    done
   done
 done
 echo "shape (waves=1 run): $(sed 's/ftar-hier //' "$TMP/hier.1")"

@@ -9,8 +9,8 @@
  * SYNC, GO, abort and redo, commit) on the ring plane in bucket mode: each
  * bucket is reduced as soon as the producer's ftar_allreduce_ready says it
  * is final, while the producer writes the rest (through the hierarchical
- * plane, ftar_hier.c, only its local reduce does: the cross-host part
- * waits until every bucket is final). So the fault rules are
+ * plane, ftar_hier.c, in waves of whole buckets: the cross-host part of a
+ * wave runs while the producer writes the next). So the fault rules are
  * those of ftar_allreduce, for the whole buffer: a member lost mid-call
  * aborts the attempt, every bucket reduced so far is put back, and the
  * survivors redo all of them in the next epoch; every member returns the

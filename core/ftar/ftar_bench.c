@@ -900,8 +900,8 @@ static const char usage[] =
     "hosts with >= 2 ranks on one reduces hierarchically (local ring, one ring across the hosts'\n"
     "leaders, broadcast back); --flat forces the flat ring, --hier the hierarchy whenever a host has\n"
     ">= 2 ranks. A rank also prints ftar-hier slot=S hier_collectives=N grid_collectives=G waves=W\n"
-    "bytes_sent=B cross_bytes=X (with --bucket a wave per bucket: its cross-host part overlaps with the\n"
-    "writing of the next). An even number >= 4 of ranks, each on a host of its own, reduces as a grid (pairs,\n"
+    "bytes_sent=B cross_bytes=X (with --bucket a wave per >= 1 MiB of whole buckets: its cross-host part\n"
+    "overlaps with the writing of the next). An even number >= 4 of ranks, each on a host of its own, reduces as a grid (pairs,\n"
     "then columns) in auto mode; --flat forces the flat ring there too. The sweep's --tcp gives each\n"
     "rank a host of its own (--data-host 127.0.0.R+1): TCP as between hosts. Every rank must get the\n"
     "same --hier / --flat.\n";

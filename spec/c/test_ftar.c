@@ -41,7 +41,8 @@
  *   soak      1000 back-to-back small collectives (run from the sanitizer
  *             build, LeakSanitizer checks every rank process at exit)
  * FTAR_TEST_ONLY=hier runs only the hier cases (grid: the grid's, wire: the
- * wire format and every CRC path).
+ * wire format and every CRC path, waves: the hierarchy's waves with a host
+ * alone and MEAN, also part of hier).
  * The deadline is 1.5 s here. TRANSOM_LONG=1 repeats kill/stop more times.
  * TRANSOM_TIME_SCALE (check.h) stretches this file's own waits and the
  * slack over the deadline that kill/stop allow; TRANSOM_TEST_SMALL caps the
@@ -2008,6 +2009,34 @@ out:
   ftar_coord_free(c);
 }
 
+/* Waves (ftar_hier.c) where the hierarchy keeps a host alone: MEAN
+ * divided once per wave; and faults in a later wave (bucket 2:
+ * TRANSOM_FTAR_WAVE_MIN=1, a wave per bucket of 32768 floats) that the
+ * host alone (slot 0 of 1+2+3, whose first reduce is the leaders' pass)
+ * survives: its done waves and its current wave's leaders' pass are put
+ * back exactly (exact sums on the redo). Frames a wave: slot 2 (a host
+ * of 2, not its leader) 7 (local reduce 4, broadcast 3), so 23 lands in
+ * wave 3's local reduce and 27 in its broadcast (slot 0 then between
+ * waves 3 and 4, or in wave 4's ready tokens); slot 3 (leader of the
+ * host of 3) 8 (local reduce 4, leaders' reduce 4), so 30 lands in wave
+ * 3's leaders' reduce, which slot 0 cannot finish. */
+static void test_waves(void) {
+  const layout two_by_two = {4, {1, 1, 2, 2}}, three = {6, {1, 2, 2, 3, 3, 3}};
+  test_hier_sizes("2x2", &two_by_two, "mean", 0, 4096);
+  test_hier_sizes("1+2+3", &three, "mean", 0, 4096);
+  test_hier_fault(&three, 2, 23, 0, 0, NULL, 0, 2);
+  test_hier_fault(&three, 2, 27, 0, 0, NULL, 0, 2);
+  test_hier_fault(&three, 3, 30, 0, 0, "phase 2 (leaders' reduce)", 0, 2);
+  test_hier_fault(&three, 3, 30, 1, 0, "phase 2 (leaders' reduce)", 0, 2);
+  /* 2+1, slot 1 (7 frames a wave) lost in a broadcast: in wave 2's (19)
+   * the two leaders hold only waves 0-2, not full: redone (a COMMIT would
+   * return a partial sum over 0,1,2); in the last wave's (54) both are
+   * full: committed or redone, alike */
+  const layout two_one = {3, {1, 1, 2}};
+  test_hier_fault(&two_one, 1, 19, 0, 0, NULL, 0, 2);
+  test_hier_fault(&two_one, 1, 54, 0, 0, NULL, 1, 2);
+}
+
 static void test_hier(void) {
   const layout two_by_two = {4, {1, 1, 2, 2}}, two_by_three_one = {7, {1, 1, 1, 2, 2, 2, 3}},
                three = {6, {1, 2, 2, 3, 3, 3}};
@@ -2053,6 +2082,7 @@ static void test_hier(void) {
   test_hier_fault(&two_by_two, 3, 2, 0, 2, NULL, 1, 1);
   hier_fault_count = 262144;
   test_hier_churn(test_small() ? 50 : 200);
+  test_waves();
   test_hier_op_mismatch(0);
   test_hier_op_mismatch(-1);
 }
@@ -2287,6 +2317,11 @@ int main(void) {
   }
   if (only && strcmp(only, "wire") == 0) {
     test_wire();
+    printf("  total %.1f s\n", tr_now() - t0);
+    return check_report("test_ftar");
+  }
+  if (only && strcmp(only, "waves") == 0) {
+    test_waves();
     printf("  total %.1f s\n", tr_now() - t0);
     return check_report("test_ftar");
   }

@@ -93,8 +93,9 @@ typedef struct {
   uint64_t bytes_cross;                /* of bytes_sent, those sent to a member of another host */
   uint64_t hier_collectives;           /* attempts that completed through the hierarchical plane */
   uint64_t grid_collectives;           /* ... through the grid (one host, an even count >= 4) */
-  uint64_t waves;                      /* their waves: one a call, or with buckets one per bucket
-                                          (ftar_hier.c: the cross-host part overlaps the producer) */
+  uint64_t waves;                      /* their waves: one a call, or with buckets one per run of
+                                          whole buckets of >= 1 MiB (ftar_hier.c's "waves": the
+                                          cross-host part overlaps the producer) */
 } ftar_stats;
 
 typedef void (*ftar_log_fn)(void *ud, const char *msg);
