@@ -22,7 +22,7 @@ BASE=${BASE:-262144}
 CHUNKS=${CHUNKS:-131072}
 if [ ! -x "$BUILD/transom" ]; then
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$BUILD" -j2 --target transom
+  nice cmake --build "$BUILD" -j2 --target transom
 fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

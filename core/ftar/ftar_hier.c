@@ -185,7 +185,7 @@ static pthread_once_t waves_once = PTHREAD_ONCE_INIT;
 static void waves_read(void) {
   const char *v = getenv("TRANSOM_FTAR_WAVE_MIN");
   char *end;
-  if (v && *v) {
+  if (v && *v >= '0' && *v <= '9') { /* digits only: anything else keeps WAVE_MIN */
     unsigned long long x = strtoull(v, &end, 10);
     if (!*end) wave_min = (size_t)x;
   }
@@ -331,20 +331,29 @@ static int commit_phases(host_plane *hp, ftar_member *m, attempt *at) {
   return FTAR_PLANE_DONE;
 }
 
-static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
-  int r = ftar_in_copy_reserve(m, hp->n);
-  if (r) return r;
-  set_views(hp, m);
+/* Every wave of the attempt through one_wave (the hierarchy's or the
+ * grid's reduce phases); a done wave's range was saved whole. */
+static int run_waves(host_plane *hp, ftar_member *m, attempt *at,
+                     int (*one_wave)(host_plane *, ftar_member *, attempt *)) {
   size_t nw = wave_count(hp);
   hp->saved_from = hp->n;
   for (size_t w = 0; w < nw; w++) {
     wave_set(hp, w, nw, at);
-    if ((r = reduce_phases(hp, m, at)) != FTAR_PLANE_DONE) return r;
+    int r = one_wave(hp, m, at);
+    if (r != FTAR_PLANE_DONE) return r;
     hp->saved_from = at->off;
   }
+  return FTAR_PLANE_DONE;
+}
+
+static int hier_attempt(host_plane *hp, ftar_member *m, attempt *at) {
+  int r = ftar_in_copy_reserve(m, hp->n);
+  if (r) return r;
+  set_views(hp, m);
+  if ((r = run_waves(hp, m, at, reduce_phases)) != FTAR_PLANE_DONE) return r;
   if ((r = commit_phases(hp, m, at)) != FTAR_PLANE_DONE) return r;
   m->st.hier_collectives++;
-  m->st.waves += nw;
+  m->st.waves += wave_count(hp);
   return FTAR_PLANE_DONE;
 }
 
@@ -429,19 +438,13 @@ static int grid_attempt(host_plane *hp, ftar_member *m, attempt *at) {
   int r = ftar_in_copy_reserve(m, hp->n);
   if (r) return r;
   grid_views(hp, m);
-  size_t nw = wave_count(hp);
-  hp->saved_from = hp->n;
-  for (size_t w = 0; w < nw; w++) {
-    wave_set(hp, w, nw, at);
-    if ((r = grid_wave(hp, m, at)) != FTAR_PLANE_DONE) return r;
-    hp->saved_from = at->off;
-  }
+  if ((r = run_waves(hp, m, at, grid_wave)) != FTAR_PLANE_DONE) return r;
   ftar_pass ptok = {.level = FTAR_LEVEL_LOCAL, .kind = FTAR_PASS_TOKENS, .phase = 12},
             ctok = {.level = FTAR_LEVEL_LEADERS, .kind = FTAR_PASS_TOKENS, .phase = 13};
   if ((r = phase(hp, m, at, hp->rr, ptok)) != FTAR_PLANE_DONE) return r;
   if ((r = phase(hp, m, at, hp->rr, ctok)) != FTAR_PLANE_DONE) return r;
   m->st.grid_collectives++;
-  m->st.waves += nw;
+  m->st.waves += wave_count(hp);
   return FTAR_PLANE_DONE;
 }
 
