@@ -335,6 +335,31 @@ describe("operator (3 replicas)", function()
     survivors_never_go_back(run, { [2] = true })
   end)
 
+  it("`transom chaos RUN fail 1` against a live job: the step fails, the worker reports it and exits, a replacement joins", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/chaosfail"
+    local op = spawn(job(run, "--set bucket_mb=0.02"), tmp .. "/chaosfail.log", "TRANSOM_TEST_STEP_MS=" .. math.floor(T(20)))
+    assert.is_true(wait_step(run, 40), "no step 40")
+    local out, rc = sh(BIN .. " chaos " .. run .. " fail 1")
+    assert.equal(0, rc, out)
+    assert.equal("ok\n", out)
+    assert.is_true(wait_exit(op, 180), "the operator did not finish")
+    assert_agree(run, read(tmp .. "/chaosfail.log"))
+    local ev = events(run)
+    assert.matches('"worker":1,"kind":"chaos","detail":"fail replica 1 (from transom chaos)"', ev, 1, true)
+    local step = tonumber(ev:match('"worker":1,"kind":"replica_error","detail":"chaos: step (%d+) failed after its all%-reduce started"'))
+    assert.is_truthy(step, ev)
+    assert.matches('"worker":1,"kind":"replica_failed","detail":"replica 1 exited %(exit code 1%)', ev)
+    assert.matches("replica 1 ready at step %d+ %(join", ev)
+    -- the survivors averaged the failed step over 2 replicas
+    for _, w in ipairs({ 0, 2 }) do
+      local r = records(run, w)[step]
+      assert.is_truthy(r, "survivor " .. w .. " has no record of step " .. step)
+      assert.equal(2, r.replicas)
+    end
+    survivors_never_go_back(run, { [1] = true })
+  end)
+
   it("the job's chaos list kills a replica at its step; the job finishes", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/chaos"

@@ -201,12 +201,14 @@ static int cmd_lua(int argc, char **argv) {
 /* --- transom chaos --- */
 
 static const char chaos_usage[] =
-    "usage: transom chaos RUN FAULT SLOT     (FAULT: kill, hang, slow, nan)\n"
+    "usage: transom chaos RUN FAULT SLOT     (FAULT: kill, hang, slow, nan, fail)\n"
     "       transom chaos RUN status\n"
     "\n"
     "Injects a fault into replica SLOT of the live job in RUN, through the\n"
     "operator's control socket RUN/control.sock: kill (SIGKILL), hang\n"
-    "(SIGSTOP), slow (200 ms more per step), nan (a NaN gradient once).\n";
+    "(SIGSTOP), slow (200 ms more per step), nan (a NaN gradient once),\n"
+    "fail (a step fails with an error once its all-reduce started; the\n"
+    "worker reports it 200 ms later and exits).\n";
 
 int chaos_main(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
@@ -260,7 +262,7 @@ static const char main_usage[] =
     "  ckpt ls|verify|export RUN   inspect, check and export checkpoints\n"
     "  attach RUN [-e EXPR]   a Lua REPL inside the live job\n"
     "  plot RUN -o run.png    loss, step times and anomalies over steps (gnuplot)\n"
-    "  chaos RUN FAULT SLOT   inject a fault into a live job (kill, hang, slow, nan)\n"
+    "  chaos RUN FAULT SLOT   inject a fault into a live job (kill, hang, slow, nan, fail)\n"
     "  sim SCENARIO.lua       ETTR under failures at 1K..128K GPUs, simulated\n"
     "  worker           one replica (started by `run`, or by srun/torchrun)\n"
     "  agent --operator HOST:PORT   one per host: starts the replicas placed there\n"

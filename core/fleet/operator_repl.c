@@ -61,13 +61,13 @@ static void do_chaos(operator_state *o, struct evbuffer *out, const char *fault,
     operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
     if (operator_slot_has_process(s)) operator_kill_slot(o, s, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
     evbuffer_add_printf(out, "ok\n");
-  } else if ((strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0) && s->bev) {
+  } else if ((strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0 || strcmp(fault, "fail") == 0) && s->bev) {
     operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
     evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=%lld fault=%s ms=200 steps=0\n",
                         (long long)s->step + 2, fault);
     evbuffer_add_printf(out, "ok\n");
   } else {
-    evbuffer_add_printf(out, "error: unknown fault '%s' (kill, hang, slow, nan)\n", fault);
+    evbuffer_add_printf(out, "error: unknown fault '%s' (kill, hang, slow, nan, fail)\n", fault);
   }
 }
 
