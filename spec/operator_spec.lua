@@ -30,6 +30,13 @@ end
 
 local spawn, spawn_rc = S.spawn, S.spawn_rc
 
+-- job() with a chaos list (the Lua text of its entries) in a job file of its own
+local function chaos_job(run, entries, extra)
+  local jobfile = run .. "-job.lua"
+  write(jobfile, 'return { data = "' .. data .. '", chaos = { ' .. entries .. ' } }\n')
+  return (job(run, extra):gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1))
+end
+
 local alive, wait_exit = S.alive, S.wait_gone
 
 -- the metrics lines of a multi-replica run: per worker, its steps in order
@@ -298,17 +305,13 @@ describe("operator (3 replicas)", function()
   it("a replica whose step fails with buckets in flight leaves FTAR at once: the survivors go on during its error path", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/failleave"
-    local jobfile = tmp .. "/failleave-job.lua"
     -- replica 2's step 40 fails once its all-reduce started (chaos fail);
     -- then it spends 8 s in its error path before it reports FAIL and exits.
     -- deadline 30 s: a survivor waiting for it would not give up on its own
     -- before that, so only the loop's failed hook (ftar_member_leave) lets
     -- the survivors redo step 40 while the failed worker is still there
-    local f = io.open(jobfile, "w")
-    f:write('return { data = "' .. data .. '", chaos = { { at_step = 40, replica = 2, fault = "fail", ms = 8000 } } }\n')
-    f:close()
-    local cmd = job(run, "--set bucket_mb=0.02 --set deadline=30"):gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1)
-    local out, rc = sh(cmd)
+    local out, rc = sh(chaos_job(run, '{ at_step = 40, replica = 2, fault = "fail", ms = 8000 }',
+      "--set bucket_mb=0.02 --set deadline=30"))
     assert.equal(0, rc, out)
     local ev = events(run)
     -- the survivors may well finish every step during those 8 s: then the
@@ -363,12 +366,7 @@ describe("operator (3 replicas)", function()
   it("the job's chaos list kills a replica at its step; the job finishes", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/chaos"
-    local jobfile = tmp .. "/chaos-job.lua"
-    local f = io.open(jobfile, "w")
-    f:write('return { data = "' .. data .. '", chaos = { { at_step = 50, replica = 2, fault = "kill" } } }\n')
-    f:close()
-    local cmd = job(run):gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1)
-    local out, rc = sh(cmd)
+    local out, rc = sh(chaos_job(run, '{ at_step = 50, replica = 2, fault = "kill" }'))
     assert.equal(0, rc, out)
     assert_agree(run, out)
     local step = tonumber(events(run):match('"step":(%d+),"worker":2,"kind":"replica_failed"'))
