@@ -338,6 +338,24 @@ describe("operator (3 replicas)", function()
     survivors_never_go_back(run, { [2] = true })
   end)
 
+  it("a failed replica's error path does not pass for a wait in the all-reduce: no healthy replica is evicted as hung", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/failphase"
+    -- replica 2's step 10 fails; it spends 5 s in its error path. Every step
+    -- computes 400 ms (TRANSOM_TEST_STEP_MS), longer than hang_seconds: a
+    -- replica heartbeating "allreduce" past the deadline meanwhile would make
+    -- the operator evict the healthy ones as hung (find_hung). The failed
+    -- one waits for nobody: its heartbeats must say so.
+    local cmd = chaos_job(run, '{ at_step = 10, replica = 2, fault = "fail", ms = 5000 }',
+      "--set bucket_mb=0.02 --set max_steps=30 --set warmup_steps=3 --set hang_seconds=0.3 --set deadline=1")
+    local out, rc = sh("env TRANSOM_TEST_STEP_MS=400 " .. cmd)
+    assert.equal(0, rc, out)
+    local ev = events(run)
+    assert.matches('"worker":2,"kind":"replica_error","detail":"chaos: step 10 failed', ev, 1, true)
+    assert.is_nil(ev:find('"kind":"evict"', 1, true), "a replica was evicted: " .. ev)
+    assert.matches("finished at step 30", out, 1, true)
+  end)
+
   it("`transom chaos RUN fail 1` against a live job: the step fails, the worker reports it and exits, a replacement joins", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/chaosfail"

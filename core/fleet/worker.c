@@ -401,9 +401,14 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
   trainer *t = w->t;
   const tr_backend *be = trainer_backend(t);
   float *g = trainer_grads(t); /* the backend's memory: FTAR moves it with the device's communicator */
+  if (next == w->fail_at) { /* chaos fail: with bucket_mb > 0 the buckets are in flight */
+    /* not in the all-reduce: heartbeats saying so through the error path
+     * would count as a wait for the others (find_hung evicts them) */
+    set_phase(w, 0);
+    return tr_fail(TR_EIO, "chaos: step %lld failed %s", (long long)next,
+                   w->inflight ? "after its all-reduce started" : "before its all-reduce (none in flight)");
+  }
   set_phase(w, 1);
-  if (next == w->fail_at) /* chaos fail: with bucket_mb > 0 the buckets are in flight */
-    return tr_fail(TR_EIO, "chaos: step %lld failed after its all-reduce started", (long long)next);
   ftar_result res;
   int rc;
   if (w->inflight) {
