@@ -166,6 +166,11 @@ return {
     path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n}\n")
     has(rejected(path, run_dir, "--set", "replicas=2", "--set", "max_replicas=1"),
       "max_replicas = 1 is below replicas = 2")
+    -- one replica trains alone (no operator, no worker): its chaos list would never fire
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n"
+      .. "  chaos = { { at_step = 5, replica = 0, fault = \"fail\" } },\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "a chaos list needs replicas >= 2")
+    has(rejected(path, run_dir, "--set", "max_replicas=3"), "a chaos list needs replicas >= 2")
     local j = job.load(job_file("return { data = DATA, replicas = 3 }\n"))
     assert.are.equal(3, j.max_replicas)
     assert.are.equal(1, j.min_replicas)

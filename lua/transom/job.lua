@@ -305,6 +305,10 @@ function M.check(job, origin)
   if job.hosts > 0 and job.replicas < 2 then
     at("hosts")("hosts = %d needs replicas >= 2 (one replica runs alone, on this host)", job.hosts)
   end
+  if #(job.chaos or {}) > 0 and job.replicas < 2 and job.pipeline.stages <= 1 and job.pipeline.micro_batches <= 1 then
+    at("chaos")("a chaos list needs replicas >= 2: one replica trains alone, without the operator and workers "
+      .. "that inject the faults (nothing is silently ignored)")
+  end
   for i, c in ipairs(job.chaos or {}) do
     if c.replica >= job.max_replicas then
       at("replica")("chaos[%d]: replica %d does not exist (slots 0..%d)", i, c.replica, job.max_replicas - 1)
