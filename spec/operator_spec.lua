@@ -34,7 +34,9 @@ local spawn, spawn_rc = S.spawn, S.spawn_rc
 local function chaos_job(run, entries, extra)
   local jobfile = run .. "-job.lua"
   write(jobfile, 'return { data = "' .. data .. '", chaos = { ' .. entries .. ' } }\n')
-  return (job(run, extra):gsub(ROOT .. "/examples/shakespeare.lua", jobfile, 1))
+  -- a plain replacement: ROOT may hold pattern characters (a worktree named wt-rev12)
+  local pat = (ROOT .. "/examples/shakespeare.lua"):gsub("%p", "%%%0")
+  return (job(run, extra):gsub(pat, (jobfile:gsub("%%", "%%%%")), 1))
 end
 
 local alive, wait_exit = S.alive, S.wait_gone
