@@ -348,9 +348,12 @@ describe("operator (3 replicas)", function()
     -- replica heartbeating "allreduce" past the deadline meanwhile would make
     -- the operator evict the healthy ones as hung (find_hung). The failed
     -- one waits for nobody: its heartbeats must say so.
-    local cmd = chaos_job(run, '{ at_step = 10, replica = 2, fault = "fail", ms = 5000 }',
-      "--set bucket_mb=0.02 --set max_steps=30 --set warmup_steps=3 --set hang_seconds=0.3 --set deadline=1")
-    local out, rc = sh("env TRANSOM_TEST_STEP_MS=400 " .. cmd)
+    -- (all three stretched alike by TRANSOM_TIME_SCALE: the survivors' skew
+    -- on a slow build must stay below hang_seconds)
+    local cmd = chaos_job(run, '{ at_step = 10, replica = 2, fault = "fail", ms = ' .. math.floor(T(5000)) .. ' }',
+      "--set bucket_mb=0.02 --set max_steps=30 --set warmup_steps=3 --set hang_seconds=" .. T(0.3) ..
+      " --set deadline=" .. T(1))
+    local out, rc = sh("env TRANSOM_TEST_STEP_MS=" .. math.floor(T(400)) .. " " .. cmd)
     assert.equal(0, rc, out)
     local ev = events(run)
     assert.matches('"worker":2,"kind":"replica_error","detail":"chaos: step 10 failed', ev, 1, true)

@@ -55,16 +55,18 @@ static void conn_free(ctl_conn *c) {
 
 static void do_chaos(operator_state *o, struct evbuffer *out, const char *fault, int k) {
   slot *s = &o->slots[k];
+  int by_line = strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0 || strcmp(fault, "fail") == 0;
   if (!operator_slot_has_process(s) && !s->bev) {
     evbuffer_add_printf(out, "error: replica %d is not running\n", k);
   } else if (strcmp(fault, "kill") == 0 || strcmp(fault, "hang") == 0) {
     operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
     if (operator_slot_has_process(s)) operator_kill_slot(o, s, strcmp(fault, "kill") == 0 ? SIGKILL : SIGSTOP);
     evbuffer_add_printf(out, "ok\n");
-  } else if ((strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0 || strcmp(fault, "fail") == 0) && s->bev) {
+  } else if (by_line && !s->bev) {
+    evbuffer_add_printf(out, "error: replica %d is not connected yet (try again)\n", k);
+  } else if (by_line) { /* at=0: the worker's next step (the step we know of may be behind it) */
     operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
-    evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=%lld fault=%s ms=200 steps=0\n",
-                        (long long)s->step + 2, fault);
+    evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=0 fault=%s ms=200 steps=0\n", fault);
     evbuffer_add_printf(out, "ok\n");
   } else {
     evbuffer_add_printf(out, "error: unknown fault '%s' (kill, hang, slow, nan, fail)\n", fault);

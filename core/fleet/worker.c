@@ -58,7 +58,7 @@ int worker_main(int argc, char **argv);
 #define REPLAY 16 /* STEP lines kept to replay to a restarted operator */
 
 typedef struct {
-  int64_t at;
+  int64_t at; /* the step it fires at; 0: the next one (`transom chaos`) */
   char fault[8];
   int64_t ms, steps;
 } chaos;
@@ -303,6 +303,7 @@ static int poll_commands(worker *w) {
 static void apply_chaos(worker *w, int64_t step) {
   for (int i = 0; i < w->nchaos; i++) {
     chaos *c = &w->chaos[i];
+    if (c->at == 0) c->at = step; /* a live fault: now */
     if (c->at != step) continue;
     fprintf(stderr, "worker %d: chaos: %s at step %lld\n", w->slot, c->fault, (long long)step);
     fflush(stderr);

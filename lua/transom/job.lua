@@ -59,10 +59,12 @@ local PIPELINE = {
 local CHAOS = {
   { "at_step", "integer", nil, "inject when the replica reaches this step", min = 1 },
   { "replica", "integer", nil, "replica slot", min = 0 },
-  { "fault", "string", nil, "kill | hang | slow | nan | bitflip | fail (the step fails with an error once its "
-    .. "all-reduce started; the worker then takes ms in its error path before it reports and exits)",
+  { "fault", "string", nil, "kill | hang | slow | nan | bitflip | fail (the step fails with an error at its "
+    .. "all-reduce, with bucket_mb > 0 once its buckets are in flight; the worker then takes ms in its error path "
+    .. "before it reports and exits)",
     enum = { "kill", "hang", "slow", "nan", "bitflip", "fail" } },
-  { "ms", "integer", 200, "slow: extra milliseconds per step; fail: milliseconds in the error path", min = 0 },
+  { "ms", "integer", 200, "slow: extra milliseconds per step; fail: milliseconds in the error path", min = 0,
+    max = 3600000 },
   { "steps", "integer", 0, "slow, nan: for how many steps (0 = slow: until the end, nan: once)", min = 0 },
 }
 
