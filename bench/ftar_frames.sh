@@ -40,6 +40,8 @@ for r in $(seq "$REPEAT"); do
     done
   done
 done
+# a run that printed no ftar-bw line (it failed: ftar-bench's stderr is
+# dropped to keep the table readable) shows as "no run"
 awk -v base="$BASE" -v chunks="$CHUNKS" '
   function field(line, key,   i, a, kv, k) { k = split(line, a, " "); for (i = 1; i <= k; i++) { split(a[i], kv, "="); if (kv[1] == key) return kv[2] } return "" }
   function human(b) { if (b >= 1048576) return (b / 1048576) " MiB"; if (b >= 1024) return (b / 1024) " KiB"; return b " B" }
@@ -55,8 +57,11 @@ awk -v base="$BASE" -v chunks="$CHUNKS" '
       printf "\n"
       for (i = 1; i <= no; i++) {
         split(order[i], nb, SUBSEP); n = nb[1]; b = nb[2]; x = best[t, n, base, b]
-        printf "%6s %10s %10.3f", n, human(b), x
-        for (j = 1; j <= m; j++) { y = best[t, n, cs[j], b]; printf " %10.3f %9s", y, (x > 0 ? sprintf("%.2fx", y / x) : "-") }
+        printf "%6s %10s %10s", n, human(b), (x > 0 ? sprintf("%.3f", x) : "no run")
+        for (j = 1; j <= m; j++) {
+          y = best[t, n, cs[j], b]
+          printf " %10s %9s", (y > 0 ? sprintf("%.3f", y) : "no run"), (x > 0 && y > 0 ? sprintf("%.2fx", y / x) : "-")
+        }
         printf "\n"
       }
     }
