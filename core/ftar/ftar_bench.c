@@ -582,9 +582,12 @@ static int sweep_spawn(const sweep_opts *so, const char *coordaddr, char *sizes,
  * a size has no time. */
 static int sweep_report(const sweep_opts *so, const sweep_state *st) {
   int rc = 0;
+  ftar_member_opts def; /* what a rank gets for the options not given */
+  ftar_member_opts_default(&def);
   printf("ftar-bench: %d ranks on 127.0.0.1 | op %s | max frame %llu B | sockbuf %lld | deadline %.2f s | %s%s\n",
-         so->ranks, so->op == FTAR_MEAN ? "mean" : "sum", (unsigned long long)(so->chunk ? so->chunk : 128 * 1024),
-         (long long)(so->sockbuf >= 0 ? so->sockbuf : 4 << 20), so->deadline,
+         so->ranks, so->op == FTAR_MEAN ? "mean" : "sum",
+         (unsigned long long)(so->chunk ? so->chunk : def.chunk_bytes),
+         (long long)(so->sockbuf >= 0 ? so->sockbuf : def.sockbuf), so->deadline,
          so->bind ? "ranks pinned one per core" : "ranks not pinned", so->verify ? " | verified" : "");
   printf("%12s %12s %7s %12s %12s %12s\n", "size", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
   for (int i = 0; i < so->nsizes; i++) {

@@ -136,12 +136,14 @@ int ftar_connect_to(const char *host, int port, int sockbuf, double t_end, int *
 
 /* --- lifecycle --- */
 
+#define CHUNK_DEFAULT ((size_t)128 * 1024) /* bench/ftar_frames.sh: ahead of 256 KiB over TCP */
+
 void ftar_member_opts_default(ftar_member_opts *o) {
   memset(o, 0, sizeof *o);
   o->data_host = "127.0.0.1";
   o->timeout = 60.0;
   o->min_members = 1;
-  o->chunk_bytes = 128 * 1024; /* bench/ftar_frames.sh: vs 256 KiB over TCP */
+  o->chunk_bytes = CHUNK_DEFAULT;
   o->sockbuf = 4 << 20;
   o->spin_us = -1;
   o->shm = 1;
@@ -179,7 +181,7 @@ static ftar_member *member_alloc(int slot, const ftar_member_opts *o) {
   if (!m->o.data_host) m->o.data_host = "127.0.0.1";
   if (!(m->o.timeout > 0)) m->o.timeout = 60.0;
   if (m->o.min_members < 1) m->o.min_members = 1;
-  if (m->o.chunk_bytes < 64) m->o.chunk_bytes = 128 * 1024;
+  if (m->o.chunk_bytes < 64) m->o.chunk_bytes = CHUNK_DEFAULT;
   if (m->o.chunk_bytes > ((size_t)64 << 20)) m->o.chunk_bytes = (size_t)64 << 20;
   m->chunk = m->o.chunk_bytes / sizeof(float);
   m->slot = slot;
