@@ -176,22 +176,22 @@ static void read_control(rank_opts *ro, char *line, size_t *len, size_t cap) {
   for (;;) {
     struct pollfd p = {.fd = 0, .events = POLLIN};
     if (poll(&p, 1, 0) <= 0) return;
-    ssize_t k = read(0, line + *len, cap - 1 - *len);
+    char got[128];
+    ssize_t k = read(0, got, sizeof got);
     if (k <= 0) {
       ro->control_stdin = 0; /* EOF: no more instructions */
       return;
     }
-    *len += (size_t)k;
-    line[*len] = 0;
-    char *nl;
-    while ((nl = strchr(line, '\n'))) {
-      *nl = 0;
+    for (ssize_t i = 0; i < k; i++) { /* byte by byte into the partial line; a line past cap is cut */
+      if (got[i] != '\n') {
+        if (*len + 1 < cap) line[(*len)++] = got[i];
+        continue;
+      }
+      line[*len] = 0;
       unsigned long long q;
       if (sscanf(line, "until-seq %llu", &q) == 1) ro->until_seq = q;
-      *len -= (size_t)(nl + 1 - line);
-      memmove(line, nl + 1, *len + 1);
+      *len = 0;
     }
-    if (*len == cap - 1) *len = 0;
   }
 }
 
