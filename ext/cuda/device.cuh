@@ -10,6 +10,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <stddef.h>
+#include <stdlib.h> /* getenv: attn_panel_rows */
 #include <stdint.h>
 
 #include "kernels.cuh"
@@ -39,6 +40,21 @@ static inline unsigned ew_blocks(int64_t n) {
 static inline unsigned row_blocks(int64_t rows) { return (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS); }
 
 static inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Causal attention's matmuls skip what the mask zeroes. The (T,T) scores go
+ * by panels of this many query rows: rows [r0,r1) need keys [0,r1) only
+ * (q k^T, att v, datt, dq), and keys [c0,c1) queries [c0,T) only (dv, dk),
+ * so P panels do (P+1)/2P of the full products' work. At least 128 rows a
+ * panel (smaller matmuls lose more to tiling than the mask saves), at most
+ * 16 panels; T < 256 takes one. TRANSOM_TEST_ATTN_PANEL_ROWS (a test hook)
+ * sets the rows, so that test_cuda's small shapes take several panels. */
+static inline int attn_panel_rows(int T) {
+  const char *e = getenv("TRANSOM_TEST_ATTN_PANEL_ROWS");
+  if (e && atoi(e) > 0) return atoi(e) < T ? atoi(e) : T;
+  if (T < 256) return T;
+  const int r = (T + 15) / 16;
+  return r > 128 ? r : 128;
+}
 
 /* --- elements: loads widen to fp32, stores round to nearest (even) --- */
 
@@ -79,21 +95,71 @@ template <typename T, typename Op> static __device__ T block_reduce(T v, Op op, 
  *     a stored E rounded once (st); for float, ld/st are plain loads and
  *     stores, so the fp32 table runs exactly these kernels --- */
 
-/* dst[m] += sum over n of src[n*M + m], for m < M: a block of 32x32
- * threads per 32 columns, rows split by threadIdx.y, partial sums added in
- * y order. Used for the bias gradient. */
-template <typename E> static __global__ void colsum_add_kernel(float *dst, const E *src, int N, int M) {
-  __shared__ float part[32][33];
+/* Column sums over N rows (the bias and layernorm parameter gradients): a
+ * block of 32x32 threads per 32 columns and slice of rows (blockIdx.y), rows
+ * split by threadIdx.y, partial sums added in y order. With one slice the
+ * block adds into dst; with several each writes its slice's sums to fp32
+ * partials that colsum_finish_kernel adds up in slice order, so the result
+ * does not depend on scheduling. Slices give the GPU enough blocks: one per
+ * 32 columns left 24 blocks for C = 768. */
+enum { COLSUM_BLOCKS = 512, COLSUM_MIN_ROWS = 64 };
+
+static inline int colsum_slices(int N, int M) {
+  const int cols = (M + 31) / 32, most = (N + COLSUM_MIN_ROWS - 1) / COLSUM_MIN_ROWS;
+  int s = (COLSUM_BLOCKS + cols - 1) / cols;
+  if (s > most) s = most;
+  return s < 1 ? 1 : s;
+}
+
+/* the rows [*n0, *n1) of this block's slice */
+static __device__ __forceinline__ void colsum_rows(int N, int *n0, int *n1) {
+  const int per = (N + (int)gridDim.y - 1) / (int)gridDim.y;
+  *n0 = (int)blockIdx.y * per;
+  *n1 = *n0 + per < N ? *n0 + per : N;
+}
+
+/* dst[m] += sum over n of src[n*M + m] (one slice), or part[slice*M + m] =
+ * the slice's sum (several) */
+template <typename E>
+static __global__ void colsum_add_kernel(float *dst, float *part, const E *src, int N, int M) {
+  __shared__ float sh[32][33];
   const int m = blockIdx.x * 32 + threadIdx.x;
+  int n0, n1;
+  colsum_rows(N, &n0, &n1);
   float s = 0.0f;
   if (m < M)
-    for (int n = threadIdx.y; n < N; n += 32) s += ld(src[(int64_t)n * M + m]);
-  part[threadIdx.y][threadIdx.x] = s;
+    for (int n = n0 + threadIdx.y; n < n1; n += 32) s += ld(src[(int64_t)n * M + m]);
+  sh[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && m < M) {
     float t = 0.0f;
-    for (int y = 0; y < 32; y++) t += part[y][threadIdx.x];
+    for (int y = 0; y < 32; y++) t += sh[y][threadIdx.x];
+    if (gridDim.y == 1)
+      dst[m] += t;
+    else
+      part[(int64_t)blockIdx.y * M + m] = t;
+  }
+}
+
+/* dst[m] += sum over slices of part[slice*M + m], in slice order; dst NULL: nothing */
+static __global__ void colsum_finish_kernel(float *dst, const float *part, int slices, int M) {
+  if (!dst) return;
+  GRID_STRIDE(m, M) {
+    float t = 0.0f;
+    for (int y = 0; y < slices; y++) t += part[(int64_t)y * M + m];
     dst[m] += t;
+  }
+}
+
+/* dst (M) += column sums of src (N,M); part is scratch of colsum_slices(N, M)
+ * * M floats (unused for one slice) */
+template <typename E> static void colsum_add(float *dst, float *part, const E *src, int N, int M, cudaStream_t st) {
+  const int slices = colsum_slices(N, M);
+  colsum_add_kernel<<<dim3((unsigned)((M + 31) / 32), (unsigned)slices), dim3(32, 32), 0, st>>>(dst, part, src, N, M);
+  tc_queued(cudaSuccess, "column sums");
+  if (slices > 1) {
+    colsum_finish_kernel<<<ew_blocks(M), EW_THREADS, 0, st>>>(dst, part, slices, M);
+    tc_queued(cudaSuccess, "column sums (slices)");
   }
 }
 
@@ -148,15 +214,19 @@ static __global__ void layernorm_dinp_kernel(E *dinp, const E *dout, const E *in
 }
 
 /* dw (C) += sum over rows of norm * dout, db (C) += sum over rows of dout;
- * 32x32 threads per 32 channels, as colsum_add_kernel. Either may be NULL. */
+ * by blocks of 32 channels and slices of rows, as colsum_add_kernel: several
+ * slices write part[slice*C + c] (dw) and part[(slices + slice)*C + c] (db)
+ * for colsum_finish_kernel. Either may be NULL. */
 template <typename E>
-static __global__ void layernorm_dparams_kernel(float *dw, float *db, const E *dout, const E *inp, const float *mean,
-                                                const float *rstd, int N, int C) {
+static __global__ void layernorm_dparams_kernel(float *dw, float *db, float *part, const E *dout, const E *inp,
+                                                const float *mean, const float *rstd, int N, int C) {
   __shared__ float pw[32][33], pb[32][33];
   const int c = blockIdx.x * 32 + threadIdx.x;
+  int n0, n1;
+  colsum_rows(N, &n0, &n1);
   float sw = 0.0f, sb = 0.0f;
   if (c < C)
-    for (int n = threadIdx.y; n < N; n += 32) {
+    for (int n = n0 + threadIdx.y; n < n1; n += 32) {
       const int64_t i = (int64_t)n * C + c;
       const float d = ld(dout[i]);
       sw += (ld(inp[i]) - mean[n]) * rstd[n] * d;
@@ -171,8 +241,28 @@ static __global__ void layernorm_dparams_kernel(float *dw, float *db, const E *d
       tw += pw[y][threadIdx.x];
       tb += pb[y][threadIdx.x];
     }
-    if (dw) dw[c] += tw;
-    if (db) db[c] += tb;
+    if (gridDim.y == 1) {
+      if (dw) dw[c] += tw;
+      if (db) db[c] += tb;
+    } else {
+      part[(int64_t)blockIdx.y * C + c] = tw;
+      part[((int64_t)gridDim.y + blockIdx.y) * C + c] = tb;
+    }
+  }
+}
+
+/* the launcher: part is scratch of 2 * colsum_slices(N, C) * C floats */
+template <typename E>
+static void layernorm_dparams(float *dw, float *db, float *part, const E *dout, const E *inp, const float *mean,
+                              const float *rstd, int N, int C, cudaStream_t st) {
+  const int slices = colsum_slices(N, C);
+  layernorm_dparams_kernel<<<dim3((unsigned)((C + 31) / 32), (unsigned)slices), dim3(32, 32), 0, st>>>(
+      dw, db, part, dout, inp, mean, rstd, N, C);
+  tc_queued(cudaSuccess, "layernorm_backward (dw, db)");
+  if (slices > 1) {
+    colsum_finish_kernel<<<ew_blocks(C), EW_THREADS, 0, st>>>(dw, part, slices, C);
+    colsum_finish_kernel<<<ew_blocks(C), EW_THREADS, 0, st>>>(db, part + (int64_t)slices * C, slices, C);
+    tc_queued(cudaSuccess, "layernorm_backward (dw, db slices)");
   }
 }
 
@@ -297,21 +387,34 @@ static __global__ void iota_kernel(int32_t *p, int n) {
   GRID_STRIDE(i, n) p[i] = (int32_t)i;
 }
 
-/* One block per entry of the token-sorted positions; the first entry of each
- * run of one token adds the run's dout rows into that token's row of dwte,
- * in position order (the sort is stable): the CPU's order, so the same bits. */
+/* A block per entry of the token-sorted positions and EMBED_THREADS
+ * columns (blockIdx.y); the first entry of each run of one token adds the
+ * run's dout rows into that token's row of dwte, in position order (the sort
+ * is stable): the CPU's order, so the same bits. The block finds the run's
+ * end first, together, so that the sum's loop has a known bound and its loads
+ * are not each behind a load of the next key (a run of the space byte is
+ * ~15% of a batch of text). */
 template <typename E>
 static __global__ void embed_dwte_kernel(float *dwte, const E *dout, const int32_t *keys, const int32_t *pos, int n,
                                          int C) {
+  __shared__ int end;
   const int i = blockIdx.x;
   const int32_t key = keys[i];
-  if (i > 0 && keys[i - 1] == key) return;
+  if (i > 0 && keys[i - 1] == key) return; /* the whole block */
+  if (threadIdx.x == 0) end = n;
+  __syncthreads();
+  for (int j = i + 1 + (int)threadIdx.x; j < n; j += blockDim.x)
+    if (keys[j] != key) { /* sorted: each thread's first other key; the least is the end */
+      atomicMin(&end, j);
+      break;
+    }
+  __syncthreads();
+  const int e = end, c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
   float *dst = dwte + (int64_t)key * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = dst[c];
-    for (int j = i; j < n && keys[j] == key; j++) acc += ld(dout[(int64_t)pos[j] * C + c]);
-    dst[c] = acc;
-  }
+  float acc = dst[c];
+  for (int j = i; j < e; j++) acc += ld(dout[(int64_t)pos[j] * C + c]);
+  dst[c] = acc;
 }
 
 /* The launcher of both tables' embed_backward: dwpe by a column loop, dwte
@@ -350,7 +453,8 @@ static void embed_backward_launch(float *dwte, float *dwpe, const E *dout, const
     tc_queued(e, what);
     return;
   }
-  embed_dwte_kernel<<<(unsigned)n, EMBED_THREADS, 0, stream>>>(dwte, dout, keys, pos, n, C);
+  embed_dwte_kernel<<<dim3((unsigned)n, (unsigned)((C + EMBED_THREADS - 1) / EMBED_THREADS)), EMBED_THREADS, 0,
+                      stream>>>(dwte, dout, keys, pos, n, C);
   tc_queued(cudaSuccess, what);
 }
 

@@ -173,8 +173,8 @@ void tk_linear_backward(float *dinp, float *dw, float *dbias, const float *dout,
     tc_blas_check(cublasSgemm(tc_blas(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dw, C),
                   "linear_backward (dw): cublasSgemm");
   if (dbias) { /* dbias (OC) += column sums of dout */
-    colsum_add_kernel<<<(unsigned)((OC + 31) / 32), dim3(32, 32), 0, tc_stream()>>>(dbias, dout, N, OC);
-    tc_queued(cudaSuccess, "linear_backward (dbias)");
+    float *part = (float *)tc_scratch(TC_SLOT_COLSUM, sizeof(float) * (size_t)colsum_slices(N, OC) * (size_t)OC);
+    if (part) colsum_add(dbias, part, dout, N, OC, tc_stream());
   }
 }
 
@@ -196,9 +196,8 @@ void tk_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
     tc_queued(cudaSuccess, "layernorm_backward (dinp)");
   }
   if (dw || db) {
-    layernorm_dparams_kernel<<<(unsigned)((C + 31) / 32), dim3(32, 32), 0, st>>>(dw, db, dout, inp, mean, rstd, N,
-                                                                                  C);
-    tc_queued(cudaSuccess, "layernorm_backward (dw, db)");
+    float *part = (float *)tc_scratch(TC_SLOT_COLSUM, sizeof(float) * 2 * (size_t)colsum_slices(N, C) * (size_t)C);
+    if (part) layernorm_dparams(dw, db, part, dout, inp, mean, rstd, N, C, st);
   }
 }
 
@@ -283,16 +282,24 @@ void tk_attention_forward(float *out, float *att, const float *qkv, int B, int T
 
   attn_split_qkv_kernel<<<ew_blocks(n), EW_THREADS, 0, st>>>(q, k, v, qkv, T, C, NH, n);
   tc_queued(cudaSuccess, "attention_forward (split)");
-  /* per head, row-major att (T,T) = scale * q (T,hs) . k^T (hs,T) */
-  tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, k, hs, sh, q, hs, sh, &zero,
-                                          att, T, stt, BH),
-                "attention_forward (q k^T): cublasSgemmStridedBatched");
+  /* per head, row-major att (T,T) = scale * q (T,hs) . k^T (hs,T), by panels
+   * of rows [r0,r1) against keys [0,r1): the softmax zeroes the rest */
+  const int R = attn_panel_rows(T);
+  for (int r0 = 0; r0 < T; r0 += R) {
+    const int r1 = T - r0 < R ? T : r0 + R;
+    tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, r1, r1 - r0, hs, &scale, k, hs, sh,
+                                            q + (int64_t)r0 * hs, hs, sh, &zero, att + (int64_t)r0 * T, T, stt, BH),
+                  "attention_forward (q k^T): cublasSgemmStridedBatched");
+  }
   causal_softmax_kernel<<<row_blocks((int64_t)BH * T), 32 * ROW_WARPS, 0, st>>>(att, (int64_t)BH * T, T);
   tc_queued(cudaSuccess, "attention_forward (softmax)");
-  /* per head, row-major y (T,hs) = att (T,T) . v (T,hs) */
-  tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, v, hs, sh, att, T, stt, &zero,
-                                          y, hs, sh, BH),
-                "attention_forward (att v): cublasSgemmStridedBatched");
+  /* per head, row-major y (T,hs) = att (T,T) . v (T,hs): rows [r0,r1) from keys [0,r1) */
+  for (int r0 = 0; r0 < T; r0 += R) {
+    const int r1 = T - r0 < R ? T : r0 + R;
+    tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, r1 - r0, r1, &one, v, hs, sh,
+                                            att + (int64_t)r0 * T, T, stt, &zero, y + (int64_t)r0 * hs, hs, sh, BH),
+                  "attention_forward (att v): cublasSgemmStridedBatched");
+  }
   attn_merge_kernel<<<ew_blocks(n), EW_THREADS, 0, st>>>(out, y, T, C, NH, n);
   tc_queued(cudaSuccess, "attention_forward (merge)");
 }
@@ -316,25 +323,40 @@ void tk_attention_backward(float *dqkv, float *scratch, const float *dout, const
   tc_queued(cudaSuccess, "attention_backward (split qkv)");
   attn_split_kernel<<<ew_blocks(n), EW_THREADS, 0, st>>>(dy, dout, T, C, NH, n);
   tc_queued(cudaSuccess, "attention_backward (split dout)");
-  /* per head, row-major datt (T,T) = dy (T,hs) . v^T (hs,T) */
-  tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v, hs, sh, dy, hs, sh, &zero,
-                                          d, T, stt, BH),
-                "attention_backward (datt): cublasSgemmStridedBatched");
-  /* per head, row-major dv (T,hs) = att^T (T,T) . dy (T,hs) */
-  tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dy, hs, sh, att, T, stt, &zero,
-                                          dv, hs, sh, BH),
-                "attention_backward (dv): cublasSgemmStridedBatched");
+  const int R = attn_panel_rows(T);
+  for (int r0 = 0; r0 < T; r0 += R) { /* rows [r0,r1), keys [0,r1): as the forward */
+    const int r1 = T - r0 < R ? T : r0 + R;
+    /* per head, row-major datt (T,T) = dy (T,hs) . v^T (hs,T) */
+    tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, r1, r1 - r0, hs, &one, v, hs, sh,
+                                            dy + (int64_t)r0 * hs, hs, sh, &zero, d + (int64_t)r0 * T, T, stt, BH),
+                  "attention_backward (datt): cublasSgemmStridedBatched");
+  }
+  for (int c0 = 0; c0 < T; c0 += R) { /* keys [c0,c1), queries [c0,T) */
+    const int c1 = T - c0 < R ? T : c0 + R;
+    /* per head, row-major dv (T,hs) = att^T (T,T) . dy (T,hs) */
+    tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, c1 - c0, T - c0, &one,
+                                            dy + (int64_t)c0 * hs, hs, sh, att + (int64_t)c0 * T + c0, T, stt, &zero,
+                                            dv + (int64_t)c0 * hs, hs, sh, BH),
+                  "attention_backward (dv): cublasSgemmStridedBatched");
+  }
   causal_softmax_backward_kernel<<<row_blocks((int64_t)BH * T), 32 * ROW_WARPS, 0, st>>>(d, att, (int64_t)BH * T, T,
                                                                                         scale);
   tc_queued(cudaSuccess, "attention_backward (softmax)");
-  /* per head, row-major dq (T,hs) = dpre (T,T) . k (T,hs) (scale is in dpre) */
-  tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, k, hs, sh, d, T, stt, &zero,
-                                          dq, hs, sh, BH),
-                "attention_backward (dq): cublasSgemmStridedBatched");
-  /* per head, row-major dk (T,hs) = dpre^T (T,T) . q (T,hs) */
-  tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, q, hs, sh, d, T, stt, &zero,
-                                          dk, hs, sh, BH),
-                "attention_backward (dk): cublasSgemmStridedBatched");
+  for (int r0 = 0; r0 < T; r0 += R) {
+    const int r1 = T - r0 < R ? T : r0 + R;
+    /* per head, row-major dq (T,hs) = dpre (T,T) . k (T,hs) (scale is in dpre) */
+    tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, r1 - r0, r1, &one, k, hs, sh,
+                                            d + (int64_t)r0 * T, T, stt, &zero, dq + (int64_t)r0 * hs, hs, sh, BH),
+                  "attention_backward (dq): cublasSgemmStridedBatched");
+  }
+  for (int c0 = 0; c0 < T; c0 += R) {
+    const int c1 = T - c0 < R ? T : c0 + R;
+    /* per head, row-major dk (T,hs) = dpre^T (T,T) . q (T,hs) */
+    tc_blas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, c1 - c0, T - c0, &one,
+                                            q + (int64_t)c0 * hs, hs, sh, d + (int64_t)c0 * T + c0, T, stt, &zero,
+                                            dk + (int64_t)c0 * hs, hs, sh, BH),
+                  "attention_backward (dk): cublasSgemmStridedBatched");
+  }
   attn_merge_add_kernel<<<ew_blocks(n), EW_THREADS, 0, st>>>(dqkv, dq, dk, dv, T, C, NH, n);
   tc_queued(cudaSuccess, "attention_backward (merge)");
 }

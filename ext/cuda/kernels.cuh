@@ -40,7 +40,7 @@ void tc_blas_check(cublasStatus_t s, const char *what);
 /* Device scratch, one buffer per slot, grown on demand (the stream is
  * synchronised before a buffer is replaced) and kept for the life of the
  * process. NULL (error deferred) when it cannot grow. */
-enum { TC_SLOT_ATTN, TC_SLOT_XENT, TC_SLOT_SUMSQ, TC_SLOT_EMBED, TC_NSLOTS };
+enum { TC_SLOT_ATTN, TC_SLOT_XENT, TC_SLOT_SUMSQ, TC_SLOT_EMBED, TC_SLOT_COLSUM, TC_NSLOTS };
 void *tc_scratch(int slot, size_t bytes);
 
 /* --- kernels.cu: the launchers of the table (contracts: backend.h, kernels.h) --- */

@@ -144,8 +144,8 @@ static void tb_linear_backward(tr_bf16 *dinp, float *dw, float *dbias, const tr_
     gemm("bf16 linear_backward (dw): cublasGemmEx", CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, dv(inp), C, dv(dout),
          OC, 1.0f, dw, CUDA_R_32F, C);
   if (dbias) { /* dbias (OC) += column sums of dout */
-    colsum_add_kernel<<<(unsigned)((OC + 31) / 32), dim3(32, 32), 0, tc_stream()>>>(dbias, dv(dout), N, OC);
-    tc_queued(cudaSuccess, "bf16 linear_backward (dbias)");
+    float *part = (float *)tc_scratch(TC_SLOT_COLSUM, sizeof(float) * (size_t)colsum_slices(N, OC) * (size_t)OC);
+    if (part) colsum_add(dbias, part, dv(dout), N, OC, tc_stream());
   }
 }
 
@@ -169,9 +169,8 @@ static void tb_layernorm_backward(tr_bf16 *dinp, float *dw, float *db, const tr_
     tc_queued(cudaSuccess, "bf16 layernorm_backward (dinp)");
   }
   if (dw || db) {
-    layernorm_dparams_kernel<<<(unsigned)((C + 31) / 32), dim3(32, 32), 0, st>>>(dw, db, dv(dout), dv(inp), mean,
-                                                                                  rstd, N, C);
-    tc_queued(cudaSuccess, "bf16 layernorm_backward (dw, db)");
+    float *part = (float *)tc_scratch(TC_SLOT_COLSUM, sizeof(float) * 2 * (size_t)colsum_slices(N, C) * (size_t)C);
+    if (part) layernorm_dparams(dw, db, part, dv(dout), dv(inp), mean, rstd, N, C, st);
   }
 }
 
@@ -262,7 +261,7 @@ static int attn_chunk(int BH, int T) {
 
 static void tb_attention_forward(tr_bf16 *out, tr_bf16 *att_, const tr_bf16 *qkv, int B, int T, int C, int NH) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || tc_enter()) return;
-  const int hs = C / NH, BH = B * NH, chunk = attn_chunk(BH, T);
+  const int hs = C / NH, BH = B * NH, chunk = attn_chunk(BH, T), R = attn_panel_rows(T);
   const int64_t n = (int64_t)B * T * C, sh = (int64_t)T * hs, stt = (int64_t)T * T;
   const size_t hb = align256(sizeof(bf16) * (size_t)n);
   char *s = (char *)tc_scratch(TC_SLOT_ATTN, 4 * hb + sizeof(float) * (size_t)(chunk * stt));
@@ -278,16 +277,25 @@ static void tb_attention_forward(tr_bf16 *out, tr_bf16 *att_, const tr_bf16 *qkv
   tc_queued(cudaSuccess, "bf16 attention_forward (split)");
   for (int h0 = 0; h0 < BH; h0 += chunk) {
     const int nh = BH - h0 < chunk ? BH - h0 : chunk;
-    /* per head, row-major score (T,T) = scale * q (T,hs) . k^T (hs,T), fp32 */
-    gemm_batched("bf16 attention_forward (q k^T): cublasGemmStridedBatchedEx", CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs,
-                 scale, k + h0 * sh, hs, sh, q + h0 * sh, hs, sh, 0.0f, score, CUDA_R_32F, T, stt, nh);
+    /* per head, row-major score (T,T) = scale * q (T,hs) . k^T (hs,T), fp32, by panels of rows
+     * [r0,r1) against keys [0,r1) (device.cuh): the softmax zeroes the rest */
+    for (int r0 = 0; r0 < T; r0 += R) {
+      const int r1 = T - r0 < R ? T : r0 + R;
+      gemm_batched("bf16 attention_forward (q k^T): cublasGemmStridedBatchedEx", CUBLAS_OP_T, CUBLAS_OP_N, r1,
+                   r1 - r0, hs, scale, k + h0 * sh, hs, sh, q + h0 * sh + (int64_t)r0 * hs, hs, sh, 0.0f,
+                   score + (int64_t)r0 * T, CUDA_R_32F, T, stt, nh);
+    }
     causal_softmax_kernel<<<row_blocks((int64_t)nh * T), 32 * ROW_WARPS, 0, st>>>(att + h0 * stt, score,
                                                                                  (int64_t)nh * T, T);
     tc_queued(cudaSuccess, "bf16 attention_forward (softmax)");
   }
-  /* per head, row-major y (T,hs) = att (T,T) . v (T,hs) */
-  gemm_batched("bf16 attention_forward (att v): cublasGemmStridedBatchedEx", CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f,
-               v, hs, sh, att, T, stt, 0.0f, y, CUDA_R_16BF, hs, sh, BH);
+  /* per head, row-major y (T,hs) = att (T,T) . v (T,hs): rows [r0,r1) from keys [0,r1) */
+  for (int r0 = 0; r0 < T; r0 += R) {
+    const int r1 = T - r0 < R ? T : r0 + R;
+    gemm_batched("bf16 attention_forward (att v): cublasGemmStridedBatchedEx", CUBLAS_OP_N, CUBLAS_OP_N, hs, r1 - r0,
+                 r1, 1.0f, v, hs, sh, att + (int64_t)r0 * T, T, stt, 0.0f, y + (int64_t)r0 * hs, CUDA_R_16BF, hs, sh,
+                 BH);
+  }
   attn_merge_kernel<<<ew_blocks(n), EW_THREADS, 0, st>>>(dv(out), y, T, C, NH, n);
   tc_queued(cudaSuccess, "bf16 attention_forward (merge)");
 }
@@ -296,7 +304,7 @@ static void tb_attention_forward(tr_bf16 *out, tr_bf16 *att_, const tr_bf16 *qkv
 static void tb_attention_backward(tr_bf16 *dqkv, tr_bf16 *scratch, const tr_bf16 *dout, const tr_bf16 *qkv,
                                   const tr_bf16 *att_, int B, int T, int C, int NH) {
   if (!dqkv || B <= 0 || T <= 0 || C <= 0 || NH <= 0 || tc_enter()) return;
-  const int hs = C / NH, BH = B * NH, chunk = attn_chunk(BH, T);
+  const int hs = C / NH, BH = B * NH, chunk = attn_chunk(BH, T), R = attn_panel_rows(T);
   const int64_t n = (int64_t)B * T * C, sh = (int64_t)T * hs, stt = (int64_t)T * T;
   const size_t hb = align256(sizeof(bf16) * (size_t)n), fb = align256(sizeof(float) * (size_t)n);
   char *s = (char *)tc_scratch(TC_SLOT_ATTN, 4 * hb + 3 * fb + sizeof(float) * (size_t)(chunk * stt));
@@ -316,22 +324,36 @@ static void tb_attention_backward(tr_bf16 *dqkv, tr_bf16 *scratch, const tr_bf16
   tc_queued(cudaSuccess, "bf16 attention_backward (split dout)");
   for (int h0 = 0; h0 < BH; h0 += chunk) {
     const int nh = BH - h0 < chunk ? BH - h0 : chunk;
-    /* per head, row-major datt (T,T) = dy (T,hs) . v^T (hs,T), fp32 */
-    gemm_batched("bf16 attention_backward (datt): cublasGemmStridedBatchedEx", CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs,
-                 1.0f, v + h0 * sh, hs, sh, dy + h0 * sh, hs, sh, 0.0f, datt, CUDA_R_32F, T, stt, nh);
+    /* per head, row-major datt (T,T) = dy (T,hs) . v^T (hs,T), fp32: rows [r0,r1), keys [0,r1) */
+    for (int r0 = 0; r0 < T; r0 += R) {
+      const int r1 = T - r0 < R ? T : r0 + R;
+      gemm_batched("bf16 attention_backward (datt): cublasGemmStridedBatchedEx", CUBLAS_OP_T, CUBLAS_OP_N, r1,
+                   r1 - r0, hs, 1.0f, v + h0 * sh, hs, sh, dy + h0 * sh + (int64_t)r0 * hs, hs, sh, 0.0f,
+                   datt + (int64_t)r0 * T, CUDA_R_32F, T, stt, nh);
+    }
     causal_softmax_backward_kernel<<<row_blocks((int64_t)nh * T), 32 * ROW_WARPS, 0, st>>>(
         d + h0 * stt, datt, att + h0 * stt, (int64_t)nh * T, T, scale);
     tc_queued(cudaSuccess, "bf16 attention_backward (softmax)");
   }
-  /* per head, row-major dv (T,hs) = att^T (T,T) . dy (T,hs) */
-  gemm_batched("bf16 attention_backward (dv): cublasGemmStridedBatchedEx", CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy,
-               hs, sh, att, T, stt, 0.0f, dvv, CUDA_R_32F, hs, sh, BH);
-  /* per head, row-major dq (T,hs) = dpre (T,T) . k (T,hs) (scale is in dpre) */
-  gemm_batched("bf16 attention_backward (dq): cublasGemmStridedBatchedEx", CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k,
-               hs, sh, d, T, stt, 0.0f, dq, CUDA_R_32F, hs, sh, BH);
-  /* per head, row-major dk (T,hs) = dpre^T (T,T) . q (T,hs) */
-  gemm_batched("bf16 attention_backward (dk): cublasGemmStridedBatchedEx", CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q,
-               hs, sh, d, T, stt, 0.0f, dk, CUDA_R_32F, hs, sh, BH);
+  for (int c0 = 0; c0 < T; c0 += R) { /* keys [c0,c1), queries [c0,T) */
+    const int c1 = T - c0 < R ? T : c0 + R;
+    const int64_t o = (int64_t)c0 * T + c0;
+    /* per head, row-major dv (T,hs) = att^T (T,T) . dy (T,hs) */
+    gemm_batched("bf16 attention_backward (dv): cublasGemmStridedBatchedEx", CUBLAS_OP_N, CUBLAS_OP_T, hs, c1 - c0,
+                 T - c0, 1.0f, dy + (int64_t)c0 * hs, hs, sh, att + o, T, stt, 0.0f, dvv + (int64_t)c0 * hs,
+                 CUDA_R_32F, hs, sh, BH);
+    /* per head, row-major dk (T,hs) = dpre^T (T,T) . q (T,hs) */
+    gemm_batched("bf16 attention_backward (dk): cublasGemmStridedBatchedEx", CUBLAS_OP_N, CUBLAS_OP_T, hs, c1 - c0,
+                 T - c0, 1.0f, q + (int64_t)c0 * hs, hs, sh, d + o, T, stt, 0.0f, dk + (int64_t)c0 * hs, CUDA_R_32F,
+                 hs, sh, BH);
+  }
+  for (int r0 = 0; r0 < T; r0 += R) { /* rows [r0,r1), keys [0,r1) */
+    const int r1 = T - r0 < R ? T : r0 + R;
+    /* per head, row-major dq (T,hs) = dpre (T,T) . k (T,hs) (scale is in dpre) */
+    gemm_batched("bf16 attention_backward (dq): cublasGemmStridedBatchedEx", CUBLAS_OP_N, CUBLAS_OP_N, hs, r1 - r0,
+                 r1, 1.0f, k, hs, sh, d + (int64_t)r0 * T, T, stt, 0.0f, dq + (int64_t)r0 * hs, CUDA_R_32F, hs, sh,
+                 BH);
+  }
   attn_merge_add_kernel<<<ew_blocks(n), EW_THREADS, 0, st>>>(dv(dqkv), dq, dk, dvv, T, C, NH, n);
   tc_queued(cudaSuccess, "bf16 attention_backward (merge)");
 }
