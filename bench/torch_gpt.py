@@ -66,6 +66,8 @@ def parse_args():
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the first steps compile)")
     p.add_argument("--bf16", action="store_true", help="autocast the forward to bfloat16 (fp32 master weights)")
     p.add_argument("--warmup", type=int, default=1, help="untimed first steps (compilation, caches)")
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler over the timed steps: the top 25 kernels by GPU self time")
     p.add_argument("--log-interval", type=int, default=0, help="print a step line every this many steps (0 = none)")
     p.add_argument("--attn", choices=["sdpa", "manual"], default="sdpa",
                    help="sdpa: F.scaled_dot_product_attention(is_causal=True), as nanoGPT; manual: masked softmax")
@@ -219,7 +221,12 @@ def main():
     flops = 6.0 * sum(p.numel() for n, p in params.items() if p.dim() == 2 and "wpe" not in n) * B * T \
         + 6.0 * args.n_layer * B * T * T * args.n_embd  # transom's trainer_flops_per_step
     timed, tokens, times, wall0 = 0.0, 0, [], time.perf_counter()
+    prof = None
     for step in range(args.steps):
+        if args.profile and step == args.warmup:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         t0 = time.perf_counter()
         x, y = batch(train)
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.bf16):
@@ -242,6 +249,17 @@ def main():
             print(f"step {step + 1}/{args.steps} | loss {loss.item():.4f} | lr {lr:.2e} | norm {float(norm):.4f} | "
                   f"{dt * 1e3:.1f} ms | {B * T / dt:.0f} tok/s", flush=True)
     wall = time.perf_counter() - wall0
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        def dev_us(e):
+            return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        evs = sorted(prof.key_averages(), key=dev_us, reverse=True)
+        total = sum(dev_us(e) for e in evs) or 1
+        print(f"torch profile: {total / 1e3 / (args.steps - args.warmup):.1f} ms of GPU self time per step")
+        for e in evs[:25]:
+            print(f"  {dev_us(e) / 1e3 / (args.steps - args.warmup):8.2f} ms/step {100 * dev_us(e) / total:5.1f}% "
+                  f"{e.count:6d}x  {e.key[:90]}")
+        sys.stdout.flush()
     print(f"torch_final_train_loss={loss.item():.4f}")
     if timed > 0:
         ms = timed / (args.steps - args.warmup) * 1e3
