@@ -935,6 +935,8 @@ int ckpt_poll(ckpt_engine *e, ckpt_event *ev) {
 void ckpt_get_stats(ckpt_engine *e, ckpt_stats *st) {
   pthread_mutex_lock(&e->mu);
   *st = e->stats;
+  double left = e->rest_until - tr_now();
+  st->rest_left_s = left > 0 ? left : 0;
   pthread_mutex_unlock(&e->mu);
 }
 

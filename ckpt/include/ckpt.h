@@ -142,6 +142,7 @@ typedef struct {
   double copy_s, commit_s;
   double copy_cpu_s, commit_cpu_s; /* CPU the copy and writer threads used */
   double rest_s;       /* pacing rests (see cpu_share) */
+  double rest_left_s;  /* of the current rest: seconds until the pacing lets the next snapshot in (0: none) */
   uint64_t replicated, repl_failed, repl_superseded; /* level 3 (superseded: left
                         * the local store before its turn; a newer one was copied) */
   uint64_t bytes_per_snapshot;

@@ -538,6 +538,45 @@ static void test_when_busy(int busy) {
   free(a);
 }
 
+/* Pacing: after a commit the engine rests until that commit's CPU is the
+ * share's worth of the machine since its snapshot; stats say how long is
+ * left (bench/ckpt_bench.c ends its window there). A share of 1e-4 makes
+ * the rest seconds long, so it cannot be over by the time we look. */
+static void test_pacing(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "pacing");
+  enum { N = 1 << 20 };
+  const double share = 1e-4;
+  float *a = malloc(sizeof(float) * N);
+  ckpt_engine *e = open_engine(dir, 2, 0, CKPT_COALESCE, 0);
+  if (!a || !e) return;
+  CHECK(ckpt_set_cpu_share(e, share) == 0, "ckpt_set_cpu_share: %s", tr_error());
+  int64_t d[1] = {N};
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  fill(a, N, 1);
+  ckpt_state st = {.step = 1};
+  CHECK(ckpt_snapshot(e, &st) == 0, "the first snapshot is taken");
+  ckpt_wait_copy(e);
+  ckpt_stats cs;
+  for (int i = 0; i < 60000; i++) { /* committed, without ckpt_flush (it ends the rest) */
+    ckpt_get_stats(e, &cs);
+    if (cs.committed + cs.failed >= 1) break;
+    usleep(1000);
+  }
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  double period = (cs.copy_cpu_s + cs.commit_cpu_s) / (share * (double)(ncpu > 0 ? ncpu : 1));
+  CHECK(cs.committed == 1 && cs.rest_left_s > 0 && cs.rest_left_s <= period + 1e-3,
+        "after a commit: a rest left (%.3f s), at most its period (%.3f s for %.4f CPU-s)", cs.rest_left_s, period,
+        cs.copy_cpu_s + cs.commit_cpu_s);
+  st.step = 2;
+  CHECK(ckpt_snapshot(e, &st) == CKPT_COALESCED && !ckpt_pending(e), "while resting: deferred, and not due");
+  ckpt_flush(e);
+  ckpt_get_stats(e, &cs);
+  CHECK(cs.rest_left_s == 0 && ckpt_pending(e), "ckpt_flush ends the rest: none left, the deferred one due");
+  ckpt_close(e);
+  free(a);
+}
+
 /* Another process's commit grows the store beyond the LMDB map this
  * process's environment was opened with (a replica that opened the store
  * while the leader's first checkpoint committed; the operator's reader):
@@ -937,6 +976,7 @@ int main(void) {
   test_device_staging();
   test_when_busy(CKPT_SKIP);
   test_when_busy(CKPT_COALESCE);
+  test_pacing();
   test_remote_levels();
   test_remote_kill9();
   test_many_steps();
