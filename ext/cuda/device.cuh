@@ -52,7 +52,7 @@ static inline int attn_panel_rows(int T) {
   const char *e = getenv("TRANSOM_TEST_ATTN_PANEL_ROWS");
   if (e && atoi(e) > 0) return atoi(e) < T ? atoi(e) : T;
   if (T < 256) return T;
-  const int r = (T + 15) / 16;
+  const int r = ((T + 15) / 16 + 7) & ~7; /* a multiple of 8: panels' bf16 offsets stay 16-byte aligned */
   return r > 128 ? r : 128;
 }
 
@@ -307,8 +307,9 @@ template <typename E> static __global__ void add_backward_kernel(E *da, E *db, c
 
 /* --- causal self-attention's layouts ---
  * q, k, v of each head are gathered from qkv (B,T,3C) into contiguous
- * (B,NH,T,hs) scratch, so each product is one strided-batched matmul over
- * the B*NH heads; results are scattered back to (B,T,C). Pure copies, but
+ * (B,NH,T,hs) scratch, so each product is a strided-batched matmul over
+ * the B*NH heads (per panel of rows: attn_panel_rows); results are
+ * scattered back to (B,T,C). Pure copies, but
  * for merge_add, which adds in fp32 and stores once. */
 
 /* q, k, v (B,NH,T,hs) = the three thirds of qkv (B,T,3C) */

@@ -27,7 +27,8 @@
  * Launch discipline as kernels.cu: each launcher makes the device current
  * (tc_enter), queues on tc_stream(), and defers a launch or cuBLAS error
  * (tc_queued, tc_blas_check). Determinism as kernels.cu: fixed-shape
- * reductions, no atomics, embed_backward's token sum through a stable sort.
+ * reductions, no atomic adds (embed_backward's token sum goes through a
+ * stable sort; its one atomicMin finds a run's end, whatever the order).
  * The small helpers below (grid-stride loop, warp and block reductions, the
  * launch sizes) are copies of kernels.cu's, which keeps them static.
  */
@@ -203,9 +204,9 @@ static void tb_add_backward(tr_bf16 *da, tr_bf16 *db, const tr_bf16 *dout, int64
 }
 
 /* --- causal self-attention ---
- * As kernels.cu: q, k, v gathered into (B,NH,T,hs) bf16 scratch, one
- * strided-batched matmul over the heads per product, results scattered back
- * to (B,T,C). The scores and datt are fp32, in plugin scratch, a chunk of
+ * As kernels.cu: q, k, v gathered into (B,NH,T,hs) bf16 scratch,
+ * strided-batched matmuls over the heads per panel of rows (device.cuh's
+ * attn_panel_rows), results scattered back to (B,T,C). The scores and datt are fp32, in plugin scratch, a chunk of
  * heads at a time; att is bf16, exactly 0 above the diagonal. */
 
 /* rows (a whole number of heads, T rows each) of fp32 scores: row t of a

@@ -540,16 +540,20 @@ static void test_when_busy(int busy) {
 
 /* Pacing: after a commit the engine rests until that commit's CPU is the
  * share's worth of the machine since its snapshot; stats say how long is
- * left (bench/ckpt_bench.c ends its window there). A share of 1e-4 makes
- * the rest seconds long, so it cannot be over by the time we look. */
+ * left (bench/ckpt_bench.c ends its window there). A share of 1e-6 makes
+ * the rest hours long, so it cannot be over by the time we look. */
 static void test_pacing(void) {
   char dir[256];
   store_path(dir, sizeof dir, "pacing");
   enum { N = 1 << 20 };
-  const double share = 1e-4;
+  const double share = 1e-6; /* a rest of hours on any machine: ~3 ms of CPU / (1e-6 * cores) */
   float *a = malloc(sizeof(float) * N);
   ckpt_engine *e = open_engine(dir, 2, 0, CKPT_COALESCE, 0);
-  if (!a || !e) return;
+  if (!a || !e) {
+    free(a);
+    ckpt_close(e);
+    return;
+  }
   CHECK(ckpt_set_cpu_share(e, share) == 0, "ckpt_set_cpu_share: %s", tr_error());
   int64_t d[1] = {N};
   ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
@@ -565,14 +569,19 @@ static void test_pacing(void) {
   }
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   double period = (cs.copy_cpu_s + cs.commit_cpu_s) / (share * (double)(ncpu > 0 ? ncpu : 1));
-  CHECK(cs.committed == 1 && cs.rest_left_s > 0 && cs.rest_left_s <= period + 1e-3,
+  if (period == 0) /* a thread CPU clock too coarse to see the commit: no rest to check */
+    printf("  pacing: the commit's CPU read 0 s (coarse thread clock); rest not checked\n");
+  CHECK(cs.committed == 1 && (period == 0 || cs.rest_left_s > 0) && cs.rest_left_s <= period + 1e-3,
         "after a commit: a rest left (%.3f s), at most its period (%.3f s for %.4f CPU-s)", cs.rest_left_s, period,
         cs.copy_cpu_s + cs.commit_cpu_s);
-  st.step = 2;
-  CHECK(ckpt_snapshot(e, &st) == CKPT_COALESCED && !ckpt_pending(e), "while resting: deferred, and not due");
+  if (period > 0) {
+    st.step = 2;
+    CHECK(ckpt_snapshot(e, &st) == CKPT_COALESCED && !ckpt_pending(e), "while resting: deferred, and not due");
+  }
   ckpt_flush(e);
   ckpt_get_stats(e, &cs);
-  CHECK(cs.rest_left_s == 0 && ckpt_pending(e), "ckpt_flush ends the rest: none left, the deferred one due");
+  CHECK(cs.rest_left_s == 0 && (period == 0 || ckpt_pending(e)),
+        "ckpt_flush ends the rest: none left, the deferred one due");
   ckpt_close(e);
   free(a);
 }

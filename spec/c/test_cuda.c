@@ -779,9 +779,10 @@ static void test_big(void) {
 
 /* embed_backward sorts positions by token and sums each token's run in
  * position order (no atomics): long runs of one token (one block walks a
- * run of thousands) give the CPU's bits, fp32 and bf16. */
+ * run of thousands) give the CPU's bits, fp32 and bf16. C = 200: two
+ * column blocks of EMBED_THREADS, the second partial. */
 static void test_embed_runs(void) {
-  const int B = 4, T = 1024, C = 96, V = 50, N = B * T;
+  const int B = 4, T = 1024, C = 200, V = 50, N = B * T;
   int32_t *tok = hkeep(malloc(sizeof(int32_t) * (size_t)N));
   for (int i = 0; i < N; i++) tok[i] = i < 3000 ? 7 : (i / 250) % 2 ? 3 : 41; /* one run of 3000, then runs of 250 */
   int32_t *d_tok = dput_i(tok, N);
