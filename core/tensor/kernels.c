@@ -14,6 +14,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int n_threads = 1;
@@ -276,36 +277,77 @@ void add_backward(float *da, float *db, const float *dout, int64_t n) {
 
 /* --- causal self-attention --- */
 
+/* The matmuls skip what the causal mask zeroes: query rows go by panels of
+ * ATTN_PANEL; rows [r0,r1) need keys [0,r1) only (q k^T, att v, datt, dq),
+ * and keys [c0,c1) queries [c0,T) only (dv, dk): P panels do (P+1)/2P of
+ * the whole products' work. T <= ATTN_PANEL: one panel. (ext/cuda does the
+ * same with its own panel sizes.) TRANSOM_TEST_ATTN_PANEL_ROWS (a test and
+ * bench hook) sets the rows, 0 for one panel whatever T. */
+#define ATTN_PANEL 64
+
+static int attn_panel(int T) {
+  const char *e = getenv("TRANSOM_TEST_ATTN_PANEL_ROWS");
+  int r = e && *e ? atoi(e) : ATTN_PANEL;
+  return r <= 0 || r > T ? T : r;
+}
+
+/* Row t of a head's (T,T) scores: softmax of its first t+1 entries in
+ * place, 0 after them. exp_nonpos (max subtracted: every argument <= 0) so
+ * the loops vectorize; the sum in simd lanes, a fixed order per build. */
+__attribute__((noinline)) /* compiled on its own: its loops vectorize whatever the caller */
+static void causal_softmax_row(float *row, int t, int T) {
+  float mx = -INFINITY, sum = 0.0f;
+  for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+#pragma omp simd
+  for (int j = 0; j <= t; j++) row[j] = exp_nonpos(row[j] - mx);
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j <= t; j++) sum += row[j];
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int j = 0; j <= t; j++) row[j] *= inv;
+  for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+}
+
+/* Row t of the scaled softmax backward, in place over datt:
+ * dpre = att * (datt - sum(att * datt)) * scale on and below the diagonal,
+ * 0 after it. */
+__attribute__((noinline)) static void causal_softmax_backward_row(float *dr, const float *ar, int t, int T,
+                                                                  float scale) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int j = 0; j <= t; j++) dot += ar[j] * dr[j];
+#pragma omp simd
+  for (int j = 0; j <= t; j++) dr[j] = ar[j] * (dr[j] - dot) * scale;
+  for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+}
+
 /* Per (b,h): att (T,T) = softmax(mask(q k^T * scale)); out = att v. The
  * q, k, v of one head are (T,hs) views with row stride 3C into qkv, so each
- * product is one sgemm; the masked upper triangle of att is exactly 0. */
+ * product is sgemms on views; the masked upper triangle of att is exactly 0. */
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
+  const int hs = C / NH, C3 = 3 * C, P = attn_panel(T);
   const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static) if (par_for((int64_t)B * NH * T * T * hs))
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
       const float *q = qkv + (int64_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
       float *a = att + ((int64_t)b * NH + h) * T * T; /* a is (T,T) */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, a, T);
-      for (int t = 0; t < T; t++) {
-        float *row = a + (int64_t)t * T;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int t2 = 0; t2 <= t; t2++) mx = row[t2] > mx ? row[t2] : mx;
-        for (int t2 = 0; t2 <= t; t2++) sum += (row[t2] = expf(row[t2] - mx));
-        float inv = 1.0f / sum;
-        for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
-        for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
+      float *o = out + (int64_t)b * T * C + h * hs;
+      for (int r0 = 0; r0 < T; r0 += P) {
+        const int r1 = T - r0 < P ? T : r0 + P;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, q + (int64_t)r0 * C3, C3, k,
+                    C3, 0.0f, a + (int64_t)r0 * T, T);
+        for (int t = r0; t < r1; t++) causal_softmax_row(a + (int64_t)t * T, t, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, a + (int64_t)r0 * T, T, v, C3,
+                    0.0f, o + (int64_t)r0 * C, C);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, C3, 0.0f,
-                  out + (int64_t)b * T * C + h * hs, C);
     }
   }
 }
 
 void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att,
                         int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
+  const int hs = C / NH, C3 = 3 * C, P = attn_panel(T);
   const float scale = 1.0f / sqrtf((float)hs);
   if (!dqkv) return;
   /* Each (b,h) pair owns disjoint slices of dqkv and of scratch. */
@@ -318,21 +360,26 @@ void attention_backward(float *dqkv, float *scratch, const float *dout, const fl
       const float *a = att + ((int64_t)b * NH + h) * T * T;
       float *d = scratch + ((int64_t)b * NH + h) * T * T; /* datt, then dpreatt: (T,T) */
       const float *dO = dout + (int64_t)b * T * C + h * hs;
-      /* datt = dout v^T ; dv += att^T dout */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, d, T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dO, C, 1.0f, dv, C3);
-      /* softmax backward, scaled: dpre = att * (datt - sum(att*datt)) * scale */
-      for (int t = 0; t < T; t++) {
-        const float *ar = a + (int64_t)t * T;
-        float *dr = d + (int64_t)t * T;
-        float dot = 0.0f;
-        for (int t2 = 0; t2 <= t; t2++) dot += ar[t2] * dr[t2];
-        for (int t2 = 0; t2 <= t; t2++) dr[t2] = ar[t2] * (dr[t2] - dot) * scale;
-        for (int t2 = t + 1; t2 < T; t2++) dr[t2] = 0.0f;
+      for (int r0 = 0; r0 < T; r0 += P) {
+        const int r1 = T - r0 < P ? T : r0 + P;
+        /* datt = dout v^T, rows [r0,r1) against keys [0,r1) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f, dO + (int64_t)r0 * C, C, v, C3,
+                    0.0f, d + (int64_t)r0 * T, T);
+        /* softmax backward, scaled: dpre = att * (datt - sum(att*datt)) * scale */
+        for (int t = r0; t < r1; t++) causal_softmax_backward_row(d + (int64_t)t * T, a + (int64_t)t * T, t, T, scale);
+        /* dq += dpre k, rows [r0,r1) from keys [0,r1) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, d + (int64_t)r0 * T, T, k, C3,
+                    1.0f, dq + (int64_t)r0 * C3, C3);
       }
-      /* dq += dpre k ; dk += dpre^T q */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, d, T, k, C3, 1.0f, dq, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, d, T, q, C3, 1.0f, dk, C3);
+      for (int c0 = 0; c0 < T; c0 += P) {
+        const int c1 = T - c0 < P ? T : c0 + P;
+        const int64_t o = (int64_t)c0 * T + c0;
+        /* dv += att^T dout, dk += dpre^T q: keys [c0,c1) from queries [c0,T) */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, T - c0, 1.0f, a + o, T,
+                    dO + (int64_t)c0 * C, C, 1.0f, dv + (int64_t)c0 * C3, C3);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, T - c0, 1.0f, d + o, T,
+                    q + (int64_t)c0 * C3, C3, 1.0f, dk + (int64_t)c0 * C3, C3);
+      }
     }
   }
 }

@@ -47,10 +47,14 @@ static inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
  * so P panels do (P+1)/2P of the full products' work. At least 128 rows a
  * panel (smaller matmuls lose more to tiling than the mask saves), at most
  * 16 panels; T < 256 takes one. TRANSOM_TEST_ATTN_PANEL_ROWS (a test hook)
- * sets the rows, so that test_cuda's small shapes take several panels. */
+ * sets the rows, so that test_cuda's small shapes take several panels (0:
+ * one panel, the whole products). */
 static inline int attn_panel_rows(int T) {
   const char *e = getenv("TRANSOM_TEST_ATTN_PANEL_ROWS");
-  if (e && atoi(e) > 0) return atoi(e) < T ? atoi(e) : T;
+  if (e && *e) { /* as core's kernels.c: 0 (or more than T) = one panel */
+    const int r = atoi(e);
+    return r <= 0 || r > T ? T : r;
+  }
   if (T < 256) return T;
   const int r = ((T + 15) / 16 + 7) & ~7; /* a multiple of 8: panels' bf16 offsets stay 16-byte aligned */
   return r > 128 ? r : 128;

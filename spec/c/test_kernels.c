@@ -222,6 +222,38 @@ static void test_attention(void) {
   free(aqkv), free(aatt), free(scratch), free(c.out), free(c.weights), free(dqkv);
 }
 
+/* Causal attention by panels of query rows (kernels.c, ATTN_PANEL): panels
+ * of 2 rows on T = 5..9 (a short last panel for odd T) pass the same
+ * gradient check, and give what one panel (the whole products) gives, up
+ * to the order of fp32 sums. */
+static void test_attention_panels(void) {
+  setenv("TRANSOM_TEST_ATTN_PANEL_ROWS", "2", 1);
+  aB = rnd(1, 2);
+  aT = rnd(5, 9);
+  aNH = rnd(1, 3);
+  aC = aNH * rnd(1, 4);
+  int64_t nq = (int64_t)aB * aT * 3 * aC, no = (int64_t)aB * aT * aC, na = (int64_t)aB * aNH * aT * aT;
+  aqkv = rand_buf(nq, 1);
+  aatt = zeros(na);
+  float *scratch = zeros(na), *dq2 = zeros(nq), *out1 = zeros(no), *att1 = zeros(na), *dq1 = zeros(nq);
+  op_case c = {att_fwd, zeros(no), no, rand_buf(no, 1)};
+  att_fwd(&c);
+  attention_backward(dq2, scratch, c.weights, aqkv, aatt, aB, aT, aC, aNH);
+  check_grad("attention dqkv, panels of 2 rows", &c, aqkv, dq2, nq);
+  att_fwd(&c); /* check_grad left its last perturbation's att */
+  setenv("TRANSOM_TEST_ATTN_PANEL_ROWS", "0", 1);
+  attention_forward(out1, att1, aqkv, aB, aT, aC, aNH);
+  attention_backward(dq1, scratch, c.weights, aqkv, att1, aB, aT, aC, aNH);
+  double worst = 0;
+  for (int64_t i = 0; i < no; i++) worst = fmax(worst, fabs(c.out[i] - out1[i]) / (1e-5 + 1e-4 * fabs(out1[i])));
+  for (int64_t i = 0; i < na; i++) worst = fmax(worst, fabs(aatt[i] - att1[i]) / (1e-5 + 1e-4 * fabs(att1[i])));
+  for (int64_t i = 0; i < nq; i++) worst = fmax(worst, fabs(dq2[i] - dq1[i]) / (1e-5 + 1e-4 * fabs(dq1[i])));
+  CHECK(worst <= 1, "panels of 2 rows vs one panel (T=%d): out, att and dqkv differ by %g of 1e-5 + 1e-4 |x|", aT,
+        worst);
+  unsetenv("TRANSOM_TEST_ATTN_PANEL_ROWS");
+  free(aqkv), free(aatt), free(scratch), free(c.out), free(c.weights), free(dq2), free(out1), free(att1), free(dq1);
+}
+
 /* --- cross-entropy --- */
 static int xN, xV;
 static float *xlog, *xprobs;
@@ -262,6 +294,7 @@ int main(void) {
       test_add_aliased_bf16();
       test_embed();
       test_attention();
+      test_attention_panels();
       test_crossentropy();
     }
   }
