@@ -158,9 +158,11 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, c
     const float *x = inp + (int64_t)n * C;
     float *o = out + (int64_t)n * C;
     float m = 0.0f;
+#pragma omp simd reduction(+ : m)
     for (int c = 0; c < C; c++) m += x[c];
     m /= (float)C;
     float v = 0.0f;
+#pragma omp simd reduction(+ : v)
     for (int c = 0; c < C; c++) {
       float d = x[c] - m;
       v += d * d;
@@ -182,6 +184,7 @@ void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, co
     float *dx = dinp + (int64_t)n * C;
     float m = mean[n], s = rstd[n];
     float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
     for (int c = 0; c < C; c++) {
       float norm = (x[c] - m) * s;
       float dnorm = w[c] * d[c];
