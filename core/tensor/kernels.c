@@ -228,7 +228,8 @@ static inline float exp_nonpos(float x) {
   float r = x - k * 0.693359375f + k * 2.12194440e-4f; /* ln2 split for exactness */
   float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f +
             r * (0.00833335519f + r * 0.00138873165f)))));
-  int32_t bits = ((int32_t)k + 127) << 23;
+  float kc = k >= -126.0f ? k : -126.0f; /* NaN x: a NaN k would make the cast undefined; p carries the NaN */
+  int32_t bits = ((int32_t)kc + 127) << 23;
   float scale;
   memcpy(&scale, &bits, sizeof scale);
   return p * scale;

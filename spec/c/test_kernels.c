@@ -27,6 +27,11 @@ static float *rand_buf(int64_t n, float scale) {
   return p;
 }
 static float *zeros(int64_t n) { return calloc((size_t)n, sizeof(float)); }
+static float *nans(int64_t n) {
+  float *p = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) p[i] = NAN;
+  return p;
+}
 static int rnd(int lo, int hi) { return lo + (int)rng_below(&R, (uint64_t)(hi - lo + 1)); }
 
 /* The op under test, as a closure over its buffers. */
@@ -234,13 +239,15 @@ static void test_attention_panels(void) {
   aC = aNH * rnd(1, 4);
   int64_t nq = (int64_t)aB * aT * 3 * aC, no = (int64_t)aB * aT * aC, na = (int64_t)aB * aNH * aT * aT;
   aqkv = rand_buf(nq, 1);
-  aatt = zeros(na);
-  float *scratch = zeros(na), *dq2 = zeros(nq), *out1 = zeros(no), *att1 = zeros(na), *dq1 = zeros(nq);
-  op_case c = {att_fwd, zeros(no), no, rand_buf(no, 1)};
+  /* outputs and scratch start as NaN: an element read before it is written shows */
+  aatt = nans(na);
+  float *scratch = nans(na), *dq2 = zeros(nq), *out1 = nans(no), *att1 = nans(na), *dq1 = zeros(nq);
+  op_case c = {att_fwd, nans(no), no, rand_buf(no, 1)};
   att_fwd(&c);
   attention_backward(dq2, scratch, c.weights, aqkv, aatt, aB, aT, aC, aNH);
   check_grad("attention dqkv, panels of 2 rows", &c, aqkv, dq2, nq);
   att_fwd(&c); /* check_grad left its last perturbation's att */
+  for (int64_t i = 0; i < na; i++) scratch[i] = NAN;
   setenv("TRANSOM_TEST_ATTN_PANEL_ROWS", "0", 1);
   attention_forward(out1, att1, aqkv, aB, aT, aC, aNH);
   attention_backward(dq1, scratch, c.weights, aqkv, att1, aB, aT, aC, aNH);
