@@ -197,13 +197,20 @@ static int aB, aT, aC, aNH;
 static float *aqkv, *aatt;
 static void att_fwd(op_case *c) { attention_forward(c->out, aatt, aqkv, aB, aT, aC, aNH); }
 
-static void test_attention(void) {
+/* A random attention shape with T in [tlo, thi] and its input qkv; the
+ * element counts of qkv, out and att (all heads). */
+static void att_shape(int tlo, int thi, int64_t *nq, int64_t *no, int64_t *na) {
   aB = rnd(1, 2);
-  aT = rnd(1, 6);
+  aT = rnd(tlo, thi);
   aNH = rnd(1, 3);
   aC = aNH * rnd(1, 4);
-  int64_t nq = (int64_t)aB * aT * 3 * aC, no = (int64_t)aB * aT * aC, na = (int64_t)aB * aNH * aT * aT;
-  aqkv = rand_buf(nq, 1);
+  *nq = (int64_t)aB * aT * 3 * aC, *no = (int64_t)aB * aT * aC, *na = (int64_t)aB * aNH * aT * aT;
+  aqkv = rand_buf(*nq, 1);
+}
+
+static void test_attention(void) {
+  int64_t nq, no, na;
+  att_shape(1, 6, &nq, &no, &na);
   aatt = zeros(na);
   float *scratch = zeros(na);
   op_case c = {att_fwd, zeros(no), no, rand_buf(no, 1)};
@@ -233,12 +240,8 @@ static void test_attention(void) {
  * to the order of fp32 sums. */
 static void test_attention_panels(void) {
   setenv("TRANSOM_TEST_ATTN_PANEL_ROWS", "2", 1);
-  aB = rnd(1, 2);
-  aT = rnd(5, 9);
-  aNH = rnd(1, 3);
-  aC = aNH * rnd(1, 4);
-  int64_t nq = (int64_t)aB * aT * 3 * aC, no = (int64_t)aB * aT * aC, na = (int64_t)aB * aNH * aT * aT;
-  aqkv = rand_buf(nq, 1);
+  int64_t nq, no, na;
+  att_shape(5, 9, &nq, &no, &na);
   /* outputs and scratch start as NaN: an element read before it is written shows */
   aatt = nans(na);
   float *scratch = nans(na), *dq2 = zeros(nq), *out1 = nans(no), *att1 = nans(na), *dq1 = zeros(nq);
