@@ -454,7 +454,10 @@ static void send_leave(ftar_member *m) {
   uint8_t buf[4096];
   struct evbuffer *out = bufferevent_get_output(m->bev);
   size_t len = evbuffer_get_length(out);
-  if (len + FTAR_HDR > sizeof buf) return; /* a backlog this big: the coordinator is not reading anyway */
+  if (len + FTAR_HDR > sizeof buf) { /* a backlog this big: the coordinator is not reading anyway */
+    ftar_member_log(m, "LEAVE not sent: %zu bytes for the coordinator still unsent", len);
+    return;
+  }
   if (len && evbuffer_copyout(out, buf, len) != (ssize_t)len) return;
   ftar_hdr h = {.type = FT_LEAVE,
                 .flags = m->leave_abort ? FTF_ABORT_PREV : 0,
@@ -464,7 +467,10 @@ static void send_leave(ftar_member *m) {
   ftar_frame_build(buf + len, &h, NULL);
   int fd = (int)bufferevent_getfd(m->bev);
   double t_end = tr_now() + 1.0;
-  if (io_all(fd, buf, len + FTAR_HDR, 1, t_end) != 0) return;
+  if (io_all(fd, buf, len + FTAR_HDR, 1, t_end) != 0) {
+    ftar_member_log(m, "LEAVE not sent: %s", tr_error()); /* the others see a close instead */
+    return;
+  }
   /* Read what the coordinator still sends until it closes (it does on
    * LEAVE): closing a socket with unread bytes sends a reset, and a reset
    * can discard the LEAVE before the coordinator reads it. Bounded. */

@@ -130,6 +130,14 @@ static int coord_log_has(const char *needle) {
   return r;
 }
 
+/* A check on the coordinator's log failed: show the log, or the failure
+ * is a guess next time. */
+static void coord_log_dump(const char *what) {
+  pthread_mutex_lock(&log_mu);
+  fprintf(stderr, "  %s: the coordinator's log:\n%s", what, coord_log);
+  pthread_mutex_unlock(&log_mu);
+}
+
 static ftar_coord *coord_start(void) {
   pthread_mutex_lock(&log_mu);
   coord_log_len = 0;
@@ -1034,6 +1042,7 @@ typedef struct {
   struct event_base *base;
   ftar_coord *c;
   _Atomic int quit, stall_ms, release_at; /* release_at: lift the hold at this many registrations */
+  _Atomic int stalling;                    /* the loop is in the stall now */
   pthread_t th;
 } loop_drv;
 
@@ -1042,8 +1051,10 @@ static void *drv_main(void *p) {
   while (!d->quit) {
     int st = d->stall_ms;
     if (st) { /* what a long REPL expression does to the operator's loop */
+      d->stalling = 1;
       usleep((useconds_t)st * 1000);
       d->stall_ms = 0;
+      d->stalling = 0;
     }
     if (d->release_at && ftar_coord_registered(d->c) >= d->release_at) {
       ftar_coord_hold(d->c, 0);
@@ -1766,6 +1777,18 @@ static void test_hier_fault(const layout *Lp, int victim, unsigned frames, int u
 
 static void churn_log(void *ud, const char *msg) { (void)ud, (void)msg; } /* 3 lines an epoch: not shown */
 
+/* The members' log lines, kept to be shown when a check fails. */
+static char member_log[8192];
+static size_t member_log_len;
+static void member_log_keep(void *ud, const char *msg) {
+  pthread_mutex_lock(&log_mu);
+  int k = snprintf(member_log + member_log_len, sizeof member_log - member_log_len, "%s: %s\n",
+                   ud ? (const char *)ud : "member", msg);
+  if (k > 0 && member_log_len + (size_t)k < sizeof member_log) member_log_len += (size_t)k;
+  else member_log[member_log_len] = 0; /* full: the line is dropped */
+  pthread_mutex_unlock(&log_mu);
+}
+
 /* Open descriptors and shared-memory link maps of this process. */
 static int fds_open(void) {
   int n = 0;
@@ -1918,9 +1941,12 @@ static void test_member_leave_go(void) {
   ftar_member_opts mo;
   ftar_member_opts_default(&mo);
   mo.timeout = T(10);
-  mo.log = churn_log;
+  mo.log = member_log_keep;
+  member_log_len = 0;
   thr_op a = {.op = FTAR_SUM};
+  mo.log_ud = "slot 0";
   a.m = ftar_member_create("127.0.0.1", ftar_coord_port(d.c), 0, &mo);
+  mo.log_ud = "slot 1 (leaves)";
   ftar_member *gone = a.m ? ftar_member_create("127.0.0.1", ftar_coord_port(d.c), 1, &mo) : NULL;
   CHECK(a.m && gone && ftar_member_wait(a.m, 2, T(10)) == 0, "leave vs GO: members: %s", tr_error());
   if (a.m && gone) {
@@ -1931,7 +1957,9 @@ static void test_member_leave_go(void) {
     ftar_allreduce_ready(gone, 900); /* its first bucket: it syncs and waits for GO */
     usleep(300 * 1000);
     d.stall_ms = 1500;
-    usleep(100 * 1000); /* the loop stalls: what follows is read in one go, in this order */
+    for (int w = 0; w < 1000 && !d.stalling; w++) usleep(1000);
+    CHECK(d.stalling, "leave vs GO: the coordinator's loop did not stall");
+    /* the loop stalls: what follows is read in one go, in this order */
     pthread_t th;
     pthread_create(&th, NULL, thr_op_run, &a); /* its SYNC completes the epoch: GO */
     usleep(100 * 1000);
@@ -1941,7 +1969,12 @@ static void test_member_leave_go(void) {
     double took = tr_now() - t_leave;
     CHECK(a.rc >= 0 && a.buf[0] == 1.0f && a.buf[999] == 1.0f, "leave vs GO: the other returned %d with %g", a.rc,
           (double)a.buf[0]);
-    CHECK(coord_log_has("its collective in flight"), "leave vs GO: the coordinator saw a LEAVE mid-collective");
+    int seen = coord_log_has("its collective in flight");
+    CHECK(seen, "leave vs GO: the coordinator saw a LEAVE mid-collective");
+    if (!seen) {
+      coord_log_dump("leave vs GO");
+      fprintf(stderr, "  leave vs GO: the members' log:\n%s", member_log);
+    }
     CHECK(took < T(4), "leave vs GO: the other waited %.1f s for the member that left", took);
     printf("  leave vs GO: the other done %.0f ms after the leave\n", took * 1e3);
   }
