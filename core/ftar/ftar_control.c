@@ -447,9 +447,13 @@ int ftar_ctl_start(ftar_member *m, int *cfd) {
 }
 
 /* After the control thread stopped: write out whatever the bufferevent still
- * holds (whole frames), then LEAVE, so the coordinator sees a clean exit.
- * Bounded by a second; the output buffer is copied, not drained (libevent
- * freezes its start). */
+ * holds (a frame queued in the callback that also saw the quit: the loop
+ * broke before its write event ran), then LEAVE, so the coordinator sees a
+ * clean exit. Bounded by a second. libevent freezes the start of a socket
+ * bufferevent's output (its write callback alone drains it) and
+ * evbuffer_copyout refuses a frozen start: the backlog is copied with the
+ * start thawed for the moment, which once made every LEAVE behind a
+ * backlog a silent close (the others then saw a crash, not a leave). */
 static void send_leave(ftar_member *m) {
   uint8_t buf[4096];
   struct evbuffer *out = bufferevent_get_output(m->bev);
@@ -458,7 +462,13 @@ static void send_leave(ftar_member *m) {
     ftar_member_log(m, "LEAVE not sent: %zu bytes for the coordinator still unsent", len);
     return;
   }
-  if (len && evbuffer_copyout(out, buf, len) != (ssize_t)len) return;
+  evbuffer_unfreeze(out, 1);
+  ev_ssize_t got = len ? evbuffer_copyout(out, buf, len) : 0;
+  evbuffer_freeze(out, 1);
+  if (got != (ev_ssize_t)len) {
+    ftar_member_log(m, "LEAVE not sent: the %zu bytes still queued for the coordinator could not be read", len);
+    return;
+  }
   ftar_hdr h = {.type = FT_LEAVE,
                 .flags = m->leave_abort ? FTF_ABORT_PREV : 0,
                 .epoch = m->ep,

@@ -461,7 +461,8 @@ static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   k->seen = tr_now();
   bufferevent_set_timeouts(k->bev, NULL, NULL); /* a member's silence is the lapse timer's */
   if (h->epoch >= c->epoch) { /* a lost coordinator's member: our epochs follow its */
-    clog_(c, "slot %d was in epoch %llu of a previous coordinator", slot, (unsigned long long)h->epoch);
+    if (h->epoch) /* (epoch 0: a new member, the first of a new coordinator) */
+      clog_(c, "slot %d was in epoch %llu of a previous coordinator", slot, (unsigned long long)h->epoch);
     c->epoch = h->epoch + 1;
   }
   int i = c->n;
