@@ -523,6 +523,46 @@ describe("operator (3 replicas)", function()
     end
   end)
 
+  -- The operator stopped (SIGSTOP: a loop stalled, as by a long REPL
+  -- expression) while 2 replicas train to their end and exit (all-reduces
+  -- need the coordinator only when the group changes): when it goes on,
+  -- each replica's lines (a STEP per step, then DONE: more than libevent
+  -- reads in one callback) and its exit are ready at once. The lines are
+  -- read and handled before the exit, so the replicas count as finished,
+  -- not failed and replaced. (Before: a connection was freed unread when
+  -- the exit came first: replica_failed ... exit code 0, and a replacement.)
+  it("the operator stalled while the replicas finish: their last lines count before their exits", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/stalled_end"
+    local pid, rc_of = spawn_rc(job(run, "--replicas 2 --set max_steps=400 --set log_interval=400"),
+      tmp .. "/stalled_end.log")
+    -- both replicas train: their first steps reached the operator
+    assert.is_truthy(S.wait_for(function()
+      local by = steps_by_worker(run)
+      return by[0] and by[1] and #by[0] >= 2 and #by[1] >= 2
+    end, T(60)), read(tmp .. "/stalled_end.log"))
+    os.execute("kill -STOP " .. pid)
+    local workers = {}
+    for w in sh("pgrep -P " .. pid):gmatch("%d+") do workers[#workers + 1] = w end
+    -- they end while the operator cannot reap them: zombies
+    local ended = #workers == 2 and S.wait_for(function()
+      for _, w in ipairs(workers) do
+        if (read("/proc/" .. w .. "/stat") or "1 (x) Z"):match("^%d+ %b() (%a)") ~= "Z" then return false end
+      end
+      return true
+    end, T(120))
+    os.execute("kill -CONT " .. pid)
+    assert.equal(2, #workers, "worker processes under the operator")
+    assert.is_truthy(ended, "the replicas did not end while the operator was stopped")
+    local rc = S.wait_rc(rc_of, T(60))
+    local ev = events(run)
+    assert.equal(0, rc, read(tmp .. "/stalled_end.log"))
+    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
+    assert.equal(2, select(2, ev:gsub('"kind":"spawn"', "")), ev) -- none replaced
+    local by = steps_by_worker(run)
+    for w = 0, 1 do assert.equal(400, by[w][#by[w]], "replica " .. w .. "'s last step recorded") end
+  end)
+
   it("a start-up error that repeats on every try is not retried", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/badresume"

@@ -215,12 +215,11 @@ static void check_finished(operator_state *o) {
   event_base_loopexit(o->base, NULL);
 }
 
+static void slot_conn_close(operator_state *o, slot *s);
+
 void operator_slot_exited(operator_state *o, slot *s, int status) {
   int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0, code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (s->bev) {
-    bufferevent_free(s->bev);
-    s->bev = NULL;
-  }
+  if (s->bev) slot_conn_close(o, s);
   s->pid = 0;
   s->donor[0] = 0;
   if (o->det) detector_worker_gone(o->det, s->slot);
@@ -791,6 +790,8 @@ static int conn_auth(conn *c, struct bufferevent *bev, struct evbuffer *in) {
   return -1;
 }
 
+static void conn_gone(conn *c, struct bufferevent *bev);
+
 static void conn_read(struct bufferevent *bev, void *arg) {
   conn *c = arg;
   struct evbuffer *in = bufferevent_get_input(bev);
@@ -811,9 +812,7 @@ static void conn_read(struct bufferevent *bev, void *arg) {
   }
   if (evbuffer_get_length(in) > PROTO_LINE_MAX) { /* a line that never ends */
     operator_event(c->o, c->o->best_step, c->s ? c->s->slot : -1, "protocol_error", "control line too long; closing");
-    if (c->s && c->s->bev == bev) c->s->bev = NULL;
-    bufferevent_free(bev);
-    free(c);
+    conn_gone(c, bev); /* (an agent's host forgot it too: before, only the slot did) */
   }
 }
 
@@ -823,6 +822,12 @@ static void conn_event(struct bufferevent *bev, short what, void *arg) {
     auth_refused(c->o, "a connection from %s to the workers' port sent no answer to the challenge in %.0f s; closed",
                  c->peer, auth_answer_s(c->o));
   else if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+  conn_gone(c, bev);
+}
+
+/* The connection ends (closed by the peer, or by us): an agent's host and a
+ * worker's slot forget it before it is freed, so nothing writes to it later. */
+static void conn_gone(conn *c, struct bufferevent *bev) {
   if (c->host >= 0 && c->o->hosts[c->host].bev == bev) {
     c->o->hosts[c->host].bev = NULL;
     hosts_conn_closed(c->o, c->host);
@@ -838,6 +843,43 @@ static void conn_event(struct bufferevent *bev, short what, void *arg) {
       else check_finished(c->o);
     }
   }
+  bufferevent_free(bev);
+  free(c);
+}
+
+/* A worker's connection, closed by us once its process is gone. Its last
+ * lines (STEP, CKPT, DONE, FAIL) may still sit in the socket: the exit and
+ * those lines become ready in one pass of the loop, the exit may be handled
+ * first (a loop that stalled meanwhile: a long REPL expression), and a
+ * replica that finished would be taken for one that failed. They are read
+ * and handled first; what an exited local worker wrote is all there (one
+ * on another host: what has come). libevent freezes the end of the input
+ * outside its read callback: thawed for the read. */
+static void slot_conn_close(operator_state *o, slot *s) {
+  struct bufferevent *bev = s->bev;
+  bufferevent_data_cb rcb = NULL;
+  void *arg = NULL;
+  bufferevent_getcb(bev, &rcb, NULL, NULL, &arg);
+  conn *c = rcb == conn_read ? arg : NULL;
+  if (c && c->authed && c->s == s) {
+    struct evbuffer *in = bufferevent_get_input(bev);
+    evutil_socket_t fd = bufferevent_getfd(bev);
+    for (int round = 0; round < 64; round++) { /* at most 4 MiB */
+      char *line;
+      size_t n;
+      while (s->bev == bev && (line = evbuffer_readln(in, &n, EVBUFFER_EOL_LF))) {
+        handle_line(o, &c->s, bev, line);
+        free(line);
+      }
+      if (s->bev != bev || evbuffer_get_length(in) > PROTO_LINE_MAX) break;
+      evbuffer_unfreeze(in, 0);
+      int got = evbuffer_read(in, fd, 65536);
+      evbuffer_freeze(in, 0);
+      if (got <= 0) break;
+    }
+  }
+  if (s->bev != bev) return; /* a line's handling closed it already */
+  s->bev = NULL;
   bufferevent_free(bev);
   free(c);
 }
@@ -1188,6 +1230,7 @@ static void teardown(operator_state *o) {
   for (int i = 0; i < o->nslots; i++)
     if (o->slots[i].timer) event_free(o->slots[i].timer);
   if (o->tick) event_free(o->tick);
+  if (o->adopt_ev) event_free(o->adopt_ev); /* an event is freed before its base: event_del reads the base */
   prom_server_free(o->prom);
   detector_destroy(o->det);
   if (o->ev_chld) event_free(o->ev_chld);
@@ -1203,7 +1246,6 @@ static void teardown(operator_state *o) {
   unlink(path);
   snprintf(path, sizeof path, "%s/operator.addr", o->dir);
   if (o->lis) unlink(path);
-  if (o->adopt_ev) event_free(o->adopt_ev);
   if (o->metrics) fclose(o->metrics);
   if (o->events) auth_refused_flush(o, o->auth_ev_window + AUTH_EVENTS_WINDOW); /* what the last window held back */
   if (o->events) fclose(o->events);
