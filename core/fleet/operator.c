@@ -695,6 +695,10 @@ static void on_ckpt(operator_state *o, slot *s, const char *line) {
 static void handle_line(operator_state *o, slot **sp, struct bufferevent *bev, const char *line) {
   slot *s = *sp;
   if (proto_is(line, "HELLO")) {
+    if (s && proto_int(line, "slot", -1) != s->slot) { /* one connection speaks for one slot */
+      evbuffer_add_printf(bufferevent_get_output(bev), "REFUSE why=this%%20connection%%20is%%20slot%%20%d\n", s->slot);
+      return;
+    }
     slot *k = on_hello(o, bev, line);
     if (k) *sp = k;
   } else if (!s) {
@@ -807,7 +811,10 @@ static void conn_read(struct bufferevent *bev, void *arg) {
   }
   while ((line = evbuffer_readln(in, &n, EVBUFFER_EOL_LF))) {
     if (!c->s && (c->host >= 0 || proto_is(line, "AGENT"))) hosts_line(c->o, &c->host, bev, line);
-    else handle_line(c->o, &c->s, bev, line);
+    else if (!c->s || c->s->bev == bev) handle_line(c->o, &c->s, bev, line);
+    /* else: a connection its slot no longer has (an agent-hosted worker's,
+     * after the agent reported its exit): its late lines would land on the
+     * slot's next worker */
     free(line);
   }
   if (evbuffer_get_length(in) > PROTO_LINE_MAX) { /* a line that never ends */
@@ -847,24 +854,31 @@ static void conn_gone(conn *c, struct bufferevent *bev) {
   free(c);
 }
 
-/* A worker's connection, closed by us once its process is gone. Its last
- * lines (STEP, CKPT, DONE, FAIL) may still sit in the socket: the exit and
- * those lines become ready in one pass of the loop, the exit may be handled
- * first (a loop that stalled meanwhile: a long REPL expression), and a
- * replica that finished would be taken for one that failed. They are read
- * and handled first; what an exited local worker wrote is all there (one
- * on another host: what has come). libevent freezes the end of the input
- * outside its read callback: thawed for the read. */
+/* A local worker's connection, closed by us once its process exited. Its
+ * last lines (STEP, CKPT, DONE, FAIL) may still sit in the socket: the exit
+ * and those lines become ready in one pass of the loop, the exit may be
+ * handled first (a loop that stalled meanwhile: a long REPL expression),
+ * and a replica that finished would be taken for one that failed. They are
+ * read and handled first: what an exited process wrote is all there, up to
+ * EOF (bounded all the same). libevent freezes the end of the input outside
+ * its read callback: thawed for each read. (An agent-hosted worker's exit
+ * comes from its agent, on another connection: not covered here.) */
+#define DRAIN_MAX (16 << 20)
 static void slot_conn_close(operator_state *o, slot *s) {
   struct bufferevent *bev = s->bev;
   bufferevent_data_cb rcb = NULL;
   void *arg = NULL;
   bufferevent_getcb(bev, &rcb, NULL, NULL, &arg);
   conn *c = rcb == conn_read ? arg : NULL;
-  if (c && c->authed && c->s == s) {
+  if (c && c->s != s) { /* not this slot's own connection: its owner frees it */
+    s->bev = NULL;
+    return;
+  }
+  if (c && c->authed) {
     struct evbuffer *in = bufferevent_get_input(bev);
     evutil_socket_t fd = bufferevent_getfd(bev);
-    for (int round = 0; round < 64; round++) { /* at most 4 MiB */
+    size_t drained = 0;
+    for (;;) {
       char *line;
       size_t n;
       while (s->bev == bev && (line = evbuffer_readln(in, &n, EVBUFFER_EOL_LF))) {
@@ -872,10 +886,17 @@ static void slot_conn_close(operator_state *o, slot *s) {
         free(line);
       }
       if (s->bev != bev || evbuffer_get_length(in) > PROTO_LINE_MAX) break;
+      if (drained > DRAIN_MAX) {
+        operator_event(o, o->best_step, s->slot, "protocol_error",
+                       "replica %d: more than %d MiB unread after its exit; the rest dropped", s->slot,
+                       DRAIN_MAX >> 20);
+        break;
+      }
       evbuffer_unfreeze(in, 0);
-      int got = evbuffer_read(in, fd, 65536);
+      int got = evbuffer_read(in, fd, -1);
       evbuffer_freeze(in, 0);
       if (got <= 0) break;
+      drained += (size_t)got;
     }
   }
   if (s->bev != bev) return; /* a line's handling closed it already */

@@ -1790,6 +1790,12 @@ static void member_log_keep(void *ud, const char *msg) {
   pthread_mutex_unlock(&log_mu);
 }
 
+static void member_log_dump(const char *what) {
+  pthread_mutex_lock(&log_mu);
+  fprintf(stderr, "  %s: the members' log:\n%s", what, member_log);
+  pthread_mutex_unlock(&log_mu);
+}
+
 /* Open descriptors and shared-memory link maps of this process. */
 static int fds_open(void) {
   int n = 0;
@@ -1915,7 +1921,7 @@ static void test_leave_backlog(void) {
           left ? "read" : "never read", closed ? "a close seen instead" : "no close seen");
     if (!left || closed) {
       coord_log_dump("leave with a frame queued");
-      fprintf(stderr, "  the members' log:\n%s", member_log);
+      member_log_dump("leave with a frame queued");
     }
   }
   ftar_member_free(gone);
@@ -2022,7 +2028,7 @@ static void test_member_leave_go(void) {
     CHECK(seen, "leave vs GO: the coordinator saw a LEAVE mid-collective");
     if (!seen) {
       coord_log_dump("leave vs GO");
-      fprintf(stderr, "  leave vs GO: the members' log:\n%s", member_log);
+      member_log_dump("leave vs GO");
     }
     CHECK(took < T(4), "leave vs GO: the other waited %.1f s for the member that left", took);
     printf("  leave vs GO: the other done %.0f ms after the leave\n", took * 1e3);
