@@ -563,6 +563,22 @@ describe("operator (3 replicas)", function()
     for w = 0, 1 do assert.equal(400, by[w][#by[w]], "replica " .. w .. "'s last step recorded") end
   end)
 
+  -- The run directory travels to each worker in its WELCOME line, whose
+  -- values end at a space: it goes escaped. (Before: "/tmp/x y/run" reached
+  -- the workers as "/tmp/x", every one failed to start and the job stopped.)
+  it("a run directory with a space in it: the replicas find it", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/with space/run"
+    assert(os.execute("mkdir -p " .. S.q(tmp .. "/with space")))
+    local cmd = job("RUN_DIR_HERE", "--replicas 2 --set max_steps=20")
+    local at = assert(cmd:find("run_dir=RUN_DIR_HERE", 1, true))
+    cmd = cmd:sub(1, at - 1) .. S.q("run_dir=" .. run) .. cmd:sub(at + #"run_dir=RUN_DIR_HERE")
+    local out, rc = sh(cmd)
+    assert.equal(0, rc, out)
+    assert.matches('"kind":"replicas_agree"', events(run), 1, true)
+    assert.is_nil(events(run):find('"kind":"replica_failed"', 1, true), events(run))
+  end)
+
   it("a start-up error that repeats on every try is not retried", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/badresume"

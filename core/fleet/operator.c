@@ -601,7 +601,9 @@ static slot *adopt(operator_state *o, slot *s, struct bufferevent *bev, const ch
   if (strcmp(s->donor, "-") == 0) s->donor[0] = 0;
   snprintf(s->mode, sizeof s->mode, "adopt");
   if (s->step > o->best_step) o->best_step = s->step;
-  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=adopt\n", o->dir, o->adv_host, ftar_coord_port(o->coord));
+  char run[PATH_MAX * 3];
+  proto_escape(o->dir, run, sizeof run); /* a run directory may hold a space */
+  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=adopt\n", run, o->adv_host, ftar_coord_port(o->coord));
   operator_event(o, s->step, s->slot, "adopted",
                  "replica %d adopted at step %lld (pid %d): live state, no checkpoint reload", s->slot,
                  (long long)s->step, (int)s->pid);
@@ -638,9 +640,11 @@ static slot *on_hello(operator_state *o, struct bufferevent *bev, const char *li
   char batches[64 * 21] = "";
   for (int i = 0, n = 0; i < o->nbatch_skips; i++)
     n += snprintf(batches + n, sizeof batches - (size_t)n, "%s%lld", i ? "," : "", (long long)o->batch_skips[i]);
+  char run[PATH_MAX * 3];
+  proto_escape(o->dir, run, sizeof run); /* a run directory may hold a space */
   evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d batch_skips=%s "
                       "resume_step=%lld lr=%s skips=%s\n",
-                      o->dir, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads,
+                      run, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads,
                       batches, (long long)s->resume_step, o->lr_changes, o->skips);
   s->resume_step = -1; /* a rollback's target applies to the start it asked for only */
   if (d)
