@@ -858,15 +858,15 @@ static void conn_gone(conn *c, struct bufferevent *bev) {
   free(c);
 }
 
-/* A local worker's connection, closed by us once its process exited. Its
- * last lines (STEP, CKPT, DONE, FAIL) may still sit in the socket: the exit
- * and those lines become ready in one pass of the loop, the exit may be
- * handled first (a loop that stalled meanwhile: a long REPL expression),
- * and a replica that finished would be taken for one that failed. They are
- * read and handled first: what an exited process wrote is all there, up to
- * EOF (bounded all the same). libevent freezes the end of the input outside
- * its read callback: thawed for each read. (An agent-hosted worker's exit
- * comes from its agent, on another connection: not covered here.) */
+/* A worker's connection, closed by us once its process exited. Its last
+ * lines (STEP, CKPT, DONE, FAIL) may still sit in the socket: the exit and
+ * those lines become ready in one pass of the loop, the exit may be handled
+ * first (a loop that stalled meanwhile: a long REPL expression), and a
+ * replica that finished would be taken for one that failed. They are read
+ * and handled first, up to EOF (bounded all the same): for a local worker
+ * that is all it wrote; for one on an agent's host (its exit reported by
+ * the agent, on another connection) all that has arrived. libevent freezes
+ * the end of the input outside its read callback: thawed for each read. */
 #define DRAIN_MAX (16 << 20)
 static void slot_conn_close(operator_state *o, slot *s) {
   struct bufferevent *bev = s->bev;

@@ -342,7 +342,8 @@ static void on_exited(operator_state *o, int h, const char *line) {
   if (s->pid != pid && s->pid != 0 && pid != 0) return;
   if (s->state != SLOT_STARTING && s->state != SLOT_RUNNING) return;
   s->pid = 0;
-  if (s->bev) close_conn(s->bev), s->bev = NULL;
+  /* its connection stays to operator_slot_exited: the lines already here
+   * (its STEPs, DONE) are handled before its exit, as for a local worker */
   operator_slot_exited(o, s, (int)proto_int(line, "status", 0x100));
 }
 
