@@ -351,6 +351,13 @@ describe("the command line", function()
     local code, _, err = S.transom(dir, "agent", op[1], op[2], "--slots")
     assert.are.equal(2, code, err)
     assert.is_truthy(err:find("transom agent: --slots needs a value", 1, true), err)
+    -- a name travels in control lines, whose values end at a space: a host name's characters only, and one
+    -- that fits (before: "a b" registered as "a", a 70-character name was cut at 63 without a word)
+    for _, name in ipairs({ "a b", "x=y", "", string.rep("x", 64) }) do
+      code, _, err = S.transom(dir, "agent", op[1], op[2], "--name", name)
+      assert.are.equal(2, code, name .. ": " .. err)
+      assert.is_truthy(err:find("transom agent: --name '" .. name .. "': a host name is 1 to 63", 1, true), err)
+    end
   end)
 
   it("transom worker and the operator refuse a slot, thread count, RANK or MASTER_PORT that is not an integer", function()

@@ -24,6 +24,7 @@
  * Single-threaded, blocking sockets and poll(); SIGCHLD through a self-pipe.
  */
 #define _GNU_SOURCE /* PR_SET_PDEATHSIG */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -76,7 +77,8 @@ static const char agent_usage[] =
     "\n"
     "One per host: registers with the operator of a job with `hosts = N` (started\n"
     "with MASTER_ADDR/MASTER_PORT), starts and supervises the replicas it places\n"
-    "here, reports their exits. --name: this host's name (default: hostname);\n"
+    "here, reports their exits. --name: this host's name (default: hostname;\n"
+    "letters, digits, '.', '-', '_', at most 63);\n"
     "--addr: the address other hosts reach this one at (default: the local\n"
     "address of the connection to the operator; never loopback when the operator\n"
     "is elsewhere); --slots: replicas this host runs at most (default 1);\n"
@@ -125,6 +127,17 @@ static int takes_value(const char *flag) {
   return 0;
 }
 
+/* A host's name travels in control lines (AGENT name=, the operator's
+ * events and hosts.lua), whose values end at a space: the characters of a
+ * host name only, and one that fits (not cut short without a word). */
+static int host_name_ok(const char *s, size_t cap) {
+  size_t n = strlen(s);
+  if (n == 0 || n >= cap) return 0;
+  for (; *s; s++)
+    if (!isalnum((unsigned char)*s) && *s != '.' && *s != '-' && *s != '_') return 0;
+  return 1;
+}
+
 /* The flags that take an integer, their ranges, and where they go. */
 static int int_option(agent *a, const char *flag, const char *v) {
   if (strcmp(flag, "--slots") == 0) return int_flag(flag, v, 1, AGENT_SLOTS, &a->nslots);
@@ -146,7 +159,14 @@ static int parse(agent *a, int argc, char **argv, int *done) {
       *done = 1;
       return 0;
     } else if (strcmp(argv[i], "--operator") == 0 && v) op = argv[++i];
-    else if (strcmp(argv[i], "--name") == 0 && v) snprintf(a->name, sizeof a->name, "%s", argv[++i]);
+    else if (strcmp(argv[i], "--name") == 0 && v) {
+      if (!host_name_ok(v, sizeof a->name)) {
+        fprintf(stderr, "transom agent: --name '%s': a host name is 1 to %zu letters, digits, '.', '-' or '_'\n", v,
+                sizeof a->name - 1);
+        return 2;
+      }
+      snprintf(a->name, sizeof a->name, "%s", argv[++i]);
+    }
     else if (strcmp(argv[i], "--addr") == 0 && v) snprintf(a->addr, sizeof a->addr, "%s", argv[++i]);
     else if ((strcmp(argv[i], "--slots") == 0 || strcmp(argv[i], "--cores") == 0 || strcmp(argv[i], "--gpus") == 0) && v) {
       if (int_option(a, argv[i], v)) return 2;
