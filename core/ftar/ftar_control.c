@@ -469,8 +469,14 @@ static void send_leave(ftar_member *m) {
     ftar_member_log(m, "LEAVE not sent: the %zu bytes still queued for the coordinator could not be read", len);
     return;
   }
+  /* A GO it never ran to the end is no collective boundary either: the
+   * others may be in that collective, waiting for it (a joiner refused with
+   * FTAR_ESEQ, whose replay then failed, goes away before it ever connected
+   * its links: nobody would see an EOF). The control thread is stopped and
+   * no collective runs: these fields are still. */
+  int owes_go = m->go_ep > 0 && (!m->completed_any || m->last_seq < m->go_seq);
   ftar_hdr h = {.type = FT_LEAVE,
-                .flags = m->leave_abort ? FTF_ABORT_PREV : 0,
+                .flags = m->leave_abort || owes_go ? FTF_ABORT_PREV : 0,
                 .epoch = m->ep,
                 .seq = m->last_seq,
                 .index = (uint32_t)m->slot};

@@ -1882,6 +1882,87 @@ static void test_hier_op_mismatch(int hier) {
   ftar_coord_free(c);
 }
 
+typedef struct {
+  ftar_member *m;
+  _Atomic int *stop;
+  int rc, done;
+  char err[300];
+} thr_spin;
+
+static void *thr_spin_run(void *p) {
+  thr_spin *a = p;
+  float buf[1000];
+  uint64_t seq = 1;
+  while (!*a->stop) {
+    for (int i = 0; i < 1000; i++) buf[i] = 1.0f;
+    ftar_result r;
+    int rc = ftar_allreduce(a->m, buf, 1000, FTAR_SUM, seq, &r);
+    if (rc < 0) {
+      a->rc = rc;
+      snprintf(a->err, sizeof a->err, "%s", tr_error());
+      break;
+    }
+    a->done++;
+    seq = r.seq + 1;
+  }
+  return NULL;
+}
+
+/* A joiner that got its GO and then goes away cleanly. Its first
+ * collective (strict_seq, as a worker's) is refused with FTAR_ESEQ: the
+ * group is further on, and the GO told the others to run that seq with it
+ * while it replays what it missed. If the replay fails (its donor's history
+ * no longer reaches back) it exits, and ftar_member_free says LEAVE. That
+ * LEAVE is no collective boundary: the others are in that collective,
+ * waiting for it. It must call the collective off (an aborting epoch),
+ * else the others wait on it, redo, abort again, for ever. */
+static void test_joiner_leaves_after_go(void) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(10);
+  mo.log = churn_log;
+  _Atomic int stop = 0;
+  thr_spin a[2] = {{.stop = &stop}, {.stop = &stop}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) a[i].m = ftar_member_create("127.0.0.1", ftar_coord_port(c), i, &mo);
+  CHECK(a[0].m && a[1].m && ftar_member_wait(a[0].m, 2, T(10)) == 0, "joiner leaves after GO: members: %s",
+        tr_error());
+  if (a[0].m && a[1].m) {
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, thr_spin_run, &a[i]);
+    while (a[0].done < 20 && !a[0].rc && !a[1].rc) usleep(1000);
+    mo.strict_seq = 1;
+    ftar_member *j = ftar_member_create("127.0.0.1", ftar_coord_port(c), 2, &mo);
+    float buf[1000];
+    for (int i = 0; i < 1000; i++) buf[i] = 1.0f;
+    ftar_result r;
+    int rc = j ? ftar_allreduce(j, buf, 1000, FTAR_SUM, 1, &r) : -1;
+    CHECK(rc == FTAR_ESEQ && r.seq > 1, "joiner leaves after GO: its first collective returned %d (seq %llu): %s",
+          rc, (unsigned long long)r.seq, tr_error());
+    int before = a[0].done;
+    double t_leave = tr_now();
+    ftar_member_free(j); /* its replay failed: it exits */
+    while (a[0].done < before + 20 && !a[0].rc && !a[1].rc && tr_now() - t_leave < T(8)) usleep(1000);
+    double took = tr_now() - t_leave;
+    stop = 1;
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+      CHECK(a[i].rc >= 0, "joiner leaves after GO: slot %d failed after %d collectives: %s", i, a[i].done,
+            a[i].err);
+    CHECK(a[0].done >= before + 20, "joiner leaves after GO: the others did %d collectives in %.1f s after it left",
+          a[0].done - before, took);
+    int flagged = coord_log_has("slot 2 leaves after seq 0, its collective in flight");
+    CHECK(flagged, "joiner leaves after GO: its LEAVE did not call the collective off");
+    if (!flagged || a[0].done < before + 20) coord_log_dump("joiner leaves after GO");
+    printf("  joiner leaves after GO: the others went on %.0f ms after it left\n", took * 1e3);
+  }
+  for (int i = 0; i < 2; i++) ftar_member_free(a[i].m);
+  printf("  joiner leaves after GO: %.1f s\n", tr_now() - t0);
+  ftar_coord_free(c);
+}
+
 /* A member leaves with a frame still queued for the coordinator: the
  * control thread's command callback writes it into the bufferevent and
  * sees the quit in the same call, so the loop ends before the write event
@@ -2395,6 +2476,7 @@ int main(void) {
   const char *only = getenv("FTAR_TEST_ONLY");
   if (only && strcmp(only, "leave") == 0) {
     test_leave_backlog();
+    test_joiner_leaves_after_go();
     test_member_leave();
     test_member_leave_go();
     return check_report("test_ftar");
@@ -2454,6 +2536,7 @@ int main(void) {
   test_fault(0, 1, 0, 97u, 1, 3, 0, 0);
   test_hier();
   test_leave_backlog();
+  test_joiner_leaves_after_go();
   test_member_leave();
   test_member_leave_go();
   test_garbage();
