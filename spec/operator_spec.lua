@@ -214,6 +214,47 @@ describe("operator (3 replicas)", function()
     assert.matches("fetching a newer snapshot", logs, 1, true)
   end)
 
+  -- The group outruns a catch-up reply while the donor sends it: its ring
+  -- slots must not be overwritten under the send (the joiner would replay
+  -- another step's gradient and finish with other parameters). The test
+  -- hook holds the donor's first reply after the snapshot until the group
+  -- reaches the step that would overwrite its first slot; the donor stops
+  -- its history instead and sends the slots intact. The joiner's next
+  -- request is answered GONE: it takes a newer snapshot or, had it entered
+  -- the ring already, exits (its LEAVE calls off the collective the group
+  -- ran for it) and is replaced; slot 1 gets in. (Before: the slot was
+  -- overwritten and sent, and the replicas finished with different
+  -- parameters.)
+  it("the group outruns a catch-up reply in flight: the donor's slots stay intact, the replicas agree", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/outrun"
+    -- it runs until slot 1 is in for good (then SIGTERM): how fast the steps go decides nothing
+    local op, exit_status = spawn_rc("env TRANSOM_TEST_DONOR_OUTRUN=1 " .. job(run, "--set max_steps=1000000"),
+      tmp .. "/outrun.log")
+    assert.is_true(wait_step(run, 40))
+    os.execute("kill -9 " .. pid_of(run, 1))
+    -- slot 1 in: its last event a join, and 20 steps trained since
+    local function in_for_good()
+      local last1
+      for kind, detail in events(run):gmatch('"worker":1,"kind":"([%w_]+)","detail":"([^"]*)"') do
+        last1 = { kind, detail }
+      end
+      local at = last1 and last1[1] == "replica_ready" and tonumber(last1[2]:match("ready at step (%d+) %(join"))
+      local mine = steps_by_worker(run)[1] or {}
+      return at and (mine[#mine] or 0) >= at + 20
+    end
+    assert.is_truthy(S.wait_for(in_for_good, T(120)), "slot 1 never got in: " .. events(run))
+    os.execute("kill -TERM " .. op)
+    assert.is_true(wait_exit(op, 180), "the operator did not finish")
+    local rc = S.wait_rc(exit_status, T(30))
+    assert.equal(0, rc, read(tmp .. "/outrun.log"))
+    local ev = events(run)
+    assert.matches("replicas_agree", ev, 1, true)
+    assert.matches("3 replicas finished with parameter crc32c", ev, 1, true)
+    local logs = (read(run .. "/worker-0.log") or "") .. (read(run .. "/worker-2.log") or "")
+    assert.matches("while a catch-up reply sends it: history stopped", logs, 1, true)
+  end)
+
   it("all workers killed: the job restarts from the newest checkpoint and finishes", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/killall"

@@ -37,6 +37,13 @@ struct donor {
   float **ring;
   int64_t *ring_step;
   int64_t first, last; /* steps held: first..last (last < first: none) */
+  /* a GRADS reply in progress sends ring slots from step pin on, without
+   * the lock: donor_record must not overwrite them meanwhile */
+  int pin_on;
+  int64_t pin;
+  /* TRANSOM_TEST_DONOR_OUTRUN: the first reply right after a snapshot is
+   * held until the group could overwrite its first slot; once a process */
+  int outrun_hook;
 };
 
 int donor_wants(donor *d, int64_t step) {
@@ -50,6 +57,16 @@ int donor_wants(donor *d, int64_t step) {
 void donor_record(donor *d, int64_t step, const float *grads) {
   if (!d) return;
   pthread_mutex_lock(&d->mu);
+  if (d->hist_on && step == d->last + 1 && d->pin_on && step - d->cap >= d->pin) {
+    /* the group outran a reply in progress: the slot it would overwrite is
+     * being sent, so the history stops here instead, and the joiner's next
+     * request is answered GONE (a newer snapshot; or, if it entered the
+     * ring already, it exits and is replaced) */
+    fprintf(stderr, "donor: step %lld would overwrite step %lld while a catch-up reply sends it: history stopped\n",
+            (long long)step, (long long)(step - d->cap));
+    d->hist_on = 0;
+    pthread_cond_broadcast(&d->cv);
+  }
   if (d->hist_on && step == d->last + 1) {
     int slot = (int)(step % d->cap);
     if (!d->ring[slot]) d->ring[slot] = malloc(sizeof(float) * (size_t)d->n);
@@ -93,6 +110,7 @@ static void end_session(donor *d) {
   pthread_mutex_lock(&d->mu);
   d->snap_req = d->snap_ready = 0;
   d->hist_on = 0;
+  d->pin_on = 0;
   pthread_mutex_unlock(&d->mu);
 }
 
@@ -111,12 +129,28 @@ static int next_request(donor *d, proto_reader *r, char *line, size_t n) {
   return 0;
 }
 
+/* The test hook, under d->mu: waits (bounded) until the group reaches the
+ * step that would overwrite `from`'s slot, or the history stopped. */
+static void outrun_wait(donor *d, int64_t from) {
+  for (double end = tr_now() + 60; d->hist_on && d->last < from + d->cap && tr_now() < end && !d->stop;) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 10 * 1000000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+  }
+}
+
 /* Serves one joiner connection until it leaves. */
 static void serve(donor *d, int fd) {
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
+  int after_snap = 0; /* the next GRADS is the joiner's first after its snapshot */
   while (next_request(d, &r, line, sizeof line)) {
+    int first_grads = after_snap;
+    after_snap = 0;
     if (proto_is(line, "SNAP")) {
+      after_snap = 1;
       pthread_mutex_lock(&d->mu);
       d->snap_req = 1;
       d->snap_ready = 0;
@@ -141,19 +175,23 @@ static void serve(donor *d, int fd) {
       }
       int gone = !d->hist_on || from < d->first;
       int64_t first = d->first, last = d->last;
+      if (!gone) d->pin_on = 1, d->pin = from;
+      if (!gone && from <= last && first_grads && d->outrun_hook) {
+        d->outrun_hook = 0;
+        outrun_wait(d, from);
+      }
       pthread_mutex_unlock(&d->mu);
       if (gone) {
         if (proto_send(fd, "GONE first=%lld", (long long)first)) break;
         continue;
       }
       int64_t count = from <= last ? last - from + 1 : 0;
-      if (proto_send(fd, "GRADS first=%lld count=%lld", (long long)from, (long long)count)) break;
-      int bad = 0;
-      for (int64_t s = from; s <= last && !bad; s++) {
-        /* the ring slot of s is not rewritten while s >= first (the writer
-         * only advances after wrapping cap steps past it) */
+      int bad = proto_send(fd, "GRADS first=%lld count=%lld", (long long)from, (long long)count) != 0;
+      for (int64_t s = from; s <= last && !bad; s++) /* pinned: donor_record leaves these slots alone */
         bad = net_send_all(fd, d->ring[s % d->cap], sizeof(float) * (size_t)d->n) != 0;
-      }
+      pthread_mutex_lock(&d->mu);
+      d->pin_on = 0;
+      pthread_mutex_unlock(&d->mu);
       if (bad) break;
     } else if (proto_is(line, "BYE")) {
       break;
@@ -250,6 +288,7 @@ donor *donor_start(const char *host, trainer *t, int history, int *port, const a
   if (secret) d->secret = *secret;
   d->n = trainer_grads_size(t);
   d->cap = history < 2 ? 2 : history;
+  d->outrun_hook = getenv("TRANSOM_TEST_DONOR_OUTRUN") != NULL;
   d->snap = tr_alloc_aligned(sizeof(float) * 3 * (size_t)d->n);
   d->ring = calloc((size_t)d->cap, sizeof(float *));
   d->ring_step = calloc((size_t)d->cap, sizeof(int64_t));
