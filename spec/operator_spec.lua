@@ -233,15 +233,20 @@ describe("operator (3 replicas)", function()
       tmp .. "/outrun.log")
     assert.is_true(wait_step(run, 40))
     os.execute("kill -9 " .. pid_of(run, 1))
-    -- slot 1 in: its last event a join, and 20 steps trained since
+    -- slot 1 in: a join, no failure or new start of slot 1 since, and 20 steps trained
     local function in_for_good()
-      local last1
-      for kind, detail in events(run):gmatch('"worker":1,"kind":"([%w_]+)","detail":"([^"]*)"') do
-        last1 = { kind, detail }
+      local ev = events(run)
+      local pos, at
+      for p, step in ev:gmatch('()"worker":1,"kind":"replica_ready","detail":"replica 1 ready at step (%d+) %(join') do
+        pos, at = p, tonumber(step)
       end
-      local at = last1 and last1[1] == "replica_ready" and tonumber(last1[2]:match("ready at step (%d+) %(join"))
+      if not at then return false end
+      local since = ev:sub(pos)
+      if since:find('"worker":1,"kind":"replica_failed"', 1, true) or since:find('"worker":1,"kind":"spawn"', 1, true) then
+        return false
+      end
       local mine = steps_by_worker(run)[1] or {}
-      return at and (mine[#mine] or 0) >= at + 20
+      return (mine[#mine] or 0) >= at + 20
     end
     assert.is_truthy(S.wait_for(in_for_good, T(120)), "slot 1 never got in: " .. events(run))
     os.execute("kill -TERM " .. op)

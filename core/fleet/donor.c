@@ -42,7 +42,8 @@ struct donor {
   int pin_on;
   int64_t pin;
   /* TRANSOM_TEST_DONOR_OUTRUN: the first reply right after a snapshot is
-   * held until the group could overwrite its first slot; once a process */
+   * held until the group could overwrite its first slot, and then sends
+   * what it recorded meanwhile; once a process */
   int outrun_hook;
 };
 
@@ -129,10 +130,11 @@ static int next_request(donor *d, proto_reader *r, char *line, size_t n) {
   return 0;
 }
 
-/* The test hook, under d->mu: waits (bounded) until the group reaches the
- * step that would overwrite `from`'s slot, or the history stopped. */
+/* The test hook, under d->mu: waits (bounded, within the joiner's 60 s
+ * read timeout) until the group reaches the step that would overwrite
+ * `from`'s slot, or the history stopped. */
 static void outrun_wait(donor *d, int64_t from) {
-  for (double end = tr_now() + 60; d->hist_on && d->last < from + d->cap && tr_now() < end && !d->stop;) {
+  for (double end = tr_now() + 30; d->hist_on && d->last < from + d->cap && tr_now() < end && !d->stop;) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 10 * 1000000;
@@ -176,9 +178,10 @@ static void serve(donor *d, int fd) {
       int gone = !d->hist_on || from < d->first;
       int64_t first = d->first, last = d->last;
       if (!gone) d->pin_on = 1, d->pin = from;
-      if (!gone && from <= last && first_grads && d->outrun_hook) {
+      if (!gone && first_grads && d->outrun_hook) {
         d->outrun_hook = 0;
         outrun_wait(d, from);
+        last = d->last; /* what the group recorded meanwhile: all pinned */
       }
       pthread_mutex_unlock(&d->mu);
       if (gone) {

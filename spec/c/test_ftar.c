@@ -1885,8 +1885,8 @@ static void test_hier_op_mismatch(int hier) {
 typedef struct {
   ftar_member *m;
   _Atomic int *stop;
-  int rc, done;
-  char err[300];
+  _Atomic int rc, done; /* polled by the main thread while it runs */
+  char err[300];        /* read after the join */
 } thr_spin;
 
 static void *thr_spin_run(void *p) {
@@ -1898,8 +1898,8 @@ static void *thr_spin_run(void *p) {
     ftar_result r;
     int rc = ftar_allreduce(a->m, buf, 1000, FTAR_SUM, seq, &r);
     if (rc < 0) {
-      a->rc = rc;
       snprintf(a->err, sizeof a->err, "%s", tr_error());
+      a->rc = rc;
       break;
     }
     a->done++;
@@ -1937,7 +1937,7 @@ static void test_joiner_leaves_after_go(void) {
     ftar_member *j = ftar_member_create("127.0.0.1", ftar_coord_port(c), 2, &mo);
     float buf[1000];
     for (int i = 0; i < 1000; i++) buf[i] = 1.0f;
-    ftar_result r;
+    ftar_result r = {0};
     int rc = j ? ftar_allreduce(j, buf, 1000, FTAR_SUM, 1, &r) : -1;
     CHECK(rc == FTAR_ESEQ && r.seq > 1, "joiner leaves after GO: its first collective returned %d (seq %llu): %s",
           rc, (unsigned long long)r.seq, tr_error());
@@ -1949,10 +1949,10 @@ static void test_joiner_leaves_after_go(void) {
     stop = 1;
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < 2; i++)
-      CHECK(a[i].rc >= 0, "joiner leaves after GO: slot %d failed after %d collectives: %s", i, a[i].done,
+      CHECK(a[i].rc >= 0, "joiner leaves after GO: slot %d failed after %d collectives: %s", i, (int)a[i].done,
             a[i].err);
     CHECK(a[0].done >= before + 20, "joiner leaves after GO: the others did %d collectives in %.1f s after it left",
-          a[0].done - before, took);
+          (int)a[0].done - before, took);
     int flagged = coord_log_has("slot 2 leaves after seq 0, its collective in flight");
     CHECK(flagged, "joiner leaves after GO: its LEAVE did not call the collective off");
     if (!flagged || a[0].done < before + 20) coord_log_dump("joiner leaves after GO");
