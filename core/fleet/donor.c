@@ -130,17 +130,22 @@ static int next_request(donor *d, proto_reader *r, char *line, size_t n) {
   return 0;
 }
 
+/* Under d->mu: one short wait on d->cv (a recorded step, a snapshot, a
+ * stop), so the caller re-checks its condition and its deadline. */
+static void cv_wait_10ms(donor *d) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += 10 * 1000000;
+  if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+  pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+}
+
 /* The test hook, under d->mu: waits (bounded, within the joiner's 60 s
  * read timeout) until the group reaches the step that would overwrite
  * `from`'s slot, or the history stopped. */
 static void outrun_wait(donor *d, int64_t from) {
-  for (double end = tr_now() + 30; d->hist_on && d->last < from + d->cap && tr_now() < end && !d->stop;) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 10 * 1000000;
-    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-    pthread_cond_timedwait(&d->cv, &d->mu, &ts);
-  }
+  for (double end = tr_now() + 30; d->hist_on && d->last < from + d->cap && tr_now() < end && !d->stop;)
+    cv_wait_10ms(d);
 }
 
 /* Serves one joiner connection until it leaves. */
@@ -168,13 +173,7 @@ static void serve(donor *d, int fd) {
       pthread_mutex_lock(&d->mu);
       /* wait briefly for the step to be recorded: the group may be mid-step */
       double t_end = tr_now() + 0.2;
-      while (d->hist_on && from > d->last && tr_now() < t_end && !d->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 10 * 1000000;
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&d->cv, &d->mu, &ts);
-      }
+      while (d->hist_on && from > d->last && tr_now() < t_end && !d->stop) cv_wait_10ms(d);
       int gone = !d->hist_on || from < d->first;
       int64_t first = d->first, last = d->last;
       if (!gone) d->pin_on = 1, d->pin = from;

@@ -1796,6 +1796,29 @@ static void member_log_dump(const char *what) {
   pthread_mutex_unlock(&log_mu);
 }
 
+/* Slot 0, which stays, and slot 1, which will leave, on the coordinator
+ * at port, their log lines kept for a failed check (leave_logs_dump); the
+ * caller frees both. Whether both are in the group. */
+static int stay_and_leaver(int port, ftar_member **stay, ftar_member **gone, const char *what) {
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(10);
+  mo.log = member_log_keep;
+  member_log_len = 0;
+  mo.log_ud = "slot 0";
+  *stay = ftar_member_create("127.0.0.1", port, 0, &mo);
+  mo.log_ud = "slot 1 (leaves)";
+  *gone = *stay ? ftar_member_create("127.0.0.1", port, 1, &mo) : NULL;
+  int ok = *stay && *gone && ftar_member_wait(*stay, 2, T(10)) == 0;
+  CHECK(ok, "%s: members: %s", what, tr_error());
+  return ok;
+}
+
+static void leave_logs_dump(const char *what) {
+  coord_log_dump(what);
+  member_log_dump(what);
+}
+
 /* Open descriptors and shared-memory link maps of this process. */
 static int fds_open(void) {
   int n = 0;
@@ -1882,9 +1905,13 @@ static void test_hier_op_mismatch(int hier) {
   ftar_coord_free(c);
 }
 
+/* Collectives back to back until seq *last: the members of a group stop
+ * after the same one (a flag read between collectives would let one stop
+ * while the other waits in the next for it). */
 typedef struct {
   ftar_member *m;
-  _Atomic int *stop;
+  _Atomic uint64_t *last;
+  _Atomic uint64_t seq; /* the last one done */
   _Atomic int rc, done; /* polled by the main thread while it runs */
   char err[300];        /* read after the join */
 } thr_spin;
@@ -1893,7 +1920,7 @@ static void *thr_spin_run(void *p) {
   thr_spin *a = p;
   float buf[1000];
   uint64_t seq = 1;
-  while (!*a->stop) {
+  while (seq <= *a->last) {
     for (int i = 0; i < 1000; i++) buf[i] = 1.0f;
     ftar_result r;
     int rc = ftar_allreduce(a->m, buf, 1000, FTAR_SUM, seq, &r);
@@ -1903,6 +1930,7 @@ static void *thr_spin_run(void *p) {
       break;
     }
     a->done++;
+    a->seq = r.seq;
     seq = r.seq + 1;
   }
   return NULL;
@@ -1924,8 +1952,8 @@ static void test_joiner_leaves_after_go(void) {
   ftar_member_opts_default(&mo);
   mo.timeout = T(10);
   mo.log = churn_log;
-  _Atomic int stop = 0;
-  thr_spin a[2] = {{.stop = &stop}, {.stop = &stop}};
+  _Atomic uint64_t last = UINT64_MAX;
+  thr_spin a[2] = {{.last = &last}, {.last = &last}};
   pthread_t th[2];
   for (int i = 0; i < 2; i++) a[i].m = ftar_member_create("127.0.0.1", ftar_coord_port(c), i, &mo);
   CHECK(a[0].m && a[1].m && ftar_member_wait(a[0].m, 2, T(10)) == 0, "joiner leaves after GO: members: %s",
@@ -1946,7 +1974,7 @@ static void test_joiner_leaves_after_go(void) {
     ftar_member_free(j); /* its replay failed: it exits */
     while (a[0].done < before + 20 && !a[0].rc && !a[1].rc && tr_now() - t_leave < T(8)) usleep(1000);
     double took = tr_now() - t_leave;
-    stop = 1;
+    last = a[0].seq + 10; /* ahead of both: neither is more than one collective ahead of the other */
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < 2; i++)
       CHECK(a[i].rc >= 0, "joiner leaves after GO: slot %d failed after %d collectives: %s", i, (int)a[i].done,
@@ -1978,18 +2006,8 @@ static void test_leave_backlog(void) {
   double t0 = tr_now();
   ftar_coord *c = coord_start();
   if (!c) return;
-  ftar_member_opts mo;
-  ftar_member_opts_default(&mo);
-  mo.timeout = T(10);
-  mo.log = member_log_keep;
-  member_log_len = 0;
-  mo.log_ud = "slot 0";
-  ftar_member *stay = ftar_member_create("127.0.0.1", ftar_coord_port(c), 0, &mo);
-  mo.log_ud = "slot 1 (leaves)";
-  ftar_member *gone = stay ? ftar_member_create("127.0.0.1", ftar_coord_port(c), 1, &mo) : NULL;
-  CHECK(stay && gone && ftar_member_wait(stay, 2, T(10)) == 0, "leave with a frame queued: members: %s",
-        tr_error());
-  if (stay && gone) {
+  ftar_member *stay, *gone;
+  if (stay_and_leaver(ftar_coord_port(c), &stay, &gone, "leave with a frame queued")) {
     pthread_mutex_lock(&gone->mu);
     gone->abort_h = (ftar_hdr){.type = FT_ABORT, .epoch = gone->ep, .index = 1};
     gone->q_abort = 1;
@@ -2000,10 +2018,7 @@ static void test_leave_backlog(void) {
     int left = coord_log_has("slot 1 leaves after seq"), closed = coord_log_has("slot 1: connection closed");
     CHECK(n == 1 && left && !closed, "leave with a frame queued: %d member(s) left, LEAVE %s, %s", n,
           left ? "read" : "never read", closed ? "a close seen instead" : "no close seen");
-    if (!left || closed) {
-      coord_log_dump("leave with a frame queued");
-      member_log_dump("leave with a frame queued");
-    }
+    if (!left || closed) leave_logs_dump("leave with a frame queued");
   }
   ftar_member_free(gone);
   ftar_member_free(stay);
@@ -2074,18 +2089,9 @@ static void test_member_leave_go(void) {
   double t0 = tr_now();
   loop_drv d;
   if (drv_start(&d, 0)) return;
-  ftar_member_opts mo;
-  ftar_member_opts_default(&mo);
-  mo.timeout = T(10);
-  mo.log = member_log_keep;
-  member_log_len = 0;
   thr_op a = {.op = FTAR_SUM};
-  mo.log_ud = "slot 0";
-  a.m = ftar_member_create("127.0.0.1", ftar_coord_port(d.c), 0, &mo);
-  mo.log_ud = "slot 1 (leaves)";
-  ftar_member *gone = a.m ? ftar_member_create("127.0.0.1", ftar_coord_port(d.c), 1, &mo) : NULL;
-  CHECK(a.m && gone && ftar_member_wait(a.m, 2, T(10)) == 0, "leave vs GO: members: %s", tr_error());
-  if (a.m && gone) {
+  ftar_member *gone;
+  if (stay_and_leaver(ftar_coord_port(d.c), &a.m, &gone, "leave vs GO")) {
     static float half_written[1000];
     for (int k = 0; k < 1000; k++) half_written[k] = 1.0f;
     CHECK(ftar_allreduce_start(gone, half_written, 1000, FTAR_SUM, 1, 100) == 0, "leave vs GO: start: %s",
@@ -2107,10 +2113,7 @@ static void test_member_leave_go(void) {
           (double)a.buf[0]);
     int seen = coord_log_has("its collective in flight");
     CHECK(seen, "leave vs GO: the coordinator saw a LEAVE mid-collective");
-    if (!seen) {
-      coord_log_dump("leave vs GO");
-      member_log_dump("leave vs GO");
-    }
+    if (!seen) leave_logs_dump("leave vs GO");
     CHECK(took < T(4), "leave vs GO: the other waited %.1f s for the member that left", took);
     printf("  leave vs GO: the other done %.0f ms after the leave\n", took * 1e3);
   }
