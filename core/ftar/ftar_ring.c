@@ -354,8 +354,10 @@ static int send_ready(const ring *g) {
 /* --- two members: the one-hop exchange ---
  * With p = 2 the ring's reduce-scatter and all-gather are two sequential
  * hops of half the bucket each, then the commit token a third. Instead
- * each member sends its whole bucket (saved frame by frame as it leaves,
- * as the ring saves its own segment) and adds the peer's into its own:
+ * each member sends its whole bucket and adds the peer's into its own
+ * (saving what it overwrites in the same pass, as the ring's reduce does;
+ * not also as it leaves, as the ring's own segment is, which copied every
+ * element twice):
  * the same bytes on each link, one hop instead of two, then the one token.
  * a + b and b + a are the same float, so both hold the same bits (MEAN:
  * both divide the sum by 2, as the ring's owner of a segment does). A
@@ -422,7 +424,7 @@ static void prep_data(ring *g, undo_log *u) {
   if (len > g->sF) len = g->sF;
   float *x = g->buf + off;
   uint32_t pcrc;
-  if (g->ss == 0 && g->rsteps > 0 && g->save) { /* our own segment, overwritten by the all-gather later: save it */
+  if (g->ss == 0 && g->rsteps > 0 && g->save && !g->exch) { /* our own segment, overwritten by the all-gather later: save it */
     pcrc = tr_crc32c_copy(0, g->save + off, x, len * sizeof(float));
     *undo_at(u, g->sb, c) += len;
   } else {
@@ -769,7 +771,7 @@ static int recv_payload_shm(ring *g, undo_log *u) {
   if (rx_reducing(g)) {
     size_t f0 = off + g->r_got / 4;
     g->r_crc = reduce_crc(g->r_crc, g->buf + f0, g->save ? g->save + f0 : NULL, (const float *)(const void *)src, k / 4);
-    if (!g->exch) *undo_at(u, g->rb, c) += k / 4;
+    *undo_at(u, g->rb, c) += k / 4;
   } else {
     g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);
   }
@@ -814,7 +816,7 @@ static int finish_frame(ring *g, undo_log *u) {
   } else if (rx_reducing(g)) {
     size_t len = g->rh.len / 4;
     pcrc = reduce_crc(0, g->buf + off, g->save ? g->save + off : NULL, m->stage, len);
-    if (!g->exch) *undo_at(u, g->rb, c) += len; /* the exchange saved the range as it sent it */
+    *undo_at(u, g->rb, c) += len;
   } else {
     pcrc = g->rh.len ? tr_crc32c(0, g->r_dst, g->rh.len) : 0;
   }
