@@ -414,9 +414,13 @@ int donor_catch_up(int fd, trainer *t, int64_t until) {
       if ((rc = trainer_grads_put(t, g)) || (rc = trainer_apply_grads(t, &st))) return rc;
       applied++;
       if (until > 0 && st.step >= until) {
-        /* drain the rest of this reply so the stream stays in step */
-        for (int64_t j = k + 1; j < count; j++)
-          if ((rc = net_recv_all(fd, g, bytes))) return rc;
+        /* drain the rest of this reply so the stream stays in step (the
+         * reader may hold some of it: small models' gradients) */
+        for (int64_t j = k + 1; j < count; j++) {
+          take = have < bytes ? have : bytes;
+          have -= take;
+          if ((rc = net_recv_all(fd, g, bytes - take))) return rc;
+        }
         return applied;
       }
     }
