@@ -149,6 +149,7 @@ static void outrun_wait(donor *d, int64_t from) {
 }
 
 /* Serves one joiner connection until it leaves. */
+#define SNAP_WAIT_S 60.0 /* the joiner's wait for the SNAP reply (donor_fetch_snapshot) */
 static void serve(donor *d, int fd) {
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
@@ -161,9 +162,16 @@ static void serve(donor *d, int fd) {
       pthread_mutex_lock(&d->mu);
       d->snap_req = 1;
       d->snap_ready = 0;
-      while (!d->snap_ready && !d->stop) pthread_cond_wait(&d->cv, &d->mu);
+      /* the joiner reads for SNAP_WAIT_S: a donor whose loop is held
+       * longer (its operator lost, say) frees the session for the next */
+      for (double end = tr_now() + SNAP_WAIT_S; !d->snap_ready && !d->stop && tr_now() < end;) cv_wait_10ms(d);
+      int ready = d->snap_ready;
       pthread_mutex_unlock(&d->mu);
       if (d->stop) break;
+      if (!ready) {
+        fprintf(stderr, "donor: no step boundary within %.0f s for a snapshot; ending the session\n", SNAP_WAIT_S);
+        break;
+      }
       if (proto_send(fd, "SNAP step=%lld opt_steps=%lld n=%lld", (long long)d->snap_step, (long long)d->snap_opt,
                      (long long)d->n) ||
           net_send_all(fd, d->snap, sizeof(float) * 3 * (size_t)d->n))
@@ -352,7 +360,8 @@ int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fdp, const
   trainer_buffers b;
   trainer_buffers_get(t, &b);
   int rc = proto_send(fd, "SNAP");
-  if (!rc) rc = proto_read(&r, line, sizeof line, 60000) == 1 ? 0 : tr_fail(TR_EIO, "donor: no snapshot");
+  if (!rc && proto_read(&r, line, sizeof line, (int)(SNAP_WAIT_S * 1000)) != 1)
+    rc = tr_fail(TR_EIO, "donor: no snapshot within %.0f s", SNAP_WAIT_S);
   if (!rc && (!proto_is(line, "SNAP") || proto_int(line, "n", -1) != b.n))
     rc = tr_fail(TR_EFORMAT, "donor: unexpected reply '%.80s' (model size %lld)", line, (long long)b.n);
   /* the reader may hold the first bytes of the payload */
