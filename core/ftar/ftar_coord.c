@@ -211,9 +211,14 @@ static void conn_drop(cconn *k) {
   free(k);
 }
 
-static void closing_write_cb(struct bufferevent *bev, void *arg) {
-  (void)bev;
-  conn_drop(arg);
+/* A closing connection's input (heartbeats sent before the peer read our
+ * BYE) is read and dropped: a close() that finds bytes unread resets the
+ * connection, and the reset discards what of the BYE the kernel has not
+ * sent yet (a slow link). */
+static void closing_read_cb(struct bufferevent *bev, void *arg) {
+  (void)arg;
+  struct evbuffer *in = bufferevent_get_input(bev);
+  evbuffer_drain(in, evbuffer_get_length(in));
 }
 
 static void closing_event_cb(struct bufferevent *bev, short what, void *arg) {
@@ -222,16 +227,26 @@ static void closing_event_cb(struct bufferevent *bev, short what, void *arg) {
   conn_drop(arg);
 }
 
-/* Sends REJECT or BYE with a reason, then closes once it is flushed (or after
- * the deadline if the peer does not read). */
+/* The BYE or REJECT is with the kernel: FIN after it, then wait (reading)
+ * for the peer's close, or the deadline. */
+static void closing_write_cb(struct bufferevent *bev, void *arg) {
+  cconn *k = arg;
+  shutdown(bufferevent_getfd(bev), SHUT_WR);
+  bufferevent_setcb(bev, closing_read_cb, NULL, closing_event_cb, k);
+  bufferevent_set_timeouts(bev, &k->c->deadline_tv, NULL);
+}
+
+/* Sends REJECT or BYE with a reason, then closes once it is flushed and
+ * the peer closed too (or after the deadline if the peer does not read or
+ * does not close). */
 static void conn_close_with(cconn *k, int type, int code, const char *reason) {
   ftar_hdr h = {.type = (uint16_t)type, .index = (uint32_t)code};
   size_t n = strlen(reason);
   h.len = (uint32_t)(n < FTAR_REASON_MAX ? n : FTAR_REASON_MAX);
   conn_send(k, &h, reason);
   k->state = CS_CLOSING;
-  bufferevent_disable(k->bev, EV_READ);
-  bufferevent_setcb(k->bev, NULL, closing_write_cb, closing_event_cb, k);
+  bufferevent_setcb(k->bev, closing_read_cb, closing_write_cb, closing_event_cb, k);
+  bufferevent_enable(k->bev, EV_READ);
   bufferevent_set_timeouts(k->bev, NULL, &k->c->deadline_tv);
 }
 
