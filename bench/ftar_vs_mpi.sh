@@ -14,6 +14,15 @@
 # and interleaving exposes all three to the same conditions. Then the
 # recovery time after kill -9 and SIGSTOP of one rank mid all-reduce.
 #
+# Placement: where the ranks fit the cores, both bind one per core (each
+# one's default). With more ranks than cores (4 on this 2-core machine),
+# PLACE=pinned (default) binds both round robin, ranks r and r+cores on a
+# core (FTAR --bind; OpenMPI --bind-to core:overload-allowed --map-by
+# core): unpinned, which ranks share a core changes from run to run, and
+# FTAR's ring, whose every hop waits for the next rank to get a core, moved
+# with it (4 ranks, 64 KiB, 6 runs each: unpinned 45-65 us, pinned 41-48;
+# OpenMPI 43-65 and 46-50). PLACE=free pins neither (mpirun's default then).
+#
 #   bench/ftar_vs_mpi.sh                    2 and 4 ranks, 4 KiB .. 256 MiB
 #   RANKS="2" SIZES=1M,16M REPEAT=1 bench/ftar_vs_mpi.sh
 #
@@ -27,6 +36,8 @@ SIZES=${SIZES:-4K,16K,64K,256K,1M,4M,16M,64M,256M}
 RANKS=${RANKS:-"2 4"}
 REPEAT=${REPEAT:-3}
 JOBS=${JOBS:-2}
+PLACE=${PLACE:-pinned}
+case "$PLACE" in pinned | free) ;; *) echo "ftar_vs_mpi.sh: PLACE must be pinned or free, not '$PLACE'" >&2; exit 2 ;; esac
 
 spec/apt_need.sh ftar_vs_mpi mpirun:openmpi-bin mpicc:libopenmpi-dev
 if [ ! -x "$BUILD/transom" ]; then
@@ -43,19 +54,27 @@ sizes_sp=${SIZES//,/ }
 echo "FTAR vs OpenMPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') MPI_Allreduce | float32 sum | 127.0.0.1 | $(nproc) CPUs | best of $REPEAT interleaved runs"
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for n in $RANKS; do
+  FB=() MB=() placed="one per core (both)"
+  if [ "$n" -gt "$(nproc)" ]; then
+    if [ "$PLACE" = pinned ]; then
+      FB=(--bind) MB=(--bind-to core:overload-allowed --map-by core) placed="$n ranks on $(nproc) cores, pinned round robin (both)"
+    else
+      FB=(--no-bind) placed="$n ranks on $(nproc) cores, not pinned (both)"
+    fi
+  fi
   for r in $(seq "$REPEAT"); do
-    "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp 2>/dev/null | grep '^ftar-bw' >>"$TMP/ftcp.$n" || true
+    "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp "${FB[@]}" 2>/dev/null | grep '^ftar-bw' >>"$TMP/ftcp.$n" || true
     # an even number >= 4 over TCP runs the grid: the flat ring beside it (--flat)
     if [ "$n" -ge 4 ] && [ $((n % 2)) = 0 ]; then
-      "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp --flat 2>/dev/null | grep '^ftar-bw' >>"$TMP/fring.$n" || true
+      "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp --flat "${FB[@]}" 2>/dev/null | grep '^ftar-bw' >>"$TMP/fring.$n" || true
     fi
-    "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" 2>/dev/null | grep '^ftar-bw' >>"$TMP/fshm.$n" || true
-    "${MPIRUN[@]}" -np "$n" --mca btl tcp,self --mca btl_tcp_if_include lo "$BUILD/mpi_allreduce" $sizes_sp 2>/dev/null \
+    "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" "${FB[@]}" 2>/dev/null | grep '^ftar-bw' >>"$TMP/fshm.$n" || true
+    "${MPIRUN[@]}" "${MB[@]}" -np "$n" --mca btl tcp,self --mca btl_tcp_if_include lo "$BUILD/mpi_allreduce" $sizes_sp 2>/dev/null \
       | grep '^mpi-bw' >>"$TMP/tcp.$n" || true
-    "${MPIRUN[@]}" -np "$n" "$BUILD/mpi_allreduce" $sizes_sp 2>/dev/null | grep '^mpi-bw' >>"$TMP/shm.$n" || true
+    "${MPIRUN[@]}" "${MB[@]}" -np "$n" "$BUILD/mpi_allreduce" $sizes_sp 2>/dev/null | grep '^mpi-bw' >>"$TMP/shm.$n" || true
   done
   echo
-  echo "$n ranks (busbw GB/s, best of $REPEAT)"
+  echo "$n ranks (busbw GB/s, best of $REPEAT; placement: $placed)"
   awk -v sizes="$SIZES" '
     function field(line, key,   i, a, kv) { n = split(line, a, " "); for (i = 1; i <= n; i++) { split(a[i], kv, "="); if (kv[1] == key) return kv[2] } return "" }
     function human(b) { if (b >= 1048576) return (b / 1048576) " MiB"; if (b >= 1024) return (b / 1024) " KiB"; return b " B" }
