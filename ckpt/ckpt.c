@@ -269,7 +269,7 @@ struct ckpt_engine {
   ckpt_stats stats;
   uint64_t seq;
   const tr_backend *dev; /* NULL: registered tensors are host memory */
-  int pinned[2];
+  int pinned[2]; /* 1 page-locked, -1 could not be (used unpinned), 0 not tried yet */
   /* pacing: a checkpoint's CPU (copy + commit threads) spread so that the
    * engine uses at most cpu_share of the machine; no snapshot is taken
    * before rest_until (ckpt_flush ends the rest) */
@@ -777,7 +777,10 @@ int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const i
 
 /* Staging buffers, map size, threads. A failure leaves what was done in
  * place (freed by ckpt_close) and the next snapshot picks up from there:
- * nothing is allocated or pinned twice. */
+ * nothing is allocated or pinned twice. A buffer that cannot be pinned
+ * (page-locked memory is limited: ulimit -l, a container's cap) is used
+ * unpinned: device copies into it are slower and wait for the host, but
+ * they work; stats.unpinned counts such buffers, and it is not tried again. */
 static int start(ckpt_engine *e) {
   int nbuf = e->o.busy == CKPT_COALESCE ? 1 : 2;
   for (int i = 0; i < nbuf; i++) {
@@ -788,10 +791,14 @@ static int start(ckpt_engine *e) {
   if (e->dev && !e->dev->host_memory && e->dev->ckpt_pin)
     for (int i = 0; i < nbuf; i++) {
       if (e->pinned[i]) continue;
-      if (e->dev->ckpt_pin(e->buf[i].data, e->total ? e->total : 64))
-        return tr_fail(TR_EIO, "pinning a checkpoint staging buffer (%llu bytes): %s", (unsigned long long)e->total,
-                       e->dev->error());
-      e->pinned[i] = 1;
+      int ok = e->dev->ckpt_pin(e->buf[i].data, e->total ? e->total : 64) == 0;
+      e->pinned[i] = ok ? 1 : -1;
+      if (!ok) {
+        pthread_mutex_lock(&e->mu);
+        e->stats.unpinned++;
+        snprintf(e->stats.unpinned_why, sizeof e->stats.unpinned_why, "%s", e->dev->error());
+        pthread_mutex_unlock(&e->mu);
+      }
     }
   size_t map = e->o.map_bytes;
   if (map == 0) map = (size_t)(e->total + (e->total >> 3) + (1 << 20)) * (size_t)(e->o.keep_last + 2) + (16u << 20);
@@ -960,7 +967,7 @@ void ckpt_close(ckpt_engine *e) {
   }
   if (e->env) mdb_env_close(e->env);
   for (int i = 0; i < 2; i++) {
-    if (e->pinned[i] && e->dev->ckpt_unpin) e->dev->ckpt_unpin(e->buf[i].data);
+    if (e->pinned[i] == 1 && e->dev->ckpt_unpin) e->dev->ckpt_unpin(e->buf[i].data);
     tr_free_aligned(e->buf[i].data);
   }
   free(e->t);

@@ -364,10 +364,10 @@ static int fake_download(void *dst, const void *src, size_t bytes) {
 }
 static int fake_nothing(void) { return TR_OK; }
 
-/* Device staging: a pin that fails is retried at the next snapshot on
- * the same buffers (nothing leaks, nothing stays pinned after close); a
- * backend without side-stream copies is read through its download; a failed
- * device copy is an event and commits nothing. */
+/* Device staging: a staging buffer that cannot be pinned is used unpinned
+ * (the snapshot commits, stats say so, no second try; nothing stays pinned
+ * after close); a backend without side-stream copies is read through its
+ * download; a failed device copy is an event and commits nothing. */
 static void test_device_staging(void) {
   char dir[256];
   enum { N = 1000 };
@@ -387,18 +387,30 @@ static void test_device_staging(void) {
   fill(a, N, 1);
   ckpt_state s = {.step = 1, .config_hash = 7};
   int rc = ckpt_snapshot(e, &s);
-  CHECK(rc < 0 && strstr(tr_error(), "pinning") && strstr(tr_error(), "fake device error"),
-        "a failed pin fails the snapshot, saying why: %d %s", rc, tr_error());
+  CHECK(rc >= 0, "a staging buffer that cannot be pinned does not fail the snapshot: %d %s", rc, tr_error());
+  ckpt_flush(e);
+  ckpt_stats st;
+  ckpt_get_stats(e, &st);
+  CHECK(st.committed == 1 && st.unpinned == 1 && strstr(st.unpinned_why, "fake device error"),
+        "it commits, unpinned, and the stats say why (committed %llu, unpinned %d: %s)",
+        (unsigned long long)st.committed, st.unpinned, st.unpinned_why);
   s.step = 2;
   fill(a, N, 2);
   rc = ckpt_snapshot(e, &s);
-  CHECK(rc >= 0, "the next snapshot retries the pin: %s", tr_error());
+  CHECK(rc >= 0, "the next snapshot: %s", tr_error());
   ckpt_flush(e);
-  CHECK(fake.pins == 2, "two staging buffers pinned in all, got %d pin calls", fake.pins);
+  CHECK(fake.pin_calls == 2 && fake.pins == 1, "one buffer pinned, the other not tried again (%d calls, %d pinned)",
+        fake.pin_calls, fake.pins);
   CHECK(fake.copies >= 1 && fake.downloads == 0, "copies through ckpt_copy (%d)", fake.copies);
   ckpt_close(e);
   CHECK(fake.npin == 0, "%d staging buffer(s) left pinned after close", fake.npin);
   CHECK(newest(dir) == 2, "step 2 committed (newest %lld)", (long long)newest(dir));
+  {
+    ckpt_reader *rd = ckpt_reader_open(dir);
+    CHECK(rd && ckpt_reader_read(rd, 1, "param/a", a, sizeof(float) * N) == 0 && holds_step(a, N, 1),
+          "step 1, copied into an unpinned buffer, holds its values: %s", tr_error());
+    ckpt_reader_close(rd);
+  }
 
   store_path(dir, sizeof dir, "dev-download");
   memset(&fake, 0, sizeof fake);
