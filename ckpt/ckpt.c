@@ -451,11 +451,24 @@ static int commit(ckpt_engine *e, stage_buf *b) {
   return rc;
 }
 
+/* Read slots of processes that died in a read transaction (`transom ckpt
+ * verify` interrupted, a replica killed while it loaded) pin the snapshot
+ * they read: LMDB reuses no page freed after it, so a fixed map fills up
+ * ("store full") and an automatic one grows by a checkpoint a commit. LMDB
+ * clears them only when a process opens the store first, or when the one
+ * that dies held the write lock; a scan of the reader table does it. */
+static void clear_stale_readers(MDB_env *env) {
+  int dead = 0;
+  if (mdb_reader_check(env, &dead) == 0 && dead > 0)
+    fprintf(stderr, "checkpoint: cleared %d read slot(s) of processes that died reading the store\n", dead);
+}
+
 static int commit_once(ckpt_engine *e, stage_buf *b) {
   ckpt_tensor_info *info = malloc(sizeof *info * (size_t)(e->nt ? e->nt : 1));
   if (!info) return tr_fail(TR_ENOMEM, "out of memory committing a checkpoint");
   MDB_txn *txn = NULL;
   mdb_last = 0;
+  clear_stale_readers(e->env);
   pthread_mutex_lock(&e->map_mu); /* txn_begin may adopt a map grown elsewhere */
   int mrc = txn_begin(e->env, 0, &txn, 1), rc;
   pthread_mutex_unlock(&e->map_mu);
@@ -718,6 +731,7 @@ ckpt_engine *ckpt_open(const ckpt_opts *o) {
     e->env = NULL;
     goto fail;
   }
+  clear_stale_readers(e->env);
   MDB_txn *txn;
   if ((rc = txn_begin(e->env, 0, &txn, 1)) || (rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &e->man)) ||
       (rc = mdb_dbi_open(txn, "data", MDB_CREATE, &e->data)) || (rc = mdb_txn_commit(txn))) {
@@ -1039,6 +1053,7 @@ ckpt_reader *ckpt_reader_open(const char *dir) {
   int rc = mdb_env_create(&r->env);
   if (!rc) mdb_env_set_maxdbs(r->env, 4);
   if (!rc) rc = mdb_env_open(r->env, dir, MDB_RDONLY, 0644);
+  if (!rc) clear_stale_readers(r->env);
   if (!rc) rc = txn_begin(r->env, MDB_RDONLY, &txn, 1);
   if (!rc) rc = mdb_dbi_open(txn, "manifest", 0, &r->man);
   if (!rc) rc = mdb_dbi_open(txn, "data", 0, &r->data);

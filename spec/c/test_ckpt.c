@@ -28,6 +28,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -250,6 +251,65 @@ static void test_full_store(void) {
   }
   ckpt_reader_close(r);
   free(a);
+}
+
+/* A process killed inside a read transaction (`transom ckpt verify`
+ * interrupted, a replica killed while it loads) leaves its read slot
+ * behind; the writer must clear it, or the snapshot the slot pins keeps
+ * every page freed since from reuse: a fixed map fills up ("store full")
+ * and an automatic one grows by a checkpoint per commit. */
+static void test_stale_reader(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "stale-reader");
+  enum { N = 1 << 18 }; /* 1 MiB a checkpoint */
+  for (int fixed = 1; fixed >= 0; fixed--) {
+    char d2[300];
+    snprintf(d2, sizeof d2, "%s-%s", dir, fixed ? "fixed" : "auto");
+    ckpt_engine *e = open_engine(d2, 1, 0, CKPT_COALESCE, fixed ? 6u << 20 : 0);
+    if (!e) return;
+    float *a = malloc(sizeof(float) * N);
+    int64_t d[1] = {N};
+    ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+    int ok = 0;
+    char why[256] = "";
+    for (int64_t step = 1; step <= 20; step++) {
+      if (step == 2) { /* a reader of step 1 dies holding its read transaction */
+        pid_t p = fork();
+        if (p == 0) {
+          MDB_env *env;
+          MDB_txn *t;
+          if (mdb_env_create(&env) || mdb_env_set_maxdbs(env, 4) || mdb_env_open(env, d2, MDB_RDONLY, 0644) ||
+              mdb_txn_begin(env, NULL, MDB_RDONLY, &t))
+            _exit(3);
+          kill(getpid(), SIGKILL);
+        }
+        int status = 0;
+        waitpid(p, &status, 0);
+        CHECK(WIFSIGNALED(status), "the reader child died in its read transaction (status %d)", status);
+      }
+      fill(a, N, step);
+      ckpt_state s = {.step = step};
+      ckpt_snapshot(e, &s);
+      ckpt_wait_copy(e);
+      ckpt_flush(e);
+      ckpt_event ev;
+      while (ckpt_poll(e, &ev)) {
+        if (ev.ok) ok++;
+        else snprintf(why, sizeof why, "%s", ev.what);
+      }
+    }
+    ckpt_close(e);
+    char path[400];
+    snprintf(path, sizeof path, "%s/data.mdb", d2);
+    struct stat st;
+    CHECK(stat(path, &st) == 0, "%s exists", path);
+    CHECK(ok == 20, "%s map: all 20 commits past a dead reader (ok %d; last failure: %s)",
+          fixed ? "a fixed" : "the automatic", ok, why);
+    CHECK(st.st_size <= (off_t)(8u << 20), "%s map: the store stays near keep_last = 1 (data.mdb %lld bytes)",
+          fixed ? "a fixed" : "the automatic", (long long)st.st_size);
+    CHECK(newest(d2) == 20, "step 20 is the newest (%lld)", (long long)newest(d2));
+    free(a);
+  }
 }
 
 /* The child: snapshots forever, a new step every iteration. */
@@ -992,6 +1052,7 @@ int main(void) {
   test_lazy_copy_and_retention();
   test_corruption();
   test_full_store();
+  test_stale_reader();
   test_kill9();
   test_unwritable();
   test_device_staging();
