@@ -208,6 +208,20 @@ static int txn_begin(MDB_env *env, unsigned flags, MDB_txn **txn, int remap) {
   return rc;
 }
 
+/* Every key of the manifest database, read once: a damaged page of the
+ * list of checkpoints shows here (opening the databases reads none of
+ * it). 0, or LMDB's code. */
+static int manifest_walk(MDB_txn *txn, MDB_dbi man) {
+  MDB_cursor *c;
+  int rc = mdb_cursor_open(txn, man, &c);
+  if (rc) return rc;
+  MDB_val k, v;
+  for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+  }
+  mdb_cursor_close(c);
+  return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
 /* Deletes every data chunk and the manifest of `step` inside txn. */
 static int delete_step(MDB_txn *txn, MDB_dbi man, MDB_dbi data, int64_t step) {
   uint8_t k[16];
@@ -414,6 +428,7 @@ static int apply_retention(ckpt_engine *e, MDB_txn *txn) {
     steps[n++] = (int64_t)get_be64(k2.mv_data);
   }
   mdb_cursor_close(c);
+  if (!rc && mrc != MDB_NOTFOUND) rc = mdb_fail(mrc, "listing checkpoints for retention"); /* a damaged page */
   for (int i = 0; i < n - e->o.keep_last && !rc; i++) {
     if (e->o.keep_every > 0 && steps[i] % e->o.keep_every == 0) continue;
     rc = delete_step(txn, e->man, e->data, steps[i]);
@@ -732,10 +747,17 @@ ckpt_engine *ckpt_open(const ckpt_opts *o) {
     goto fail;
   }
   clear_stale_readers(e->env);
-  MDB_txn *txn;
-  if ((rc = txn_begin(e->env, 0, &txn, 1)) || (rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &e->man)) ||
-      (rc = mdb_dbi_open(txn, "data", MDB_CREATE, &e->data)) || (rc = mdb_txn_commit(txn))) {
-    mdb_fail(rc, "opening the checkpoint databases");
+  MDB_txn *txn = NULL;
+  if (!(rc = txn_begin(e->env, 0, &txn, 1)) && !(rc = mdb_dbi_open(txn, "manifest", MDB_CREATE, &e->man)) &&
+      !(rc = manifest_walk(txn, e->man)) && !(rc = mdb_dbi_open(txn, "data", MDB_CREATE, &e->data))) {
+    rc = mdb_txn_commit(txn); /* frees txn, committed or not */
+    txn = NULL;
+  }
+  if (txn) mdb_txn_abort(txn); /* not left holding the write lock */
+  if (rc) {
+    mdb_fail(rc, rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND
+                     ? "opening the checkpoint databases (the list of checkpoints is damaged)"
+                     : "opening the checkpoint databases");
     goto fail;
   }
   return e;
@@ -1021,6 +1043,7 @@ int ckpt_store_damaged(const char *dir) {
   int rc = mdb_env_open(env, dir, MDB_RDONLY, 0644);
   if (!rc) rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
   if (!rc) rc = mdb_dbi_open(txn, "manifest", 0, &dbi);
+  if (!rc) rc = manifest_walk(txn, dbi);
   if (!rc) rc = mdb_dbi_open(txn, "data", 0, &dbi);
   if (txn) mdb_txn_abort(txn);
   mdb_env_close(env);
@@ -1117,6 +1140,8 @@ static int local_steps(ckpt_reader *r, int64_t *steps, int cap) {
     if (k.mv_size == 8) steps[n++] = (int64_t)get_be64(k.mv_data);
   mdb_cursor_close(c);
   mdb_txn_abort(txn);
+  if (rc != 0 && rc != MDB_NOTFOUND) /* a damaged page: not "fewer checkpoints" */
+    return mdb_fail(rc, "reading checkpoints (the store's list of checkpoints is damaged)");
   for (int i = 0; i < n / 2; i++) {
     int64_t x = steps[i];
     steps[i] = steps[n - 1 - i];

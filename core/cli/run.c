@@ -329,8 +329,9 @@ static int open_run(lua_State *L, run_ctx *r, char **dump, int *resume) {
     char report[4096] = "";
     int64_t newest;
     ckpt_reader *rd = ckpt_engine_reader(r->ck);
-    if (!rd) rc = TR_EIO;
-    else if (ckpt_reader_steps(rd, &newest, 1) <= 0) *resume = 0; /* killed before its first checkpoint */
+    int n = rd ? ckpt_reader_steps(rd, &newest, 1) : TR_EIO;
+    if (n < 0) rc = n; /* a store that cannot be listed is not an empty one: never a silent step 0 */
+    else if (n == 0) *resume = 0; /* killed before its first checkpoint */
     else rc = trainer_ckpt_load(r->t, rd, -1, report, sizeof report);
     ckpt_reader_close(rd);
     if (report[0]) fputs(report, stderr);

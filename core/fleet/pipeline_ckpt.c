@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "util.h"
 
@@ -54,15 +55,18 @@ int pipe_ckpt_load(ckpt_engine *ck, trainer *t, int stage, int64_t step) {
   return rc ? tr_fail_prefix(rc, "stage %d: loading the checkpoint of step %lld", stage, (long long)step) : TR_OK;
 }
 
-/* The committed steps of stage K's store (ascending), or 0 of them. */
+/* The committed steps of stage K's store (ascending): how many, 0 with
+ * no store, or an error (a store whose list cannot be read is not an
+ * empty one: resuming from step 0 would throw its checkpoints away). */
 static int store_steps(const char *run, int stage, int64_t *steps, int cap) {
   char path[1200];
   store_path(path, sizeof path, run, stage);
+  if (access(path, F_OK) != 0) return 0; /* no store: nothing committed */
   ckpt_reader *r = ckpt_reader_open(path);
-  if (!r) return 0; /* no store: nothing committed */
+  if (!r) return tr_fail_prefix(TR_EIO, "%s", path);
   int n = ckpt_reader_steps(r, steps, cap);
   ckpt_reader_close(r);
-  return n > 0 ? n : 0;
+  return n < 0 ? tr_fail_prefix(n, "%s", path) : n;
 }
 
 int pipe_ckpt_common_step(const char *run, int S, int64_t *step) {
@@ -73,9 +77,14 @@ int pipe_ckpt_common_step(const char *run, int S, int64_t *step) {
     free(other);
     return tr_fail(TR_ENOMEM, "out of memory");
   }
-  int n = store_steps(run, 0, mine, MAX_STEPS);
+  int n = store_steps(run, 0, mine, MAX_STEPS), rc = n < 0 ? n : TR_OK;
   for (int k = 1; k < S && n > 0; k++) { /* keep the steps every store has */
     int m = store_steps(run, k, other, MAX_STEPS), kept = 0;
+    if (m < 0) {
+      rc = m;
+      n = 0;
+      break;
+    }
     for (int i = 0, j = 0; i < n && j < m;) {
       if (mine[i] == other[j]) mine[kept++] = mine[i], i++, j++;
       else if (mine[i] < other[j]) i++;
@@ -86,7 +95,7 @@ int pipe_ckpt_common_step(const char *run, int S, int64_t *step) {
   if (n > 0) *step = mine[n - 1];
   free(mine);
   free(other);
-  return TR_OK;
+  return rc;
 }
 
 /* --- the plan the checkpoints were taken with --- */

@@ -118,8 +118,9 @@ static void test_lazy_copy_and_retention(void) {
   free(b);
 }
 
-/* Flips one byte of `name` in checkpoint `step` of the store, on disk. */
-static int flip_tensor_byte(const char *dir, int64_t step, uint32_t tensor, size_t at, int manifest) {
+/* The offset in data.mdb of the value of tensor `tensor` (or of the
+ * manifest) of checkpoint `step`, in *off; 0 or -1. */
+static int value_offset(const char *dir, int64_t step, uint32_t tensor, int manifest, off_t *off) {
   MDB_env *env;
   MDB_txn *txn;
   MDB_dbi dbi;
@@ -151,11 +152,18 @@ static int flip_tensor_byte(const char *dir, int64_t step, uint32_t tensor, size
       base = lo;
   }
   if (maps) fclose(maps);
-  off_t off = (off_t)((uintptr_t)v.mv_data - base) + (off_t)at;
+  *off = (off_t)((uintptr_t)v.mv_data - base);
   if (!base) rc = -1;
   mdb_txn_abort(txn);
   mdb_env_close(env);
-  if (rc) return -1;
+  return rc ? -1 : 0;
+}
+
+/* Flips one byte of `name` in checkpoint `step` of the store, on disk. */
+static int flip_tensor_byte(const char *dir, int64_t step, uint32_t tensor, size_t at, int manifest) {
+  off_t off;
+  if (value_offset(dir, step, tensor, manifest, &off)) return -1;
+  off += (off_t)at;
   char path[300];
   snprintf(path, sizeof path, "%s/data.mdb", dir);
   int fd = open(path, O_RDWR);
@@ -166,6 +174,52 @@ static int flip_tensor_byte(const char *dir, int64_t step, uint32_t tensor, size
   fsync(fd);
   close(fd);
   return ok ? 0 : -1;
+}
+
+/* A damaged page of the list of checkpoints (the manifest database's
+ * leaf) is an error everywhere, never "no checkpoints": a resume that took
+ * it for an empty store would start from step 0 and overwrite the run. */
+static void test_damaged_list(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "damaged-list");
+  ckpt_engine *e = open_engine(dir, 5, 0, CKPT_COALESCE, 0);
+  if (!e) return;
+  enum { N = 1000 };
+  float *a = malloc(sizeof(float) * N);
+  int64_t d[1] = {N};
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  for (int64_t step = 10; step <= 30; step += 10) {
+    fill(a, N, step);
+    ckpt_state s = {.step = step};
+    ckpt_snapshot(e, &s);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+  }
+  ckpt_close(e);
+  free(a);
+  CHECK(ckpt_store_damaged(dir) == 0, "an intact store is not damaged");
+  /* the page holding step 30's manifest: its header's flags (bytes 10-11,
+   * after the page number and a pad) zeroed, an invalid page type */
+  off_t off;
+  CHECK(value_offset(dir, 30, 0, 1, &off) == 0, "could not find step 30's manifest on disk");
+  char path[300];
+  snprintf(path, sizeof path, "%s/data.mdb", dir);
+  int fd = open(path, O_RDWR);
+  long page = sysconf(_SC_PAGESIZE);
+  uint8_t zero[2] = {0, 0};
+  CHECK(fd >= 0 && pwrite(fd, zero, 2, off / page * page + 10) == 2, "could not damage the page");
+  if (fd >= 0) close(fd);
+  ckpt_reader *r = ckpt_reader_open(dir);
+  int64_t steps[8];
+  int n = r ? ckpt_reader_steps(r, steps, 8) : -1;
+  CHECK(n < 0 && strstr(tr_error(), "damaged"), "listing a damaged list is an error, not %d checkpoint(s): %s", n,
+        tr_error());
+  ckpt_reader_close(r);
+  CHECK(ckpt_store_damaged(dir) == 1, "ckpt_store_damaged sees the damaged list (so a remote level can take over)");
+  ckpt_opts o = {dir, 0, 5, 0, CKPT_COALESCE};
+  e = ckpt_open(&o);
+  CHECK(e == NULL && strstr(tr_error(), "damaged"), "opening the engine on it fails, saying why: %s", tr_error());
+  ckpt_close(e);
 }
 
 static void test_corruption(void) {
@@ -1052,6 +1106,7 @@ int main(void) {
   test_lazy_copy_and_retention();
   test_corruption();
   test_full_store();
+  test_damaged_list();
   test_stale_reader();
   test_kill9();
   test_unwritable();
