@@ -63,11 +63,21 @@ static int fsync_dir(const char *dir) {
 
 /* --- preparing a store --- */
 
+/* This host's name as temporaries carry it: '.' and '/' as '_', so that
+ * the name's dots cannot be taken for the separators around it. */
+static void temp_host(char *host, size_t n) {
+  host[0] = 0;
+  gethostname(host, n - 1);
+  host[n - 1] = 0;
+  for (char *p = host; *p; p++)
+    if (*p == '.' || *p == '/') *p = '_';
+}
+
 /* Removes .tmp-step-N.HOST.PID files of this host whose process is gone
  * (a replicator killed mid-copy). Others' are left to them. */
 static void remove_stale(const char *dir) {
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
+  char host[256];
+  temp_host(host, sizeof host);
   DIR *d = opendir(dir);
   struct dirent *de;
   while (d && (de = readdir(d))) {
@@ -103,10 +113,8 @@ int remote_prepare(const char *dir) {
 
 int remote_begin(remote_file *f, const char *dir, int64_t step, const void *manifest, size_t mlen, double rate) {
   memset(f, 0, sizeof *f);
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
-  for (char *p = host; *p; p++)
-    if (*p == '.' || *p == '/') *p = '_';
+  char host[256];
+  temp_host(host, sizeof host);
   snprintf(f->dir, sizeof f->dir, "%s", dir);
   snprintf(f->tmp, sizeof f->tmp, "%s/.tmp-step-%lld.%s.%ld", dir, (long long)step, host, (long)getpid());
   step_path(f->final, sizeof f->final, dir, step);

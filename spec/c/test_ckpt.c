@@ -8,23 +8,30 @@
  * - a flipped manifest byte;
  * - a full store (LMDB map size): the commit fails cleanly, older
  *   checkpoints stay loadable, the engine keeps working;
+ * - a damaged page of the list of checkpoints: an error everywhere, never
+ *   "no checkpoints";
+ * - a reader killed inside its read transaction: its slot is cleared, the
+ *   store neither fills up nor grows;
  * - kill -9 of a writing process at 20 random moments: the newest committed
  *   checkpoint always verifies and holds exactly its step's data;
  * - unwritable directories: a clear error, no crash;
  * - the map grown by another process's commit (MDB_MAP_RESIZED): a reader
  *   and an engine opened before it adopt the new size;
- * - device staging through a fake backend's hooks: a failed pin is retried
- *   without leaking or leaving buffers pinned, a backend without side-stream
+ * - device staging through a fake backend's hooks: a buffer that cannot be
+ *   pinned is used unpinned, nothing left pinned, a backend without side-stream
  *   copies is read with download, a failed copy is an event, never a commit;
  * - the remote level: replication and retention there; resume with the
  *   local store deleted, with its copy corrupt, with both copies of the
  *   newest corrupt; kill -9 of a replicating process mid-copy leaves no half
- *   checkpoint published, and its temporary is cleaned up.
+ *   checkpoint published, and its temporary is cleaned up (also on a host
+ *   whose name has dots, in a UTS namespace of its own).
  */
+#define _GNU_SOURCE /* unshare, CLONE_NEWUTS */
 #include <errno.h>
 #include <stdint.h>
 #include <fcntl.h>
 #include <lmdb.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -957,6 +964,45 @@ static void test_remote_kill9(void) {
   free(a);
 }
 
+/* The same on a host whose name has dots (node1.example.com): the
+ * temporary's name carries it as node1_example_com, and preparing the
+ * store must still recognise it as this host's. Run in a UTS namespace of
+ * its own (root only: skipped, saying so, elsewhere). */
+static void test_remote_stale_dotted_host(void) {
+  char dir[256], remote[256];
+  store_path(dir, sizeof dir, "dotted-local");
+  store_path(remote, sizeof remote, "dotted-remote");
+  pid_t child = fork();
+  if (child == 0) {
+    const char *name = "node1.example.com";
+    if (unshare(CLONE_NEWUTS) != 0 || sethostname(name, strlen(name)) != 0) _exit(77);
+    pid_t w = fork();
+    if (w == 0) replicating_child(dir, remote, 1);
+    int seen = 0;
+    for (int i = 0; i < 30000 && !seen; i++) { /* bounded: 30 s */
+      seen = temp_in(remote);
+      if (!seen) usleep(1000);
+    }
+    kill(w, SIGKILL);
+    waitpid(w, NULL, 0);
+    if (!seen || !temp_in(remote)) _exit(78); /* the kill missed the copy: nothing to clean */
+    ckpt_engine *e = open_remote_engine(dir, remote, 0, 2);
+    int left = temp_in(remote);
+    ckpt_close(e);
+    _exit(left ? 1 : 0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code == 77) {
+    printf("remote temporaries on a dotted host name: skipped (no UTS namespace: not root)\n");
+    return;
+  }
+  CHECK(code != 78, "the replicator was killed mid-copy on the dotted host");
+  CHECK(code == 0, "a dead replicator's temporary on host node1.example.com is removed when the store is prepared "
+                   "(child exit %d)", code);
+}
+
 /* keep_every keeps steps beyond the keep_last + 2 an automatic map
  * (map_bytes 0) is sized for: the map grows when it fills, every commit
  * succeeds and every kept step reads back. */
@@ -1116,6 +1162,7 @@ int main(void) {
   test_pacing();
   test_remote_levels();
   test_remote_kill9();
+  test_remote_stale_dotted_host();
   test_many_steps();
   test_map_grows();
   test_remote_size_wrap();
