@@ -1031,6 +1031,93 @@ struct ckpt_reader {
  * is an engine's whose writer thread runs (it may be inside a transaction). */
 static int may_remap(const ckpt_reader *r) { return !r->borrowed || !r->engine->threads_started; }
 
+/* The local part of ckpt_store_drop_after: the steps after step, deleted
+ * in one write transaction; how many (ascending in *out, malloc'd), or an
+ * error. */
+static int local_drop_after(const char *dir, int64_t step, int64_t **out) {
+  *out = NULL;
+  char path[1100];
+  snprintf(path, sizeof path, "%s/data.mdb", dir);
+  if (access(path, F_OK) != 0) return 0;
+  MDB_env *env;
+  MDB_txn *txn = NULL;
+  MDB_dbi man, data;
+  int rc = mdb_env_create(&env), n = 0, none = 0;
+  if (rc) return mdb_fail(rc, dir);
+  mdb_env_set_maxdbs(env, 4);
+  if (!(rc = mdb_env_open(env, dir, 0, 0644))) {
+    clear_stale_readers(env);
+    rc = txn_begin(env, 0, &txn, 1);
+  }
+  if (!rc) rc = mdb_dbi_open(txn, "manifest", 0, &man);
+  if (!rc) rc = mdb_dbi_open(txn, "data", 0, &data);
+  if (rc == MDB_NOTFOUND) rc = 0, none = 1; /* no databases yet: nothing committed */
+  int64_t *steps = NULL;
+  int cap = 0;
+  if (!rc && !none) {
+    MDB_cursor *c;
+    uint8_t kb[8];
+    put_be64(kb, (uint64_t)step + 1);
+    MDB_val k = {8, kb}, v;
+    if (!(rc = mdb_cursor_open(txn, man, &c))) {
+      for (rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE); rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        if (k.mv_size != 8) continue;
+        if (n == cap) {
+          int64_t *ns = realloc(steps, sizeof *ns * (size_t)(cap = cap ? cap * 2 : 64));
+          if (!ns) break;
+          steps = ns;
+        }
+        steps[n++] = (int64_t)get_be64(k.mv_data);
+      }
+      mdb_cursor_close(c);
+    }
+  }
+  int trc = rc == 0 || rc == MDB_NOTFOUND ? TR_OK : mdb_fail(rc, "listing the checkpoints to drop");
+  if (!trc && rc == 0 && !none) trc = tr_fail(TR_ENOMEM, "out of memory listing the checkpoints to drop");
+  for (int i = 0; i < n && !trc; i++) trc = delete_step(txn, man, data, steps[i]);
+  if (txn && !trc) {
+    if ((rc = mdb_txn_commit(txn))) trc = mdb_fail(rc, "dropping checkpoints");
+    txn = NULL;
+  }
+  if (txn) mdb_txn_abort(txn);
+  mdb_env_close(env);
+  if (trc) {
+    free(steps);
+    return tr_fail_prefix(trc, "checkpoint store '%s'", dir);
+  }
+  *out = steps;
+  return n;
+}
+
+int ckpt_store_drop_after(const char *dir, const char *remote, int64_t step, int64_t *first) {
+  int64_t *l = NULL, *r = malloc(sizeof *r * 4096);
+  int nr = 0, rc = r ? TR_OK : tr_fail(TR_ENOMEM, "out of memory");
+  if (!rc && remote && remote[0]) {
+    int all = remote_steps(remote, r, 4096);
+    if (all < 0) rc = all;
+    for (int i = 0; i < all; i++)
+      if (r[i] > step) r[nr++] = r[i];
+  }
+  int nl = rc ? 0 : local_drop_after(dir, step, &l);
+  if (nl < 0) rc = nl;
+  if (!rc && remote && remote[0]) {
+    int k = remote_drop_after(remote, step);
+    if (k < 0) rc = k;
+  }
+  /* the union of the two ascending lists: a step both levels held counts once */
+  int n = 0;
+  *first = -1;
+  for (int i = 0, j = 0; !rc && (i < nl || j < nr); n++) {
+    int64_t v = j >= nr || (i < nl && l[i] <= r[j]) ? l[i] : r[j];
+    if (*first < 0) *first = v;
+    if (i < nl && l[i] == v) i++;
+    if (j < nr && r[j] == v) j++;
+  }
+  free(l);
+  free(r);
+  return rc ? rc : n;
+}
+
 int ckpt_store_damaged(const char *dir) {
   char path[1100];
   snprintf(path, sizeof path, "%s/data.mdb", dir);

@@ -55,6 +55,8 @@ void remote_abandon(remote_file *f);
 int remote_steps(const char *dir, int64_t *steps, int cap);
 /* Removes all but the newest keep_last (and multiples of keep_every). */
 int remote_retain(const char *dir, int keep_last, int keep_every);
+/* Removes the published steps after step; how many, or an error. */
+int remote_drop_after(const char *dir, int64_t step);
 
 /* A published checkpoint mapped read-only: the manifest's raw bytes (for
  * ckpt_manifest_decode) and the tensors' bytes after them. Nothing is

@@ -238,6 +238,21 @@ int remote_retain(const char *dir, int keep_last, int keep_every) {
   return rc;
 }
 
+int remote_drop_after(const char *dir, int64_t step) {
+  int64_t *steps;
+  int n = remote_list(dir, &steps), rc = n < 0 ? n : TR_OK, removed = 0;
+  for (int i = 0; i < n; i++) {
+    if (steps[i] <= step) continue;
+    char path[2048];
+    step_path(path, sizeof path, dir, steps[i]);
+    if (unlink(path) == 0) removed++;
+    else if (errno != ENOENT) rc = tr_fail(TR_EIO, "removing '%s': %s", path, strerror(errno));
+  }
+  free(steps);
+  if (removed && !rc) rc = fsync_dir(dir);
+  return rc ? rc : removed;
+}
+
 /* --- reading one checkpoint --- */
 
 int remote_has(const char *dir, int64_t step) {

@@ -1,7 +1,7 @@
 -- promises_spec.lua — what the README promises of a live multi-replica job
 -- that no other spec checks: the actions `skip_update` and `checkpoint_now`
 -- decided by a rule on a live job and what they visibly do, the batch that
--- a rollback skips, `min_replicas`, the restart policy's limits and backoff
+-- a rollback skips and the checkpoints it drops, `min_replicas`, the restart policy's limits and backoff
 -- driven by `transom chaos RUN kill 1`, and the default job
 -- (examples/fortunes.lua, what the README's first command runs).
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
@@ -234,6 +234,53 @@ function A.mark_rollback(a) return { action = "rollback", step = a.step - 1 } en
       end
     end
   end)
+  it("a rollback drops the checkpoints it abandons: a restart after it resumes the new timeline, not the old", function()
+    if not have_corpus then return skip() end
+    -- at step 75 a made-up anomaly rolls back to step 20; the store then
+    -- held 20..70 (every 10, keep_last 10): 30..70 belong to the timeline
+    -- the rollback abandons. A replica killed a few steps into the new one
+    -- (on_failure = restart_all: every replica reloads the newest) must
+    -- resume at most where the new timeline got, not at the old step 70.
+    local pol = policies("pol-rollback-drop", [[
+function R.test_mark(w, fleet, state)
+  if w.id ~= 0 or w.step == nil or w.step < 75 or state.mark then return nil end
+  state.mark = true
+  return { kind = "mark_far_rollback", severity = "warning", detail = "made up at step " .. w.step }
+end]], [[
+function A.mark_far_rollback(a) return { action = "rollback", step = 20 } end]])
+    local run = tmp .. "/rollback-drop"
+    local op = S.spawn("env TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(60)) .. " " ..
+      job(run, "--set max_steps=100 --set checkpoint.every_steps=10 --set checkpoint.keep_last=10 " ..
+        "--set on_failure=restart_all --set policies=" .. pol), tmp .. "/rollback-drop.log")
+    -- the new timeline running: the rollback's replicas past step 22, before the old 60
+    assert.is_true(wait_for(function()
+      if #events_of(run, "rollback") == 0 then return false end
+      local st, _, step = status(run, 0)
+      return st == "running" and step >= 22 and step < 45
+    end, 60), "no new timeline after the rollback: " .. events(run))
+    local killed_at = select(3, status(run, 0))
+    sh(BIN .. " chaos " .. run .. " kill 1")
+    assert.is_true(wait_exit(op, 120), "the operator did not finish")
+    local out = read(tmp .. "/rollback-drop.log") or ""
+    assert.matches("finished at step 100", out, 1, true)
+    -- the step replica 0 was ready at after the restart: the checkpoint it loaded
+    local ra = events_of(run, "restart_all")
+    assert.equal(1, #ra, events(run))
+    local resumed
+    for _, e in ipairs(events_of(run, "replica_ready")) do
+      if not resumed and e.worker == 0 and e.time >= ra[1].time then
+        resumed = tonumber(e.detail:match("ready at step (%d+)"))
+      end
+    end
+    assert.is_truthy(resumed, "replica 0 was never ready after the restart: " .. events(run))
+    assert.is_true(resumed <= killed_at + 10 and resumed < 60,
+      "the restart resumed at step " .. resumed .. " (killed at about " .. killed_at ..
+      "): a checkpoint of the abandoned timeline")
+    local dropped = events_of(run, "checkpoints_dropped")
+    assert.equal(1, #dropped, events(run))
+    assert.matches("after step 20 dropped (from step 30)", dropped[1].detail, 1, true)
+  end)
+
   it("min_replicas: below it training pauses until the replacement is back, and never trains with fewer", function()
     if not have_corpus then return skip() end
     -- the replacement comes 2 s after the kill (the restart policy's first

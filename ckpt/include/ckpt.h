@@ -176,6 +176,14 @@ typedef struct ckpt_reader ckpt_reader;
  * 0 otherwise (no store, a sound one, or another kind of error). Not for a
  * store this process has open. */
 int ckpt_store_damaged(const char *dir);
+/* Deletes the checkpoints after step from the local store dir (one
+ * transaction) and from the remote level (NULL or "": none): a rollback
+ * abandons them, and a later resume must not load the timeline it threw
+ * away. Returns how many steps went (a step in both levels counts once)
+ * or an error; *first gets the oldest of them. For a store no process
+ * writes now (the operator, its replicas all stopped), and not one this
+ * process has open. */
+int ckpt_store_drop_after(const char *dir, const char *remote, int64_t step, int64_t *first);
 /* Opens an existing checkpoint directory read-only (another process may be
  * writing it). Not for a directory this process has open as an engine: use
  * ckpt_engine_reader then (LMDB allows one environment per file per

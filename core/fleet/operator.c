@@ -216,6 +216,7 @@ static void check_finished(operator_state *o) {
 }
 
 static void slot_conn_close(operator_state *o, slot *s);
+static void rollback_restart(operator_state *o);
 
 void operator_slot_exited(operator_state *o, slot *s, int status) {
   int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0, code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -245,10 +246,7 @@ void operator_slot_exited(operator_state *o, slot *s, int status) {
     return;
   }
   if (o->rollback_pending) { /* every replica was stopped on purpose */
-    if (operator_live_count(o) == 0) {
-      o->rollback_pending = 0;
-      for (int i = 0; i < o->nslots; i++) operator_spawn(o, i, "resume");
-    }
+    if (operator_live_count(o) == 0) rollback_restart(o);
     return;
   }
   operator_event(o, s->step, s->slot, "replica_failed", "replica %d %s (%s %d) at step %lld; %d live", s->slot, reason,
@@ -437,12 +435,35 @@ static int start_detector(operator_state *o) {
   return TR_OK;
 }
 
+/* Every replica of a rollback has stopped: the checkpoints after its
+ * target belong to the timeline it abandons (a later resume, or the next
+ * rollback, would load them: the state the rollback threw away), so they
+ * are dropped, in both levels, before the replicas restart at the target.
+ * None of the replicas writes now. */
+static void rollback_restart(operator_state *o) {
+  o->rollback_pending = 0;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/ckpt", o->dir);
+  int64_t first = -1;
+  int n = ckpt_store_drop_after(path, o->cfg->ckpt_remote, o->rollback_step, &first);
+  if (n < 0)
+    operator_event(o, o->best_step, -1, "rollback_drop_failed",
+                   "the checkpoints after step %lld stay (a later resume may load them): %s",
+                   (long long)o->rollback_step, tr_error());
+  else if (n > 0)
+    operator_event(o, o->best_step, -1, "checkpoints_dropped",
+                   "%d checkpoint(s) after step %lld dropped (from step %lld): the rollback abandoned them", n,
+                   (long long)o->rollback_step, (long long)first);
+  for (int i = 0; i < o->nslots; i++) operator_spawn(o, i, "resume");
+}
+
 /* Every replica reloads the newest checkpoint at or before step; with
  * skip_step > step, the batch that step skip_step drew is never drawn again
  * (the steps before it keep theirs, the ones from it on draw the next). */
 void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, const char *why) {
   if (o->stopping || o->rollback_pending) return;
   o->rollback_pending = 1;
+  o->rollback_step = step;
   for (int i = 0; i < o->nslots; i++) o->slots[i].resume_step = step;
   char skipped[96] = "";
   if (skip_step > step) {
@@ -467,10 +488,7 @@ void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, c
     if (operator_slot_has_process(s)) operator_kill_slot(o, s, SIGKILL);
     else if (s->state == SLOT_WAITING) s->state = SLOT_DEAD;
   }
-  if (operator_live_count(o) == 0) {
-    o->rollback_pending = 0;
-    for (int i = 0; i < o->nslots; i++) operator_spawn(o, i, "resume");
-  }
+  if (operator_live_count(o) == 0) rollback_restart(o);
 }
 
 static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {

@@ -118,6 +118,7 @@ struct operator_state {
   char lr_changes[1024];  /* "STEP:LR,STEP:LR" */
   char skips[1024];       /* "STEP,STEP": updates every replica drops */
   int rollback_pending;
+  int64_t rollback_step; /* its target: the checkpoints after it are dropped before the replicas restart */
   detector *det;          /* Eagle Eye: rules and policies over the replicas' metrics */
   prom_server *prom;
   struct event *tick;

@@ -24,7 +24,8 @@
  *   local store deleted, with its copy corrupt, with both copies of the
  *   newest corrupt; kill -9 of a replicating process mid-copy leaves no half
  *   checkpoint published, and its temporary is cleaned up (also on a host
- *   whose name has dots, in a UTS namespace of its own).
+ *   whose name has dots, in a UTS namespace of its own);
+ * - a rollback's drop of the checkpoints after its target, in both levels.
  */
 #define _GNU_SOURCE /* unshare, CLONE_NEWUTS */
 #include <errno.h>
@@ -1003,6 +1004,59 @@ static void test_remote_stale_dotted_host(void) {
                    "(child exit %d)", code);
 }
 
+/* ckpt_store_drop_after (a rollback's abandoned checkpoints): the steps
+ * after the target go from both levels, a step in both counts once, the
+ * rest stay loadable, and the engine commits on top of what is left. */
+static void test_drop_after(void) {
+  char dir[256], remote[256];
+  store_path(dir, sizeof dir, "drop-local");
+  store_path(remote, sizeof remote, "drop-remote");
+  enum { N = 1000 };
+  float *a = malloc(sizeof(float) * N);
+  int64_t d[1] = {N};
+  ckpt_engine *e = open_remote_engine(dir, remote, 0, 10);
+  if (!e) return;
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  for (int64_t step = 10; step <= 50; step += 10) {
+    fill(a, N, step);
+    ckpt_state s = {.step = step};
+    ckpt_snapshot(e, &s);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+  }
+  ckpt_close(e);
+  int64_t first = 0;
+  int n = ckpt_store_drop_after(dir, remote, 20, &first);
+  CHECK(n == 3 && first == 30, "3 steps dropped from 30 (both levels, counted once): %d from %lld: %s", n,
+        (long long)first, tr_error());
+  int64_t steps[16];
+  ckpt_reader *r = ckpt_reader_open(dir);
+  int nl = r ? ckpt_reader_steps(r, steps, 16) : -1;
+  CHECK(nl == 2 && steps[0] == 10 && steps[1] == 20, "the local store keeps 10 and 20 (%d steps)", nl);
+  CHECK(r && ckpt_reader_read(r, 20, "param/a", a, sizeof(float) * N) == 0 && holds_step(a, N, 20),
+        "step 20 still loads: %s", tr_error());
+  ckpt_reader_close(r);
+  r = ckpt_reader_open(remote);
+  int nr = r ? ckpt_reader_steps(r, steps, 16) : -1;
+  CHECK(nr == 2 && steps[1] == 20, "the remote keeps 10 and 20 (%d steps, newest %lld)", nr,
+        nr > 0 ? (long long)steps[nr - 1] : -1LL);
+  ckpt_reader_close(r);
+  CHECK(ckpt_store_drop_after(dir, remote, 20, &first) == 0, "nothing more to drop: %s", tr_error());
+  e = open_remote_engine(dir, remote, 0, 10);
+  if (!e) return;
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  fill(a, N, 24);
+  ckpt_state s = {.step = 24};
+  ckpt_snapshot(e, &s);
+  ckpt_wait_copy(e);
+  ckpt_flush(e);
+  ckpt_close(e);
+  CHECK(newest(dir) == 24, "the new timeline's step 24 is the newest (%lld)", (long long)newest(dir));
+  store_path(dir, sizeof dir, "drop-none");
+  CHECK(ckpt_store_drop_after(dir, NULL, 0, &first) == 0, "no store: nothing dropped, no error: %s", tr_error());
+  free(a);
+}
+
 /* keep_every keeps steps beyond the keep_last + 2 an automatic map
  * (map_bytes 0) is sized for: the map grows when it fills, every commit
  * succeeds and every kept step reads back. */
@@ -1163,6 +1217,7 @@ int main(void) {
   test_remote_levels();
   test_remote_kill9();
   test_remote_stale_dotted_host();
+  test_drop_after();
   test_many_steps();
   test_map_grows();
   test_remote_size_wrap();
