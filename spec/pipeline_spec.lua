@@ -340,7 +340,8 @@ end]])
     assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":1'), "one pipeline left")
   end)
 
-  it("checkpoints each stage, and a launcher killed with -9 resumes to the weights of an uninterrupted run", function()
+  it("checkpoints each stage, and a launcher killed with -9 resumes to the weights of an uninterrupted run, " ..
+    "past a corrupt copy in one stage's store", function()
     if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
     local job = dir .. "/ck.lua"
     write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 2 }, max_steps = 300, eval_interval = 100,"))
@@ -366,10 +367,38 @@ end]])
       S.sleep(0.05)
     end
     assert.are.equal("", (S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true"):gsub("%s", "")))
+    -- a corrupt copy in one store: a byte of stage 1's newest step that both
+    -- stores hold is flipped, so every stage must resume from an older one
+    local function steps_of(store)
+      local t = {}
+      for st in S.sh(q(S.BIN) .. " ckpt ls " .. q(store)):gmatch("\n%s*(%d+)%s") do t[tonumber(st)] = true end
+      return t
+    end
+    local s0, s1, newest = steps_of(rd .. "/ckpt-stage-0"), steps_of(rd .. "/ckpt-stage-1"), 0
+    for st in pairs(s1) do if s0[st] and st > newest then newest = st end end
+    assert.truthy(newest >= 40, "no common step: " .. S.sh(q(S.BIN) .. " ckpt ls " .. q(rd .. "/ckpt-stage-1")))
+    local exp = dir .. "/stage1.safetensors"
+    assert.are.equal(0, select(2, S.sh(q(S.BIN) .. " ckpt export " .. q(rd .. "/ckpt-stage-1") .. " --step " .. newest
+      .. " -o " .. q(exp))))
+    local blob = S.read(exp)
+    local hlen = string.unpack("<I8", blob)
+    local b0, b1 = blob:sub(9, 8 + hlen):match('"[^"]*mlp%.c_fc%.weight":{[^}]*"data_offsets":%[(%d+),(%d+)%]')
+    assert.truthy(b0, "no MLP weight in stage 1's export")
+    local mid = 8 + hlen + math.tointeger(tonumber(b0) + (tonumber(b1) - tonumber(b0)) // 2)
+    local db = S.read(rd .. "/ckpt-stage-1/data.mdb")
+    local at = db:find(blob:sub(mid + 1, mid + 64), 1, true)
+    assert.truthy(at, "the tensor's bytes are not in stage 1's data.mdb")
+    local f = assert(io.open(rd .. "/ckpt-stage-1/data.mdb", "r+b"))
+    f:seek("set", at + 10)
+    local c = f:read(1)
+    f:seek("set", at + 10)
+    f:write(string.char(c:byte() ~ 0xff))
+    f:close()
     code, out, err = S.transom(dir, "run", "--resume", rd)
     assert.are.equal(0, code, out .. err)
+    assert.truthy(err:find("step " .. newest .. " of stage 1 does not verify", 1, true), err)
     local from = tonumber(out:match("resumed from step (%d+)"))
-    assert.truthy(from and from >= 40 and from < 300, out)
+    assert.truthy(from and from >= 20 and from < newest, out)
     assert.truthy(out:find("plan: the run's own", 1, true), out)
     assert.are.equal(S.read(dir .. "/ckA/model.safetensors"), S.read(rd .. "/model.safetensors"))
     local seen, n = {}, 0 -- one record per step: the ones after the checkpoint were dropped and done again

@@ -5,7 +5,9 @@
  * ops are current). The lowest live pipeline's worker of stage K writes it
  * (the loop's `snapshots`), at the job's checkpoint steps, unpaced so that
  * every store holds the same steps; the stores commit independently, so a
- * resume takes the newest step that every stage committed. The stages' ops must be the ones they were
+ * resume takes the newest step that every stage committed and that
+ * verifies in every store (a corrupt copy in one store makes all of them
+ * take an older step). The stages' ops must be the ones they were
  * checkpointed with: the launcher saves the plan (RUN/pipeline-plan) and a
  * resumed run uses it instead of planning again.
  */
@@ -52,7 +54,31 @@ int pipe_ckpt_load(ckpt_engine *ck, trainer *t, int stage, int64_t step) {
   int rc = r ? trainer_ckpt_load(t, r, step, report, sizeof report) : TR_EIO;
   ckpt_reader_close(r);
   if (report[0]) fputs(report, stderr);
-  return rc ? tr_fail_prefix(rc, "stage %d: loading the checkpoint of step %lld", stage, (long long)step) : TR_OK;
+  if (rc) return tr_fail_prefix(rc, "stage %d: loading the checkpoint of step %lld", stage, (long long)step);
+  /* the load takes the newest step at or before `step` that verifies: an
+   * older one here would put this stage out of step with the others */
+  trainer_state ts;
+  trainer_get_state(t, &ts);
+  if (ts.step != step)
+    return tr_fail(TR_ESTATE, "stage %d: step %lld of its checkpoint store does not load (step %lld did instead): %s",
+                   stage, (long long)step, (long long)ts.step, report[0] ? report : "no report");
+  return TR_OK;
+}
+
+/* 1 when every stage's store holds step and it verifies there; 0 (saying
+ * why on stderr) when one does not. */
+static int verifies_everywhere(const char *run, int S, int64_t step) {
+  for (int k = 0; k < S; k++) {
+    char path[1200];
+    store_path(path, sizeof path, run, k);
+    ckpt_reader *r = ckpt_reader_open(path);
+    int ok = r && ckpt_reader_verify(r, step) == 0;
+    if (!ok) fprintf(stderr, "resume: step %lld of stage %d does not verify (%s): trying an older one\n",
+                     (long long)step, k, tr_error());
+    ckpt_reader_close(r);
+    if (!ok) return 0;
+  }
+  return 1;
 }
 
 /* The committed steps of stage K's store (ascending): how many, 0 with
@@ -92,6 +118,7 @@ int pipe_ckpt_common_step(const char *run, int S, int64_t *step) {
     }
     n = kept;
   }
+  while (n > 0 && !verifies_everywhere(run, S, mine[n - 1])) n--; /* the newest step every store can load */
   if (n > 0) *step = mine[n - 1];
   free(mine);
   free(other);

@@ -18,9 +18,11 @@
 /* Stage `stage`'s store RUN/ckpt-stage-K, attached to t; NULL when the job
  * takes no checkpoints or on an error (tr_error() says; check the job). */
 ckpt_engine *pipe_ckpt_open(const job_config *cfg, trainer *t, const char *run, int stage);
-/* Loads step (> 0) from the store into t, all or nothing. */
+/* Loads step (> 0) from the store into t, all or nothing; that step or
+ * an error (never an older one: the stages would be out of step). */
 int pipe_ckpt_load(ckpt_engine *ck, trainer *t, int stage, int64_t step);
-/* The newest step committed in all S stage stores of run (0: none). */
+/* The newest step committed in all S stage stores of run that verifies in
+ * every one of them (0: none); an error when a store cannot be listed. */
 int pipe_ckpt_common_step(const char *run, int S, int64_t *step);
 
 /* RUN/pipeline-plan: the stages' cuts and order, saved by the first run
