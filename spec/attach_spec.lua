@@ -2,7 +2,9 @@
 -- several clients at once, a runaway expression is stopped and the job goes
 -- on, set('lr') takes effect on every replica at the same step (they still
 -- agree bit for bit at the end), detaching never stops the job, and a client
--- of another uid is refused (run as `nobody` when this runs as root).
+-- of another uid is refused (run as `nobody` when this runs as root); and
+-- hostile expressions (metamethods that raise or loop, loops in C, a pcall
+-- around a runaway, a kept print) leave the operator answering.
 -- Its waits stretch with TRANSOM_TIME_SCALE (support.lua).
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
@@ -93,5 +95,73 @@ describe("transom attach", function()
         assert.is_true(tonumber(lr) <= 3e-4 + 1e-12, line)
       end
     end
+  end)
+
+  it("survives hostile expressions: kept print, deep print, raising and looping metamethods, C loops, caught budgets",
+    function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: attach spec skipped") end
+    local data = tmp .. "/corpus2.txt"
+    write(data, read(CORPUS):sub(1, 200000))
+    local run = tmp .. "/hostile"
+    local pid = S.spawn(table.concat({ "env TRANSOM_TEST_STEP_MS=" .. math.floor(T(20)), BIN, "run",
+      ROOT .. "/examples/shakespeare.lua", "--replicas 2", "--set data=" .. data, "--set run_dir=" .. run,
+      "--set max_steps=400", "--set n_layer=1 --set n_head=2 --set n_embd=32 --set block_size=32 --set batch_size=8",
+      "--set eval_interval=0 --set sample_tokens=0 --set log_interval=500 --set checkpoint.every_steps=0" }, " "),
+      tmp .. "/hostile.log")
+    local function attach(expr) return sh(BIN .. " attach " .. run .. " -e " .. S.q(expr)) end
+    local out, rc
+    for _ = 1, N(100) do
+      out, rc = attach("#workers()")
+      if rc == 0 and out:match("^2") then break end
+      sleep(0.1)
+    end
+    assert.equal(0, rc, out)
+    local function alive(after)
+      local o, r = attach("#workers()")
+      assert.is_true(r == 0 and o:match("^2") ~= nil, "the operator did not answer after " .. after .. ": " .. o ..
+        "\n" .. (read(tmp .. "/hostile.log") or ""))
+    end
+    -- print kept in a global by one client and called by the next (it used to write to the freed first client)
+    out, rc = attach("_G.pp = print")
+    assert.equal(0, rc, out)
+    out, rc = attach("pp('hello from a kept print')")
+    assert.equal(0, rc, out)
+    assert.matches("hello from a kept print", out, 1, true)
+    -- print with many arguments (it used to leave one string per argument on a 20-slot stack)
+    out, rc = attach("local t = {} for i = 1, 600 do t[i] = 'x' end print(table.unpack(t, 1, 600)) return 'printed'")
+    assert.equal(0, rc, out)
+    assert.matches("printed", out, 1, true)
+    alive("a print of 600 values")
+    -- the values are shown under protection and the budget: metamethods that raise or loop
+    for _, case in ipairs({
+      -- (a metatable whose own __index raises: shown as the plain table it is)
+      { "setmetatable({}, setmetatable({}, {__index = function() error('boom') end}))", nil },
+      { "{{{setmetatable({}, {__tostring = function() error('tostring boom') end})}}}", "tostring boom" },
+      { "{{{setmetatable({}, {__tostring = function() while true do end end})}}}", "instruction budget" },
+      { "setmetatable({{}}, {__columns = {{}}})", nil },
+      { "setmetatable({setmetatable({}, {__index = function() while true do end end})}, {__columns = {'x'}})",
+        "instruction budget" },
+      { "error(setmetatable({}, {__index = function() error('x') end}))", "error table without msg" },
+      -- a pcall in the expression cannot swallow the budget
+      { "repeat local ok = pcall(function() while true do end end) until ok", "instruction budget" },
+      -- loops in C that no budget reaches are refused
+      { "string.rep('', 2^53)", "string.rep" },
+      { "('').rep('', 2^40)", "string.rep" },
+      { "table.move({}, 1, 1e12, 1, {})", "table.move" },
+      { "('a'):rep(1500):find('.-.-.-b')", "backtrack" },
+    }) do
+      out, rc = attach(case[1])
+      if case[2] then
+        assert.equal(1, rc, case[1] .. ": " .. out)
+        assert.matches(case[2], out, 1, true)
+      end
+      alive(case[1])
+    end
+    -- a multi-line -e runs every line, as typed at the prompt
+    out, rc = attach("y = 41\nfunction inc(v)\n  return v + 1\nend\nreturn inc(y)")
+    assert.equal(0, rc, out)
+    assert.matches("^42\n", out)
+    assert.is_true(S.wait_exit_progress(pid, run .. "/metrics.jsonl", T(60)), "the job stopped making progress")
+    assert.matches("finished at step 400", read(tmp .. "/hostile.log") or "", 1, true)
   end)
 end)

@@ -94,8 +94,14 @@ int attach_main(int argc, char **argv) {
   FILE *in = fdopen(dup(fd), "r");
   if (!in) return 1;
   int rc = 0;
-  if (expr) {
-    rc = exchange(fd, in, expr);
+  if (expr) { /* line by line, as typed at the prompt: the protocol's lines end at a newline */
+    char *all = strdup(expr);
+    if (!all) return 1;
+    for (char *l = all, *nl; l; l = nl) {
+      if ((nl = strchr(l, '\n'))) *nl++ = 0;
+      if ((rc = exchange(fd, in, l)) != 0 && rc != 2) break;
+    }
+    free(all);
     if (rc == 2) fprintf(stderr, "transom attach: incomplete expression\n");
     if (rc < 0) fprintf(stderr, "transom attach: the job closed the connection (was this client refused?)\n");
   } else {

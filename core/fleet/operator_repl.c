@@ -343,11 +343,19 @@ static int l_anomalies(lua_State *L) {
   return 1;
 }
 
+/* The client whose line is being evaluated: print writes to it. Not an
+ * upvalue of print: a client may keep print (or a function calling it) in a
+ * global that outlives its connection, and another client call it later. */
+static ctl_conn *evaluating;
+
 static int l_print(lua_State *L) {
-  ctl_conn *c = lua_touserdata(L, lua_upvalueindex(2));
-  struct evbuffer *out = bufferevent_get_output(c->bev);
+  if (!evaluating) return luaL_error(L, "print: no attached client is evaluating");
+  struct evbuffer *out = bufferevent_get_output(evaluating->bev);
   int n = lua_gettop(L);
-  for (int i = 1; i <= n; i++) evbuffer_add_printf(out, "%s%s", i > 1 ? "\t" : "", luaL_tolstring(L, i, NULL));
+  for (int i = 1; i <= n; i++) {
+    evbuffer_add_printf(out, "%s%s", i > 1 ? "\t" : "", luaL_tolstring(L, i, NULL));
+    lua_pop(L, 1); /* a C function has 20 free slots: one string at a time */
+  }
   evbuffer_add_printf(out, "\n");
   return 0;
 }
@@ -389,9 +397,9 @@ static void make_env(ctl_conn *c) {
                                  {"anomalies", l_anomalies},   {"hosts", l_hosts},     {"cordon", l_cordon},
                                  {"uncordon", l_uncordon},     {NULL, NULL}};
   lua_pushlightuserdata(L, c->o);
-  lua_pushlightuserdata(L, c);
-  luaL_setfuncs(L, fns, 2);               /* [env] */
+  luaL_setfuncs(L, fns, 1);               /* [env] */
   c->env_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_host_bound_library(L); /* string.rep and co. loop in C, out of the budget's reach */
 }
 
 /* --- evaluation --- */
@@ -399,7 +407,11 @@ static void make_env(ctl_conn *c) {
 static int hook_count;
 static void budget_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
-  if (++hook_count > REPL_BUDGET_HOOKS) luaL_error(L, "stopped: the expression ran past its instruction budget");
+  if (++hook_count <= REPL_BUDGET_HOOKS) return;
+  /* from now on at every instruction: a pcall in the expression may catch
+   * the error, but the code after it stops at once again */
+  lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
+  luaL_error(L, "stopped: the expression ran past its instruction budget");
 }
 
 /* Renders value at idx for the REPL (tables one level deep, keys sorted by
@@ -450,11 +462,12 @@ static void render_table(lua_State *L, int idx, int cols, int vertical, struct e
   if (!cell || !w) goto done;
   for (int c = 0; c < nc; c++) {
     lua_rawgeti(L, cols, c + 1);                    /* [.., name] */
-    snprintf(cell[c], CELL, "%s", lua_tostring(L, -1));
+    int named = lua_type(L, -1) == LUA_TSTRING;     /* a column that is not a name shows "?" and no values */
+    snprintf(cell[c], CELL, "%s", named ? lua_tostring(L, -1) : "?");
     for (int r = 0; r < nr; r++) {
       if (vertical) lua_pushvalue(L, idx);
       else lua_rawgeti(L, idx, r + 1);              /* [.., name, row] */
-      if (lua_istable(L, -1)) lua_getfield(L, -1, lua_tostring(L, -2));
+      if (named && lua_istable(L, -1)) lua_getfield(L, -1, lua_tostring(L, -2));
       else lua_pushnil(L);                          /* [.., name, row, value] */
       cell_text(L, -1, cell[(r + 1) * nc + c], CELL);
       lua_pop(L, 2);
@@ -486,8 +499,10 @@ done:
 static int render_value(lua_State *L, int idx, struct evbuffer *out) {
   idx = lua_absindex(L, idx);
   if (lua_istable(L, idx) && lua_getmetatable(L, idx)) { /* [.., mt] */
-    lua_getfield(L, -1, "__columns");                    /* [.., mt, cols] */
-    lua_getfield(L, -2, "__vertical");                   /* [.., mt, cols, vertical] */
+    lua_pushliteral(L, "__columns");                     /* raw: a metatable's own __index is not ours to run */
+    lua_rawget(L, -2);                                   /* [.., mt, cols] */
+    lua_pushliteral(L, "__vertical");
+    lua_rawget(L, -3);                                   /* [.., mt, cols, vertical] */
     int vertical = lua_toboolean(L, -1);
     if (lua_istable(L, -2)) {
       render_table(L, idx, lua_absindex(L, -2), vertical, out);
@@ -497,6 +512,20 @@ static int render_value(lua_State *L, int idx, struct evbuffer *out) {
     lua_pop(L, 3);
   }
   render(L, idx, out, 0);
+  return 0;
+}
+
+/* Writes the values an expression returned (arguments 2..) into the
+ * evbuffer at argument 1; run through lua_host_pcall. */
+static int render_results(lua_State *L) {
+  struct evbuffer *out = lua_touserdata(L, 1);
+  int n = lua_gettop(L), inline_open = 0; /* values on one line, tab-separated; tables on lines of their own */
+  for (int i = 2; i <= n; i++) {
+    if (inline_open && lua_istable(L, i)) evbuffer_add_printf(out, "\n"), inline_open = 0;
+    else if (inline_open) evbuffer_add_printf(out, "\t");
+    inline_open = !render_value(L, i, out);
+  }
+  if (inline_open) evbuffer_add_printf(out, "\n");
   return 0;
 }
 
@@ -548,24 +577,23 @@ static void repl_eval(ctl_conn *c, const char *line) {
   }
   lua_rawgeti(L, LUA_REGISTRYINDEX, c->env_ref);
   lua_setupvalue(L, -2, 1); /* _ENV */
+  struct evbuffer *shown = evbuffer_new();
   hook_count = 0;
+  evaluating = c;
   lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1000000);
-  rc = lua_host_pcall(L, 0, LUA_MULTRET);
+  rc = shown ? lua_host_pcall(L, 0, LUA_MULTRET) : tr_fail(TR_ENOMEM, "out of memory");
+  if (!rc) { /* the values are shown under the same budget and protection: __tostring, __index are the user's */
+    int n = lua_gettop(L) - top;
+    lua_pushcfunction(L, render_results);
+    lua_pushlightuserdata(L, shown);
+    lua_rotate(L, top + 1, 2); /* [.., render_results, shown, values...] */
+    rc = lua_host_pcall(L, n + 1, 0);
+  }
   lua_sethook(L, NULL, 0, 0);
-  if (rc) {
-    evbuffer_add_printf(out, "error: %s\n\001ERR\n", tr_error());
-    lua_settop(L, top);
-    return;
-  }
-  int n = lua_gettop(L) - top;
-  int inline_open = 0; /* values on one line, tab-separated; tables on lines of their own */
-  for (int i = 1; i <= n; i++) {
-    if (inline_open && lua_istable(L, top + i)) evbuffer_add_printf(out, "\n"), inline_open = 0;
-    else if (inline_open) evbuffer_add_printf(out, "\t");
-    inline_open = !render_value(L, top + i, out);
-  }
-  if (inline_open) evbuffer_add_printf(out, "\n");
-  evbuffer_add_printf(out, "\001\n");
+  evaluating = NULL;
+  if (rc) evbuffer_add_printf(out, "error: %s\n\001ERR\n", tr_error());
+  else evbuffer_add_buffer(out, shown), evbuffer_add_printf(out, "\001\n");
+  if (shown) evbuffer_free(shown);
   lua_settop(L, top);
 }
 

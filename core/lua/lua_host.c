@@ -60,7 +60,8 @@ int lua_host_pcall(lua_State *L, int nargs, int nresults) {
   lua_remove(L, base);
   if (rc == LUA_OK) return TR_OK;
   if (lua_istable(L, -1)) {
-    lua_getfield(L, -1, "msg");
+    lua_pushliteral(L, "msg"); /* raw: the error's own __index would run unprotected here */
+    lua_rawget(L, -2);
     tr_fail(TR_ELUA, "%s", lua_isstring(L, -1) ? lua_tostring(L, -1) : "(error table without msg)");
     lua_pop(L, 2);
   } else {

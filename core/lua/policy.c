@@ -236,6 +236,7 @@ policy_engine *policy_engine_new(const policy_engine_opts *o) {
     free(e);
     return NULL;
   }
+  lua_host_bound_library(e->L); /* before any sandbox copies string and table */
   *(policy_engine **)lua_getextraspace(e->L) = e;
   e->mem_used = (size_t)lua_gc(e->L, LUA_GCCOUNT, 0) * 1024 + (size_t)lua_gc(e->L, LUA_GCCOUNTB, 0);
   lua_setallocf(e->L, limited_alloc, e);

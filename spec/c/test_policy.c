@@ -249,6 +249,11 @@ static void test_budget_memory(void) {
       "function M.tbl(x)\n"
       "  error({ code = 1 })\n"
       "end\n"
+      "function M.crep(x) return #string.rep('', 1 << 53) end\n"
+      "function M.crep_method(x) return #(''):rep(1 << 53) end\n"
+      "function M.cmove(x) return #table.move({}, 1, 1 << 40, 1, {}) end\n"
+      "function M.cfind(x) return (('a'):rep(1500):find('.-.-.-b')) or 0 end\n"
+      "function M.fine(x) return #string.rep('ab', 1000, ',') + (('key=value'):find('(.-)=(.*)')) end\n"
       "return M\n";
   put(dir, "b.lua", src);
   policy_engine *e = engine(20000, (size_t)8 << 20);
@@ -275,6 +280,21 @@ static void test_budget_memory(void) {
         "an error without a position gets one from the traceback: %s:%d (%s)", err.file, err.line, err.msg);
   CHECK(call_int(e, p, "tbl", 0, &err) == -1 && strcmp(err.file, "b.lua") == 0 && err.line == 15,
         "a table error too: %s:%d (%s)", err.file, err.line, err.msg);
+  /* loops inside C library functions, where a count hook never fires:
+   * refused up front (an alarm turns a regression into a failure, not a
+   * hang) */
+  alarm(60);
+  static const char *const cloops[][2] = {{"crep", "string.rep"}, {"crep_method", "string.rep"},
+                                          {"cmove", "table.move"}, {"cfind", "backtrack"}};
+  for (int i = 0; i < 4; i++) {
+    double t1 = tr_now();
+    r = call_int(e, p, cloops[i][0], 0, &err);
+    CHECK(r == -1 && strstr(err.msg, cloops[i][1]) && tr_now() - t1 < 5, "M.%s is refused (%s) in %.2f s: %s",
+          cloops[i][0], cloops[i][1], tr_now() - t1, err.msg);
+  }
+  alarm(0);
+  r = call_int(e, p, "fine", 0, &err);
+  CHECK(r == 2999 + 1, "ordinary rep and patterns still work: %lld %s", r, r == -1 ? err.msg : "");
   printf("budget: two endless loops stopped in %.1f ms (20000 instructions)\n", el * 1e3);
   policy_engine_free(e);
 

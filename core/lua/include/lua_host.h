@@ -36,6 +36,13 @@ const char *lua_host_traceback(void);
  * lua_host_pcall. */
 int lua_host_pcall_file(lua_State *L, const char *path, const char *what, int nargs, int nresults);
 
+/* Bounds the standard library calls that loop in C, where no instruction
+ * budget reaches (string.rep, table.move; string.find/match/gmatch/gsub
+ * with several any-character repetitions on a long subject): past the
+ * bounds they raise an error instead. For VMs that run code under a budget
+ * (policies, the REPL); once per VM. lua_bounds.c. */
+void lua_host_bound_library(lua_State *L);
+
 /* Registers the `transom` module (package.preload). lua_graph.c. */
 int luaopen_transom(lua_State *L);
 
