@@ -457,9 +457,12 @@ static void cell_text(lua_State *L, int idx, char *buf, size_t cap) {
  * at cols. */
 static void render_table(lua_State *L, int idx, int cols, int vertical, struct evbuffer *out) {
   int nc = (int)lua_rawlen(L, cols), nr = vertical ? 1 : (int)lua_rawlen(L, idx);
-  char(*cell)[CELL] = calloc((size_t)(nr + 1) * (size_t)nc, CELL);
-  int *w = calloc((size_t)nc + 1, sizeof *w);
-  if (!cell || !w) goto done;
+  /* Lua's memory, not malloc's: a row's __index may raise (a longjmp out
+   * of here), and the collector frees it then */
+  char(*cell)[CELL] = lua_newuserdatauv(L, (size_t)(nr + 1) * (size_t)nc * CELL + 1, 0);
+  int *w = lua_newuserdatauv(L, ((size_t)nc + 1) * sizeof *w, 0); /* [.., cell, w] */
+  memset(cell, 0, (size_t)(nr + 1) * (size_t)nc * CELL);
+  memset(w, 0, ((size_t)nc + 1) * sizeof *w);
   for (int c = 0; c < nc; c++) {
     lua_rawgeti(L, cols, c + 1);                    /* [.., name] */
     int named = lua_type(L, -1) == LUA_TSTRING;     /* a column that is not a name shows "?" and no values */
@@ -489,9 +492,7 @@ static void render_table(lua_State *L, int idx, int cols, int vertical, struct e
         else evbuffer_add_printf(out, "%s\n", cell[r * nc + c]);
       }
   }
-done:
-  free(cell);
-  free(w);
+  lua_pop(L, 2); /* cell, w */
 }
 
 /* Prints one value the REPL returned: a marked table aligned, on lines of
