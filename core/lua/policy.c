@@ -277,7 +277,7 @@ policy *policy_add(policy_engine *e, const policy_opts *o) {
   p->o.dir = p->dir;
   p->o.fallback_dir = o->fallback_dir ? p->fallback_dir : NULL;
   p->mod_ref = LUA_NOREF;
-  p->wd = -1;
+  p->wd = p->twd = -1;
   if (e->ino_fd >= 0 && policy_watch_add(e, p)) {
     free(p);
     return NULL;

@@ -21,6 +21,7 @@ struct policy {
   uint64_t failed_hash;/* bytes that failed last (the watcher does not retry them) */
   int mod_ref;         /* the table in force (registry ref) */
   int wd;              /* inotify watch of dir, -1 when not watched */
+  int twd;             /* and of the folder a symlinked file resolves to (-1: none, or dir itself) */
   policy *next;
 };
 

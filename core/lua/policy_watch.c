@@ -4,12 +4,21 @@
  * Editors save in different ways: in place (IN_CLOSE_WRITE), by writing a
  * temporary file and renaming it over the old one (IN_MOVED_TO), or by
  * moving the old one away and creating a new one (IN_CREATE, then
- * IN_CLOSE_WRITE). Any of these on a policy file (or a queue overflow)
- * (re)arms a timer; when it fires, on_change runs (or policy_engine_reload
- * without force, which loads whichever file's bytes changed). It does not
- * load anything itself (policy.c does). Called by the detector and the
- * operator through policy_watch; everything runs on their event loop.
+ * IN_CLOSE_WRITE). Any event in a watched folder (or a queue overflow)
+ * (re)arms a timer, whatever the name: a policy file may be a symlink
+ * whose target changes in another folder (watched too: the folder the file
+ * resolves to, looked up again at every reload), or a Kubernetes ConfigMap
+ * mount, where an update renames only `..data`; a reload skips files whose
+ * bytes did not change, so other files' events cost a read and a hash.
+ * When the timer fires, on_change runs (or policy_engine_reload without
+ * force, which loads whichever file's bytes changed). It does not load
+ * anything itself (policy.c does). Called by the detector and the operator
+ * through policy_watch; everything runs on their event loop.
  */
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <errno.h>
 #include <event2/event.h>
 #include <string.h>
@@ -21,6 +30,18 @@
 
 #define WATCH_MASK (IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE)
 
+/* Watches the folder p's file resolves to when it is a symlink into
+ * another folder (the same wd again if already watched). */
+static void watch_target(policy_engine *e, policy *p) {
+  char path[PATH_MAX + 64], real[PATH_MAX], rdir[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s", p->dir, p->name);
+  if (!realpath(path, real) || !realpath(p->dir, rdir)) return; /* not there (yet): the folder's events say when */
+  char *tdir = dirname(real);
+  if (strcmp(tdir, rdir) == 0) return;
+  int wd = inotify_add_watch(e->ino_fd, tdir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE);
+  if (wd >= 0) p->twd = wd;
+}
+
 static void debounce_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
@@ -28,16 +49,19 @@ static void debounce_cb(evutil_socket_t fd, short what, void *arg) {
   if (e->loading) return;
   if (e->o.on_change) e->o.on_change(e->o.ud);
   else policy_engine_reload(e, 0); /* failures are on_reload calls; the versions in force stay */
+  for (policy *p = e->policies; p; p = p->next) watch_target(e, p); /* a link may point elsewhere now */
 }
 
 /* The folder of watch wd went away: say so once per folder. */
 static void folder_lost(policy_engine *e, int wd) {
   const char *dir = NULL;
-  for (policy *p = e->policies; p; p = p->next)
+  for (policy *p = e->policies; p; p = p->next) {
+    if (p->twd == wd) p->twd = -1; /* a symlink's target folder: the link's own folder still says when it moves */
     if (p->wd == wd) {
       if (!dir) dir = p->dir;
       p->wd = -1;
     }
+  }
   if (!dir || !e->o.on_reload) return;
   policy_err err;
   memset(&err, 0, sizeof err);
@@ -56,9 +80,7 @@ static void inotify_cb(evutil_socket_t fd, short what, void *arg) {
     if (n <= 0) break; /* EAGAIN: drained */
     for (char *c = buf; c < buf + n;) {
       const struct inotify_event *ev = (const struct inotify_event *)c;
-      if (ev->mask & IN_Q_OVERFLOW) relevant = 1;
-      for (const policy *p = e->policies; p && ev->len > 0; p = p->next)
-        if (p->wd == ev->wd && strcmp(ev->name, p->name) == 0) relevant = 1;
+      if (ev->mask & (IN_Q_OVERFLOW | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE)) relevant = 1;
       if (ev->mask & IN_IGNORED) folder_lost(e, ev->wd);
       c += sizeof(struct inotify_event) + ev->len;
     }
@@ -73,6 +95,7 @@ int policy_watch_add(policy_engine *e, policy *p) {
   int wd = inotify_add_watch(e->ino_fd, p->dir, WATCH_MASK); /* the same folder twice: the same wd */
   if (wd < 0) return tr_fail(TR_EIO, "cannot watch %s: %s", p->dir, strerror(errno));
   p->wd = wd;
+  watch_target(e, p);
   return TR_OK;
 }
 
@@ -84,7 +107,7 @@ int policy_watch(policy_engine *e, struct event_base *base) {
   for (policy *p = e->policies; p; p = p->next) {
     int rc = policy_watch_add(e, p);
     if (rc) {
-      for (policy *q = e->policies; q; q = q->next) q->wd = -1;
+      for (policy *q = e->policies; q; q = q->next) q->wd = q->twd = -1;
       close(fd);
       e->ino_fd = -1;
       return rc;
@@ -96,7 +119,7 @@ int policy_watch(policy_engine *e, struct event_base *base) {
     if (e->ino_ev) event_free(e->ino_ev);
     if (e->debounce_ev) event_free(e->debounce_ev);
     e->ino_ev = e->debounce_ev = NULL;
-    for (policy *q = e->policies; q; q = q->next) q->wd = -1;
+    for (policy *q = e->policies; q; q = q->next) q->wd = q->twd = -1;
     close(fd);
     e->ino_fd = -1;
     return tr_fail(TR_ENOMEM, "policy_watch: cannot register with the event loop");
@@ -113,5 +136,5 @@ void policy_unwatch(policy_engine *e) {
   e->ino_ev = e->debounce_ev = NULL;
   e->ino_fd = -1;
   e->base = NULL;
-  for (policy *p = e->policies; p; p = p->next) p->wd = -1;
+  for (policy *p = e->policies; p; p = p->next) p->wd = p->twd = -1;
 }

@@ -438,6 +438,41 @@ static void test_watch(void) {
         "a broken save keeps version 2 (line %d)", last_reload()->line);
   put(dir, "notes.txt", "hello\n");
   CHECK(wait_reloads(base, 1, 0.3) == 0, "unrelated files ignored");
+  /* a policy file that is a symlink into another folder (a repository
+   * checkout): an edit there is seen */
+  char repo[600], link[1300], target[1300];
+  subdir(repo, sizeof repo, "watch-repo");
+  put(repo, "l.lua", "return { version = 20 }\n");
+  snprintf(link, sizeof link, "%s/l.lua", dir);
+  snprintf(target, sizeof target, "%s/l.lua", repo);
+  policy_opts pl = {.name = "l.lua", .dir = dir};
+  policy *p3 = policy_add(e, &pl);
+  CHECK(p3 && symlink(target, link) == 0 && wait_reloads(base, 1, 5) == 1 && version(p3, e) == 20,
+        "a symlinked policy is loaded (version %lld)", p3 ? version(p3, e) : -1);
+  put(repo, "l.lua", "return { version = 21 }\n");
+  CHECK(wait_reloads(base, 1, 5) == 1 && version(p3, e) == 21,
+        "an edit of a symlinked policy's target, in its own folder, is in force (version %lld)", version(p3, e));
+  /* a Kubernetes ConfigMap mount: c.lua -> ..data/c.lua, ..data ->
+   * ..<stamp>; an update writes ..<stamp2> and renames only ..data */
+  char cm[600], a[700], b[700], path[1400], to[1400];
+  subdir(cm, sizeof cm, "watch-cm");
+  snprintf(a, sizeof a, "%s/..2026_a", cm);
+  snprintf(b, sizeof b, "%s/..2026_b", cm);
+  CHECK(tr_mkdirs(a) == 0 && tr_mkdirs(b) == 0, "configmap folders");
+  put(a, "c.lua", "return { version = 30 }\n");
+  snprintf(path, sizeof path, "%s/..data", cm);
+  CHECK(symlink("..2026_a", path) == 0, "..data");
+  snprintf(path, sizeof path, "%s/c.lua", cm);
+  CHECK(symlink("..data/c.lua", path) == 0, "c.lua -> ..data/c.lua");
+  policy_opts pc = {.name = "c.lua", .dir = cm};
+  policy *p4 = policy_add(e, &pc);
+  CHECK(p4 && policy_reload(p4, 1) == 0 && version(p4, e) == 30, "the ConfigMap's policy loads");
+  put(b, "c.lua", "return { version = 31 }\n");
+  snprintf(path, sizeof path, "%s/..data_tmp", cm);
+  snprintf(to, sizeof to, "%s/..data", cm);
+  CHECK(symlink("..2026_b", path) == 0 && rename(path, to) == 0, "the ConfigMap update's swap");
+  CHECK(wait_reloads(base, 1, 5) >= 1 && version(p4, e) == 31, "a ConfigMap update is in force (version %lld)",
+        version(p4, e));
   policy_engine_free(e); /* before the base */
   event_base_free(base);
 }
