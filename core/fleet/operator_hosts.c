@@ -6,7 +6,8 @@
  *     port; it heartbeats (HB) and reports STARTED/EXITED (the real wait
  *     status) for the workers it starts on our SPAWN. Its connection
  *     closing, or its heartbeats lapsing past 2 x deadline (at least 4
- *     heartbeats; a cut link, a dead machine), is the host lost: its
+ *     heartbeats; a cut link, a dead machine; judged from when our loop
+ *     last ran: a stall of ours loses no host), is the host lost: its
  *     replicas are evicted from FTAR at once (their epoch goes stale:
  *     fenced), their control connections closed, and each fails with
  *     reason "host_lost" for the restart policy.
@@ -28,6 +29,7 @@
 #include <event2/bufferevent.h>
 #include <lauxlib.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -400,8 +402,20 @@ static void host_lost(operator_state *o, int h, const char *why) {
 
 void hosts_conn_closed(operator_state *o, int h) { host_lost(o, h, "its agent's connection closed"); }
 
+/* The operator's tick runs every 0.25 s (operator.c); a gap past this much
+ * is our loop stalled (SIGSTOP, a long REPL expression). */
+#define TICK_STALL_S 0.5
+
 void hosts_tick(operator_state *o) {
-  double now = tr_now();
+  double now = tr_now(), gap = o->hosts_tick_at > 0 ? now - o->hosts_tick_at : 0;
+  o->hosts_tick_at = now;
+  /* the agents' lines sat unread while we stalled (and this tick may run
+   * before they are read): that time is not their silence, as the FTAR
+   * coordinator judges its members. Only the stall beyond TICK_STALL_S is
+   * taken off, so a loop that merely lags still loses a dead host. */
+  if (gap > TICK_STALL_S)
+    for (int i = 0; i < o->nhosts; i++)
+      if (o->hosts[i].alive) o->hosts[i].last_heard = fmin(now, o->hosts[i].last_heard + gap - TICK_STALL_S);
   for (int i = 0; i < o->nhosts; i++)
     if (o->hosts[i].alive && now - o->hosts[i].last_heard > lapse_s(o)) {
       char why[96];
