@@ -3,14 +3,15 @@
  * which hosts are cordoned.
  *
  *   - An agent says AGENT name= addr= cores= gpus= slots= on the workers'
- *     port; it heartbeats (HB) and reports STARTED/EXITED (the real wait
- *     status) for the workers it starts on our SPAWN. Its connection
- *     closing, or its heartbeats lapsing past 2 x deadline (at least 4
- *     heartbeats; a cut link, a dead machine; judged from when our loop
- *     last ran: a stall of ours loses no host), is the host lost: its
- *     replicas are evicted from FTAR at once (their epoch goes stale:
- *     fenced), their control connections closed, and each fails with
- *     reason "host_lost" for the restart policy.
+ *     port (WELCOME grace= tells it operator_grace: how long it waits on
+ *     us, stalled, before it gives up on us); it heartbeats (HB) and
+ *     reports STARTED/EXITED (the real wait status) for the workers it
+ *     starts on our SPAWN. Its connection closing, or its heartbeats
+ *     lapsing past 2 x deadline (at least 4 heartbeats; a cut link, a dead
+ *     machine; judged from when our loop last ran: a stall of ours loses
+ *     no host), is the host lost: its replicas are evicted from FTAR at
+ *     once (their epoch goes stale: fenced), their control connections
+ *     closed, and each fails with reason "host_lost" for the restart policy.
  *   - Placement: a free slot on a healthy (alive, not cordoned) host; spares
  *     (hosts with no replica) first, the host the slot just failed on last.
  *     No room: the slot waits (unplaced) until an agent registers, a host is
@@ -325,7 +326,9 @@ static void on_agent(operator_state *o, int *hp, struct bufferevent *bev, const 
   r->bev = bev;
   r->last_heard = tr_now();
   *hp = h;
-  evbuffer_add_printf(out, "WELCOME host=%s\n", name);
+  /* grace: how long the agent waits on us when we take none of its bytes
+   * (stopped, a long REPL expression) before it gives up on us */
+  evbuffer_add_printf(out, "WELCOME host=%s grace=%g\n", name, o->cfg->operator_grace);
   operator_event(o, o->best_step, -1, "host_joined", "host %s (%s): %d cores, %d GPUs, %d slots%s", name, addr,
                  r->cores, r->gpus, r->nslots, r->cordoned ? " (cordoned)" : "");
   if (!o->placing && alive_hosts(o) >= o->cfg->hosts && !o->stopping) {
