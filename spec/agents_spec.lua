@@ -10,6 +10,8 @@
 -- time), a deadline shorter than the agents' heartbeat interval (no host
 -- lost for it), the operator stopped (SIGSTOP) with its socket buffers full:
 -- the agents wait operator_grace for it (and give up after it), and the
+-- operator's host gone silent under external workers (their blocked sends
+-- end after operator_grace, a restarted operator adopts them), and the
 -- job-file errors of `hosts`.
 -- Each case injects the fault for real and asserts what survived. Skipped
 -- with a message only where network namespaces cannot be made (not root).
@@ -32,9 +34,9 @@ local have_corpus = data ~= nil
 
 local STEPS = 400
 local PORT = 29500
-local function job(run, extra)
+local function job(run, extra, envs)
   return table.concat({
-    TH, "exec", NAME, "1", "env", "MASTER_ADDR=10.77.0.1", "MASTER_PORT=" .. PORT, "TRANSOM_TEST_STEP_MS=40",
+    TH, "exec", NAME, "1", "env", "MASTER_ADDR=10.77.0.1", "MASTER_PORT=" .. PORT, "TRANSOM_TEST_STEP_MS=40", envs or "",
     BIN, "run", ROOT .. "/examples/shakespeare.lua", "--replicas 2 --set hosts=2", "--set data=" .. data,
     "--set run_dir=" .. run, "--set max_steps=" .. STEPS,
     "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
@@ -260,6 +262,65 @@ describe("replicas across hosts (transom agent on test hosts)", function()
       assert.equal(1, select(2, log:gsub("replica %d started", "")), log)
     end
     local by = steps_by_worker(run) -- every step once, in order: no rejoin, no redo from a checkpoint
+    for w = 0, 1 do
+      for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
+      assert.equal(steps, by[w][#by[w]].step)
+    end
+  end)
+
+  -- The operator's host gone silent under external workers (torchrun's
+  -- way: RANK and MASTER_ADDR, no agent) on two other hosts: its link cut,
+  -- then the operator killed, so no FIN or RST ever reaches them. Their
+  -- lines to it go unacknowledged and fill their 4 KiB send buffers, and a
+  -- send blocks holding send_mu (the heartbeat thread, which looks for a
+  -- new operator, waits behind it). Before, it stayed blocked for the
+  -- kernel's retransmissions (about 15 minutes). Now a send the operator
+  -- takes nothing of for operator_grace fails and is the link lost: each
+  -- worker pauses at its step boundary, an operator restarted on the
+  -- restored host (--resume) adopts both, and the job finishes with every
+  -- step once.
+  it("the operator's host gone silent: external workers' blocked sends end after operator_grace, a new operator adopts them", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    small_buffers({ 2, 3 })
+    local run, steps, grace = tmp .. "/silent", 200, math.ceil(T(8))
+    local ext = "TRANSOM_EXTERNAL_WORKERS=1"
+    local opid = S.spawn_rc(job(run, "--set hosts=0 --set max_steps=" .. steps .. " --set operator_grace=" .. grace, ext),
+      run .. ".out")
+    assert(S.wait_for(function() return S.exists(run .. "/secret") end, 15), "no secret")
+    local wpid = {}
+    for r = 0, 1 do -- what torchrun would start on hosts 2 and 3
+      wpid[r] = S.spawn(TH .. " exec " .. NAME .. " " .. (r + 2) .. " env RANK=" .. r .. " MASTER_ADDR=10.77.0.1 MASTER_PORT=" ..
+        PORT .. " TRANSOM_SECRET_FILE=" .. run .. "/secret TRANSOM_TEST_STEP_MS=40 " .. BIN .. " worker",
+        run .. "-w" .. r .. ".log")
+    end
+    assert(wait_step(run, 40), "no progress")
+    sh(TH .. " cut " .. NAME .. " 1")
+    sh("kill -KILL " .. opid)
+    local function wlog(r) return read(run .. "-w" .. r .. ".log") or "" end
+    -- while the host is still cut off, each worker finds its operator lost
+    local lost = S.wait_for(function()
+      return wlog(0):find("lost the operator", 1, true) and wlog(1):find("lost the operator", 1, true)
+    end, T(3 * grace))
+    -- where each worker's threads wait (a send: sk_stream_wait_memory, in wait_woken)
+    local function wchans(r)
+      return (sh("for f in /proc/" .. wpid[r] .. "/task/*/wchan; do cat $f; echo -n ' '; done 2>/dev/null"))
+    end
+    assert(lost, "a worker never noticed its operator's host gone (its threads wait in: " .. wchans(0) .. "/ " ..
+      wchans(1) .. ")\n" .. wlog(0) .. wlog(1))
+    local before = #events(run)
+    sh(TH .. " restore " .. NAME .. " 1")
+    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 env " .. ext .. " MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. PORT ..
+      " " .. BIN .. " run --resume " .. run, run .. ".out2")
+    local rc = wait_exit(rc_of, T(120))
+    assert.equal(0, rc, (read(run .. ".out2") or "") .. wlog(0) .. wlog(1))
+    local ev = events(run):sub(before + 1)
+    assert.matches("replica 0 adopted", ev, 1, true)
+    assert.matches("replica 1 adopted", ev, 1, true)
+    assert.matches("replicas_agree", ev, 1, true)
+    for r = 0, 1 do assert.matches("adopted by the operator at 10.77.0.1:" .. PORT, wlog(r), 1, true) end
+    local by = steps_by_worker(run) -- the replayed STEP lines fill what the old operator never got
     for w = 0, 1 do
       for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
       assert.equal(steps, by[w][#by[w]].step)
