@@ -420,9 +420,22 @@ static int handle(detector *d, const det_pending *p) {
   return 1;
 }
 
+/* Ticks come at least every second (detector.h); a longer gap than this is
+ * the host's own loop stalled (SIGSTOP, a long REPL expression). */
+#define DET_STALL_S 2.0
+
 int detector_tick(detector *d, double now) {
   if (d->busy) return tr_fail(TR_ESTATE, "detector_tick: called from a detector callback");
   d->busy = 1;
+  /* the heartbeats that came while the host stalled sit unread (and the
+   * first tick after it may run before they are read: from a STEP's
+   * handling): that time is not the workers' silence, as the FTAR
+   * coordinator judges its members. Only the gap beyond DET_STALL_S is
+   * taken off, so a host that merely lags still finds a dead worker. */
+  double gap = d->real.now > 0 ? now - d->real.now : 0;
+  if (gap > DET_STALL_S)
+    for (int w = 0; w < d->real.max_workers; w++)
+      if (!isnan(d->real.hb[w])) d->real.hb[w] = fmin(now, d->real.hb[w] + gap - DET_STALL_S);
   d->real.now = now;
   d->npend = d->dropped = 0;
   d->prints = 0;

@@ -8,7 +8,11 @@
 -- trains on with fewer replicas, down to min_replicas), SIGTERM to the
 -- operator while a host is unreachable (a checkpoint and exit 0 in bounded
 -- time), a deadline shorter than the agents' heartbeat interval (no host
--- lost for it), and the job-file errors of `hosts`.
+-- lost for it), the operator stopped (SIGSTOP) with its socket buffers full:
+-- the agents wait operator_grace for it (and give up after it), and the
+-- operator's host gone silent under external workers (their blocked sends
+-- end after operator_grace, a restarted operator adopts them), and the
+-- job-file errors of `hosts`.
 -- Each case injects the fault for real and asserts what survived. Skipped
 -- with a message only where network namespaces cannot be made (not root).
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
@@ -30,9 +34,9 @@ local have_corpus = data ~= nil
 
 local STEPS = 400
 local PORT = 29500
-local function job(run, extra)
+local function job(run, extra, envs)
   return table.concat({
-    TH, "exec", NAME, "1", "env", "MASTER_ADDR=10.77.0.1", "MASTER_PORT=" .. PORT, "TRANSOM_TEST_STEP_MS=40",
+    TH, "exec", NAME, "1", "env", "MASTER_ADDR=10.77.0.1", "MASTER_PORT=" .. PORT, "TRANSOM_TEST_STEP_MS=40", envs or "",
     BIN, "run", ROOT .. "/examples/shakespeare.lua", "--replicas 2 --set hosts=2", "--set data=" .. data,
     "--set run_dir=" .. run, "--set max_steps=" .. STEPS,
     "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
@@ -141,36 +145,186 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.is_nil(events(run):match("host_lost"), events(run))
   end)
 
-  it("an agent whose operator stops reading gives up in bounded time, not blocked in send for ever", function()
+  -- small socket buffers (per namespace): the hosts send from 4 KiB, the
+  -- operator's host receives into at most rmem bytes (no growth; nil: as
+  -- usual), so a stopped operator's buffers fill with a few link probes (64
+  -- KiB each)
+  local function small_buffers(hosts, rmem)
+    if rmem then sh(TH .. " exec " .. NAME .. " 1 sysctl -qw net.ipv4.tcp_rmem='4096 " .. rmem .. " " .. rmem .. "'") end
+    for _, k in ipairs(hosts) do sh(TH .. " exec " .. NAME .. " " .. k .. " sysctl -qw net.ipv4.tcp_wmem='4096 4096 4096'") end
+  end
+
+  -- whether pid is gone (or a zombie)
+  local function ended(pid)
+    local stat = read("/proc/" .. pid .. "/stat")
+    return not stat or stat:match("^%d+ %b() Z") ~= nil
+  end
+
+  -- The operator stopped for good (SIGSTOP, never continued) with its
+  -- buffers full: the agent gives up on it once it has taken none of the
+  -- agent's bytes for operator_grace, on its own, and it never waits in
+  -- send meanwhile (before: a probe blocked in send, SO_SNDTIMEO 10 s).
+  it("an agent whose operator stops reading gives up after operator_grace, never blocked in send", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
     up(2)
-    -- small socket buffers on both ends (per namespace): one link probe fills them
-    sh(TH .. " exec " .. NAME .. " 1 sysctl -qw net.ipv4.tcp_rmem='4096 4096 4096'")
-    sh(TH .. " exec " .. NAME .. " 2 sysctl -qw net.ipv4.tcp_wmem='4096 4096 4096'")
+    small_buffers({ 2 }, 4096) -- one probe fills them
     local run = tmp .. "/stalled"
-    local opid = S.spawn_rc(job(run), run .. ".out")
+    local grace = string.format("%d", math.ceil(T(3)))
+    local opid = S.spawn_rc(job(run, "--set operator_grace=" .. grace), run .. ".out")
     local apid = agent(2, run) -- one host of the two: the operator waits for the other
     assert(wait_event(run, "host_joined[^\n]*host h2"), events(run))
     sh("kill -STOP " .. opid)
-    local blocked = false
-    for _ = 1, N(200) do -- the next probe (every 2 s) blocks in send
+    local in_send, gone = nil, false
+    for _ = 1, N(300) do -- its next probe (every 2 s) fills the buffers; grace s later it is gone
+      if ended(apid) then gone = true break end
       local wchan = read("/proc/" .. apid .. "/wchan") or "" -- sk_stream_wait_memory sleeps in wait_woken
-      if wchan:match("wait_memory") or wchan:match("wait_woken") then blocked = true break end
-      sleep(0.1)
-    end
-    assert(blocked, "the agent never blocked in send: " .. (read("/proc/" .. apid .. "/wchan") or "?"))
-    sh("kill -TERM " .. apid)
-    local gone = false
-    for _ = 1, N(300) do
-      if not read("/proc/" .. apid .. "/stat") or (read("/proc/" .. apid .. "/stat") or ""):match("^%d+ %b() Z") then
-        gone = true break
-      end
+      if wchan:match("wait_memory") or wchan:match("wait_woken") then in_send = wchan end
       sleep(0.1)
     end
     sh("kill -CONT " .. opid)
-    assert(gone, "the agent is still blocked in send: " .. (read("/proc/" .. apid .. "/wchan") or "?"))
-    assert.matches("lost the operator", read(run .. "-agent2.log") or "", 1, true)
+    local log = read(run .. "-agent2.log") or ""
+    assert(gone, "the agent did not give up on the stopped operator: " .. log)
+    assert.is_nil(in_send, "the agent waited in send (" .. tostring(in_send) .. ")")
+    assert.matches("lost the operator: it took none of our bytes for " .. grace .. " s (operator_grace", log, 1, true)
+  end)
+
+  -- host k's process pid, its connection to the operator: the bytes queued
+  -- and not yet taken (Send-Q) and the bytes the operator's host has taken
+  -- so far (bytes_acked); nil when it has none
+  local function link_bytes(k, pid)
+    local out = sh(TH .. " exec " .. NAME .. " " .. k .. " ss -tnpiH state established dport = :" .. PORT)
+    local q
+    for line in out:gmatch("[^\n]+") do
+      if q then return q, tonumber(line:match("bytes_acked:(%d+)") or 0) end
+      q = tonumber(line:match("^%s*%d+%s+(%d+)%s.*pid=" .. pid .. ","))
+    end
+  end
+
+  -- The operator stopped (SIGSTOP: its loop stalled, its host alive) with
+  -- its buffers full, then continued. Before, an agent whose send moved
+  -- nothing for SEND_TIMEOUT_S (10 s) took the operator for lost: it killed
+  -- its worker and exited, and the job lost its hosts. (A send blocked on a
+  -- closed window is woken now and then by a few bytes' room, and each wait
+  -- starts again: here the old agent gave up after about 30 s with none of
+  -- its bytes taken, never before 20.) The stop here lasts until the
+  -- operator's host has taken none of each agent's bytes for 35 s (read
+  -- from the agent's socket), well inside operator_grace (60 s by default).
+  -- Now an agent stops adding bytes behind those not taken and waits
+  -- operator_grace, the workers' sends wait the same, and the operator does
+  -- not count its own stall as the agents' or the workers' silence: the job
+  -- goes on with the same workers and finishes.
+  it("the operator stopped past an agent's old send timeout: agents and workers wait, the job finishes", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    -- the operator's host receives into 128 KiB, its usual start (into 4
+    -- KiB, after a stop this long the FTAR heartbeats' connections stayed
+    -- silent past the deadline: their window probes had backed off)
+    small_buffers({ 2, 3 }, 131072)
+    -- steps of 100 ms: the replicas cannot finish while it is stopped
+    local run, steps, pad = tmp .. "/paused", 500, "TRANSOM_TEST_STEP_MS=100"
+    local opid, rc_of = S.spawn_rc(job(run, "--set max_steps=" .. steps), run .. ".out")
+    local agents = { { k = 2, pid = agent(2, run, nil, pad) }, { k = 3, pid = agent(3, run, nil, pad) } }
+    assert(wait_step(run, 40), "no progress")
+    local workers = {}
+    for k = 2, 3 do workers[k] = tonumber((read(run .. "-agent" .. k .. ".log") or ""):match("started %(pid (%d+)%)")) end
+    local STUCK_S = 35 -- none of an agent's bytes taken this long (os.time: whole seconds)
+    sh("kill -STOP " .. opid)
+    local stuck, gave_up = false, nil
+    for _ = 1, N(500) do -- 50 s of 0.1 s rounds, more with ss's time: bounded
+      stuck = true
+      for _, a in ipairs(agents) do
+        if ended(a.pid) then gave_up = a.k end
+        local q, acked = link_bytes(a.k, a.pid)
+        if not q or q == 0 or acked ~= a.acked then a.acked, a.since = acked, os.time() end
+        stuck = stuck and q and q > 0 and os.time() - a.since > STUCK_S
+      end
+      if stuck or gave_up then break end
+      sleep(0.1)
+    end
+    local training = workers[2] and workers[3] and not ended(workers[2]) and not ended(workers[3])
+    sh("kill -CONT " .. opid)
+    assert.is_nil(gave_up, "the agent on h" .. tostring(gave_up) .. " gave up on the stopped operator: " ..
+      (read(run .. "-agent" .. tostring(gave_up) .. ".log") or ""))
+    assert(stuck, "the agents' bytes kept being taken: the stop did not outlast the old send timeout")
+    assert(training, "the workers did not outlast the stop")
+    local rc = wait_exit(rc_of, T(120))
+    local out, ev = read(run .. ".out") or "", events(run)
+    assert.equal(0, rc, out)
+    assert.matches("finished at step " .. steps, out, 1, true)
+    assert.is_nil(ev:match("host_lost"), ev)
+    assert.is_nil(ev:match('"kind":"replica_failed"'), ev)
+    assert.equal(2, select(2, ev:gsub('"kind":"spawn"', "")), ev) -- none replaced
+    assert.matches("replicas_agree", ev, 1, true)
+    for k = 2, 3 do -- each agent started one worker and kept it
+      local log = read(run .. "-agent" .. k .. ".log") or ""
+      assert.equal(1, select(2, log:gsub("replica %d started", "")), log)
+    end
+    local by = steps_by_worker(run) -- every step once, in order: no rejoin, no redo from a checkpoint
+    for w = 0, 1 do
+      for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
+      assert.equal(steps, by[w][#by[w]].step)
+    end
+  end)
+
+  -- The operator's host gone silent under external workers (torchrun's
+  -- way: RANK and MASTER_ADDR, no agent) on two other hosts: its link cut,
+  -- then the operator killed, so no FIN or RST ever reaches them. Their
+  -- lines to it go unacknowledged and fill their 4 KiB send buffers, and a
+  -- send blocks holding send_mu (the heartbeat thread, which looks for a
+  -- new operator, waits behind it). Before, it stayed blocked for the
+  -- kernel's retransmissions (about 15 minutes). Now a send the operator
+  -- takes nothing of for operator_grace fails and is the link lost: each
+  -- worker pauses at its step boundary, an operator restarted on the
+  -- restored host (--resume) adopts both, and the job finishes with every
+  -- step once.
+  it("the operator's host gone silent: external workers' blocked sends end after operator_grace, a new operator adopts them", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    small_buffers({ 2, 3 })
+    local run, steps, grace = tmp .. "/silent", 200, math.ceil(T(8))
+    local ext = "TRANSOM_EXTERNAL_WORKERS=1"
+    local opid = S.spawn_rc(job(run, "--set hosts=0 --set max_steps=" .. steps .. " --set operator_grace=" .. grace, ext),
+      run .. ".out")
+    assert(S.wait_for(function() return S.exists(run .. "/secret") end, 15), "no secret")
+    local wpid = {}
+    for r = 0, 1 do -- what torchrun would start on hosts 2 and 3
+      wpid[r] = S.spawn(TH .. " exec " .. NAME .. " " .. (r + 2) .. " env RANK=" .. r .. " MASTER_ADDR=10.77.0.1 MASTER_PORT=" ..
+        PORT .. " TRANSOM_SECRET_FILE=" .. run .. "/secret TRANSOM_TEST_STEP_MS=40 " .. BIN .. " worker",
+        run .. "-w" .. r .. ".log")
+    end
+    assert(wait_step(run, 40), "no progress")
+    sh(TH .. " cut " .. NAME .. " 1")
+    sh("kill -KILL " .. opid)
+    local function wlog(r) return read(run .. "-w" .. r .. ".log") or "" end
+    -- while the host is still cut off, each worker finds its operator lost
+    local lost = S.wait_for(function()
+      return wlog(0):find("lost the operator", 1, true) and wlog(1):find("lost the operator", 1, true)
+    end, T(3 * grace))
+    -- where each worker's threads wait (a send: sk_stream_wait_memory, in wait_woken)
+    local function wchans(r)
+      return (sh("for f in /proc/" .. wpid[r] .. "/task/*/wchan; do cat $f; echo -n ' '; done 2>/dev/null"))
+    end
+    assert(lost, "a worker never noticed its operator's host gone (its threads wait in: " .. wchans(0) .. "/ " ..
+      wchans(1) .. ")\n" .. wlog(0) .. wlog(1))
+    local before = #events(run)
+    sh(TH .. " restore " .. NAME .. " 1")
+    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 env " .. ext .. " MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. PORT ..
+      " " .. BIN .. " run --resume " .. run, run .. ".out2")
+    local rc = wait_exit(rc_of, T(120))
+    assert.equal(0, rc, (read(run .. ".out2") or "") .. wlog(0) .. wlog(1))
+    local ev = events(run):sub(before + 1)
+    assert.matches("replica 0 adopted", ev, 1, true)
+    assert.matches("replica 1 adopted", ev, 1, true)
+    assert.matches("replicas_agree", ev, 1, true)
+    for r = 0, 1 do assert.matches("adopted by the operator at 10.77.0.1:" .. PORT, wlog(r), 1, true) end
+    local by = steps_by_worker(run) -- the replayed STEP lines fill what the old operator never got
+    for w = 0, 1 do
+      for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
+      assert.equal(steps, by[w][#by[w]].step)
+    end
   end)
 
   it("a host's link cut in the middle of an all-reduce: replaced on the spare, fenced when restored", function()

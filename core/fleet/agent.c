@@ -11,17 +11,23 @@
  * counts them lost when its connection closes or its heartbeats lapse.
  *
  * Started by hand, by `srun` (one task per node) or anything else; the
- * operator never needs ssh. The operator lost (its connection closed, or a
- * send to it stuck for SEND_TIMEOUT_S): the agent stops its workers and
- * exits 1 (a restarted operator needs agents started again); SIGTERM or
- * SIGINT: the same, exit 0.
+ * operator never needs ssh. The operator lost (its connection closed or
+ * reset, or none of our bytes taken for operator_grace seconds, which its
+ * WELCOME says): the agent stops its workers and exits 1 (a restarted
+ * operator needs agents started again); SIGTERM or SIGINT: the same, exit 0.
+ * An operator that stalls (SIGSTOP, a long REPL expression) and resumes
+ * within the grace is not lost: once registered, lines go out through a
+ * buffer of our own without blocking, and while earlier bytes are still
+ * owed (ours, or the socket's send queue: SIOCOUTQ) no heartbeat or probe
+ * is added behind them.
  *
  *   transom agent --operator HOST:PORT --secret-file RUN/secret [--name NAME] [--addr ADDR] [--slots N]
  *                 [--cores N]
  * It proves the job's secret on connecting (auth.h) and hands it to its
  * workers (TRANSOM_SECRET).
  *
- * Single-threaded, blocking sockets and poll(); SIGCHLD through a self-pipe.
+ * Single-threaded: poll(), sends that never block once registered (the
+ * registration's are bounded by REGISTER_SEND_S); SIGCHLD through a self-pipe.
  */
 #define _GNU_SOURCE /* PR_SET_PDEATHSIG */
 #include <ctype.h>
@@ -29,12 +35,15 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
+#include <linux/sockios.h> /* SIOCOUTQ */
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -53,10 +62,17 @@ int agent_main(int argc, char **argv);
 #define PROBE_LINES 16
 #define PROBE_PAD 4000
 #define AGENT_SLOTS 64
-/* A send to the operator that makes no progress this long (its socket
- * buffers full: an operator stopped or cut off) is the operator lost; without
- * it the agent would block in send() for ever, deaf to SIGTERM (SA_RESTART). */
-#define SEND_TIMEOUT_S 10
+/* A send of the registration (the challenge's answer, AGENT) that makes no
+ * progress this long fails it; without it the agent would block in send()
+ * for ever, deaf to SIGTERM (SA_RESTART). After WELCOME nothing blocks. */
+#define REGISTER_SEND_S 10
+/* How long an operator may take none of our bytes before it is lost: its
+ * WELCOME's grace= (the job's operator_grace, what its workers wait for a
+ * restarted one); this where an operator does not say. */
+#define GRACE_DEFAULT_S 60.0
+/* Bytes for the operator the socket did not take yet: a probe and, behind
+ * it, the STARTED/EXITED lines of every slot many times over. */
+#define OUT_CAP (PROBE_LINES * (PROBE_PAD + 8) + 64 * 1024)
 
 typedef struct {
   char op[300], name[64], addr[64], self[PATH_MAX];
@@ -69,6 +85,12 @@ typedef struct {
   int n;
   auth_secret secret; /* the job's: --secret-file, TRANSOM_SECRET or TRANSOM_SECRET_FILE */
   char secret_hex[2 * AUTH_KEY_MAX + 1];
+  double grace;       /* seconds the operator may take none of our bytes (its WELCOME's grace=) */
+  char out[OUT_CAP];  /* lines for the operator the socket has not taken yet (serve: never blocks) */
+  size_t out_len;
+  size_t owed;        /* bytes owed at the last look: out_len + the socket's send queue */
+  double taken_at;    /* when the operator last took some (or nothing was owed) */
+  char lost[160];     /* why the operator is lost (a failed send, the grace run out); "" while it is not */
 } agent;
 
 static const char agent_usage[] =
@@ -212,6 +234,66 @@ static void local_addr(agent *a) {
   else snprintf(a->addr, sizeof a->addr, "127.0.0.1");
 }
 
+/* --- lines to the operator --- */
+
+/* Bytes the operator has not taken: ours the socket did not take yet, and
+ * the socket's send queue (sent and not acknowledged, or not sent: a window
+ * closed by an operator that stopped reading). */
+static size_t owed(const agent *a) {
+  int q = 0;
+  if (ioctl(a->fd, SIOCOUTQ, &q) != 0 || q < 0) q = 0;
+  return a->out_len + (size_t)q;
+}
+
+/* Hands the socket what it takes now, never waiting; an error of the
+ * connection (reset, closed, timed out) is the operator lost. */
+static void flush(agent *a) {
+  size_t done = 0;
+  while (done < a->out_len && !a->lost[0]) {
+    ssize_t n = send(a->fd, a->out + done, a->out_len - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) done += (size_t)n;
+    else if (n < 0 && errno == EINTR) continue;
+    else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) snprintf(a->lost, sizeof a->lost, "send: %s", strerror(errno));
+    else break; /* the socket is full: the rest waits for POLLOUT */
+  }
+  memmove(a->out, a->out + done, a->out_len - done);
+  a->out_len -= done;
+}
+
+/* One line to the operator (adds '\n'): queued behind what is owed, sent
+ * as far as the socket takes it. Never blocks; a failure marks the operator
+ * lost (serve notices). */
+static void send_line(agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void send_line(agent *a, const char *fmt, ...) {
+  if (a->fd < 0 || a->lost[0]) return;
+  char line[PROTO_LINE_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0 || n >= (int)sizeof line - 1) return; /* ours, all short */
+  line[n++] = '\n';
+  if (a->out_len + (size_t)n > sizeof a->out) {
+    snprintf(a->lost, sizeof a->lost, "%zu bytes it has not taken", a->out_len);
+    return;
+  }
+  memcpy(a->out + a->out_len, line, (size_t)n);
+  a->out_len += (size_t)n;
+  flush(a);
+  a->owed = owed(a); /* what we added is not the operator taking less */
+}
+
+/* The bytes owed now; the operator took some since the last look when
+ * they shrank (or none are owed). None taken for the grace: lost. */
+static size_t look_owed(agent *a, double now) {
+  size_t q = owed(a);
+  if (q == 0 || q < a->owed) a->taken_at = now;
+  a->owed = q;
+  if (now - a->taken_at > a->grace && !a->lost[0])
+    snprintf(a->lost, sizeof a->lost, "it took none of our bytes for %.0f s (operator_grace; %zu owed)", a->grace, q);
+  return q;
+}
+
 /* --- workers --- */
 
 static void start_worker(agent *a, const char *line) {
@@ -220,7 +302,7 @@ static void start_worker(agent *a, const char *line) {
   char log[PATH_MAX], op[320], ks[16], ts[16];
   if (!proto_get(line, "log", log, sizeof log)) snprintf(log, sizeof log, "/dev/null");
   if (k < 0 || a->n == AGENT_SLOTS) {
-    proto_send(a->fd, "EXITED slot=%d gen=%u pid=0 status=%d", k, gen, 0x100);
+    send_line(a, "EXITED slot=%d gen=%u pid=0 status=%d", k, gen, 0x100);
     return;
   }
   snprintf(op, sizeof op, "%s:%d", a->op, a->op_port);
@@ -248,14 +330,14 @@ static void start_worker(agent *a, const char *line) {
     _exit(127); /* ok-exit: exec failed in the child */
   }
   if (pid < 0) {
-    proto_send(a->fd, "EXITED slot=%d gen=%u pid=0 status=%d", k, gen, 0x100);
+    send_line(a, "EXITED slot=%d gen=%u pid=0 status=%d", k, gen, 0x100);
     return;
   }
   a->pids[a->n] = pid;
   a->gens[a->n] = gen;
   a->slots[a->n++] = k;
   fprintf(stderr, "agent %s: replica %d started (pid %d)\n", a->name, k, (int)pid);
-  proto_send(a->fd, "STARTED slot=%d gen=%u pid=%d", k, gen, (int)pid);
+  send_line(a, "STARTED slot=%d gen=%u pid=%d", k, gen, (int)pid);
 }
 
 /* KILL names the worker by slot and SPAWN generation: the operator may ask
@@ -275,8 +357,7 @@ static void reap(agent *a) {
     for (int i = 0; i < a->n; i++) {
       if (a->pids[i] != pid) continue;
       fprintf(stderr, "agent %s: replica %d (pid %d) exited, status 0x%x\n", a->name, a->slots[i], (int)pid, status);
-      if (a->fd >= 0)
-        proto_send(a->fd, "EXITED slot=%d gen=%u pid=%d status=%d", a->slots[i], a->gens[i], (int)pid, status);
+      send_line(a, "EXITED slot=%d gen=%u pid=%d status=%d", a->slots[i], a->gens[i], (int)pid, status);
       a->pids[i] = a->pids[a->n - 1];
       a->gens[i] = a->gens[a->n - 1];
       a->slots[i] = a->slots[--a->n];
@@ -303,7 +384,7 @@ static int hello(agent *a) {
   }
   local_addr(a);
   a->rd.fd = a->fd;
-  struct timeval tv = {SEND_TIMEOUT_S, 0};
+  struct timeval tv = {REGISTER_SEND_S, 0};
   if (setsockopt(a->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
     return tr_fail(TR_EIO, "setsockopt(SO_SNDTIMEO): %s", strerror(errno));
   if (auth_client(a->fd, &a->secret, 30.0)) {
@@ -322,8 +403,10 @@ static int hello(agent *a) {
   if (rc <= 0 || !proto_is(line, "WELCOME"))
     return tr_fail(TR_EIO, "the operator at %s:%d %s: %s", a->op, a->op_port, rc > 0 ? "refused us" : "did not answer",
                    rc > 0 ? line : "");
-  fprintf(stderr, "agent %s: registered with the operator at %s:%d as %s (%d slots, %d cores)\n", a->name, a->op,
-          a->op_port, a->addr, a->nslots, a->cores);
+  a->grace = proto_num(line, "grace", GRACE_DEFAULT_S);
+  if (!(a->grace > 0)) a->grace = GRACE_DEFAULT_S;
+  fprintf(stderr, "agent %s: registered with the operator at %s:%d as %s (%d slots, %d cores; grace %.0f s)\n",
+          a->name, a->op, a->op_port, a->addr, a->nslots, a->cores, a->grace);
   return 0;
 }
 
@@ -339,28 +422,36 @@ static void handle_lines(agent *a) {
 
 /* A link probe: PROBE_LINES padded lines between PROBE and PROBE_END; the
  * operator times their arrival (operator_hosts.c: a slow link). */
-static int probe(agent *a) {
+static void probe(agent *a) {
   static char pad[PROBE_PAD + 1];
   if (!pad[0]) memset(pad, 'x', PROBE_PAD);
-  if (proto_send(a->fd, "PROBE lines=%d", PROBE_LINES)) return -1;
-  for (int i = 0; i < PROBE_LINES; i++)
-    if (proto_send(a->fd, "PAD p=%s", pad)) return -1;
-  return proto_send(a->fd, "PROBE_END bytes=%d", PROBE_LINES * (PROBE_PAD + 7));
+  send_line(a, "PROBE lines=%d", PROBE_LINES);
+  for (int i = 0; i < PROBE_LINES; i++) send_line(a, "PAD p=%s", pad);
+  send_line(a, "PROBE_END bytes=%d", PROBE_LINES * (PROBE_PAD + 7));
 }
 
+/* Heartbeats and probes go out only when nothing is owed: behind bytes
+ * the operator has not taken (a busy link, a stalled operator) they would
+ * say nothing new and only pile up. */
 static int serve(agent *a) {
   double next_hb = 0, next_probe = tr_now() + PROBE_INTERVAL;
+  a->taken_at = tr_now();
   handle_lines(a); /* what came with WELCOME */
   while (!stop_sig) {
-    if (tr_now() >= next_hb) {
-      if (proto_send(a->fd, "HB n=%d", a->n)) return tr_fail(TR_EIO, "lost the operator");
-      next_hb = tr_now() + HB_INTERVAL;
+    double now = tr_now();
+    flush(a);
+    size_t q = look_owed(a, now);
+    if (a->lost[0]) return tr_fail(TR_EIO, "lost the operator: %s", a->lost);
+    if (now >= next_hb) {
+      if (q == 0) send_line(a, "HB n=%d", a->n);
+      next_hb = now + HB_INTERVAL;
     }
-    if (tr_now() >= next_probe) {
-      if (probe(a)) return tr_fail(TR_EIO, "lost the operator");
-      next_probe = tr_now() + PROBE_INTERVAL;
+    if (now >= next_probe) {
+      if (q == 0) probe(a);
+      next_probe = now + PROBE_INTERVAL;
     }
-    struct pollfd p[2] = {{.fd = a->fd, .events = POLLIN}, {.fd = pipe_fds[0], .events = POLLIN}};
+    struct pollfd p[2] = {{.fd = a->fd, .events = POLLIN | (a->out_len ? POLLOUT : 0)},
+                          {.fd = pipe_fds[0], .events = POLLIN}};
     if (poll(p, 2, (int)(HB_INTERVAL * 1000)) < 0 && errno != EINTR) return tr_fail(TR_EIO, "poll: %s", strerror(errno));
     if (p[1].revents & POLLIN) {
       char buf[64];
@@ -371,7 +462,8 @@ static int serve(agent *a) {
     if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     proto_reader *r = &a->rd;
     ssize_t got = recv(a->fd, r->buf + r->len, sizeof r->buf - r->len, MSG_DONTWAIT);
-    if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) return tr_fail(TR_EIO, "lost the operator");
+    if (got == 0) return tr_fail(TR_EIO, "lost the operator: it closed the connection");
+    if (got < 0 && errno != EINTR && errno != EAGAIN) return tr_fail(TR_EIO, "lost the operator: recv: %s", strerror(errno));
     if (got > 0) r->len += (size_t)got;
     handle_lines(a);
     if (r->len >= PROTO_LINE_MAX) return tr_fail(TR_EFORMAT, "a control line longer than %d bytes", PROTO_LINE_MAX);

@@ -3,13 +3,15 @@
  * which hosts are cordoned.
  *
  *   - An agent says AGENT name= addr= cores= gpus= slots= on the workers'
- *     port; it heartbeats (HB) and reports STARTED/EXITED (the real wait
- *     status) for the workers it starts on our SPAWN. Its connection
- *     closing, or its heartbeats lapsing past 2 x deadline (at least 4
- *     heartbeats; a cut link, a dead machine), is the host lost: its
- *     replicas are evicted from FTAR at once (their epoch goes stale:
- *     fenced), their control connections closed, and each fails with
- *     reason "host_lost" for the restart policy.
+ *     port (WELCOME grace= tells it operator_grace: how long it waits on
+ *     us, stalled, before it gives up on us); it heartbeats (HB) and
+ *     reports STARTED/EXITED (the real wait status) for the workers it
+ *     starts on our SPAWN. Its connection closing, or its heartbeats
+ *     lapsing past 2 x deadline (at least 4 heartbeats; a cut link, a dead
+ *     machine; judged from when our loop last ran: a stall of ours loses
+ *     no host), is the host lost: its replicas are evicted from FTAR at
+ *     once (their epoch goes stale: fenced), their control connections
+ *     closed, and each fails with reason "host_lost" for the restart policy.
  *   - Placement: a free slot on a healthy (alive, not cordoned) host; spares
  *     (hosts with no replica) first, the host the slot just failed on last.
  *     No room: the slot waits (unplaced) until an agent registers, a host is
@@ -28,6 +30,7 @@
 #include <event2/bufferevent.h>
 #include <lauxlib.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -323,7 +326,9 @@ static void on_agent(operator_state *o, int *hp, struct bufferevent *bev, const 
   r->bev = bev;
   r->last_heard = tr_now();
   *hp = h;
-  evbuffer_add_printf(out, "WELCOME host=%s\n", name);
+  /* grace: how long the agent waits on us when we take none of its bytes
+   * (stopped, a long REPL expression) before it gives up on us */
+  evbuffer_add_printf(out, "WELCOME host=%s grace=%g\n", name, o->cfg->operator_grace);
   operator_event(o, o->best_step, -1, "host_joined", "host %s (%s): %d cores, %d GPUs, %d slots%s", name, addr,
                  r->cores, r->gpus, r->nslots, r->cordoned ? " (cordoned)" : "");
   if (!o->placing && alive_hosts(o) >= o->cfg->hosts && !o->stopping) {
@@ -400,8 +405,20 @@ static void host_lost(operator_state *o, int h, const char *why) {
 
 void hosts_conn_closed(operator_state *o, int h) { host_lost(o, h, "its agent's connection closed"); }
 
+/* The operator's tick runs every 0.25 s (operator.c); a gap past this much
+ * is our loop stalled (SIGSTOP, a long REPL expression). */
+#define TICK_STALL_S 0.5
+
 void hosts_tick(operator_state *o) {
-  double now = tr_now();
+  double now = tr_now(), gap = o->hosts_tick_at > 0 ? now - o->hosts_tick_at : 0;
+  o->hosts_tick_at = now;
+  /* the agents' lines sat unread while we stalled (and this tick may run
+   * before they are read): that time is not their silence, as the FTAR
+   * coordinator judges its members. Only the stall beyond TICK_STALL_S is
+   * taken off, so a loop that merely lags still loses a dead host. */
+  if (gap > TICK_STALL_S)
+    for (int i = 0; i < o->nhosts; i++)
+      if (o->hosts[i].alive) o->hosts[i].last_heard = fmin(now, o->hosts[i].last_heard + gap - TICK_STALL_S);
   for (int i = 0; i < o->nhosts; i++)
     if (o->hosts[i].alive && now - o->hosts[i].last_heard > lapse_s(o)) {
       char why[96];

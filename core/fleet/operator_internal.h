@@ -135,6 +135,7 @@ struct operator_state {
   policy *hosts_pol;          /* hosts.lua (cordon / uncordon), on pol's engine */
   int hosts_state_ref;
   double hosts_policy_at;     /* when hosts.lua last looked at the cordoned hosts */
+  double hosts_tick_at;       /* when hosts_tick last ran: a larger gap is our loop stalled */
   /* aborted epochs without progress (operator.c, watch_aborts): a member
    * its peers cannot reach makes every collective abort again */
   int64_t abort_step;
@@ -200,8 +201,9 @@ void hosts_conn_closed(operator_state *o, int h);
  * host it just failed on) and asks its agent to start it; none free: the
  * slot waits (unplaced) until one is. */
 void hosts_place(operator_state *o, int k, const char *mode);
-/* Every tick: silent agents are lost hosts; hosts.lua may uncordon; the
- * unplaced slots are placed where they now fit. */
+/* Every tick: silent agents are lost hosts (after a stall of our own loop,
+ * every agent gets a fresh lapse); hosts.lua may uncordon; the unplaced
+ * slots are placed where they now fit. */
 void hosts_tick(operator_state *o);
 /* A worker on host h failed (counted for hosts.lua). */
 void hosts_failure(operator_state *o, int h, const char *reason);

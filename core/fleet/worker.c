@@ -16,7 +16,10 @@
  * seconds, says HELLO live=1 with its step, re-registers FTAR with the new
  * coordinator and replays its last STEP lines (the operator keeps the ones
  * it lacks); then training goes on. No operator in time: exit status 4,
- * no checkpoint (the newest committed one stays).
+ * no checkpoint (the newest committed one stays). Sends to the operator are
+ * bounded (bound_sends): one it takes nothing of for operator_grace seconds
+ * (its host gone silent, or stopped that long) fails, and is the link lost
+ * like a closed connection; a shorter stall only pauses the sender.
  *
  * The replica with the lowest slot among the contributors of a step is the
  * leader: the only one that writes checkpoints (all replicas hold the same
@@ -28,7 +31,10 @@
  */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -37,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -162,6 +169,22 @@ static int operator_addr(worker *w, char *host, size_t n, int *port) {
   return rc;
 }
 
+/* A send on the operator's connection fd fails once the operator has taken
+ * none of its bytes for operator_grace seconds: unacknowledged (its host
+ * died silently) or refused by a closed window (it stopped reading) past
+ * TCP_USER_TIMEOUT (the connection is aborted), or no room made within
+ * SO_SNDTIMEO. The agent gives up on its operator after the same grace.
+ * Without them a send could block ~15 minutes (the kernel's retransmissions)
+ * holding send_mu, the heartbeat thread waiting behind it. */
+static void bound_sends(const worker *w, int fd) {
+  double g = w->cfg->operator_grace;
+  unsigned ms = g * 1e3 < (double)UINT_MAX ? (unsigned)(g * 1e3) : UINT_MAX;
+  struct timeval tv = {(time_t)g, (suseconds_t)((g - (double)(time_t)g) * 1e6)};
+  if (setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+    fprintf(stderr, "worker %d: sends to the operator are not bounded: %s\n", w->slot, strerror(errno));
+}
+
 /* One try at a restarted operator: HELLO live=1 with our step, its WELCOME
  * (the new coordinator), FTAR re-registered, then the link swapped in and
  * our last STEP lines replayed before any new one. 0 when back. */
@@ -171,6 +194,7 @@ static int link_try(worker *w) {
   if (operator_addr(w, host, sizeof host, &port)) return -1;
   int fd = net_connect(host, port, 1.0);
   if (fd < 0) return -1;
+  bound_sends(w, fd);
   fprintf(stderr, "worker %d: trying the operator at %s:%d\n", w->slot, host, port);
   char me[256];
   gethostname(me, sizeof me);
@@ -746,6 +770,7 @@ int worker_main(int argc, char **argv) {
   if (!L || (rc = job_load(L, path, sets, 1, &cfg))) goto fail;
   if (!(w.t = trainer_create(L, &cfg))) goto fail;
   w.cfg = trainer_config(w.t);
+  bound_sends(&w, w.opfd);
   trainer_set_slot(w.t, w.slot);
   apply_welcome(w.t, line);
   if (!(ck = open_ckpt(&cfg, w.t, run)) && (cfg.ckpt_every_steps > 0 || cfg.ckpt_every_seconds > 0)) goto fail;

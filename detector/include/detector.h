@@ -230,7 +230,10 @@ void detector_rewind(detector *d, int64_t step);
 /* Runs every rule over every known worker at time now, then the policy over
  * each new anomaly, calling the callbacks. Call it after each fleet step
  * (when every replica has reported it) and on a timer (1 s), so hangs and
- * lost heartbeats are seen when no step arrives. A rule that raises or runs
+ * lost heartbeats are seen when no step arrives. A gap of more than 2 s
+ * since the previous tick is the caller's loop stalled: what came meanwhile
+ * sits unread, so the gap beyond 2 s does not count in any heartbeat's age
+ * (no worker is dead for the caller's own silence). A rule that raises or runs
  * past its budget is an event (once per distinct message), is skipped for the
  * rest of this tick, and after 3 ticks in a row over budget is disabled until
  * its file is reloaded; the tick goes on. Returns the number of new

@@ -131,7 +131,9 @@ local SCHEMA = {
   { "hang_seconds", "number", 60, "a replica computing one step this long while the others wait for it is hung "
     .. "(evicted)", gt = 0 },
   { "operator_grace", "number", 60, "seconds a replica waits for a restarted operator (`transom run --resume RUN`) "
-    .. "after losing it, holding its state; then it exits without a checkpoint", gt = 0 },
+    .. "after losing it, holding its state; then it exits without a checkpoint. Also how long replicas and agents "
+    .. "wait on an operator that takes none of their bytes (stalled, its host gone silent) before it is lost",
+    gt = 0 },
   { "hosts", "integer", 0, "transom agents to wait for before placing replicas on them (0 = this host only: the "
     .. "operator starts the workers itself); needs MASTER_ADDR, the address agents reach the operator at",
     min = 0, max = 256 },

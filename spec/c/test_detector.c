@@ -502,6 +502,42 @@ static void test_dead(void) {
   detector_destroy(d);
 }
 
+/* The host's own loop stalled 30 s (the operator SIGSTOPped): its first
+ * tick after it runs before the heartbeats that came meanwhile are read.
+ * That is not 30 s of the workers' silence (before: every one dead and
+ * evicted); a worker silent before the stall and after it is still found
+ * dead, and a host whose ticks only lag (2.5 s apart) still finds it. */
+static void test_host_stalled(void) {
+  reset_policies();
+  cap_reset();
+  detector *d = make(0, 0);
+  if (!d) return;
+  double t = 0;
+  run_clean(d, 3, 1, 20, &t);
+  double silent_from = t; /* worker 2: nothing from here on */
+  for (int i = 0; i < 40; i++) { /* 10 s; then the host stops for 30 s */
+    t += DT;
+    for (int w = 0; w < 2; w++) detector_heartbeat(d, w, t);
+    detector_tick(d, t);
+  }
+  t += 30;
+  detector_tick(d, t);
+  CHECK(find_anomaly("dead", 0) == NULL && find_anomaly("dead", 1) == NULL, "no worker dead for the host's stall");
+  CHECK(find_anomaly("dead", 2) == NULL, "worker 2: 10 s silent before the stall, under DEAD_T");
+  double detected = -1;
+  for (int i = 1; i <= 20 && detected < 0; i++) { /* 2.5 s ticks: a lagging host */
+    t += 2.5;
+    for (int w = 0; w < 2; w++) detector_heartbeat(d, w, t);
+    detector_tick(d, t);
+    if (find_anomaly("dead", 2)) detected = t;
+  }
+  CHECK(detected > 0, "worker 2 found dead after the stall, on ticks 2.5 s apart");
+  CHECK(find_anomaly("dead", 0) == NULL && find_anomaly("dead", 1) == NULL, "the others never dead");
+  printf("host stalled 30 s: no worker dead for it; one silent 10 s before it dead %.1f s after it\n",
+         detected - (silent_from + 40));
+  detector_destroy(d);
+}
+
 /* The SIGSTOP race: a frozen process's last STEP line at t refreshed its
  * heartbeat, one more heartbeat came at t + 0.4 s, then silence. With
  * HANG_T and DEAD_T equal (3 s) the hang rule once saw "no step for 3 s,
@@ -1208,6 +1244,7 @@ int main(void) {
   test_straggler(0);
   test_hang();
   test_dead();
+  test_host_stalled();
   test_stopped_is_dead_not_hung();
   test_divergence();
   test_spike_and_grad();
