@@ -545,6 +545,48 @@ describe("operator (3 replicas)", function()
     end
   end)
 
+  it("kill -9 of the operator between the replicas' last step and their DONE: --resume adopts them and hears it",
+    function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/opkill-done"
+    local gate = tmp .. "/opkill-done.gate"
+    os.remove(gate)
+    local op = spawn("env TRANSOM_TEST_DONE_GATE=" .. gate .. " " .. job(run, "--set operator_grace=30"),
+      tmp .. "/opkill-done.log")
+    local function logs_say(text)
+      for w = 0, 2 do
+        if not (read(run .. "/worker-" .. w .. ".log") or ""):find(text, 1, true) then return false end
+      end
+      return true
+    end
+    -- every replica finished its last step and holds its DONE
+    assert.is_true(S.wait_for(function() return logs_say("holding DONE until") end, 120), "no replica finished")
+    local pids = { pid_of(run, 0), pid_of(run, 1), pid_of(run, 2) }
+    os.execute("kill -9 " .. op)
+    assert.is_true(wait_exit(op, 10))
+    assert.is_true(S.wait_for(function() return logs_say("lost the operator") end, 30), "no replica saw it go")
+    write(gate, "go\n")
+    -- each sends its DONE now, with no operator: it must wait for one (before: it exited unheard)
+    assert.is_true(S.wait_for(function()
+      for w = 0, 2 do
+        local said = (read(run .. "/worker-" .. w .. ".log") or ""):find("the last line waits for a restarted one", 1,
+          true)
+        if not said and alive(pids[w + 1]) then return false end
+      end
+      return true
+    end, 30), "the replicas neither waited nor exited")
+    local out, rc = sh(BIN .. " run --resume " .. run)
+    assert.equal(0, rc, out)
+    assert_agree(run, out)
+    local ev = events(run)
+    local first = assert(ev:find('"kind":"adopted"', 1, true), ev)
+    local after = ev:sub(first)
+    assert.matches("3 of 3 replicas adopted live", after, 1, true)
+    assert.is_nil(after:find('"kind":"spawn"', 1, true), after) -- the same three processes finished
+    assert.is_nil(after:find('"kind":"replica_failed"', 1, true), after)
+    for _, pid in ipairs(pids) do assert.is_true(wait_exit(pid, 10)) end
+  end)
+
   it("kill -9 of the operator, never restarted: the workers exit after operator_grace", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/orphans"

@@ -1197,10 +1197,14 @@ static void adopt_tick(evutil_socket_t fd, short what, void *arg) {
   (void)what;
   operator_state *o = arg;
   double t = tr_now() - o->adopt_t0;
-  int adopted = 0;
-  for (int i = 0; i < o->nslots; i++) adopted += o->slots[i].adopted && o->slots[i].state == SLOT_RUNNING;
+  int adopted = 0, running = 0; /* an adopted replica may have finished already (its DONE came with the adoption) */
+  for (int i = 0; i < o->nslots; i++) {
+    const slot *s = &o->slots[i];
+    running += s->adopted && s->state == SLOT_RUNNING;
+    adopted += s->adopted && (s->state == SLOT_RUNNING || s->state == SLOT_DONE);
+  }
   if (t < ADOPT_WINDOW && adopted < o->nslots) return;
-  if (ftar_coord_registered(o->coord) < adopted && t < ADOPT_WINDOW + ADOPT_REGISTER) return;
+  if (ftar_coord_registered(o->coord) < running && t < ADOPT_WINDOW + ADOPT_REGISTER) return;
   evtimer_del(o->adopt_ev);
   o->adopting = 0;
   ftar_coord_hold(o->coord, 0);

@@ -287,6 +287,37 @@ static int await_operator(worker *w) {
   return TR_OK;
 }
 
+/* The run's last line (DONE): the operator must hear it, and a restarted
+ * one too, so while the link is down it waits for one (operator_grace),
+ * where SEND would drop it (its replay covers STEP lines only): a replica
+ * that finished while its operator was being restarted would otherwise
+ * exit unheard, and the new operator find no live replica to adopt. */
+static int send_final(worker *w, const char *line) {
+  pthread_mutex_lock(&w->send_mu);
+  int rc;
+  for (;;) {
+    if (w->down && !w->gone) {
+      fprintf(stderr, "worker %d: the operator is gone: the last line waits for a restarted one\n", w->slot);
+      fflush(stderr);
+    }
+    if ((rc = await_operator(w)) || proto_send(w->opfd, "%s", line) == 0) break;
+    link_down(w); /* the send failed: the link thread looks for a restarted operator */
+  }
+  pthread_mutex_unlock(&w->send_mu);
+  return rc;
+}
+
+/* Test hook TRANSOM_TEST_DONE_GATE=PATH: the finished replica holds its
+ * DONE until PATH exists (60 s at most), so a test can kill the operator
+ * between a run's last step and its last line. Unset: nothing. */
+static void test_done_gate(const worker *w) {
+  const char *gate = getenv("TRANSOM_TEST_DONE_GATE");
+  if (!gate || !*gate) return;
+  fprintf(stderr, "worker %d: holding DONE until %s exists (test hook)\n", w->slot, gate);
+  fflush(stderr);
+  for (int i = 0; i < 600 && access(gate, F_OK) != 0; i++) usleep(100000);
+}
+
 /* Reads the operator's commands that are waiting (never blocks, unless the
  * operator is gone: then it waits for a restarted one). */
 static int poll_commands(worker *w) {
@@ -728,8 +759,12 @@ static int train(worker *w, ckpt_engine *ck, const char *run) {
                   .failed = hook_failed};
   loop_result res;
   int rc = loop_run(&lo, &h, &res);
-  if (!rc) SEND(w, "DONE slot=%d step=%lld crc=%08x", w->slot, (long long)res.step, trainer_param_crc(w->t));
-  return rc;
+  if (rc) return rc;
+  char done[160];
+  snprintf(done, sizeof done, "DONE slot=%d step=%lld crc=%08x", w->slot, (long long)res.step,
+           trainer_param_crc(w->t));
+  test_done_gate(w);
+  return send_final(w, done);
 }
 
 int worker_main(int argc, char **argv) {
