@@ -206,8 +206,13 @@ int detector_worker_gone(detector *d, int worker) {
   if (rc) return rc;
   series_reset(d->real.s, worker);
   d->real.hb[worker] = d->real.first_seen[worker] = NAN;
-  for (int i = 0; i < d->seen_len; i++) /* a replacement may raise the same anomalies again */
-    if (d->seen[i].worker == worker) d->seen[i].worker = INT_MIN;
+  int any = 0; /* a worker still known */
+  for (int w = 0; w < d->real.max_workers && !any; w++) any = !isnan(d->real.first_seen[w]);
+  /* a replacement may raise the same anomalies again; once every worker is
+   * gone (a restart from a checkpoint: its steps come again), the
+   * fleet-wide ones (worker -1) too */
+  for (int i = 0; i < d->seen_len; i++)
+    if (d->seen[i].worker == worker || (!any && d->seen[i].worker == -1)) d->seen[i].worker = INT_MIN;
   return TR_OK;
 }
 

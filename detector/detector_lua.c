@@ -401,9 +401,12 @@ static int check_actions(void *ud, lua_State *L, int t, int env, policy_err *e) 
 
 /* --- the engine's callbacks --- */
 
-/* Every sandbox gets the detector's `state` (kept across reloads). */
+/* A new file's top level gets a scratch `state`: it runs before its
+ * checks, and a file they refuse must leave the state in force untouched.
+ * The checks hand the real one (kept across reloads) to the file's
+ * functions when they pass. */
 static void init_env(void *ud, lua_State *L, int env) {
-  set_env_state(ud, L, env, 1);
+  set_env_state(ud, L, env, 0);
 }
 
 /* print() from a rule or policy: a "rule_print" event, at most DET_PRINTS a tick. */

@@ -350,7 +350,6 @@ static void det_action(void *ud, const detector_action *a) {
       /* the anomaly's batch, if it came after the checkpoint; else the one after the rollback's step */
       int64_t bad = a->cause && a->cause->step > target ? a->cause->step : a->step + 1;
       operator_rollback_all(o, target, bad, why);
-      detector_rewind(o->det, target);
       break;
     }
     case DET_ACT_SKIP_UPDATE: {
@@ -464,6 +463,7 @@ void operator_rollback_all(operator_state *o, int64_t step, int64_t skip_step, c
   if (o->stopping || o->rollback_pending) return;
   o->rollback_pending = 1;
   o->rollback_step = step;
+  if (o->det) detector_rewind(o->det, step); /* its steps come again: so may their anomalies (a REPL rollback too) */
   for (int i = 0; i < o->nslots; i++) o->slots[i].resume_step = step;
   char skipped[96] = "";
   if (skip_step > step) {

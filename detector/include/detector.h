@@ -218,8 +218,10 @@ int detector_observe(detector *d, int worker, int64_t step, const detector_sampl
  * TR_EINVAL for a worker out of range. */
 int detector_heartbeat(detector *d, int worker, double now);
 /* worker is gone (exited, killed, evicted): its series, heartbeat and
- * checksums are forgotten; a replacement with the same id starts afresh.
- * Returns TR_EINVAL for a worker out of range. */
+ * checksums are forgotten; a replacement with the same id starts afresh
+ * and may raise the anomalies it raised again; once every worker is gone,
+ * the fleet-wide ones (worker -1) too. Returns TR_EINVAL for a worker out
+ * of range. */
 int detector_worker_gone(detector *d, int worker);
 /* A rollback to step happened: observations and checksums after step are
  * dropped and anomalies about later steps may fire again. */

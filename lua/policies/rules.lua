@@ -28,7 +28,9 @@
 --   fleet.progress_age, fleet:median(m, except_worker), fleet:mad, fleet:mean,
 --   fleet:percentile(m, p, except), fleet:ids(), fleet:worker(id),
 --   fleet:checksums(step) -> {[worker] = crc}, count, complete.
--- state: a table kept across calls and reloads (use state.<rule name>).
+-- state: a table kept across calls and reloads (use state.<rule name>);
+-- at this file's top level `state` is a scratch table (set things up in
+-- the rules themselves).
 --
 -- Sandbox: math, string, table, utf8, os.time, os.clock, pairs, ipairs, ...;
 -- no io, os.execute, require, load. Reading an undefined global is an

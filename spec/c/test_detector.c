@@ -755,7 +755,8 @@ static void test_reload(void) {
   free(fixed);
   char *r5 = patched("rules.lua", "return R\n",
                      "function R.counter(w, fleet, state)\n  if w.id == 0 then state.count = (state.count or 0) + 1 end\n"
-                     "  if state.count == 3 then return { kind = 'third_tick' } end\nend\nreturn R\n");
+                     "  if state.count == 3 then return { kind = 'third_tick' } end\n"
+                     "  if state.count == 6 then return { kind = 'sixth_tick' } end\nend\nreturn R\n");
   write_file(pdir, "rules.lua", r5);
   CHECK(detector_reload(d) == 0, "counter rule loads: %s", tr_error());
   cap_reset();
@@ -764,8 +765,47 @@ static void test_reload(void) {
   CHECK(detector_reload(d) == 0, "reload again");
   detector_tick(d, t);
   CHECK(find_anomaly("third_tick", 0) != NULL, "state carried across a reload");
+
+  /* 6. a refused file's top level cannot touch the state in force */
+  char *r6 = patched("rules.lua", "return R\n",
+                     "state.count = -1000\n"
+                     "function R.broken(w) return { kind = UNDEFINED_KIND } end\nreturn R\n");
+  write_file(pdir, "rules.lua", r6);
+  free(r6);
+  CHECK(detector_reload(d) == TR_ELUA, "the broken rules.lua is refused");
+  cap_reset();
+  for (int i = 0; i < 3; i++) detector_tick(d, t);
+  CHECK(find_anomaly("sixth_tick", 0) != NULL, "the rule in force counted on: the refused file's state.count = "
+                                               "-1000 went to a scratch table");
+  write_file(pdir, "rules.lua", r5);
   free(r5);
   detector_destroy(d);
+}
+
+/* A restart of every replica from a checkpoint (restart_all, all dead):
+ * their steps come again, and so may a fleet-wide anomaly (worker -1), not
+ * only the per-worker ones. */
+static void test_fleet_anomaly_after_restart(void) {
+  char *r = patched("rules.lua", "return R\n",
+                    "function R.fleet_mark(w)\n"
+                    "  if w.id == 0 and w.step == 8 then return { kind = 'fleet_mark', worker = -1, step = 8 } end\n"
+                    "end\nreturn R\n");
+  write_file(pdir, "rules.lua", r);
+  free(r);
+  cap_reset();
+  detector *d = make(0, 0);
+  if (!d) return;
+  double t = 0;
+  run_clean(d, 2, 1, 8, &t);
+  CHECK(count_anomalies("fleet_mark") == 1, "the fleet-wide anomaly at step 8 (%d)", count_anomalies("fleet_mark"));
+  detector_worker_gone(d, 0);
+  CHECK(count_anomalies("fleet_mark") == 1, "one replica gone: still once");
+  detector_worker_gone(d, 1);
+  run_clean(d, 2, 6, 10, &t); /* both restarted from a checkpoint at step 5 */
+  CHECK(count_anomalies("fleet_mark") == 2, "after every replica restarted it is raised again (%d)",
+        count_anomalies("fleet_mark"));
+  detector_destroy(d);
+  reset_policies();
 }
 
 /* --- runaway rules, sandbox, memory --- */
@@ -1249,6 +1289,7 @@ int main(void) {
   test_divergence();
   test_spike_and_grad();
   test_reload();
+  test_fleet_anomaly_after_restart();
   test_budget();
   test_sandbox();
   test_memory_limit();
