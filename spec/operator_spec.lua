@@ -274,6 +274,25 @@ describe("operator (3 replicas)", function()
     assert.matches("%(resume, state in", ev)
   end)
 
+  it("--resume over a checkpoint store it cannot read stops, naming it, and keeps metrics.jsonl", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/unreadable"
+    local out, rc = sh(job(run, "--set max_steps=40"))
+    assert.equal(0, rc, out)
+    local metrics = read(run .. "/metrics.jsonl")
+    assert.is_truthy(metrics and #metrics > 0)
+    -- LMDB's meta pages overwritten: the store is there, and refused
+    local f = assert(io.open(run .. "/ckpt/data.mdb", "r+b"))
+    f:write(string.rep("\0", 8192))
+    f:close()
+    out, rc = sh(BIN .. " run --resume " .. run)
+    assert.are_not.equal(0, rc, out)
+    assert.matches("the checkpoint store " .. run .. "/ckpt", out, 1, true)
+    -- not taken for a run killed before its first checkpoint: nothing started over, nothing truncated
+    assert.is_nil(out:find("starting from step 0", 1, true), out)
+    assert.equal(metrics, read(run .. "/metrics.jsonl"))
+  end)
+
   it("SIGTERM to the operator checkpoints and exits 0; --resume finishes the job", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/term"

@@ -195,6 +195,10 @@ static int any_done(const operator_state *o) {
  * after the survivors finished would only resume at the last step (and wait
  * for peers that are gone), so its timer is cancelled. */
 static void check_finished(operator_state *o) {
+  /* while a resumed operator adopts, a replica that finished (its DONE held
+   * for the new operator) is no reason to stop: the others may still be on
+   * their way back; adopt_tick decides when the window closes */
+  if (o->adopting && !o->stopping) return;
   int done = 0;
   for (int i = 0; i < o->nslots; i++) {
     slot_state st = o->slots[i].state;
@@ -294,23 +298,28 @@ void operator_slot_exited(operator_state *o, slot *s, int status) {
   else check_finished(o);
 }
 
-int64_t operator_newest_checkpoint(operator_state *o, int64_t step) {
+int operator_newest_checkpoint(operator_state *o, int64_t step, int64_t *found) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/ckpt", o->dir);
   const char *remote = o->cfg->ckpt_remote;
-  ckpt_reader *r = ckpt_reader_open(path); /* the local level, and the remote one beside it */
+  char mdb[PATH_MAX + 16];
+  *found = -1;
+  snprintf(mdb, sizeof mdb, "%s/data.mdb", path);
+  int local = access(mdb, F_OK) == 0;
+  ckpt_reader *r = local ? ckpt_reader_open(path) : NULL; /* the local level, and the remote one beside it */
+  if (local && !r) return tr_fail_prefix(TR_EIO, "the checkpoint store %s", path); /* there, but unreadable */
   if (r && remote[0] && ckpt_reader_set_remote(r, remote)) {
     ckpt_reader_close(r);
     r = NULL;
   }
   if (!r && remote[0]) r = ckpt_reader_open(remote); /* no local store (lost, moved aside): the remote alone */
-  if (!r) return -1;
-  int64_t steps[4096], best = -1;
+  if (!r) return TR_OK; /* no store at all */
+  int64_t steps[4096];
   int n = ckpt_reader_steps(r, steps, 4096);
   for (int i = 0; i < n; i++)
-    if (steps[i] <= step && steps[i] > best) best = steps[i];
+    if (steps[i] <= step && steps[i] > *found) *found = steps[i];
   ckpt_reader_close(r);
-  return best;
+  return n < 0 ? tr_fail_prefix(n, "the checkpoints in %s", path) : TR_OK;
 }
 
 /* --- Eagle Eye: the detector's events and actions --- */
@@ -341,7 +350,11 @@ static void det_action(void *ud, const detector_action *a) {
       }
       break;
     case DET_ACT_ROLLBACK: {
-      int64_t target = operator_newest_checkpoint(o, a->step);
+      int64_t target;
+      if (operator_newest_checkpoint(o, a->step, &target)) {
+        operator_event(o, o->best_step, -1, "rollback_refused", "%s: %s", why, tr_error());
+        break;
+      }
       if (target < 0) {
         operator_event(o, o->best_step, -1, "rollback_refused", "%s: no checkpoint at or before step %lld", why,
                   (long long)a->step);
@@ -1115,15 +1128,37 @@ static int start_listeners(operator_state *o) {
   return tr_write_file_atomic(path, addr, (size_t)n);
 }
 
+/* --resume: the newest checkpoint (o->last_ckpt; -1: none, a run killed
+ * before its first). A local store LMDB refuses, or whose list cannot be
+ * read, is moved aside where a remote level holds the checkpoints (as
+ * transom run does for one process); without one the resume stops,
+ * naming it: never a start from step 0 over checkpoints it could not read
+ * (which would also truncate metrics.jsonl). */
+static int resume_store(operator_state *o) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/ckpt", o->dir);
+  if (o->cfg->ckpt_remote[0] && ckpt_store_damaged(path)) {
+    char aside[PATH_MAX + 32];
+    snprintf(aside, sizeof aside, "%s.damaged-%lld", path, (long long)time(NULL));
+    if (rename(path, aside) == 0)
+      fprintf(stderr, "transom: the checkpoint store %s is damaged; moved to %s: the remote level %s still holds the "
+              "checkpoints\n", path, aside, o->cfg->ckpt_remote);
+  }
+  int rc = operator_newest_checkpoint(o, INT64_MAX, &o->last_ckpt);
+  return rc ? tr_fail_prefix(rc, "resume") : TR_OK;
+}
+
 /* The loop, its policy watcher, the listeners, the detector, the signals. */
 static int start(operator_state *o) {
   /* a run killed before its first checkpoint resumes from step 0 */
+  int rc;
   o->restarted = o->resume;
-  o->last_ckpt = o->resume ? operator_newest_checkpoint(o, INT64_MAX) : 0;
+  o->last_ckpt = 0;
+  if (o->resume && (rc = resume_store(o))) return rc; /* never "from scratch" over a store that cannot be read */
   o->from_scratch = o->resume && o->last_ckpt < 0;
   if (o->from_scratch) o->resume = 0;
   if (o->last_ckpt < 0) o->last_ckpt = 0;
-  int rc = open_logs(o, o->restarted); /* from scratch: truncated once no worker was adopted */
+  rc = open_logs(o, o->restarted); /* from scratch: truncated once no worker was adopted */
   if (rc) return rc;
   o->base = event_base_new();
   if (!o->base) return tr_fail(TR_ENOMEM, "cannot create the event loop");
@@ -1208,7 +1243,16 @@ static void adopt_tick(evutil_socket_t fd, short what, void *arg) {
   evtimer_del(o->adopt_ev);
   o->adopting = 0;
   ftar_coord_hold(o->coord, 0);
-  if (o->stopping) return;
+  if (o->stopping) {
+    check_finished(o);
+    return;
+  }
+  if (adopted && running < adopted) { /* some came back finished: nothing is left to train, nothing to start */
+    operator_event(o, o->best_step, -1, "adoption", "%d of %d replicas adopted live at step %lld (%d finished)",
+                   adopted, o->nslots, (long long)o->best_step, adopted - running);
+    check_finished(o);
+    return;
+  }
   if (!adopted) {
     for (int i = 0; i < o->nslots; i++)
       if (o->slots[i].state == SLOT_WAITING) o->slots[i].state = SLOT_EMPTY;

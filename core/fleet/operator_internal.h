@@ -174,8 +174,10 @@ void operator_policy_call(operator_state *o, const char *fn, const slot *s, cons
 void operator_spawn(operator_state *o, int k, const char *mode);
 void operator_stop_all(operator_state *o, const char *why);
 /* Newest committed checkpoint at or before step on either level: the local
- * store and checkpoint.remote (read-only looks), or -1. */
-int64_t operator_newest_checkpoint(operator_state *o, int64_t step);
+ * store and checkpoint.remote (read-only looks), in *found (-1: none).
+ * Returns 0, or an error when a store that exists cannot be listed (a
+ * damaged list of checkpoints is not an empty one). */
+int operator_newest_checkpoint(operator_state *o, int64_t step, int64_t *found);
 /* Kills every replica and restarts them all from the newest checkpoint at or
  * before step; with skip_step > step, no replica draws the batch of step
  * skip_step again (the steps before it keep their batches). */

@@ -281,7 +281,8 @@ static int l_rollback(lua_State *L) {
   operator_state *o = get_op(L);
   lua_Integer step = luaL_optinteger(L, 1, o->best_step);
   if (step < 0) return luaL_argerror(L, 1, "step must be >= 0");
-  int64_t target = operator_newest_checkpoint(o, step);
+  int64_t target;
+  if (operator_newest_checkpoint(o, step, &target)) return luaL_error(L, "%s", tr_error());
   if (target < 0) return luaL_error(L, "no committed checkpoint at or before step %d", (int)step);
   operator_rollback_all(o, target, step + 1, "asked from the REPL");
   lua_pushinteger(L, target);
