@@ -149,6 +149,12 @@ describe("transom attach", function()
       { "('').rep('', 2^40)", "string.rep" },
       { "table.move({}, 1, 1e12, 1, {})", "table.move" },
       { "('a'):rep(1500):find('.-.-.-b')", "backtrack" },
+      { "('a'):rep(1500):find('%a*%a*%a*b')", "backtrack" },
+      { "table.concat(setmetatable({}, {__index = function() return 'x' end}), '', 1, 2^40)", "table.concat" },
+      -- coroutines: a new thread gets a fresh hook count; nor may they stretch the budget
+      { "while true do pcall(coroutine.wrap(function() while true do end end)) end", "instruction budget" },
+      { "while true do pcall(coroutine.wrap(function() while true do pcall(coroutine.wrap(function() " ..
+        "while true do end end)) end end)) end", "instruction budget" },
     }) do
       out, rc = attach(case[1])
       if case[2] then

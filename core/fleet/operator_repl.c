@@ -384,6 +384,8 @@ static int l_help(lua_State *L) {
   return 1;
 }
 
+static void bound_coroutines(lua_State *L);
+
 static void make_env(ctl_conn *c) {
   lua_State *L = c->o->L;
   lua_newtable(L);                        /* [env] */
@@ -401,18 +403,55 @@ static void make_env(ctl_conn *c) {
   luaL_setfuncs(L, fns, 1);               /* [env] */
   c->env_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_host_bound_library(L); /* string.rep and co. loop in C, out of the budget's reach */
+  bound_coroutines(L);
 }
 
 /* --- evaluation --- */
 
 static int hook_count;
+static lua_State *evaluating_L; /* the thread the expression runs in */
 static void budget_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   if (++hook_count <= REPL_BUDGET_HOOKS) return;
-  /* from now on at every instruction: a pcall in the expression may catch
-   * the error, but the code after it stops at once again */
+  /* from now on at every instruction, in this thread and the expression's
+   * own (hooks are per thread: a coroutine's spent budget must stop its
+   * resumer too): a pcall in the expression may catch the error, but the
+   * code after it stops at once again */
   lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1);
+  if (evaluating_L && evaluating_L != L) lua_sethook(evaluating_L, budget_hook, LUA_MASKCOUNT, 1);
   luaL_error(L, "stopped: the expression ran past its instruction budget");
+}
+
+/* coroutine.create and coroutine.wrap, refused once an expression spent
+ * its budget: a new thread copies its creator's hook with a fresh count,
+ * so a loop that catches the error and makes coroutines would get another
+ * budget for each. Outside an evaluation (the job's own Lua) they are the
+ * originals' (upvalue 1). */
+static int bounded_cocreate(lua_State *L) {
+  if (evaluating && hook_count > REPL_BUDGET_HOOKS)
+    return luaL_error(L, "stopped: the expression ran past its instruction budget");
+  int n = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
+static void bound_coroutines(lua_State *L) {
+  static int done;
+  if (done) return;
+  if (lua_getglobal(L, "coroutine") != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return;
+  }
+  static const char *const fns[] = {"create", "wrap", NULL};
+  for (int i = 0; fns[i]; i++) {
+    lua_getfield(L, -1, fns[i]);
+    lua_pushcclosure(L, bounded_cocreate, 1);
+    lua_setfield(L, -2, fns[i]);
+  }
+  lua_pop(L, 1);
+  done = 1;
 }
 
 /* Renders value at idx for the REPL (tables one level deep, keys sorted by
@@ -582,6 +621,7 @@ static void repl_eval(ctl_conn *c, const char *line) {
   struct evbuffer *shown = evbuffer_new();
   hook_count = 0;
   evaluating = c;
+  evaluating_L = L;
   lua_sethook(L, budget_hook, LUA_MASKCOUNT, 1000000);
   rc = shown ? lua_host_pcall(L, 0, LUA_MULTRET) : tr_fail(TR_ENOMEM, "out of memory");
   if (!rc) { /* the values are shown under the same budget and protection: __tostring, __index are the user's */
@@ -593,6 +633,7 @@ static void repl_eval(ctl_conn *c, const char *line) {
   }
   lua_sethook(L, NULL, 0, 0);
   evaluating = NULL;
+  evaluating_L = NULL;
   if (rc) evbuffer_add_printf(out, "error: %s\n\001ERR\n", tr_error());
   else evbuffer_add_buffer(out, shown), evbuffer_add_printf(out, "\001\n");
   if (shown) evbuffer_free(shown);

@@ -10,14 +10,16 @@
  * over a long subject for minutes. Any of them in a rule, a policy or a
  * REPL line would hold the operator's event loop for good. Here string.rep
  * refuses a result past REP_MAX_BYTES (which bounds its loop) and, copying
- * nothing, a count past REP_MAX; table.move refuses more than MOVE_MAX
- * elements; and the pattern functions refuse a pattern with k >=
- * 2 any-character repetitions ('.' followed by '-', '*' or '+') on a
- * subject of n bytes when n^k passes PATTERN_MAX_WORK: the matcher's
- * backtracking is bounded by about that many steps. Each refusal is an
- * ordinary Lua error naming the function and the bound. Other patterns
- * (character classes, one any-character repetition) stay unbounded: their
- * backtracking is at most quadratic in the subject.
+ * nothing, a count past REP_MAX; table.move and table.concat refuse more
+ * than MOVE_MAX elements; and the pattern functions refuse a pattern with
+ * k >= 2 repetitions that backtrack against each other (backtracking_reps:
+ * repeated '.', or the same item repeated twice in a row) on a subject of
+ * n bytes when n^k passes PATTERN_MAX_WORK: the matcher's backtracking is
+ * bounded by about that many steps. Each refusal is an ordinary Lua error
+ * naming the function and the bound. Not bounded: repetitions of different
+ * but overlapping classes in a row (%w*%a*%w*b), which backtrack the same
+ * way; a complete bound would take a matcher of our own that counts its
+ * steps.
  *
  * The wrappers replace the functions in the VM's own `string` and `table`
  * tables (the string metatable's __index is that `string`, so method calls
@@ -57,6 +59,15 @@ static int bounded_rep(lua_State *L) {
   return call_original(L);
 }
 
+static int bounded_concat(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer i = luaL_optinteger(L, 3, 1), j = lua_isnoneornil(L, 4) ? luaL_len(L, 1) : luaL_checkinteger(L, 4);
+  if (j >= i && (j - i >= MOVE_MAX || j - i < 0))
+    return luaL_error(L, "table.concat: %f elements is more than %I (a loop in C, which no instruction budget stops)",
+                      (double)j - (double)i + 1, (LUAI_UACINT)MOVE_MAX);
+  return call_original(L);
+}
+
 static int bounded_move(lua_State *L) {
   lua_Integer f = luaL_checkinteger(L, 2), e = luaL_checkinteger(L, 3);
   if (e >= f && (e - f >= MOVE_MAX || e - f < 0)) /* e - f < 0: it wrapped */
@@ -65,22 +76,49 @@ static int bounded_move(lua_State *L) {
   return call_original(L);
 }
 
-/* Any-character repetitions in pattern p: '.' followed by '-', '*' or
- * '+', outside sets and escapes. */
-static int any_reps(const char *p, size_t n) {
-  int k = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (p[i] == '%') {
-      i++; /* the escaped character */
-    } else if (p[i] == '[') { /* a set: up to its closing ']' (a ']' first is a member) */
+/* The end of the single-character item at p[i] (a literal, '.', %x or a
+ * [set]). */
+static size_t item_end(const char *p, size_t n, size_t i) {
+  if (p[i] == '%') return i + 2 <= n ? i + 2 : n;
+  if (p[i] != '[') return i + 1;
+  i++; /* a set: up to its closing ']' (a ']' first is a member) */
+  if (i < n && p[i] == '^') i++;
+  if (i < n && p[i] == ']') i++;
+  while (i < n && p[i] != ']') i += p[i] == '%' ? 2 : 1;
+  return i < n ? i + 1 : n;
+}
+
+/* Repetitions in pattern p that backtrack against each other: every
+ * repeated '.' (an item followed by '-', '*' or '+'), and every item of a
+ * run of two or more repetitions of the same item ("a-a-", "%a*%a*",
+ * "[a]+[a]+"; captures between them do not separate them). Repetitions of
+ * different classes (%S+%s+) are not counted: disjoint ones cannot
+ * backtrack against each other; overlapping different ones (%w*%a*) can,
+ * and are not bounded here. */
+static int backtracking_reps(const char *p, size_t n) {
+  int k = 0, run = 0;
+  const char *prev = NULL;
+  size_t prev_len = 0;
+  for (size_t i = 0; i < n;) {
+    if (p[i] == '(' || p[i] == ')' || p[i] == '^' || (p[i] == '$' && i + 1 == n)) {
       i++;
-      if (i < n && p[i] == '^') i++;
-      if (i < n && p[i] == ']') i++;
-      while (i < n && p[i] != ']') i += p[i] == '%' ? 2 : 1;
-    } else if (p[i] == '.' && i + 1 < n && (p[i + 1] == '-' || p[i + 1] == '*' || p[i + 1] == '+')) {
-      k++;
-      i++;
+      continue;
     }
+    size_t e = item_end(p, n, i);
+    int rep = e < n && (p[e] == '-' || p[e] == '*' || p[e] == '+');
+    if (rep) {
+      int same = prev && prev_len == e - i && memcmp(prev, p + i, prev_len) == 0;
+      if (p[i] == '.' && e == i + 1) k++;
+      else if (same) k += run == 1 ? 2 : 1; /* the run's first counts once it has a second */
+      run = same ? run + 1 : 1;
+      prev = p + i;
+      prev_len = e - i;
+      e++;
+    } else {
+      prev = NULL;
+      run = 0;
+    }
+    i = e;
   }
   return k;
 }
@@ -92,12 +130,12 @@ static int bounded_pattern(lua_State *L) {
   luaL_checklstring(L, 1, &slen);
   const char *p = luaL_checklstring(L, 2, &plen);
   int plain = strcmp(lua_tostring(L, lua_upvalueindex(2)), "find") == 0 && lua_toboolean(L, 4);
-  int k = plain ? 0 : any_reps(p, plen);
+  int k = plain ? 0 : backtracking_reps(p, plen);
   if (k >= 2 && pow((double)slen, k) > PATTERN_MAX_WORK)
     return luaL_error(L,
-                      "string.%s: a pattern with %d any-character repetitions ('.-', '.*', '.+') on %d bytes could "
-                      "backtrack for minutes in C, which no instruction budget stops: anchor or narrow it, or "
-                      "shorten the subject",
+                      "string.%s: a pattern with %d repetitions that backtrack against each other ('.-', or the "
+                      "same item repeated twice in a row) on %d bytes could backtrack for minutes in C, which no "
+                      "instruction budget stops: anchor or narrow it, or shorten the subject",
                       lua_tostring(L, lua_upvalueindex(2)), k, (int)(slen < 2147483647u ? slen : 2147483647u));
   return call_original(L);
 }
@@ -123,7 +161,10 @@ void lua_host_bound_library(lua_State *L) {
     for (int i = 0; pat[i]; i++) wrap(L, pat[i], bounded_pattern);
   }
   lua_pop(L, 1);
-  if (lua_getglobal(L, "table") == LUA_TTABLE) wrap(L, "move", bounded_move);
+  if (lua_getglobal(L, "table") == LUA_TTABLE) {
+    wrap(L, "move", bounded_move);
+    wrap(L, "concat", bounded_concat);
+  }
   lua_pop(L, 1);
   lua_pushboolean(L, 1);
   lua_setfield(L, LUA_REGISTRYINDEX, "transom.bounded");

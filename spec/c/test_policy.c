@@ -253,7 +253,10 @@ static void test_budget_memory(void) {
       "function M.crep_method(x) return #(''):rep(1 << 53) end\n"
       "function M.cmove(x) return #table.move({}, 1, 1 << 40, 1, {}) end\n"
       "function M.cfind(x) return (('a'):rep(1500):find('.-.-.-b')) or 0 end\n"
-      "function M.fine(x) return #string.rep('ab', 1000, ',') + (('key=value'):find('(.-)=(.*)')) end\n"
+      "function M.cfind2(x) return (('a'):rep(1500):find('%a*(%a*)%a*b')) or 0 end\n"
+      "function M.cconcat(x) return #table.concat({}, '', 1, 1 << 40) end\n"
+      "function M.fine(x) return #string.rep('ab', 1000, ',') + (('key=value'):find('(.-)=(.*)')) + "
+      "#(('w1 w2 w3 '):rep(200):match('^(%S+)%s+(%S+)%s+(%S+)')) - 2 end\n"
       "return M\n";
   put(dir, "b.lua", src);
   policy_engine *e = engine(20000, (size_t)8 << 20);
@@ -284,9 +287,10 @@ static void test_budget_memory(void) {
    * refused up front (an alarm turns a regression into a failure, not a
    * hang) */
   alarm(60);
-  static const char *const cloops[][2] = {{"crep", "string.rep"}, {"crep_method", "string.rep"},
-                                          {"cmove", "table.move"}, {"cfind", "backtrack"}};
-  for (int i = 0; i < 4; i++) {
+  static const char *const cloops[][2] = {{"crep", "string.rep"},   {"crep_method", "string.rep"},
+                                          {"cmove", "table.move"},   {"cfind", "backtrack"},
+                                          {"cfind2", "backtrack"},   {"cconcat", "table.concat"}};
+  for (int i = 0; i < 6; i++) {
     double t1 = tr_now();
     r = call_int(e, p, cloops[i][0], 0, &err);
     CHECK(r == -1 && strstr(err.msg, cloops[i][1]) && tr_now() - t1 < 5, "M.%s is refused (%s) in %.2f s: %s",
