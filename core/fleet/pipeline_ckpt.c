@@ -66,13 +66,15 @@ int pipe_ckpt_load(ckpt_engine *ck, trainer *t, int stage, int64_t step) {
 }
 
 /* 1 when every stage's store holds step and it verifies there; 0 (saying
- * why on stderr) when one does not. */
+ * why on stderr) when one does not; an error when a store cannot be
+ * opened at all (not a reason to go back a step). */
 static int verifies_everywhere(const char *run, int S, int64_t step) {
   for (int k = 0; k < S; k++) {
     char path[1200];
     store_path(path, sizeof path, run, k);
     ckpt_reader *r = ckpt_reader_open(path);
-    int ok = r && ckpt_reader_verify(r, step) == 0;
+    if (!r) return tr_fail_prefix(TR_EIO, "stage %d's checkpoint store %s", k, path);
+    int ok = ckpt_reader_verify(r, step) == 0;
     if (!ok) fprintf(stderr, "resume: step %lld of stage %d does not verify (%s): trying an older one\n",
                      (long long)step, k, tr_error());
     ckpt_reader_close(r);
@@ -118,8 +120,12 @@ int pipe_ckpt_common_step(const char *run, int S, int64_t *step) {
     }
     n = kept;
   }
-  while (n > 0 && !verifies_everywhere(run, S, mine[n - 1])) n--; /* the newest step every store can load */
-  if (n > 0) *step = mine[n - 1];
+  int common = n, v = 0; /* the newest step every store can load */
+  while (!rc && n > 0 && (v = verifies_everywhere(run, S, mine[n - 1])) == 0) n--;
+  if (!rc && v < 0) rc = v;
+  if (!rc && common > 0 && n == 0) /* committed, but none loads: not a run to start over */
+    rc = tr_fail(TR_EIO, "none of the %d step(s) every stage committed verifies in every store (see above)", common);
+  if (!rc && n > 0) *step = mine[n - 1];
   free(mine);
   free(other);
   return rc;
