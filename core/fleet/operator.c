@@ -221,6 +221,7 @@ static void check_finished(operator_state *o) {
 
 static void slot_conn_close(operator_state *o, slot *s);
 static void rollback_restart(operator_state *o);
+static void rollback_drop(operator_state *o);
 
 void operator_slot_exited(operator_state *o, slot *s, int status) {
   int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0, code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -246,6 +247,10 @@ void operator_slot_exited(operator_state *o, slot *s, int status) {
   s->lost = NULL;
   if (on_host >= 0 && !o->stopping && !counted) hosts_failure(o, on_host, reason);
   if (o->stopping) {
+    if (o->rollback_pending && operator_live_count(o) == 0) { /* stopped mid-rollback: its target still holds */
+      o->rollback_pending = 0;
+      rollback_drop(o);
+    }
     check_finished(o);
     return;
   }
@@ -452,8 +457,7 @@ static int start_detector(operator_state *o) {
  * rollback, would load them: the state the rollback threw away), so they
  * are dropped, in both levels, before the replicas restart at the target.
  * None of the replicas writes now. */
-static void rollback_restart(operator_state *o) {
-  o->rollback_pending = 0;
+static void rollback_drop(operator_state *o) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/ckpt", o->dir);
   int64_t first = -1;
@@ -466,6 +470,11 @@ static void rollback_restart(operator_state *o) {
     operator_event(o, o->best_step, -1, "checkpoints_dropped",
                    "%d checkpoint(s) after step %lld dropped (from step %lld): the rollback abandoned them", n,
                    (long long)o->rollback_step, (long long)first);
+}
+
+static void rollback_restart(operator_state *o) {
+  o->rollback_pending = 0;
+  rollback_drop(o);
   for (int i = 0; i < o->nslots; i++) operator_spawn(o, i, "resume");
 }
 
