@@ -184,6 +184,18 @@ static int flip_tensor_byte(const char *dir, int64_t step, uint32_t tensor, size
   return ok ? 0 : -1;
 }
 
+/* Commits steps from..to (every `every`) of param/a (n floats at a, which
+ * the engine has registered), each with its step's values, one at a time. */
+static void commit_steps(ckpt_engine *e, float *a, int64_t n, int64_t from, int64_t to, int64_t every) {
+  for (int64_t step = from; step <= to; step += every) {
+    fill(a, n, step);
+    ckpt_state s = {.step = step};
+    ckpt_snapshot(e, &s);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+  }
+}
+
 /* A damaged page of the list of checkpoints (the manifest database's
  * leaf) is an error everywhere, never "no checkpoints": a resume that took
  * it for an empty store would start from step 0 and overwrite the run. */
@@ -196,13 +208,7 @@ static void test_damaged_list(void) {
   float *a = malloc(sizeof(float) * N);
   int64_t d[1] = {N};
   ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
-  for (int64_t step = 10; step <= 30; step += 10) {
-    fill(a, N, step);
-    ckpt_state s = {.step = step};
-    ckpt_snapshot(e, &s);
-    ckpt_wait_copy(e);
-    ckpt_flush(e);
-  }
+  commit_steps(e, a, N, 10, 30, 10);
   ckpt_close(e);
   free(a);
   CHECK(ckpt_store_damaged(dir) == 0, "an intact store is not damaged");
@@ -1017,13 +1023,7 @@ static void test_drop_after(void) {
   ckpt_engine *e = open_remote_engine(dir, remote, 0, 10);
   if (!e) return;
   ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
-  for (int64_t step = 10; step <= 50; step += 10) {
-    fill(a, N, step);
-    ckpt_state s = {.step = step};
-    ckpt_snapshot(e, &s);
-    ckpt_wait_copy(e);
-    ckpt_flush(e);
-  }
+  commit_steps(e, a, N, 10, 50, 10);
   ckpt_close(e);
   int64_t first = 0;
   int n = ckpt_store_drop_after(dir, remote, 20, &first);
@@ -1045,11 +1045,7 @@ static void test_drop_after(void) {
   e = open_remote_engine(dir, remote, 0, 10);
   if (!e) return;
   ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
-  fill(a, N, 24);
-  ckpt_state s = {.step = 24};
-  ckpt_snapshot(e, &s);
-  ckpt_wait_copy(e);
-  ckpt_flush(e);
+  commit_steps(e, a, N, 24, 24, 1);
   ckpt_close(e);
   CHECK(newest(dir) == 24, "the new timeline's step 24 is the newest (%lld)", (long long)newest(dir));
   store_path(dir, sizeof dir, "drop-none");
