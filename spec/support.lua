@@ -106,6 +106,30 @@ end
 -- Shell-quotes s.
 function S.q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+-- Flips one byte in the middle of a tensor of checkpoint `step`, on disk:
+-- `store` is what `transom ckpt export` takes (a run, or a store folder),
+-- `mdb` that store's data.mdb, `name` a Lua pattern for the tensor's name
+-- in the export's header. The tensor's bytes are found in the LMDB file
+-- through the export (64 bytes of them). Returns nil, or why it could not.
+function S.flip_tensor_byte(store, mdb, step, name, scratch)
+  local _, rc = S.sh(S.BIN .. " ckpt export " .. S.q(store) .. " --step " .. step .. " -o " .. S.q(scratch))
+  if rc ~= 0 then return "export of step " .. step .. " failed" end
+  local blob = S.read(scratch)
+  local hlen = string.unpack("<I8", blob)
+  local b0, b1 = blob:sub(9, 8 + hlen):match('"' .. name .. '":{[^}]*"data_offsets":%[(%d+),(%d+)%]')
+  if not b0 then return "no tensor matching " .. name .. " in the export" end
+  local mid = 8 + hlen + math.tointeger(tonumber(b0) + (tonumber(b1) - tonumber(b0)) // 2)
+  local at = (S.read(mdb) or ""):find(blob:sub(mid + 1, mid + 64), 1, true)
+  if not at then return "the tensor's bytes are not in " .. mdb end
+  local f = assert(io.open(mdb, "r+b"))
+  f:seek("set", at + 10)
+  local c = f:read(1)
+  f:seek("set", at + 10)
+  f:write(string.char(c:byte() ~ 0xff))
+  f:close()
+  return nil
+end
+
 function S.exists(path)
   local ok, _, code = os.rename(path, path)
   return ok or code == 13 -- EACCES still means it exists
