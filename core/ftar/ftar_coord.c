@@ -99,6 +99,7 @@ struct cconn {
   uint64_t enter_seq; /* it registered to enter at this seq and has not yet (0: none) */
   int authed;  /* answered our challenge (or none was asked) */
   uint8_t ch[AUTH_CHALLENGE];
+  struct event *close_ev; /* closing: drops it at the closing deadline, however busy its peer */
   cconn *prev, *next;
 };
 
@@ -207,6 +208,7 @@ static void conn_drop(cconn *k) {
   else c->conns = k->next;
   if (k->next) k->next->prev = k->prev;
   c->nconns--;
+  if (k->close_ev) event_free(k->close_ev);
   bufferevent_free(k->bev);
   free(k);
 }
@@ -228,18 +230,27 @@ static void closing_event_cb(struct bufferevent *bev, short what, void *arg) {
 }
 
 /* The BYE or REJECT is with the kernel: FIN after it, then wait (reading)
- * for the peer's close, or the deadline. */
+ * for the peer's close, or the closing deadline. */
 static void closing_write_cb(struct bufferevent *bev, void *arg) {
   cconn *k = arg;
   shutdown(bufferevent_getfd(bev), SHUT_WR);
   bufferevent_setcb(bev, closing_read_cb, NULL, closing_event_cb, k);
-  bufferevent_set_timeouts(bev, &k->c->deadline_tv, NULL);
+}
+
+static void closing_deadline_cb(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  conn_drop(arg);
 }
 
 /* Sends REJECT or BYE with a reason, then closes once it is flushed and
- * the peer closed too (or after the deadline if the peer does not read or
- * does not close). */
+ * the peer closed too, or at the closing deadline (twice the deadline
+ * from now: one to flush, one for the peer's close) if the peer does not
+ * read or does not close. The deadline is a timer of its own, not a read
+ * or write timeout: those restart at every byte, and a peer that keeps
+ * sending (heartbeats after our BYE) would keep its connection forever. */
 static void conn_close_with(cconn *k, int type, int code, const char *reason) {
+  ftar_coord *c = k->c;
   ftar_hdr h = {.type = (uint16_t)type, .index = (uint32_t)code};
   size_t n = strlen(reason);
   h.len = (uint32_t)(n < FTAR_REASON_MAX ? n : FTAR_REASON_MAX);
@@ -247,7 +258,38 @@ static void conn_close_with(cconn *k, int type, int code, const char *reason) {
   k->state = CS_CLOSING;
   bufferevent_setcb(k->bev, closing_read_cb, closing_write_cb, closing_event_cb, k);
   bufferevent_enable(k->bev, EV_READ);
-  bufferevent_set_timeouts(k->bev, NULL, &k->c->deadline_tv);
+  bufferevent_set_timeouts(k->bev, NULL, NULL);
+  if (!k->close_ev) k->close_ev = evtimer_new(c->base, closing_deadline_cb, k);
+  if (!k->close_ev) { /* out of memory: no time to say why */
+    conn_drop(k);
+    return;
+  }
+  struct timeval tv = {2 * c->deadline_tv.tv_sec + (2 * c->deadline_tv.tv_usec) / 1000000,
+                       (2 * c->deadline_tv.tv_usec) % 1000000};
+  evtimer_add(k->close_ev, &tv);
+}
+
+/* At ftar_coord_free, the loop stopped: what a closing connection still
+ * holds (a BYE queued just before a quit) goes to the kernel now, as much
+ * as fits without blocking, and its unread input is drained so that the
+ * close sends FIN after it rather than a reset that would discard it. */
+static void closing_flush_now(cconn *k) {
+  evutil_socket_t fd = bufferevent_getfd(k->bev);
+  struct evbuffer *out = bufferevent_get_output(k->bev);
+  if (fd < 0) return;
+  /* read in place: a socket bufferevent's output cannot be drained but by
+   * its own writes */
+  size_t n = evbuffer_get_length(out);
+  const uint8_t *p = n ? evbuffer_pullup(out, -1) : NULL;
+  for (size_t off = 0; p && off < n;) {
+    ssize_t w = send(fd, p + off, n - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w <= 0) break;
+    off += (size_t)w;
+  }
+  shutdown(fd, SHUT_WR);
+  char b[4096];
+  while (recv(fd, b, sizeof b, MSG_DONTWAIT) > 0) {
+  }
 }
 
 /* --- epochs --- */
@@ -877,6 +919,8 @@ void ftar_coord_free(ftar_coord *c) {
     if (cmd_send(c, CMD_QUIT, 0) == 0) pthread_join(c->th, NULL);
     else pthread_detach(c->th); /* cannot happen short of a broken pipe; leak rather than hang */
   }
+  for (cconn *k = c->conns; k; k = k->next)
+    if (k->state == CS_CLOSING) closing_flush_now(k);
   while (c->conns) conn_drop(c->conns);
   if (c->lis) evconnlistener_free(c->lis);
   if (c->cmd_ev) event_free(c->cmd_ev);

@@ -38,9 +38,14 @@
  *             buckets in flight: the survivors
  *             redo, exact over the survivors; kill -9 of the end of a
  *             broadcast chain: COMMIT or redo, alike on every survivor
+ *   closing   the coordinator evicts a member and is freed at once: the
+ *             member still gets the BYE (FTAR_EEVICTED, "evicted by the
+ *             host"), not a lost coordinator; a refused registration whose
+ *             peer keeps sending after the REJECT is closed all the same
  *   soak      1000 back-to-back small collectives (run from the sanitizer
  *             build, LeakSanitizer checks every rank process at exit)
- * FTAR_TEST_ONLY=hier runs only the hier cases (grid: the grid's, wire: the
+ * FTAR_TEST_ONLY=hier runs only the hier cases (closing: the closing ones,
+ * grid: the grid's, wire: the
  * wire format and every CRC path, waves: the hierarchy's waves with a host
  * alone and MEAN, also part of hier).
  * The deadline is 1.5 s here. TRANSOM_LONG=1 repeats kill/stop more times.
@@ -2290,6 +2295,89 @@ static size_t frame(uint8_t *out, int type, uint64_t epoch, uint32_t index, uint
   return FTAR_HDR + len;
 }
 
+/* --- closing connections --- */
+
+/* A BYE queued just before the coordinator is freed still reaches the
+ * member: it learns that it was evicted, not that the coordinator is gone. */
+static void test_evict_then_free(void) {
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(10);
+  ftar_member *a = ftar_member_create("127.0.0.1", ftar_coord_port(c), 0, &mo);
+  CHECK(a != NULL, "closing: member: %s", tr_error());
+  if (!a) {
+    ftar_coord_free(c);
+    return;
+  }
+  CHECK(ftar_coord_evict(c, 0) == 0, "closing: evict request");
+  ftar_coord_free(c); /* the quit follows the evict in the same command queue */
+  float v[3] = {1, 2, 3};
+  ftar_result r;
+  int rc = 0;
+  uint64_t seq = 1;
+  double end = tr_now() + T(10);
+  while (tr_now() < end && (rc = ftar_allreduce(a, v, 3, FTAR_SUM, seq++, &r)) >= 0) usleep(20000);
+  CHECK(rc == FTAR_EEVICTED && strstr(tr_error(), "evicted by the host"),
+        "closing: evicted just before the coordinator quit: rc %d (%s), want FTAR_EEVICTED", rc, tr_error());
+  ftar_member_free(a);
+}
+
+/* A registration refused (slot in use) by a peer that keeps sending after
+ * the REJECT: the coordinator closes it by its closing deadline (2 x 1.5 s)
+ * all the same. The peer writes every 100 ms, and waits up to ten times
+ * the deadline for the EOF (unbounded before: each byte restarted a read
+ * timeout). */
+static void test_closing_deadline(void) {
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(10);
+  ftar_member *a = ftar_member_create("127.0.0.1", port, 0, &mo);
+  CHECK(a != NULL, "closing deadline: member: %s", tr_error());
+  int fd = a ? tcp_connect(port) : -1;
+  CHECK(!a || fd >= 0, "closing deadline: connect");
+  if (fd >= 0) {
+    uint8_t hello[FTAR_HELLO_LEN] = {0}, b[FTAR_HDR + FTAR_HELLO_LEN];
+    ftw_put32(hello, FTAR_VERSION);
+    ftw_put16(hello + 4, 9);
+    ftw_put16(hello + 6, 9);
+    memcpy(hello + 8, "127.0.0.1", 9);
+    size_t n = frame(b, FT_HELLO, 0, 0, 0, hello, FTAR_HELLO_LEN, 0); /* slot 0: a's */
+    CHECK(send(fd, b, n, MSG_NOSIGNAL) == (ssize_t)n, "closing deadline: send HELLO");
+    /* the coordinator's FIN (after the REJECT) is a half close: it goes on
+     * reading what we send until it closes the socket, and then our sends
+     * are answered with a reset and fail */
+    int got = 0, fin = 0, closed = 0;
+    double end = tr_now() + T(10 * 2 * DEADLINE);
+    while (!closed && tr_now() < end) {
+      usleep(100000);
+      uint8_t in[512];
+      ssize_t k = 1;
+      while (!fin && (k = recv(fd, in, sizeof in, MSG_DONTWAIT)) != 0) {
+        if (k < 0) {
+          if (errno == EAGAIN || errno == EINTR) break;
+          closed = 1; /* reset */
+          break;
+        }
+        got += (int)k;
+      }
+      if (k == 0) fin = 1;
+      if (send(fd, "x", 1, MSG_NOSIGNAL) < 0 && errno != EAGAIN && errno != EINTR) closed = 1;
+    }
+    CHECK(got >= FTAR_HDR && fin, "closing deadline: the REJECT (%d bytes) and a FIN after it came", got);
+    CHECK(closed, "closing deadline: a refused peer that keeps sending was not closed within %.0f s",
+          T(10 * 2 * DEADLINE));
+    CHECK(coord_log_has("slot 0 is in use"), "closing deadline: the refusal is logged");
+    close(fd);
+  }
+  ftar_member_free(a);
+  ftar_coord_free(c);
+}
+
 static int seq_at_least(proc *ps, int n, void *arg) {
   unsigned long long want = *(unsigned long long *)arg;
   for (int i = 0; i < n; i++)
@@ -2484,6 +2572,11 @@ int main(void) {
     test_member_leave_go();
     return check_report("test_ftar");
   }
+  if (only && strcmp(only, "closing") == 0) {
+    test_evict_then_free();
+    test_closing_deadline();
+    return check_report("test_ftar");
+  }
   if (only && strcmp(only, "grid") == 0) {
     test_grid();
     printf("  total %.1f s\n", tr_now() - t0);
@@ -2506,6 +2599,8 @@ int main(void) {
   }
   test_wire();
   test_api();
+  test_evict_then_free();
+  test_closing_deadline();
   test_join_at();
   test_join_cancel();
   test_buckets();
