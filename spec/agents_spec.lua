@@ -213,7 +213,10 @@ describe("replicas across hosts (transom agent on test hosts)", function()
   -- Now an agent stops adding bytes behind those not taken and waits
   -- operator_grace, the workers' sends wait the same, and the operator does
   -- not count its own stall as the agents' or the workers' silence: the job
-  -- goes on with the same workers and finishes.
+  -- goes on with the same workers and finishes. The default suite stops it
+  -- until 12 s with none taken (past SEND_TIMEOUT_S) in a 400-step job;
+  -- ./test.sh --long (TRANSOM_LONG=1) until 35 s in a 500-step one, past
+  -- the 20 to 30 s after which the old agent gave up.
   it("the operator stopped past an agent's old send timeout: agents and workers wait, the job finishes", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
@@ -223,13 +226,14 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     -- silent past the deadline: their window probes had backed off)
     small_buffers({ 2, 3 }, 131072)
     -- steps of 100 ms: the replicas cannot finish while it is stopped
-    local run, steps, pad = tmp .. "/paused", 500, "TRANSOM_TEST_STEP_MS=100"
+    local long = os.getenv("TRANSOM_LONG") == "1"
+    local run, steps, pad = tmp .. "/paused", long and 500 or 400, "TRANSOM_TEST_STEP_MS=100"
     local opid, rc_of = S.spawn_rc(job(run, "--set max_steps=" .. steps), run .. ".out")
     local agents = { { k = 2, pid = agent(2, run, nil, pad) }, { k = 3, pid = agent(3, run, nil, pad) } }
     assert(wait_step(run, 40), "no progress")
     local workers = {}
     for k = 2, 3 do workers[k] = tonumber((read(run .. "-agent" .. k .. ".log") or ""):match("started %(pid (%d+)%)")) end
-    local STUCK_S = 35 -- none of an agent's bytes taken this long (os.time: whole seconds)
+    local STUCK_S = long and 35 or 12 -- none of an agent's bytes taken this long (os.time: whole seconds)
     sh("kill -STOP " .. opid)
     local stuck, gave_up = false, nil
     for _ = 1, N(500) do -- 50 s of 0.1 s rounds, more with ss's time: bounded
