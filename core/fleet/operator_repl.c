@@ -430,11 +430,7 @@ static void budget_hook(lua_State *L, lua_Debug *ar) {
 static int bounded_cocreate(lua_State *L) {
   if (evaluating && hook_count > REPL_BUDGET_HOOKS)
     return luaL_error(L, "stopped: the expression ran past its instruction budget");
-  int n = lua_gettop(L);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, 1);
-  lua_call(L, n, LUA_MULTRET);
-  return lua_gettop(L);
+  return lua_host_call_wrapped(L);
 }
 
 static void bound_coroutines(lua_State *L) {

@@ -36,8 +36,7 @@
 #define MOVE_MAX ((lua_Integer)1 << 22)      /* elements */
 #define PATTERN_MAX_WORK 1e8
 
-/* Calls the wrapped original (upvalue 1) with this call's arguments. */
-static int call_original(lua_State *L) {
+int lua_host_call_wrapped(lua_State *L) {
   int n = lua_gettop(L);
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
@@ -56,7 +55,7 @@ static int bounded_rep(lua_State *L) {
   if (n > 0 && (double)n * (double)(len + seplen) > (double)REP_MAX_BYTES)
     return luaL_error(L, "string.rep: a result of %f bytes is more than %I", (double)n * (double)(len + seplen),
                       (LUAI_UACINT)REP_MAX_BYTES);
-  return call_original(L);
+  return lua_host_call_wrapped(L);
 }
 
 static int bounded_concat(lua_State *L) {
@@ -65,7 +64,7 @@ static int bounded_concat(lua_State *L) {
   if (j >= i && (j - i >= MOVE_MAX || j - i < 0))
     return luaL_error(L, "table.concat: %f elements is more than %I (a loop in C, which no instruction budget stops)",
                       (double)j - (double)i + 1, (LUAI_UACINT)MOVE_MAX);
-  return call_original(L);
+  return lua_host_call_wrapped(L);
 }
 
 static int bounded_move(lua_State *L) {
@@ -73,7 +72,7 @@ static int bounded_move(lua_State *L) {
   if (e >= f && (e - f >= MOVE_MAX || e - f < 0)) /* e - f < 0: it wrapped */
     return luaL_error(L, "table.move: %f elements is more than %I (a loop in C, which no instruction budget stops)",
                       (double)e - (double)f + 1, (LUAI_UACINT)MOVE_MAX);
-  return call_original(L);
+  return lua_host_call_wrapped(L);
 }
 
 /* The end of the single-character item at p[i] (a literal, '.', %x or a
@@ -137,7 +136,7 @@ static int bounded_pattern(lua_State *L) {
                       "same item repeated twice in a row) on %d bytes could backtrack for minutes in C, which no "
                       "instruction budget stops: anchor or narrow it, or shorten the subject",
                       lua_tostring(L, lua_upvalueindex(2)), k, (int)(slen < 2147483647u ? slen : 2147483647u));
-  return call_original(L);
+  return lua_host_call_wrapped(L);
 }
 
 /* Replaces lib[name] (lib at the top of the stack) by fn closing over the

@@ -43,6 +43,12 @@ int lua_host_pcall_file(lua_State *L, const char *path, const char *what, int na
  * (policies, the REPL); once per VM. lua_bounds.c. */
 void lua_host_bound_library(lua_State *L);
 
+/* The body of a C closure that wraps a library function (its upvalue 1):
+ * calls it with this call's arguments and returns what it returned. A
+ * wrapper checks its bounds, then `return lua_host_call_wrapped(L);`.
+ * lua_bounds.c. */
+int lua_host_call_wrapped(lua_State *L);
+
 /* Registers the `transom` module (package.preload). lua_graph.c. */
 int luaopen_transom(lua_State *L);
 
