@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <lmdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,13 +200,20 @@ static int mdb_fail(int rc, const char *what) {
  * new size and begin again. remap = 0 where this process may have other
  * transactions on env (a borrowed reader): the remap would pull the map from
  * under them. */
-static int txn_begin(MDB_env *env, unsigned flags, MDB_txn **txn, int remap) {
+static int txn_begin_remap(MDB_env *env, unsigned flags, MDB_txn **txn, int remap, int *map_lost) {
   int rc = mdb_txn_begin(env, NULL, flags, txn);
   for (int i = 0; rc == MDB_MAP_RESIZED && remap && i < 8; i++) {
     rc = mdb_env_set_mapsize(env, 0);
-    if (!rc) rc = mdb_txn_begin(env, NULL, flags, txn);
+    if (rc) {
+      if (map_lost) *map_lost = 1; /* see map_lost below */
+      return rc;
+    }
+    rc = mdb_txn_begin(env, NULL, flags, txn);
   }
   return rc;
+}
+static int txn_begin(MDB_env *env, unsigned flags, MDB_txn **txn, int remap) {
+  return txn_begin_remap(env, flags, txn, remap, NULL);
 }
 
 /* Every key of the manifest database, read once: a damaged page of the
@@ -300,7 +308,45 @@ struct ckpt_engine {
    * writer's map changes: LMDB resizes a map only while this process has
    * no transaction open on it */
   pthread_mutex_t map_mu;
+  /* A map change failed (mmap: out of memory or address space): LMDB has
+   * unmapped the old map and keeps no usable one (its next transaction
+   * would read the unmapped meta pages). From then on every use of env is
+   * refused with map_why; the store's file is intact. Under map_mu. */
+  atomic_int map_lost; /* read without the lock by borrowed readers */
+  char map_why[160];
 };
+
+/* Records a failed map change (map_mu held) and returns its error. */
+static int map_lost_fail(ckpt_engine *e, int rc, const char *what) {
+  snprintf(e->map_why, sizeof e->map_why, "%s: %s", what, mdb_strerror(rc));
+  atomic_store(&e->map_lost, 1);
+  mdb_last = rc;
+  return tr_fail(TR_EIO, "%s: %s (the store is intact; no more checkpoints in this process)", what,
+                 mdb_strerror(rc));
+}
+
+/* The error for any use of env after a failed map change (map_mu held). */
+static int map_lost_refuse(const ckpt_engine *e) {
+  return tr_fail(TR_EIO, "the checkpoint store is unusable in this process since %s (it is intact on disk)",
+                 e->map_why);
+}
+
+/* mdb_env_set_mapsize for the engine (map_mu held): a failure loses the map. */
+static int engine_set_map(ckpt_engine *e, size_t size, const char *what) {
+  if (e->map_lost) return map_lost_refuse(e);
+  int rc = mdb_env_set_mapsize(e->env, size);
+  return rc ? map_lost_fail(e, rc, what) : TR_OK;
+}
+
+/* txn_begin for the engine (map_mu held): refused once the map was lost,
+ * and loses it if adopting a map grown elsewhere fails. 0 or an error
+ * already reported (tr_error; mdb_last set). */
+static int engine_txn_begin(ckpt_engine *e, unsigned flags, MDB_txn **txn, int remap, const char *what) {
+  if (e->map_lost) return map_lost_refuse(e);
+  int lost = 0, rc = txn_begin_remap(e->env, flags, txn, remap, &lost);
+  if (lost) return map_lost_fail(e, rc, "adopting the checkpoint store's grown map");
+  return rc ? mdb_fail(rc, what) : TR_OK;
+}
 
 /* The CPU seconds the calling thread has used. */
 static double thread_cpu(void) {
@@ -443,13 +489,16 @@ static int apply_retention(ckpt_engine *e, MDB_txn *txn) {
 static int grow_map(ckpt_engine *e) {
   MDB_envinfo info;
   pthread_mutex_lock(&e->map_mu);
-  int mrc = mdb_env_info(e->env, &info);
-  if (!mrc) {
+  int rc = e->map_lost ? map_lost_refuse(e) : TR_OK;
+  int mrc = rc ? 0 : mdb_env_info(e->env, &info);
+  if (mrc) rc = mdb_fail(mrc, "growing the checkpoint store's map");
+  if (!rc) {
     size_t more = (size_t)(e->total + (e->total >> 3) + (1 << 20)) * 2;
-    mrc = mdb_env_set_mapsize(e->env, info.me_mapsize + (info.me_mapsize > more ? info.me_mapsize : more));
+    rc = engine_set_map(e, info.me_mapsize + (info.me_mapsize > more ? info.me_mapsize : more),
+                        "growing the checkpoint store's map");
   }
   pthread_mutex_unlock(&e->map_mu);
-  return mrc ? mdb_fail(mrc, "growing the checkpoint store's map") : TR_OK;
+  return rc;
 }
 
 /* Level 2: one write transaction for the whole checkpoint plus retention;
@@ -483,13 +532,13 @@ static int commit_once(ckpt_engine *e, stage_buf *b) {
   if (!info) return tr_fail(TR_ENOMEM, "out of memory committing a checkpoint");
   MDB_txn *txn = NULL;
   mdb_last = 0;
-  clear_stale_readers(e->env);
   pthread_mutex_lock(&e->map_mu); /* txn_begin may adopt a map grown elsewhere */
-  int mrc = txn_begin(e->env, 0, &txn, 1), rc;
+  if (!e->map_lost) clear_stale_readers(e->env);
+  int rc = engine_txn_begin(e, 0, &txn, 1, "beginning a checkpoint transaction");
   pthread_mutex_unlock(&e->map_mu);
-  if (mrc) {
+  if (rc) {
     free(info);
-    return mdb_fail(mrc, "beginning a checkpoint transaction");
+    return rc;
   }
   rc = delete_step(txn, e->man, e->data, b->st.step); /* a re-taken step replaces the old one */
   if (!rc) rc = put_tensors(e, txn, b, info);
@@ -500,7 +549,8 @@ static int commit_once(ckpt_engine *e, stage_buf *b) {
     mdb_txn_abort(txn);
     return rc;
   }
-  if ((mrc = mdb_txn_commit(txn))) {
+  int mrc = mdb_txn_commit(txn);
+  if (mrc) {
     mdb_last = mrc;
     struct statvfs vfs;
     if (statvfs(e->dir, &vfs) == 0)
@@ -568,10 +618,10 @@ static int local_manifest(ckpt_engine *e, int64_t step, uint8_t **raw, size_t *l
                           ckpt_tensor_info **tensors) {
   MDB_txn *txn;
   pthread_mutex_lock(&e->map_mu);
-  int mrc = txn_begin(e->env, MDB_RDONLY, &txn, 0), rc = TR_OK;
-  if (mrc) {
+  int rc = engine_txn_begin(e, MDB_RDONLY, &txn, 0, "replicating: reading the store"), mrc;
+  if (rc) {
     pthread_mutex_unlock(&e->map_mu);
-    return mdb_fail(mrc, "replicating: reading the store");
+    return rc;
   }
   uint8_t kb[8];
   put_be64(kb, (uint64_t)step);
@@ -610,12 +660,12 @@ static int replicate_tensor(ckpt_engine *e, remote_file *f, int64_t step, int i,
     MDB_val k = {16, kb}, v;
     MDB_txn *txn;
     pthread_mutex_lock(&e->map_mu);
-    int mrc = txn_begin(e->env, MDB_RDONLY, &txn, 0), rc = TR_OK;
-    if (mrc) {
+    int rc = engine_txn_begin(e, MDB_RDONLY, &txn, 0, "replicating: reading the store");
+    if (rc) {
       pthread_mutex_unlock(&e->map_mu);
-      return mdb_fail(mrc, "replicating: reading the store");
+      return rc;
     }
-    mrc = mdb_get(txn, e->data, &k, &v);
+    int mrc = mdb_get(txn, e->data, &k, &v);
     if (mrc == MDB_NOTFOUND) rc = CKPT_GONE;
     else if (mrc) rc = mdb_fail(mrc, "replicating: reading checkpoint data");
     else if (v.mv_size == 0 || got + v.mv_size > t->bytes)
@@ -817,6 +867,17 @@ int ckpt_register(ckpt_engine *e, const char *name, int dtype, int ndim, const i
  * (page-locked memory is limited: ulimit -l, a container's cap) is used
  * unpinned: device copies into it are slower and wait for the host, but
  * they work; stats.unpinned counts such buffers, and it is not tried again. */
+/* The automatic map: keep_last + 2 snapshots of total bytes with 1/8 and
+ * 1 MiB of slack each, and 16 MiB. 0, or -1 if it does not fit a size_t. */
+static int auto_map_size(uint64_t total, int keep_last, size_t *map) {
+  uint64_t per = total + (total >> 3) + (1u << 20), all;
+  if (per < total || keep_last < 0 || __builtin_mul_overflow(per, (uint64_t)keep_last + 2, &all) ||
+      all > SIZE_MAX - (16u << 20))
+    return -1;
+  *map = (size_t)all + (16u << 20);
+  return 0;
+}
+
 static int start(ckpt_engine *e) {
   int nbuf = e->o.busy == CKPT_COALESCE ? 1 : 2;
   for (int i = 0; i < nbuf; i++) {
@@ -837,14 +898,19 @@ static int start(ckpt_engine *e) {
       }
     }
   size_t map = e->o.map_bytes;
-  if (map == 0) map = (size_t)(e->total + (e->total >> 3) + (1 << 20)) * (size_t)(e->o.keep_last + 2) + (16u << 20);
+  if (map == 0 && auto_map_size(e->total, e->o.keep_last, &map))
+    return tr_fail(TR_EINVAL, "the checkpoint store's map for keep_last = %d snapshots of %llu bytes is more than "
+                   "this machine can address: lower checkpoint.keep_last or set checkpoint.map_mb",
+                   e->o.keep_last, (unsigned long long)e->total);
   /* never below the map another process already grew the store to (no
    * transaction of ours is active yet: adopting it is safe here) */
   MDB_envinfo info;
-  if (mdb_env_set_mapsize(e->env, 0) == 0 && mdb_env_info(e->env, &info) == 0 && info.me_mapsize > map)
-    map = info.me_mapsize;
-  int rc = mdb_env_set_mapsize(e->env, map);
-  if (rc) return mdb_fail(rc, "setting the LMDB map size");
+  pthread_mutex_lock(&e->map_mu);
+  int rc = engine_set_map(e, 0, "adopting the checkpoint store's map");
+  if (!rc && mdb_env_info(e->env, &info) == 0 && info.me_mapsize > map) map = info.me_mapsize;
+  if (!rc) rc = engine_set_map(e, map, "setting the LMDB map size");
+  pthread_mutex_unlock(&e->map_mu);
+  if (rc) return rc;
   e->stats.bytes_per_snapshot = e->total;
   if (e->remote[0] && !e->repl_started) {
     e->repl_want = e->repl_done = INT64_MIN;
@@ -900,7 +966,13 @@ static int pick_buffer(ckpt_engine *e, int *result) {
 int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s) {
   if (!e->threads_started) {
     int rc = start(e);
-    if (rc) return rc;
+    if (rc) { /* the caller reports tr_error(); the totals count it */
+      pthread_mutex_lock(&e->mu);
+      e->stats.snapshots++;
+      e->stats.failed++;
+      pthread_mutex_unlock(&e->mu);
+      return rc;
+    }
   }
   pthread_mutex_lock(&e->mu);
   while (e->copy_req >= 0) pthread_cond_wait(&e->cv, &e->mu); /* only if the caller skipped wait_copy */
@@ -1018,7 +1090,7 @@ void ckpt_close(ckpt_engine *e) {
 struct ckpt_reader {
   MDB_env *env;
   int borrowed; /* env belongs to an engine (LMDB allows one env per file per process) */
-  const ckpt_engine *engine; /* that engine (borrowed) */
+  ckpt_engine *engine; /* that engine (borrowed) */
   MDB_dbi man, data;
   ckpt_tensor_info *tensors; /* last decoded manifest's table */
   char dir[1024];
@@ -1030,6 +1102,16 @@ struct ckpt_reader {
 /* A reader's environment may adopt a map grown by another process unless it
  * is an engine's whose writer thread runs (it may be inside a transaction). */
 static int may_remap(const ckpt_reader *r) { return !r->borrowed || !r->engine->threads_started; }
+
+/* A read transaction on the reader's env. A borrowed env whose engine lost
+ * its map is refused (MDB_PANIC: "environment had fatal error"), and a
+ * failed remap of a borrowed env loses the engine's map as its own would. */
+static int reader_txn_begin(const ckpt_reader *r, MDB_txn **txn) {
+  if (r->borrowed && atomic_load(&r->engine->map_lost)) return MDB_PANIC;
+  int lost = 0, rc = txn_begin_remap(r->env, MDB_RDONLY, txn, may_remap(r), &lost);
+  if (lost && r->borrowed) map_lost_fail(r->engine, rc, "a reader adopting the checkpoint store's grown map");
+  return rc;
+}
 
 /* The local part of ckpt_store_drop_after: the steps after step, deleted
  * in one write transaction; how many (ascending in *out, malloc'd), or an
@@ -1187,6 +1269,10 @@ int ckpt_reader_set_remote(ckpt_reader *r, const char *dir) {
 }
 
 ckpt_reader *ckpt_engine_reader(ckpt_engine *e) {
+  if (atomic_load(&e->map_lost)) {
+    map_lost_refuse(e);
+    return NULL;
+  }
   ckpt_reader *r = calloc(1, sizeof *r);
   if (!r) {
     tr_fail(TR_ENOMEM, "out of memory");
@@ -1213,7 +1299,7 @@ static int local_steps(ckpt_reader *r, int64_t *steps, int cap) {
   if (!r->env) return 0;
   MDB_txn *txn;
   MDB_cursor *c;
-  int rc = txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r));
+  int rc = reader_txn_begin(r, &txn);
   if (rc) return mdb_fail(rc, "reading checkpoints");
   if ((rc = mdb_cursor_open(txn, r->man, &c))) {
     mdb_txn_abort(txn);
@@ -1270,7 +1356,7 @@ int ckpt_reader_steps(ckpt_reader *r, int64_t *steps, int cap) {
 static int local_has(ckpt_reader *r, int64_t step) {
   if (!r->env) return 0;
   MDB_txn *txn;
-  if (txn_begin(r->env, MDB_RDONLY, &txn, may_remap(r))) return 0;
+  if (reader_txn_begin(r, &txn)) return 0;
   uint8_t kb[8];
   put_be64(kb, (uint64_t)step);
   MDB_val k = {8, kb}, v;
@@ -1392,7 +1478,7 @@ static int src_open(ckpt_reader *r, int64_t step, int remote, step_src *s) {
   s->remote = remote;
   int rc;
   if (remote) rc = src_open_remote(r, step, s);
-  else if ((rc = txn_begin(r->env, MDB_RDONLY, &s->txn, may_remap(r)))) {
+  else if ((rc = reader_txn_begin(r, &s->txn))) {
     s->txn = NULL;
     rc = mdb_fail(rc, "reading checkpoints");
   } else {

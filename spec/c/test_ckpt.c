@@ -323,6 +323,48 @@ static void test_full_store(void) {
   free(a);
 }
 
+/* A map LMDB cannot map (checkpoint.map_mb past the address space, or a
+ * process out of memory): the failed resize unmaps the old map and leaves
+ * none, so every later use of the environment must be refused, not read
+ * the unmapped pages (a segfault at the next snapshot, before). The store
+ * on disk stays intact. */
+static void test_map_lost(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "maplost");
+  enum { N = 1000 };
+  float a[N];
+  int64_t d[1] = {N};
+  ckpt_engine *e = open_engine(dir, 2, 0, CKPT_SKIP, 0);
+  if (!e) return;
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  fill(a, N, 1);
+  ckpt_state s = {.step = 1};
+  CHECK(ckpt_snapshot(e, &s) >= 0 && ckpt_flush(e) == 0, "map lost: step 1: %s", tr_error());
+  ckpt_close(e);
+  e = open_engine(dir, 2, 0, CKPT_SKIP, (size_t)1 << 60); /* 1 EiB: no mmap takes it */
+  if (!e) return;
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  for (int64_t step = 2; step <= 3; step++) {
+    fill(a, N, step);
+    s.step = step;
+    int rc = ckpt_snapshot(e, &s);
+    CHECK(rc < 0, "map lost: snapshot %lld must fail (rc %d)", (long long)step, rc);
+    CHECK(step == 2 || strstr(tr_error(), "unusable"), "map lost: the second refusal says why: %s", tr_error());
+  }
+  ckpt_stats st;
+  ckpt_get_stats(e, &st);
+  CHECK(st.failed == 2 && st.committed == 0, "map lost: both count as failed (%llu failed, %llu committed)",
+        (unsigned long long)st.failed, (unsigned long long)st.committed);
+  ckpt_reader *r = ckpt_engine_reader(e);
+  CHECK(r == NULL && strstr(tr_error(), "unusable"), "map lost: no reader on the lost map: %s", tr_error());
+  ckpt_reader_close(r);
+  ckpt_close(e);
+  CHECK(newest(dir) == 1, "map lost: step 1 is still the newest checkpoint (%lld)", (long long)newest(dir));
+  r = ckpt_reader_open(dir);
+  CHECK(r && ckpt_reader_verify(r, 1) == 0, "map lost: step 1 verifies: %s", tr_error());
+  ckpt_reader_close(r);
+}
+
 /* A process killed inside a read transaction (`transom ckpt verify`
  * interrupted, a replica killed while it loads) leaves its read slot
  * behind; the writer must clear it, or the snapshot the slot pins keeps
@@ -1204,6 +1246,7 @@ int main(void) {
   test_lazy_copy_and_retention();
   test_corruption();
   test_full_store();
+  test_map_lost();
   test_damaged_list();
   test_stale_reader();
   test_kill9();
