@@ -136,6 +136,27 @@ return {
     has(rejected(path, run_dir), path .. ":3:", "'lr'", "finite")
   end)
 
+  -- Integers are int64 in Lua and often an int in C: without a bound a
+  -- value past INT_MAX wrapped there (keep_last = 2^32 + 1 kept one
+  -- checkpoint; sample_tokens = 2^62 overflowed the sampler's buffer size
+  -- and wrote past it; map_mb = 2^44 shifted to 0, "automatic";
+  -- temperature = 1e-50 became the float 0: a NaN sample).
+  it("bounds integers to C's int unless a key says otherwise, and the sampler's and the store's sizes", function()
+    for _, c in ipairs({
+      { "eval_steps = 4294967297", "'eval_steps'", "<= 2147483647" },
+      { "checkpoint = { keep_last = 4294967297 }", "'checkpoint.keep_last'", "<= 1000000" },
+      { "checkpoint = { map_mb = 17592186044416 }", "'checkpoint.map_mb'", "<= 1073741824" },
+      { "sample_tokens = 4611686018427387904", "'sample_tokens'", "<= 16777216" },
+      { "temperature = 1e-50", "'temperature'", ">= 1e-06" },
+    }) do
+      local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  " .. c[1] .. ",\n}\n")
+      has(rejected(path, run_dir), path .. ":3:", c[2], c[3])
+    end
+    -- a seed may use all 63 bits
+    local t = job.load((job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  seed = math.maxinteger,\n}\n")), {})
+    assert.equal(math.maxinteger, t.seed)
+  end)
+
   it("rejects n_embd not divisible by n_head", function()
     local path, run_dir = job_file([[
 return {

@@ -164,6 +164,11 @@ int model_generate(graph *g, const text_codec *c, const char *prompt, int64_t nt
   const int T = (int)dt.dim[1], Vp = (int)dl.dim[dl.ndim - 1];
   const int V = c->vocab_size > 0 && c->vocab_size < Vp ? (int)c->vocab_size : Vp; /* never a padding id */
   size_t plen = strlen(prompt);
+  if (ntokens < 0 || ntokens > MODEL_GENERATE_MAX || plen > (size_t)MODEL_GENERATE_MAX)
+    return tr_fail(TR_EINVAL, "sampling: %lld tokens after a prompt of %zu bytes is more than %d", (long long)ntokens,
+                   plen, MODEL_GENERATE_MAX);
+  if (!(temperature > 0.0f) || isinf(temperature))
+    return tr_fail(TR_EINVAL, "sampling: temperature %g is not a positive float", (double)temperature);
   int64_t cap = (int64_t)plen + ntokens + 2;
   int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
   double *p = malloc(sizeof(double) * (size_t)V);

@@ -19,10 +19,10 @@ local M = {}
 local CHECKPOINT = {
   { "every_steps", "integer", nil, "snapshot every N steps (0 = not by count)", min = 0 },
   { "every_seconds", "number", nil, "snapshot every T seconds (0 = not by time)", min = 0 },
-  { "keep_last", "integer", nil, "keep the newest K checkpoints", min = 1 },
+  { "keep_last", "integer", nil, "keep the newest K checkpoints", min = 1, max = 1000000 },
   { "keep_every", "integer", nil, "also keep steps divisible by M (0 = none)", min = 0 },
   { "when_busy", "string", nil, "when the disk is still writing: skip or coalesce", enum = { "skip", "coalesce" } },
-  { "map_mb", "integer", nil, "LMDB map size in MiB (0 = automatic)", min = 0 },
+  { "map_mb", "integer", nil, "LMDB map size in MiB (0 = automatic)", min = 0, max = 1 << 30 },
   { "remote", "string", nil, "remote level: a directory on another disk or a shared file system (\"\" = none)" },
   { "remote_rate_mb", "number", nil, "remote copies' average rate in MiB/s (0 = no limit)", min = 0 },
 }
@@ -103,7 +103,7 @@ local SCHEMA = {
   { "grad_clip", "number", 1.0, "clip the global gradient norm to this (0 = off)", min = 0 },
   { "eval_interval", "integer", 250, "steps between validation runs (0 = only at the end)", min = 0 },
   { "eval_steps", "integer", 20, "batches per validation run", min = 1 },
-  { "seed", "integer", 1337, "seed for init, batches and sampling", min = 0 },
+  { "seed", "integer", 1337, "seed for init, batches and sampling", min = 0, max = math.maxinteger },
   { "threads", "integer", 0, "compute threads (0 = all cores)", min = 0, max = 1024 },
   { "device", "string", "cpu", "where the model runs: cpu, cuda (the ext/cuda backend: CUDA kernels, cuBLAS, "
     .. "NCCL), or emu (the CPU kernels behind the device interface, for testing device code paths)",
@@ -112,9 +112,9 @@ local SCHEMA = {
     .. "parameters, gradients and optimizer fp32)", enum = { "fp32", "bf16" } },
   { "run_dir", "string", nil, "run directory (default runs/<name>-<time>)", optional = true },
   { "log_interval", "integer", 1, "print a line every this many steps", min = 1 },
-  { "sample_tokens", "integer", 200, "tokens generated at the end (0 = none)", min = 0 },
+  { "sample_tokens", "integer", 200, "tokens generated at the end (0 = none)", min = 0, max = 1 << 24 },
   { "sample_prompt", "string", "\n", "prompt for the final sample" },
-  { "temperature", "number", 1.0, "sampling temperature", gt = 0 },
+  { "temperature", "number", 1.0, "sampling temperature", min = 1e-6, max = 1e6 },
   { "checkpoint", "table", nil, "checkpoint policy overrides (defaults: lua/policies/checkpoint.lua)",
     fields = CHECKPOINT, policy = "checkpoint" },
   { "pipeline", "table", nil, "pipeline stages over worker processes (defaults: lua/policies/pipeline.lua)",

@@ -79,6 +79,10 @@ function M.describe(v)
   return type(v) .. " " .. tostring(v)
 end
 
+-- Integers without a max of their own stop at C's INT_MAX: the C side
+-- keeps many of them in an int (a larger value would wrap there).
+M.INT_MAX = 2147483647
+
 -- Checks v against field f = { key, type, default, help, min=, max=, gt=,
 -- lt=, enum= }; where(fmt, ...) raises the error at the right place.
 function M.check_value(f, v, where)
@@ -90,7 +94,8 @@ function M.check_value(f, v, where)
     where("key '%s' must be %s %s, got %s", key, ty == "integer" and "an" or "a", ty, M.describe(v))
   end
   if f.min and v < f.min then where("key '%s' must be >= %s, got %s", key, tostring(f.min), tostring(v)) end
-  if f.max and v > f.max then where("key '%s' must be <= %s, got %s", key, tostring(f.max), tostring(v)) end
+  local max = f.max or (ty == "integer" and M.INT_MAX or nil)
+  if max and v > max then where("key '%s' must be <= %s, got %s", key, tostring(max), tostring(v)) end
   if f.gt and not (v > f.gt) then where("key '%s' must be > %s, got %s", key, tostring(f.gt), tostring(v)) end
   if f.lt and not (v < f.lt) then where("key '%s' must be < %s, got %s", key, tostring(f.lt), tostring(v)) end
   if f.enum then

@@ -157,7 +157,10 @@ typedef struct {
   const struct bpe *tok;
   int64_t vocab_size;
 } text_codec;
-/* Autoregressive sampling with an inference graph (B=1). */
+/* Autoregressive sampling with an inference graph (B=1): ntokens in
+ * 0..MODEL_GENERATE_MAX after a prompt of at most as many bytes, a
+ * temperature that is a positive, finite float; TR_EINVAL otherwise. */
+#define MODEL_GENERATE_MAX (1 << 24)
 int model_generate(graph *g, const text_codec *c, const char *prompt, int64_t ntokens, float temperature,
                    uint64_t seed, FILE *out);
 
