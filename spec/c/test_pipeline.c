@@ -4,12 +4,20 @@
  * error feedback that loses nothing over rounds, the density controller.
  * White-box: adatopk.h is core/fleet's private header. Milliseconds.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "adatopk.h"
 #include "check.h"
 #include "graph.h"
 #include "graph_stage.h"
+#include "job.h"
+#include "pipeline_link.h"
+#include "pipeline_plan.h"
+#include "pipeline_probe.h"
 #include "rng.h"
 #include "util.h"
 
@@ -126,10 +134,64 @@ static void test_controller(void) {
   CHECK(fabs(d - (1.25e6 * 0.05 - ADATOPK_HEADER) / (6.0 * n)) < 1e-12, "density %g", d);
 }
 
+/* --- the probe server (pipeline_probe.c) --- */
+
+/* A listening socket on loopback: the fd, its port in *port. */
+static int listen_loopback(int *port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 16) ||
+      getsockname(fd, (struct sockaddr *)&a, &len))
+    return -1;
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+/* Connects to the probe server as worker `value` says (HELLO), pings:
+ * 1 the server answered (PONG; then DONE), 0 it closed the connection. */
+static int hello_then_ping(int port, double value) {
+  int fd = pl_connect("127.0.0.1", port, 5);
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "the probe server") : NULL;
+  if (!l) return -1;
+  pl_header hello = {.kind = PL_HELLO, .value = value}, ping = {.kind = PL_PING}, done = {.kind = PL_DONE}, h;
+  void *p = NULL;
+  int answered = !pl_send(l, &hello, NULL) && !pl_send(l, &ping, NULL) && !pl_recv(l, PL_PONG, 0, -1, 5, &h, &p);
+  free(p);
+  if (answered) pl_send(l, &done, NULL);
+  pl_link_free(l);
+  return answered;
+}
+
+/* Worker 2's server answers workers 0 and 1, once each; a HELLO naming
+ * anything else (its value indexes the plan's zones) is a connection
+ * closed, and the server still serves the real ones. */
+static void test_probe_hello(void) {
+  job_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  static pipe_plan plan;
+  plan.S = 3;
+  for (int i = 0; i < 3; i++) snprintf(plan.zone[i], PIPE_ZONE_MAX, "local");
+  int port = 0, lfd = listen_loopback(&port);
+  CHECK(lfd >= 0, "listen");
+  pipe_probe_ctx c = {.cfg = &cfg, .plan = &plan, .w = 2, .lfd = lfd, .timeout = 5};
+  pipe_probe_server *sv = pipe_probe_serve(&c);
+  CHECK(sv != NULL, "serve: %s", tr_error());
+  const double bad[] = {5, 2, -1, 0.5, 1e9, NAN, INFINITY};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    CHECK(hello_then_ping(port, bad[i]) == 0, "a HELLO from worker %g is closed, not served", bad[i]);
+  CHECK(hello_then_ping(port, 1) == 1, "worker 1 is served");
+  CHECK(hello_then_ping(port, 1) == 0, "worker 1 again is closed");
+  CHECK(hello_then_ping(port, 0) == 1, "worker 0 is served");
+  CHECK(pipe_probe_serve_join(sv) == 0, "the server ends once both are served: %s", tr_error());
+  close(lfd);
+}
+
 int main(void) {
   test_cuts();
   test_topk();
   test_feedback();
   test_controller();
+  test_probe_hello();
   return check_report("test_pipeline");
 }
