@@ -12,8 +12,9 @@
 -- is killed (-9) the launcher starts that pipeline again, its new workers
 -- catch up from the live one and rejoin with the same parameters, bit for
 -- bit, from the step they entered at (with pipeline.rebuilds = 0 the other
--- trains on alone); a worker killed before it got the plan ends the run
--- naming it (not the launcher by SIGPIPE). About 30 s on 2 cores.
+-- trains on alone; pipeline 33 of 34 is rebuilt like any other); a worker
+-- killed before it got the plan ends the run naming it (not the launcher
+-- by SIGPIPE). About 30 s on 2 cores.
 
 local S = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec") .. "/support.lua")
 local q, write = S.q, S.write
@@ -326,6 +327,45 @@ end]])
     assert.truthy(log:find("pipeline 1: not started again (pipeline.rebuilds = 0)", 1, true), log)
     assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":1'), "one pipeline left")
     assert.truthy(S.exists(rd .. "/model.safetensors"))
+  end)
+
+  -- 34 pipelines of 1 stage (stages = 1 with micro-batches is a pipeline job;
+  -- job.lua allows replicas x stages <= 64): the launcher's per-pipeline
+  -- tables held 33, so losing pipeline 33 wrote past them (its first rebuild
+  -- said "2 of 3", or none was left)
+  it("rebuilds pipeline 33 of 34: the launcher keeps a record for every pipeline", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local job = dir .. "/many.lua"
+    write(job, string.format([[
+return {
+  model = "gpt", data = %q, n_layer = 1, n_head = 2, n_embd = 16, block_size = 8, batch_size = 2,
+  max_steps = 100000, warmup_steps = 1, eval_interval = 0, log_interval = 1000, sample_tokens = 0, threads = 1,
+  checkpoint = { every_steps = 0 }, replicas = 34,
+  pipeline = { stages = 1, micro_batches = 2, probe = false, rebuilds = 1 },
+}
+]], data))
+    local rd, log = dir .. "/many", dir .. "/many.log"
+    local pid, rc = S.spawn_rc(q(S.BIN) .. " run " .. q(job) .. " --set run_dir=" .. q(rd), log)
+    local function lines() return #((S.read(rd .. "/metrics.jsonl") or ""):gsub("[^\n]", "")) end
+    for _ = 1, S.N(1200) do
+      if lines() >= 3 or rc() then break end
+      S.sleep(0.05)
+    end
+    assert.truthy(lines() >= 3 and not rc(), S.read(log))
+    local w33 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker 33 "))
+    os.execute("kill -KILL " .. assert(tonumber(w33:match("(%d+)")), w33))
+    local said
+    for _ = 1, S.N(600) do
+      said = (S.read(log) or ""):match("pipeline 33: [^\n]*started again[^\n]*")
+      if said or rc() then break end
+      S.sleep(0.05)
+    end
+    os.execute("kill -KILL " .. pid) -- the launcher: its workers go with it
+    for _ = 1, S.N(200) do
+      if rc() then break end
+      S.sleep(0.05)
+    end
+    assert.are.equal("pipeline 33: started again (1 of 1); its workers catch up from pipeline 0", said, S.read(log))
   end)
 
   it("a stage worker stopped (SIGSTOP): its pipeline is lost and the worker killed, the other pipeline trains on", function()

@@ -59,9 +59,10 @@ typedef struct {
   pid_t pid[PIPE_MAX_WORKERS];
   int status[PIPE_MAX_WORKERS];
   int donor[PIPE_MAX_WORKERS];        /* a worker's donor port, once it said (0: none yet) */
-  int lost[PIPE_MAX_WORKERS / 2 + 1]; /* pipelines that lost a worker */
-  int owed[PIPE_MAX_WORKERS / 2 + 1]; /* lost, to be started again once a live pipeline's donors are known */
-  int rebuilt[PIPE_MAX_WORKERS / 2 + 1]; /* times each was started again */
+  /* per pipeline: R reaches PIPE_MAX_WORKERS (stages = 1 with micro-batches is a pipeline job) */
+  int lost[PIPE_MAX_WORKERS];          /* pipelines that lost a worker */
+  int owed[PIPE_MAX_WORKERS];          /* lost, to be started again once a live pipeline's donors are known */
+  int rebuilt[PIPE_MAX_WORKERS];       /* times each was started again */
   int threads;                         /* per worker */
   int64_t rebuilds;                    /* pipeline.rebuilds */
   int64_t resume;                      /* the step every stage loads (0: a fresh start) */
