@@ -380,6 +380,49 @@ return {
     assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":1'), "one pipeline left")
   end)
 
+  -- 3 stages x 2 pipelines, the middle stage a lone gelu (it averages no
+  -- parameter with its replicas): when pipeline 0 is lost, pipeline 1's
+  -- workers write every store from then on, that stage's too (it kept
+  -- waiting for pipeline 0, and a resume found no step every store held)
+  it("a stage that reads no parameter still checkpoints once pipeline 0 is lost", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local policy = dir .. "/gelu_alone.lua"
+    write(policy, [[
+return function(plan)
+  local g
+  for i, op in ipairs(plan.ops) do if op.name == "gelu" then g = g or i - 1 end end
+  return { cuts = { 0, g, g + 1, #plan.ops }, order = { 0, 1, 2 } }
+end]])
+    local job = dir .. "/paramless.lua"
+    write(job, job_text(data, string.format("replicas = 2, pipeline = { stages = 3, micro_batches = 2, probe = false, "
+      .. "rebuilds = 0, placement = %q }, max_steps = 120, eval_interval = 0,", policy)))
+    local rd, log = dir .. "/paramless", dir .. "/paramless.log"
+    local _, rc = S.spawn_rc("env TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(10)) .. " " .. q(S.BIN) .. " run " .. q(job)
+      .. " --set run_dir=" .. q(rd) .. " --set checkpoint.every_steps=10", log)
+    local function lines() return #((S.read(rd .. "/metrics.jsonl") or ""):gsub("[^\n]", "")) end
+    for _ = 1, S.N(600) do
+      if lines() >= 15 or rc() then break end
+      S.sleep(0.05)
+    end
+    assert.truthy(lines() >= 15 and not rc(), S.read(log))
+    assert.truthy(S.read(log):find("\n%s+1%s+1%s+%S+%s+%d+%s+[%d.]+%s+%d+%.%.%d+ %(gelu%.%.gelu%)"), S.read(log))
+    local w1 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker 1 ")) -- pipeline 0's stage 1
+    os.execute("kill -KILL " .. assert(tonumber(w1:match("(%d+)")), w1))
+    for _ = 1, S.N(1200) do
+      if rc() then break end
+      S.sleep(0.05)
+    end
+    local out = S.read(log)
+    assert.are.equal(0, rc(), out)
+    assert.truthy(out:find("pipeline 0 lost", 1, true), out)
+    for k = 0, 2 do -- every store holds the last step
+      local ls = S.sh(q(S.BIN) .. " ckpt ls " .. q(rd .. "/ckpt-stage-" .. k))
+      local newest = 0
+      for st in ls:gmatch("\n%s*(%d+)%s") do newest = math.max(newest, tonumber(st)) end
+      assert.are.equal(120, newest, "stage " .. k .. "'s store: " .. ls)
+    end
+  end)
+
   it("checkpoints each stage, and a launcher killed with -9 resumes to the weights of an uninterrupted run, " ..
     "past a corrupt copy in one stage's store", function()
     if not data then return pending("no ../shared/data/tinyshakespeare.txt") end

@@ -83,7 +83,9 @@ typedef struct {
   int64_t join_step; /* a rebuilt worker: the step it enters its replicas' group at */
   int too_late;      /* a rebuilt worker: the live pipelines end before it could enter (exit PIPE_EXIT_LATE) */
   int ctl;           /* the control socket to the launcher */
-  int lowest;        /* the lowest live pipeline (its stage 0 leads) */
+  int lowest;        /* the lowest live pipeline (its stage 0 leads, its stages checkpoint): the
+                        first stage's view, down the chain every step (pipeline_step.c) */
+  int lowest_seen;   /* the lowest slot among this stage's latest replicas' all-reduce's contributors */
   int64_t own_lo, own_hi; /* the span of the gradient slab this stage's parameters cover (what replicas average) */
   int64_t epoch, redos;
   pipe_dir fwd, bwd; /* to next, to prev */
