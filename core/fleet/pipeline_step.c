@@ -197,8 +197,12 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
     double c = vec_sums(s)[graph_ntensors(s->g) + k];
     if (c > s->hide_s) s->hide_s = c;
   }
-  if (!isfinite(norm)) grads[0] = norm; /* every stage skips the update (trainer_apply_grads) */
-  else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
+  if (!isfinite(norm)) { /* every stage skips the update (trainer_apply_grads) */
+    grads[0] = norm;
+    /* and AdaTopK's error feedback forgets the step: what it held back came
+     * from the same bad gradients */
+    if (s->bwd.residual) memset(s->bwd.residual, 0, sizeof(float) * (size_t)s->xin_n);
+  } else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
   s->global_norm = norm;
   x->leader = s->k == 0 && s->p == s->lowest;
   x->snapshots = s->p == s->lowest; /* every stage into its own store */

@@ -1,7 +1,9 @@
 /* test_pipeline.c — the pipeline's pure parts: the cut search and the
  * crossings of graph_stage.c on a small residual network, and AdaTopK
  * (core/fleet/adatopk.c): exactly the k largest kept, bf16 values, the
- * error feedback that loses nothing over rounds, the density controller.
+ * error feedback that loses nothing over rounds, NaN and Inf never chosen
+ * nor kept back (a skipped step clears the feedback), the density
+ * controller; the probe server's HELLO check.
  * White-box: adatopk.h is core/fleet's private header. Milliseconds.
  */
 #include <arpa/inet.h>
@@ -18,6 +20,7 @@
 #include "pipeline_link.h"
 #include "pipeline_plan.h"
 #include "pipeline_probe.h"
+#include "pipeline_stage.h"
 #include "rng.h"
 #include "util.h"
 
@@ -134,6 +137,115 @@ static void test_controller(void) {
   CHECK(fabs(d - (1.25e6 * 0.05 - ADATOPK_HEADER) / (6.0 * n)) < 1e-12, "density %g", d);
 }
 
+/* --- AdaTopK and non-finite values --- */
+
+static uint32_t enc_k(const unsigned char *enc) {
+  uint32_t h[4];
+  memcpy(h, enc, sizeof h);
+  return h[2];
+}
+
+static int all_finite(const float *x, int n) {
+  for (int i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
+
+/* Top-k chooses among the finite entries only and sends exactly the pairs
+ * it wrote (a reused buffer's old bytes never go out as entries). */
+static void test_topk_nonfinite(void) {
+  enum { N = 8 };
+  float scratch[N], y[N];
+  unsigned char enc[ADATOPK_HEADER + 6 * 16];
+  float x[N] = {1, NAN, 3, 4, 5, 6, 7, 8};
+  memset(enc, 0xAB, sizeof enc);
+  size_t b = adatopk_encode(x, NULL, N, 3, scratch, enc);
+  CHECK(b == adatopk_bytes(3) && enc_k(enc) == 3, "%zu bytes, k = %u", b, enc_k(enc));
+  CHECK(adatopk_decode(enc, b, y, N) == 0 && y[7] == 8 && y[6] == 7 && y[5] == 6 && y[1] == 0,
+        "the 3 largest finite: %s", tr_error());
+  float none[4] = {NAN, INFINITY, -INFINITY, NAN};
+  memset(enc, 0xAB, sizeof enc);
+  b = adatopk_encode(none, NULL, 4, 2, scratch, enc);
+  CHECK(b == adatopk_bytes(0) && enc_k(enc) == 0, "nothing finite: no entry (%zu bytes, k = %u)", b, enc_k(enc));
+  CHECK(adatopk_decode(enc, b, y, 4) == 0 && y[0] == 0 && y[3] == 0, "decodes to zeros: %s", tr_error());
+  /* random mixes: header k = the pairs written, every index in range and
+   * once, every value finite */
+  rng_t r;
+  rng_seed(&r, 3);
+  int bad = 0;
+  for (int it = 0; it < 20000 && bad < 3; it++) {
+    int n = 1 + (int)rng_below(&r, 12), k = 1 + (int)rng_below(&r, (uint64_t)n), finite = 0;
+    float v[16], out[16], sc[16];
+    for (int i = 0; i < n; i++) {
+      uint64_t c = rng_below(&r, 7);
+      v[i] = c == 0 ? NAN : c == 1 ? INFINITY : c == 2 ? -INFINITY : (float)rng_below(&r, 5) - 2;
+      finite += isfinite(v[i]) != 0;
+    }
+    memset(enc, 0xAB, sizeof enc);
+    b = adatopk_encode(v, NULL, n, k, sc, enc);
+    uint32_t m = enc_k(enc), idx[16];
+    int ok = m == (uint32_t)(k < finite ? k : finite) && b == adatopk_bytes(m) && adatopk_decode(enc, b, out, n) == 0;
+    memcpy(idx, enc + ADATOPK_HEADER, 4 * m);
+    for (uint32_t j = 0; ok && j < m; j++) ok = idx[j] < (uint32_t)n && isfinite(v[idx[j]]) && isfinite(out[idx[j]]);
+    if (!ok) bad++, fprintf(stderr, "  n=%d k=%d finite=%d: header k=%u, %zu bytes\n", n, k, finite, m, b);
+  }
+  CHECK(bad == 0, "%d encodings with non-finite entries were wrong", bad);
+}
+
+/* Error feedback never keeps a NaN or Inf: one bad gradient does not spoil
+ * every later message (bf16: Inf - Inf was NaN for good). */
+static void test_feedback_nonfinite(void) {
+  enum { N = 8 };
+  float res[N] = {0}, y[N], scratch[N];
+  unsigned char enc[ADATOPK_HEADER + 6 * N];
+  float bad[N] = {1, 2, INFINITY, 4, NAN, 6, 7, 8}, good[N] = {1, 2, 3, 4, 5, 6, 7, 8};
+  adatopk_encode_bf16(bad, res, N, enc);
+  CHECK(all_finite(res, N), "bf16: the residual after an Inf and a NaN stays finite");
+  for (int t = 0; t < 3; t++) {
+    size_t b = adatopk_encode_bf16(good, res, N, enc);
+    CHECK(adatopk_decode_any(ADATOPK_BF16, enc, b, y, N) == 0 && all_finite(y, N) && fabsf(y[2] - 3) < 0.05f,
+          "bf16: message %d after it is finite (y[2] = %g)", t, y[2]);
+  }
+  memset(res, 0, sizeof res);
+  adatopk_encode(bad, res, N, 2, scratch, enc);
+  CHECK(all_finite(res, N), "top-k: the residual after an Inf and a NaN stays finite");
+  size_t b = adatopk_encode(good, res, N, 8, scratch, enc);
+  CHECK(adatopk_decode(enc, b, y, N) == 0 && all_finite(y, N), "top-k: the next message is finite");
+  /* a finite value beyond bf16's range goes as the largest bf16, not Inf */
+  float big[2] = {3.4e38f, -3.4e38f}, r2[2] = {0};
+  b = adatopk_encode_bf16(big, r2, 2, enc);
+  CHECK(adatopk_decode_any(ADATOPK_BF16, enc, b, y, 2) == 0 && all_finite(y, 2) && all_finite(r2, 2),
+        "bf16 of 3.4e38: %g, residual %g", y[0], r2[0]);
+}
+
+/* A step whose global norm is not finite (every stage skips it) also
+ * clears the error feedback of the gradients this stage sends back. */
+static void test_nonfinite_step(void) {
+  graph *g = residual_net(2, 8);
+  pipe_stage s;
+  memset(&s, 0, sizeof s);
+  s.g = g;
+  s.S = 2;
+  s.k = 1;
+  s.M = s.b = s.T = s.R = 1;
+  s.bwd.on = 1;
+  s.donor_fd = -1;
+  CHECK(pipe_stage_setup(&s) == 0 && s.bwd.residual && s.xin_n > 0, "setup: %s", tr_error());
+  if (s.bwd.residual) {
+    for (int64_t i = 0; i < s.xin_n; i++) s.bwd.residual[i] = 1.0f;
+    for (int64_t i = 0; i < graph_nparams(g); i++) graph_grads(g)[i] = NAN;
+    loop_exchange x;
+    memset(&x, 0, sizeof x);
+    CHECK(pipe_exchange(&s, 1, &x) == 0 && !isfinite(s.global_norm), "a NaN step: norm %g (%s)", s.global_norm,
+          tr_error());
+    int64_t left = 0;
+    for (int64_t i = 0; i < s.xin_n; i++) left += s.bwd.residual[i] != 0;
+    CHECK(left == 0, "%lld of %lld residual entries kept after a skipped step", (long long)left, (long long)s.xin_n);
+  }
+  pipe_stage_free(&s);
+  graph_free(g);
+}
+
 /* --- the probe server (pipeline_probe.c) --- */
 
 /* A listening socket on loopback: the fd, its port in *port. */
@@ -192,6 +304,9 @@ int main(void) {
   test_topk();
   test_feedback();
   test_controller();
+  test_topk_nonfinite();
+  test_feedback_nonfinite();
+  test_nonfinite_step();
   test_probe_hello();
   return check_report("test_pipeline");
 }
