@@ -212,8 +212,6 @@ static int even(const graph *g, pipe_plan *p) {
   return graph_stage_cut(g, p->S, NULL, NULL, p->cuts, NULL);
 }
 
-int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p); /* pipeline_policy.c */
-
 int pipe_plan_make(lua_State *L, const graph *g, const job_config *cfg, pipe_plan *p) {
   /* the fewest bytes AdaTopK may send, against float32: top-k at the floor
    * (6 bytes an entry) or dense bf16 (2), whichever it would choose */

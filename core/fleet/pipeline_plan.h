@@ -55,6 +55,12 @@ void pipe_link_emulation(const job_config *cfg, const char *zone_a, const char *
  * answer names the file). */
 int pipe_plan_make(lua_State *L, const graph *g, const job_config *cfg, pipe_plan *p);
 
+/* A Lua placement policy's plan (pipeline_policy.c): runs the file at path
+ * sandboxed in L, passes it the measurements and p's proposal, and takes
+ * its cuts and order into p. 0, or an error naming the file (a bad answer,
+ * a policy error, one past its budget); L's stack as it was. */
+int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p);
+
 /* The plan as a table: stages, ops, workers, predicted time per stage,
  * bytes per link per step. */
 void pipe_plan_print(FILE *f, const graph *g, const pipe_plan *p);

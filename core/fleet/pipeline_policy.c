@@ -10,7 +10,8 @@
  *            proposal = { cuts = {...}, order = {...} } }  -- OP-Fence's
  *
  * and returns { cuts = {0, c1, ..., #ops}, order = {worker of stage 0, ...} }
- * (workers and cut positions count from 0, as `transom plan` prints them).
+ * (workers and cut positions count from 0, as `transom plan` prints them),
+ * plain tables: the answer is read raw (no metamethod runs).
  * The answer is checked; a bad one is an error naming the file, and so is
  * a policy that runs past the declarative-file budget (lua_host.h: 100
  * million instructions or 2 s of CPU). Lua
@@ -24,8 +25,6 @@
 #include "lua_host.h"
 #include "pipeline_plan.h"
 #include "util.h"
-
-int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p);
 
 static void int_list(lua_State *L, const int *v, int n) {
   lua_createtable(L, n, 0);
@@ -96,10 +95,14 @@ static int push_plan(lua_State *L, const graph *g, const pipe_plan *p) {
   return TR_OK;
 }
 
-/* Reads answer[key] (a list of n integers) into v. [answer] unchanged. */
+/* Reads answer[key] (a list of n integers) into v. [answer] unchanged.
+ * Raw access only: this runs outside a protected call, and a metamethod
+ * of the policy's (the sandbox's own __index, if it answers _ENV) would
+ * raise an error with nothing to catch it. */
 static int read_list(lua_State *L, const char *path, const char *key, int *v, int n) {
-  lua_getfield(L, -1, key);
-  int ok = lua_istable(L, -1) && (int)luaL_len(L, -1) == n;
+  lua_pushstring(L, key);
+  lua_rawget(L, -2); /* [answer, answer[key]] */
+  int ok = lua_type(L, -1) == LUA_TTABLE && lua_rawlen(L, -1) == (lua_Unsigned)n;
   for (int i = 0; ok && i < n; i++) {
     lua_rawgeti(L, -1, i + 1);
     ok = lua_isinteger(L, -1);
@@ -141,7 +144,7 @@ int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *
   }
   if ((rc = push_plan(L, g, p)) || (rc = lua_host_pcall_file(L, path, "placement policy", 1, 1)))
     goto done; /* [schema, answer] */
-  if (!lua_istable(L, -1)) {
+  if (lua_type(L, -1) != LUA_TTABLE) {
     rc = tr_fail(TR_EINVAL, "%s: the policy must return {cuts = ..., order = ...}", path);
     goto done;
   }

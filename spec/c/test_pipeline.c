@@ -3,7 +3,8 @@
  * (core/fleet/adatopk.c): exactly the k largest kept, bf16 values, the
  * error feedback that loses nothing over rounds, NaN and Inf never chosen
  * nor kept back (a skipped step clears the feedback), the density
- * controller; the probe server's HELLO check.
+ * controller; the probe server's HELLO check; a placement policy's answer
+ * (read raw, range-checked).
  * White-box: adatopk.h is core/fleet's private header. Milliseconds.
  */
 #include <arpa/inet.h>
@@ -17,6 +18,7 @@
 #include "graph.h"
 #include "graph_stage.h"
 #include "job.h"
+#include "lua_host.h"
 #include "pipeline_link.h"
 #include "pipeline_plan.h"
 #include "pipeline_probe.h"
@@ -246,6 +248,49 @@ static void test_nonfinite_step(void) {
   graph_free(g);
 }
 
+/* --- a placement policy's answer (pipeline_policy.c) --- */
+
+/* Runs the policy `text` on g for 2 stages: 0 with p's cuts and order
+ * from it, or the error. */
+static int run_policy(lua_State *L, graph *g, const char *text, pipe_plan *p) {
+  char path[] = "/tmp/test_pipeline_policy_XXXXXX.lua";
+  int fd = mkstemps(path, 4);
+  if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) return tr_fail(TR_EIO, "a policy file");
+  close(fd);
+  memset(p, 0, sizeof *p);
+  p->S = 2;
+  p->M = 2;
+  for (int i = 0; i < 2; i++) {
+    p->speed[i] = 1;
+    p->flops_s[i] = 1e9;
+    p->order[i] = i;
+    snprintf(p->zone[i], PIPE_ZONE_MAX, "local");
+  }
+  int rc = graph_stage_cut(g, 2, NULL, NULL, p->cuts, NULL);
+  if (!rc) rc = pipe_policy_plan(L, g, path, p);
+  unlink(path);
+  return rc;
+}
+
+/* The answer is read raw: one that is the sandbox itself (its __index
+ * raises on an undefined name) is a bad answer naming the file, not a Lua
+ * panic that aborts the process. */
+static void test_policy_answer(void) {
+  graph *g = residual_net(2, 8);
+  lua_State *L = lua_host_new();
+  pipe_plan p;
+  int n = graph_norder(g), rc = run_policy(L, g, "return function(plan) return plan.proposal end", &p);
+  CHECK(rc == 0 && p.cuts[0] == 0 && p.cuts[2] == n, "the proposal back: %s", tr_error());
+  rc = run_policy(L, g, "return function(plan) return _ENV end", &p);
+  CHECK(rc < 0 && strstr(tr_error(), "test_pipeline_policy_") && strstr(tr_error(), "'cuts'"), "_ENV: %s",
+        tr_error());
+  rc = run_policy(L, g, "return function(plan) return {cuts = _ENV, order = {0, 1}} end", &p);
+  CHECK(rc < 0 && strstr(tr_error(), "'cuts'"), "cuts = _ENV: %s", tr_error());
+  CHECK(lua_gettop(L) == 0, "the stack as it was: %d", lua_gettop(L));
+  lua_host_close(L);
+  graph_free(g);
+}
+
 /* --- the probe server (pipeline_probe.c) --- */
 
 /* A listening socket on loopback: the fd, its port in *port. */
@@ -308,5 +353,6 @@ int main(void) {
   test_feedback_nonfinite();
   test_nonfinite_step();
   test_probe_hello();
+  test_policy_answer();
   return check_report("test_pipeline");
 }
