@@ -18,6 +18,7 @@
  * composes the plan, C computed every number it sees.
  */
 #include <lauxlib.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,9 +106,15 @@ static int read_list(lua_State *L, const char *path, const char *key, int *v, in
   int ok = lua_type(L, -1) == LUA_TTABLE && lua_rawlen(L, -1) == (lua_Unsigned)n;
   for (int i = 0; ok && i < n; i++) {
     lua_rawgeti(L, -1, i + 1);
+    lua_Integer x = lua_tointeger(L, -1);
     ok = lua_isinteger(L, -1);
-    v[i] = (int)lua_tointeger(L, -1);
     lua_pop(L, 1);
+    if (ok && (x < 0 || x > INT_MAX)) { /* checked before narrowing: 2^32 + 13 is not 13 */
+      lua_pop(L, 1);
+      return tr_fail(TR_EINVAL, "%s: the policy's answer has %s[%d] = %lld (not in 0..%d)", path, key, i + 1,
+                     (long long)x, INT_MAX);
+    }
+    v[i] = (int)x;
   }
   lua_pop(L, 1);
   return ok ? TR_OK : tr_fail(TR_EINVAL, "%s: the policy's answer needs '%s', a list of %d integers", path, key, n);

@@ -286,6 +286,15 @@ static void test_policy_answer(void) {
         tr_error());
   rc = run_policy(L, g, "return function(plan) return {cuts = _ENV, order = {0, 1}} end", &p);
   CHECK(rc < 0 && strstr(tr_error(), "'cuts'"), "cuts = _ENV: %s", tr_error());
+  /* integers are range-checked before they are narrowed to int */
+  rc = run_policy(L, g, "return function(plan) return {cuts = {0, 4294967296 + 3, #plan.ops}, order = {0, 1}} end",
+                  &p);
+  CHECK(rc < 0 && strstr(tr_error(), "cuts[2] = 4294967299"), "a cut of 2^32 + 3: rc %d, %s", rc, tr_error());
+  rc = run_policy(L, g, "return function(plan) return {cuts = plan.proposal.cuts, order = {4294967297, 4294967296}} end",
+                  &p);
+  CHECK(rc < 0 && strstr(tr_error(), "order[1] = 4294967297"), "workers 2^32 + 1, 2^32: rc %d, %s", rc, tr_error());
+  rc = run_policy(L, g, "return function(plan) return {cuts = plan.proposal.cuts, order = {-1, 0}} end", &p);
+  CHECK(rc < 0 && strstr(tr_error(), "test_pipeline_policy_"), "worker -1: %s", tr_error());
   CHECK(lua_gettop(L) == 0, "the stack as it was: %d", lua_gettop(L));
   lua_host_close(L);
   graph_free(g);
