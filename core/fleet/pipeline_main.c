@@ -227,6 +227,8 @@ int pipe_read_line(int fd, char *out, size_t n, double timeout) {
  * coordinator (coord=), a rebuilt worker's donor and attempt. */
 static int take_plan(const char *line, pipe_stage *s, pipe_plan *p, plan_extra *x) {
   int rc = pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order);
+  if (!rc) rc = pipe_plan_check("the launcher's plan", s->cuts, p->order, s->S, graph_norder(s->g));
+  if (!rc && s->k >= s->S) rc = tr_fail(TR_EINVAL, "the launcher's plan: stage %d of %d", s->k, s->S);
   if (rc) return rc;
   const char *co = strstr(line, "coord="), *dn = strstr(line, "donor="), *at = strstr(line, "attempt="),
              *re = strstr(line, "resume=");

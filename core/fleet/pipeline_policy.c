@@ -120,18 +120,6 @@ static int read_list(lua_State *L, const char *path, const char *key, int *v, in
   return ok ? TR_OK : tr_fail(TR_EINVAL, "%s: the policy's answer needs '%s', a list of %d integers", path, key, n);
 }
 
-static int check_answer(const char *path, const pipe_plan *p, int n) {
-  int seen[PIPE_MAX_STAGES] = {0};
-  if (p->cuts[0] != 0 || p->cuts[p->S] != n)
-    return tr_fail(TR_EINVAL, "%s: cuts must start at 0 and end at %d (the number of ops)", path, n);
-  for (int k = 0; k < p->S; k++) {
-    if (p->cuts[k + 1] <= p->cuts[k]) return tr_fail(TR_EINVAL, "%s: cuts must increase (stage %d is empty)", path, k);
-    if (p->order[k] < 0 || p->order[k] >= p->S || seen[p->order[k]]++)
-      return tr_fail(TR_EINVAL, "%s: order must name each worker 0..%d once", path, p->S - 1);
-  }
-  return TR_OK;
-}
-
 int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p) {
   int top = lua_gettop(L), rc;
   lua_getglobal(L, "require");
@@ -156,7 +144,7 @@ int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *
     goto done;
   }
   if (!(rc = read_list(L, path, "cuts", p->cuts, p->S + 1)) && !(rc = read_list(L, path, "order", p->order, p->S)))
-    rc = check_answer(path, p, graph_norder(g));
+    rc = pipe_plan_check(path, p->cuts, p->order, p->S, graph_norder(g));
 done:
   lua_settop(L, top);
   return rc;

@@ -247,7 +247,8 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   if (!rc && !cfg->pipe_probe) rc = nominal_speeds(t, &l->plan);
   if (!rc) rc = pipe_plan_make(L, trainer_graph(t), cfg, &l->plan);
   int saved = 0;
-  if (!rc && l->resume) rc = pipe_plan_restore(l->dir, &l->plan, &saved); /* the stores fit the run's own cuts */
+  if (!rc && l->resume) /* the stores fit the run's own cuts */
+    rc = pipe_plan_restore(l->dir, &l->plan, graph_norder(trainer_graph(t)), &saved);
   if (!rc && saved) {
     char first[4096];
     if (pipe_plan_line(first, sizeof first, &l->plan, 0) < 0) rc = TR_EINVAL;

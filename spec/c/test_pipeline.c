@@ -4,7 +4,7 @@
  * error feedback that loses nothing over rounds, NaN and Inf never chosen
  * nor kept back (a skipped step clears the feedback), the density
  * controller; the probe server's HELLO check; a placement policy's answer
- * (read raw, range-checked).
+ * (read raw, range-checked) and RUN/pipeline-plan on --resume (checked).
  * White-box: adatopk.h is core/fleet's private header. Milliseconds.
  */
 #include <arpa/inet.h>
@@ -19,6 +19,7 @@
 #include "graph_stage.h"
 #include "job.h"
 #include "lua_host.h"
+#include "pipeline_ckpt.h"
 #include "pipeline_link.h"
 #include "pipeline_plan.h"
 #include "pipeline_probe.h"
@@ -300,6 +301,55 @@ static void test_policy_answer(void) {
   graph_free(g);
 }
 
+/* --- RUN/pipeline-plan on --resume (pipeline_ckpt.c) --- */
+
+/* Restores a pipeline-plan file of `text` for 2 stages and 7 ops. */
+static int restore_plan(const char *dir, const char *text, pipe_plan *p) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/pipeline-plan", dir);
+  if (tr_write_file_atomic(path, text, strlen(text))) return -100;
+  memset(p, 0, sizeof *p);
+  p->S = 2;
+  p->cuts[1] = 99; /* untouched on an error */
+  int found = 0, rc = pipe_plan_restore(dir, p, 7, &found);
+  return found ? rc : -101;
+}
+
+/* The saved plan is checked as a policy's answer is: an order that is no
+ * permutation (the launcher sent the plan to fd 0, past its tables, or to
+ * one worker twice and hung), cuts that do not cover the ops, numbers
+ * past int, a stage missing or twice: errors naming the file. */
+static void test_plan_restore(void) {
+  char dir[] = "/tmp/test_pipeline_plan_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  pipe_plan p;
+  int rc = restore_plan(dir, "PLAN stage=0 cuts=0,3,7 order=1,0\nPLAN stage=1 cuts=0,3,7 order=1,0\n", &p);
+  CHECK(rc == 0 && p.cuts[1] == 3 && p.order[0] == 1 && p.order[1] == 0, "a good plan: %s", tr_error());
+  const char *bad[] = {
+      "PLAN stage=0 cuts=0,3,7 order=1,100000000\nPLAN stage=1 cuts=0,3,7 order=1,100000000\n",
+      "PLAN stage=0 cuts=0,3,7 order=1,7\nPLAN stage=1 cuts=0,3,7 order=1,7\n",
+      "PLAN stage=0 cuts=0,3,7 order=1,1\nPLAN stage=1 cuts=0,3,7 order=1,1\n",
+      "PLAN stage=0 cuts=0,5,3 order=0,1\nPLAN stage=1 cuts=0,5,3 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,9 order=0,1\nPLAN stage=1 cuts=0,3,9 order=0,1\n",
+      "PLAN stage=0 cuts=1,3,7 order=0,1\nPLAN stage=1 cuts=1,3,7 order=0,1\n",
+      "PLAN stage=0 cuts=0,4294967299,7 order=0,1\nPLAN stage=1 cuts=0,4294967299,7 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,7,9 order=0,1\nPLAN stage=1 cuts=0,3,7,9 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,7 order=0,-1\nPLAN stage=1 cuts=0,3,7 order=0,-1\n",
+      "PLAN stage=0 cuts=0,3,7 order=0,1\nPLAN stage=0 cuts=0,3,7 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,7 order=0,1\nPLAN stage=1 cuts=0,4,7 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,7 order=0,1\nPLAN stage=9 cuts=0,3,7 order=0,1\n",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rc = restore_plan(dir, bad[i], &p);
+    CHECK(rc < 0 && rc > -100 && strstr(tr_error(), "pipeline-plan") && p.cuts[1] == 99,
+          "plan %zu: rc %d, %s", i, rc, tr_error());
+  }
+  char path[256];
+  snprintf(path, sizeof path, "%s/pipeline-plan", dir);
+  remove(path);
+  rmdir(dir);
+}
+
 /* --- the probe server (pipeline_probe.c) --- */
 
 /* A listening socket on loopback: the fd, its port in *port. */
@@ -363,5 +413,6 @@ int main(void) {
   test_nonfinite_step();
   test_probe_hello();
   test_policy_answer();
+  test_plan_restore();
   return check_report("test_pipeline");
 }
