@@ -128,7 +128,9 @@ static int decode_bf16(const unsigned char *p, size_t bytes, float *x, int64_t n
 
 int adatopk_decode_any(int codec, const void *in, size_t bytes, float *x, int64_t n) {
   if (codec == ADATOPK_BF16) return decode_bf16(in, bytes, x, n);
-  return adatopk_decode(in, bytes, x, n);
+  if (codec == ADATOPK_CODEC) return adatopk_decode(in, bytes, x, n);
+  return tr_fail(TR_EIO, "adatopk: a message in codec %d (this build knows %d and %d)", codec, ADATOPK_CODEC,
+                 ADATOPK_BF16);
 }
 
 int adatopk_decode(const void *in, size_t bytes, float *x, int64_t n) {

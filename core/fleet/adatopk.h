@@ -48,7 +48,8 @@ size_t adatopk_encode(const float *x, float *residual, int64_t n, int64_t k, flo
 /* Decodes bytes of in into x[0..n) (zeros elsewhere). 0, or a negative
  * error if the encoding is not one of n entries. */
 int adatopk_decode(const void *in, size_t bytes, float *x, int64_t n);
-/* The same for either codec (ADATOPK_CODEC, ADATOPK_BF16). */
+/* The same for either codec (ADATOPK_CODEC, ADATOPK_BF16); any other
+ * codec is an error (never decoded as something else). */
 int adatopk_decode_any(int codec, const void *in, size_t bytes, float *x, int64_t n);
 
 /* Dense bf16 (ADATOPK_BF16): 2 bytes an entry after the header (a finite

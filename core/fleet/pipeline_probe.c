@@ -54,6 +54,8 @@ int pipe_probe_speed(pipe_stage *s, double *flops_s) {
 
 /* --- links --- */
 
+#define PROBE_BULK_MAX (512 * 1024) /* the larger bulk transfer: the most a probe message carries */
+
 struct pipe_probe_server {
   const pipe_probe_ctx *c;
   pthread_t th;
@@ -95,7 +97,7 @@ static int serve_one(const pipe_probe_ctx *c, unsigned char *served) {
   socklen_t alen = sizeof a;
   if (fd >= 0 && getpeername(fd, (struct sockaddr *)&a, &alen) == 0 && a.sin_family == AF_INET)
     snprintf(from, sizeof from, "%s:%d", inet_ntoa(a.sin_addr), ntohs(a.sin_port));
-  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probing worker") : NULL;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probing worker", PROBE_BULK_MAX) : NULL;
   if (!l) return TR_EIO;
   pl_header h;
   void *p = NULL;
@@ -149,7 +151,7 @@ static int exchange(pl_link *l, uint32_t kind, uint32_t reply, const void *paylo
 
 static int probe_peer(const pipe_probe_ctx *c, int j, const char *bulk, double *bw, double *lat) {
   int fd = pl_connect(c->plan->addr[j], c->ports[j], c->timeout), rc = TR_OK;
-  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probed worker") : NULL;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probed worker", PROBE_BULK_MAX) : NULL;
   if (!l) return TR_EIO;
   shape(c, l, j);
   pl_header hello = {.kind = PL_HELLO, .value = c->w};
@@ -167,7 +169,7 @@ static int probe_peer(const pipe_probe_ctx *c, int j, const char *bulk, double *
     rc = exchange(l, PL_BULK, PL_ACK, bulk, size, c->timeout);
     t = tr_now() - t0;
     if (t > 0.05) break;
-    size = 512 * 1024;
+    size = PROBE_BULK_MAX;
   }
   double wire = t - rtt;
   *bw = wire > 1e-6 ? (double)size / wire : 0; /* 0: faster than we can tell (unlimited) */
@@ -199,7 +201,7 @@ int pipe_probe_serve_join(pipe_probe_server *sv) {
 }
 
 int pipe_probe_links(const pipe_probe_ctx *c, double *bw, double *lat) {
-  char *bulk = calloc(512 * 1024, 1);
+  char *bulk = calloc(PROBE_BULK_MAX, 1);
   if (!bulk) return tr_fail(TR_ENOMEM, "probe: out of memory");
   int rc = TR_OK;
   for (int j = c->w + 1; j < c->plan->S && !rc; j++) rc = probe_peer(c, j, bulk, &bw[j], &lat[j]);

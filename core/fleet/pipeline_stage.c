@@ -165,6 +165,16 @@ int pipe_stage_setup(pipe_stage *s) {
   return TR_OK;
 }
 
+uint64_t pipe_stage_max_message(const pipe_stage *s) {
+  int64_t big = s->xin_n > s->xout_n ? s->xin_n : s->xout_n;
+  uint64_t m = adatopk_bytes(big); /* more than its raw floats, or bf16 */
+  uint64_t vec = sizeof(double) * (uint64_t)s->vec_doubles + sizeof(float) * (uint64_t)s->vec_floats;
+  uint64_t tied = sizeof(float) * (uint64_t)s->tied_n, params = sizeof(float) * (uint64_t)graph_nparams(s->g);
+  if (vec > m) m = vec;
+  if (tied > m) m = tied;
+  return params > m ? params : m;
+}
+
 void pipe_stage_free(pipe_stage *s) {
   free(s->xin);
   free(s->xout);
@@ -247,7 +257,7 @@ static int recv_floats(pipe_stage *s, pl_link *l, uint32_t kind, int64_t step, i
   void *p;
   int rc = pl_recv(l, kind, step, mb, s->timeout, &h, &p);
   if (rc) return rc;
-  if (h.codec == ADATOPK_CODEC || h.codec == ADATOPK_BF16) rc = adatopk_decode_any(h.codec, p, h.bytes, out, n);
+  if (h.codec != 0) rc = adatopk_decode_any(h.codec, p, h.bytes, out, n); /* an unknown codec is an error there */
   else if (h.bytes != sizeof(float) * (uint64_t)n)
     rc = tr_fail(TR_EIO, "a message of %llu bytes, expected %lld", (unsigned long long)h.bytes, (long long)n * 4);
   else memcpy(out, p, h.bytes);

@@ -108,6 +108,10 @@ typedef struct {
  * stash. 0 or an error. */
 int pipe_stage_setup(pipe_stage *s);
 void pipe_stage_free(pipe_stage *s);
+/* The largest payload a message between stages may carry (set up): a
+ * crossing's floats raw or encoded, the exchange vector, the tied
+ * gradients, the whole parameter slab. Each link's bound (pl_link_create). */
+uint64_t pipe_stage_max_message(const pipe_stage *s);
 
 /* The loop's compute hook: step `next`'s micro-batches, 1F1B. */
 int pipe_compute(void *ud, int64_t next, step_stats *st);

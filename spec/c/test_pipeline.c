@@ -4,13 +4,17 @@
  * error feedback that loses nothing over rounds, NaN and Inf never chosen
  * nor kept back (a skipped step clears the feedback), the density
  * controller; the probe server's HELLO check; a placement policy's answer
- * (read raw, range-checked) and RUN/pipeline-plan on --resume (checked).
- * White-box: adatopk.h is core/fleet's private header. Milliseconds.
+ * (read raw, range-checked) and RUN/pipeline-plan on --resume (checked);
+ * a link's reader against a hostile peer (a message too large, a flood,
+ * a sent_at far ahead or not finite) and an unknown codec.
+ * White-box: core/fleet's private headers. Under a second.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdint.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "adatopk.h"
@@ -368,7 +372,7 @@ static int listen_loopback(int *port) {
  * 1 the server answered (PONG; then DONE), 0 it closed the connection. */
 static int hello_then_ping(int port, double value) {
   int fd = pl_connect("127.0.0.1", port, 5);
-  pl_link *l = fd >= 0 ? pl_link_create(fd, "the probe server") : NULL;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "the probe server", 1024) : NULL;
   if (!l) return -1;
   pl_header hello = {.kind = PL_HELLO, .value = value}, ping = {.kind = PL_PING}, done = {.kind = PL_DONE}, h;
   void *p = NULL;
@@ -403,6 +407,93 @@ static void test_probe_hello(void) {
   close(lfd);
 }
 
+/* --- a link's reader against a hostile peer (pipeline_link.c) --- */
+
+/* One raw header onto fd, as a peer (or anybody) could write it. */
+static int raw_header(int fd, uint32_t kind, uint64_t bytes, double sent_at) {
+  pl_header h = {.magic = 0x50495045u, .kind = kind, .sent_at = sent_at, .bytes = bytes};
+  return send(fd, &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof h ? 0 : -1;
+}
+
+/* A header asking for more than the link's largest message closes the
+ * link at once (it was a malloc of up to 64 GiB and a wait for it). */
+static void test_link_max_message(void) {
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  pl_link *l = pl_link_create(sv[0], "a hostile peer", 4096);
+  CHECK(raw_header(sv[1], PL_ACT, (uint64_t)1 << 30, tr_now()) == 0, "send");
+  pl_header h;
+  void *p = NULL;
+  double t0 = tr_now();
+  int rc = pl_recv(l, PL_ACT, 0, -1, 2.0, &h, &p);
+  CHECK(rc < 0 && strstr(tr_error(), "more than the 4096") && tr_now() - t0 < 1.0, "1 GiB asked: %s (%.1f s)",
+        tr_error(), tr_now() - t0);
+  free(p);
+  pl_link_free(l);
+  close(sv[1]);
+}
+
+/* A peer that floods the link meets a bounded queue: the reader stops
+ * taking from the socket (the peer's sends block), and nothing is lost. */
+static void test_link_queue_bound(void) {
+  enum { N = 2000 };
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  int big = 1 << 20;
+  setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+  pl_link *l = pl_link_create(sv[0], "a flooding peer", 64);
+  int sent = 0;
+  while (sent < N && raw_header(sv[1], PL_PING, 0, 0) == 0) sent++;
+  struct timespec ts = {0, 200 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  uint64_t out, in;
+  pl_link_bytes(l, &out, &in);
+  CHECK(sent > 1000 && in < (uint64_t)sent * sizeof(pl_header) / 2, "%d sent, %llu bytes taken in unread", sent,
+        (unsigned long long)in);
+  int got = 0;
+  pl_header h;
+  void *p = NULL;
+  while (got < sent && pl_recv(l, PL_PING, 0, -1, 2.0, &h, &p) == 0) got++, free(p), p = NULL;
+  CHECK(got == sent, "all %d arrive as the stage takes them: %d (%s)", sent, got, tr_error());
+  pl_link_free(l);
+  close(sv[1]);
+}
+
+/* The emulated latency counts from the peer's sent_at, believed only up to
+ * now plus the message's time on the wire: an hour ahead is not an hour's
+ * sleep; NaN or Inf closes the link. */
+static void test_link_sent_at(void) {
+  alarm(30); /* a test that would sleep for the peer's hour fails here */
+  const double when[] = {3600, 1e300, INFINITY, NAN};
+  for (size_t i = 0; i < sizeof when / sizeof when[0]; i++) {
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+    pl_link *l = pl_link_create(sv[0], "a peer", 64);
+    pl_link_shape(l, 0, 0.05);
+    raw_header(sv[1], PL_PING, 0, tr_now() + when[i]);
+    pl_header h;
+    void *p = NULL;
+    double t0 = tr_now();
+    int rc = pl_recv(l, PL_PING, 0, -1, 2.0, &h, &p), finite = isfinite(tr_now() + when[i]);
+    double dt = tr_now() - t0;
+    CHECK(dt < 1.0 && (finite ? rc == 0 : rc < 0 && strstr(tr_error(), "sent_at")),
+          "sent_at now + %g: rc %d in %.2f s (%s)", when[i], rc, dt, rc ? tr_error() : "");
+    free(p);
+    pl_link_free(l);
+    close(sv[1]);
+  }
+  alarm(0);
+}
+
+/* A codec this build does not know is an error, not decoded as top-k. */
+static void test_unknown_codec(void) {
+  float x[4] = {1, 2, 3, 4}, y[4], scratch[4];
+  unsigned char enc[ADATOPK_HEADER + 6 * 4];
+  size_t b = adatopk_encode(x, NULL, 4, 2, scratch, enc);
+  CHECK(adatopk_decode_any(ADATOPK_CODEC, enc, b, y, 4) == 0, "top-k decodes: %s", tr_error());
+  CHECK(adatopk_decode_any(7, enc, b, y, 4) < 0 && strstr(tr_error(), "codec 7"), "codec 7: %s", tr_error());
+}
+
 int main(void) {
   test_cuts();
   test_topk();
@@ -414,5 +505,9 @@ int main(void) {
   test_probe_hello();
   test_policy_answer();
   test_plan_restore();
+  test_link_max_message();
+  test_link_queue_bound();
+  test_link_sent_at();
+  test_unknown_codec();
   return check_report("test_pipeline");
 }
