@@ -110,6 +110,13 @@ describe("pipeline stages", function()
     code, _, err = S.transom(dir, "run", job, "--set", "checkpoint.remote=" .. dir .. "/remote")
     assert.are.equal(2, code)
     assert.truthy(err:find("checkpoint%.remote.*a pipelined job"), err)
+    -- keys the pipeline launcher never reads: refused, not ignored
+    for _, set in ipairs({ "metrics_port=19123", "max_replicas=4", "policies=" .. dir }) do
+      code, _, err = S.transom(dir, "run", job, "--set", set)
+      assert.are.equal(2, code, err)
+      local key = set:match("^[%w_]+")
+      assert.truthy(err:find("%-%-set " .. key .. "=.*" .. key .. " = .*a pipelined job"), err)
+    end
     write(job, job_text(data, 'pipeline = { stages = 2, compression = "topk" },'))
     code, _, err = S.transom(dir, "plan", job)
     assert.are.equal(2, code)
