@@ -11,11 +11,13 @@
 
 size_t adatopk_bytes(int64_t k) { return ADATOPK_HEADER + 6 * (size_t)k; }
 
-static uint16_t to_bf16(float f) { /* round to nearest even */
+static uint16_t to_bf16(float f) { /* round to nearest even; a finite value stays finite */
   uint32_t u;
   memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+  if ((u & 0x7fffffffu) == 0x7f800000u) return (uint16_t)(u >> 16);         /* and Inf Inf */
   u += 0x7fffu + ((u >> 16) & 1u);
+  if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7f7fu); /* the largest bf16 */
   return (uint16_t)(u >> 16);
 }
 
@@ -48,26 +50,38 @@ static float kth_largest(float *a, int64_t n, int64_t k) {
   return a[want];
 }
 
+/* What error feedback keeps for the next message: never a non-finite
+ * value (a NaN or Inf held back would poison every later message). */
+static float keep(float r) { return isfinite(r) ? r : 0.0f; }
+
 size_t adatopk_encode(const float *x, float *residual, int64_t n, int64_t k, float *scratch, void *out) {
-  if (k > n) k = n;
-  if (k < 1) k = 1;
-  for (int64_t i = 0; i < n; i++) scratch[i] = fabsf(x[i] + (residual ? residual[i] : 0.0f));
-  float thr = kth_largest(scratch, n, k);
-  uint32_t hdr[4] = {(uint32_t)n, (uint32_t)(n >> 32), (uint32_t)k, 0};
+  int64_t nf = 0; /* the finite entries' magnitudes: the only candidates */
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i] + (residual ? residual[i] : 0.0f);
+    if (isfinite(v)) scratch[nf++] = fabsf(v);
+  }
+  if (k > nf) k = nf;
+  if (k < 1 && nf > 0) k = 1;
+  float thr = k > 0 ? kth_largest(scratch, nf, k) : 0.0f;
   unsigned char *o = out;
-  memcpy(o, hdr, sizeof hdr);
   uint32_t *idx = (uint32_t *)(o + ADATOPK_HEADER);
   unsigned char *val = o + ADATOPK_HEADER + 4 * (size_t)k;
   int64_t m = 0;
   for (int pass = 0; pass < 2 && m < k; pass++) /* above the threshold, then ties at it */
     for (int64_t i = 0; i < n && m < k; i++) {
       float v = x[i] + (residual ? residual[i] : 0.0f), a = fabsf(v);
-      if (pass == 0 ? !(a > thr) : !(a == thr)) continue;
+      if (!isfinite(v) || (pass == 0 ? !(a > thr) : !(a == thr))) continue;
       uint16_t h = to_bf16(v);
       idx[m] = (uint32_t)i;
       memcpy(val + 2 * m, &h, 2);
       m++;
     }
+  if (m < k) { /* never with finite candidates; if it were, exactly the m written go out */
+    memmove(o + ADATOPK_HEADER + 4 * (size_t)m, val, 2 * (size_t)m);
+    val = o + ADATOPK_HEADER + 4 * (size_t)m;
+  }
+  uint32_t hdr[4] = {(uint32_t)n, (uint32_t)((uint64_t)n >> 32), (uint32_t)m, 0};
+  memcpy(o, hdr, sizeof hdr);
   if (residual) { /* what the receiver will not see */
     for (int64_t i = 0; i < n; i++) residual[i] += x[i];
     for (int64_t j = 0; j < m; j++) {
@@ -75,19 +89,20 @@ size_t adatopk_encode(const float *x, float *residual, int64_t n, int64_t k, flo
       memcpy(&h, val + 2 * j, 2);
       residual[idx[j]] -= from_bf16(h);
     }
+    for (int64_t i = 0; i < n; i++) residual[i] = keep(residual[i]);
   }
-  return adatopk_bytes(k);
+  return adatopk_bytes(m);
 }
 
 size_t adatopk_encode_bf16(const float *x, float *residual, int64_t n, void *out) {
-  uint32_t hdr[4] = {(uint32_t)n, (uint32_t)(n >> 32), 0, 0};
+  uint32_t hdr[4] = {(uint32_t)n, (uint32_t)((uint64_t)n >> 32), 0, 0};
   unsigned char *o = out;
   memcpy(o, hdr, sizeof hdr);
   uint16_t *h = (uint16_t *)(o + ADATOPK_HEADER);
   for (int64_t i = 0; i < n; i++) {
     float v = x[i] + (residual ? residual[i] : 0.0f);
     h[i] = to_bf16(v);
-    if (residual) residual[i] = v - from_bf16(h[i]);
+    if (residual) residual[i] = keep(v - from_bf16(h[i]));
   }
   return ADATOPK_HEADER + 2 * (size_t)n;
 }
@@ -113,7 +128,9 @@ static int decode_bf16(const unsigned char *p, size_t bytes, float *x, int64_t n
 
 int adatopk_decode_any(int codec, const void *in, size_t bytes, float *x, int64_t n) {
   if (codec == ADATOPK_BF16) return decode_bf16(in, bytes, x, n);
-  return adatopk_decode(in, bytes, x, n);
+  if (codec == ADATOPK_CODEC) return adatopk_decode(in, bytes, x, n);
+  return tr_fail(TR_EIO, "adatopk: a message in codec %d (this build knows %d and %d)", codec, ADATOPK_CODEC,
+                 ADATOPK_BF16);
 }
 
 int adatopk_decode(const void *in, size_t bytes, float *x, int64_t n) {

@@ -36,20 +36,26 @@
 size_t adatopk_bytes(int64_t k);
 
 /* Encodes the k largest |x[i]| of x[0..n) into out (adatopk_bytes(k)
- * bytes). residual (NULL: none): error feedback: x + residual is encoded
- * and residual becomes what the receiver will not see (x + residual -
- * decoded); x is left as it was. scratch: n floats. Returns the bytes
- * written. */
+ * bytes), chosen among the finite entries only: with fewer than k finite,
+ * all of them, and the message says how many (none: a message of zeros).
+ * residual (NULL: none): error feedback: x + residual is encoded and
+ * residual becomes what the receiver will not see (x + residual -
+ * decoded), except that it never keeps a NaN or Inf (that entry is
+ * dropped: 0); x is left as it was. scratch: n floats. Returns the bytes
+ * written (adatopk_bytes of the entries sent). */
 size_t adatopk_encode(const float *x, float *residual, int64_t n, int64_t k, float *scratch, void *out);
 
 /* Decodes bytes of in into x[0..n) (zeros elsewhere). 0, or a negative
  * error if the encoding is not one of n entries. */
 int adatopk_decode(const void *in, size_t bytes, float *x, int64_t n);
-/* The same for either codec (ADATOPK_CODEC, ADATOPK_BF16). */
+/* The same for either codec (ADATOPK_CODEC, ADATOPK_BF16); any other
+ * codec is an error (never decoded as something else). */
 int adatopk_decode_any(int codec, const void *in, size_t bytes, float *x, int64_t n);
 
-/* Dense bf16 (ADATOPK_BF16): 2 bytes an entry after the header; residual
- * as for adatopk_encode. Returns the bytes written. */
+/* Dense bf16 (ADATOPK_BF16): 2 bytes an entry after the header (a finite
+ * value stays finite: above bf16's range it is the largest bf16; NaN and
+ * Inf go as they are); residual as for adatopk_encode, never non-finite.
+ * Returns the bytes written. */
 size_t adatopk_encode_bf16(const float *x, float *residual, int64_t n, void *out);
 
 /* Which encoding for a density d (adatopk_density) and floor: *codec 0

@@ -145,24 +145,28 @@ int pipe_plan_save(const char *run, const pipe_plan *p) {
   return tr_write_file_atomic(path, text, k);
 }
 
-int pipe_plan_restore(const char *run, pipe_plan *p, int *found) {
+int pipe_plan_restore(const char *run, pipe_plan *p, int nops, int *found) {
   char path[1200];
   snprintf(path, sizeof path, "%s/pipeline-plan", run);
   size_t len;
   char *text = tr_read_file(path, &len);
   *found = text != NULL;
   if (!text) return TR_OK;
-  int rc = TR_OK, seen = 0;
+  int rc = TR_OK, seen = 0, has[PIPE_MAX_STAGES] = {0}, cuts0[PIPE_MAX_STAGES + 1], order0[PIPE_MAX_STAGES];
   for (char *line = text; *line && !rc;) {
     char *nl = strchr(line, '\n');
     if (nl) *nl = 0;
     int stage = -1, cuts[PIPE_MAX_STAGES + 1], order[PIPE_MAX_STAGES];
     rc = pipe_plan_parse(line, p->S, &stage, cuts, order);
-    if (!rc && (stage < 0 || stage >= p->S)) rc = tr_fail(TR_EFORMAT, "%s: stage %d of %d", path, stage, p->S);
-    if (!rc && stage == 0) {
-      memcpy(p->cuts, cuts, sizeof(int) * (size_t)(p->S + 1));
-      memcpy(p->order, order, sizeof(int) * (size_t)p->S);
-    }
+    if (rc) rc = tr_fail_prefix(rc, "%s, line %d", path, seen + 1);
+    else if (stage >= p->S || has[stage]++)
+      rc = tr_fail(TR_EFORMAT, "%s: stage %d %s", path, stage, stage >= p->S ? "of a larger pipeline" : "twice");
+    else if (seen == 0 && !(rc = pipe_plan_check(path, cuts, order, p->S, nops))) {
+      memcpy(cuts0, cuts, sizeof(int) * (size_t)(p->S + 1));
+      memcpy(order0, order, sizeof(int) * (size_t)p->S);
+    } else if (!rc && (memcmp(cuts0, cuts, sizeof(int) * (size_t)(p->S + 1)) ||
+                       memcmp(order0, order, sizeof(int) * (size_t)p->S)))
+      rc = tr_fail(TR_EFORMAT, "%s: stage %d's line has other cuts or order than the first", path, stage);
     seen += !rc;
     line = nl ? nl + 1 : line + strlen(line);
   }
@@ -170,6 +174,10 @@ int pipe_plan_restore(const char *run, pipe_plan *p, int *found) {
   if (!rc && seen != p->S)
     rc = tr_fail(TR_EFORMAT, "%s has %d stage(s), the job %d (pipeline.stages changed: the checkpoints do not fit)",
                  path, seen, p->S);
+  if (!rc) {
+    memcpy(p->cuts, cuts0, sizeof(int) * (size_t)(p->S + 1));
+    memcpy(p->order, order0, sizeof(int) * (size_t)p->S);
+  }
   return rc ? tr_fail_prefix(rc, "the run's pipeline plan") : TR_OK;
 }
 

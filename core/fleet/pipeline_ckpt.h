@@ -27,9 +27,12 @@ int pipe_ckpt_common_step(const char *run, int S, int64_t *step);
 
 /* RUN/pipeline-plan: the stages' cuts and order, saved by the first run
  * and restored (into p's cuts and order; *found = 0 when there is none) by
- * a resumed one, which must have as many stages. */
+ * a resumed one, which must have as many stages. The file is checked as a
+ * policy's answer is (pipe_plan_check against nops, the graph's op
+ * count), one line per stage 0..S-1, all alike: anything else is an
+ * error naming the file, and p is left as it was. */
 int pipe_plan_save(const char *run, const pipe_plan *p);
-int pipe_plan_restore(const char *run, pipe_plan *p, int *found);
+int pipe_plan_restore(const char *run, pipe_plan *p, int nops, int *found);
 
 /* Drops the records of steps after `step` from the run's metrics.jsonl,
  * stage-K.jsonl and pipeline-P-stage-K.jsonl (the resumed run does them

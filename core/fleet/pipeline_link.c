@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -21,6 +22,16 @@
 #include "util.h"
 
 #define PL_MAGIC 0x50495045u /* "PIPE" */
+/* Messages a link holds unread before its reader stops taking more from
+ * the socket (the peer's sends then block: back-pressure, nothing lost).
+ * 1F1B never leaves more than one message per micro-batch in flight on a
+ * link (at most PIPE_MAX_STAGES = 64) plus the step's few exchange
+ * messages, so only a peer that floods the link ever meets the bound. */
+#define PL_QUEUE_DEPTH 256
+/* How far the emulated wire may put a message's hand-over time ahead of
+ * its arrival (sent_at: when its last byte would have left) beyond the
+ * message's own time on the wire. */
+#define PL_SENT_AT_SLACK 0.01
 
 typedef struct msg {
   pl_header h;
@@ -31,10 +42,14 @@ typedef struct msg {
 struct pl_link {
   int fd;
   char peer[64];
+  uint64_t max_bytes; /* the largest payload a message may carry */
   pthread_t reader;
   pthread_mutex_t mu;
-  pthread_cond_t cv;
+  pthread_cond_t cv;   /* a message queued, or the reader stopped (CLOCK_MONOTONIC) */
+  pthread_cond_t room; /* the queue has room again, or the link is being freed */
   msg *head, *tail;
+  int queued;          /* messages in the queue (at most PL_QUEUE_DEPTH) */
+  int stopping;        /* pl_link_free: the reader stops waiting for room */
   int closed;       /* the reader stopped: EOF or an error (why) */
   char why[160];
   uint64_t sent, received;
@@ -80,16 +95,38 @@ static void reader_stop(pl_link *l, const char *why) {
   pthread_mutex_unlock(&l->mu);
 }
 
+/* A header off the wire: NULL if it may be taken, else why not. */
+static const char *bad_header(const pl_link *l, const pl_header *h, char *why, size_t n) {
+  if (h->magic != PL_MAGIC) return "garbage on the link";
+  if (h->bytes > l->max_bytes) {
+    snprintf(why, n, "a message of %llu bytes, more than the %llu this link carries",
+             (unsigned long long)h->bytes, (unsigned long long)l->max_bytes);
+    return why;
+  }
+  if (!isfinite(h->sent_at)) return "a message whose sent_at is not a finite time";
+  return NULL;
+}
+
 static void *reader_main(void *arg) {
   pl_link *l = arg;
+  char why[160];
   for (;;) {
     msg *m = calloc(1, sizeof *m);
     if (!m) return reader_stop(l, "out of memory"), NULL;
     int r = read_all(l->fd, &m->h, sizeof m->h);
-    if (r <= 0 || m->h.magic != PL_MAGIC || m->h.bytes > ((uint64_t)1 << 36)) {
+    const char *bad = r == 1 ? bad_header(l, &m->h, why, sizeof why) : NULL;
+    if (r <= 0 || bad) {
       free(m);
-      reader_stop(l, r == 0 ? "the peer closed the link" : r < 0 ? "the link broke" : "garbage on the link");
+      reader_stop(l, r == 0 ? "the peer closed the link" : r < 0 ? "the link broke" : bad);
       return NULL;
+    }
+    pthread_mutex_lock(&l->mu); /* a full queue: read no more until the stage takes one */
+    while (l->queued >= PL_QUEUE_DEPTH && !l->stopping) pthread_cond_wait(&l->room, &l->mu);
+    int stopping = l->stopping;
+    pthread_mutex_unlock(&l->mu);
+    if (stopping) {
+      free(m);
+      return reader_stop(l, "the link is closing"), NULL;
     }
     if (m->h.bytes && (!(m->payload = malloc(m->h.bytes)) || read_all(l->fd, m->payload, m->h.bytes) != 1)) {
       free(m->payload);
@@ -101,6 +138,7 @@ static void *reader_main(void *arg) {
     if (l->tail) l->tail->next = m;
     else l->head = m;
     l->tail = m;
+    l->queued++;
     l->received += sizeof m->h + m->h.bytes;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
@@ -109,7 +147,7 @@ static void *reader_main(void *arg) {
 
 /* --- the link --- */
 
-pl_link *pl_link_create(int fd, const char *peer_name) {
+pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes) {
   pl_link *l = calloc(1, sizeof *l);
   if (!l) {
     close(fd);
@@ -119,11 +157,20 @@ pl_link *pl_link_create(int fd, const char *peer_name) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   l->fd = fd;
+  l->max_bytes = max_bytes;
   snprintf(l->peer, sizeof l->peer, "%s", peer_name);
   pthread_mutex_init(&l->mu, NULL);
-  pthread_cond_init(&l->cv, NULL);
+  pthread_condattr_t ca; /* pl_recv's deadline: a clock that never jumps */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&l->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_cond_init(&l->room, NULL);
   if (pthread_create(&l->reader, NULL, reader_main, l)) {
     close(fd);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    pthread_cond_destroy(&l->room);
     free(l);
     tr_fail(TR_EIO, "cannot start the link's reader thread");
     return NULL;
@@ -133,7 +180,11 @@ pl_link *pl_link_create(int fd, const char *peer_name) {
 
 void pl_link_free(pl_link *l) {
   if (!l) return;
-  shutdown(l->fd, SHUT_RDWR); /* the reader sees the end and stops */
+  pthread_mutex_lock(&l->mu); /* a reader waiting for room stops waiting */
+  l->stopping = 1;
+  pthread_cond_broadcast(&l->room);
+  pthread_mutex_unlock(&l->mu);
+  shutdown(l->fd, SHUT_RDWR); /* a reader in recv sees the end and stops */
   pthread_join(l->reader, NULL);
   close(l->fd);
   for (msg *m = l->head, *n; m; m = n) {
@@ -143,12 +194,14 @@ void pl_link_free(pl_link *l) {
   }
   pthread_mutex_destroy(&l->mu);
   pthread_cond_destroy(&l->cv);
+  pthread_cond_destroy(&l->room);
   free(l);
 }
 
+/* Sleeps until monotonic time t, at most a bounded d (callers bound t). */
 static void sleep_until(double t) {
   double d = t - tr_now();
-  if (d <= 0) return;
+  if (!(d > 0)) return;
   struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
   while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
   }
@@ -193,8 +246,8 @@ int pl_send(pl_link *l, const pl_header *h, const void *payload) {
 
 int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload) {
   struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  double end = (double)until.tv_sec + until.tv_nsec * 1e-9 + timeout_s;
+  clock_gettime(CLOCK_MONOTONIC, &until); /* the condition's clock (pl_link_create) */
+  double end = (double)until.tv_sec + until.tv_nsec * 1e-9 + (timeout_s > 0 ? timeout_s : 0);
   until.tv_sec = (time_t)end;
   until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
   pthread_mutex_lock(&l->mu);
@@ -204,6 +257,8 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
   if (m) {
     l->head = m->next;
     if (!l->head) l->tail = NULL;
+    l->queued--;
+    pthread_cond_signal(&l->room);
   }
   char why[160];
   snprintf(why, sizeof why, "%s", l->why);
@@ -219,7 +274,12 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
     free(m);
     return TR_EIO;
   }
-  if (l->delay > 0) sleep_until(m->h.sent_at + l->delay); /* the emulated latency */
+  if (l->delay > 0) { /* the emulated latency: from when the message left, as the peer says (finite: the
+                         * reader checked), but never later than it could have: now plus its time on the wire */
+    double wire = l->rate > 0 ? (double)(sizeof m->h + m->h.bytes) / l->rate : 0;
+    double left = m->h.sent_at, latest = tr_now() + wire + PL_SENT_AT_SLACK;
+    sleep_until((left < latest ? left : latest) + l->delay);
+  }
   *h = m->h;
   *payload = m->payload;
   free(m);

@@ -47,8 +47,14 @@ typedef struct {
 
 typedef struct pl_link pl_link;
 
-/* Takes a connected socket (closed by pl_link_free). NULL on failure. */
-pl_link *pl_link_create(int fd, const char *peer_name);
+/* Takes a connected socket (closed by pl_link_free). max_bytes: the
+ * largest payload a message on it may carry (its largest legitimate
+ * one): a header asking for more, or with no finite sent_at, closes the
+ * link (every wait on it then ends with the error). The reader holds at
+ * most a bounded number of unread messages, then stops reading the
+ * socket until the stage takes one (the peer's sends block). NULL on
+ * failure. */
+pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes);
 void pl_link_free(pl_link *l);
 
 /* Sends one message. 0 or a negative error. */
@@ -56,7 +62,9 @@ int pl_send(pl_link *l, const pl_header *h, const void *payload);
 /* The next message: it must be of kind/step/mb (kind 0: any message, then
  * step and mb are not checked; mb < 0: any). The payload
  * (malloc'd, the caller frees) and the header come back. Waits at most
- * timeout_s. */
+ * timeout_s (on the monotonic clock), plus an emulated delay
+ * (pl_link_shape) counted from the header's sent_at, which is believed
+ * only up to now plus the message's own time on the wire. */
 int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload);
 
 /* Emulates a slow link in this end's transport (the kernel here has no

@@ -227,6 +227,8 @@ int pipe_read_line(int fd, char *out, size_t n, double timeout) {
  * coordinator (coord=), a rebuilt worker's donor and attempt. */
 static int take_plan(const char *line, pipe_stage *s, pipe_plan *p, plan_extra *x) {
   int rc = pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order);
+  if (!rc) rc = pipe_plan_check("the launcher's plan", s->cuts, p->order, s->S, graph_norder(s->g));
+  if (!rc && s->k >= s->S) rc = tr_fail(TR_EINVAL, "the launcher's plan: stage %d of %d", s->k, s->S);
   if (rc) return rc;
   const char *co = strstr(line, "coord="), *dn = strstr(line, "donor="), *at = strstr(line, "attempt="),
              *re = strstr(line, "resume=");
@@ -294,7 +296,8 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
   if (s->k < s->S - 1) {
     int nw = p->order[s->k + 1], fd = pl_connect(p->addr[nw], a->ports[s->p * s->S + nw], s->timeout);
     snprintf(name, sizeof name, "stage %d", s->k + 1);
-    if (fd < 0 || !(s->next = pl_link_create(fd, name))) return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k + 1);
+    if (fd < 0 || !(s->next = pl_link_create(fd, name, pipe_stage_max_message(s))))
+      return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k + 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[nw], &rate, &delay);
     pl_link_shape(s->next, rate, delay);
     pl_link_send_timeout(s->next, s->timeout);
@@ -302,7 +305,8 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
   if (s->k > 0) {
     int fd = pl_accept(a->listen_fd, s->timeout);
     snprintf(name, sizeof name, "stage %d", s->k - 1);
-    if (fd < 0 || !(s->prev = pl_link_create(fd, name))) return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k - 1);
+    if (fd < 0 || !(s->prev = pl_link_create(fd, name, pipe_stage_max_message(s))))
+      return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k - 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[p->order[s->k - 1]], &rate, &delay);
     pl_link_shape(s->prev, rate, delay);
     pl_link_send_timeout(s->prev, s->timeout);

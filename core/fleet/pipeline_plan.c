@@ -22,7 +22,9 @@
  */
 #include "pipeline_plan.h"
 
+#include <errno.h>
 #include <lauxlib.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,8 +214,6 @@ static int even(const graph *g, pipe_plan *p) {
   return graph_stage_cut(g, p->S, NULL, NULL, p->cuts, NULL);
 }
 
-int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p); /* pipeline_policy.c */
-
 int pipe_plan_make(lua_State *L, const graph *g, const job_config *cfg, pipe_plan *p) {
   /* the fewest bytes AdaTopK may send, against float32: top-k at the floor
    * (6 bytes an entry) or dense bf16 (2), whichever it would choose */
@@ -267,21 +267,38 @@ int pipe_plan_line(char *out, size_t n, const pipe_plan *p, int stage) {
   return k < n ? (int)k : tr_fail(TR_EINVAL, "plan line too long");
 }
 
+/* n comma-separated integers in 0..INT_MAX, exactly: the last one ends
+ * the string or is followed by a space. 0 or -1. */
 static int parse_ints(const char *s, int *out, int n) {
   for (int i = 0; i < n; i++) {
     char *end;
-    out[i] = (int)strtol(s, &end, 10);
-    if (end == s) return -1;
-    s = *end == ',' ? end + 1 : end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || errno || v < 0 || v > INT_MAX) return -1;
+    if (i + 1 < n ? *end != ',' : *end && *end != ' ' && *end != '\n') return -1;
+    out[i] = (int)v;
+    s = end + 1;
   }
   return 0;
 }
 
 int pipe_plan_parse(const char *line, int S, int *stage, int *cuts, int *order) {
   const char *st = strstr(line, "stage="), *c = strstr(line, "cuts="), *o = strstr(line, "order=");
-  if (strncmp(line, "PLAN ", 5) != 0 || !st || !c || !o || parse_ints(c + 5, cuts, S + 1) ||
-      parse_ints(o + 6, order, S))
-    return tr_fail(TR_EIO, "a bad plan line from the launcher: %.80s", line);
-  *stage = atoi(st + 6);
+  if (strncmp(line, "PLAN ", 5) != 0 || !st || !c || !o || parse_ints(st + 6, stage, 1) ||
+      parse_ints(c + 5, cuts, S + 1) || parse_ints(o + 6, order, S))
+    return tr_fail(TR_EFORMAT, "a bad plan line: %.80s", line);
+  return TR_OK;
+}
+
+int pipe_plan_check(const char *what, const int *cuts, const int *order, int S, int n) {
+  int seen[PIPE_MAX_STAGES] = {0};
+  if (S < 1 || S > PIPE_MAX_STAGES) return tr_fail(TR_EINVAL, "%s: %d stages (1..%d)", what, S, PIPE_MAX_STAGES);
+  if (cuts[0] != 0 || cuts[S] != n)
+    return tr_fail(TR_EINVAL, "%s: cuts must start at 0 and end at %d (the number of ops)", what, n);
+  for (int k = 0; k < S; k++) {
+    if (cuts[k + 1] <= cuts[k]) return tr_fail(TR_EINVAL, "%s: cuts must increase (stage %d is empty)", what, k);
+    if (order[k] < 0 || order[k] >= S || seen[order[k]]++)
+      return tr_fail(TR_EINVAL, "%s: order must name each worker 0..%d once", what, S - 1);
+  }
   return TR_OK;
 }

@@ -55,12 +55,28 @@ void pipe_link_emulation(const job_config *cfg, const char *zone_a, const char *
  * answer names the file). */
 int pipe_plan_make(lua_State *L, const graph *g, const job_config *cfg, pipe_plan *p);
 
+/* A Lua placement policy's plan (pipeline_policy.c): runs the file at path
+ * sandboxed in L, passes it the measurements and p's proposal, and takes
+ * its cuts and order into p. 0, or an error naming the file (a bad answer,
+ * a policy error, one past its budget); L's stack as it was. */
+int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p);
+
 /* The plan as a table: stages, ops, workers, predicted time per stage,
  * bytes per link per step. */
 void pipe_plan_print(FILE *f, const graph *g, const pipe_plan *p);
 
-/* The PLAN line the launcher sends stage k's worker, and its parser. */
+/* The PLAN line the launcher sends stage k's worker (and RUN/pipeline-plan
+ * holds), and its parser: "PLAN stage=K cuts=C0,..,CS order=W0,..,WS-1",
+ * exactly S+1 cuts and S workers, each in 0..INT_MAX (anything after the
+ * order, past a space, is the caller's). TR_EFORMAT on anything else; the
+ * values are not checked against each other (pipe_plan_check). */
 int pipe_plan_line(char *out, size_t n, const pipe_plan *p, int stage);
 int pipe_plan_parse(const char *line, int S, int *stage, int *cuts, int *order);
+
+/* A plan fits S stages and a graph of n ops: cuts start at 0, strictly
+ * increase, end at n; order names each worker 0..S-1 once. 0, or
+ * TR_EINVAL with a message that starts with `what` (the file, the
+ * policy, the launcher's line). */
+int pipe_plan_check(const char *what, const int *cuts, const int *order, int S, int n);
 
 #endif

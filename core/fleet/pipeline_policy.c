@@ -10,13 +10,15 @@
  *            proposal = { cuts = {...}, order = {...} } }  -- OP-Fence's
  *
  * and returns { cuts = {0, c1, ..., #ops}, order = {worker of stage 0, ...} }
- * (workers and cut positions count from 0, as `transom plan` prints them).
+ * (workers and cut positions count from 0, as `transom plan` prints them),
+ * plain tables: the answer is read raw (no metamethod runs).
  * The answer is checked; a bad one is an error naming the file, and so is
  * a policy that runs past the declarative-file budget (lua_host.h: 100
  * million instructions or 2 s of CPU). Lua
  * composes the plan, C computed every number it sees.
  */
 #include <lauxlib.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,8 +26,6 @@
 #include "lua_host.h"
 #include "pipeline_plan.h"
 #include "util.h"
-
-int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p);
 
 static void int_list(lua_State *L, const int *v, int n) {
   lua_createtable(L, n, 0);
@@ -96,30 +96,28 @@ static int push_plan(lua_State *L, const graph *g, const pipe_plan *p) {
   return TR_OK;
 }
 
-/* Reads answer[key] (a list of n integers) into v. [answer] unchanged. */
+/* Reads answer[key] (a list of n integers) into v. [answer] unchanged.
+ * Raw access only: this runs outside a protected call, and a metamethod
+ * of the policy's (the sandbox's own __index, if it answers _ENV) would
+ * raise an error with nothing to catch it. */
 static int read_list(lua_State *L, const char *path, const char *key, int *v, int n) {
-  lua_getfield(L, -1, key);
-  int ok = lua_istable(L, -1) && (int)luaL_len(L, -1) == n;
+  lua_pushstring(L, key);
+  lua_rawget(L, -2); /* [answer, answer[key]] */
+  int ok = lua_type(L, -1) == LUA_TTABLE && lua_rawlen(L, -1) == (lua_Unsigned)n;
   for (int i = 0; ok && i < n; i++) {
     lua_rawgeti(L, -1, i + 1);
+    lua_Integer x = lua_tointeger(L, -1);
     ok = lua_isinteger(L, -1);
-    v[i] = (int)lua_tointeger(L, -1);
     lua_pop(L, 1);
+    if (ok && (x < 0 || x > INT_MAX)) { /* checked before narrowing: 2^32 + 13 is not 13 */
+      lua_pop(L, 1);
+      return tr_fail(TR_EINVAL, "%s: the policy's answer has %s[%d] = %lld (not in 0..%d)", path, key, i + 1,
+                     (long long)x, INT_MAX);
+    }
+    v[i] = (int)x;
   }
   lua_pop(L, 1);
   return ok ? TR_OK : tr_fail(TR_EINVAL, "%s: the policy's answer needs '%s', a list of %d integers", path, key, n);
-}
-
-static int check_answer(const char *path, const pipe_plan *p, int n) {
-  int seen[PIPE_MAX_STAGES] = {0};
-  if (p->cuts[0] != 0 || p->cuts[p->S] != n)
-    return tr_fail(TR_EINVAL, "%s: cuts must start at 0 and end at %d (the number of ops)", path, n);
-  for (int k = 0; k < p->S; k++) {
-    if (p->cuts[k + 1] <= p->cuts[k]) return tr_fail(TR_EINVAL, "%s: cuts must increase (stage %d is empty)", path, k);
-    if (p->order[k] < 0 || p->order[k] >= p->S || seen[p->order[k]]++)
-      return tr_fail(TR_EINVAL, "%s: order must name each worker 0..%d once", path, p->S - 1);
-  }
-  return TR_OK;
 }
 
 int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p) {
@@ -141,12 +139,12 @@ int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *
   }
   if ((rc = push_plan(L, g, p)) || (rc = lua_host_pcall_file(L, path, "placement policy", 1, 1)))
     goto done; /* [schema, answer] */
-  if (!lua_istable(L, -1)) {
+  if (lua_type(L, -1) != LUA_TTABLE) {
     rc = tr_fail(TR_EINVAL, "%s: the policy must return {cuts = ..., order = ...}", path);
     goto done;
   }
   if (!(rc = read_list(L, path, "cuts", p->cuts, p->S + 1)) && !(rc = read_list(L, path, "order", p->order, p->S)))
-    rc = check_answer(path, p, graph_norder(g));
+    rc = pipe_plan_check(path, p->cuts, p->order, p->S, graph_norder(g));
 done:
   lua_settop(L, top);
   return rc;

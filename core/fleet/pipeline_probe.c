@@ -14,10 +14,14 @@
  *
  * The result is the PROBE line the launcher plans from.
  */
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "graph_stage.h"
 #include "pipeline_plan.h"
@@ -50,6 +54,8 @@ int pipe_probe_speed(pipe_stage *s, double *flops_s) {
 
 /* --- links --- */
 
+#define PROBE_BULK_MAX (512 * 1024) /* the larger bulk transfer: the most a probe message carries */
+
 struct pipe_probe_server {
   const pipe_probe_ctx *c;
   pthread_t th;
@@ -63,14 +69,46 @@ static void shape(const pipe_probe_ctx *c, pl_link *l, int peer) {
   pl_link_shape(l, rate, delay);
 }
 
-static int serve_one(const pipe_probe_ctx *c) {
-  int fd = pl_accept(c->lfd, c->timeout), rc;
-  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probing worker") : NULL;
+/* Which lower worker a HELLO names: its value must be a whole number in
+ * 0..w-1 that this server has not served yet (any local process can
+ * connect, and the value indexes the plan's zones). -1 (why in `why`) for
+ * anything else. */
+static int hello_worker(const pipe_probe_ctx *c, const pl_header *h, const unsigned char *served, char *why,
+                        size_t n) {
+  double v = h->value;
+  if (!isfinite(v) || v != floor(v) || v < 0 || v >= c->w) {
+    snprintf(why, n, "its HELLO names worker %g, not one of the lower workers 0..%d", v, c->w - 1);
+    return -1;
+  }
+  if (served[(int)v]) {
+    snprintf(why, n, "its HELLO names worker %d, already served", (int)v);
+    return -1;
+  }
+  return (int)v;
+}
+
+/* One probing connection. TR_OK: a lower worker probed its link (marked in
+ * served); 1: a connection that did not say HELLO as a lower worker not
+ * served yet (closed, logged: the server waits for the next); or an error. */
+static int serve_one(const pipe_probe_ctx *c, unsigned char *served) {
+  int fd = pl_accept(c->lfd, c->timeout), rc, peer = -1;
+  char from[64] = "?", why[160];
+  struct sockaddr_in a;
+  socklen_t alen = sizeof a;
+  if (fd >= 0 && getpeername(fd, (struct sockaddr *)&a, &alen) == 0 && a.sin_family == AF_INET)
+    snprintf(from, sizeof from, "%s:%d", inet_ntoa(a.sin_addr), ntohs(a.sin_port));
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probing worker", PROBE_BULK_MAX) : NULL;
   if (!l) return TR_EIO;
   pl_header h;
   void *p = NULL;
-  if ((rc = pl_recv(l, PL_HELLO, 0, -1, c->timeout, &h, &p))) goto done;
-  shape(c, l, (int)h.value);
+  if (pl_recv(l, PL_HELLO, 0, -1, c->timeout, &h, &p)) snprintf(why, sizeof why, "%s", tr_error());
+  else peer = hello_worker(c, &h, served, why, sizeof why);
+  if (peer < 0) {
+    fprintf(stderr, "transom stage worker %d: probe: closed a connection from %s: %s\n", c->w, from, why);
+    rc = 1;
+    goto done;
+  }
+  shape(c, l, peer);
   for (;;) {
     free(p);
     p = NULL;
@@ -78,15 +116,26 @@ static int serve_one(const pipe_probe_ctx *c) {
     pl_header r = {.kind = h.kind == PL_PING ? PL_PONG : PL_ACK};
     if ((rc = pl_send(l, &r, NULL))) break;
   }
+  if (!rc) served[peer] = 1;
 done:
   free(p);
   pl_link_free(l);
   return rc;
 }
 
+/* Serves each of the workers 0..w-1 once; a connection that is none of
+ * them is closed and not counted, up to PIPE_MAX_STAGES of those. */
 static void *serve_main(void *arg) {
   pipe_probe_server *sv = arg;
-  for (int i = 0; i < sv->c->w && !sv->rc; i++) sv->rc = serve_one(sv->c);
+  unsigned char served[PIPE_MAX_STAGES] = {0};
+  int done = 0, rejected = 0;
+  while (done < sv->c->w && !sv->rc) {
+    int r = serve_one(sv->c, served);
+    if (r == 0) done++;
+    else if (r < 0) sv->rc = r;
+    else if (++rejected > PIPE_MAX_STAGES)
+      sv->rc = tr_fail(TR_EIO, "probe: %d connections that were none of the lower workers", rejected);
+  }
   if (sv->rc) snprintf(sv->err, sizeof sv->err, "%s", tr_error());
   return NULL;
 }
@@ -102,7 +151,7 @@ static int exchange(pl_link *l, uint32_t kind, uint32_t reply, const void *paylo
 
 static int probe_peer(const pipe_probe_ctx *c, int j, const char *bulk, double *bw, double *lat) {
   int fd = pl_connect(c->plan->addr[j], c->ports[j], c->timeout), rc = TR_OK;
-  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probed worker") : NULL;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probed worker", PROBE_BULK_MAX) : NULL;
   if (!l) return TR_EIO;
   shape(c, l, j);
   pl_header hello = {.kind = PL_HELLO, .value = c->w};
@@ -120,7 +169,7 @@ static int probe_peer(const pipe_probe_ctx *c, int j, const char *bulk, double *
     rc = exchange(l, PL_BULK, PL_ACK, bulk, size, c->timeout);
     t = tr_now() - t0;
     if (t > 0.05) break;
-    size = 512 * 1024;
+    size = PROBE_BULK_MAX;
   }
   double wire = t - rtt;
   *bw = wire > 1e-6 ? (double)size / wire : 0; /* 0: faster than we can tell (unlimited) */
@@ -152,7 +201,7 @@ int pipe_probe_serve_join(pipe_probe_server *sv) {
 }
 
 int pipe_probe_links(const pipe_probe_ctx *c, double *bw, double *lat) {
-  char *bulk = calloc(512 * 1024, 1);
+  char *bulk = calloc(PROBE_BULK_MAX, 1);
   if (!bulk) return tr_fail(TR_ENOMEM, "probe: out of memory");
   int rc = TR_OK;
   for (int j = c->w + 1; j < c->plan->S && !rc; j++) rc = probe_peer(c, j, bulk, &bw[j], &lat[j]);

@@ -23,7 +23,9 @@ typedef struct {
 /* FLOP/s of the whole micro-batch graph on this worker (emulation on). */
 int pipe_probe_speed(pipe_stage *s, double *flops_s);
 /* The thread that answers the probes of workers 0..w-1: started first
- * thing, joined (its error returned) before this worker reports. */
+ * thing, joined (its error returned) before this worker reports. Any local
+ * process can connect: a connection whose HELLO names no lower worker not
+ * served yet is closed (a line on stderr says why) and not counted. */
 typedef struct pipe_probe_server pipe_probe_server;
 pipe_probe_server *pipe_probe_serve(const pipe_probe_ctx *c);
 int pipe_probe_serve_join(pipe_probe_server *sv);

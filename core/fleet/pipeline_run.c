@@ -59,9 +59,10 @@ typedef struct {
   pid_t pid[PIPE_MAX_WORKERS];
   int status[PIPE_MAX_WORKERS];
   int donor[PIPE_MAX_WORKERS];        /* a worker's donor port, once it said (0: none yet) */
-  int lost[PIPE_MAX_WORKERS / 2 + 1]; /* pipelines that lost a worker */
-  int owed[PIPE_MAX_WORKERS / 2 + 1]; /* lost, to be started again once a live pipeline's donors are known */
-  int rebuilt[PIPE_MAX_WORKERS / 2 + 1]; /* times each was started again */
+  /* per pipeline: R reaches PIPE_MAX_WORKERS (stages = 1 with micro-batches is a pipeline job) */
+  int lost[PIPE_MAX_WORKERS];          /* pipelines that lost a worker */
+  int owed[PIPE_MAX_WORKERS];          /* lost, to be started again once a live pipeline's donors are known */
+  int rebuilt[PIPE_MAX_WORKERS];       /* times each was started again */
   int threads;                         /* per worker */
   int64_t rebuilds;                    /* pipeline.rebuilds */
   int64_t resume;                      /* the step every stage loads (0: a fresh start) */
@@ -246,7 +247,8 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   if (!rc && !cfg->pipe_probe) rc = nominal_speeds(t, &l->plan);
   if (!rc) rc = pipe_plan_make(L, trainer_graph(t), cfg, &l->plan);
   int saved = 0;
-  if (!rc && l->resume) rc = pipe_plan_restore(l->dir, &l->plan, &saved); /* the stores fit the run's own cuts */
+  if (!rc && l->resume) /* the stores fit the run's own cuts */
+    rc = pipe_plan_restore(l->dir, &l->plan, graph_norder(trainer_graph(t)), &saved);
   if (!rc && saved) {
     char first[4096];
     if (pipe_plan_line(first, sizeof first, &l->plan, 0) < 0) rc = TR_EINVAL;

@@ -86,7 +86,9 @@ static int find_params(pipe_stage *s) {
     }
   }
   int rc = TR_OK;
-  s->vec_doubles = nt + s->S; /* one sum of squares per tensor id (parameters' only), each stage's compute */
+  /* one sum of squares per tensor id (parameters' only), each stage's
+   * compute, the lowest live pipeline (the first stage's view) */
+  s->vec_doubles = nt + s->S + 1;
   for (int t = 0; t < nt && !rc; t++) {
     if (s->owner[t] < 0) s->owner[t] = 0; /* unused: the first stage keeps it */
     if (uses[t] < 2) continue;
@@ -161,6 +163,16 @@ int pipe_stage_setup(pipe_stage *s) {
   for (int j = 0; j < s->ntied; j++) s->tied_n += s->tied[j].size;
   if (!(s->tied_all = malloc(sizeof(float) * (size_t)(s->tied_n + 1)))) return tr_fail(TR_ENOMEM, "out of memory");
   return TR_OK;
+}
+
+uint64_t pipe_stage_max_message(const pipe_stage *s) {
+  int64_t big = s->xin_n > s->xout_n ? s->xin_n : s->xout_n;
+  uint64_t m = adatopk_bytes(big); /* more than its raw floats, or bf16 */
+  uint64_t vec = sizeof(double) * (uint64_t)s->vec_doubles + sizeof(float) * (uint64_t)s->vec_floats;
+  uint64_t tied = sizeof(float) * (uint64_t)s->tied_n, params = sizeof(float) * (uint64_t)graph_nparams(s->g);
+  if (vec > m) m = vec;
+  if (tied > m) m = tied;
+  return params > m ? params : m;
 }
 
 void pipe_stage_free(pipe_stage *s) {
@@ -245,7 +257,7 @@ static int recv_floats(pipe_stage *s, pl_link *l, uint32_t kind, int64_t step, i
   void *p;
   int rc = pl_recv(l, kind, step, mb, s->timeout, &h, &p);
   if (rc) return rc;
-  if (h.codec == ADATOPK_CODEC || h.codec == ADATOPK_BF16) rc = adatopk_decode_any(h.codec, p, h.bytes, out, n);
+  if (h.codec != 0) rc = adatopk_decode_any(h.codec, p, h.bytes, out, n); /* an unknown codec is an error there */
   else if (h.bytes != sizeof(float) * (uint64_t)n)
     rc = tr_fail(TR_EIO, "a message of %llu bytes, expected %lld", (unsigned long long)h.bytes, (long long)n * 4);
   else memcpy(out, p, h.bytes);

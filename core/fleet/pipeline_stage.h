@@ -83,7 +83,9 @@ typedef struct {
   int64_t join_step; /* a rebuilt worker: the step it enters its replicas' group at */
   int too_late;      /* a rebuilt worker: the live pipelines end before it could enter (exit PIPE_EXIT_LATE) */
   int ctl;           /* the control socket to the launcher */
-  int lowest;        /* the lowest live pipeline (its stage 0 leads) */
+  int lowest;        /* the lowest live pipeline (its stage 0 leads, its stages checkpoint): the
+                        first stage's view, down the chain every step (pipeline_step.c) */
+  int lowest_seen;   /* the lowest slot among this stage's latest replicas' all-reduce's contributors */
   int64_t own_lo, own_hi; /* the span of the gradient slab this stage's parameters cover (what replicas average) */
   int64_t epoch, redos;
   pipe_dir fwd, bwd; /* to next, to prev */
@@ -106,6 +108,10 @@ typedef struct {
  * stash. 0 or an error. */
 int pipe_stage_setup(pipe_stage *s);
 void pipe_stage_free(pipe_stage *s);
+/* The largest payload a message between stages may carry (set up): a
+ * crossing's floats raw or encoded, the exchange vector, the tied
+ * gradients, the whole parameter slab. Each link's bound (pl_link_create). */
+uint64_t pipe_stage_max_message(const pipe_stage *s);
 
 /* The loop's compute hook: step `next`'s micro-batches, 1F1B. */
 int pipe_compute(void *ud, int64_t next, step_stats *st);

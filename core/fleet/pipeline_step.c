@@ -7,8 +7,11 @@
  * The end of a step is one all-gather along the chain: an "exchange vector"
  * holds one sum of squares per parameter (filled by its owner), each
  * stage's compute per micro-batch (AdaTopK hides transfers behind the
- * slowest) and one accumulator per use of a tied parameter (filled by the
- * stage of the use).
+ * slowest), the lowest live pipeline (filled by the first stage, from its
+ * replicas' all-reduce of the step: the pipeline whose stages write the
+ * checkpoints, so every stage learns it, those that average nothing too)
+ * and one accumulator per use of a tied parameter (filled by the stage of
+ * the use).
  * It travels from the last stage to the first, each stage writing its
  * entries, then back down whole. Every stage then computes the same tied
  * gradients and the same norm from the same numbers in the same order, so
@@ -29,6 +32,7 @@
 
 static double *vec_sums(pipe_stage *s) { return (double *)s->vec; }
 static float *vec_tied(pipe_stage *s) { return (float *)(s->vec + sizeof(double) * (size_t)s->vec_doubles); }
+static double *vec_lowest(pipe_stage *s) { return vec_sums(s) + s->vec_doubles - 1; }
 static size_t vec_bytes(const pipe_stage *s) {
   return sizeof(double) * (size_t)s->vec_doubles + sizeof(float) * (size_t)s->vec_floats;
 }
@@ -56,6 +60,7 @@ static void fill_vector(pipe_stage *s) {
       vec_sums(s)[t] = sumsq(graph_grad(s->g, t), d.size);
   }
   vec_sums(s)[graph_ntensors(s->g) + s->k] = s->compute_mb; /* AdaTopK's budget: the slowest stage's */
+  if (s->k == 0) *vec_lowest(s) = s->lowest_seen;
   for (int j = 0; j < s->ntied; j++)
     for (int u = 0; u < s->tied[j].nuse; u++)
       if (s->tied[j].acc[u])
@@ -87,6 +92,11 @@ static int gather_chain(pipe_stage *s, int64_t step) {
     pl_header d = {.kind = PL_GATHER_DOWN, .step = step, .bytes = n};
     rc = pl_send(s->next, &d, s->vec);
   }
+  double lowest = *vec_lowest(s); /* the first stage's view, for every stage alike */
+  if (!rc && !(lowest >= 0 && lowest < s->R && lowest == floor(lowest)))
+    return tr_fail(TR_EIO, "stage %d: the exchange vector names pipeline %g as the lowest live one (of %d)", s->k,
+                   lowest, s->R);
+  if (!rc) s->lowest = (int)lowest;
   return rc;
 }
 
@@ -104,7 +114,7 @@ static int mean_of(pipe_stage *s, float *buf, int64_t n, uint64_t seq, loop_exch
   x->replicas = res.contributors;
   x->epoch = (int64_t)res.epoch;
   x->redos += res.redos;
-  s->lowest = res.slots[0];
+  s->lowest_seen = res.slots[0];
   return TR_OK;
 }
 
@@ -119,7 +129,9 @@ static int replicas_mean(pipe_stage *s, int64_t step, float *grads, int64_t n, l
   if (!s->fm) return TR_OK;
   uint64_t seq = (uint64_t)step * PIPE_SEQ_PER_STEP;
   (void)n; /* only the span this stage's parameters cover: the rest is zero here */
-  return s->own_hi > s->own_lo ? mean_of(s, grads + s->own_lo, s->own_hi - s->own_lo, seq, x) : TR_OK;
+  if (s->own_hi > s->own_lo) return mean_of(s, grads + s->own_lo, s->own_hi - s->own_lo, seq, x);
+  float none = 0; /* a first stage that reads no parameter still learns the lowest live pipeline */
+  return s->k == 0 ? mean_of(s, &none, 1, seq, x) : TR_OK;
 }
 
 /* --- the end of a step --- */
@@ -185,8 +197,12 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
     double c = vec_sums(s)[graph_ntensors(s->g) + k];
     if (c > s->hide_s) s->hide_s = c;
   }
-  if (!isfinite(norm)) grads[0] = norm; /* every stage skips the update (trainer_apply_grads) */
-  else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
+  if (!isfinite(norm)) { /* every stage skips the update (trainer_apply_grads) */
+    grads[0] = norm;
+    /* and AdaTopK's error feedback forgets the step: what it held back came
+     * from the same bad gradients */
+    if (s->bwd.residual) memset(s->bwd.residual, 0, sizeof(float) * (size_t)s->xin_n);
+  } else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
   s->global_norm = norm;
   x->leader = s->k == 0 && s->p == s->lowest;
   x->snapshots = s->p == s->lowest; /* every stage into its own store */

@@ -353,6 +353,11 @@ function M.check(job, origin)
     if job.precision ~= "fp32" then refuse("precision", "precision = " .. string.format("%q", job.precision)) end
     if #(job.chaos or {}) > 0 then refuse("chaos", "a chaos list") end
     if (job.checkpoint.remote or "") ~= "" then refuse("checkpoint", "checkpoint.remote (each stage keeps a local store)") end
+    if job.metrics_port > 0 then refuse("metrics_port", "metrics_port = " .. job.metrics_port .. " (Prometheus /metrics)") end
+    if job.max_replicas ~= job.replicas then
+      refuse("max_replicas", "max_replicas = " .. job.max_replicas .. " (replicas = " .. job.replicas .. ")")
+    end
+    if (job.policies or "") ~= "" then refuse("policies", "policies = " .. string.format("%q", job.policies)) end
   end
   if job.n_embd % job.n_head ~= 0 then
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)

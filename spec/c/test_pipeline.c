@@ -1,15 +1,33 @@
 /* test_pipeline.c — the pipeline's pure parts: the cut search and the
  * crossings of graph_stage.c on a small residual network, and AdaTopK
  * (core/fleet/adatopk.c): exactly the k largest kept, bf16 values, the
- * error feedback that loses nothing over rounds, the density controller.
- * White-box: adatopk.h is core/fleet's private header. Milliseconds.
+ * error feedback that loses nothing over rounds, NaN and Inf never chosen
+ * nor kept back (a skipped step clears the feedback), the density
+ * controller; the probe server's HELLO check; a placement policy's answer
+ * (read raw, range-checked) and RUN/pipeline-plan on --resume (checked);
+ * a link's reader against a hostile peer (a message too large, a flood,
+ * a sent_at far ahead or not finite) and an unknown codec.
+ * White-box: core/fleet's private headers. Under a second.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdint.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "adatopk.h"
 #include "check.h"
 #include "graph.h"
 #include "graph_stage.h"
+#include "job.h"
+#include "lua_host.h"
+#include "pipeline_ckpt.h"
+#include "pipeline_link.h"
+#include "pipeline_plan.h"
+#include "pipeline_probe.h"
+#include "pipeline_stage.h"
 #include "rng.h"
 #include "util.h"
 
@@ -126,10 +144,370 @@ static void test_controller(void) {
   CHECK(fabs(d - (1.25e6 * 0.05 - ADATOPK_HEADER) / (6.0 * n)) < 1e-12, "density %g", d);
 }
 
+/* --- AdaTopK and non-finite values --- */
+
+static uint32_t enc_k(const unsigned char *enc) {
+  uint32_t h[4];
+  memcpy(h, enc, sizeof h);
+  return h[2];
+}
+
+static int all_finite(const float *x, int n) {
+  for (int i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
+
+/* Top-k chooses among the finite entries only and sends exactly the pairs
+ * it wrote (a reused buffer's old bytes never go out as entries). */
+static void test_topk_nonfinite(void) {
+  enum { N = 8 };
+  float scratch[N], y[N];
+  unsigned char enc[ADATOPK_HEADER + 6 * 16];
+  float x[N] = {1, NAN, 3, 4, 5, 6, 7, 8};
+  memset(enc, 0xAB, sizeof enc);
+  size_t b = adatopk_encode(x, NULL, N, 3, scratch, enc);
+  CHECK(b == adatopk_bytes(3) && enc_k(enc) == 3, "%zu bytes, k = %u", b, enc_k(enc));
+  CHECK(adatopk_decode(enc, b, y, N) == 0 && y[7] == 8 && y[6] == 7 && y[5] == 6 && y[1] == 0,
+        "the 3 largest finite: %s", tr_error());
+  float none[4] = {NAN, INFINITY, -INFINITY, NAN};
+  memset(enc, 0xAB, sizeof enc);
+  b = adatopk_encode(none, NULL, 4, 2, scratch, enc);
+  CHECK(b == adatopk_bytes(0) && enc_k(enc) == 0, "nothing finite: no entry (%zu bytes, k = %u)", b, enc_k(enc));
+  CHECK(adatopk_decode(enc, b, y, 4) == 0 && y[0] == 0 && y[3] == 0, "decodes to zeros: %s", tr_error());
+  /* random mixes: header k = the pairs written, every index in range and
+   * once, every value finite */
+  rng_t r;
+  rng_seed(&r, 3);
+  int bad = 0;
+  for (int it = 0; it < 20000 && bad < 3; it++) {
+    int n = 1 + (int)rng_below(&r, 12), k = 1 + (int)rng_below(&r, (uint64_t)n), finite = 0;
+    float v[16], out[16], sc[16];
+    for (int i = 0; i < n; i++) {
+      uint64_t c = rng_below(&r, 7);
+      v[i] = c == 0 ? NAN : c == 1 ? INFINITY : c == 2 ? -INFINITY : (float)rng_below(&r, 5) - 2;
+      finite += isfinite(v[i]) != 0;
+    }
+    memset(enc, 0xAB, sizeof enc);
+    b = adatopk_encode(v, NULL, n, k, sc, enc);
+    uint32_t m = enc_k(enc), idx[16];
+    int ok = m == (uint32_t)(k < finite ? k : finite) && b == adatopk_bytes(m) && adatopk_decode(enc, b, out, n) == 0;
+    memcpy(idx, enc + ADATOPK_HEADER, 4 * m);
+    for (uint32_t j = 0; ok && j < m; j++) ok = idx[j] < (uint32_t)n && isfinite(v[idx[j]]) && isfinite(out[idx[j]]);
+    if (!ok) bad++, fprintf(stderr, "  n=%d k=%d finite=%d: header k=%u, %zu bytes\n", n, k, finite, m, b);
+  }
+  CHECK(bad == 0, "%d encodings with non-finite entries were wrong", bad);
+}
+
+/* Error feedback never keeps a NaN or Inf: one bad gradient does not spoil
+ * every later message (bf16: Inf - Inf was NaN for good). */
+static void test_feedback_nonfinite(void) {
+  enum { N = 8 };
+  float res[N] = {0}, y[N], scratch[N];
+  unsigned char enc[ADATOPK_HEADER + 6 * N];
+  float bad[N] = {1, 2, INFINITY, 4, NAN, 6, 7, 8}, good[N] = {1, 2, 3, 4, 5, 6, 7, 8};
+  adatopk_encode_bf16(bad, res, N, enc);
+  CHECK(all_finite(res, N), "bf16: the residual after an Inf and a NaN stays finite");
+  for (int t = 0; t < 3; t++) {
+    size_t b = adatopk_encode_bf16(good, res, N, enc);
+    CHECK(adatopk_decode_any(ADATOPK_BF16, enc, b, y, N) == 0 && all_finite(y, N) && fabsf(y[2] - 3) < 0.05f,
+          "bf16: message %d after it is finite (y[2] = %g)", t, y[2]);
+  }
+  memset(res, 0, sizeof res);
+  adatopk_encode(bad, res, N, 2, scratch, enc);
+  CHECK(all_finite(res, N), "top-k: the residual after an Inf and a NaN stays finite");
+  size_t b = adatopk_encode(good, res, N, 8, scratch, enc);
+  CHECK(adatopk_decode(enc, b, y, N) == 0 && all_finite(y, N), "top-k: the next message is finite");
+  /* a finite value beyond bf16's range goes as the largest bf16, not Inf */
+  float big[2] = {3.4e38f, -3.4e38f}, r2[2] = {0};
+  b = adatopk_encode_bf16(big, r2, 2, enc);
+  CHECK(adatopk_decode_any(ADATOPK_BF16, enc, b, y, 2) == 0 && all_finite(y, 2) && all_finite(r2, 2),
+        "bf16 of 3.4e38: %g, residual %g", y[0], r2[0]);
+}
+
+/* A step whose global norm is not finite (every stage skips it) also
+ * clears the error feedback of the gradients this stage sends back. */
+static void test_nonfinite_step(void) {
+  graph *g = residual_net(2, 8);
+  pipe_stage s;
+  memset(&s, 0, sizeof s);
+  s.g = g;
+  s.S = 2;
+  s.k = 1;
+  s.M = s.b = s.T = s.R = 1;
+  s.bwd.on = 1;
+  s.donor_fd = -1;
+  CHECK(pipe_stage_setup(&s) == 0 && s.bwd.residual && s.xin_n > 0, "setup: %s", tr_error());
+  if (s.bwd.residual) {
+    for (int64_t i = 0; i < s.xin_n; i++) s.bwd.residual[i] = 1.0f;
+    for (int64_t i = 0; i < graph_nparams(g); i++) graph_grads(g)[i] = NAN;
+    loop_exchange x;
+    memset(&x, 0, sizeof x);
+    CHECK(pipe_exchange(&s, 1, &x) == 0 && !isfinite(s.global_norm), "a NaN step: norm %g (%s)", s.global_norm,
+          tr_error());
+    int64_t left = 0;
+    for (int64_t i = 0; i < s.xin_n; i++) left += s.bwd.residual[i] != 0;
+    CHECK(left == 0, "%lld of %lld residual entries kept after a skipped step", (long long)left, (long long)s.xin_n);
+  }
+  pipe_stage_free(&s);
+  graph_free(g);
+}
+
+/* --- a placement policy's answer (pipeline_policy.c) --- */
+
+/* Runs the policy `text` on g for 2 stages: 0 with p's cuts and order
+ * from it, or the error. */
+static int run_policy(lua_State *L, graph *g, const char *text, pipe_plan *p) {
+  char path[] = "/tmp/test_pipeline_policy_XXXXXX.lua";
+  int fd = mkstemps(path, 4);
+  if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text)) return tr_fail(TR_EIO, "a policy file");
+  close(fd);
+  memset(p, 0, sizeof *p);
+  p->S = 2;
+  p->M = 2;
+  for (int i = 0; i < 2; i++) {
+    p->speed[i] = 1;
+    p->flops_s[i] = 1e9;
+    p->order[i] = i;
+    snprintf(p->zone[i], PIPE_ZONE_MAX, "local");
+  }
+  int rc = graph_stage_cut(g, 2, NULL, NULL, p->cuts, NULL);
+  if (!rc) rc = pipe_policy_plan(L, g, path, p);
+  unlink(path);
+  return rc;
+}
+
+/* The answer is read raw: one that is the sandbox itself (its __index
+ * raises on an undefined name) is a bad answer naming the file, not a Lua
+ * panic that aborts the process. */
+static void test_policy_answer(void) {
+  graph *g = residual_net(2, 8);
+  lua_State *L = lua_host_new();
+  pipe_plan p;
+  int n = graph_norder(g), rc = run_policy(L, g, "return function(plan) return plan.proposal end", &p);
+  CHECK(rc == 0 && p.cuts[0] == 0 && p.cuts[2] == n, "the proposal back: %s", tr_error());
+  rc = run_policy(L, g, "return function(plan) return _ENV end", &p);
+  CHECK(rc < 0 && strstr(tr_error(), "test_pipeline_policy_") && strstr(tr_error(), "'cuts'"), "_ENV: %s",
+        tr_error());
+  rc = run_policy(L, g, "return function(plan) return {cuts = _ENV, order = {0, 1}} end", &p);
+  CHECK(rc < 0 && strstr(tr_error(), "'cuts'"), "cuts = _ENV: %s", tr_error());
+  /* integers are range-checked before they are narrowed to int */
+  rc = run_policy(L, g, "return function(plan) return {cuts = {0, 4294967296 + 3, #plan.ops}, order = {0, 1}} end",
+                  &p);
+  CHECK(rc < 0 && strstr(tr_error(), "cuts[2] = 4294967299"), "a cut of 2^32 + 3: rc %d, %s", rc, tr_error());
+  rc = run_policy(L, g, "return function(plan) return {cuts = plan.proposal.cuts, order = {4294967297, 4294967296}} end",
+                  &p);
+  CHECK(rc < 0 && strstr(tr_error(), "order[1] = 4294967297"), "workers 2^32 + 1, 2^32: rc %d, %s", rc, tr_error());
+  rc = run_policy(L, g, "return function(plan) return {cuts = plan.proposal.cuts, order = {-1, 0}} end", &p);
+  CHECK(rc < 0 && strstr(tr_error(), "test_pipeline_policy_"), "worker -1: %s", tr_error());
+  CHECK(lua_gettop(L) == 0, "the stack as it was: %d", lua_gettop(L));
+  lua_host_close(L);
+  graph_free(g);
+}
+
+/* --- RUN/pipeline-plan on --resume (pipeline_ckpt.c) --- */
+
+/* Restores a pipeline-plan file of `text` for 2 stages and 7 ops. */
+static int restore_plan(const char *dir, const char *text, pipe_plan *p) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/pipeline-plan", dir);
+  if (tr_write_file_atomic(path, text, strlen(text))) return -100;
+  memset(p, 0, sizeof *p);
+  p->S = 2;
+  p->cuts[1] = 99; /* untouched on an error */
+  int found = 0, rc = pipe_plan_restore(dir, p, 7, &found);
+  return found ? rc : -101;
+}
+
+/* The saved plan is checked as a policy's answer is: an order that is no
+ * permutation (the launcher sent the plan to fd 0, past its tables, or to
+ * one worker twice and hung), cuts that do not cover the ops, numbers
+ * past int, a stage missing or twice: errors naming the file. */
+static void test_plan_restore(void) {
+  char dir[] = "/tmp/test_pipeline_plan_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  pipe_plan p;
+  int rc = restore_plan(dir, "PLAN stage=0 cuts=0,3,7 order=1,0\nPLAN stage=1 cuts=0,3,7 order=1,0\n", &p);
+  CHECK(rc == 0 && p.cuts[1] == 3 && p.order[0] == 1 && p.order[1] == 0, "a good plan: %s", tr_error());
+  const char *bad[] = {
+      "PLAN stage=0 cuts=0,3,7 order=1,100000000\nPLAN stage=1 cuts=0,3,7 order=1,100000000\n",
+      "PLAN stage=0 cuts=0,3,7 order=1,7\nPLAN stage=1 cuts=0,3,7 order=1,7\n",
+      "PLAN stage=0 cuts=0,3,7 order=1,1\nPLAN stage=1 cuts=0,3,7 order=1,1\n",
+      "PLAN stage=0 cuts=0,5,3 order=0,1\nPLAN stage=1 cuts=0,5,3 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,9 order=0,1\nPLAN stage=1 cuts=0,3,9 order=0,1\n",
+      "PLAN stage=0 cuts=1,3,7 order=0,1\nPLAN stage=1 cuts=1,3,7 order=0,1\n",
+      "PLAN stage=0 cuts=0,4294967299,7 order=0,1\nPLAN stage=1 cuts=0,4294967299,7 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,7,9 order=0,1\nPLAN stage=1 cuts=0,3,7,9 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,7 order=0,-1\nPLAN stage=1 cuts=0,3,7 order=0,-1\n",
+      "PLAN stage=0 cuts=0,3,7 order=0,1\nPLAN stage=0 cuts=0,3,7 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,7 order=0,1\nPLAN stage=1 cuts=0,4,7 order=0,1\n",
+      "PLAN stage=0 cuts=0,3,7 order=0,1\nPLAN stage=9 cuts=0,3,7 order=0,1\n",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rc = restore_plan(dir, bad[i], &p);
+    CHECK(rc < 0 && rc > -100 && strstr(tr_error(), "pipeline-plan") && p.cuts[1] == 99,
+          "plan %zu: rc %d, %s", i, rc, tr_error());
+  }
+  char path[256];
+  snprintf(path, sizeof path, "%s/pipeline-plan", dir);
+  remove(path);
+  rmdir(dir);
+}
+
+/* --- the probe server (pipeline_probe.c) --- */
+
+/* A listening socket on loopback: the fd, its port in *port. */
+static int listen_loopback(int *port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 16) ||
+      getsockname(fd, (struct sockaddr *)&a, &len))
+    return -1;
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+/* Connects to the probe server as worker `value` says (HELLO), pings:
+ * 1 the server answered (PONG; then DONE), 0 it closed the connection. */
+static int hello_then_ping(int port, double value) {
+  int fd = pl_connect("127.0.0.1", port, 5);
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "the probe server", 1024) : NULL;
+  if (!l) return -1;
+  pl_header hello = {.kind = PL_HELLO, .value = value}, ping = {.kind = PL_PING}, done = {.kind = PL_DONE}, h;
+  void *p = NULL;
+  int answered = !pl_send(l, &hello, NULL) && !pl_send(l, &ping, NULL) && !pl_recv(l, PL_PONG, 0, -1, 5, &h, &p);
+  free(p);
+  if (answered) pl_send(l, &done, NULL);
+  pl_link_free(l);
+  return answered;
+}
+
+/* Worker 2's server answers workers 0 and 1, once each; a HELLO naming
+ * anything else (its value indexes the plan's zones) is a connection
+ * closed, and the server still serves the real ones. */
+static void test_probe_hello(void) {
+  job_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  static pipe_plan plan;
+  plan.S = 3;
+  for (int i = 0; i < 3; i++) snprintf(plan.zone[i], PIPE_ZONE_MAX, "local");
+  int port = 0, lfd = listen_loopback(&port);
+  CHECK(lfd >= 0, "listen");
+  pipe_probe_ctx c = {.cfg = &cfg, .plan = &plan, .w = 2, .lfd = lfd, .timeout = 5};
+  pipe_probe_server *sv = pipe_probe_serve(&c);
+  CHECK(sv != NULL, "serve: %s", tr_error());
+  const double bad[] = {5, 2, -1, 0.5, 1e9, NAN, INFINITY};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    CHECK(hello_then_ping(port, bad[i]) == 0, "a HELLO from worker %g is closed, not served", bad[i]);
+  CHECK(hello_then_ping(port, 1) == 1, "worker 1 is served");
+  CHECK(hello_then_ping(port, 1) == 0, "worker 1 again is closed");
+  CHECK(hello_then_ping(port, 0) == 1, "worker 0 is served");
+  CHECK(pipe_probe_serve_join(sv) == 0, "the server ends once both are served: %s", tr_error());
+  close(lfd);
+}
+
+/* --- a link's reader against a hostile peer (pipeline_link.c) --- */
+
+/* One raw header onto fd, as a peer (or anybody) could write it. */
+static int raw_header(int fd, uint32_t kind, uint64_t bytes, double sent_at) {
+  pl_header h = {.magic = 0x50495045u, .kind = kind, .sent_at = sent_at, .bytes = bytes};
+  return send(fd, &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof h ? 0 : -1;
+}
+
+/* A header asking for more than the link's largest message closes the
+ * link at once (it was a malloc of up to 64 GiB and a wait for it). */
+static void test_link_max_message(void) {
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  pl_link *l = pl_link_create(sv[0], "a hostile peer", 4096);
+  CHECK(raw_header(sv[1], PL_ACT, (uint64_t)1 << 30, tr_now()) == 0, "send");
+  pl_header h;
+  void *p = NULL;
+  double t0 = tr_now();
+  int rc = pl_recv(l, PL_ACT, 0, -1, 2.0, &h, &p);
+  CHECK(rc < 0 && strstr(tr_error(), "more than the 4096") && tr_now() - t0 < 1.0, "1 GiB asked: %s (%.1f s)",
+        tr_error(), tr_now() - t0);
+  free(p);
+  pl_link_free(l);
+  close(sv[1]);
+}
+
+/* A peer that floods the link meets a bounded queue: the reader stops
+ * taking from the socket (the peer's sends block), and nothing is lost. */
+static void test_link_queue_bound(void) {
+  enum { N = 2000 };
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  int big = 1 << 20;
+  setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+  pl_link *l = pl_link_create(sv[0], "a flooding peer", 64);
+  int sent = 0;
+  while (sent < N && raw_header(sv[1], PL_PING, 0, 0) == 0) sent++;
+  struct timespec ts = {0, 200 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  uint64_t out, in;
+  pl_link_bytes(l, &out, &in);
+  CHECK(sent > 1000 && in < (uint64_t)sent * sizeof(pl_header) / 2, "%d sent, %llu bytes taken in unread", sent,
+        (unsigned long long)in);
+  int got = 0;
+  pl_header h;
+  void *p = NULL;
+  while (got < sent && pl_recv(l, PL_PING, 0, -1, 2.0, &h, &p) == 0) got++, free(p), p = NULL;
+  CHECK(got == sent, "all %d arrive as the stage takes them: %d (%s)", sent, got, tr_error());
+  pl_link_free(l);
+  close(sv[1]);
+}
+
+/* The emulated latency counts from the peer's sent_at, believed only up to
+ * now plus the message's time on the wire: an hour ahead is not an hour's
+ * sleep; NaN or Inf closes the link. */
+static void test_link_sent_at(void) {
+  alarm(30); /* a test that would sleep for the peer's hour fails here */
+  const double when[] = {3600, 1e300, INFINITY, NAN};
+  for (size_t i = 0; i < sizeof when / sizeof when[0]; i++) {
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+    pl_link *l = pl_link_create(sv[0], "a peer", 64);
+    pl_link_shape(l, 0, 0.05);
+    raw_header(sv[1], PL_PING, 0, tr_now() + when[i]);
+    pl_header h;
+    void *p = NULL;
+    double t0 = tr_now();
+    int rc = pl_recv(l, PL_PING, 0, -1, 2.0, &h, &p), finite = isfinite(tr_now() + when[i]);
+    double dt = tr_now() - t0;
+    CHECK(dt < 1.0 && (finite ? rc == 0 : rc < 0 && strstr(tr_error(), "sent_at")),
+          "sent_at now + %g: rc %d in %.2f s (%s)", when[i], rc, dt, rc ? tr_error() : "");
+    free(p);
+    pl_link_free(l);
+    close(sv[1]);
+  }
+  alarm(0);
+}
+
+/* A codec this build does not know is an error, not decoded as top-k. */
+static void test_unknown_codec(void) {
+  float x[4] = {1, 2, 3, 4}, y[4], scratch[4];
+  unsigned char enc[ADATOPK_HEADER + 6 * 4];
+  size_t b = adatopk_encode(x, NULL, 4, 2, scratch, enc);
+  CHECK(adatopk_decode_any(ADATOPK_CODEC, enc, b, y, 4) == 0, "top-k decodes: %s", tr_error());
+  CHECK(adatopk_decode_any(7, enc, b, y, 4) < 0 && strstr(tr_error(), "codec 7"), "codec 7: %s", tr_error());
+}
+
 int main(void) {
   test_cuts();
   test_topk();
   test_feedback();
   test_controller();
+  test_topk_nonfinite();
+  test_feedback_nonfinite();
+  test_nonfinite_step();
+  test_probe_hello();
+  test_policy_answer();
+  test_plan_restore();
+  test_link_max_message();
+  test_link_queue_bound();
+  test_link_sent_at();
+  test_unknown_codec();
   return check_report("test_pipeline");
 }
