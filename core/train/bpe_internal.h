@@ -24,6 +24,11 @@ int bpe_lookup(const bpe *b, const uint8_t *p, size_t n);
 int bpe_add_token(bpe *b, const uint8_t *p, size_t n, int special);
 /* An empty tokenizer with room for cap tokens (NULL: out of memory). */
 bpe *bpe_new(int cap);
+/* Encodes one piece of n bytes both ways (the short pieces' rescan and the
+ * long pieces' heap: bpe.c), into out_short and out_long (n ids each at
+ * most); tests check that they agree. 0, or an error. */
+int bpe_encode_piece_paths(const bpe *b, const uint8_t *p, size_t n, int32_t *out_short, int32_t *out_long,
+                           int64_t *n_short, int64_t *n_long);
 /* The end of GPT-2's pre-tokenizer piece that starts at i. */
 size_t bpe_next_piece(const uint8_t *s, size_t len, size_t i);
 

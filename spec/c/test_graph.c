@@ -564,6 +564,40 @@ static void test_bpe(void) {
   fclose(m);
   CHECK(blen == len && memcmp(back, big, len) == 0, "decode(encode(text)) == text");
   free(back);
+  /* a long piece (no space: CJK text, base64) merges through a heap of
+   * candidate pairs, a short one by rescanning its parts: the same ids on
+   * runs of the corpus's letters, spaces and newlines (many merges; "   "
+   * and "\n\n\n" where the leftmost of equal pairs must win) and random bytes */
+  {
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    int agree = 1, merged = 0;
+    uint8_t piece[600];
+    int32_t *o1 = malloc(sizeof(int32_t) * sizeof piece), *o2 = malloc(sizeof(int32_t) * sizeof piece);
+    for (int t = 0; t < 300 && agree; t++) {
+      size_t pn = 1 + (size_t)(t * 2) % sizeof piece;
+      for (size_t i = 0; i < pn; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        piece[i] = t % 3 ? (uint8_t)"thecatsm \n  \n"[x % 12] : (uint8_t)x;
+      }
+      int64_t a = -1, c2 = -1;
+      agree = bpe_encode_piece_paths(b, piece, pn, o1, o2, &a, &c2) == 0 && a == c2 &&
+              memcmp(o1, o2, sizeof(int32_t) * (size_t)a) == 0;
+      merged += a < (int64_t)pn;
+    }
+    CHECK(agree && merged > 100, "the heap and the rescan merge alike (%d pieces merged)", merged);
+    free(o1);
+    free(o2);
+    /* and a 4 MiB piece, which the rescan alone took hours for */
+    size_t bn = (size_t)4 << 20;
+    char *one_piece = malloc(bn);
+    int32_t *bids = malloc(sizeof(int32_t) * bn);
+    for (size_t i = 0; i < bn; i++) one_piece[i] = "thecat"[i % 6];
+    int64_t bk = 0;
+    CHECK(bpe_encode(b, one_piece, bn, bids, (int64_t)bn, &bk, 0) == 0 && bk > 0 && bk < (int64_t)bn,
+          "a 4 MiB piece encodes (%lld ids): %s", (long long)bk, tr_error());
+    free(one_piece);
+    free(bids);
+  }
   /* pieces never merge across GPT-2's split points: " cat" and "'s" are tokens, "t'" is not */
   int32_t one[16];
   int64_t k;
