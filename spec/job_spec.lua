@@ -439,5 +439,25 @@ return {
       -- and the dump is stable
       assert.are.equal(text, job.dump(b))
     end)
+
+    -- A run's job.lua is loaded again by --resume, with --set on top:
+    -- max_replicas at its default (replicas) must follow a new replicas,
+    -- not stay the old count as if the user had chosen it (a pipelined
+    -- resume with fewer pipelines was refused for it, a resume with more
+    -- replicas had it 'below replicas'). One it was given stays.
+    it("dump() leaves max_replicas to follow replicas unless the job chose it", function()
+      for _, c in ipairs({
+        { "pipeline = { stages = 2 }, replicas = 2", "replicas=1", 1 },
+        { "replicas = 2", "replicas=3", 3 },
+        { "replicas = 2, max_replicas = 4", "replicas=3", 4 },
+      }) do
+        local a = job.load((job_file("return { data = DATA, " .. c[1] .. " }\n")), {})
+        local again = dir .. "/resumed.lua"
+        write(again, job.dump(a))
+        local ok, b = pcall(job.load, again, { c[2] })
+        assert.is_true(ok, c[1] .. " then --set " .. c[2] .. ": " .. tostring(type(b) == "table" and b.msg or b))
+        assert.are.equal(c[3], b.max_replicas, c[1])
+      end
+    end)
   end)
 end)

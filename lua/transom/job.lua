@@ -458,7 +458,10 @@ function M.dump(job)
         if sv ~= nil then parts[#parts + 1] = string.format("%s = %s", sf[1], sf[2] == "list" and list(sf, sv) or lit(sv)) end
       end
       out[#out + 1] = string.format("  %s = { %s },\n", f[1], table.concat(parts, ", "))
-    elseif v ~= nil then
+    elseif v ~= nil and not (f[1] == "max_replicas" and v == job.replicas) then
+      -- (max_replicas at its default follows replicas: a resume that
+      -- changes replicas must not find the old count written down as if
+      -- chosen, refused as below replicas or by a pipelined job)
       out[#out + 1] = string.format("  %s = %s,\n", f[1], lit(v))
     end
   end
