@@ -22,12 +22,6 @@
 #include "util.h"
 
 #define PL_MAGIC 0x50495045u /* "PIPE" */
-/* Messages a link holds unread before its reader stops taking more from
- * the socket (the peer's sends then block: back-pressure, nothing lost).
- * 1F1B never leaves more than one message per micro-batch in flight on a
- * link (at most PIPE_MAX_STAGES = 64) plus the step's few exchange
- * messages, so only a peer that floods the link ever meets the bound. */
-#define PL_QUEUE_DEPTH 256
 /* How far the emulated wire may put a message's hand-over time ahead of
  * its arrival (sent_at: when its last byte would have left) beyond the
  * message's own time on the wire. */

@@ -47,6 +47,15 @@ typedef struct {
 
 typedef struct pl_link pl_link;
 
+/* Messages a link holds unread before its reader stops taking more from
+ * the socket (the peer's sends then block: back-pressure, nothing lost).
+ * 1F1B leaves at most one message per micro-batch in flight on a link
+ * (at most PIPE_MAX_STAGES = 64) plus the step's few exchange messages;
+ * an evaluation sends eval_steps x micro_batches activations without a
+ * reply and may meet the bound: its sender then waits for the next stage's
+ * forward passes (one-way traffic, no cycle), as a flooding peer does. */
+#define PL_QUEUE_DEPTH 256
+
 /* Takes a connected socket (closed by pl_link_free). max_bytes: the
  * largest payload a message on it may carry (its largest legitimate
  * one): a header asking for more, or with no finite sent_at, closes the
