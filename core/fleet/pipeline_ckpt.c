@@ -133,16 +133,25 @@ int pipe_ckpt_common_step(const char *run, int S, int64_t *step) {
 
 /* --- the plan the checkpoints were taken with --- */
 
+/* A line's room: PLAN stage=S cuts= (S + 1 numbers) order= (S numbers),
+ * as the launcher's and the workers' 4 KiB line buffers take it. */
+#define PLAN_LINE_MAX 4096
+
 int pipe_plan_save(const char *run, const pipe_plan *p) {
-  char path[1200], text[PIPE_MAX_STAGES * 400];
-  size_t k = 0;
-  for (int s = 0; s < p->S; s++) {
-    int n = pipe_plan_line(text + k, sizeof text - k, p, s);
-    if (n < 0) return n;
-    k += (size_t)n;
+  char path[1200];
+  size_t cap = (size_t)(p->S > 0 ? p->S : 1) * PLAN_LINE_MAX, k = 0;
+  char *text = malloc(cap);
+  if (!text) return tr_fail(TR_ENOMEM, "out of memory saving the pipeline plan");
+  int rc = TR_OK;
+  for (int s = 0; s < p->S && !rc; s++) {
+    int n = pipe_plan_line(text + k, cap - k, p, s);
+    if (n < 0) rc = n;
+    else k += (size_t)n;
   }
   snprintf(path, sizeof path, "%s/pipeline-plan", run);
-  return tr_write_file_atomic(path, text, k);
+  if (!rc) rc = tr_write_file_atomic(path, text, k);
+  free(text);
+  return rc;
 }
 
 int pipe_plan_restore(const char *run, pipe_plan *p, int nops, int *found) {

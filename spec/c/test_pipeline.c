@@ -348,6 +348,21 @@ static void test_plan_restore(void) {
     CHECK(rc < 0 && rc > -100 && strstr(tr_error(), "pipeline-plan") && p.cuts[1] == 99,
           "plan %zu: rc %d, %s", i, rc, tr_error());
   }
+  /* the widest plan: 64 stages of a model with 100000 ops (a line of 64
+   * five- and six-digit cuts and the order is about 600 bytes: the save's
+   * buffer of 400 a stage said "plan line too long" from about 100 ops) */
+  memset(&p, 0, sizeof p);
+  p.S = PIPE_MAX_STAGES;
+  for (int k = 0; k <= p.S; k++) p.cuts[k] = k == p.S ? 100000 : k * 1500;
+  for (int k = 0; k < p.S; k++) p.order[k] = p.S - 1 - k;
+  CHECK(pipe_plan_save(dir, &p) == 0, "64 stages over 100000 ops are saved: %s", tr_error());
+  pipe_plan q;
+  memset(&q, 0, sizeof q);
+  q.S = PIPE_MAX_STAGES;
+  int found = 0;
+  rc = pipe_plan_restore(dir, &q, 100000, &found);
+  CHECK(rc == 0 && found && memcmp(q.cuts, p.cuts, sizeof p.cuts) == 0 && memcmp(q.order, p.order, sizeof p.order) == 0,
+        "and restored the same: rc %d %s", rc, tr_error());
   char path[256];
   snprintf(path, sizeof path, "%s/pipeline-plan", dir);
   remove(path);
