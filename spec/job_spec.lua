@@ -308,6 +308,34 @@ return {
     has(rejected(path, run_dir), path .. ":3:", "'checkpoint'", "table")
   end)
 
+  it("refuses, without --resume, a run_dir that already holds a run (its job.lua or checkpoint store)", function()
+    local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 2,\n"
+      .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
+      .. "  checkpoint = { every_steps = 1 },\n"
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    local job1, metrics1 = read(run_dir .. "/job.lua"), read(run_dir .. "/metrics.jsonl")
+    -- a second job into the same directory would reuse the first one's checkpoints
+    code, _, err = transom(dir, "run", path, "--set", "seed=7")
+    assert.are.equal(2, code, err)
+    has(err, "run directory " .. run_dir, run_dir .. "/job.lua", "transom run --resume " .. run_dir, "another run_dir")
+    assert.are.equal(job1, read(run_dir .. "/job.lua"), "the refused run rewrote job.lua")
+    assert.are.equal(metrics1, read(run_dir .. "/metrics.jsonl"), "the refused run rewrote metrics.jsonl")
+    -- the checkpoint store alone is enough
+    os.remove(run_dir .. "/job.lua")
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(2, code, err)
+    has(err, run_dir .. "/ckpt", "--resume")
+    -- a directory that exists but holds no run is fine
+    local other
+    path, other = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(other) .. " && touch " .. q(other .. "/notes.txt")))
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    assert.is_true(exists(other .. "/notes.txt"))
+  end)
+
   it("checks --set checkpoint.FIELD=VALUE", function()
     local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
     has(rejected(path, run_dir, "--set", "checkpoint.every_steps=abc"), "--set checkpoint.every_steps=abc",
