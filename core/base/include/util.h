@@ -68,6 +68,17 @@ int tr_write_file_atomic(const char *path, const void *buf, size_t len);
 int tr_jsonl_keep_until(const char *path, int64_t step, int *dropped);
 /* mkdir -p. */
 int tr_mkdirs(const char *path);
+/* Puts the finished directory tmp at dir, whole: a rename when dir is absent
+ * or empty; over an existing dir an atomic exchange (RENAME_EXCHANGE), then
+ * the old contents (now at tmp) removed with tr_remove_flat; where the file
+ * system cannot exchange, the old dir is renamed aside first (dir is then
+ * absent for a moment). Syncs dir's parent. The caller has checked that
+ * what dir holds may go. On failure tmp stays (the caller removes it) and
+ * dir is as it was. */
+int tr_dir_replace(const char *tmp, const char *dir);
+/* Removes the files in dir, then dir: for the flat directories prepare and
+ * export write (a subdirectory stays, and so does dir). Best effort. */
+void tr_remove_flat(const char *dir);
 
 /* Runs `gnuplot SCRIPT` and waits for it (transom plot, transom sim). TR_OK
  * when it exits 0; TR_EIO with "gnuplot not found ..." when it is not
