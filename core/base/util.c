@@ -238,6 +238,17 @@ int tr_mkdirs(const char *path) {
   return TR_OK;
 }
 
+int tr_dir_paths(const char *o, char *out, size_t nout, char *tmp, size_t ntmp) {
+  size_t n = strlen(o);
+  while (n > 1 && o[n - 1] == '/') n--;
+  if (n == 0 || n >= nout || (n == 1 && o[0] == '/')) return tr_fail(TR_EINVAL, "'%s': not a directory to write", o);
+  memcpy(out, o, n);
+  out[n] = 0;
+  if (snprintf(tmp, ntmp, "%s.tmp-%ld", out, (long)getpid()) >= (int)ntmp)
+    return tr_fail(TR_EINVAL, "'%s': path too long", o);
+  return TR_OK;
+}
+
 void tr_remove_flat(const char *dir) {
   DIR *d = opendir(dir);
   char path[4096];

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "bpe.h"
 #include "util.h"
@@ -216,18 +215,6 @@ static int write_out(shard_out *o, const bpe *b, const int32_t *ids, int64_t n, 
   return rc;
 }
 
-/* dir (-o without its trailing slashes) and the sibling it is built in. */
-static int out_paths(const char *o, char *dir, size_t ndir, char *tmp, size_t ntmp) {
-  size_t n = strlen(o);
-  while (n > 1 && o[n - 1] == '/') n--;
-  if (n >= ndir || (n == 1 && o[0] == '/')) return tr_fail(TR_EINVAL, "-o %s: not a directory prepare can write", o);
-  memcpy(dir, o, n);
-  dir[n] = 0;
-  if (snprintf(tmp, ntmp, "%s.tmp-%ld", dir, (long)getpid()) >= (int)ntmp)
-    return tr_fail(TR_EINVAL, "-o %s: path too long", o);
-  return TR_OK;
-}
-
 int prepare_main(int argc, char **argv) {
   for (int i = 0; i < argc; i++)
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -243,7 +230,7 @@ int prepare_main(int argc, char **argv) {
   int nfiles = 0;
   int rc = files && ends ? parse_args(argc, argv, files, &nfiles, &o, &vocab, &tokfile, &val)
                          : tr_fail(TR_ENOMEM, "out of memory");
-  if (!rc) rc = out_paths(o.dir, dir, sizeof dir, tmp, sizeof tmp);
+  if (!rc && (rc = tr_dir_paths(o.dir, dir, sizeof dir, tmp, sizeof tmp))) tr_fail_prefix(rc, "-o");
   if (!rc) rc = check_out_dir(dir);
   if (rc) {
     fprintf(stderr, "transom prepare: %s\n", tr_error());

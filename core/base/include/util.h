@@ -68,6 +68,10 @@ int tr_write_file_atomic(const char *path, const void *buf, size_t len);
 int tr_jsonl_keep_until(const char *path, int64_t step, int *dropped);
 /* mkdir -p. */
 int tr_mkdirs(const char *path);
+/* For a directory written whole (tr_dir_replace): out = o without its
+ * trailing slashes, tmp = out.tmp-PID, its sibling. TR_EINVAL for "/" or a
+ * path too long. */
+int tr_dir_paths(const char *o, char *out, size_t nout, char *tmp, size_t ntmp);
 /* Puts the finished directory tmp at dir, whole: a rename when dir is absent
  * or empty; over an existing dir an atomic exchange (RENAME_EXCHANGE), then
  * the old contents (now at tmp) removed with tr_remove_flat; where the file
