@@ -291,6 +291,13 @@ int tr_dir_replace(const char *tmp, const char *dir) {
   return bad ? tr_fail(TR_EIO, "cannot sync directory '%s': %s", aside, strerror(e)) : TR_OK;
 }
 
+int tr_flag_lacks_value(int argc, char *const *argv, int i, const char *const *flags) {
+  if (i + 1 < argc) return 0;
+  for (; *flags; flags++)
+    if (strcmp(argv[i], *flags) == 0) return 1;
+  return 0;
+}
+
 /* --- gnuplot --- */
 
 int tr_run_gnuplot(const char *script) {

@@ -33,13 +33,18 @@ static const char export_usage[] =
     "directory with init_from = DIR.\n";
 
 int export_main(int argc, char **argv) {
+  static const char *const value_flags[] = {"--hf", NULL};
   const char *run = NULL, *hf = NULL;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       fputs(export_usage, stdout);
       return 0;
     }
-    if (strcmp(argv[i], "--hf") == 0 && i + 1 < argc) hf = argv[++i];
+    if (tr_flag_lacks_value(argc, argv, i, value_flags)) {
+      fprintf(stderr, "transom export: %s needs a value (see transom export --help)\n", argv[i]);
+      return 2;
+    }
+    if (strcmp(argv[i], "--hf") == 0) hf = argv[++i];
     else if (argv[i][0] == '-') {
       fprintf(stderr, "transom export: unknown option '%s' (see transom export --help)\n", argv[i]);
       return 2;

@@ -115,21 +115,23 @@ static int encode_docs(const bpe *b, const char *all, const size_t *ends, int n,
 
 static int parse_args(int argc, char **argv, char **files, int *nfiles, shard_out *o, long *vocab,
                       const char **tok, double *val) {
+  static const char *const value_flags[] = {"-o", "--tokenizer", "--vocab", "--val", "--shard-tokens", NULL};
   int vocab_given = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
-    int has = i + 1 < argc;
     char *end = NULL;
-    if (strcmp(a, "-o") == 0 && has) o->dir = argv[++i];
-    else if (strcmp(a, "--tokenizer") == 0 && has) *tok = argv[++i];
-    else if (strcmp(a, "--vocab") == 0 && has) {
+    if (tr_flag_lacks_value(argc, argv, i, value_flags))
+      return tr_fail(TR_EINVAL, "%s needs a value (see transom prepare --help)", a);
+    if (strcmp(a, "-o") == 0) o->dir = argv[++i];
+    else if (strcmp(a, "--tokenizer") == 0) *tok = argv[++i];
+    else if (strcmp(a, "--vocab") == 0) {
       vocab_given = 1;
       *vocab = strtol(argv[++i], &end, 10);
       if (*end || *vocab < 257 || *vocab > 65536) return tr_fail(TR_EINVAL, "--vocab must be 257..65536 (uint16 shards)");
-    } else if (strcmp(a, "--val") == 0 && has) {
+    } else if (strcmp(a, "--val") == 0) {
       *val = strtod(argv[++i], &end);
       if (*end || !(*val > 0 && *val < 1)) return tr_fail(TR_EINVAL, "--val must be a fraction in (0, 1)");
-    } else if (strcmp(a, "--shard-tokens") == 0 && has) {
+    } else if (strcmp(a, "--shard-tokens") == 0) {
       o->shard_tokens = strtoll(argv[++i], &end, 10);
       if (*end || o->shard_tokens < 1 || o->shard_tokens > INT32_MAX) /* the header's count is an int32 */
         return tr_fail(TR_EINVAL, "--shard-tokens must be 1..%d (an llm.c header counts tokens in an int32)", INT32_MAX);

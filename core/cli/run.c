@@ -220,6 +220,7 @@ typedef struct {
 /* The command line into a; 0 to go on, or the exit status (help: 0 with
  * *done set). */
 static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *done) {
+  static const char *const value_flags[] = {"--set", "--replicas", "--resume", NULL};
   *done = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -227,15 +228,18 @@ static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *don
       job_help(L);
       *done = 1;
       return 0;
-    } else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
+    } else if (tr_flag_lacks_value(argc, argv, i, value_flags)) {
+      fprintf(stderr, "transom run: %s needs a value (see transom run --help)\n", argv[i]);
+      return 2;
+    } else if (strcmp(argv[i], "--set") == 0) {
       a->sets[a->nsets++] = argv[++i];
     } else if (strncmp(argv[i], "--set=", 6) == 0) {
       a->sets[a->nsets++] = argv[i] + 6;
-    } else if (strcmp(argv[i], "--replicas") == 0 && i + 1 < argc) {
+    } else if (strcmp(argv[i], "--replicas") == 0) {
       static char rep[64];
       snprintf(rep, sizeof rep, "replicas=%s", argv[++i]);
       a->sets[a->nsets++] = rep;
-    } else if (strcmp(argv[i], "--resume") == 0 && i + 1 < argc) {
+    } else if (strcmp(argv[i], "--resume") == 0) {
       a->resume = argv[++i];
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "transom run: unknown option '%s' (see transom run --help)\n", argv[i]);

@@ -49,6 +49,11 @@ void tr_log_reserve(FILE *f);
  * variables; the caller names what was wrong. */
 int tr_parse_int(const char *s, long long lo, long long hi, long long *out);
 
+/* Whether argv[i] is one of flags (a NULL-terminated list of the options
+ * that take a value) and the last argument, so without its value: the
+ * command then says "FLAG needs a value" instead of calling it unknown. */
+int tr_flag_lacks_value(int argc, char *const *argv, int i, const char *const *flags);
+
 /* Monotonic time in seconds. */
 double tr_now(void);
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
