@@ -314,6 +314,26 @@ return {
     has(rejected(path, run_dir), path .. ":3:", "chaos[2] is nil: a list has no holes")
   end)
 
+  it("refuses a string with a NUL byte naming the key, and a name that leaves runs/", function()
+    -- tiny jobs: without the checks they train (briefly) instead
+    local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 1,\n"
+      .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
+    -- C reads job strings up to their first NUL: "data.txt\0/etc/passwd" trained on data.txt without a word
+    local path, run_dir = job_file('return {\n  run_dir = RUN_DIR,\n  data = DATA .. "\\0/etc/passwd",\n' .. tiny .. '}\n')
+    has(rejected(path, run_dir), path .. ":3:", "key 'data' holds a NUL byte (byte " .. #data + 1 .. " of ")
+    path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { remote = "a\\0b" },\n' .. tiny
+      .. '}\n')
+    has(rejected(path, run_dir), path .. ":3:", "key 'checkpoint.remote' holds a NUL byte")
+    -- the default run directory is runs/<name>-<time>: "../../x" made it runs/../../x-<time>
+    for _, name in ipairs({ "../../x", "a/b", "..", "/abs" }) do
+      path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  name = ' .. string.format("%q", name)
+        .. ',\n' .. tiny .. '}\n')
+      has(rejected(path, run_dir), path .. ":3:", string.format("name = %q: a run's default directory is runs/", name),
+        "no '/'")
+    end
+    assert.are.equal("a..b", job.load(job_file('return { data = DATA, name = "a..b" }\n')).name)
+  end)
+
   it("rejects a bad --set naming the item", function()
     local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
     has(rejected(path, run_dir, "--set", "lerning_rate=1"), "--set lerning_rate=1", "'lerning_rate'", "'lr'")
@@ -476,7 +496,7 @@ return {
   temperature = 0.1 + 0.2,
   grad_clip = 1,
   eps = 1e-12,
-  sample_prompt = "a\"b\\c\0d\r\n\t\255 ]] .. "]]" .. [[",
+  sample_prompt = "a\"b\\c\1d\r\n\t\255 ]] .. "]]" .. [[", -- \1: a control byte (a NUL is refused)
   lr_decay_steps = 777,
   checkpoint = { every_seconds = 0.1 + 0.2, when_busy = "skip", keep_every = 1000 },
 }

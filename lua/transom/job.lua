@@ -310,6 +310,10 @@ function M.check(job, origin)
     end
   end
   -- fields that constrain each other
+  if job.name and (job.name:find("/", 1, true) or job.name == "." or job.name == "..") then
+    at("name")("name = %q: a run's default directory is runs/<name>-<time>, so the name must be one directory "
+      .. "name (no '/', not '.' or '..'); run_dir puts a run anywhere", job.name)
+  end
   job.max_replicas = job.max_replicas or job.replicas
   if job.replicas > job.max_replicas then
     at("max_replicas")("max_replicas = %d is below replicas = %d", job.max_replicas, job.replicas)

@@ -89,6 +89,10 @@ function M.check_value(f, v, where)
   if not type_ok(ty, v) then
     where("key '%s' must be %s %s, got %s", key, ty == "integer" and "an" or "a", ty, M.describe(v))
   end
+  local nul = ty == "string" and v:find("\0", 1, true)
+  if nul then -- C reads strings up to their first NUL: the rest would be dropped without a word
+    where("key '%s' holds a NUL byte (byte %d of %d): a string here cannot", key, nul, #v)
+  end
   if f.min and v < f.min then where("key '%s' must be >= %s, got %s", key, tostring(f.min), tostring(v)) end
   if f.max and v > f.max then where("key '%s' must be <= %s, got %s", key, tostring(f.max), tostring(v)) end
   if f.gt and not (v > f.gt) then where("key '%s' must be > %s, got %s", key, tostring(f.gt), tostring(v)) end
