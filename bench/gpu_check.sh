@@ -76,6 +76,7 @@ if [ "$what" != tests ]; then
 fi
 for pr in ${PROFILE:-}; do
   el "op profile $pr"
+  rm -rf /tmp/gpu-prof-"$pr" # a run_dir that holds an earlier run is refused
   TRANSOM_PROFILE=1 timeout 100 build-gpu/transom run examples/shakespeare.lua --set data="$CORPUS" \
     --set device=cuda --set precision="$pr" --set n_layer=12 --set n_head=12 --set n_embd=768 \
     --set block_size=1024 --set batch_size=8 --set max_steps=12 --set eval_interval=0 --set sample_tokens=0 \

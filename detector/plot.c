@@ -250,15 +250,19 @@ static void cleanup(plot_data *p) {
 }
 
 int plot_main(int argc, char **argv) {
+  static const char *const value_flags[] = {"-o", "--output", "--size", NULL};
   const char *run = NULL, *out = NULL;
   int width = 1200, height = 900;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       fputs(plot_usage, stdout);
       return 0;
-    } else if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc) {
+    } else if (tr_flag_lacks_value(argc, argv, i, value_flags)) {
+      fprintf(stderr, "transom plot: %s needs a value\n\n%s", argv[i], plot_usage);
+      return 2;
+    } else if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) {
       out = argv[++i];
-    } else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc) {
+    } else if (strcmp(argv[i], "--size") == 0) {
       if (sscanf(argv[++i], "%dx%d", &width, &height) != 2 || width < 100 || height < 100 || width > 10000 ||
           height > 10000) {
         fprintf(stderr, "transom plot: --size must be WIDTHxHEIGHT (100..10000)\n");

@@ -123,6 +123,63 @@ describe("token shards", function()
     assert.matches("%-%-shard%-tokens must be 1%.%.2147483647", out)
   end)
 
+  -- the files of a directory, name -> contents
+  local function files_of(d)
+    local t = {}
+    for name in S.sh("ls -A " .. q(d) .. " 2>/dev/null"):gmatch("[^\n]+") do t[name] = read(d .. "/" .. name) end
+    return t
+  end
+
+  it("transom prepare writes DIR whole: an earlier output is replaced, a failure part-way leaves it, else refused", function()
+    write(tmp .. "/w.txt", text:sub(1, 20000))
+    local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/w.txt -o " .. tmp .. "/whole --vocab 300 --shard-tokens 2000 2>&1")
+    assert.equal(0, rc, out)
+    local first = files_of(tmp .. "/whole")
+    assert.truthy(first["train_000006.bin"], out)
+    -- again with larger shards: the earlier output's train_000003..6.bin do not stay for a glob to take in
+    out, rc = S.sh(BIN .. " prepare " .. tmp .. "/w.txt -o " .. tmp .. "/whole/ --vocab 300 --shard-tokens 5000 2>&1")
+    assert.equal(0, rc, out)
+    local second = files_of(tmp .. "/whole")
+    assert.same({ "tokenizer.bpe", "train_000000.bin", "train_000001.bin", "train_000002.bin", "val_000000.bin" },
+      (function() local n = {} for k in pairs(second) do n[#n + 1] = k end table.sort(n) return n end)())
+    -- a failure part-way (a file size limit: the 3 KB shards fit, the 11 KB tokenizer does not) leaves the
+    -- directory as it was, not new shards beside the old tokenizer, and no temporary sibling
+    out, rc = S.sh("trap '' XFSZ; ulimit -f 8; " .. BIN .. " prepare " .. tmp .. "/w.txt -o " .. tmp
+      .. "/whole --vocab 1500 --shard-tokens 1000 2>&1")
+    assert.equal(1, rc, out)
+    assert.matches("tokenizer%.bpe.*File too large", out)
+    assert.same(second, files_of(tmp .. "/whole"))
+    assert.equal("whole\n", S.sh("cd " .. q(tmp) .. " && ls -d whole*"))
+    -- a directory that is not an earlier prepare's output is refused, untouched
+    assert(os.execute("mkdir -p " .. q(tmp .. "/mine") .. " && echo keep > " .. q(tmp .. "/mine/notes.txt")))
+    out, rc = S.sh(BIN .. " prepare " .. tmp .. "/w.txt -o " .. tmp .. "/mine --vocab 300 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches("%-o " .. tmp:gsub("%p", "%%%0") .. "/mine: the directory exists and is not an earlier "
+      .. "prepare's output %(it holds .*/mine/notes%.txt%)", out)
+    assert.same({ ["notes.txt"] = "keep\n" }, files_of(tmp .. "/mine"))
+  end)
+
+  it("transom prepare refuses an empty text, a --val that leaves no val token, and --vocab with --tokenizer", function()
+    write(tmp .. "/empty.txt", "")
+    local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/empty.txt -o " .. tmp .. "/none 2>&1")
+    assert.equal(1, rc, out)
+    assert.matches("no text to tokenize: .*empty%.txt is empty", out)
+    assert.is_false(S.exists(tmp .. "/none"))
+    write(tmp .. "/t.txt", text:sub(1, 3000))
+    out, rc = S.sh(BIN .. " prepare " .. tmp .. "/t.txt -o " .. tmp .. "/none --vocab 300 --val 0.0001 2>&1")
+    assert.equal(1, rc, out)
+    assert.matches("3000 bytes of text are %d+ tokens, and %-%-val 0%.0001 of them leaves no val tokens", out)
+    assert.not_matches("val_%*%.bin\"", out) -- no hint naming shards that were not written
+    assert.is_false(S.exists(tmp .. "/none"))
+    out, rc = S.sh(BIN .. " prepare " .. tmp .. "/t.txt -o " .. tmp .. "/tok --vocab 300 2>&1")
+    assert.equal(0, rc, out)
+    out, rc = S.sh(BIN .. " prepare " .. tmp .. "/t.txt -o " .. tmp .. "/none --tokenizer " .. tmp
+      .. "/tok/tokenizer.bpe --vocab 999 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches("%-%-vocab 999 with %-%-tokenizer .*tok/tokenizer%.bpe", out)
+    assert.is_false(S.exists(tmp .. "/none"))
+  end)
+
   it("a list of data files is checked like any key: file, line, item", function()
     local job = require("transom.job")
     local path = tmp .. "/badlist.lua"

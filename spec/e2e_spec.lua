@@ -335,6 +335,27 @@ describe("the command line", function()
     assert.is_truthy(err:find("'--no-such-option'", 1, true), err)
   end)
 
+  it("a flag given without its value says so, naming the flag (not 'unknown option')", function()
+    for _, c in ipairs({
+      { "run", "base.lua", "--set" }, { "run", "base.lua", "--replicas" }, { "run", "--resume" },
+      { "sample", "RUN", "--tokens" }, { "sample", "RUN", "--prompt" }, { "sample", "RUN", "--seed" },
+      { "sample", "RUN", "--temperature" }, { "export", "RUN", "--hf" }, { "prepare", "a.txt", "-o" },
+      { "prepare", "a.txt", "-o", "out", "--vocab" }, { "prepare", "a.txt", "--tokenizer" },
+      { "prepare", "a.txt", "--val" }, { "prepare", "a.txt", "--shard-tokens" }, { "attach", "RUN", "-e" },
+      { "plot", "RUN", "--size" }, { "plot", "RUN", "-o" }, { "sim", "s.lua", "--seeds" }, { "sim", "s.lua", "--set" },
+    }) do
+      local code, out, err = S.transom(dir, table.unpack(c))
+      local what = table.concat(c, " ") .. ": " .. out .. err
+      assert.are.equal(2, code, what)
+      assert.is_truthy(err:find("transom " .. c[1] .. ": " .. c[#c] .. " needs a value", 1, true), what)
+      assert.is_falsy(err:find("unknown", 1, true), what)
+    end
+    -- a value that looks like a flag is still the value
+    local code, _, err = S.transom(dir, "sample", dir .. "/none", "--prompt", "--tokens")
+    assert.are.equal(1, code, err)
+    assert.is_truthy(err:find("none/job.lua", 1, true), err)
+  end)
+
   it("transom agent refuses a number flag that is not a whole integer in range, naming the flag", function()
     -- no operator is contacted: each case is a usage error (exit 2) before any connect
     local op = { "--operator", "127.0.0.1:1" }

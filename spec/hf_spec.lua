@@ -190,6 +190,75 @@ describe("Hugging Face round trip", function()
       .. "tokens 300%.%.319 would have no embedding", (base:gsub("vocab_size=300", "vocab_size=320")))
   end)
 
+  it("export --hf checks every tensor against job.lua and vocab.json, refuses RUN as DIR, writes DIR whole", function()
+    -- no Python: two tiny byte-level runs, 1 and 2 layers
+    write(tmp .. "/x.txt", assert(read(ROOT .. "/data/fortunes.txt")):sub(1, 20000))
+    local function train(run, layers)
+      local o, code = S.sh(BIN .. " run " .. ROOT .. "/examples/fortunes.lua --set data=" .. tmp .. "/x.txt "
+        .. "--set n_layer=" .. layers .. " --set n_head=1 --set n_embd=16 --set block_size=16 --set batch_size=2 "
+        .. "--set max_steps=2 --set warmup_steps=0 --set threads=1 --set eval_interval=0 --set eval_steps=1 "
+        .. "--set sample_tokens=0 --set run_dir=" .. tmp .. "/" .. run .. " 2>&1")
+      assert.equal(0, code, o)
+    end
+    local function export(run, dir, limit)
+      return S.sh((limit and "trap '' XFSZ; ulimit -f " .. limit .. "; " or "") .. BIN .. " export " .. tmp .. "/"
+        .. run .. " --hf " .. dir .. " 2>&1")
+    end
+    train("x1", 1)
+    train("x2", 2)
+    local hf = tmp .. "/xhf"
+    local out, rc = export("x1", hf)
+    assert.equal(0, rc, out)
+    local pair = { read(hf .. "/config.json"), read(hf .. "/model.safetensors") }
+    local function unchanged() assert.same(pair, { read(hf .. "/config.json"), read(hf .. "/model.safetensors") }) end
+    -- RUN itself (any spelling): refused; the run's weights stay transom's, so sample still works
+    local weights = read(tmp .. "/x2/model.safetensors")
+    for _, dir in ipairs({ tmp .. "/x2", tmp .. "/x2/", tmp .. "/x1/../x2" }) do
+      out, rc = export("x2", dir)
+      assert.equal(1, rc, out)
+      assert.matches("is the directory of the weights .*x2/model%.safetensors.*give another directory", out)
+    end
+    assert.equal(weights, read(tmp .. "/x2/model.safetensors"))
+    out, rc = S.sh(BIN .. " sample " .. tmp .. "/x2 --tokens 5 2>&1")
+    assert.equal(0, rc, out)
+    -- job.lua or vocab.json edited: refused naming the tensor and both shapes; DIR untouched
+    local job, vocab = read(tmp .. "/x2/job.lua"), read(tmp .. "/x2/vocab.json")
+    write(tmp .. "/x2/job.lua", (job:gsub("n_layer = 2,", "n_layer = 3,"):gsub("n_embd = 16,", "n_embd = 64,")))
+    out, rc = export("x2", hf)
+    assert.equal(1, rc, out)
+    assert.matches("x2/model%.safetensors': tensor 'transformer%.wte%.weight' is %[(%d+), 16%], but the run's job and "
+      .. "vocabulary %(n_layer = 3, n_embd = 64, %1 tokens: wte rows %1%) make it %[%1, 64%]", out)
+    write(tmp .. "/x2/job.lua", (job:gsub("n_layer = 2,", "n_layer = 1,")))
+    out, rc = export("x2", hf)
+    assert.equal(1, rc, out)
+    assert.matches("x2/model%.safetensors' holds tensor 'transformer%.h%.1%.[%w_.]+', which the run's job and "
+      .. "vocabulary %(n_layer = 1,", out)
+    write(tmp .. "/x2/job.lua", job)
+    write(tmp .. "/x2/vocab.json", '{"type":"bytes","tokens":[10,32,33,39,44]}')
+    out, rc = export("x2", hf)
+    assert.equal(1, rc, out)
+    assert.matches("tensor 'transformer%.wte%.weight' is %[%d+, 16%], but .*5 tokens: wte rows 5%) make it %[5, 16%]", out)
+    write(tmp .. "/x2/vocab.json", vocab)
+    unchanged()
+    -- a failure part-way (the file size limit lets config.json through, not model.safetensors): the earlier
+    -- export stays as a pair, not x2's config.json beside x1's tensors
+    out, rc = export("x2", hf, 8)
+    assert.equal(1, rc, out)
+    assert.matches("File too large", out)
+    unchanged()
+    assert.equal("xhf\n", S.sh("cd " .. q(tmp) .. " && ls -d xhf*"))
+    -- a directory of other files is refused, untouched
+    assert(os.execute("mkdir -p " .. q(tmp .. "/mine") .. " && echo keep > " .. q(tmp .. "/mine/tokenizer.json")))
+    out, rc = export("x2", tmp .. "/mine")
+    assert.equal(1, rc, out)
+    assert.matches("mine' exists and is not an earlier export %(it holds .*mine/tokenizer%.json%)", out)
+    assert.equal("keep\n", read(tmp .. "/mine/tokenizer.json"))
+    -- and the earlier export is replaced whole
+    out, rc = export("x2", hf)
+    assert.equal(0, rc, out)
+    assert.matches('"n_layer": 2', read(hf .. "/config.json"))
+  end)
+
   it("init_from: a job starts from a transformers GPT-2 and computes its logits", function()
     if not need_py() then return end
     write(tmp .. "/ids.txt", table.concat(IDS, " "))

@@ -284,6 +284,77 @@ return {
     has(err, path, "cannot open")
   end)
 
+  it("names a job file that is a directory (run, run --resume, sample), not the checker's internals", function()
+    local code, out, err = transom(dir, "run", dir)
+    assert.are.equal(2, code, err)
+    assert.are.equal("", out)
+    has(err, dir .. ": cannot read the job file: Is a directory")
+    assert.is_falsy(err:find("schema.lua", 1, true), err)
+    local run = dir .. "/dirjob"
+    assert(os.execute("mkdir -p " .. q(run .. "/job.lua")))
+    code, _, err = transom(dir, "run", "--resume", run)
+    assert.are.equal(2, code, err)
+    has(err, run .. "/job.lua: cannot read the job file: Is a directory")
+    code, _, err = transom(dir, "sample", run)
+    assert.are.equal(1, code, err)
+    has(err, run .. "/job.lua: cannot read the job file: Is a directory")
+    assert.is_falsy(err:find("schema.lua", 1, true), err)
+  end)
+
+  it("names a policy file that is a directory", function()
+    local lua = dir .. "/lua-copy"
+    assert(os.execute("cp -r " .. q(S.ROOT .. "/lua") .. " " .. q(lua) .. " && rm " .. q(lua .. "/policies/checkpoint.lua")
+      .. " && mkdir " .. q(lua .. "/policies/checkpoint.lua")))
+    local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
+    local out, rc = S.sh("TRANSOM_LUA_DIR=" .. q(lua) .. " " .. q(BIN) .. " run " .. q(path))
+    assert.are.equal(2, rc, out)
+    has(out, lua .. "/policies/checkpoint.lua: cannot read the policy file: Is a directory")
+    assert.is_falsy(out:find("load", 1, true), out)
+    assert.is_false(exists(run_dir))
+  end)
+
+  it("names the file, line and key for a table or list with keys it cannot have", function()
+    -- checkpoint = { [1] = 5 }: a key that is not a name (was "schema.lua:24: attempt to index a number value")
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { [1] = 5 },\n}\n")
+    local err = rejected(path, run_dir)
+    has(err, path .. ":3:", "'checkpoint.1' is not a checkpoint field")
+    assert.is_falsy(err:find("schema.lua", 1, true), err)
+    -- a hole in the list (was "job.lua:280: invalid value (nil) at index 2 in table for 'concat'")
+    path, run_dir = job_file("return {\n  run_dir = RUN_DIR,\n  data = { DATA, nil, DATA },\n}\n")
+    err = rejected(path, run_dir)
+    has(err, path .. ":3:", "data[2] is nil: a list has no holes")
+    assert.is_falsy(err:find("concat", 1, true), err)
+    -- a named key beside the files (was silently dropped: the job trained on the list's files alone)
+    path, run_dir = job_file("return {\n  run_dir = RUN_DIR,\n  data = { DATA, extra = DATA },\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "key 'data' must be a list (1..n), found key \"extra\"")
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  val_data = { DATA, [3] = DATA },\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "val_data[2] is nil")
+    -- the same for a list of tables (chaos): its third fault was never injected
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR, replicas = 2,\n"
+      .. "  chaos = { { at_step = 5, replica = 1, fault = 'kill' }, nil, { at_step = 9, replica = 1, fault = 'kill' } },\n}\n")
+    has(rejected(path, run_dir), path .. ":3:", "chaos[2] is nil: a list has no holes")
+  end)
+
+  it("refuses a string with a NUL byte naming the key, and a name that leaves runs/", function()
+    -- tiny jobs: without the checks they train (briefly) instead
+    local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 1,\n"
+      .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
+    -- C reads job strings up to their first NUL: "data.txt\0/etc/passwd" trained on data.txt without a word
+    local path, run_dir = job_file('return {\n  run_dir = RUN_DIR,\n  data = DATA .. "\\0/etc/passwd",\n' .. tiny .. '}\n')
+    has(rejected(path, run_dir), path .. ":3:", "key 'data' holds a NUL byte (byte " .. #data + 1 .. " of ")
+    path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { remote = "a\\0b" },\n' .. tiny
+      .. '}\n')
+    has(rejected(path, run_dir), path .. ":3:", "key 'checkpoint.remote' holds a NUL byte")
+    -- the default run directory is runs/<name>-<time>: "../../x" made it runs/../../x-<time>
+    for _, name in ipairs({ "../../x", "a/b", "..", "/abs" }) do
+      path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  name = ' .. string.format("%q", name)
+        .. ',\n' .. tiny .. '}\n')
+      has(rejected(path, run_dir), path .. ":3:", string.format("name = %q: a run's default directory is runs/", name),
+        "no '/'")
+    end
+    assert.are.equal("a..b", job.load(job_file('return { data = DATA, name = "a..b" }\n')).name)
+  end)
+
   it("rejects a bad --set naming the item", function()
     local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
     has(rejected(path, run_dir, "--set", "lerning_rate=1"), "--set lerning_rate=1", "'lerning_rate'", "'lr'")
@@ -327,6 +398,34 @@ return {
 
     path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = 100,\n}\n")
     has(rejected(path, run_dir), path .. ":3:", "'checkpoint'", "table")
+  end)
+
+  it("refuses, without --resume, a run_dir that already holds a run (its job.lua or checkpoint store)", function()
+    local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 2,\n"
+      .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
+      .. "  checkpoint = { every_steps = 1 },\n"
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    local job1, metrics1 = read(run_dir .. "/job.lua"), read(run_dir .. "/metrics.jsonl")
+    -- a second job into the same directory would reuse the first one's checkpoints
+    code, _, err = transom(dir, "run", path, "--set", "seed=7")
+    assert.are.equal(2, code, err)
+    has(err, "run directory " .. run_dir, run_dir .. "/job.lua", "transom run --resume " .. run_dir, "another run_dir")
+    assert.are.equal(job1, read(run_dir .. "/job.lua"), "the refused run rewrote job.lua")
+    assert.are.equal(metrics1, read(run_dir .. "/metrics.jsonl"), "the refused run rewrote metrics.jsonl")
+    -- the checkpoint store alone is enough
+    os.remove(run_dir .. "/job.lua")
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(2, code, err)
+    has(err, run_dir .. "/ckpt", "--resume")
+    -- a directory that exists but holds no run is fine
+    local other
+    path, other = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(other) .. " && touch " .. q(other .. "/notes.txt")))
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    assert.is_true(exists(other .. "/notes.txt"))
   end)
 
   it("checks --set checkpoint.FIELD=VALUE", function()
@@ -418,7 +517,7 @@ return {
   temperature = 0.1 + 0.2,
   grad_clip = 1,
   eps = 1e-12,
-  sample_prompt = "a\"b\\c\0d\r\n\t\255 ]] .. "]]" .. [[",
+  sample_prompt = "a\"b\\c\1d\r\n\t\255 ]] .. "]]" .. [[", -- \1: a control byte (a NUL is refused)
   lr_decay_steps = 777,
   checkpoint = { every_seconds = 0.1 + 0.2, when_busy = "skip", keep_every = 1000 },
 }

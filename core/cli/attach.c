@@ -14,6 +14,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "util.h"
+
 int attach_main(int argc, char **argv);
 
 static const char usage[] =
@@ -60,12 +62,16 @@ static int exchange(int fd, FILE *in, const char *code) {
 }
 
 int attach_main(int argc, char **argv) {
+  static const char *const value_flags[] = {"-e", NULL};
   const char *run = NULL, *expr = NULL;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       fputs(usage, stdout);
       return 0;
-    } else if (strcmp(argv[i], "-e") == 0 && i + 1 < argc) {
+    } else if (tr_flag_lacks_value(argc, argv, i, value_flags)) {
+      fprintf(stderr, "transom attach: %s needs a value\n%s", argv[i], usage);
+      return 2;
+    } else if (strcmp(argv[i], "-e") == 0) {
       expr = argv[++i];
     } else if (!run && argv[i][0] != '-') {
       run = argv[i];

@@ -69,6 +69,7 @@ static const char sample_usage[] =
     "job's seed.\n";
 
 static int cmd_sample(int argc, char **argv) {
+  static const char *const value_flags[] = {"--prompt", "--tokens", "--seed", "--temperature", NULL};
   const char *run = NULL, *prompt = NULL;
   long long ntok = 200, seed = -1;
   double temp = 1.0;
@@ -78,13 +79,16 @@ static int cmd_sample(int argc, char **argv) {
       fputs(sample_usage, stdout);
       return 0;
     }
-    int has = i + 1 < argc;
-    if (strcmp(a, "--prompt") == 0 && has) prompt = argv[++i];
-    else if (strcmp(a, "--tokens") == 0 && has) {
+    if (tr_flag_lacks_value(argc, argv, i, value_flags)) {
+      fprintf(stderr, "transom sample: %s needs a value (see transom sample --help)\n", a);
+      return 2;
+    }
+    if (strcmp(a, "--prompt") == 0) prompt = argv[++i];
+    else if (strcmp(a, "--tokens") == 0) {
       if (tr_parse_int(argv[++i], 0, 1 << 24, &ntok)) die_usage("sample: --tokens must be an integer in 0..16777216");
-    } else if (strcmp(a, "--seed") == 0 && has) {
+    } else if (strcmp(a, "--seed") == 0) {
       if (tr_parse_int(argv[++i], 0, LLONG_MAX, &seed)) die_usage("sample: --seed must be a non-negative integer");
-    } else if (strcmp(a, "--temperature") == 0 && has) {
+    } else if (strcmp(a, "--temperature") == 0) {
       char *end;
       temp = strtod(argv[++i], &end);
       if (*end || !(temp > 0)) die_usage("sample: --temperature must be a positive number");

@@ -5,13 +5,20 @@
  * an existing tokenizer.bpe is reused; each file is one document, starting
  * with <|endoftext|> as GPT-2's data does. The last --val fraction of the
  * tokens goes to val_*.bin, the rest to train_*.bin, at most --shard-tokens
- * per shard; DIR/tokenizer.bpe is where a job finds it (trainer.c). Called
- * from main.c only; it returns an exit status and never exits itself.
+ * per shard; DIR/tokenizer.bpe is where a job finds it (trainer.c). The
+ * shards and the tokenizer are written into a sibling DIR.tmp-PID that is
+ * renamed into place at the end, so DIR holds one prepare's output whole or
+ * is left as it was; an existing DIR is replaced only when it is empty or an
+ * earlier prepare's output. Called from main.c only; it returns an exit
+ * status and never exits itself.
  */
+#include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bpe.h"
 #include "util.h"
@@ -25,7 +32,10 @@ static const char prepare_usage[] =
     "<|endoftext|> last), or the one in --tokenizer FILE. Each file is a\n"
     "document and starts with <|endoftext|>. --val: the fraction of the\n"
     "tokens that validate (default 0.1); --shard-tokens: tokens per shard\n"
-    "(default 100000000). A job then names the shards:\n"
+    "(default 100000000). --vocab and --tokenizer exclude each other. DIR is\n"
+    "written whole or not at all; an existing DIR must be empty or an earlier\n"
+    "prepare's output (it is then replaced). Both splits must get tokens. A\n"
+    "job then names the shards:\n"
     "\n"
     "  data = \"DIR/train_*.bin\", val_data = \"DIR/val_*.bin\", vocab_size = N\n";
 
@@ -105,19 +115,23 @@ static int encode_docs(const bpe *b, const char *all, const size_t *ends, int n,
 
 static int parse_args(int argc, char **argv, char **files, int *nfiles, shard_out *o, long *vocab,
                       const char **tok, double *val) {
+  static const char *const value_flags[] = {"-o", "--tokenizer", "--vocab", "--val", "--shard-tokens", NULL};
+  int vocab_given = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
-    int has = i + 1 < argc;
     char *end = NULL;
-    if (strcmp(a, "-o") == 0 && has) o->dir = argv[++i];
-    else if (strcmp(a, "--tokenizer") == 0 && has) *tok = argv[++i];
-    else if (strcmp(a, "--vocab") == 0 && has) {
+    if (tr_flag_lacks_value(argc, argv, i, value_flags))
+      return tr_fail(TR_EINVAL, "%s needs a value (see transom prepare --help)", a);
+    if (strcmp(a, "-o") == 0) o->dir = argv[++i];
+    else if (strcmp(a, "--tokenizer") == 0) *tok = argv[++i];
+    else if (strcmp(a, "--vocab") == 0) {
+      vocab_given = 1;
       *vocab = strtol(argv[++i], &end, 10);
       if (*end || *vocab < 257 || *vocab > 65536) return tr_fail(TR_EINVAL, "--vocab must be 257..65536 (uint16 shards)");
-    } else if (strcmp(a, "--val") == 0 && has) {
+    } else if (strcmp(a, "--val") == 0) {
       *val = strtod(argv[++i], &end);
       if (*end || !(*val > 0 && *val < 1)) return tr_fail(TR_EINVAL, "--val must be a fraction in (0, 1)");
-    } else if (strcmp(a, "--shard-tokens") == 0 && has) {
+    } else if (strcmp(a, "--shard-tokens") == 0) {
       o->shard_tokens = strtoll(argv[++i], &end, 10);
       if (*end || o->shard_tokens < 1 || o->shard_tokens > INT32_MAX) /* the header's count is an int32 */
         return tr_fail(TR_EINVAL, "--shard-tokens must be 1..%d (an llm.c header counts tokens in an int32)", INT32_MAX);
@@ -128,7 +142,79 @@ static int parse_args(int argc, char **argv, char **files, int *nfiles, shard_ou
     }
   }
   if (!*nfiles || !o->dir) return tr_fail(TR_EINVAL, "text files and -o DIR are required (see transom prepare --help)");
+  if (vocab_given && *tok)
+    return tr_fail(TR_EINVAL, "--vocab %ld with --tokenizer %s: the tokenizer brings its own vocabulary (--vocab "
+                   "sizes a new one); give one of them", *vocab, *tok);
   return TR_OK;
+}
+
+/* --- the output directory: built beside it, renamed into place --- */
+
+/* A file prepare writes (tokenizer.bpe, train_NNNNNN.bin, val_NNNNNN.bin),
+ * or the .tmp of one that a killed prepare left. */
+static int is_prepare_file(const char *name) {
+  size_t n = strlen(name);
+  if (n > 4 && strcmp(name + n - 4, ".tmp") == 0) n -= 4;
+  if (n == 13 && strncmp(name, "tokenizer.bpe", 13) == 0) return 1;
+  const char *digits = strncmp(name, "train_", 6) == 0 ? name + 6 : strncmp(name, "val_", 4) == 0 ? name + 4 : NULL;
+  if (!digits || name + n - digits != 10 || strncmp(digits + 6, ".bin", 4) != 0) return 0;
+  for (int i = 0; i < 6; i++)
+    if (digits[i] < '0' || digits[i] > '9') return 0;
+  return 1;
+}
+
+/* Whether dir may be replaced: absent, an empty directory or an earlier
+ * prepare's output (tokenizer.bpe and shards, nothing else) is fine;
+ * anything else is TR_EINVAL naming what is in the way. */
+static int check_out_dir(const char *dir) {
+  struct stat st;
+  if (stat(dir, &st) != 0) return errno == ENOENT ? TR_OK : tr_fail(TR_EIO, "-o %s: %s", dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return tr_fail(TR_EINVAL, "-o %s: exists and is not a directory", dir);
+  DIR *d = opendir(dir);
+  if (!d) return tr_fail(TR_EIO, "-o %s: %s", dir, strerror(errno));
+  char other[256] = "";
+  int files = 0, tokenizer = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    files++;
+    tokenizer |= strcmp(e->d_name, "tokenizer.bpe") == 0;
+    if (!other[0] && !is_prepare_file(e->d_name)) snprintf(other, sizeof other, "%s", e->d_name);
+  }
+  closedir(d);
+  if (files == 0 || (tokenizer && !other[0])) return TR_OK;
+  char why[PATH_MAX + 300];
+  if (other[0]) snprintf(why, sizeof why, "it holds %s/%s", dir, other);
+  else snprintf(why, sizeof why, "shards without a tokenizer.bpe");
+  return tr_fail(TR_EINVAL, "-o %s: the directory exists and is not an earlier prepare's output (%s): give a new "
+                 "directory, or remove this one", dir, why);
+}
+
+/* --- the command --- */
+
+/* The text read and encoded: *b the tokenizer (trained, or --tokenizer's),
+ * *ids the tokens of every document. */
+static int tokenize(char **files, int nfiles, size_t *ends, long vocab, const char *tokfile, char **all,
+                    size_t *len, bpe **b, int32_t **ids, int64_t *n) {
+  if (!(*all = read_all(files, nfiles, len, ends))) return TR_EIO;
+  if (*len == 0)
+    return tr_fail(TR_EINVAL, "no text to tokenize: %s%s empty", nfiles == 1 ? files[0] : "the files",
+                   nfiles == 1 ? " is" : " are all");
+  *b = tokfile ? bpe_load(tokfile) : bpe_train(*all, *len, (int)vocab);
+  if (!*b) return TR_EINVAL;
+  if (bpe_vocab_size(*b) > 65536)
+    return tr_fail(TR_EINVAL, "'%s': more than 65536 tokens (uint16 shards)", tokfile);
+  return encode_docs(*b, *all, ends, nfiles, ids, n);
+}
+
+/* The shards and the tokenizer into o->dir (the temporary directory). */
+static int write_out(shard_out *o, const bpe *b, const int32_t *ids, int64_t n, int64_t nval) {
+  char path[PATH_MAX];
+  int rc = tr_mkdirs(o->dir);
+  if (!rc) rc = write_shards(o, 0, ids, n - nval);
+  if (!rc) rc = write_shards(o, 1, ids + n - nval, nval);
+  snprintf(path, sizeof path, "%s/tokenizer.bpe", o->dir);
+  if (!rc) rc = bpe_save(b, path);
+  return rc;
 }
 
 int prepare_main(int argc, char **argv) {
@@ -137,39 +223,46 @@ int prepare_main(int argc, char **argv) {
       fputs(prepare_usage, stdout);
       return 0;
     }
-  char **files = calloc((size_t)argc + 1, sizeof *files);
+  char **files = calloc((size_t)argc + 1, sizeof *files), dir[PATH_MAX - 32], tmp[PATH_MAX];
   size_t *ends = calloc((size_t)argc + 1, sizeof *ends);
   shard_out o = {NULL, 100000000, {0, 0}};
   long vocab = 4096;
   const char *tokfile = NULL;
   double val = 0.1;
   int nfiles = 0;
-  if (!files || !ends || parse_args(argc, argv, files, &nfiles, &o, &vocab, &tokfile, &val)) {
+  int rc = files && ends ? parse_args(argc, argv, files, &nfiles, &o, &vocab, &tokfile, &val)
+                         : tr_fail(TR_ENOMEM, "out of memory");
+  if (!rc && (rc = tr_dir_paths(o.dir, dir, sizeof dir, tmp, sizeof tmp))) tr_fail_prefix(rc, "-o");
+  if (!rc) rc = check_out_dir(dir);
+  if (rc) {
     fprintf(stderr, "transom prepare: %s\n", tr_error());
     free(files);
     free(ends);
     return 2;
   }
   size_t len = 0;
-  char *all = read_all(files, nfiles, &len, ends), path[PATH_MAX];
+  char *all = NULL;
   bpe *b = NULL;
   int32_t *ids = NULL;
   int64_t n = 0;
-  int rc = all ? tr_mkdirs(o.dir) : TR_EIO;
-  if (!rc) b = tokfile ? bpe_load(tokfile) : bpe_train(all, len, (int)vocab);
-  if (!rc && !b) rc = TR_EINVAL;
-  if (!rc && bpe_vocab_size(b) > 65536) rc = tr_fail(TR_EINVAL, "'%s': more than 65536 tokens (uint16 shards)", tokfile);
-  if (!rc) rc = encode_docs(b, all, ends, nfiles, &ids, &n);
-  int64_t nval = (int64_t)((double)n * val);
-  if (!rc) rc = write_shards(&o, 0, ids, n - nval);
-  if (!rc) rc = write_shards(&o, 1, ids + n - nval, nval);
-  snprintf(path, sizeof path, "%s/tokenizer.bpe", o.dir);
-  if (!rc) rc = bpe_save(b, path);
+  rc = tokenize(files, nfiles, ends, vocab, tokfile, &all, &len, &b, &ids, &n);
+  int64_t nval = (int64_t)((double)n * val); /* a job's val_data glob must match a shard, and data too */
+  if (!rc && (nval == 0 || nval == n))
+    rc = tr_fail(TR_EINVAL, "%zu bytes of text are %lld tokens, and --val %g of them leaves %s: give more text or "
+                 "a %s --val", len, (long long)n, val, nval ? "no train tokens" : "no val tokens (no val_*.bin)",
+                 nval ? "smaller" : "larger");
+  if (!rc) {
+    o.dir = tmp;
+    rc = write_out(&o, b, ids, n, nval);
+    if (!rc) rc = tr_dir_replace(tmp, dir);
+    if (rc) tr_remove_flat(tmp); /* nothing half-written: dir is as it was */
+  }
   if (!rc)
-    printf("%zu bytes -> %lld tokens (%.2f bytes/token): %d train and %d val shards, tokenizer of %lld tokens in %s\n"
-           "a job reads them with:\n  data = \"%s/train_*.bin\", val_data = \"%s/val_*.bin\", vocab_size = %lld,\n",
-           len, (long long)n, n ? (double)len / (double)n : 0.0, o.next[0], o.next[1], (long long)bpe_vocab_size(b),
-           path, o.dir, o.dir, (long long)bpe_vocab_size(b));
+    printf("%zu bytes -> %lld tokens (%.2f bytes/token): %d train and %d val shards, tokenizer of %lld tokens in "
+           "%s/tokenizer.bpe\na job reads them with:\n  data = \"%s/train_*.bin\", val_data = \"%s/val_*.bin\", "
+           "vocab_size = %lld,\n",
+           len, (long long)n, (double)len / (double)n, o.next[0], o.next[1], (long long)bpe_vocab_size(b), dir, dir,
+           dir, (long long)bpe_vocab_size(b));
   else fprintf(stderr, "transom prepare: %s\n", tr_error());
   bpe_free(b);
   free(ids);

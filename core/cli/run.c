@@ -8,10 +8,12 @@
  *   transom run JOB.lua [--set key=value]...
  *   transom run --resume RUN [--set key=value]...
  *
- * Errors before training (bad job, bad data, unwritable run directory) exit
- * 2 with nothing written; SIGINT/SIGTERM checkpoint now and exit 0, so
+ * Errors before training (bad job, bad data, unwritable run directory, a
+ * run directory that holds an earlier run without --resume) exit 2 with
+ * nothing written; SIGINT/SIGTERM checkpoint now and exit 0, so
  * `--resume` carries on exactly where the run stopped.
  */
+#include <dirent.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -54,7 +56,8 @@ static const char run_usage[] =
     "as checkpoint.every_steps=1). Output goes to the run directory: job.lua\n"
     "(resolved job), vocab.json, metrics.jsonl, events.jsonl, ckpt/ (LMDB\n"
     "checkpoints), model.safetensors. SIGINT/SIGTERM checkpoint and stop;\n"
-    "--resume RUN continues from the newest intact checkpoint.\n"
+    "--resume RUN continues from the newest intact checkpoint. Without\n"
+    "--resume, a run directory that holds a run (job.lua, ckpt/) is refused.\n"
     "\n"
     "Job keys (name, type, default, meaning):\n";
 
@@ -217,6 +220,7 @@ typedef struct {
 /* The command line into a; 0 to go on, or the exit status (help: 0 with
  * *done set). */
 static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *done) {
+  static const char *const value_flags[] = {"--set", "--replicas", "--resume", NULL};
   *done = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -224,15 +228,18 @@ static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *don
       job_help(L);
       *done = 1;
       return 0;
-    } else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
+    } else if (tr_flag_lacks_value(argc, argv, i, value_flags)) {
+      fprintf(stderr, "transom run: %s needs a value (see transom run --help)\n", argv[i]);
+      return 2;
+    } else if (strcmp(argv[i], "--set") == 0) {
       a->sets[a->nsets++] = argv[++i];
     } else if (strncmp(argv[i], "--set=", 6) == 0) {
       a->sets[a->nsets++] = argv[i] + 6;
-    } else if (strcmp(argv[i], "--replicas") == 0 && i + 1 < argc) {
+    } else if (strcmp(argv[i], "--replicas") == 0) {
       static char rep[64];
       snprintf(rep, sizeof rep, "replicas=%s", argv[++i]);
       a->sets[a->nsets++] = rep;
-    } else if (strcmp(argv[i], "--resume") == 0 && i + 1 < argc) {
+    } else if (strcmp(argv[i], "--resume") == 0) {
       a->resume = argv[++i];
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "transom run: unknown option '%s' (see transom run --help)\n", argv[i]);
@@ -315,6 +322,28 @@ static void choose_dir(run_ctx *r) {
   snprintf(r->dir, sizeof r->dir, "runs/%s-%s", r->cfg.name, stamp);
   for (int i = 2; access(r->dir, F_OK) == 0 && i < 1000; i++)
     snprintf(r->dir, sizeof r->dir, "runs/%s-%s-%d", r->cfg.name, stamp, i);
+}
+
+/* Without --resume the run directory must hold no earlier run: its job.lua
+ * or checkpoint store (ckpt/, a pipeline's ckpt-stage-N/) would be reused, and
+ * a later --resume would load the old run's checkpoints under this job. Any
+ * other file there is left alone. Returns 0 or TR_EINVAL (message set). */
+static int check_new_dir(const run_ctx *r) {
+  char found[PATH_MAX] = "";
+  static const char *const own[] = {"job.lua", "ckpt"};
+  for (size_t i = 0; i < sizeof own / sizeof own[0] && !found[0]; i++) {
+    snprintf(found, sizeof found, "%s/%s", r->dir, own[i]);
+    if (access(found, F_OK) != 0) found[0] = 0;
+  }
+  DIR *d = found[0] ? NULL : opendir(r->dir);
+  for (struct dirent *e; d && !found[0] && (e = readdir(d));)
+    if (strncmp(e->d_name, "ckpt-stage-", 11) == 0) snprintf(found, sizeof found, "%s/%s", r->dir, e->d_name);
+  if (d) closedir(d);
+  if (!found[0]) return 0;
+  return tr_fail(TR_EINVAL,
+                 "run directory %s already holds a run (%s): continue it with `transom run --resume %s`, or give "
+                 "another run_dir (or remove this one)",
+                 r->dir, found, r->dir);
 }
 
 /* Everything that can fail before training, before anything is written:
@@ -449,6 +478,11 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   }
   choose_dir(&r);
   int resume = a.resume != NULL;
+  if (!resume && check_new_dir(&r)) {
+    fprintf(stderr, "transom: %s\n", tr_error());
+    close_run(&r);
+    return 2;
+  }
   if (resume && r.cfg.ckpt_every_steps == 0 && r.cfg.ckpt_every_seconds == 0) {
     fprintf(stderr, "transom: resume: checkpoints are off in this job (%s): nothing to resume from\n", r.cfg.path);
     close_run(&r);

@@ -435,13 +435,17 @@ typedef struct {
 
 /* 0 ok, 1 printed help, 2 bad usage. */
 static int parse_args(int argc, char **argv, sim_args *a) {
+  static const char *const value_flags[] = {"--set", "-o", "--seeds", NULL};
   for (int i = 0; i < argc; i++) {
     const char *x = argv[i];
-    int has = i + 1 < argc;
     if (strcmp(x, "--help") == 0 || strcmp(x, "-h") == 0) return 1;
-    if (strcmp(x, "--set") == 0 && has) a->sets[a->nsets++] = argv[++i];
-    else if (strcmp(x, "-o") == 0 && has) a->plot = argv[++i];
-    else if (strcmp(x, "--seeds") == 0 && has) {
+    if (tr_flag_lacks_value(argc, argv, i, value_flags)) {
+      fprintf(stderr, "transom sim: %s needs a value (see transom sim --help)\n", x);
+      return 2;
+    }
+    if (strcmp(x, "--set") == 0) a->sets[a->nsets++] = argv[++i];
+    else if (strcmp(x, "-o") == 0) a->plot = argv[++i];
+    else if (strcmp(x, "--seeds") == 0) {
       char *end;
       a->seeds = strtoll(argv[++i], &end, 10);
       if (*end || a->seeds < 1 || a->seeds > 1000) {

@@ -3,11 +3,14 @@
  * job key init_from. */
 #include "hf.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "safetensors.h"
 #include "util.h"
@@ -47,43 +50,129 @@ static int write_config(const char *dir, const hf_shape *s, int64_t n_positions)
   return tr_write_file_atomic(path, buf, (size_t)n);
 }
 
-int hf_export(const char *weights, const hf_shape *s, const char *dir) {
-  st_file f;
-  int rc = safetensors_open(&f, weights);
+/* "[58, 16]" */
+static void shape_str(char *out, size_t n, int ndim, const int64_t *dim) {
+  size_t k = (size_t)snprintf(out, n, "[");
+  for (int i = 0; i < ndim && k < n; i++)
+    k += (size_t)snprintf(out + k, n - k, "%s%lld", i ? ", " : "", (long long)dim[i]);
+  if (k < n) snprintf(out + k, n - k, "]");
+}
+
+/* The weights against the model the run's job and vocabulary make (g): each
+ * of g's parameters in the file, F32, of g's shape, and nothing else there.
+ * The error names the file, the tensor and both shapes. */
+static int check_weights(const st_file *f, const char *weights, const graph *g, const hf_shape *s) {
+  char model[256], want[128], got[128];
+  int wte = graph_find(g, "transformer.wte.weight");
+  tensor_desc d = {0};
+  if (wte >= 0) graph_tensor(g, wte, &d);
+  int64_t rows = d.dim[0];
+  if (rows < s->vocab_size) /* the model's wte is padded up from the vocabulary, never cut */
+    return tr_fail(TR_EINVAL, "the model's wte has %lld rows, fewer than the vocabulary's %lld tokens",
+                   (long long)rows, (long long)s->vocab_size);
+  snprintf(model, sizeof model, "the run's job and vocabulary (n_layer = %lld, n_embd = %lld, %lld tokens: wte rows "
+           "%lld)", (long long)s->n_layer, (long long)s->n_embd, (long long)s->vocab_size, (long long)rows);
+  for (int i = 0; i < graph_ntensors(g); i++) {
+    graph_tensor(g, i, &d);
+    if (d.kind != TK_PARAM) continue;
+    const st_entry *e = safetensors_find(f, d.name);
+    if (!e) return tr_fail(TR_EFORMAT, "'%s' has no tensor '%s', which %s make", weights, d.name, model);
+    if (strcmp(e->dtype, "F32") != 0)
+      return tr_fail(TR_EFORMAT, "'%s': tensor '%s' is %s; only F32 exports", weights, e->name, e->dtype);
+    shape_str(want, sizeof want, d.ndim, d.dim);
+    shape_str(got, sizeof got, e->ndim, e->dim);
+    if (strcmp(want, got) != 0)
+      return tr_fail(TR_EFORMAT, "'%s': tensor '%s' is %s, but %s make it %s: the weights are not that model's",
+                     weights, e->name, got, model, want);
+  }
+  for (int i = 0; i < f->n; i++) {
+    int t = graph_find(g, f->entries[i].name);
+    if (t >= 0) graph_tensor(g, t, &d);
+    if (t < 0 || d.kind != TK_PARAM)
+      return tr_fail(TR_EFORMAT, "'%s' holds tensor '%s', which %s do not make", weights, f->entries[i].name, model);
+  }
+  return TR_OK;
+}
+
+/* Whether dir may take the export: not the weights' own directory (the
+ * export would overwrite them), and absent, empty or an earlier export
+ * (config.json, model.safetensors and their .tmp leftovers, nothing else). */
+static int check_out_dir(const char *weights, const char *dir) {
+  char a[PATH_MAX], b[PATH_MAX], parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", weights);
+  char *slash = strrchr(parent, '/');
+  if (slash) slash[slash == parent] = 0;
+  else snprintf(parent, sizeof parent, ".");
+  if (realpath(dir, a) && realpath(parent, b) && strcmp(a, b) == 0)
+    return tr_fail(TR_EINVAL, "'%s' is the directory of the weights '%s': the export would overwrite them with the "
+                   "Hugging Face layout; give another directory", dir, weights);
+  struct stat st;
+  if (stat(dir, &st) != 0) return errno == ENOENT ? TR_OK : tr_fail(TR_EIO, "'%s': %s", dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return tr_fail(TR_EINVAL, "'%s' exists and is not a directory", dir);
+  DIR *dd = opendir(dir);
+  if (!dd) return tr_fail(TR_EIO, "'%s': %s", dir, strerror(errno));
+  static const char *const ours[] = {"config.json", "model.safetensors", "config.json.tmp", "model.safetensors.tmp",
+                                     ".", ".."};
+  char other[256] = "";
+  for (struct dirent *e; !other[0] && (e = readdir(dd));) {
+    int mine = 0;
+    for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++) mine |= strcmp(e->d_name, ours[i]) == 0;
+    if (!mine) snprintf(other, sizeof other, "%s", e->d_name);
+  }
+  closedir(dd);
+  if (!other[0]) return TR_OK;
+  return tr_fail(TR_EINVAL, "'%s' exists and is not an earlier export (it holds %s/%s): give a new directory, or "
+                 "remove this one", dir, dir, other);
+}
+
+/* The Hugging Face tensors of the file f (validated) into ts: Conv1D
+ * weights transposed into bufs, wte cut to the vocabulary; *nt of them. */
+static int hf_tensors(const st_file *f, const hf_shape *s, st_tensor *ts, int64_t (*dims)[ST_MAX_DIMS], float **bufs,
+                      int *nt, int64_t *n_positions) {
+  for (int i = 0; i < f->n; i++) {
+    const st_entry *e = &f->entries[i];
+    const float *src = (const float *)(f->data + e->begin);
+    memcpy(dims[i], e->dim, sizeof e->dim);
+    ts[i] = (st_tensor){e->name, src, e->ndim, dims[i]};
+    if (strcmp(e->name, "transformer.wte.weight") == 0) {
+      dims[i][0] = s->vocab_size; /* the padding rows stay behind */
+    } else if (strcmp(e->name, "transformer.wpe.weight") == 0) {
+      *n_positions = e->dim[0];
+    } else if (is_conv1d(e->name) && e->ndim == 2) {
+      if (!(bufs[i] = malloc(e->end - e->begin))) return tr_fail(TR_ENOMEM, "out of memory");
+      transpose(bufs[i], src, e->dim[0], e->dim[1]);
+      dims[i][0] = e->dim[1];
+      dims[i][1] = e->dim[0];
+      ts[i].data = bufs[i];
+    }
+    *nt = i + 1;
+  }
+  return TR_OK;
+}
+
+int hf_export(const char *weights, const graph *g, const hf_shape *s, const char *dir) {
+  char out[PATH_MAX - 64], tmp[PATH_MAX - 32], path[PATH_MAX];
+  int rc = tr_dir_paths(dir, out, sizeof out, tmp, sizeof tmp);
+  if (!rc) rc = check_out_dir(weights, out);
   if (rc) return rc;
+  st_file f;
+  if ((rc = safetensors_open(&f, weights))) return rc;
   st_tensor *ts = calloc((size_t)f.n + 1, sizeof *ts);
   int64_t(*dims)[ST_MAX_DIMS] = calloc((size_t)f.n + 1, sizeof *dims);
   float **bufs = calloc((size_t)f.n + 1, sizeof *bufs);
   int64_t n_positions = 0;
   int nt = 0;
-  if (!ts || !dims || !bufs) rc = tr_fail(TR_ENOMEM, "out of memory");
-  for (int i = 0; i < f.n && !rc; i++) {
-    const st_entry *e = &f.entries[i];
-    const float *src = (const float *)(f.data + e->begin);
-    if (strcmp(e->dtype, "F32") != 0 || e->ndim < 1) continue;
-    memcpy(dims[nt], e->dim, sizeof e->dim);
-    ts[nt] = (st_tensor){e->name, src, e->ndim, dims[nt]};
-    if (strcmp(e->name, "transformer.wte.weight") == 0) {
-      if (e->dim[0] < s->vocab_size) rc = tr_fail(TR_EFORMAT, "'%s': wte has fewer rows than the vocabulary", weights);
-      dims[nt][0] = s->vocab_size; /* the padding rows stay behind */
-    } else if (strcmp(e->name, "transformer.wpe.weight") == 0) {
-      n_positions = e->dim[0];
-    } else if (is_conv1d(e->name) && e->ndim == 2) {
-      if (!(bufs[nt] = malloc(e->end - e->begin))) rc = tr_fail(TR_ENOMEM, "out of memory");
-      else transpose(bufs[nt], src, e->dim[0], e->dim[1]);
-      dims[nt][0] = e->dim[1];
-      dims[nt][1] = e->dim[0];
-      ts[nt].data = bufs[nt];
-    }
-    nt++;
-  }
+  rc = ts && dims && bufs ? check_weights(&f, weights, g, s) : tr_fail(TR_ENOMEM, "out of memory");
+  if (!rc) rc = hf_tensors(&f, s, ts, dims, bufs, &nt, &n_positions);
   if (!rc && !n_positions) rc = tr_fail(TR_EFORMAT, "'%s' is not a transom GPT (no transformer.wpe.weight)", weights);
-  if (!rc) rc = tr_mkdirs(dir);
-  if (!rc) rc = write_config(dir, s, n_positions);
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  /* both files into the sibling tmp, which then replaces out whole: they land as a pair */
+  if (!rc) rc = tr_mkdirs(tmp);
+  if (!rc) rc = write_config(tmp, s, n_positions);
+  snprintf(path, sizeof path, "%s/model.safetensors", tmp);
   const char *meta[] = {"transom.export", "hf-gpt2", NULL};
   if (!rc) rc = safetensors_write(path, ts, nt, meta);
+  if (!rc) rc = tr_dir_replace(tmp, out);
+  if (rc) tr_remove_flat(tmp);
   for (int i = 0; i < nt; i++) free(bufs[i]);
   free(bufs);
   free(dims);

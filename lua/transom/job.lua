@@ -181,10 +181,7 @@ local function load_policy(name)
   local path = dir and dir ~= "" and dir .. "/policies/" .. name .. ".lua"
     or package.searchpath("policies." .. name, package.path)
   if not path then fail("policies/" .. name .. ".lua", nil, "cannot find the policy file on package.path") end
-  local f, err = io.open(path, "rb")
-  if not f then fail(path, nil, "cannot open policy file: %s", err) end
-  local src = f:read("a")
-  f:close()
+  local src = schema.read_source(path, "policy file")
   local chunk, cerr = load(src, "@" .. path, "t", {})
   if not chunk then error({ msg = cerr, source = path }, 0) end
   local ok, t = pcall(chunk)
@@ -198,10 +195,14 @@ check_list = function(f, v, at)
   local key = f[1]
   if type(v) ~= "table" then at(key)("key '%s' must be a list of tables, got %s", key, describe(v)) end
   local fields = by_key(f.fields)
-  local out = {}
+  local out, n = {}, 0
   for k in pairs(v) do
-    if math.type(k) ~= "integer" or k < 1 or k > #v then at(key)("key '%s' must be a list (1..n), found key %s", key,
-        tostring(k)) end
+    if math.type(k) ~= "integer" or k < 1 then at(key)("key '%s' must be a list (1..n), found key %s", key,
+        type(k) == "string" and string.format("%q", k) or tostring(k)) end
+    n = n + 1
+  end
+  for i = 1, n do
+    if v[i] == nil then at(key)("%s[%d] is nil: a list has no holes (keys 1..n)", key, i) end
   end
   for i, item in ipairs(v) do
     if type(item) ~= "table" then at(key)("%s[%d] must be a table, got %s", key, i, describe(item)) end
@@ -237,7 +238,7 @@ local function check_table(f, v, at)
   for k, dv in pairs(defaults) do out[k] = dv end
   for k, ov in pairs(v or {}) do
     if type(k) ~= "string" or not fields[k] then
-      at(k)("key '%s.%s' is not a %s field (known: %s)", key, tostring(k), key,
+      at(type(k) == "string" and k or key)("key '%s.%s' is not a %s field (known: %s)", key, tostring(k), key,
         table.concat((function() local n = {} for _, x in ipairs(f.fields) do n[#n + 1] = x[1] end return n end)(), ", "))
     end
     out[k] = ov
@@ -272,12 +273,22 @@ function M.check(job, origin)
   end
   for _, key in ipairs({ "data", "val_data" }) do -- a list of files: one string, a file or glob a line
     local v = job[key]
-    if type(v) == "table" then
-      for i, x in ipairs(v) do
+    if type(v) == "table" then -- every key 1..n, no hole, nothing else: no file is silently dropped
+      local n = 0
+      for k in pairs(v) do
+        if math.type(k) ~= "integer" or k < 1 then
+          at(key)("key '%s' must be a list (1..n), found key %s", key, type(k) == "string" and string.format("%q", k)
+            or tostring(k))
+        end
+        n = n + 1
+      end
+      for i = 1, n do
+        local x = v[i]
+        if x == nil then at(key)("%s[%d] is nil: a list has no holes (keys 1..n)", key, i) end
         if type(x) ~= "string" then at(key)("%s[%d] must be a string (a file or a glob), got %s", key, i, describe(x)) end
       end
-      if #v == 0 then at(key)("key '%s' is an empty list", key) end
-      job[key] = table.concat(v, "\n")
+      if n == 0 then at(key)("key '%s' is an empty list", key) end
+      job[key] = table.concat(v, "\n", 1, n)
     end
   end
   for _, f in ipairs(SCHEMA) do
@@ -299,6 +310,10 @@ function M.check(job, origin)
     end
   end
   -- fields that constrain each other
+  if job.name and (job.name:find("/", 1, true) or job.name == "." or job.name == "..") then
+    at("name")("name = %q: a run's default directory is runs/<name>-<time>, so the name must be one directory "
+      .. "name (no '/', not '.' or '..'); run_dir puts a run anywhere", job.name)
+  end
   job.max_replicas = job.max_replicas or job.replicas
   if job.replicas > job.max_replicas then
     at("max_replicas")("max_replicas = %d is below replicas = %d", job.max_replicas, job.replicas)

@@ -20,7 +20,7 @@ end
 
 -- Line of `key =` in the source text (first occurrence), or nil.
 function M.line_of(src, key)
-  if not src or not key then return nil end
+  if not src or type(key) ~= "string" then return nil end
   local k = key:gsub("%p", "%%%0") -- a literal in patterns
   local n = 0
   for line in (src .. "\n"):gmatch("([^\n]*)\n") do
@@ -93,6 +93,10 @@ function M.check_value(f, v, where)
   if not type_ok(ty, v) then
     where("key '%s' must be %s %s, got %s", key, ty == "integer" and "an" or "a", ty, M.describe(v))
   end
+  local nul = ty == "string" and v:find("\0", 1, true)
+  if nul then -- C reads strings up to their first NUL: the rest would be dropped without a word
+    where("key '%s' holds a NUL byte (byte %d of %d): a string here cannot", key, nul, #v)
+  end
   if f.min and v < f.min then where("key '%s' must be >= %s, got %s", key, tostring(f.min), tostring(v)) end
   local max = f.max or (ty == "integer" and M.INT_MAX or nil)
   if max and v > max then where("key '%s' must be <= %s, got %s", key, tostring(max), tostring(v)) end
@@ -127,14 +131,23 @@ function M.sandbox()
   })
 end
 
+-- The text of the file path; raises a structured error naming it when it
+-- cannot be opened or read (a directory opens, then reads as nil). `what`
+-- names the file in messages ("job file").
+function M.read_source(path, what)
+  local f, err = io.open(path, "rb")
+  if not f then M.fail(path, nil, "cannot open the %s: %s", what, err) end
+  local src, rerr = f:read("a")
+  f:close()
+  if not src then M.fail(path, nil, "cannot read the %s: %s", what, tostring(rerr or "read failed")) end
+  return src
+end
+
 -- Reads path and runs it in a fresh sandbox. Returns what the chunk returned
 -- and the source text; raises a structured error naming the file (and the
 -- line, when Lua gave one). `what` names the file in messages ("job file").
 function M.run_file(path, what)
-  local f, err = io.open(path, "rb")
-  if not f then M.fail(path, nil, "cannot open the %s: %s", what, err) end
-  local src = f:read("a")
-  f:close()
+  local src = M.read_source(path, what)
   -- Lua's messages start "path:line:" (a long path shortened to "...tail");
   -- restore the full path and keep the line as a field too.
   local function lua_error(msg)

@@ -25,9 +25,17 @@ typedef struct {
 
 /* Writes dir/config.json and dir/model.safetensors from transom's weights
  * file `weights` (RUN/model.safetensors), so that
- * GPT2LMHeadModel.from_pretrained(dir) loads it. Creates dir. Errors name
- * the file and tensor. */
-int hf_export(const char *weights, const hf_shape *s, const char *dir);
+ * GPT2LMHeadModel.from_pretrained(dir) loads it. g is the model the run's
+ * job and vocabulary make (its parameters' names and shapes), s their sizes:
+ * every tensor in `weights` must be one of g's parameters, F32, of its shape,
+ * and every parameter must be there (an error names the file, the tensor and
+ * both shapes), so config.json never describes another model than the
+ * tensors. dir must not be the weights' own directory, and must be absent,
+ * empty or an earlier export (only config.json and model.safetensors):
+ * anything else is refused, naming it. Both files are written into a
+ * sibling dir.tmp-PID that then replaces dir whole (tr_dir_replace): on any
+ * error dir is as it was. */
+int hf_export(const char *weights, const graph *g, const hf_shape *s, const char *dir);
 
 /* Fills the parameters of a planned GPT graph from dir/config.json and
  * dir/model.safetensors (names with or without the "transformer." prefix);
