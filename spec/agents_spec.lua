@@ -11,7 +11,9 @@
 -- lost for it), the operator stopped (SIGSTOP) with its socket buffers full:
 -- the agents wait operator_grace for it (and give up after it), and the
 -- operator's host gone silent under external workers (their blocked sends
--- end after operator_grace, a restarted operator adopts them), and the
+-- end after operator_grace, a restarted operator adopts them), the
+-- operator frozen with its workers' sends stuck while a new one starts
+-- (they follow RUN/operator.addr at once and are adopted), and the
 -- job-file errors of `hosts`.
 -- Each case injects the fault for real and asserts what survived. Skipped
 -- with a message only where network namespaces cannot be made (not root).
@@ -321,6 +323,58 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.matches("replicas_agree", ev, 1, true)
     for r = 0, 1 do assert.matches("adopted by the operator at 10.77.0.1:" .. PORT, wlog(r), 1, true) end
     local by = steps_by_worker(run) -- the replayed STEP lines fill what the old operator never got
+    for w = 0, 1 do
+      for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
+      assert.equal(steps, by[w][#by[w]].step)
+    end
+  end)
+
+  -- The operator frozen (SIGSTOP, never continued: a hung process, or its
+  -- host stalled) with 4 KiB socket buffers, its replicas on its own host
+  -- (the first test host), their lines to it piling up unsent; an operator
+  -- started with --resume meanwhile. Before, a worker blocked in its send
+  -- to the frozen one noticed nothing until that send timed out
+  -- (operator_grace): the new operator's adoption window (2 s) had long
+  -- closed and it had started replacements, so the workers were refused
+  -- ("slot in use") and exited 4 after another grace. Now a worker follows
+  -- RUN/operator.addr written anew at once, whatever its old link looks
+  -- like, and the new operator adopts both: no replacement, every step once.
+  it("the operator frozen with the workers' sends stuck, a new one started: it adopts them, no replacement", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(1)
+    small_buffers({ 1 }, 4096)
+    local run, steps = tmp .. "/frozen", 150
+    local opid = S.spawn_rc(job(run, "--set hosts=0 --set max_steps=" .. steps), run .. ".out")
+    assert(wait_step(run, 40), "no progress")
+    local wpid = {}
+    local status = sh(BIN .. " chaos " .. run .. " status")
+    for r = 0, 1 do wpid[r] = tonumber(status:match("replica " .. r .. ": running pid (%d+)")) end
+    assert(wpid[0] and wpid[1], status)
+    sh("kill -STOP " .. opid)
+    -- the frozen operator takes none of their lines: they wait in the workers' send queues
+    assert(S.wait_for(function()
+      for r = 0, 1 do
+        local q = link_bytes(1, wpid[r])
+        if not q or q == 0 then return false end
+      end
+      return true
+    end, 15), "the workers' lines did not pile up behind the frozen operator")
+    local before = #events(run)
+    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 " .. BIN .. " run --resume " .. run, run .. ".out2")
+    local rc = wait_exit(rc_of, T(60))
+    sh("kill -KILL " .. opid)
+    local function wlog(r) return read(run .. "/worker-" .. r .. ".log") or "" end
+    assert.equal(0, rc, (read(run .. ".out2") or "") .. wlog(0) .. wlog(1))
+    local ev = events(run):sub(before + 1)
+    assert.matches("2 of 2 replicas adopted live", ev .. (read(run .. ".out2") or ""), 1, true)
+    assert.is_nil(ev:find('"kind":"spawn"', 1, true), ev)
+    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
+    for r = 0, 1 do
+      assert.matches("(RUN/operator.addr names a restarted operator)", wlog(r), 1, true)
+      assert.matches("adopted by the operator", wlog(r), 1, true)
+    end
+    local by = steps_by_worker(run) -- the replayed STEP lines fill what the frozen operator never took
     for w = 0, 1 do
       for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
       assert.equal(steps, by[w][#by[w]].step)
