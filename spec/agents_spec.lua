@@ -9,7 +9,8 @@
 -- operator while a host is unreachable (a checkpoint and exit 0 in bounded
 -- time), a deadline shorter than the agents' heartbeat interval (no host
 -- lost for it), the operator stopped (SIGSTOP) with its socket buffers full:
--- the agents wait operator_grace for it (and give up after it), and the
+-- the agents wait operator_grace for it (and give up after it), an agent
+-- stopped (SIGTERM) meanwhile hands it its queued lines first, and the
 -- operator's host gone silent under external workers (their blocked sends
 -- end after operator_grace, a restarted operator adopts them), the
 -- operator frozen with its workers' sends stuck while a new one starts
@@ -46,15 +47,16 @@ local function job(run, extra, envs)
     "--set checkpoint.every_steps=20 --set deadline=" .. T(2), extra or "" }, " ")
 end
 
--- an agent on host k, given the job's secret (made by the operator at its start)
+-- an agent on host k, given the job's secret (made by the operator at its
+-- start): its pid, and a function that reads its exit status (nil while it runs)
 local function agent(k, run, extra, envs)
   for _ = 1, N(300) do
     if S.exists(run .. "/secret") then break end
     sleep(0.05)
   end
-  return S.spawn(TH .. " exec " .. NAME .. " " .. k .. " env TRANSOM_TEST_STEP_MS=40 " .. (envs or "") .. " " .. BIN ..
-    " agent --operator 10.77.0.1:" .. PORT .. " --secret-file " .. run .. "/secret --name h" .. k .. " --cores 1 " ..
-    (extra or ""), run .. "-agent" .. k .. ".log")
+  return S.spawn_rc(TH .. " exec " .. NAME .. " " .. k .. " env TRANSOM_TEST_STEP_MS=40 " .. (envs or "") .. " " ..
+    BIN .. " agent --operator 10.77.0.1:" .. PORT .. " --secret-file " .. run .. "/secret --name h" .. k ..
+    " --cores 1 " .. (extra or ""), run .. "-agent" .. k .. ".log")
 end
 
 local events = S.events
@@ -202,6 +204,47 @@ describe("replicas across hosts (transom agent on test hosts)", function()
       q = tonumber(line:match("^%s*%d+%s+(%d+)%s.*pid=" .. pid .. ","))
     end
   end
+
+  -- An agent stopped (SIGTERM: its node drained) while its operator is
+  -- stalled (SIGSTOP) with the socket buffers full: the agent kills its
+  -- worker, whose EXITED line queues behind a link probe the operator has
+  -- not taken. Before, the agent exited at once and dropped what its socket
+  -- had not taken: the operator, going on, saw only the connection close
+  -- and counted the replica lost with its host (host_lost). Now it waits
+  -- (a few seconds at most) for the operator to take its lines, then exits
+  -- 0 as before: the operator hears the worker's real exit.
+  it("an agent stopped while its operator stalls hands over its queued lines before it exits", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    small_buffers({ 2, 3 }, 4096)
+    local run = tmp .. "/agentterm"
+    local opid = S.spawn_rc(job(run), run .. ".out")
+    local apid, arc = agent(2, run)
+    agent(3, run)
+    assert(wait_step(run, 20), "no progress")
+    local v = events(run):match("replica (%d) placed on host h2")
+    assert(v, events(run))
+    sh("kill -STOP " .. opid)
+    -- a link probe stuck behind the stopped operator: more of the agent's
+    -- bytes unsent than its heartbeats ever make
+    assert(S.wait_for(function()
+      local q = link_bytes(2, apid)
+      return q and q >= 1024
+    end, 15), "the agent's bytes did not pile up behind the stopped operator")
+    sh("kill -TERM " .. apid)
+    local function alog() return read(run .. "-agent2.log") or "" end
+    -- its worker stopped, it waits for the operator (before: it was gone)
+    S.wait_for(function() return ended(apid) or alog():find("has not taken", 1, true) end, 10)
+    sh("kill -CONT " .. opid)
+    assert(S.wait_for(arc, 15), "the agent did not exit: " .. alog())
+    assert.equal(0, arc(), alog())
+    assert(wait_event(run, "host_lost[^\n]*host h2", 15), events(run))
+    local ev = events(run)
+    assert.matches('"kind":"replica_failed","detail":"replica ' .. v .. ' killed (signal 9)', ev, 1, true)
+    assert.matches("host h2 (10.77.0.2) lost: its agent's connection closed; 0 replica(s) on it", ev, 1, true)
+    assert.matches("the operator took them", alog(), 1, true)
+  end)
 
   -- The operator stopped (SIGSTOP: its loop stalled, its host alive) with
   -- its buffers full, then continued. Before, an agent whose send moved
