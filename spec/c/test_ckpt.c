@@ -185,7 +185,10 @@ static int flip_tensor_byte(const char *dir, int64_t step, uint32_t tensor, size
 }
 
 /* Commits steps from..to (every `every`) of param/a (n floats at a, which
- * the engine has registered), each with its step's values, one at a time. */
+ * the engine has registered), each with its step's values, one at a time;
+ * with a remote level, each one's remote copy too (the replicator skips a
+ * step committed while it copies an older one: the remote would hold only
+ * some of them). */
 static void commit_steps(ckpt_engine *e, float *a, int64_t n, int64_t from, int64_t to, int64_t every) {
   for (int64_t step = from; step <= to; step += every) {
     fill(a, n, step);
@@ -193,6 +196,7 @@ static void commit_steps(ckpt_engine *e, float *a, int64_t n, int64_t from, int6
     ckpt_snapshot(e, &s);
     ckpt_wait_copy(e);
     ckpt_flush(e);
+    ckpt_wait_remote(e);
   }
 }
 
