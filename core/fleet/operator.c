@@ -461,11 +461,19 @@ static void rollback_drop(operator_state *o) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/ckpt", o->dir);
   int64_t first = -1;
-  int n = ckpt_store_drop_after(path, o->cfg->ckpt_remote, o->rollback_step, &first);
-  if (n < 0)
+  ckpt_level failed;
+  int n = ckpt_store_drop_after(path, o->cfg->ckpt_remote, o->rollback_step, &first, &failed);
+  if (n < 0 && failed == CKPT_LEVEL_REMOTE) /* the local store's went first */
     operator_event(o, o->best_step, -1, "rollback_drop_failed",
-                   "the checkpoints after step %lld stay (a later resume may load them): %s",
+                   "dropping the checkpoints after step %lld failed in the remote level (checkpoint.remote): they "
+                   "stay there (a later resume may load them); the local store's were dropped: %s",
                    (long long)o->rollback_step, tr_error());
+  else if (n < 0) /* nothing was dropped */
+    operator_event(o, o->best_step, -1, "rollback_drop_failed",
+                   "dropping the checkpoints after step %lld failed in the local store: they stay%s (a later "
+                   "resume may load them): %s",
+                   (long long)o->rollback_step,
+                   o->cfg->ckpt_remote[0] ? " in both levels (the remote was not tried)" : "", tr_error());
   else if (n > 0)
     operator_event(o, o->best_step, -1, "checkpoints_dropped",
                    "%d checkpoint(s) after step %lld dropped (from step %lld): the rollback abandoned them", n,
