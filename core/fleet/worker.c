@@ -436,8 +436,9 @@ static int poll_commands(worker *w) {
       if (rc) return rc;
       continue;
     }
+    int overlong = w->rd.len >= PROTO_LINE_MAX; /* read under send_mu: a relink (link_try) replaces rd */
     pthread_mutex_unlock(&w->send_mu);
-    if (rc < 0) return w->rd.len < PROTO_LINE_MAX ? TR_OK : rc; /* nothing waiting */
+    if (rc < 0) return overlong ? rc : TR_OK; /* else nothing waiting */
     if (proto_is(line, "STOP")) {
       w->stop_at = proto_int(line, "at", 1);
     } else if (proto_is(line, "CKPT_NOW")) {
