@@ -1171,21 +1171,22 @@ static int local_drop_after(const char *dir, int64_t step, int64_t **out) {
   return n;
 }
 
-int ckpt_store_drop_after(const char *dir, const char *remote, int64_t step, int64_t *first) {
+int ckpt_store_drop_after(const char *dir, const char *remote, int64_t step, int64_t *first, ckpt_level *failed) {
+  ckpt_level level = CKPT_LEVEL_LOCAL; /* the level a failure is in */
   int64_t *l = NULL, *r = malloc(sizeof *r * 4096);
   int nr = 0, rc = r ? TR_OK : tr_fail(TR_ENOMEM, "out of memory");
-  if (!rc && remote && remote[0]) {
+  int nl = rc ? 0 : local_drop_after(dir, step, &l);
+  if (nl < 0) rc = nl;
+  if (!rc && remote && remote[0]) { /* the remote's steps are listed for the count, then dropped */
+    level = CKPT_LEVEL_REMOTE;
     int all = remote_steps(remote, r, 4096);
     if (all < 0) rc = all;
     for (int i = 0; i < all; i++)
       if (r[i] > step) r[nr++] = r[i];
-  }
-  int nl = rc ? 0 : local_drop_after(dir, step, &l);
-  if (nl < 0) rc = nl;
-  if (!rc && remote && remote[0]) {
-    int k = remote_drop_after(remote, step);
+    int k = rc ? 0 : remote_drop_after(remote, step);
     if (k < 0) rc = k;
   }
+  if (failed) *failed = rc ? level : CKPT_LEVEL_NONE;
   /* the union of the two ascending lists: a step both levels held counts once */
   int n = 0;
   *first = -1;

@@ -9,9 +9,12 @@
 -- operator while a host is unreachable (a checkpoint and exit 0 in bounded
 -- time), a deadline shorter than the agents' heartbeat interval (no host
 -- lost for it), the operator stopped (SIGSTOP) with its socket buffers full:
--- the agents wait operator_grace for it (and give up after it), and the
+-- the agents wait operator_grace for it (and give up after it), an agent
+-- stopped (SIGTERM) meanwhile hands it its queued lines first, and the
 -- operator's host gone silent under external workers (their blocked sends
--- end after operator_grace, a restarted operator adopts them), and the
+-- end after operator_grace, a restarted operator adopts them), the
+-- operator frozen with its workers' sends stuck while a new one starts
+-- (they follow RUN/operator.addr at once and are adopted), and the
 -- job-file errors of `hosts`.
 -- Each case injects the fault for real and asserts what survived. Skipped
 -- with a message only where network namespaces cannot be made (not root).
@@ -44,15 +47,16 @@ local function job(run, extra, envs)
     "--set checkpoint.every_steps=20 --set deadline=" .. T(2), extra or "" }, " ")
 end
 
--- an agent on host k, given the job's secret (made by the operator at its start)
+-- an agent on host k, given the job's secret (made by the operator at its
+-- start): its pid, and a function that reads its exit status (nil while it runs)
 local function agent(k, run, extra, envs)
   for _ = 1, N(300) do
     if S.exists(run .. "/secret") then break end
     sleep(0.05)
   end
-  return S.spawn(TH .. " exec " .. NAME .. " " .. k .. " env TRANSOM_TEST_STEP_MS=40 " .. (envs or "") .. " " .. BIN ..
-    " agent --operator 10.77.0.1:" .. PORT .. " --secret-file " .. run .. "/secret --name h" .. k .. " --cores 1 " ..
-    (extra or ""), run .. "-agent" .. k .. ".log")
+  return S.spawn_rc(TH .. " exec " .. NAME .. " " .. k .. " env TRANSOM_TEST_STEP_MS=40 " .. (envs or "") .. " " ..
+    BIN .. " agent --operator 10.77.0.1:" .. PORT .. " --secret-file " .. run .. "/secret --name h" .. k ..
+    " --cores 1 " .. (extra or ""), run .. "-agent" .. k .. ".log")
 end
 
 local events = S.events
@@ -201,6 +205,47 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     end
   end
 
+  -- An agent stopped (SIGTERM: its node drained) while its operator is
+  -- stalled (SIGSTOP) with the socket buffers full: the agent kills its
+  -- worker, whose EXITED line queues behind a link probe the operator has
+  -- not taken. Before, the agent exited at once and dropped what its socket
+  -- had not taken: the operator, going on, saw only the connection close
+  -- and counted the replica lost with its host (host_lost). Now it waits
+  -- (a few seconds at most) for the operator to take its lines, then exits
+  -- 0 as before: the operator hears the worker's real exit.
+  it("an agent stopped while its operator stalls hands over its queued lines before it exits", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    small_buffers({ 2, 3 }, 4096)
+    local run = tmp .. "/agentterm"
+    local opid = S.spawn_rc(job(run), run .. ".out")
+    local apid, arc = agent(2, run)
+    agent(3, run)
+    assert(wait_step(run, 20), "no progress")
+    local v = events(run):match("replica (%d) placed on host h2")
+    assert(v, events(run))
+    sh("kill -STOP " .. opid)
+    -- a link probe stuck behind the stopped operator: more of the agent's
+    -- bytes unsent than its heartbeats ever make
+    assert(S.wait_for(function()
+      local q = link_bytes(2, apid)
+      return q and q >= 1024
+    end, 15), "the agent's bytes did not pile up behind the stopped operator")
+    sh("kill -TERM " .. apid)
+    local function alog() return read(run .. "-agent2.log") or "" end
+    -- its worker stopped, it waits for the operator (before: it was gone)
+    S.wait_for(function() return ended(apid) or alog():find("has not taken", 1, true) end, 10)
+    sh("kill -CONT " .. opid)
+    assert(S.wait_for(arc, 15), "the agent did not exit: " .. alog())
+    assert.equal(0, arc(), alog())
+    assert(wait_event(run, "host_lost[^\n]*host h2", 15), events(run))
+    local ev = events(run)
+    assert.matches('"kind":"replica_failed","detail":"replica ' .. v .. ' killed (signal 9)', ev, 1, true)
+    assert.matches("host h2 (10.77.0.2) lost: its agent's connection closed; 0 replica(s) on it", ev, 1, true)
+    assert.matches("the operator took them", alog(), 1, true)
+  end)
+
   -- The operator stopped (SIGSTOP: its loop stalled, its host alive) with
   -- its buffers full, then continued. Before, an agent whose send moved
   -- nothing for SEND_TIMEOUT_S (10 s) took the operator for lost: it killed
@@ -325,6 +370,58 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.matches("replicas_agree", ev, 1, true)
     for r = 0, 1 do assert.matches("adopted by the operator at 10.77.0.1:" .. PORT, wlog(r), 1, true) end
     local by = steps_by_worker(run) -- the replayed STEP lines fill what the old operator never got
+    for w = 0, 1 do
+      for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
+      assert.equal(steps, by[w][#by[w]].step)
+    end
+  end)
+
+  -- The operator frozen (SIGSTOP, never continued: a hung process, or its
+  -- host stalled) with 4 KiB socket buffers, its replicas on its own host
+  -- (the first test host), their lines to it piling up unsent; an operator
+  -- started with --resume meanwhile. Before, a worker blocked in its send
+  -- to the frozen one noticed nothing until that send timed out
+  -- (operator_grace): the new operator's adoption window (2 s) had long
+  -- closed and it had started replacements, so the workers were refused
+  -- ("slot in use") and exited 4 after another grace. Now a worker follows
+  -- RUN/operator.addr written anew at once, whatever its old link looks
+  -- like, and the new operator adopts both: no replacement, every step once.
+  it("the operator frozen with the workers' sends stuck, a new one started: it adopts them, no replacement", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(1)
+    small_buffers({ 1 }, 4096)
+    local run, steps = tmp .. "/frozen", 150
+    local opid = S.spawn_rc(job(run, "--set hosts=0 --set max_steps=" .. steps), run .. ".out")
+    assert(wait_step(run, 40), "no progress")
+    local wpid = {}
+    local status = sh(BIN .. " chaos " .. run .. " status")
+    for r = 0, 1 do wpid[r] = tonumber(status:match("replica " .. r .. ": running pid (%d+)")) end
+    assert(wpid[0] and wpid[1], status)
+    sh("kill -STOP " .. opid)
+    -- the frozen operator takes none of their lines: they wait in the workers' send queues
+    assert(S.wait_for(function()
+      for r = 0, 1 do
+        local q = link_bytes(1, wpid[r])
+        if not q or q == 0 then return false end
+      end
+      return true
+    end, 15), "the workers' lines did not pile up behind the frozen operator")
+    local before = #events(run)
+    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 " .. BIN .. " run --resume " .. run, run .. ".out2")
+    local rc = wait_exit(rc_of, T(60))
+    sh("kill -KILL " .. opid)
+    local function wlog(r) return read(run .. "/worker-" .. r .. ".log") or "" end
+    assert.equal(0, rc, (read(run .. ".out2") or "") .. wlog(0) .. wlog(1))
+    local ev = events(run):sub(before + 1)
+    assert.matches("2 of 2 replicas adopted live", ev .. (read(run .. ".out2") or ""), 1, true)
+    assert.is_nil(ev:find('"kind":"spawn"', 1, true), ev)
+    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
+    for r = 0, 1 do
+      assert.matches("(RUN/operator.addr names a restarted operator)", wlog(r), 1, true)
+      assert.matches("adopted by the operator", wlog(r), 1, true)
+    end
+    local by = steps_by_worker(run) -- the replayed STEP lines fill what the frozen operator never took
     for w = 0, 1 do
       for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
       assert.equal(steps, by[w][#by[w]].step)

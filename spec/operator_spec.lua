@@ -2,7 +2,8 @@
 -- from outside (one, two at once, the donor during a catch-up, all of them),
 -- SIGTERM to the operator and --resume, the job's chaos list, restart_all,
 -- kill -9 of the operator itself (a restarted one adopts the live workers;
--- none restarted: they exit after operator_grace).
+-- none restarted: they exit after operator_grace), a rollback whose drop of
+-- the abandoned checkpoints fails in the remote level (chattr +i).
 -- Each case asserts what survived: every step done, no survivor's step going
 -- back, the replacement joined, every replica's parameters equal at the end,
 -- the final validation loss within 2% of a fault-free run.
@@ -668,6 +669,42 @@ describe("operator (3 replicas)", function()
     assert.equal(2, select(2, ev:gsub('"kind":"spawn"', "")), ev) -- none replaced
     local by = steps_by_worker(run)
     for w = 0, 1 do assert.equal(400, by[w][#by[w]], "replica " .. w .. "'s last step recorded") end
+  end)
+
+  -- A rollback whose drop of the checkpoints it abandons fails in the
+  -- remote level only (the remote directory made immutable, chattr +i: as a
+  -- read-only or failing mount would): the local store's go, the remote's
+  -- stay. The rollback_drop_failed event must say which (before: "the
+  -- checkpoints after step N stay", as if neither level had dropped any).
+  it("a rollback whose drop fails in the remote level only: rollback_drop_failed names that level", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, remote = tmp .. "/dropfail", tmp .. "/dropfail-remote"
+    spawn(job(run, "--replicas 2 --set max_steps=3000 --set checkpoint.every_steps=10 " ..
+      "--set checkpoint.keep_last=100 --set checkpoint.remote=" .. remote), tmp .. "/dropfail.log",
+      "TRANSOM_TEST_STEP_MS=20")
+    -- the remote level holds a checkpoint after step 10, the rollback's target
+    assert.is_truthy(S.wait_for(function()
+      local newest = 0
+      for st in sh(BIN .. " ckpt ls " .. remote .. " 2>/dev/null"):gmatch("\n%s*(%d+)%s") do
+        newest = math.max(newest, tonumber(st))
+      end
+      return newest > 10
+    end, 60), "no remote checkpoint after step 10: " .. (read(tmp .. "/dropfail.log") or ""))
+    local _, crc = sh("chattr +i " .. remote)
+    if crc ~= 0 then return pending("chattr +i does not work on " .. remote) end
+    local ok, err = pcall(function()
+      local out, rc = sh(BIN .. " attach " .. run .. " -e 'rollback(10)' 2>&1")
+      assert.equal(0, rc, out)
+      assert.is_truthy(S.wait_for(function() return events(run):find('"kind":"rollback_drop_failed"', 1, true) end, 30),
+        events(run))
+    end)
+    sh("chattr -i " .. remote)
+    if not ok then error(err, 0) end
+    local detail = events(run):match('"kind":"rollback_drop_failed","detail":"([^"]*)"')
+    assert.matches("after step 10 failed in the remote level", detail, 1, true)
+    assert.matches("the local store's were dropped", detail, 1, true)
+    -- and so it was: the remote level still holds a step after 10
+    assert.matches("\n%s*[2-9]%d%s", sh(BIN .. " ckpt ls " .. remote))
   end)
 
   -- The run directory travels to each worker in its WELCOME line, whose

@@ -176,14 +176,21 @@ typedef struct ckpt_reader ckpt_reader;
  * 0 otherwise (no store, a sound one, or another kind of error). Not for a
  * store this process has open. */
 int ckpt_store_damaged(const char *dir);
+/* The levels of a store, as ckpt_store_drop_after names a failed one:
+ * level 2 the local store (LMDB), level 3 the remote copies. */
+typedef enum { CKPT_LEVEL_NONE = 0, CKPT_LEVEL_LOCAL = 2, CKPT_LEVEL_REMOTE = 3 } ckpt_level;
 /* Deletes the checkpoints after step from the local store dir (one
- * transaction) and from the remote level (NULL or "": none): a rollback
+ * transaction), then from the remote level (NULL or "": none): a rollback
  * abandons them, and a later resume must not load the timeline it threw
  * away. Returns how many steps went (a step in both levels counts once)
- * or an error; *first gets the oldest of them. For a store no process
+ * or an error; *first gets the oldest of them. On an error, *failed (NULL:
+ * not wanted) names the level that failed: CKPT_LEVEL_LOCAL, and nothing
+ * was dropped from either level; CKPT_LEVEL_REMOTE, and the local store's
+ * steps after step are gone while the remote level's stay (all, or those
+ * it could not remove). CKPT_LEVEL_NONE on success. For a store no process
  * writes now (the operator, its replicas all stopped), and not one this
  * process has open. */
-int ckpt_store_drop_after(const char *dir, const char *remote, int64_t step, int64_t *first);
+int ckpt_store_drop_after(const char *dir, const char *remote, int64_t step, int64_t *first, ckpt_level *failed);
 /* Opens an existing checkpoint directory read-only (another process may be
  * writing it). Not for a directory this process has open as an engine: use
  * ckpt_engine_reader then (LMDB allows one environment per file per

@@ -14,7 +14,9 @@
  * operator never needs ssh. The operator lost (its connection closed or
  * reset, or none of our bytes taken for operator_grace seconds, which its
  * WELCOME says): the agent stops its workers and exits 1 (a restarted
- * operator needs agents started again); SIGTERM or SIGINT: the same, exit 0.
+ * operator needs agents started again); SIGTERM or SIGINT: the same, exit 0,
+ * once the lines queued for the operator (the stopped workers' EXITED among
+ * them) are taken, STOP_FLUSH_S at most.
  * An operator that stalls (SIGSTOP, a long REPL expression) and resumes
  * within the grace is not lost: once registered, lines go out through a
  * buffer of our own without blocking, and while earlier bytes are still
@@ -70,6 +72,9 @@ int agent_main(int argc, char **argv);
  * WELCOME's grace= (the job's operator_grace, what its workers wait for a
  * restarted one); this where an operator does not say. */
 #define GRACE_DEFAULT_S 60.0
+/* Stopped (SIGTERM, SIGINT): how long the agent waits for the operator to
+ * take what is queued for it (the grace, when the operator's is shorter). */
+#define STOP_FLUSH_S 5.0
 /* Bytes for the operator the socket did not take yet: a probe and, behind
  * it, the STARTED/EXITED lines of every slot many times over. */
 #define OUT_CAP (PROBE_LINES * (PROBE_PAD + 8) + 64 * 1024)
@@ -294,6 +299,29 @@ static size_t look_owed(agent *a, double now) {
   return q;
 }
 
+/* Stopped: the lines queued for the operator, the stopped workers' EXITED
+ * among them, go before the connection closes. It waits until the
+ * operator took every byte (ours and the socket's queue), STOP_FLUSH_S at
+ * most (the grace if shorter): a stalled operator that goes on meanwhile
+ * hears each worker's real exit. (Before, the agent closed at once and what
+ * the socket had not taken was dropped: the operator saw the connection
+ * close and took the replicas for lost with the host.) */
+static void drain(agent *a) {
+  double t0 = tr_now(), bound = a->grace < STOP_FLUSH_S ? a->grace : STOP_FLUSH_S;
+  size_t q = owed(a), first = q;
+  if (q)
+    fprintf(stderr, "agent %s: stopping: %zu bytes the operator has not taken; waiting up to %.0f s for it\n", a->name,
+            q, bound);
+  while (q && !a->lost[0] && tr_now() - t0 < bound) {
+    struct pollfd p = {.fd = a->fd, .events = a->out_len ? POLLOUT : 0}; /* none of ours left: its acks */
+    if (poll(&p, 1, 50) > 0 && (p.revents & (POLLERR | POLLHUP))) break;      /* the connection is gone */
+    flush(a);
+    q = owed(a);
+  }
+  if (q) fprintf(stderr, "agent %s: %zu bytes for the operator dropped (not taken in %.0f s)\n", a->name, q, bound);
+  else if (first) fprintf(stderr, "agent %s: the operator took them\n", a->name);
+}
+
 /* --- workers --- */
 
 static void start_worker(agent *a, const char *line) {
@@ -489,6 +517,7 @@ int agent_main(int argc, char **argv) {
   if (!rc) rc = serve(&a);
   if (rc) fprintf(stderr, "transom agent %s: %s; stopping its workers\n", a.name, tr_error());
   stop_workers(&a);
+  if (!rc) drain(&a); /* stopped, not lost: the operator hears what we queued */
   if (a.fd >= 0) close(a.fd);
   close(pipe_fds[0]);
   close(pipe_fds[1]);

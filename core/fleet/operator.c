@@ -461,11 +461,19 @@ static void rollback_drop(operator_state *o) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/ckpt", o->dir);
   int64_t first = -1;
-  int n = ckpt_store_drop_after(path, o->cfg->ckpt_remote, o->rollback_step, &first);
-  if (n < 0)
+  ckpt_level failed;
+  int n = ckpt_store_drop_after(path, o->cfg->ckpt_remote, o->rollback_step, &first, &failed);
+  if (n < 0 && failed == CKPT_LEVEL_REMOTE) /* the local store's went first */
     operator_event(o, o->best_step, -1, "rollback_drop_failed",
-                   "the checkpoints after step %lld stay (a later resume may load them): %s",
+                   "dropping the checkpoints after step %lld failed in the remote level (checkpoint.remote): they "
+                   "stay there (a later resume may load them); the local store's were dropped: %s",
                    (long long)o->rollback_step, tr_error());
+  else if (n < 0) /* nothing was dropped */
+    operator_event(o, o->best_step, -1, "rollback_drop_failed",
+                   "dropping the checkpoints after step %lld failed in the local store: they stay%s (a later "
+                   "resume may load them): %s",
+                   (long long)o->rollback_step,
+                   o->cfg->ckpt_remote[0] ? " in both levels (the remote was not tried)" : "", tr_error());
   else if (n > 0)
     operator_event(o, o->best_step, -1, "checkpoints_dropped",
                    "%d checkpoint(s) after step %lld dropped (from step %lld): the rollback abandoned them", n,
@@ -774,14 +782,29 @@ static void handle_line(operator_state *o, slot **sp, struct bufferevent *bev, c
   }
 }
 
-typedef struct {
+/* A connection to the workers' port (a worker's or an agent's), from
+ * accept_cb until conn_free; every one is on o->conns, so that teardown
+ * frees those still open when the loop ends (agents stay connected to the
+ * end, a connection we closed may not have seen its EOF yet). */
+typedef struct conn {
   operator_state *o;
+  struct bufferevent *bev;
+  struct conn *prev, *next; /* o->conns */
   slot *s;
   int host; /* an agent's connection: its host; else -1 */
   int authed; /* it answered our challenge with the job secret */
   uint8_t ch[AUTH_CHALLENGE];
   char peer[64];
 } conn;
+
+/* Frees a connection and its bufferevent (closing the socket), off o->conns. */
+static void conn_free(conn *c) {
+  if (c->prev) c->prev->next = c->next;
+  else c->o->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  bufferevent_free(c->bev);
+  free(c);
+}
 
 /* Refused connections are events, but a scanner or a misconfigured client
  * retrying in a loop must not flood events.jsonl: at most AUTH_EVENTS_BURST
@@ -847,10 +870,7 @@ static void conn_read(struct bufferevent *bev, void *arg) {
   size_t n;
   int ok = conn_auth(c, bev, in);
   if (ok <= 0) {
-    if (ok < 0) {
-      bufferevent_free(bev);
-      free(c);
-    }
+    if (ok < 0) conn_free(c);
     return;
   }
   while ((line = evbuffer_readln(in, &n, EVBUFFER_EOL_LF))) {
@@ -894,8 +914,7 @@ static void conn_gone(conn *c, struct bufferevent *bev) {
       else check_finished(c->o);
     }
   }
-  bufferevent_free(bev);
-  free(c);
+  conn_free(c);
 }
 
 /* A worker's connection, closed by us once its process exited. Its last
@@ -945,8 +964,8 @@ static void slot_conn_close(operator_state *o, slot *s) {
   }
   if (s->bev != bev) return; /* a line's handling closed it already */
   s->bev = NULL;
-  bufferevent_free(bev);
-  free(c);
+  if (c) conn_free(c);
+  else bufferevent_free(bev);
 }
 
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg) {
@@ -961,6 +980,10 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     return;
   }
   c->o = o;
+  c->bev = bev;
+  c->next = o->conns;
+  if (o->conns) o->conns->prev = c;
+  o->conns = c;
   c->host = -1;
   c->authed = o->secret.len == 0;
   if (sa && sa->sa_family == AF_INET)
@@ -1327,6 +1350,9 @@ static void verdict(operator_state *o) {
 
 /* Frees what start() made, whatever it got to. */
 static void teardown(operator_state *o) {
+  while (o->conns) conn_free(o->conns); /* the agents' and workers' still open: before the base they live on */
+  for (int i = 0; i < o->nhosts; i++) o->hosts[i].bev = NULL;
+  for (int i = 0; i < o->nslots; i++) o->slots[i].bev = NULL;
   for (int i = 0; i < o->nslots; i++)
     if (o->slots[i].timer) event_free(o->slots[i].timer);
   if (o->tick) event_free(o->tick);

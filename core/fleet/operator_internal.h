@@ -28,6 +28,7 @@ typedef enum { SLOT_EMPTY, SLOT_STARTING, SLOT_RUNNING, SLOT_DONE, SLOT_DEAD, SL
 extern const char *slot_names[];
 
 typedef struct operator_state operator_state;
+struct conn; /* a connection to the workers' port (operator.c) */
 
 /* Restart times kept for the restart policy's windows: a slot's last, the
  * job's last. */
@@ -131,6 +132,7 @@ struct operator_state {
   struct event *adopt_ev;
   host_rec hosts[MAX_HOSTS];  /* agents that registered, alive or not (operator_hosts.c) */
   int nhosts;
+  struct conn *conns;         /* every connection to the workers' port not yet freed (operator.c) */
   int placing;                /* cfg->hosts agents came: replicas are placed on them */
   policy *hosts_pol;          /* hosts.lua (cordon / uncordon), on pol's engine */
   int hosts_state_ref;

@@ -19,7 +19,11 @@
  * no checkpoint (the newest committed one stays). Sends to the operator are
  * bounded (bound_sends): one it takes nothing of for operator_grace seconds
  * (its host gone silent, or stopped that long) fails, and is the link lost
- * like a closed connection; a shorter stall only pauses the sender.
+ * like a closed connection; a shorter stall only pauses the sender. A
+ * restarted operator (RUN/operator.addr written anew) ends the link to the
+ * old one at once, however alive that looks (a send blocked on it, its
+ * buffers still taking bytes): the worker goes to the new one while its
+ * adoption window is open (lock_link).
  *
  * The replica with the lowest slot among the contributors of a step is the
  * leader: the only one that writes checkpoints (all replicas hold the same
@@ -32,6 +36,7 @@
 #define _GNU_SOURCE /* POLLRDHUP */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -43,7 +48,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -70,6 +77,18 @@ typedef struct {
   int64_t ms, steps;
 } chaos;
 
+/* Which RUN/operator.addr the operator of our link wrote: every operator
+ * writes the file anew when it starts (tr_write_file_atomic: a rename, so a
+ * new inode), so a file that is no longer this one names a restarted
+ * operator. known = 0: none was read (an external worker that does not see
+ * the run directory learns of a restart only when its link fails). */
+typedef struct {
+  dev_t dev;
+  ino_t ino;
+  struct timespec mtime;
+  int known;
+} op_file;
+
 typedef struct {
   int slot, threads;
   char op_host[256];
@@ -91,6 +110,11 @@ typedef struct {
   double down_since;
   int addr_from_env;       /* MASTER_ADDR/MASTER_PORT: a restarted operator is there too */
   char run[1024];          /* the run directory (RUN/operator.addr) */
+  /* opfd and op_id change under send_mu and id_mu both; a thread waiting
+   * for send_mu reads them under id_mu alone (lock_link) */
+  pthread_mutex_t id_mu;
+  op_file op_id;           /* the operator.addr of the operator we are linked to */
+  atomic_int superseded;   /* a restarted operator was seen: the link to the old one is shut down */
   char me_donor[300];      /* our donor service, host:port, for HELLO live=1 */
   volatile int64_t cur_step; /* the latest step reported (the link thread's HELLO) */
   char (*replay)[PROTO_LINE_MAX]; /* the last REPLAY STEP lines, a ring */
@@ -126,25 +150,97 @@ static const char *env_any(const char *a, const char *b) {
   return v && *v ? v : NULL;
 }
 
+#define SUPERSEDED "RUN/operator.addr names a restarted operator"
+
 /* The link is down (send_mu held): the training thread pauses at its next
- * step boundary, the link thread looks for a restarted operator. */
-static void link_down(worker *w) {
+ * step boundary, the link thread looks for a restarted operator. why: what
+ * ended it, for the log. */
+static void link_down(worker *w, const char *why) {
   if (w->down) return;
   w->down = 1;
   w->down_since = tr_now();
-  fprintf(stderr, "worker %d: lost the operator at step %lld; waiting up to %.0f s for a restarted one\n", w->slot,
-          (long long)w->cur_step, w->cfg ? w->cfg->operator_grace : 0.0);
+  fprintf(stderr, "worker %d: lost the operator at step %lld (%s); waiting up to %.0f s for a restarted one\n",
+          w->slot, (long long)w->cur_step, w->superseded ? SUPERSEDED : why, w->cfg ? w->cfg->operator_grace : 0.0);
   fflush(stderr);
+}
+
+/* --- a restarted operator --- */
+
+/* RUN/operator.addr: its identity into *id and (n > 0) its first line into
+ * text. 0, or -1 when it cannot be read (id->known = 0). Both come from one
+ * open file, so they belong together. */
+static int op_file_read(const char *run, op_file *id, char *text, size_t n) {
+  char path[1100];
+  snprintf(path, sizeof path, "%s/operator.addr", run);
+  id->known = 0;
+  int fd = run[0] ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+  if (fd < 0) return -1;
+  struct stat st;
+  ssize_t got = 0;
+  int ok = fstat(fd, &st) == 0;
+  while (ok && n > 0 && (got = read(fd, text, n - 1)) < 0 && errno == EINTR) {
+  }
+  close(fd);
+  if (!ok || got < 0 || (n > 0 && got == 0)) return -1;
+  if (n > 0) {
+    text[got] = 0;
+    text[strcspn(text, "\r\n")] = 0;
+  }
+  *id = (op_file){.dev = st.st_dev, .ino = st.st_ino, .mtime = st.st_mtim, .known = 1};
+  return 0;
+}
+
+/* Has an operator started since the one we are linked to? Its
+ * RUN/operator.addr replaced ours. A missing file says nothing (an operator
+ * that ends removes it). send_mu or id_mu held. */
+static int operator_replaced(const worker *w) {
+  op_file now;
+  if (!w->op_id.known || op_file_read(w->run, &now, NULL, 0)) return 0;
+  return now.dev != w->op_id.dev || now.ino != w->op_id.ino || now.mtime.tv_sec != w->op_id.mtime.tv_sec ||
+         now.mtime.tv_nsec != w->op_id.mtime.tv_nsec;
+}
+
+/* Ends the link to an operator a restarted one replaced: shut down, a send
+ * blocked on it fails now (and the old operator sees us go). id_mu held. */
+static void supersede(worker *w) {
+  if (w->superseded) return;
+  w->superseded = 1;
+  shutdown(w->opfd, SHUT_RDWR);
+}
+
+/* How often a thread waiting for send_mu looks at RUN/operator.addr. */
+#define LINK_LOOK_MS 250
+
+/* Takes send_mu, for any thread. Sends block (bounded by operator_grace,
+ * bound_sends) holding it: one blocked on an operator that takes nothing
+ * (stopped, hung, its host silent) would keep every other thread here for
+ * the whole grace. So the waiters look at RUN/operator.addr meanwhile, and a
+ * restarted operator's ends the old link at once. (Before, the worker came
+ * back only when the send timed out, long after the new operator's adoption
+ * window (2 s): it had started a replacement in the slot, refused the
+ * worker, and the worker exited 4 after another grace.) */
+static void lock_link(worker *w) {
+  for (;;) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += LINK_LOOK_MS * 1000000L;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    if (pthread_mutex_timedlock(&w->send_mu, &until) == 0) return;
+    pthread_mutex_lock(&w->id_mu);
+    if (operator_replaced(w)) supersede(w);
+    pthread_mutex_unlock(&w->id_mu);
+  }
 }
 
 /* One line to the operator, from either thread. While the link is down
  * nothing is sent (and nothing fails: the replay covers STEP lines). */
 #define SEND(w, ...)                                          \
   ({                                                          \
-    pthread_mutex_lock(&(w)->send_mu);                        \
+    lock_link(w);                                             \
     int rc_ = (w)->down ? 0 : proto_send((w)->opfd, __VA_ARGS__); \
     if (rc_ && (w)->cfg) { /* once running: a dead operator is waited for */ \
-      link_down(w);                                           \
+      link_down((w), tr_error());                             \
       rc_ = 0;                                                \
     }                                                         \
     pthread_mutex_unlock(&(w)->send_mu);                      \
@@ -152,21 +248,17 @@ static void link_down(worker *w) {
   })
 
 /* Where a restarted operator listens: MASTER_ADDR/MASTER_PORT under an
- * external launcher, else RUN/operator.addr (written by every operator). */
-static int operator_addr(worker *w, char *host, size_t n, int *port) {
+ * external launcher, else RUN/operator.addr (written by every operator);
+ * *id: which operator.addr that was (known = 0: none read). */
+static int operator_addr(worker *w, char *host, size_t n, int *port, op_file *id) {
+  char text[300];
+  int have = op_file_read(w->run, id, text, sizeof text) == 0;
   if (w->addr_from_env) {
     snprintf(host, n, "%s", w->op_host);
     *port = w->op_port;
     return 0;
   }
-  char path[1100], *text;
-  snprintf(path, sizeof path, "%s/operator.addr", w->run);
-  size_t len;
-  if (!(text = tr_read_file(path, &len))) return -1;
-  text[strcspn(text, "\r\n")] = 0;
-  int rc = net_split(text, host, n, port);
-  free(text);
-  return rc;
+  return have ? net_split(text, host, n, port) : -1;
 }
 
 /* A send on the operator's connection fd fails once the operator has taken
@@ -191,7 +283,8 @@ static void bound_sends(const worker *w, int fd) {
 static int link_try(worker *w) {
   char host[256], line[PROTO_LINE_MAX], coord[300], ch[256];
   int port, cp;
-  if (operator_addr(w, host, sizeof host, &port)) return -1;
+  op_file id;
+  if (operator_addr(w, host, sizeof host, &port, &id)) return -1;
   int fd = net_connect(host, port, 1.0);
   if (fd < 0) return -1;
   bound_sends(w, fd);
@@ -216,9 +309,13 @@ static int link_try(worker *w) {
     fprintf(stderr, "worker %d: the restarted operator's coordinator %s: %s\n", w->slot, coord, tr_error());
     goto fail;
   }
-  pthread_mutex_lock(&w->send_mu);
+  lock_link(w);
+  pthread_mutex_lock(&w->id_mu);
   if (w->opfd >= 0) close(w->opfd);
   w->opfd = fd;
+  w->op_id = id;
+  w->superseded = 0;
+  pthread_mutex_unlock(&w->id_mu);
   w->rd = rd; /* with whatever came after the WELCOME */
   w->down = 0;
   int n = w->nreplay < REPLAY ? w->nreplay : REPLAY;
@@ -236,7 +333,7 @@ fail:
 
 /* The training thread enters a phase (1: the all-reduce, 0: compute). */
 static void set_phase(worker *w, int in_allreduce) {
-  pthread_mutex_lock(&w->send_mu);
+  lock_link(w);
   w->phase_since = tr_now();
   w->in_allreduce = in_allreduce;
   pthread_mutex_unlock(&w->send_mu);
@@ -249,11 +346,18 @@ static void set_phase(worker *w, int in_allreduce) {
 static void *heartbeat_main(void *arg) {
   worker *w = arg;
   while (!w->hb_stop) {
-    pthread_mutex_lock(&w->send_mu);
+    lock_link(w);
     int down = w->down;
     if (!down) {
       struct pollfd p = {.fd = w->opfd, .events = POLLRDHUP};
-      if (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) link_down(w), down = 1;
+      if (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        link_down(w, "its connection closed"), down = 1;
+      } else if (operator_replaced(w)) { /* the old one may look alive: stopped, its buffers not full yet */
+        pthread_mutex_lock(&w->id_mu);
+        supersede(w);
+        pthread_mutex_unlock(&w->id_mu);
+        link_down(w, SUPERSEDED), down = 1;
+      }
     }
     double since = w->down_since;
     pthread_mutex_unlock(&w->send_mu);
@@ -261,7 +365,7 @@ static void *heartbeat_main(void *arg) {
       SEND(w, "HB slot=%d phase=%s for=%.3f", w->slot, w->in_allreduce ? "allreduce" : "compute",
            tr_now() - w->phase_since);
     } else if (tr_now() - since > w->cfg->operator_grace) {
-      pthread_mutex_lock(&w->send_mu);
+      lock_link(w);
       w->gone = 1;
       pthread_cond_broadcast(&w->link_cv);
       pthread_mutex_unlock(&w->send_mu);
@@ -293,7 +397,7 @@ static int await_operator(worker *w) {
  * that finished while its operator was being restarted would otherwise
  * exit unheard, and the new operator find no live replica to adopt. */
 static int send_final(worker *w, const char *line) {
-  pthread_mutex_lock(&w->send_mu);
+  lock_link(w);
   int rc;
   for (;;) {
     if (w->down && !w->gone) {
@@ -301,7 +405,7 @@ static int send_final(worker *w, const char *line) {
       fflush(stderr);
     }
     if ((rc = await_operator(w)) || proto_send(w->opfd, "%s", line) == 0) break;
-    link_down(w); /* the send failed: the link thread looks for a restarted operator */
+    link_down(w, tr_error()); /* the send failed: the link thread looks for a restarted operator */
   }
   pthread_mutex_unlock(&w->send_mu);
   return rc;
@@ -323,17 +427,18 @@ static void test_done_gate(const worker *w) {
 static int poll_commands(worker *w) {
   char line[PROTO_LINE_MAX];
   for (;;) {
-    pthread_mutex_lock(&w->send_mu);
+    lock_link(w);
     int rc = w->down ? 0 : proto_read(&w->rd, line, sizeof line, 0);
     if (rc == 0) {
-      link_down(w);
+      link_down(w, "its connection closed");
       rc = await_operator(w);
       pthread_mutex_unlock(&w->send_mu);
       if (rc) return rc;
       continue;
     }
+    int overlong = w->rd.len >= PROTO_LINE_MAX; /* read under send_mu: a relink (link_try) replaces rd */
     pthread_mutex_unlock(&w->send_mu);
-    if (rc < 0) return w->rd.len < PROTO_LINE_MAX ? TR_OK : rc; /* nothing waiting */
+    if (rc < 0) return overlong ? rc : TR_OK; /* else nothing waiting */
     if (proto_is(line, "STOP")) {
       w->stop_at = proto_int(line, "at", 1);
     } else if (proto_is(line, "CKPT_NOW")) {
@@ -517,7 +622,7 @@ static int hook_report(void *ud, const step_record *r) {
   worker *w = ud;
   char body[PROTO_LINE_MAX - 64];
   if (step_record_line(body, sizeof body, r) < 0) return tr_fail(TR_EINVAL, "step record too long");
-  pthread_mutex_lock(&w->send_mu); /* kept for a restarted operator, in order with the replay */
+  lock_link(w); /* kept for a restarted operator, in order with the replay */
   snprintf(w->replay[w->nreplay % REPLAY], PROTO_LINE_MAX, "STEP slot=%d %s", w->slot, body);
   w->nreplay++;
   w->cur_step = r->step;
@@ -769,7 +874,7 @@ static int train(worker *w, ckpt_engine *ck, const char *run) {
 
 int worker_main(int argc, char **argv) {
   worker w = {.slot = -1, .opfd = -1, .donor_fd = -1, .send_mu = PTHREAD_MUTEX_INITIALIZER,
-              .link_cv = PTHREAD_COND_INITIALIZER};
+              .link_cv = PTHREAD_COND_INITIALIZER, .id_mu = PTHREAD_MUTEX_INITIALIZER};
   int done, rc = parse_args(&w, argc, argv, &done), exit_code = 1, startup = 0;
   if (rc || done) return rc;
   signal(SIGPIPE, SIG_IGN);
@@ -787,6 +892,7 @@ int worker_main(int argc, char **argv) {
   w.rd.fd = w.opfd;
   if (w.opfd < 0 || (rc = auth_client(w.opfd, &w.secret, 30.0)) || (rc = welcome(&w, line, sizeof line))) goto fail;
   proto_get(line, "run", run, sizeof w.run);
+  op_file_read(run, &w.op_id, NULL, 0); /* this operator's: a newer one is a restart */
   proto_get(line, "coord", coord, sizeof coord);
   proto_get(line, "mode", mode, sizeof mode);
   proto_get(line, "donor", donor_addr, sizeof donor_addr);

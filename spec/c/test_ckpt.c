@@ -25,7 +25,9 @@
  *   newest corrupt; kill -9 of a replicating process mid-copy leaves no half
  *   checkpoint published, and its temporary is cleaned up (also on a host
  *   whose name has dots, in a UTS namespace of its own);
- * - a rollback's drop of the checkpoints after its target, in both levels.
+ * - a rollback's drop of the checkpoints after its target, in both levels;
+ *   a drop that fails names its level (a remote step that cannot be
+ *   removed; a local store LMDB refuses).
  */
 #define _GNU_SOURCE /* unshare, CLONE_NEWUTS */
 #include <errno.h>
@@ -185,8 +187,10 @@ static int flip_tensor_byte(const char *dir, int64_t step, uint32_t tensor, size
 }
 
 /* Commits steps from..to (every `every`) of param/a (n floats at a, which
- * the engine has registered), each with its step's values, one at a time,
- * each also on the remote level when the engine has one. */
+ * the engine has registered), each with its step's values, one at a time;
+ * with a remote level, each one's remote copy too (the replicator skips a
+ * step committed while it copies an older one: the remote would hold only
+ * some of them). */
 static void commit_steps(ckpt_engine *e, float *a, int64_t n, int64_t from, int64_t to, int64_t every) {
   for (int64_t step = from; step <= to; step += every) {
     fill(a, n, step);
@@ -194,7 +198,7 @@ static void commit_steps(ckpt_engine *e, float *a, int64_t n, int64_t from, int6
     ckpt_snapshot(e, &s);
     ckpt_wait_copy(e);
     ckpt_flush(e);
-    ckpt_wait_remote(e); /* each step on the remote too (its replicator skips to the newest) */
+    ckpt_wait_remote(e);
   }
 }
 
@@ -1070,7 +1074,7 @@ static void test_drop_after(void) {
   commit_steps(e, a, N, 10, 50, 10);
   ckpt_close(e);
   int64_t first = 0;
-  int n = ckpt_store_drop_after(dir, remote, 20, &first);
+  int n = ckpt_store_drop_after(dir, remote, 20, &first, NULL);
   CHECK(n == 3 && first == 30, "3 steps dropped from 30 (both levels, counted once): %d from %lld: %s", n,
         (long long)first, tr_error());
   int64_t steps[16];
@@ -1085,7 +1089,7 @@ static void test_drop_after(void) {
   CHECK(nr == 2 && steps[1] == 20, "the remote keeps 10 and 20 (%d steps, newest %lld)", nr,
         nr > 0 ? (long long)steps[nr - 1] : -1LL);
   ckpt_reader_close(r);
-  CHECK(ckpt_store_drop_after(dir, remote, 20, &first) == 0, "nothing more to drop: %s", tr_error());
+  CHECK(ckpt_store_drop_after(dir, remote, 20, &first, NULL) == 0, "nothing more to drop: %s", tr_error());
   e = open_remote_engine(dir, remote, 0, 10);
   if (!e) return;
   ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
@@ -1093,7 +1097,54 @@ static void test_drop_after(void) {
   ckpt_close(e);
   CHECK(newest(dir) == 24, "the new timeline's step 24 is the newest (%lld)", (long long)newest(dir));
   store_path(dir, sizeof dir, "drop-none");
-  CHECK(ckpt_store_drop_after(dir, NULL, 0, &first) == 0, "no store: nothing dropped, no error: %s", tr_error());
+  CHECK(ckpt_store_drop_after(dir, NULL, 0, &first, NULL) == 0, "no store: nothing dropped, no error: %s", tr_error());
+  free(a);
+}
+
+/* A drop that fails says in which level: a remote step that cannot be
+ * removed (a directory in its file's place: unlink fails, root or not)
+ * after the local store's steps went; a local store LMDB refuses, and then
+ * the remote level was not touched. */
+static void test_drop_failed_level(void) {
+  char dir[256], remote[256], stuck[600], aside[620];
+  store_path(dir, sizeof dir, "dropfail-local");
+  store_path(remote, sizeof remote, "dropfail-remote");
+  enum { N = 1000 };
+  float *a = malloc(sizeof(float) * N);
+  int64_t d[1] = {N}, first = 0, steps[16];
+  ckpt_engine *e = open_remote_engine(dir, remote, 0, 10);
+  if (!e) return;
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  commit_steps(e, a, N, 10, 50, 10);
+  ckpt_close(e);
+  snprintf(stuck, sizeof stuck, "%s/step-%020lld.ckpt", remote, 40LL);
+  snprintf(aside, sizeof aside, "%s.aside", stuck);
+  CHECK(rename(stuck, aside) == 0 && mkdir(stuck, 0755) == 0, "a directory in step 40's place: %s", strerror(errno));
+  ckpt_level failed = CKPT_LEVEL_NONE;
+  int n = ckpt_store_drop_after(dir, remote, 20, &first, &failed);
+  CHECK(n < 0 && failed == CKPT_LEVEL_REMOTE, "the remote drop failed, and says so: %d, level %d: %s", n, (int)failed,
+        tr_error());
+  CHECK(newest(dir) == 20, "the local store's steps after 20 went first (newest %lld)", (long long)newest(dir));
+  CHECK(access(stuck, F_OK) == 0, "step 40 stays in the remote level");
+  rmdir(stuck);
+  CHECK(rename(aside, stuck) == 0, "step 40 back: %s", strerror(errno));
+  /* the local store refused (garbage where data.mdb was): nothing dropped anywhere */
+  char mdb[300], junk[4096];
+  snprintf(mdb, sizeof mdb, "%s/data.mdb", dir);
+  memset(junk, 0xff, sizeof junk);
+  FILE *f = fopen(mdb, "wb");
+  CHECK(f && fwrite(junk, 1, sizeof junk, f) == sizeof junk, "garbage over %s", mdb);
+  if (f) fclose(f);
+  failed = CKPT_LEVEL_NONE;
+  n = ckpt_store_drop_after(dir, remote, 20, &first, &failed);
+  CHECK(n < 0 && failed == CKPT_LEVEL_LOCAL, "the local drop failed, and says so: %d, level %d: %s", n, (int)failed,
+        tr_error());
+  ckpt_reader *r = ckpt_reader_open(remote);
+  int nr = r ? ckpt_reader_steps(r, steps, 16) : -1;
+  CHECK(nr >= 1 && steps[nr - 1] == 40,
+        "the remote level was not touched: it still holds step 40 (%d steps, newest %lld)", nr,
+        nr > 0 ? (long long)steps[nr - 1] : -1LL);
+  ckpt_reader_close(r);
   free(a);
 }
 
@@ -1259,6 +1310,7 @@ int main(void) {
   test_remote_kill9();
   test_remote_stale_dotted_host();
   test_drop_after();
+  test_drop_failed_level();
   test_many_steps();
   test_map_grows();
   test_remote_size_wrap();
