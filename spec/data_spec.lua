@@ -215,4 +215,21 @@ describe("token shards", function()
     out = run(tmp .. "/f", "--set data=" .. tmp .. "/fort_train_000000.bin --set vocab_size=100 --set max_steps=2")
     assert.matches("fort_train_000000%.bin': token %d+ .* is 1%d%d, not below vocab_size = 100", out)
   end)
+
+  -- A text corpus's vocabulary is its bytes: vocab_size and tokenizer are
+  -- token files' keys, refused rather than ignored (a run with vocab_size =
+  -- 50257 on text trained a byte model and wrote 50257 into its job.lua).
+  it("a text corpus refuses the token files' keys vocab_size and tokenizer", function()
+    local corpus = tmp .. "/plain.txt"
+    write(corpus, text:sub(1, 20000))
+    local out, rc = run(tmp .. "/t1", "--set data=" .. corpus .. " --set max_steps=2") -- BASE sets vocab_size=256
+    assert.equal(2, rc, out)
+    assert.matches("vocab_size = 256 is for token files; '.-plain%.txt' is a text corpus", out)
+    assert.is_false(S.exists(tmp .. "/t1"))
+    out, rc = S.sh(table.concat({ BIN, "run", ROOT .. "/examples/fortunes.lua", "--set run_dir=" .. tmp .. "/t2",
+      "--set data=" .. corpus, "--set tokenizer=" .. tmp .. "/none.bpe", "--set max_steps=2", "--set warmup_steps=0",
+      "--set eval_steps=1", "--set sample_tokens=0" }, " ") .. " 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches("key 'tokenizer': '.-none%.bpe' is for token files; data is a text corpus", out)
+  end)
 end)

@@ -198,6 +198,9 @@ static int too_small(const dataset *d, const char *what) {
 int dataset_open(dataset *d, const data_spec *s) {
   if (!is_token_data(s)) {
     if (s->val_data && s->val_data[0]) return tr_fail(TR_EINVAL, "val_data needs token files (text splits 90/10)");
+    if (s->vocab_size > 0) /* not ignored: the model's vocabulary is the text's bytes */
+      return tr_fail(TR_EINVAL, "vocab_size = %lld is for token files; '%s' is a text corpus (its vocabulary is its "
+                     "bytes): drop vocab_size, or give .bin shards (transom prepare)", (long long)s->vocab_size, s->data);
     if (strchr(s->data, '\n')) return tr_fail(TR_EINVAL, "a list of files needs token files (data_format)");
     return dataset_load(d, s->data, s->block);
   }

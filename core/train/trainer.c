@@ -266,6 +266,11 @@ trainer *trainer_create(lua_State *L, const job_config *cfg) {
     tr_fail_prefix(TR_EINVAL, "%s: key 'data'", cfg->path);
     goto fail;
   }
+  if (t->data.kind != DATA_TOKENS && cfg->tokenizer[0]) { /* not ignored: bytes need no tokenizer */
+    tr_fail(TR_EINVAL, "%s: key 'tokenizer': '%s' is for token files; data is a text corpus (its bytes are its "
+            "tokens): drop tokenizer, or give .bin shards", cfg->path, cfg->tokenizer);
+    goto fail;
+  }
   if (t->data.kind == DATA_TOKENS && trainer_open_tokenizer(t)) goto fail;
   if (model_build_on(L, cfg->lua_ref, t->data.model_vocab, (int)cfg->batch_size, 1, t->be,
                      strcmp(cfg->precision, "bf16") == 0, &t->g)) {
