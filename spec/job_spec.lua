@@ -199,6 +199,27 @@ return {
     assert.are.same({ 3, 3, 5 }, { j.min_replicas, j.replicas, j.max_replicas })
   end)
 
+  -- One replica trains alone in the transom process: nothing reads what
+  -- only a fleet uses (before: deadline, hang_seconds, bucket_mb,
+  -- operator_grace, on_failure, metrics_port, max_replicas and policies
+  -- were accepted and never read). Their defaults, as a run's own job.lua
+  -- writes them, load.
+  it("refuses what only replicas read in a job of one replica, unless it is the default", function()
+    for _, c in ipairs({
+      { "deadline = 5", "deadline = 5" }, { "hang_seconds = 10", "hang_seconds = 10" },
+      { "bucket_mb = 4", "bucket_mb = 4" }, { "operator_grace = 5", "operator_grace = 5" },
+      { 'on_failure = "restart_all"', 'on_failure = "restart_all"' }, { "metrics_port = 9100", "metrics_port = 9100" },
+      { "max_replicas = 3", "max_replicas = 3" }, { 'policies = "/tmp"', 'policies = "/tmp"' },
+    }) do
+      local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  " .. c[1] .. ",\n}\n")
+      has(rejected(path, run_dir), path .. ":3:", c[2], "a job of one replica trains alone")
+    end
+    local t = job.load((job_file("return { data = DATA, deadline = 3.0, metrics_port = 0, detector = false }\n")), {})
+    assert.equal(3.0, t.deadline)
+    t = job.load((job_file("return { data = DATA, replicas = 2, deadline = 5, metrics_port = 9100 }\n")), {})
+    assert.equal(9100, t.metrics_port)
+  end)
+
   it("refuses, naming the key, what a pipelined job does not support yet (nothing is silently ignored)", function()
     local base = "return {\n  data = DATA, run_dir = RUN_DIR, replicas = 2, pipeline = { stages = 2 },\n"
     for _, case in ipairs({

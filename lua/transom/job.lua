@@ -374,6 +374,21 @@ function M.check(job, origin)
     end
     if (job.policies or "") ~= "" then refuse("policies", "policies = " .. string.format("%q", job.policies)) end
   end
+  if job.replicas == 1 and pipe.stages == 1 and pipe.micro_batches == 1 then
+    -- one replica trains alone in this process: no operator, FTAR or
+    -- detector reads what only a fleet uses, so a value other than the
+    -- default is refused, not ignored (detector = false says what is so)
+    local function refuse(key, what)
+      at(key)("%s: a job of one replica trains alone, with no operator to use it: set replicas >= 2, or leave it out",
+        what)
+    end
+    for _, key in ipairs({ "deadline", "hang_seconds", "bucket_mb", "operator_grace", "on_failure", "metrics_port" }) do
+      local v = job[key]
+      if v ~= BY_KEY[key][3] then refuse(key, key .. " = " .. (type(v) == "string" and string.format("%q", v) or tostring(v))) end
+    end
+    if job.max_replicas > 1 then refuse("max_replicas", "max_replicas = " .. job.max_replicas) end
+    if (job.policies or "") ~= "" then refuse("policies", "policies = " .. string.format("%q", job.policies)) end
+  end
   if job.n_embd % job.n_head ~= 0 then
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)
   end
