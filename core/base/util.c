@@ -208,12 +208,15 @@ int tr_write_file_atomic(const char *path, const void *buf, size_t len) {
   if (slash == tmp) tmp[1] = 0;
   else if (slash) tmp[slash - tmp] = 0;
   else snprintf(tmp, sizeof tmp, ".");
-  int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return tr_fail(TR_EIO, "cannot open directory '%s': %s", tmp, strerror(errno));
-  bad = fsync(dfd) != 0 && errno != EINVAL;
-  e = errno;
-  close(dfd);
-  return bad ? tr_fail(TR_EIO, "cannot sync directory '%s': %s", tmp, strerror(e)) : TR_OK;
+  return tr_sync_dir(tmp);
+}
+
+int tr_sync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return tr_fail(TR_EIO, "cannot open directory '%s': %s", dir, strerror(errno));
+  int bad = fsync(fd) != 0 && errno != EINVAL, e = errno; /* EINVAL: a file system that cannot sync a directory */
+  close(fd);
+  return bad ? tr_fail(TR_EIO, "cannot sync directory '%s': %s", dir, strerror(e)) : TR_OK;
 }
 
 int tr_mkdirs(const char *path) {

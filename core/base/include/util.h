@@ -67,6 +67,10 @@ char *tr_read_file(const char *path, size_t *len);
 /* Writes buf to path atomically and durably: path.tmp, fsync, rename, fsync
  * of the directory. */
 int tr_write_file_atomic(const char *path, const void *buf, size_t len);
+/* fsync of the directory dir: the renames, creations and removals in it
+ * made so far are durable once it returns TR_OK (a file system that cannot
+ * sync a directory counts as done). TR_EIO naming dir otherwise. */
+int tr_sync_dir(const char *dir);
 /* A JSON-lines log (each line starting {"step":N): keeps the lines of steps
  * <= step, atomically; *dropped (may be NULL) = lines removed. A missing
  * file is fine (nothing to keep). */
