@@ -414,11 +414,19 @@ return {
     has(err, "run directory " .. run_dir, run_dir .. "/job.lua", "transom run --resume " .. run_dir, "another run_dir")
     assert.are.equal(job1, read(run_dir .. "/job.lua"), "the refused run rewrote job.lua")
     assert.are.equal(metrics1, read(run_dir .. "/metrics.jsonl"), "the refused run rewrote metrics.jsonl")
-    -- the checkpoint store alone is enough
+    -- a store with committed checkpoints is enough, without job.lua: no --resume hint (it needs a job.lua)
     os.remove(run_dir .. "/job.lua")
     code, _, err = transom(dir, "run", path)
     assert.are.equal(2, code, err)
-    has(err, run_dir .. "/ckpt", "--resume")
+    has(err, run_dir .. "/ckpt", "checkpoints of an earlier run", "another run_dir")
+    assert.is_falsy(err:find("--resume", 1, true), err)
+    -- a job.lua that is not a run's resolved job (the user's own job file) is named as such, and kept
+    write(run_dir .. "/job.lua", "return { data = 'x' }\n")
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(2, code, err)
+    has(err, run_dir .. "/job.lua", "another job file")
+    assert.is_falsy(err:find("--resume", 1, true), err)
+    assert.are.equal("return { data = 'x' }\n", read(run_dir .. "/job.lua"))
     -- a directory that exists but holds no run is fine
     local other
     path, other = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
@@ -426,6 +434,52 @@ return {
     code, _, err = transom(dir, "run", path)
     assert.are.equal(0, code, err)
     assert.is_true(exists(other .. "/notes.txt"))
+  end)
+
+  it("a first run that fails before training leaves a directory a rerun or --resume takes up", function()
+    local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 2,\n"
+      .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
+      .. "  checkpoint = { every_steps = 1 },\n"
+    -- job.lua cannot be written (its .tmp is a directory): the store is not opened yet, so the fixed rerun goes
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(run_dir .. "/job.lua.tmp")))
+    local code, _, err = transom(dir, "run", path)
+    assert.are_not.equal(0, code, err)
+    has(err, "job.lua.tmp")
+    assert(os.execute("rmdir " .. q(run_dir .. "/job.lua.tmp")))
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    -- the initial weights cannot be written: job.lua and an opened store without a checkpoint stay behind
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(run_dir .. "/model.safetensors.tmp")))
+    code, _, err = transom(dir, "run", path)
+    assert.are_not.equal(0, code, err)
+    assert.is_true(exists(run_dir .. "/job.lua") and exists(run_dir .. "/ckpt"))
+    assert(os.execute("rmdir " .. q(run_dir .. "/model.safetensors.tmp")))
+    -- a rerun is pointed at --resume, which starts from step 0
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(2, code, err)
+    has(err, "transom run --resume " .. run_dir)
+    local out
+    code, out, err = transom(dir, "run", "--resume", run_dir)
+    assert.are.equal(0, code, err)
+    has(out, "no committed checkpoint", "step 2/2")
+    -- a store without a committed checkpoint and no job.lua (an older build opened the store first, then failed
+    -- to write job.lua) is reused: a plain rerun trains
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(run_dir .. "/model.safetensors.tmp")))
+    code, _, err = transom(dir, "run", path)
+    assert.are_not.equal(0, code, err)
+    assert(os.execute("rmdir " .. q(run_dir .. "/model.safetensors.tmp")))
+    os.remove(run_dir .. "/job.lua")
+    code, out, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    has(out, "step 2/2")
+    -- and so is an empty ckpt/ (killed between its mkdir and the store's first file)
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(run_dir .. "/ckpt")))
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
   end)
 
   it("checks --set checkpoint.FIELD=VALUE", function()
