@@ -335,7 +335,7 @@ return {
     has(rejected(path, run_dir), path .. ":3:", "chaos[2] is nil: a list has no holes")
   end)
 
-  it("refuses a string with a NUL byte naming the key, and a name that leaves runs/", function()
+  it("refuses a string with a NUL byte naming the key, and a name that leaves runs/ (no run_dir)", function()
     -- tiny jobs: without the checks they train (briefly) instead
     local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 1,\n"
       .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
@@ -345,14 +345,28 @@ return {
     path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { remote = "a\\0b" },\n' .. tiny
       .. '}\n')
     has(rejected(path, run_dir), path .. ":3:", "key 'checkpoint.remote' holds a NUL byte")
-    -- the default run directory is runs/<name>-<time>: "../../x" made it runs/../../x-<time>
-    for _, name in ipairs({ "../../x", "a/b", "..", "/abs" }) do
-      path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  name = ' .. string.format("%q", name)
-        .. ',\n' .. tiny .. '}\n')
-      has(rejected(path, run_dir), path .. ":3:", string.format("name = %q: a run's default directory is runs/", name),
-        "no '/'")
+    -- without run_dir the run directory is runs/<name>-<time>: "../../x" made it runs/../../x-<time>
+    for _, name in ipairs({ "../../x", "a/b", "/abs" }) do
+      path, run_dir = job_file('return {\n  data = DATA,\n  name = ' .. string.format("%q", name) .. ',\n' .. tiny
+        .. '}\n')
+      has(rejected(path, run_dir), path .. ":3:", string.format("name = %q: without run_dir a run's directory is "
+        .. "runs/<name>-<time>", name), "no '/'", "set run_dir")
+      assert.is_false(exists(dir .. "/runs"), "a refused name made runs/")
     end
-    assert.are.equal("a..b", job.load(job_file('return { data = DATA, name = "a..b" }\n')).name)
+    for _, name in ipairs({ "a..b", ".", ".." }) do -- runs/..-<time> is one directory in runs/
+      assert.are.equal(name, job.load(job_file('return { data = DATA, name = ' .. string.format("%q", name) .. ' }\n')).name)
+    end
+    -- with run_dir the name is only a name: a run that an older build started with name = "proj/x" resumes
+    path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  name = "proj/x",\n' .. tiny
+      .. '  checkpoint = { every_steps = 1 },\n}\n')
+    local code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    has(read(run_dir .. "/job.lua"), 'name = "proj/x"')
+    local out
+    code, out, err = transom(dir, "run", "--resume", run_dir, "--set", "max_steps=2")
+    assert.are.equal(0, code, err)
+    has(out, "resumed from step 1")
+    assert.is_false(exists(dir .. "/runs"))
   end)
 
   it("rejects a bad --set naming the item", function()
