@@ -130,7 +130,7 @@ describe("token shards", function()
     return t
   end
 
-  it("transom prepare writes DIR whole: an earlier output is replaced, a failure part-way leaves it, else refused", function()
+  it("transom prepare replaces an earlier output in DIR, leaves it after a failure part-way, keeps other files", function()
     write(tmp .. "/w.txt", text:sub(1, 20000))
     local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/w.txt -o " .. tmp .. "/whole --vocab 300 --shard-tokens 2000 2>&1")
     assert.equal(0, rc, out)
@@ -143,20 +143,63 @@ describe("token shards", function()
     assert.same({ "tokenizer.bpe", "train_000000.bin", "train_000001.bin", "train_000002.bin", "val_000000.bin" },
       (function() local n = {} for k in pairs(second) do n[#n + 1] = k end table.sort(n) return n end)())
     -- a failure part-way (a file size limit: the 3 KB shards fit, the 11 KB tokenizer does not) leaves the
-    -- directory as it was, not new shards beside the old tokenizer, and no temporary sibling
+    -- directory as it was, not new shards beside the old tokenizer, and no temporary directory in it or beside it
     out, rc = S.sh("trap '' XFSZ; ulimit -f 8; " .. BIN .. " prepare " .. tmp .. "/w.txt -o " .. tmp
       .. "/whole --vocab 1500 --shard-tokens 1000 2>&1")
     assert.equal(1, rc, out)
     assert.matches("tokenizer%.bpe.*File too large", out)
     assert.same(second, files_of(tmp .. "/whole"))
     assert.equal("whole\n", S.sh("cd " .. q(tmp) .. " && ls -d whole*"))
-    -- a directory that is not an earlier prepare's output is refused, untouched
+    -- a directory of other files takes the output beside them; they stay, and so do they on the next prepare
     assert(os.execute("mkdir -p " .. q(tmp .. "/mine") .. " && echo keep > " .. q(tmp .. "/mine/notes.txt")))
-    out, rc = S.sh(BIN .. " prepare " .. tmp .. "/w.txt -o " .. tmp .. "/mine --vocab 300 2>&1")
-    assert.equal(2, rc, out)
-    assert.matches("%-o " .. tmp:gsub("%p", "%%%0") .. "/mine: the directory exists and is not an earlier "
-      .. "prepare's output %(it holds .*/mine/notes%.txt%)", out)
-    assert.same({ ["notes.txt"] = "keep\n" }, files_of(tmp .. "/mine"))
+    for _ = 1, 2 do
+      out, rc = S.sh(BIN .. " prepare " .. tmp .. "/w.txt -o " .. tmp .. "/mine --vocab 300 2>&1")
+      assert.equal(0, rc, out)
+      local mine = files_of(tmp .. "/mine")
+      assert.equal("keep\n", mine["notes.txt"])
+      assert.same(second["tokenizer.bpe"], mine["tokenizer.bpe"])
+      assert.truthy(mine["train_000000.bin"] and mine["val_000000.bin"], out)
+    end
+  end)
+
+  it("transom prepare writes into DIR as it is: '.', a symbolic link, a 2770 directory; a killed one's temp goes", function()
+    write(tmp .. "/k.txt", text:sub(1, 6000))
+    local function prepare(o, cd)
+      return S.sh((cd and "cd " .. q(cd) .. " && " or "") .. BIN .. " prepare " .. tmp .. "/k.txt -o " .. o
+        .. " --vocab 280 2>&1")
+    end
+    local function names(d)
+      local n = {}
+      for k in pairs(files_of(d)) do n[#n + 1] = k end
+      table.sort(n)
+      return table.concat(n, " ")
+    end
+    local shards = "tokenizer.bpe train_000000.bin val_000000.bin"
+    -- the working directory (-o .): the output lands beside the files already there
+    assert(os.execute("mkdir -p " .. q(tmp .. "/cwd") .. " && echo x > " .. q(tmp .. "/cwd/notes.txt")))
+    local out, rc = prepare(".", tmp .. "/cwd")
+    assert.equal(0, rc, out)
+    assert.equal("notes.txt " .. shards, names(tmp .. "/cwd"))
+    assert.matches('data = "%./train_%*%.bin"', out)
+    -- a symbolic link to a directory stays a link; the files land in its target
+    assert(os.execute("mkdir -p " .. q(tmp .. "/target") .. " && ln -sfn target " .. q(tmp .. "/link")))
+    out, rc = prepare(tmp .. "/link")
+    assert.equal(0, rc, out)
+    assert.equal("target\n", S.sh("readlink " .. q(tmp .. "/link")))
+    assert.equal(shards, names(tmp .. "/target"))
+    -- a shared directory keeps its mode (setgid, group-writable) and its group
+    assert(os.execute("mkdir -p " .. q(tmp .. "/shared") .. " && chmod 2770 " .. q(tmp .. "/shared")))
+    local mode = S.sh("stat -c '%a %g' " .. q(tmp .. "/shared"))
+    out, rc = prepare(tmp .. "/shared")
+    assert.equal(0, rc, out)
+    assert.equal(mode, S.sh("stat -c '%a %g' " .. q(tmp .. "/shared")))
+    assert.equal("2770", mode:match("^%d+"))
+    -- a temporary directory a killed prepare left is removed, never merged into the output
+    assert(os.execute("mkdir -p " .. q(tmp .. "/shared/.prepare-1") .. " && echo old > "
+      .. q(tmp .. "/shared/.prepare-1/train_000007.bin")))
+    out, rc = prepare(tmp .. "/shared")
+    assert.equal(0, rc, out)
+    assert.equal(shards, names(tmp .. "/shared"))
   end)
 
   it("transom prepare refuses an empty text, a --val that leaves no val token, and --vocab with --tokenizer", function()

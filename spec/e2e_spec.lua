@@ -343,6 +343,7 @@ describe("the command line", function()
       { "prepare", "a.txt", "-o", "out", "--vocab" }, { "prepare", "a.txt", "--tokenizer" },
       { "prepare", "a.txt", "--val" }, { "prepare", "a.txt", "--shard-tokens" }, { "attach", "RUN", "-e" },
       { "plot", "RUN", "--size" }, { "plot", "RUN", "-o" }, { "sim", "s.lua", "--seeds" }, { "sim", "s.lua", "--set" },
+      { "plan", "job.lua", "--set" },
     }) do
       local code, out, err = S.transom(dir, table.unpack(c))
       local what = table.concat(c, " ") .. ": " .. out .. err

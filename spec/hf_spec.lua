@@ -190,7 +190,7 @@ describe("Hugging Face round trip", function()
       .. "tokens 300%.%.319 would have no embedding", (base:gsub("vocab_size=300", "vocab_size=320")))
   end)
 
-  it("export --hf checks every tensor against job.lua and vocab.json, refuses RUN as DIR, writes DIR whole", function()
+  it("export --hf checks every tensor against job.lua and vocab.json, refuses RUN as DIR, writes into DIR", function()
     -- no Python: two tiny byte-level runs, 1 and 2 layers
     write(tmp .. "/x.txt", assert(read(ROOT .. "/data/fortunes.txt")):sub(1, 20000))
     local function train(run, layers)
@@ -200,9 +200,9 @@ describe("Hugging Face round trip", function()
         .. "--set sample_tokens=0 --set run_dir=" .. tmp .. "/" .. run .. " 2>&1")
       assert.equal(0, code, o)
     end
-    local function export(run, dir, limit)
-      return S.sh((limit and "trap '' XFSZ; ulimit -f " .. limit .. "; " or "") .. BIN .. " export " .. tmp .. "/"
-        .. run .. " --hf " .. dir .. " 2>&1")
+    local function export(run, dir, limit, cd)
+      return S.sh((cd and "cd " .. q(cd) .. " && " or "") .. (limit and "trap '' XFSZ; ulimit -f " .. limit .. "; "
+        or "") .. BIN .. " export " .. tmp .. "/" .. run .. " --hf " .. dir .. " 2>&1")
     end
     train("x1", 1)
     train("x2", 2)
@@ -240,23 +240,46 @@ describe("Hugging Face round trip", function()
     assert.matches("tensor 'transformer%.wte%.weight' is %[%d+, 16%], but .*5 tokens: wte rows 5%) make it %[5, 16%]", out)
     write(tmp .. "/x2/vocab.json", vocab)
     unchanged()
-    -- a failure part-way (the file size limit lets config.json through, not model.safetensors): the earlier
-    -- export stays as a pair, not x2's config.json beside x1's tensors
+    -- a failure part-way (the file size limit stops model.safetensors, which is written first): the earlier
+    -- export stays as a pair, not x2's config.json beside x1's tensors, and no temporary file stays
     out, rc = export("x2", hf, 8)
     assert.equal(1, rc, out)
     assert.matches("File too large", out)
     unchanged()
+    assert.equal("config.json\nmodel.safetensors\n", S.sh("ls -A " .. q(hf)))
     assert.equal("xhf\n", S.sh("cd " .. q(tmp) .. " && ls -d xhf*"))
-    -- a directory of other files is refused, untouched
-    assert(os.execute("mkdir -p " .. q(tmp .. "/mine") .. " && echo keep > " .. q(tmp .. "/mine/tokenizer.json")))
-    out, rc = export("x2", tmp .. "/mine")
-    assert.equal(1, rc, out)
-    assert.matches("mine' exists and is not an earlier export %(it holds .*mine/tokenizer%.json%)", out)
-    assert.equal("keep\n", read(tmp .. "/mine/tokenizer.json"))
-    -- and the earlier export is replaced whole
+    -- and the earlier export is replaced
     out, rc = export("x2", hf)
     assert.equal(0, rc, out)
     assert.matches('"n_layer": 2', read(hf .. "/config.json"))
+    -- a model repository's directory (its own files, .git, mode 2770): the two files land in it, the rest stays
+    local repo = tmp .. "/repo"
+    assert(os.execute("mkdir -p " .. q(repo .. "/.git") .. " && echo keep > " .. q(repo .. "/tokenizer.json")
+      .. " && echo '# card' > " .. q(repo .. "/README.md") .. " && echo ref > " .. q(repo .. "/.git/HEAD")
+      .. " && chmod 2770 " .. q(repo)))
+    local mode = S.sh("stat -c '%a %g' " .. q(repo))
+    out, rc = export("x2", repo)
+    assert.equal(0, rc, out)
+    assert.equal(".git\nREADME.md\nconfig.json\nmodel.safetensors\ntokenizer.json\n", S.sh("LC_ALL=C ls -A " .. q(repo)))
+    assert.same({ "keep\n", "# card\n", "ref\n" },
+      { read(repo .. "/tokenizer.json"), read(repo .. "/README.md"), read(repo .. "/.git/HEAD") })
+    assert.equal(mode, S.sh("stat -c '%a %g' " .. q(repo)))
+    assert.equal(read(hf .. "/model.safetensors"), read(repo .. "/model.safetensors"))
+    -- the working directory (--hf .) and a symbolic link to a directory (it stays a link)
+    assert(os.execute("mkdir -p " .. q(tmp .. "/here") .. " " .. q(tmp .. "/target") .. " && ln -sfn target "
+      .. q(tmp .. "/link")))
+    out, rc = export("x2", ".", nil, tmp .. "/here")
+    assert.equal(0, rc, out)
+    assert.equal(read(hf .. "/config.json"), read(tmp .. "/here/config.json"))
+    out, rc = export("x2", tmp .. "/link")
+    assert.equal(0, rc, out)
+    assert.equal("target\n", S.sh("readlink " .. q(tmp .. "/link")))
+    assert.equal(read(hf .. "/model.safetensors"), read(tmp .. "/target/model.safetensors"))
+    -- RUN through a link is still RUN
+    assert(os.execute("ln -sfn x2 " .. q(tmp .. "/x2link")))
+    out, rc = export("x2", tmp .. "/x2link")
+    assert.equal(1, rc, out)
+    assert.matches("is the directory of the weights", out)
   end)
 
   it("init_from: a job starts from a transformers GPT-2 and computes its logits", function()

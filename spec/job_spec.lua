@@ -356,7 +356,7 @@ return {
     has(rejected(path, run_dir), path .. ":3:", "chaos[2] is nil: a list has no holes")
   end)
 
-  it("refuses a string with a NUL byte naming the key, and a name that leaves runs/", function()
+  it("refuses a string with a NUL byte naming the key, and a name that leaves runs/ (no run_dir)", function()
     -- tiny jobs: without the checks they train (briefly) instead
     local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 1,\n"
       .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
@@ -366,14 +366,28 @@ return {
     path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  checkpoint = { remote = "a\\0b" },\n' .. tiny
       .. '}\n')
     has(rejected(path, run_dir), path .. ":3:", "key 'checkpoint.remote' holds a NUL byte")
-    -- the default run directory is runs/<name>-<time>: "../../x" made it runs/../../x-<time>
-    for _, name in ipairs({ "../../x", "a/b", "..", "/abs" }) do
-      path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  name = ' .. string.format("%q", name)
-        .. ',\n' .. tiny .. '}\n')
-      has(rejected(path, run_dir), path .. ":3:", string.format("name = %q: a run's default directory is runs/", name),
-        "no '/'")
+    -- without run_dir the run directory is runs/<name>-<time>: "../../x" made it runs/../../x-<time>
+    for _, name in ipairs({ "../../x", "a/b", "/abs" }) do
+      path, run_dir = job_file('return {\n  data = DATA,\n  name = ' .. string.format("%q", name) .. ',\n' .. tiny
+        .. '}\n')
+      has(rejected(path, run_dir), path .. ":3:", string.format("name = %q: without run_dir a run's directory is "
+        .. "runs/<name>-<time>", name), "no '/'", "set run_dir")
+      assert.is_false(exists(dir .. "/runs"), "a refused name made runs/")
     end
-    assert.are.equal("a..b", job.load(job_file('return { data = DATA, name = "a..b" }\n')).name)
+    for _, name in ipairs({ "a..b", ".", ".." }) do -- runs/..-<time> is one directory in runs/
+      assert.are.equal(name, job.load(job_file('return { data = DATA, name = ' .. string.format("%q", name) .. ' }\n')).name)
+    end
+    -- with run_dir the name is only a name: a run that an older build started with name = "proj/x" resumes
+    path, run_dir = job_file('return {\n  data = DATA, run_dir = RUN_DIR,\n  name = "proj/x",\n' .. tiny
+      .. '  checkpoint = { every_steps = 1 },\n}\n')
+    local code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    has(read(run_dir .. "/job.lua"), 'name = "proj/x"')
+    local out
+    code, out, err = transom(dir, "run", "--resume", run_dir, "--set", "max_steps=2")
+    assert.are.equal(0, code, err)
+    has(out, "resumed from step 1")
+    assert.is_false(exists(dir .. "/runs"))
   end)
 
   it("rejects a bad --set naming the item", function()
@@ -435,11 +449,19 @@ return {
     has(err, "run directory " .. run_dir, run_dir .. "/job.lua", "transom run --resume " .. run_dir, "another run_dir")
     assert.are.equal(job1, read(run_dir .. "/job.lua"), "the refused run rewrote job.lua")
     assert.are.equal(metrics1, read(run_dir .. "/metrics.jsonl"), "the refused run rewrote metrics.jsonl")
-    -- the checkpoint store alone is enough
+    -- a store with committed checkpoints is enough, without job.lua: no --resume hint (it needs a job.lua)
     os.remove(run_dir .. "/job.lua")
     code, _, err = transom(dir, "run", path)
     assert.are.equal(2, code, err)
-    has(err, run_dir .. "/ckpt", "--resume")
+    has(err, run_dir .. "/ckpt", "checkpoints of an earlier run", "another run_dir")
+    assert.is_falsy(err:find("--resume", 1, true), err)
+    -- a job.lua that is not a run's resolved job (the user's own job file) is named as such, and kept
+    write(run_dir .. "/job.lua", "return { data = 'x' }\n")
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(2, code, err)
+    has(err, run_dir .. "/job.lua", "another job file")
+    assert.is_falsy(err:find("--resume", 1, true), err)
+    assert.are.equal("return { data = 'x' }\n", read(run_dir .. "/job.lua"))
     -- a directory that exists but holds no run is fine
     local other
     path, other = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
@@ -447,6 +469,52 @@ return {
     code, _, err = transom(dir, "run", path)
     assert.are.equal(0, code, err)
     assert.is_true(exists(other .. "/notes.txt"))
+  end)
+
+  it("a first run that fails before training leaves a directory a rerun or --resume takes up", function()
+    local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 2,\n"
+      .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
+      .. "  checkpoint = { every_steps = 1 },\n"
+    -- job.lua cannot be written (its .tmp is a directory): the store is not opened yet, so the fixed rerun goes
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(run_dir .. "/job.lua.tmp")))
+    local code, _, err = transom(dir, "run", path)
+    assert.are_not.equal(0, code, err)
+    has(err, "job.lua.tmp")
+    assert(os.execute("rmdir " .. q(run_dir .. "/job.lua.tmp")))
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    -- the initial weights cannot be written: job.lua and an opened store without a checkpoint stay behind
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(run_dir .. "/model.safetensors.tmp")))
+    code, _, err = transom(dir, "run", path)
+    assert.are_not.equal(0, code, err)
+    assert.is_true(exists(run_dir .. "/job.lua") and exists(run_dir .. "/ckpt"))
+    assert(os.execute("rmdir " .. q(run_dir .. "/model.safetensors.tmp")))
+    -- a rerun is pointed at --resume, which starts from step 0
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(2, code, err)
+    has(err, "transom run --resume " .. run_dir)
+    local out
+    code, out, err = transom(dir, "run", "--resume", run_dir)
+    assert.are.equal(0, code, err)
+    has(out, "no committed checkpoint", "step 2/2")
+    -- a store without a committed checkpoint and no job.lua (an older build opened the store first, then failed
+    -- to write job.lua) is reused: a plain rerun trains
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(run_dir .. "/model.safetensors.tmp")))
+    code, _, err = transom(dir, "run", path)
+    assert.are_not.equal(0, code, err)
+    assert(os.execute("rmdir " .. q(run_dir .. "/model.safetensors.tmp")))
+    os.remove(run_dir .. "/job.lua")
+    code, out, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    has(out, "step 2/2")
+    -- and so is an empty ckpt/ (killed between its mkdir and the store's first file)
+    path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    assert(os.execute("mkdir -p " .. q(run_dir .. "/ckpt")))
+    code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
   end)
 
   it("checks --set checkpoint.FIELD=VALUE", function()

@@ -1,5 +1,5 @@
 /* util.c — error buffer, clocks, file helpers, running gnuplot. See util.h. */
-#define _GNU_SOURCE /* fallocate, renameat2 */
+#define _GNU_SOURCE /* fallocate */
 #include "util.h"
 
 #include <dirent.h>
@@ -208,12 +208,15 @@ int tr_write_file_atomic(const char *path, const void *buf, size_t len) {
   if (slash == tmp) tmp[1] = 0;
   else if (slash) tmp[slash - tmp] = 0;
   else snprintf(tmp, sizeof tmp, ".");
-  int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return tr_fail(TR_EIO, "cannot open directory '%s': %s", tmp, strerror(errno));
-  bad = fsync(dfd) != 0 && errno != EINVAL;
-  e = errno;
-  close(dfd);
-  return bad ? tr_fail(TR_EIO, "cannot sync directory '%s': %s", tmp, strerror(e)) : TR_OK;
+  return tr_sync_dir(tmp);
+}
+
+int tr_sync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return tr_fail(TR_EIO, "cannot open directory '%s': %s", dir, strerror(errno));
+  int bad = fsync(fd) != 0 && errno != EINVAL, e = errno; /* EINVAL: a file system that cannot sync a directory */
+  close(fd);
+  return bad ? tr_fail(TR_EIO, "cannot sync directory '%s': %s", dir, strerror(e)) : TR_OK;
 }
 
 int tr_mkdirs(const char *path) {
@@ -238,17 +241,6 @@ int tr_mkdirs(const char *path) {
   return TR_OK;
 }
 
-int tr_dir_paths(const char *o, char *out, size_t nout, char *tmp, size_t ntmp) {
-  size_t n = strlen(o);
-  while (n > 1 && o[n - 1] == '/') n--;
-  if (n == 0 || n >= nout || (n == 1 && o[0] == '/')) return tr_fail(TR_EINVAL, "'%s': not a directory to write", o);
-  memcpy(out, o, n);
-  out[n] = 0;
-  if (snprintf(tmp, ntmp, "%s.tmp-%ld", out, (long)getpid()) >= (int)ntmp)
-    return tr_fail(TR_EINVAL, "'%s': path too long", o);
-  return TR_OK;
-}
-
 void tr_remove_flat(const char *dir) {
   DIR *d = opendir(dir);
   char path[4096];
@@ -258,37 +250,6 @@ void tr_remove_flat(const char *dir) {
   }
   if (d) closedir(d);
   rmdir(dir);
-}
-
-int tr_dir_replace(const char *tmp, const char *dir) {
-  char aside[4096];
-  if (snprintf(aside, sizeof aside, "%s.old", tmp) >= (int)sizeof aside)
-    return tr_fail(TR_EINVAL, "path too long: %s", tmp);
-  if (rename(tmp, dir) == 0) {
-    /* dir was absent or empty */
-  } else if (errno != ENOTEMPTY && errno != EEXIST) {
-    return tr_fail(TR_EIO, "cannot rename '%s' to '%s': %s", tmp, dir, strerror(errno));
-  } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
-    tr_remove_flat(tmp); /* the old contents */
-  } else {
-    if (rename(dir, aside) != 0) return tr_fail(TR_EIO, "cannot rename '%s' to '%s': %s", dir, aside, strerror(errno));
-    if (rename(tmp, dir) != 0) {
-      int e = errno;
-      rename(aside, dir);
-      return tr_fail(TR_EIO, "cannot rename '%s' to '%s': %s", tmp, dir, strerror(e));
-    }
-    tr_remove_flat(aside);
-  }
-  /* the rename is durable once the parent is synced */
-  snprintf(aside, sizeof aside, "%s", dir);
-  char *slash = strrchr(aside, '/');
-  if (slash) slash[slash == aside] = 0;
-  else snprintf(aside, sizeof aside, ".");
-  int fd = open(aside, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return tr_fail(TR_EIO, "cannot open directory '%s': %s", aside, strerror(errno));
-  int bad = fsync(fd) != 0 && errno != EINVAL, e = errno;
-  close(fd);
-  return bad ? tr_fail(TR_EIO, "cannot sync directory '%s': %s", aside, strerror(e)) : TR_OK;
 }
 
 int tr_flag_lacks_value(int argc, char *const *argv, int i, const char *const *flags) {

@@ -28,8 +28,9 @@ static const char export_usage[] =
     "transformers.GPT2LMHeadModel.from_pretrained(DIR). The model must be\n"
     "transom's gpt; the token table keeps the real vocabulary (not the padding).\n"
     "Every tensor must match the model RUN/job.lua and RUN/vocab.json make.\n"
-    "DIR must not be RUN, and must be new, empty or an earlier export: the two\n"
-    "files are written beside it and replace it whole. A job starts from such a\n"
+    "DIR must not be RUN; it is created if absent, and other files in it stay\n"
+    "(tokenizer.json, README.md, .git of a model repository). The two files are\n"
+    "each replaced atomically, the weights first. A job starts from such a\n"
     "directory with init_from = DIR.\n";
 
 int export_main(int argc, char **argv) {

@@ -6,11 +6,14 @@
  * with <|endoftext|> as GPT-2's data does. The last --val fraction of the
  * tokens goes to val_*.bin, the rest to train_*.bin, at most --shard-tokens
  * per shard; DIR/tokenizer.bpe is where a job finds it (trainer.c). The
- * shards and the tokenizer are written into a sibling DIR.tmp-PID that is
- * renamed into place at the end, so DIR holds one prepare's output whole or
- * is left as it was; an existing DIR is replaced only when it is empty or an
- * earlier prepare's output. Called from main.c only; it returns an exit
- * status and never exits itself.
+ * shards and the tokenizer are written inside DIR, into a fresh
+ * DIR/.prepare-XXXXXX (made before the tokenizing, so an unwritable DIR
+ * fails at once), and moved into DIR when all are written: the earlier
+ * prepare output there (tokenizer.bpe, train_/val_NNNNNN.bin; no other
+ * file) goes first, tokenizer.bpe last in both directions. DIR itself is
+ * never replaced: its mode, group, ACLs and other files stay, and it may be
+ * ".", a symbolic link or a mount point. Called from main.c only; it
+ * returns an exit status and never exits itself.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "bpe.h"
 #include "util.h"
@@ -33,9 +37,10 @@ static const char prepare_usage[] =
     "document and starts with <|endoftext|>. --val: the fraction of the\n"
     "tokens that validate (default 0.1); --shard-tokens: tokens per shard\n"
     "(default 100000000). --vocab and --tokenizer exclude each other. DIR is\n"
-    "written whole or not at all; an existing DIR must be empty or an earlier\n"
-    "prepare's output (it is then replaced). Both splits must get tokens. A\n"
-    "job then names the shards:\n"
+    "created if absent; the new files are written first into DIR/.prepare-*\n"
+    "and then replace an earlier prepare's tokenizer.bpe, train_*.bin and\n"
+    "val_*.bin there (other files stay; a failure leaves DIR as it was). Both\n"
+    "splits must get tokens. A job then names the shards:\n"
     "\n"
     "  data = \"DIR/train_*.bin\", val_data = \"DIR/val_*.bin\", vocab_size = N\n";
 
@@ -148,7 +153,7 @@ static int parse_args(int argc, char **argv, char **files, int *nfiles, shard_ou
   return TR_OK;
 }
 
-/* --- the output directory: built beside it, renamed into place --- */
+/* --- the output directory: written inside it --- */
 
 /* A file prepare writes (tokenizer.bpe, train_NNNNNN.bin, val_NNNNNN.bin),
  * or the .tmp of one that a killed prepare left. */
@@ -163,30 +168,88 @@ static int is_prepare_file(const char *name) {
   return 1;
 }
 
-/* Whether dir may be replaced: absent, an empty directory or an earlier
- * prepare's output (tokenizer.bpe and shards, nothing else) is fine;
- * anything else is TR_EINVAL naming what is in the way. */
-static int check_out_dir(const char *dir) {
-  struct stat st;
-  if (stat(dir, &st) != 0) return errno == ENOENT ? TR_OK : tr_fail(TR_EIO, "-o %s: %s", dir, strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return tr_fail(TR_EINVAL, "-o %s: exists and is not a directory", dir);
+#define TMP_PREFIX ".prepare-"
+
+/* Removes the DIR/.prepare-* directories a killed prepare left (flat: the
+ * files in them, then them). Best effort. */
+static void remove_leftovers(const char *dir) {
   DIR *d = opendir(dir);
-  if (!d) return tr_fail(TR_EIO, "-o %s: %s", dir, strerror(errno));
-  char other[256] = "";
-  int files = 0, tokenizer = 0;
-  for (struct dirent *e; (e = readdir(d));) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    files++;
-    tokenizer |= strcmp(e->d_name, "tokenizer.bpe") == 0;
-    if (!other[0] && !is_prepare_file(e->d_name)) snprintf(other, sizeof other, "%s", e->d_name);
+  char path[PATH_MAX];
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0 &&
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+      tr_remove_flat(path);
+  if (d) closedir(d);
+}
+
+/* DIR made if absent (*created then set: a failure removes it again), the
+ * leftovers of a killed prepare removed, and a fresh DIR/.prepare-XXXXXX
+ * made in tmp: DIR is known to be writable before hours of tokenizing. */
+static int open_out(const char *dir, char *tmp, size_t ntmp, int *created) {
+  struct stat st;
+  *created = stat(dir, &st) != 0 && errno == ENOENT;
+  int rc = tr_mkdirs(dir);
+  if (rc) return rc;
+  remove_leftovers(dir);
+  if (snprintf(tmp, ntmp, "%s/" TMP_PREFIX "XXXXXX", dir) >= (int)ntmp)
+    return tr_fail(TR_EINVAL, "'%s': path too long", dir);
+  if (!mkdtemp(tmp)) return tr_fail(TR_EIO, "cannot create a directory in '%s': %s", dir, strerror(errno));
+  return TR_OK;
+}
+
+/* Unlinks dir's files of an earlier prepare: tokenizer first (or only it). */
+static int remove_old(const char *dir, int tokenizer_only) {
+  DIR *d = opendir(dir);
+  if (!d) return tr_fail(TR_EIO, "cannot read '%s': %s", dir, strerror(errno));
+  char path[PATH_MAX];
+  int rc = TR_OK;
+  for (struct dirent *e; !rc && (e = readdir(d));) {
+    if (!is_prepare_file(e->d_name) || (tokenizer_only && strncmp(e->d_name, "tokenizer.bpe", 13) != 0)) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (unlink(path) != 0 && errno != ENOENT) rc = tr_fail(TR_EIO, "cannot remove '%s': %s", path, strerror(errno));
   }
   closedir(d);
-  if (files == 0 || (tokenizer && !other[0])) return TR_OK;
-  char why[PATH_MAX + 300];
-  if (other[0]) snprintf(why, sizeof why, "it holds %s/%s", dir, other);
-  else snprintf(why, sizeof why, "shards without a tokenizer.bpe");
-  return tr_fail(TR_EINVAL, "-o %s: the directory exists and is not an earlier prepare's output (%s): give a new "
-                 "directory, or remove this one", dir, why);
+  return rc;
+}
+
+/* Renames tmp's files into dir: the shards, or tokenizer.bpe alone. */
+static int move_in(const char *tmp, const char *dir, int tokenizer) {
+  DIR *d = opendir(tmp);
+  if (!d) return tr_fail(TR_EIO, "cannot read '%s': %s", tmp, strerror(errno));
+  char from[PATH_MAX], to[PATH_MAX];
+  int rc = TR_OK;
+  for (struct dirent *e; !rc && (e = readdir(d));) {
+    if (e->d_name[0] == '.' || (strcmp(e->d_name, "tokenizer.bpe") == 0) != tokenizer) continue;
+    snprintf(from, sizeof from, "%s/%s", tmp, e->d_name);
+    snprintf(to, sizeof to, "%s/%s", dir, e->d_name);
+    if (rename(from, to) != 0) rc = tr_fail(TR_EIO, "cannot rename '%s' to '%s': %s", from, to, strerror(errno));
+  }
+  closedir(d);
+  return rc;
+}
+
+/* The finished output in tmp takes the place of dir's earlier one: the old
+ * tokenizer.bpe goes, then the old shards; the new shards come in, then the
+ * new tokenizer.bpe; dir is synced between, so after a crash dir never
+ * holds a tokenizer beside shards it did not make. A failure here leaves
+ * no tokenizer.bpe in dir and says to run prepare again. */
+static int swap_in(const char *tmp, const char *dir) {
+  int rc = remove_old(dir, 1);
+  if (rc) return rc; /* dir is as it was (but for a tokenizer.bpe.tmp left by an older build) */
+  rc = tr_sync_dir(dir);
+  if (!rc) rc = remove_old(dir, 0);
+  if (!rc) rc = move_in(tmp, dir, 0);
+  if (!rc) rc = tr_sync_dir(dir);
+  if (!rc) rc = move_in(tmp, dir, 1);
+  if (!rc) rc = tr_sync_dir(dir);
+  if (rc) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tr_error());
+    return tr_fail(rc, "%s (%s now holds no tokenizer.bpe, and part of the shards: run transom prepare again)", why,
+                   dir);
+  }
+  rmdir(tmp);
+  return TR_OK;
 }
 
 /* --- the command --- */
@@ -209,8 +272,7 @@ static int tokenize(char **files, int nfiles, size_t *ends, long vocab, const ch
 /* The shards and the tokenizer into o->dir (the temporary directory). */
 static int write_out(shard_out *o, const bpe *b, const int32_t *ids, int64_t n, int64_t nval) {
   char path[PATH_MAX];
-  int rc = tr_mkdirs(o->dir);
-  if (!rc) rc = write_shards(o, 0, ids, n - nval);
+  int rc = write_shards(o, 0, ids, n - nval);
   if (!rc) rc = write_shards(o, 1, ids + n - nval, nval);
   snprintf(path, sizeof path, "%s/tokenizer.bpe", o->dir);
   if (!rc) rc = bpe_save(b, path);
@@ -229,11 +291,16 @@ int prepare_main(int argc, char **argv) {
   long vocab = 4096;
   const char *tokfile = NULL;
   double val = 0.1;
-  int nfiles = 0;
+  int nfiles = 0, created = 0;
   int rc = files && ends ? parse_args(argc, argv, files, &nfiles, &o, &vocab, &tokfile, &val)
                          : tr_fail(TR_ENOMEM, "out of memory");
-  if (!rc && (rc = tr_dir_paths(o.dir, dir, sizeof dir, tmp, sizeof tmp))) tr_fail_prefix(rc, "-o");
-  if (!rc) rc = check_out_dir(dir);
+  if (!rc) { /* DIR as given, less its trailing slashes (for the hint printed at the end) */
+    size_t k = strlen(o.dir);
+    while (k > 1 && o.dir[k - 1] == '/') k--;
+    if (k >= sizeof dir) rc = tr_fail(TR_EINVAL, "-o %s: path too long", o.dir);
+    else snprintf(dir, sizeof dir, "%.*s", (int)k, o.dir);
+  }
+  if (!rc && (rc = open_out(dir, tmp, sizeof tmp, &created))) tr_fail_prefix(rc, "-o %s", dir);
   if (rc) {
     fprintf(stderr, "transom prepare: %s\n", tr_error());
     free(files);
@@ -251,11 +318,12 @@ int prepare_main(int argc, char **argv) {
     rc = tr_fail(TR_EINVAL, "%zu bytes of text are %lld tokens, and --val %g of them leaves %s: give more text or "
                  "a %s --val", len, (long long)n, val, nval ? "no train tokens" : "no val tokens (no val_*.bin)",
                  nval ? "smaller" : "larger");
-  if (!rc) {
-    o.dir = tmp;
-    rc = write_out(&o, b, ids, n, nval);
-    if (!rc) rc = tr_dir_replace(tmp, dir);
-    if (rc) tr_remove_flat(tmp); /* nothing half-written: dir is as it was */
+  o.dir = tmp;
+  if (!rc) rc = write_out(&o, b, ids, n, nval);
+  if (!rc) rc = swap_in(tmp, dir);
+  if (rc) {
+    tr_remove_flat(tmp); /* before swap_in's renames, dir is as it was */
+    if (created) rmdir(dir);
   }
   if (!rc)
     printf("%zu bytes -> %lld tokens (%.2f bytes/token): %d train and %d val shards, tokenizer of %lld tokens in "

@@ -8,10 +8,13 @@
  *   transom run JOB.lua [--set key=value]...
  *   transom run --resume RUN [--set key=value]...
  *
- * Errors before training (bad job, bad data, unwritable run directory, a
- * run directory that holds an earlier run without --resume) exit 2 with
- * nothing written; SIGINT/SIGTERM checkpoint now and exit 0, so
- * `--resume` carries on exactly where the run stopped.
+ * Errors in the job (bad job, bad data, a run directory that holds an
+ * earlier run without --resume) exit 2 with nothing written; a new run
+ * writes RUN/job.lua first, so a start that fails or is killed after that
+ * (the checkpoint store cannot open, a disk full, a SIGTERM before the
+ * handler) leaves a directory `--resume` continues. SIGINT/SIGTERM during
+ * training checkpoint now and exit 0, so `--resume` carries on exactly
+ * where the run stopped.
  */
 #include <dirent.h>
 #include <limits.h>
@@ -57,7 +60,9 @@ static const char run_usage[] =
     "(resolved job), vocab.json, metrics.jsonl, events.jsonl, ckpt/ (LMDB\n"
     "checkpoints), model.safetensors. SIGINT/SIGTERM checkpoint and stop;\n"
     "--resume RUN continues from the newest intact checkpoint. Without\n"
-    "--resume, a run directory that holds a run (job.lua, ckpt/) is refused.\n"
+    "--resume, a run directory that holds a run (its job.lua, or checkpoints\n"
+    "without one) or another job.lua is refused. A new run writes job.lua\n"
+    "first: a start that failed is continued with --resume.\n"
     "\n"
     "Job keys (name, type, default, meaning):\n";
 
@@ -324,34 +329,79 @@ static void choose_dir(run_ctx *r) {
     snprintf(r->dir, sizeof r->dir, "runs/%s-%s-%d", r->cfg.name, stamp, i);
 }
 
-/* Without --resume the run directory must hold no earlier run: its job.lua
- * or checkpoint store (ckpt/, a pipeline's ckpt-stage-N/) would be reused, and
- * a later --resume would load the old run's checkpoints under this job. Any
- * other file there is left alone. Returns 0 or TR_EINVAL (message set). */
-static int check_new_dir(const run_ctx *r) {
-  char found[PATH_MAX] = "";
-  static const char *const own[] = {"job.lua", "ckpt"};
-  for (size_t i = 0; i < sizeof own / sizeof own[0] && !found[0]; i++) {
-    snprintf(found, sizeof found, "%s/%s", r->dir, own[i]);
-    if (access(found, F_OK) != 0) found[0] = 0;
-  }
-  DIR *d = found[0] ? NULL : opendir(r->dir);
-  for (struct dirent *e; d && !found[0] && (e = readdir(d));)
-    if (strncmp(e->d_name, "ckpt-stage-", 11) == 0) snprintf(found, sizeof found, "%s/%s", r->dir, e->d_name);
-  if (d) closedir(d);
-  if (!found[0]) return 0;
-  return tr_fail(TR_EINVAL,
-                 "run directory %s already holds a run (%s): continue it with `transom run --resume %s`, or give "
-                 "another run_dir (or remove this one)",
-                 r->dir, found, r->dir);
+/* Whether the checkpoint store at path holds a committed checkpoint: 1, 0
+ * (none: an empty directory, a store whose first checkpoint never
+ * committed), or TR_EIO when it cannot be read (a damaged store: its
+ * checkpoints may be an earlier run's). */
+static int store_has_checkpoint(const char *path) {
+  ckpt_reader *rd = ckpt_reader_open(path);
+  if (!rd) return ckpt_store_damaged(path) ? TR_EIO : 0; /* no data.mdb, or no checkpoint ever made one */
+  int64_t step;
+  int n = ckpt_reader_steps(rd, &step, 1);
+  ckpt_reader_close(rd);
+  return n < 0 ? TR_EIO : n > 0;
 }
 
-/* Everything that can fail before training, before anything is written:
- * the directory, the checkpoint store, the resumed state. Returns 0 or the
- * exit status (with the error printed). */
+/* The first line job_dump writes: a job.lua without it is not a run's. */
+static const char resolved_mark[] = "-- resolved job, written by transom";
+
+/* Without --resume the run directory must hold no earlier run, or a later
+ * --resume would load the old run's checkpoints under this job. A run is
+ * its job.lua (written first, before the store opens): one of transom's
+ * (its first line resolved_mark) is refused with the --resume hint,
+ * another job file is refused as such (the run would overwrite it). With
+ * no job.lua, a checkpoint store (ckpt/, a pipeline's ckpt-stage-N/) is
+ * refused only when it holds a committed checkpoint or cannot be read;
+ * else it is what a start that failed before job.lua left (older builds
+ * opened the store first), and the run reuses it. Any other file is left
+ * alone. Returns 0 or TR_EINVAL (message set). */
+static int check_new_dir(const run_ctx *r) {
+  char path[PATH_MAX], line[64] = "";
+  snprintf(path, sizeof path, "%s/job.lua", r->dir);
+  FILE *f = fopen(path, "r");
+  if (f || access(path, F_OK) == 0) {
+    int ours = f && fgets(line, sizeof line, f) && strncmp(line, resolved_mark, strlen(resolved_mark)) == 0;
+    if (f) fclose(f);
+    if (ours)
+      return tr_fail(TR_EINVAL, "run directory %s already holds a run (%s): continue it with `transom run --resume "
+                     "%s`, or give another run_dir (or remove this one)", r->dir, path, r->dir);
+    return tr_fail(TR_EINVAL, "run directory %s holds another job file (%s, not a job.lua that transom wrote for a "
+                   "run): the run would overwrite it with its resolved job; give another run_dir", r->dir, path);
+  }
+  DIR *d = opendir(r->dir);
+  int rc = 0;
+  for (struct dirent *e; d && !rc && (e = readdir(d));) {
+    if (strcmp(e->d_name, "ckpt") != 0 && strncmp(e->d_name, "ckpt-stage-", 11) != 0) continue;
+    snprintf(path, sizeof path, "%s/%s", r->dir, e->d_name);
+    int held = store_has_checkpoint(path);
+    if (held > 0)
+      rc = tr_fail(TR_EINVAL, "run directory %s holds the checkpoints of an earlier run (%s) but no job.lua to "
+                   "resume it with: give another run_dir (or remove this one)", r->dir, path);
+    else if (held < 0)
+      rc = tr_fail(TR_EINVAL, "run directory %s holds a checkpoint store that cannot be read (%s) and no job.lua: "
+                   "give another run_dir (or remove this one)", r->dir, path);
+  }
+  if (d) closedir(d);
+  return rc;
+}
+
+static int write_job(const run_ctx *r, const char *dump) {
+  char path[PATH_MAX];
+  path_in(r, "job.lua", path, sizeof path);
+  return tr_write_file_atomic(path, dump, strlen(dump));
+}
+
+/* Everything that can fail before training: the directory, the checkpoint
+ * store, the resumed state. A new run writes job.lua before it opens the
+ * store (as run_replicas does), so a directory whose start failed here
+ * holds a job.lua that --resume takes (from step 0: no checkpoint), never
+ * a store without one; a resume keeps its job.lua until the checkpoint has
+ * loaded (write_run). Returns 0 or the exit status (with the error
+ * printed). */
 static int open_run(lua_State *L, run_ctx *r, char **dump, int *resume) {
   *dump = job_dump(L, &r->cfg);
   int rc = *dump ? tr_mkdirs(r->dir) : TR_ENOMEM, asked = *resume;
+  if (!rc && !asked) rc = write_job(r, *dump);
   if (!rc) rc = open_ckpt(r);
   if (!rc && *resume && !r->ck) rc = tr_fail(TR_EINVAL, "checkpoints are off in this job: nothing to resume from");
   if (!rc && *resume) {
@@ -370,13 +420,14 @@ static int open_run(lua_State *L, run_ctx *r, char **dump, int *resume) {
   return asked ? 1 : 2;
 }
 
-/* job.lua, the initial weights and vocabulary, the logs (a resumed run's
- * metrics after its checkpoint are dropped: it does them again). scratch:
- * --resume found no committed checkpoint and starts from step 0. */
-static int write_run(run_ctx *r, const char *dump, int resume, int scratch, int64_t step) {
+/* A resumed run's job.lua (its --set applied; a new run's is written),
+ * the initial weights and vocabulary, the logs (a resumed run's metrics
+ * after its checkpoint are dropped: it does them again). asked: --resume;
+ * resume: a checkpoint loaded; scratch: --resume found no committed
+ * checkpoint and starts from step 0. */
+static int write_run(run_ctx *r, const char *dump, int asked, int resume, int scratch, int64_t step) {
   char path[PATH_MAX];
-  path_in(r, "job.lua", path, sizeof path);
-  int rc = tr_write_file_atomic(path, dump, strlen(dump));
+  int rc = asked ? write_job(r, dump) : TR_OK;
   if (!rc && !resume) rc = trainer_save(r->t, r->dir);
   if (rc) return rc;
   path_in(r, "events.jsonl", path, sizeof path);
@@ -499,7 +550,7 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   if (a.resume && !resume) printf("resume: no committed checkpoint in %s/ckpt: starting from step 0\n", r.dir);
   trainer_state ts;
   trainer_get_state(r.t, &ts);
-  rc = write_run(&r, dump, resume, a.resume && !resume, ts.step);
+  rc = write_run(&r, dump, a.resume != NULL, resume, a.resume && !resume, ts.step);
   free(dump);
   if (rc) {
     fprintf(stderr, "transom: run directory: %s\n", tr_error());

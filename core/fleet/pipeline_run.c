@@ -536,11 +536,16 @@ static const char plan_usage[] =
     "runs which stage and which ops, the predicted time per stage and the bytes per link per step.\n";
 
 int pipeline_plan_main(int argc, char **argv) {
+  static const char *const value_flags[] = {"--set", NULL};
   const char *job = NULL, *sets[64];
   int nsets = 0;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(plan_usage, stdout), 0;
-    if (strcmp(argv[i], "--set") == 0 && i + 1 < argc && nsets < 64) sets[nsets++] = argv[++i];
+    if (tr_flag_lacks_value(argc, argv, i, value_flags))
+      return fprintf(stderr, "transom plan: %s needs a value (see transom plan --help)\n", argv[i]), 2;
+    if (strcmp(argv[i], "--set") == 0 && nsets == 64)
+      return fprintf(stderr, "transom plan: at most 64 --set\n"), 2;
+    if (strcmp(argv[i], "--set") == 0) sets[nsets++] = argv[++i];
     else if (argv[i][0] != '-' && !job) job = argv[i];
     else return fprintf(stderr, "transom: plan: unknown argument '%s'\n%s", argv[i], plan_usage), 2;
   }

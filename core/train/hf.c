@@ -3,14 +3,12 @@
  * job key init_from. */
 #include "hf.h"
 
-#include <dirent.h>
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "safetensors.h"
 #include "util.h"
@@ -94,9 +92,8 @@ static int check_weights(const st_file *f, const char *weights, const graph *g, 
   return TR_OK;
 }
 
-/* Whether dir may take the export: not the weights' own directory (the
- * export would overwrite them), and absent, empty or an earlier export
- * (config.json, model.safetensors and their .tmp leftovers, nothing else). */
+/* dir must not be the weights' own directory (realpath: any spelling, a
+ * link): the export would overwrite them with the Hugging Face layout. */
 static int check_out_dir(const char *weights, const char *dir) {
   char a[PATH_MAX], b[PATH_MAX], parent[PATH_MAX];
   snprintf(parent, sizeof parent, "%s", weights);
@@ -106,23 +103,7 @@ static int check_out_dir(const char *weights, const char *dir) {
   if (realpath(dir, a) && realpath(parent, b) && strcmp(a, b) == 0)
     return tr_fail(TR_EINVAL, "'%s' is the directory of the weights '%s': the export would overwrite them with the "
                    "Hugging Face layout; give another directory", dir, weights);
-  struct stat st;
-  if (stat(dir, &st) != 0) return errno == ENOENT ? TR_OK : tr_fail(TR_EIO, "'%s': %s", dir, strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return tr_fail(TR_EINVAL, "'%s' exists and is not a directory", dir);
-  DIR *dd = opendir(dir);
-  if (!dd) return tr_fail(TR_EIO, "'%s': %s", dir, strerror(errno));
-  static const char *const ours[] = {"config.json", "model.safetensors", "config.json.tmp", "model.safetensors.tmp",
-                                     ".", ".."};
-  char other[256] = "";
-  for (struct dirent *e; !other[0] && (e = readdir(dd));) {
-    int mine = 0;
-    for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++) mine |= strcmp(e->d_name, ours[i]) == 0;
-    if (!mine) snprintf(other, sizeof other, "%s", e->d_name);
-  }
-  closedir(dd);
-  if (!other[0]) return TR_OK;
-  return tr_fail(TR_EINVAL, "'%s' exists and is not an earlier export (it holds %s/%s): give a new directory, or "
-                 "remove this one", dir, dir, other);
+  return TR_OK;
 }
 
 /* The Hugging Face tensors of the file f (validated) into ts: Conv1D
@@ -151,9 +132,8 @@ static int hf_tensors(const st_file *f, const hf_shape *s, st_tensor *ts, int64_
 }
 
 int hf_export(const char *weights, const graph *g, const hf_shape *s, const char *dir) {
-  char out[PATH_MAX - 64], tmp[PATH_MAX - 32], path[PATH_MAX];
-  int rc = tr_dir_paths(dir, out, sizeof out, tmp, sizeof tmp);
-  if (!rc) rc = check_out_dir(weights, out);
+  char path[PATH_MAX];
+  int rc = check_out_dir(weights, dir);
   if (rc) return rc;
   st_file f;
   if ((rc = safetensors_open(&f, weights))) return rc;
@@ -165,14 +145,19 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
   rc = ts && dims && bufs ? check_weights(&f, weights, g, s) : tr_fail(TR_ENOMEM, "out of memory");
   if (!rc) rc = hf_tensors(&f, s, ts, dims, bufs, &nt, &n_positions);
   if (!rc && !n_positions) rc = tr_fail(TR_EFORMAT, "'%s' is not a transom GPT (no transformer.wpe.weight)", weights);
-  /* both files into the sibling tmp, which then replaces out whole: they land as a pair */
-  if (!rc) rc = tr_mkdirs(tmp);
-  if (!rc) rc = write_config(tmp, s, n_positions);
-  snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+  /* inside dir, each file replaced atomically (its .tmp, fsync, rename) and the other files left alone;
+   * the weights first: the large write, the one a full disk or a size limit stops, fails before
+   * config.json changes, so that failure leaves the earlier pair. Only one between the two renames
+   * leaves the new weights beside the earlier config.json. */
+  int created = !rc && access(dir, F_OK) != 0;
+  if (!rc) rc = tr_mkdirs(dir);
+  if (!rc && snprintf(path, sizeof path, "%s/model.safetensors", dir) >= (int)sizeof path)
+    rc = tr_fail(TR_EINVAL, "'%s': path too long", dir);
   const char *meta[] = {"transom.export", "hf-gpt2", NULL};
   if (!rc) rc = safetensors_write(path, ts, nt, meta);
-  if (!rc) rc = tr_dir_replace(tmp, out);
-  if (rc) tr_remove_flat(tmp);
+  if (!rc) rc = tr_sync_dir(dir);
+  if (!rc) rc = write_config(dir, s, n_positions);
+  if (rc && created) rmdir(dir); /* only while empty: a failed first export leaves no directory */
   for (int i = 0; i < nt; i++) free(bufs[i]);
   free(bufs);
   free(dims);

@@ -310,9 +310,12 @@ function M.check(job, origin)
     end
   end
   -- fields that constrain each other
-  if job.name and (job.name:find("/", 1, true) or job.name == "." or job.name == "..") then
-    at("name")("name = %q: a run's default directory is runs/<name>-<time>, so the name must be one directory "
-      .. "name (no '/', not '.' or '..'); run_dir puts a run anywhere", job.name)
+  -- without run_dir the name becomes a path, runs/<name>-<time>: one '/' would leave runs/ ("../../x")
+  -- or need directories that do not exist; with run_dir it is only a name (a run of an older build
+  -- that allowed "proj/x" beside its own run_dir still resumes)
+  if job.name and (job.run_dir or "") == "" and job.name:find("/", 1, true) then
+    at("name")("name = %q: without run_dir a run's directory is runs/<name>-<time>, so the name must be one "
+      .. "directory name (no '/'); set run_dir to put the run anywhere", job.name)
   end
   job.max_replicas = job.max_replicas or job.replicas
   if job.replicas > job.max_replicas then

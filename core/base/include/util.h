@@ -67,26 +67,19 @@ char *tr_read_file(const char *path, size_t *len);
 /* Writes buf to path atomically and durably: path.tmp, fsync, rename, fsync
  * of the directory. */
 int tr_write_file_atomic(const char *path, const void *buf, size_t len);
+/* fsync of the directory dir: the renames, creations and removals in it
+ * made so far are durable once it returns TR_OK (a file system that cannot
+ * sync a directory counts as done). TR_EIO naming dir otherwise. */
+int tr_sync_dir(const char *dir);
 /* A JSON-lines log (each line starting {"step":N): keeps the lines of steps
  * <= step, atomically; *dropped (may be NULL) = lines removed. A missing
  * file is fine (nothing to keep). */
 int tr_jsonl_keep_until(const char *path, int64_t step, int *dropped);
 /* mkdir -p. */
 int tr_mkdirs(const char *path);
-/* For a directory written whole (tr_dir_replace): out = o without its
- * trailing slashes, tmp = out.tmp-PID, its sibling. TR_EINVAL for "/" or a
- * path too long. */
-int tr_dir_paths(const char *o, char *out, size_t nout, char *tmp, size_t ntmp);
-/* Puts the finished directory tmp at dir, whole: a rename when dir is absent
- * or empty; over an existing dir an atomic exchange (RENAME_EXCHANGE), then
- * the old contents (now at tmp) removed with tr_remove_flat; where the file
- * system cannot exchange, the old dir is renamed aside first (dir is then
- * absent for a moment). Syncs dir's parent. The caller has checked that
- * what dir holds may go. On failure tmp stays (the caller removes it) and
- * dir is as it was. */
-int tr_dir_replace(const char *tmp, const char *dir);
-/* Removes the files in dir, then dir: for the flat directories prepare and
- * export write (a subdirectory stays, and so does dir). Best effort. */
+/* Removes the files in dir, then dir: for a flat temporary directory (the
+ * DIR/.prepare-* prepare writes into; a subdirectory stays, and so does
+ * dir). Best effort. */
 void tr_remove_flat(const char *dir);
 
 /* Runs `gnuplot SCRIPT` and waits for it (transom plot, transom sim). TR_OK

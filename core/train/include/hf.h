@@ -30,11 +30,13 @@ typedef struct {
  * every tensor in `weights` must be one of g's parameters, F32, of its shape,
  * and every parameter must be there (an error names the file, the tensor and
  * both shapes), so config.json never describes another model than the
- * tensors. dir must not be the weights' own directory, and must be absent,
- * empty or an earlier export (only config.json and model.safetensors):
- * anything else is refused, naming it. Both files are written into a
- * sibling dir.tmp-PID that then replaces dir whole (tr_dir_replace): on any
- * error dir is as it was. */
+ * tensors. dir must not be the weights' own directory (compared by
+ * realpath); it is created if absent, and other files in it stay (a model
+ * repository's tokenizer.json, README.md, .git). model.safetensors, then
+ * config.json, are each replaced atomically (a .tmp beside it, fsync,
+ * rename, the directory synced): an error before the first rename leaves
+ * dir as it was; one between the two leaves the new weights beside the
+ * earlier config.json. */
 int hf_export(const char *weights, const graph *g, const hf_shape *s, const char *dir);
 
 /* Fills the parameters of a planned GPT graph from dir/config.json and
