@@ -26,15 +26,17 @@ BIN=${TRANSOM:-build/transom}
 out=${OUT:-bench/out/overlap}
 [ -n "${SKIP_RUNS:-}" ] || { rm -rf "$out" && mkdir -p "$out"; }
 
-run() { # name replicas threads bucket_mb
+run() { # name replicas threads bucket_mb (one replica: none; it has no all-reduce, and refuses the key)
+  local bucket=()
+  [ "$2" -gt 1 ] && bucket=(--set bucket_mb="$4")
   "$BIN" run examples/shakespeare.lua --set data="$corpus" --set run_dir="$out/$1" --set replicas="$2" \
-    --set threads="$3" --set bucket_mb="$4" --set max_steps="$STEPS" --set eval_interval=0 \
+    --set threads="$3" "${bucket[@]}" --set max_steps="$STEPS" --set eval_interval=0 \
     --set sample_tokens=0 --set log_interval=1000 --set detector=false > "$out/$1.log" 2>&1
 }
 
 if [ -z "${SKIP_RUNS:-}" ]; then
   for ((i = 0; i < ROUNDS; i++)); do
-    run "single.$i" 1 2 0
+    run "single.$i" 1 2 -
     for b in $BUCKETS; do run "dp_b$b.$i" 2 1 "$b"; done
   done
 fi

@@ -218,6 +218,19 @@ return {
     assert.equal(3.0, t.deadline)
     t = job.load((job_file("return { data = DATA, replicas = 2, deadline = 5, metrics_port = 9100 }\n")), {})
     assert.equal(9100, t.metrics_port)
+    -- a fleet's own job.lua resumed as one replica: what it wrote is not
+    -- refused (a --set on top is); one written before dump left out
+    -- max_replicas at its default follows replicas too
+    local again = dir .. "/fleet-run.lua"
+    write(again, job.dump(job.load((job_file("return { data = DATA, replicas = 2, deadline = 2 }\n")), {})))
+    t = job.load(again, { "replicas=1" })
+    assert.same({ 1, 1, 2 }, { t.replicas, t.max_replicas, t.deadline })
+    local ok, e = pcall(job.load, again, { "replicas=1", "deadline=5" })
+    assert.is_false(ok)
+    assert.matches("deadline = 5: a job of one replica trains alone", e.msg, 1, true)
+    write(again, (job.dump(t):gsub("return {\n", "return {\n  max_replicas = 1,\n", 1)))
+    t = job.load(again, { "replicas=3" })
+    assert.same({ 3, 3 }, { t.replicas, t.max_replicas })
   end)
 
   it("refuses, naming the key, what a pipelined job does not support yet (nothing is silently ignored)", function()

@@ -12,6 +12,9 @@
 
 local M = {}
 
+-- The first line of a run's own job.lua (M.dump).
+local RESOLVED = "-- resolved job, written by transom\n"
+
 -- type: "string" | "integer" | "number" | "boolean" | "table"; min/max
 -- inclusive; gt/lt strict; enum: allowed strings; default nil means
 -- "required" unless optional. A "table" field has its own `fields` schema and
@@ -259,7 +262,9 @@ end
 
 -- Checks a raw job table in place: fills defaults, validates every key.
 -- origin(key) returns (source, line) for error messages.
-function M.check(job, origin)
+-- M.check(job, origin, written): written(key) true for a key that a run's
+-- own job.lua gave (not --set): a lone replica does not refuse it
+function M.check(job, origin, written)
   local function at(key)
     local source, line = origin(key)
     return function(fmt, ...) fail(source, line, fmt, ...) end
@@ -385,12 +390,17 @@ function M.check(job, origin)
       at(key)("%s: a job of one replica trains alone, with no operator to use it: set replicas >= 2, or leave it out",
         what)
     end
+    local function given(key) return not (written and written(key)) end
     for _, key in ipairs({ "deadline", "hang_seconds", "bucket_mb", "operator_grace", "on_failure", "metrics_port" }) do
       local v = job[key]
-      if v ~= BY_KEY[key][3] then refuse(key, key .. " = " .. (type(v) == "string" and string.format("%q", v) or tostring(v))) end
+      if v ~= BY_KEY[key][3] and given(key) then
+        refuse(key, key .. " = " .. (type(v) == "string" and string.format("%q", v) or tostring(v)))
+      end
     end
-    if job.max_replicas > 1 then refuse("max_replicas", "max_replicas = " .. job.max_replicas) end
-    if (job.policies or "") ~= "" then refuse("policies", "policies = " .. string.format("%q", job.policies)) end
+    if job.max_replicas > 1 and given("max_replicas") then refuse("max_replicas", "max_replicas = " .. job.max_replicas) end
+    if (job.policies or "") ~= "" and given("policies") then
+      refuse("policies", "policies = " .. string.format("%q", job.policies))
+    end
   end
   if job.n_embd % job.n_head ~= 0 then
     at("n_head")("n_embd = %d does not split into n_head = %d heads", job.n_embd, job.n_head)
@@ -438,6 +448,13 @@ end
 function M.load(path, sets)
   local job, src = schema.run_file(path, "job file")
   if type(job) ~= "table" then fail(path, nil, "a job file must return a table, got %s", type(job)) end
+  -- a run's own job.lua (--resume): its max_replicas at the default
+  -- (= replicas; files before dump left it out) follows a new replicas,
+  -- and the fleet keys it wrote do not make a lone replica refuse it
+  local resolved = src and src:sub(1, #RESOLVED) == RESOLVED
+  if resolved and math.type(job.max_replicas) == "integer" and job.max_replicas == job.replicas then
+    job.max_replicas = nil
+  end
   local overridden = {}
   for _, item in ipairs(sets or {}) do
     local k, v, sub = parse_set(item)
@@ -455,13 +472,13 @@ function M.load(path, sets)
   M.check(job, function(key)
     if key and overridden[key] then return "--set " .. overridden[key], nil end
     return path, line_of(src, key)
-  end)
+  end, resolved and function(key) return overridden[key] == nil end)
   return job
 end
 
 -- Serializes a checked job as a Lua chunk (written to RUN/job.lua).
 function M.dump(job)
-  local out = { "-- resolved job, written by transom\nreturn {\n" }
+  local out = { RESOLVED .. "return {\n" }
   for _, f in ipairs(SCHEMA) do
     local v = job[f[1]]
     local function lit(x)
