@@ -148,7 +148,8 @@ typedef struct {
 
 /* Scratch for one piece: per byte offset, where the part starting there
  * ends (-1: no part starts there) and where the part before it starts;
- * the heap of candidates (at most n - 1 + 2 per merge). */
+ * the heap of candidates (n - 1 at first, and each merge pops one and
+ * pushes at most two: at most 2n - 2 at once). */
 typedef struct {
   int32_t *end, *prv;
   merge_cand *heap;
@@ -159,12 +160,12 @@ typedef struct {
 
 static int work_reserve(bpe_work *w, size_t n) {
   if (n <= w->cap) return TR_OK;
-  size_t cap = n * 2;
+  size_t cap = n > w->cap * 2 ? n : w->cap * 2;
   int32_t *end = realloc(w->end, sizeof(int32_t) * (cap + 1));
   if (end) w->end = end;
   int32_t *prv = realloc(w->prv, sizeof(int32_t) * (cap + 1));
   if (prv) w->prv = prv;
-  merge_cand *heap = realloc(w->heap, sizeof(merge_cand) * 3 * (cap + 1));
+  merge_cand *heap = realloc(w->heap, sizeof(merge_cand) * 2 * (cap + 1));
   if (heap) w->heap = heap;
   if (!end || !prv || !heap) return tr_fail(TR_ENOMEM, "out of memory encoding a piece of %zu bytes", n);
   w->cap = cap;
@@ -181,8 +182,8 @@ static int cand_before(const merge_cand *a, const merge_cand *b) {
   return a->id < b->id || (a->id == b->id && a->left < b->left);
 }
 
-static void heap_push(merge_cand *h, int *n, merge_cand c) {
-  int k = (*n)++;
+static void heap_push(merge_cand *h, size_t *n, merge_cand c) {
+  size_t k = (*n)++;
   while (k > 0 && cand_before(&c, &h[(k - 1) / 2])) {
     h[k] = h[(k - 1) / 2];
     k = (k - 1) / 2;
@@ -190,11 +191,11 @@ static void heap_push(merge_cand *h, int *n, merge_cand c) {
   h[k] = c;
 }
 
-static merge_cand heap_pop(merge_cand *h, int *n) {
+static merge_cand heap_pop(merge_cand *h, size_t *n) {
   merge_cand top = h[0], last = h[--(*n)];
-  int k = 0;
+  size_t k = 0;
   for (;;) {
-    int c = 2 * k + 1;
+    size_t c = 2 * k + 1;
     if (c >= *n) break;
     if (c + 1 < *n && cand_before(&h[c + 1], &h[c])) c++;
     if (!cand_before(&h[c], &last)) break;
@@ -206,7 +207,7 @@ static merge_cand heap_pop(merge_cand *h, int *n) {
 }
 
 /* Pushes the pair [left, right) + [right, rend) if it is a (non-special) token. */
-static void push_pair(const bpe *b, const uint8_t *p, merge_cand *h, int *hn, int left, int right, int rend) {
+static void push_pair(const bpe *b, const uint8_t *p, merge_cand *h, size_t *hn, int left, int right, int rend) {
   int id = bpe_lookup(b, p + left, (size_t)(rend - left));
   if (id >= 0 && !b->special[id]) heap_push(h, hn, (merge_cand){id, left, right, rend});
 }
@@ -248,7 +249,7 @@ static int64_t encode_short(const bpe *b, const uint8_t *p, int n, bpe_work *w, 
  * of its parts is no longer what it was) is dropped when it comes up. */
 static int64_t encode_long(const bpe *b, const uint8_t *p, int n, bpe_work *w, int32_t *out) {
   int32_t *end = w->end, *prv = w->prv;
-  int hn = 0;
+  size_t hn = 0;
   for (int k = 0; k < n; k++) {
     end[k] = k + 1;
     prv[k] = k - 1;
