@@ -913,13 +913,29 @@ ftar_coord *ftar_coord_start(const char *host, int port, const ftar_coord_opts *
   return c;
 }
 
+/* At ftar_coord_free, the loop stopped: an eviction still in the command
+ * queue (the host's loop ended before it ran, or it came after the quit)
+ * still gets its BYE, flushed with the others. Nothing is published: the
+ * group's coordinator is going away. */
+static void evictions_left(ftar_coord *c) {
+  int cmd[2];
+  while (c->cmd[0] >= 0 && read(c->cmd[0], cmd, sizeof cmd) == (ssize_t)sizeof cmd) {
+    int i = cmd[0] == CMD_EVICT ? find_slot(c, cmd[1]) : -1;
+    if (i < 0) continue;
+    clog_(c, "evicting slot %d (the coordinator is closing)", cmd[1]);
+    conn_close_with(c->mem[i], FT_BYE, FTAR_EEVICTED, "evicted by the host");
+  }
+}
+
 void ftar_coord_free(ftar_coord *c) {
   if (!c) return;
+  int stopped = 1;
   if (c->has_thread) {
     if (cmd_send(c, CMD_QUIT, 0) == 0) pthread_join(c->th, NULL);
-    else pthread_detach(c->th); /* cannot happen short of a broken pipe; leak rather than hang */
+    else pthread_detach(c->th), stopped = 0; /* cannot happen short of a broken pipe; leak rather than hang */
   }
-  for (cconn *k = c->conns; k; k = k->next)
+  if (stopped) evictions_left(c);
+  for (cconn *k = c->conns; k && stopped; k = k->next)
     if (k->state == CS_CLOSING) closing_flush_now(k);
   while (c->conns) conn_drop(c->conns);
   if (c->lis) evconnlistener_free(c->lis);

@@ -2322,6 +2322,23 @@ static void test_evict_then_free(void) {
   CHECK(rc == FTAR_EEVICTED && strstr(tr_error(), "evicted by the host"),
         "closing: evicted just before the coordinator quit: rc %d (%s), want FTAR_EEVICTED", rc, tr_error());
   ftar_member_free(a);
+  /* embedded in a host's loop (the operator's): the loop has ended when
+   * the eviction is asked, so only ftar_coord_free can still send its BYE */
+  loop_drv d;
+  if (drv_start(&d, 0)) return;
+  a = ftar_member_create("127.0.0.1", ftar_coord_port(d.c), 0, &mo);
+  CHECK(a != NULL, "closing, embedded: member: %s", tr_error());
+  d.quit = 1;
+  pthread_join(d.th, NULL);
+  CHECK(ftar_coord_evict(d.c, 0) == 0, "closing, embedded: evict request");
+  ftar_coord_free(d.c);
+  event_base_free(d.base);
+  rc = 0;
+  end = tr_now() + T(10);
+  while (a && tr_now() < end && (rc = ftar_allreduce(a, v, 3, FTAR_SUM, seq++, &r)) >= 0) usleep(20000);
+  CHECK(rc == FTAR_EEVICTED && strstr(tr_error(), "evicted by the host"),
+        "closing, embedded: evicted after the host's loop ended: rc %d (%s), want FTAR_EEVICTED", rc, tr_error());
+  ftar_member_free(a);
 }
 
 /* A registration refused (slot in use) by a peer that keeps sending after
