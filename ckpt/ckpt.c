@@ -1090,6 +1090,7 @@ void ckpt_close(ckpt_engine *e) {
 struct ckpt_reader {
   MDB_env *env;
   int borrowed; /* env belongs to an engine (LMDB allows one env per file per process) */
+  int map_lost; /* its own env's remap failed: LMDB keeps no map (see the engine's map_lost) */
   ckpt_engine *engine; /* that engine (borrowed) */
   MDB_dbi man, data;
   ckpt_tensor_info *tensors; /* last decoded manifest's table */
@@ -1106,10 +1107,11 @@ static int may_remap(const ckpt_reader *r) { return !r->borrowed || !r->engine->
 /* A read transaction on the reader's env. A borrowed env whose engine lost
  * its map is refused (MDB_PANIC: "environment had fatal error"), and a
  * failed remap of a borrowed env loses the engine's map as its own would. */
-static int reader_txn_begin(const ckpt_reader *r, MDB_txn **txn) {
-  if (r->borrowed && atomic_load(&r->engine->map_lost)) return MDB_PANIC;
+static int reader_txn_begin(ckpt_reader *r, MDB_txn **txn) {
+  if (r->map_lost || (r->borrowed && atomic_load(&r->engine->map_lost))) return MDB_PANIC;
   int lost = 0, rc = txn_begin_remap(r->env, MDB_RDONLY, txn, may_remap(r), &lost);
   if (lost && r->borrowed) map_lost_fail(r->engine, rc, "a reader adopting the checkpoint store's grown map");
+  else if (lost) r->map_lost = 1;
   return rc;
 }
 
