@@ -98,6 +98,16 @@ local function steps_by_worker(run)
   return by
 end
 
+-- Workers 0 and 1 each recorded every step once, in order, up to steps:
+-- no rejoin, no redo from a checkpoint, nothing lost across an adoption.
+local function every_step_once(run, steps)
+  local by = steps_by_worker(run)
+  for w = 0, 1 do
+    for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
+    assert.equal(steps, by[w][#by[w]].step)
+  end
+end
+
 local wait_exit = S.wait_rc
 
 local function up(n)
@@ -310,11 +320,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
       local log = read(run .. "-agent" .. k .. ".log") or ""
       assert.equal(1, select(2, log:gsub("replica %d started", "")), log)
     end
-    local by = steps_by_worker(run) -- every step once, in order: no rejoin, no redo from a checkpoint
-    for w = 0, 1 do
-      for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
-      assert.equal(steps, by[w][#by[w]].step)
-    end
+    every_step_once(run, steps) -- every step once, in order: no rejoin, no redo from a checkpoint
   end)
 
   -- The operator's host gone silent under external workers (torchrun's
@@ -369,11 +375,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.matches("replica 1 adopted", ev, 1, true)
     assert.matches("replicas_agree", ev, 1, true)
     for r = 0, 1 do assert.matches("adopted by the operator at 10.77.0.1:" .. PORT, wlog(r), 1, true) end
-    local by = steps_by_worker(run) -- the replayed STEP lines fill what the old operator never got
-    for w = 0, 1 do
-      for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
-      assert.equal(steps, by[w][#by[w]].step)
-    end
+    every_step_once(run, steps) -- the replayed STEP lines fill what the old operator never got
   end)
 
   -- The operator frozen (SIGSTOP, never continued: a hung process, or its
@@ -421,11 +423,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
       assert.matches("(RUN/operator.addr names a restarted operator)", wlog(r), 1, true)
       assert.matches("adopted by the operator", wlog(r), 1, true)
     end
-    local by = steps_by_worker(run) -- the replayed STEP lines fill what the frozen operator never took
-    for w = 0, 1 do
-      for i = 2, #by[w] do assert.equal(by[w][i - 1].step + 1, by[w][i].step) end
-      assert.equal(steps, by[w][#by[w]].step)
-    end
+    every_step_once(run, steps) -- the replayed STEP lines fill what the frozen operator never took
   end)
 
   it("a host's link cut in the middle of an all-reduce: replaced on the spare, fenced when restored", function()

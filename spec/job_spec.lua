@@ -448,10 +448,12 @@ return {
     has(rejected(path, run_dir), path .. ":3:", "'checkpoint'", "table")
   end)
 
+  -- the smallest job that trains and checkpoints (the run_dir cases)
+  local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 2,\n"
+    .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
+    .. "  checkpoint = { every_steps = 1 },\n"
+
   it("refuses, without --resume, a run_dir that already holds a run (its job.lua or checkpoint store)", function()
-    local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 2,\n"
-      .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
-      .. "  checkpoint = { every_steps = 1 },\n"
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
     local code, _, err = transom(dir, "run", path)
     assert.are.equal(0, code, err)
@@ -485,9 +487,6 @@ return {
   end)
 
   it("a first run that fails before training leaves a directory a rerun or --resume takes up", function()
-    local tiny = "  n_layer = 1, n_head = 1, n_embd = 16, block_size = 16, batch_size = 2, max_steps = 2,\n"
-      .. "  warmup_steps = 0, eval_interval = 0, eval_steps = 1, sample_tokens = 0, threads = 1,\n"
-      .. "  checkpoint = { every_steps = 1 },\n"
     -- job.lua cannot be written (its .tmp is a directory): the store is not opened yet, so the fixed rerun goes
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
     assert(os.execute("mkdir -p " .. q(run_dir .. "/job.lua.tmp")))
