@@ -30,7 +30,7 @@ describe("transom attach", function()
       "--set data=" .. data, "--set run_dir=" .. run, "--set max_steps=1500",
       "--set n_layer=2 --set n_head=2 --set n_embd=64 --set block_size=32 --set batch_size=8",
       "--set eval_interval=0 --set sample_tokens=0 --set log_interval=500 --set checkpoint.every_steps=100" }, " ")
-    local pid = S.spawn(cmd, tmp .. "/op.log")
+    local pid, rc_of = S.spawn_rc(cmd, tmp .. "/op.log")
     local A = BIN .. " attach " .. run .. " -e "
     local out, rc
     for _ = 1, N(100) do -- wait for the control socket and the replicas
@@ -83,11 +83,21 @@ describe("transom attach", function()
     else
       print("\n  (not root: the other-uid refusal is not tested)")
     end
+    -- a client that stays attached (its input never ends) while the job
+    -- finishes: the job still ends, and frees that client's connection
+    -- (under ASan a leak would fail the exit status)
+    S.spawn("sh -c '(echo 6*7; sleep 600) | " .. BIN .. " attach " .. run .. "'", tmp .. "/lingering.log")
+    for _ = 1, N(100) do
+      if (read(tmp .. "/lingering.log") or ""):match("42") then break end
+      sleep(0.1)
+    end
+    assert.matches("42", read(tmp .. "/lingering.log") or "")
     -- the job finishes; every replica saw the new lr from the same step
     -- (bounded by progress: a loaded machine or the ASan build may be slow)
     assert.is_true(S.wait_exit_progress(pid, run .. "/metrics.jsonl", T(60)), "the job stopped making progress")
     local log = read(tmp .. "/op.log")
     assert.matches("finished at step 1500", log, 1, true)
+    assert.equal(0, S.wait_rc(rc_of, T(10)), log)
     assert.matches("replicas_agree", read(run .. "/events.jsonl"), 1, true)
     for line in read(run .. "/metrics.jsonl"):gmatch("[^\n]+") do
       local step, lr = line:match('^{"step":(%d+),"worker":%d+,.-"lr":([^,]+),')

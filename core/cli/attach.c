@@ -48,17 +48,21 @@ static char **complete(const char *text, int start, int end) {
   return rl_completion_matches(text, control_match);
 }
 
-/* Sends one line; prints the reply until its terminator. Returns 0 done,
+/* Sends one line; prints the reply until its terminator, flushed. Returns 0 done,
  * 1 error, 2 needs more input, -1 connection lost. */
 static int exchange(int fd, FILE *in, const char *code) {
   dprintf(fd, "lua %s\n", code);
   char line[65536];
+  int rc = -1;
   while (fgets(line, sizeof line, in)) {
-    if (line[0] == '\001') return strncmp(line + 1, "ERR", 3) == 0 ? 1 : 0;
-    if (line[0] == '\002') return 2;
+    if (line[0] == '\001' || line[0] == '\002') {
+      rc = line[0] == '\002' ? 2 : strncmp(line + 1, "ERR", 3) == 0 ? 1 : 0;
+      break;
+    }
     fputs(line, stdout);
   }
-  return -1;
+  fflush(stdout); /* each reply as it comes, into a pipe or a file too */
+  return rc;
 }
 
 int attach_main(int argc, char **argv) {

@@ -1362,7 +1362,7 @@ static void teardown(operator_state *o) {
   if (o->ev_chld) event_free(o->ev_chld);
   if (o->ev_term) event_free(o->ev_term);
   if (o->ev_int) event_free(o->ev_int);
-  if (o->ctl) evconnlistener_free(o->ctl);
+  operator_ctl_close(o);
   if (o->lis) evconnlistener_free(o->lis);
   ftar_coord_free(o->coord);
   operator_policy_free(o); /* its watcher, before the base */

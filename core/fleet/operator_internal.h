@@ -96,6 +96,7 @@ struct operator_state {
   struct event_base *base;
   ftar_coord *coord;
   struct evconnlistener *lis, *ctl;
+  struct ctl_conn *ctl_conns; /* the attached control clients (operator_repl.c) */
   int port, threads, nslots;
   slot slots[MAX_SLOTS];
   FILE *metrics, *events, *coord_log;
@@ -221,5 +222,7 @@ int hosts_cordon(operator_state *o, const char *name, int on, const char *why);
 
 /* operator_repl.c: the control socket RUN/control.sock */
 struct evconnlistener *operator_ctl_listen(operator_state *o);
+/* Closes the control socket and every client still attached (at exit). */
+void operator_ctl_close(operator_state *o);
 
 #endif

@@ -37,14 +37,18 @@
  * which also serves the replicas' heartbeats; keep a runaway short */
 #define REPL_BUDGET_HOOKS 20
 
-typedef struct {
+typedef struct ctl_conn {
   operator_state *o;
   struct bufferevent *bev;
   char *pending; /* an incomplete chunk so far */
   int env_ref;
+  struct ctl_conn *prev, *next; /* o->ctl_conns: freed with the operator if still attached */
 } ctl_conn;
 
 static void conn_free(ctl_conn *c) {
+  if (c->prev) c->prev->next = c->next;
+  else c->o->ctl_conns = c->next;
+  if (c->next) c->next->prev = c->prev;
   if (c->env_ref && c->env_ref != LUA_NOREF) luaL_unref(c->o->L, LUA_REGISTRYINDEX, c->env_ref);
   free(c->pending);
   bufferevent_free(c->bev);
@@ -699,6 +703,9 @@ static void ctl_accept(struct evconnlistener *l, evutil_socket_t fd, struct sock
   }
   c->o = o;
   c->bev = bev;
+  c->next = o->ctl_conns;
+  if (c->next) c->next->prev = c;
+  o->ctl_conns = c;
   bufferevent_setcb(bev, ctl_read, NULL, ctl_event, c);
   bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
@@ -712,4 +719,10 @@ struct evconnlistener *operator_ctl_listen(operator_state *o) {
                                                      (struct sockaddr *)&sa, sizeof sa);
   umask(old);
   return l;
+}
+
+void operator_ctl_close(operator_state *o) {
+  if (o->ctl) evconnlistener_free(o->ctl);
+  o->ctl = NULL;
+  while (o->ctl_conns) conn_free(o->ctl_conns);
 }
