@@ -982,6 +982,8 @@ int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s) {
     return result;
   }
   if (e->dev && !e->dev->host_memory && e->dev->ckpt_mark && e->dev->ckpt_mark()) {
+    e->stats.snapshots++; /* the totals count it, as a failed start */
+    e->stats.failed++;
     pthread_mutex_unlock(&e->mu);
     return tr_fail(TR_EIO, "checkpoint snapshot: marking the device stream: %s", e->dev->error());
   }

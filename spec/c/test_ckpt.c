@@ -510,6 +510,7 @@ static struct {
   void *pinned[8];      /* currently pinned buffers */
   int npin, pins;       /* live pins, successful pin calls */
   int copies, downloads, copy_fail;
+  int mark_fail;        /* ckpt_mark fails */
 } fake;
 
 static const char *fake_error(void) { return "fake device error"; }
@@ -539,6 +540,7 @@ static int fake_download(void *dst, const void *src, size_t bytes) {
   return TR_OK;
 }
 static int fake_nothing(void) { return TR_OK; }
+static int fake_mark(void) { return fake.mark_fail ? TR_EIO : TR_OK; }
 
 /* Device staging: a staging buffer that cannot be pinned is used unpinned
  * (the snapshot commits, stats say so, no second try; nothing stays pinned
@@ -625,6 +627,29 @@ static void test_device_staging(void) {
         "a failed device copy is a failure event: %s", got ? ev.what : "(none)");
   ckpt_close(e);
   CHECK(newest(dir) == -1, "nothing half-copied is committed (newest %lld)", (long long)newest(dir));
+
+  /* a device stream that cannot be marked: an error, counted in the totals */
+  store_path(dir, sizeof dir, "dev-markfail");
+  memset(&fake, 0, sizeof fake);
+  be.ckpt_mark = fake_mark;
+  fake.mark_fail = 1;
+  e = open_engine(dir, 3, 0, CKPT_COALESCE, 0);
+  if (!e) goto out;
+  ckpt_set_device(e, &be);
+  ckpt_register(e, "param/a", CKPT_F32, 1, da, a);
+  s.step = 5;
+  rc = ckpt_snapshot(e, &s);
+  CHECK(rc < 0 && strstr(tr_error(), "marking the device stream"), "a failed mark fails the snapshot: %d %s", rc,
+        tr_error());
+  ckpt_get_stats(e, &st);
+  CHECK(st.snapshots == 1 && st.failed == 1, "and the totals count it (snapshots %llu, failed %llu)",
+        (unsigned long long)st.snapshots, (unsigned long long)st.failed);
+  fake.mark_fail = 0;
+  s.step = 6;
+  CHECK(ckpt_snapshot(e, &s) >= 0, "the next snapshot, marked: %s", tr_error());
+  ckpt_flush(e);
+  ckpt_close(e);
+  CHECK(newest(dir) == 6, "step 6 committed after the failed mark (newest %lld)", (long long)newest(dir));
 out:
   free(a);
 }
