@@ -3,7 +3,10 @@
 -- it and computes the same logits as transom's own forward pass on the same
 -- tokens; a random GPT-2 saved by transformers starts a job (init_from) whose
 -- weights give transformers' logits again. Tolerance 1e-4 absolute, fp32;
--- the measured maximum differences are printed.
+-- the measured maximum differences are printed. Without Python, on transom's
+-- own exports edited here: what init_from refuses and how it says so
+-- (config.json read by its top-level keys), and export's reading of
+-- vocab.json.
 --
 -- Needs a Python with torch and transformers: $TRANSOM_HF_PYTHON, else
 -- ~/.cache/transom/hfvenv/bin/python (./test.sh makes it from PyPI, once per machine). Without
@@ -116,6 +119,32 @@ end
 local IDS = {}
 for i = 1, 32 do IDS[i] = (i * 7919 + 13) % 600 end
 
+-- A one-step run on BPE shards (vocab 300, 1 layer, 2 heads, 32 wide, no
+-- Python) and its export: {run, hf, cfg = config.json's text, base = the
+-- job's command line, start(run, job) = the job (base, or job) with
+-- init_from = hf in tmp/run: its output and exit status}.
+local function tiny_export(name)
+  if not S.exists(tmp .. "/tshards") then
+    write(tmp .. "/tiny.txt", assert(read(ROOT .. "/data/fortunes.txt")):sub(1, 30000))
+    local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/tiny.txt -o " .. tmp .. "/tshards --vocab 300 2>&1")
+    assert.equal(0, rc, out)
+  end
+  local e = { run = tmp .. "/" .. name .. "_run", hf = tmp .. "/" .. name .. "_hf" }
+  e.base = BIN .. " run " .. ROOT .. "/examples/fortunes.lua --set 'data=" .. tmp .. "/tshards/train_*.bin' "
+    .. "--set vocab_size=300 --set n_layer=1 --set n_head=2 --set n_embd=32 --set block_size=16 "
+    .. "--set batch_size=2 --set max_steps=1 --set warmup_steps=0 --set threads=1 --set eval_interval=0 "
+    .. "--set eval_steps=1 --set sample_tokens=0 "
+  local out, rc = S.sh(e.base .. "--set run_dir=" .. e.run .. " 2>&1")
+  assert.equal(0, rc, out)
+  out, rc = S.sh(BIN .. " export " .. e.run .. " --hf " .. e.hf .. " 2>&1")
+  assert.equal(0, rc, out)
+  e.cfg = assert(read(e.hf .. "/config.json"))
+  function e.start(run, job)
+    return S.sh((job or e.base) .. "--set init_from=" .. e.hf .. " --set run_dir=" .. tmp .. "/" .. run .. " 2>&1")
+  end
+  return e
+end
+
 local function need_py()
   if have_py then return true end
   if os.getenv("TRANSOM_REQUIRE_HF") then error("no Python with torch + transformers at " .. PY) end
@@ -154,28 +183,15 @@ describe("Hugging Face round trip", function()
 
   it("init_from refuses what transom's gpt cannot honour: an untied head, another layer norm epsilon, missing wte rows", function()
     -- no Python: the directory is transom's own export, its config.json edited
-    local text = assert(read(ROOT .. "/data/fortunes.txt")):sub(1, 30000)
-    write(tmp .. "/fixed.txt", text)
-    local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/fixed.txt -o " .. tmp .. "/fshards --vocab 300 2>&1")
-    assert.equal(0, rc, out)
-    local base = BIN .. " run " .. ROOT .. "/examples/fortunes.lua --set 'data=" .. tmp .. "/fshards/train_*.bin' "
-      .. "--set vocab_size=300 --set n_layer=1 --set n_head=2 --set n_embd=32 --set block_size=16 "
-      .. "--set batch_size=2 --set max_steps=1 --set warmup_steps=0 --set threads=1 --set eval_interval=0 "
-      .. "--set eval_steps=1 --set sample_tokens=0 "
-    out, rc = S.sh(base .. "--set run_dir=" .. tmp .. "/frun 2>&1")
-    assert.equal(0, rc, out)
-    out, rc = S.sh(BIN .. " export " .. tmp .. "/frun --hf " .. tmp .. "/fhf 2>&1")
-    assert.equal(0, rc, out)
-    local cfg = assert(read(tmp .. "/fhf/config.json"))
-    out, rc = S.sh(base .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/fok 2>&1")
+    local e = tiny_export("fixed")
+    local out, rc = e.start("fok")
     assert.equal(0, rc, out) -- the export as written starts a job
     -- config.json edited (from, to): the job (base) refuses it, naming why
     local function refused(from, to, run, why, job)
-      local edited = cfg:gsub(from, to)
-      assert.are_not.equal(cfg, edited)
-      write(tmp .. "/fhf/config.json", edited)
-      local o, code = S.sh((job or base) .. "--set init_from=" .. tmp .. "/fhf --set run_dir=" .. tmp .. "/" .. run
-        .. " 2>&1")
+      local edited = e.cfg:gsub(from, to)
+      assert.are_not.equal(e.cfg, edited)
+      write(e.hf .. "/config.json", edited)
+      local o, code = e.start(run, job)
       assert.equal(2, code, o)
       assert.matches(why, o)
     end
@@ -186,8 +202,84 @@ describe("Hugging Face round trip", function()
     -- a wte with fewer rows than vocab_size (config.json and the job both
     -- say 320, the export holds 300): refused, not the 20 rows zero-filled
     refused('"vocab_size": 300', '"vocab_size": 320', "fshort",
-      "fhf/model%.safetensors': 'transformer%.wte%.weight' has 300 rows, fewer than vocab_size = 320: "
-      .. "tokens 300%.%.319 would have no embedding", (base:gsub("vocab_size=300", "vocab_size=320")))
+      "fixed_hf/model%.safetensors': 'transformer%.wte%.weight' has 300 rows, fewer than vocab_size = 320: "
+      .. "tokens 300%.%.319 would have no embedding", (e.base:gsub("vocab_size=300", "vocab_size=320")))
+  end)
+
+  it("init_from reads config.json's own top-level keys: not one nested or in a string, not one twice, each of its type", function()
+    -- no Python. Each edit of the export's config.json, as the first key or in place of one
+    local e = tiny_export("cfg")
+    local function first(text) return (e.cfg:gsub("^{", "{\n  " .. text .. ",", 1)) end
+    local function edit(from, to, text)
+      local edited = (text or e.cfg):gsub(from, to)
+      assert.are_not.equal(text or e.cfg, edited)
+      return edited
+    end
+    local function start(text, run)
+      write(e.hf .. "/config.json", text)
+      return e.start(run)
+    end
+    local function accepted(text, run)
+      local o, code = start(text, run)
+      assert.equal(0, code, o)
+    end
+    local function refused(text, run, why)
+      local o, code = start(text, run)
+      assert.equal(2, code, o)
+      assert.matches("init_from.*cfg_hf/config%.json'?:? " .. why, o)
+    end
+    -- a nested object, or a string, with a key's name ahead of the key itself: not read
+    accepted(first('"task_specific_params": {"n_layer": 7, "n_embd": 5, "x": ["n_head", {"n_head": 3}]}'), "nested")
+    accepted(first('"_name_or_path": "n_layer"'), "instring")
+    accepted(first('"note": "a \\"quote\\", \\u00e9, \\"n_embd\\": 5 and a backslash \\\\"'), "escapes")
+    -- the key nested only: absent from the top level
+    refused(edit('\n  "n_layer": 1,', "", first('"task_specific_params": {"n_layer": 1}')), "onlynested",
+      "has no key n_layer")
+    -- activation_function is compared whole: "gelu_new" elsewhere does not make "relu" GPT-2's GELU
+    local relu = edit('"activation_function": "gelu_new"', '"activation_function": "relu"',
+      first('"_name_or_path": "gelu_new"'))
+    refused(relu, "relu", 'activation_function is "relu"; transom\'s gpt computes GPT%-2\'s tanh GELU')
+    refused(edit('"gelu_new"', '"gelu_new_v2"'), "gelu2", 'activation_function is "gelu_new_v2"')
+    accepted(edit('"gelu_new"', '"gelu_pytorch_tanh"'), "tanh")
+    -- a key twice, whichever value comes first
+    refused(edit('("n_embd": 32,)', '%1\n  "n_embd": 64,'), "twice", "key n_embd appears twice")
+    -- a value of another type
+    refused(edit('"n_layer": 1', '"n_layer": 1.5'), "float", "n_layer is not an integer %(it is 1%.5%)")
+    refused(edit('"n_layer": 1', '"n_layer": "1"'), "string", 'n_layer is not an integer %(it is "1"%)')
+    refused(edit('"tie_word_embeddings": true', '"tie_word_embeddings": "false"'), "tiestr",
+      'tie_word_embeddings is not true or false %(it is "false"%)')
+    refused(edit('"layer_norm_epsilon": 1e%-05', '"layer_norm_epsilon": "1e-05"'), "epsstr",
+      'layer_norm_epsilon is not a number %(it is "1e%-05"%)')
+    refused(edit('"activation_function": "gelu_new"', '"activation_function": 1'), "actnum",
+      "activation_function is not a string %(it is 1%)")
+    -- not one JSON object
+    refused(edit("}%s*$", ""), "cut", "is not a JSON object %(byte %d+: expected ',' or '}'%)")
+    refused(e.cfg .. "{}", "two", "is not a JSON object %(byte %d+: more after the object's closing '}'%)")
+    refused(edit('"n_layer": 1,', '"n_layer": 1,,'), "comma", "is not a JSON object %(byte %d+: expected a string%)")
+    -- and the export as written still starts a job
+    accepted(e.cfg, "asis")
+  end)
+
+  it("export reads vocab.json's own top-level keys: not one nested, not one twice, each of its type", function()
+    local e = tiny_export("voc")
+    local vocab = assert(read(e.run .. "/vocab.json"))
+    local function export(text, dir)
+      write(e.run .. "/vocab.json", text)
+      local o, code = S.sh(BIN .. " export " .. e.run .. " --hf " .. tmp .. "/" .. dir .. " 2>&1")
+      write(e.run .. "/vocab.json", vocab)
+      return o, code
+    end
+    local out, rc = export('{"meta": {"vocab_size": 7}, "type": "tokens", "vocab_size": 300}', "vnested")
+    assert.equal(0, rc, out)
+    out, rc = export('{"type": "tokens", "vocab_size": 300, "vocab_size": 301}', "vtwice")
+    assert.equal(1, rc, out)
+    assert.matches("voc_run/vocab%.json': key vocab_size appears twice", out)
+    out, rc = export('{"type": "tokens", "vocab_size": "300"}', "vstring")
+    assert.equal(1, rc, out)
+    assert.matches('voc_run/vocab%.json\': vocab_size is not an integer %(it is "300"%)', out)
+    out, rc = export('{"type": "words", "vocab_size": 300}', "vtype")
+    assert.equal(1, rc, out)
+    assert.matches('voc_run/vocab%.json\': type is "words", expected "bytes" or "tokens"', out)
   end)
 
   it("export --hf checks every tensor against job.lua and vocab.json, refuses RUN as DIR, writes into DIR", function()

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "json_top.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -168,71 +169,57 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
 
 /* --- import --- */
 
-/* The integer after "key": in a JSON text, or -1. */
-static int64_t json_int(const char *json, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\"", key);
-  const char *p = strstr(json, pat);
-  if (!p) return -1;
-  p += strlen(pat);
-  while (*p == ' ' || *p == ':' || *p == '\n' || *p == '\t') p++;
-  char *end;
-  long long v = strtoll(p, &end, 10);
-  return end == p ? -1 : v;
-}
-
-/* The text of the value after "key": in a JSON text, or NULL. */
-static const char *json_value(const char *json, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\"", key);
-  const char *p = strstr(json, pat);
-  if (!p) return NULL;
-  p += strlen(pat);
-  while (*p == ' ' || *p == ':' || *p == '\n' || *p == '\t' || *p == '\r') p++;
-  return p;
-}
-
-/* What transom's gpt cannot honour: an untied output head (its own
- * lm_head.weight, which import_one would never read) or another layer
- * norm epsilon (the kernels' is 1e-5). Absent keys are GPT-2's defaults. */
-static int check_fixed(const char *path, const char *js) {
-  const char *v = json_value(js, "tie_word_embeddings");
-  if (v && strncmp(v, "false", 5) == 0)
+/* What transom's gpt cannot honour: another activation than GPT-2's tanh
+ * GELU, an untied output head (its own lm_head.weight, which import_one
+ * would never read) or another layer norm epsilon (the kernels' is 1e-5).
+ * Absent keys are GPT-2's defaults. */
+static int check_fixed(const json_doc *d) {
+  char act[64];
+  const char *raw;
+  size_t n;
+  int found, tied = 1;
+  double eps = 1e-5;
+  int rc = json_top_str(d, "activation_function", act, sizeof act, &found);
+  if (!rc && found && strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)
+    return tr_fail(TR_EINVAL, "'%s': activation_function is \"%s\"; transom's gpt computes GPT-2's tanh GELU "
+                   "(\"gelu_new\" or \"gelu_pytorch_tanh\")", d->file, act);
+  if (!rc) rc = json_top_bool(d, "tie_word_embeddings", &tied, &found);
+  if (!rc && !tied)
     return tr_fail(TR_EINVAL, "'%s': tie_word_embeddings is false; transom's gpt ties the output head to wte "
-                   "(lm_head.weight would be ignored)", path);
-  v = json_value(js, "layer_norm_epsilon");
-  if (v) {
-    char *end;
-    double eps = strtod(v, &end);
-    if (end == v || fabs(eps - 1e-5) > 1e-12)
-      return tr_fail(TR_EINVAL, "'%s': layer_norm_epsilon is %.*s, transom's gpt uses 1e-05", path,
-                     (int)strcspn(v, ",}\n"), v);
-  }
-  return TR_OK;
+                   "(lm_head.weight would be ignored)", d->file);
+  if (!rc) rc = json_top_num(d, "layer_norm_epsilon", &eps, &found);
+  if (!rc && fabs(eps - 1e-5) > 1e-12 && !json_top_raw(d, "layer_norm_epsilon", &raw, &n, NULL))
+    return tr_fail(TR_EINVAL, "'%s': layer_norm_epsilon is %.*s, transom's gpt uses 1e-05", d->file, (int)n, raw);
+  return rc;
 }
 
+/* config.json against the job (s, its block_size): every key read as a
+ * top-level key of one JSON object (json_top.h), the four sizes and
+ * n_positions required. */
 static int check_config(const char *dir, const hf_shape *s, int64_t block) {
   char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/config.json", dir);
+  if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path)
+    return tr_fail(TR_EINVAL, "'%s': path too long", dir);
   size_t len;
   char *js = tr_read_file(path, &len);
   if (!js) return TR_EIO;
+  json_doc d = {path, js, len};
   struct { const char *key; int64_t want; } f[] = {
       {"n_layer", s->n_layer}, {"n_head", s->n_head}, {"n_embd", s->n_embd}, {"vocab_size", s->vocab_size}};
   int rc = TR_OK;
   for (int i = 0; i < 4 && !rc; i++) {
-    int64_t got = json_int(js, f[i].key);
-    if (got != f[i].want)
+    int64_t got = 0;
+    rc = json_top_int(&d, f[i].key, &got, NULL);
+    if (!rc && got != f[i].want)
       rc = tr_fail(TR_EINVAL, "'%s': %s is %lld, the job has %s = %lld", path, f[i].key, (long long)got, f[i].key,
                    (long long)f[i].want);
   }
-  int64_t npos = json_int(js, "n_positions");
+  int64_t npos = 0;
+  if (!rc) rc = json_top_int(&d, "n_positions", &npos, NULL);
   if (!rc && npos < block)
     rc = tr_fail(TR_EINVAL, "'%s': n_positions = %lld is less than the job's block_size = %lld", path,
                  (long long)npos, (long long)block);
-  if (!rc && strstr(js, "\"activation_function\"") && !strstr(js, "gelu_new") && !strstr(js, "gelu_pytorch_tanh"))
-    rc = tr_fail(TR_EINVAL, "'%s': activation_function is not GPT-2's tanh GELU (gelu_new)", path);
-  if (!rc) rc = check_fixed(path, js);
+  if (!rc) rc = check_fixed(&d);
   free(js);
   return rc;
 }

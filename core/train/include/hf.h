@@ -42,8 +42,11 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
 /* Fills the parameters of a planned GPT graph from dir/config.json and
  * dir/model.safetensors (names with or without the "transformer." prefix);
  * params is the host array the tensors' offsets index (graph_params on the
- * CPU). config.json must agree with s (the job): an error names the field,
- * both values and the file. wte must have a row for each of the
+ * CPU). config.json is read by its top-level keys (json_top.h: one nested
+ * or inside a string is not the key; a key twice, a value of another type,
+ * a text that is not one JSON object are TR_EFORMAT naming the file and
+ * the key) and must agree with s (the job): TR_EINVAL names the field, both
+ * values and the file. wte must have a row for each of the
  * s->vocab_size tokens (an error names model.safetensors and both sizes);
  * only the model's padding rows past them are zeroed. */
 int hf_import(graph *g, float *params, const char *dir, const hf_shape *s);
