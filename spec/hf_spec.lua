@@ -4,9 +4,10 @@
 -- tokens; a random GPT-2 saved by transformers starts a job (init_from) whose
 -- weights give transformers' logits again. Tolerance 1e-4 absolute, fp32;
 -- the measured maximum differences are printed. Without Python, on transom's
--- own exports edited here: what init_from refuses and how it says so
--- (config.json read by its top-level keys), and export's reading of
--- vocab.json.
+-- own exports edited here (config.json as text, model.safetensors rewritten
+-- by st_write): what init_from refuses and how it says so (config.json read
+-- by its top-level keys, a Conv1D weight in (out, in), a faulty tensor), and
+-- export's reading of vocab.json.
 --
 -- Needs a Python with torch and transformers: $TRANSOM_HF_PYTHON, else
 -- ~/.cache/transom/hfvenv/bin/python (./test.sh makes it from PyPI, once per machine). Without
@@ -118,6 +119,48 @@ end
 
 local IDS = {}
 for i = 1, 32 do IDS[i] = (i * 7919 + 13) % 600 end
+
+-- A safetensors file as its tensors in header order, {name, dtype, shape,
+-- data (the bytes)}: transom writes a compact header, which this reads.
+local function st_read(path)
+  local blob = assert(read(path))
+  local hlen = string.unpack("<I8", blob)
+  local header, t = blob:sub(9, 8 + hlen), {}
+  for name, dtype, shape, b0, b1 in
+    header:gmatch('"([^"]+)":{"dtype":"(%w+)","shape":%[([%d,]*)%],"data_offsets":%[(%d+),(%d+)%]}') do
+    local dims = {}
+    for d in shape:gmatch("%d+") do dims[#dims + 1] = tonumber(d) end
+    t[#t + 1] = { name = name, dtype = dtype, shape = dims,
+                  data = blob:sub(9 + hlen + tonumber(b0), 8 + hlen + tonumber(b1)) }
+  end
+  assert.is_true(#t > 0)
+  return t
+end
+
+-- Writes tensors (as st_read gives them) as a safetensors file, each
+-- entry as given: a name twice stays twice; t.offsets replaces the data's
+-- own [begin, end].
+local function st_write(path, tensors)
+  local entries, data, off = {}, {}, 0
+  for _, t in ipairs(tensors) do
+    local b = t.offsets or { off, off + #t.data }
+    entries[#entries + 1] = string.format('"%s":{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}', t.name, t.dtype,
+      table.concat(t.shape, ","), b[1], b[2])
+    data[#data + 1], off = t.data, off + #t.data
+  end
+  local header = "{" .. table.concat(entries, ",") .. "}"
+  header = header .. string.rep(" ", (8 - #header % 8) % 8)
+  write(path, string.pack("<I8", #header) .. header .. table.concat(data))
+end
+
+-- A (rows, cols) float32 matrix's bytes as (cols, rows).
+local function transposed(data, rows, cols)
+  local out = {}
+  for c = 0, cols - 1 do
+    for r = 0, rows - 1 do out[#out + 1] = data:sub((r * cols + c) * 4 + 1, (r * cols + c) * 4 + 4) end
+  end
+  return table.concat(out)
+end
 
 -- A one-step run on BPE shards (vocab 300, 1 layer, 2 heads, 32 wide, no
 -- Python) and its export: {run, hf, cfg = config.json's text, base = the
@@ -258,6 +301,80 @@ describe("Hugging Face round trip", function()
     refused(edit('"n_layer": 1,', '"n_layer": 1,,'), "comma", "is not a JSON object %(byte %d+: expected a string%)")
     -- and the export as written still starts a job
     accepted(e.cfg, "asis")
+  end)
+
+  it("init_from refuses a Conv1D weight in Linear's (out, in) layout, naming the file, the tensor and both shapes", function()
+    -- no Python: the export's weights rewritten in Lua
+    local e = tiny_export("conv")
+    local ts = st_read(e.hf .. "/model.safetensors")
+    st_write(e.hf .. "/model.safetensors", ts) -- the writer itself: the file as written still starts a job
+    -- (one step at a learning rate too small to move a float32 weight: the run's weights are the
+    -- exported ones, each back in transom's layout; wte's padding rows past the 300 tokens are zeroed)
+    local out, rc = e.start("convok", e.base .. "--set lr=1e-30 --set min_lr=0 --set weight_decay=0 ")
+    assert.equal(0, rc, out)
+    local mine = {}
+    for _, t in ipairs(st_read(tmp .. "/convok/model.safetensors")) do mine[t.name] = t end
+    for _, t in ipairs(st_read(e.run .. "/model.safetensors")) do
+      assert.same(t.shape, mine[t.name].shape)
+      local n = t.name == "transformer.wte.weight" and 300 * 32 * 4 or #t.data
+      assert.is_true(t.data:sub(1, n) == mine[t.name].data:sub(1, n), t.name .. " differs after export and init_from")
+    end
+    -- every Conv1D weight (in, out) -> (out, in), data and shape: a file in Linear's layout. Before, the
+    -- square attn.c_proj loaded transposed and the other three as they were, and the job started
+    for _, t in ipairs(ts) do
+      if t.name:match("%.c_attn%.weight$") or t.name:match("%.c_proj%.weight$") or t.name:match("%.c_fc%.weight$") then
+        t.data, t.shape = transposed(t.data, t.shape[1], t.shape[2]), { t.shape[2], t.shape[1] }
+      end
+    end
+    st_write(e.hf .. "/model.safetensors", ts)
+    out, rc = e.start("convlinear")
+    assert.equal(2, rc, out)
+    assert.matches("conv_hf/model%.safetensors': Conv1D weight 'transformer%.h%.0%.attn%.c_attn%.weight' is "
+      .. "%[96, 32%], expected %[32, 96%]: Hugging Face GPT%-2 stores it %(in, out%); this is Linear's %(out, in%) "
+      .. "layout", out)
+    assert.is_false(S.exists(tmp .. "/convlinear/model.safetensors"))
+  end)
+
+  it("init_from: a refused model.safetensors names the file, the tensor and what was wrong", function()
+    -- no Python: the export's weights rewritten in Lua, one fault each
+    local e = tiny_export("st")
+    local good = st_read(e.hf .. "/model.safetensors")
+    local function refused(edit, run, why)
+      local ts = st_read(e.hf .. "/model.safetensors")
+      edit(ts)
+      st_write(e.hf .. "/model.safetensors", ts)
+      local o, code = e.start(run)
+      st_write(e.hf .. "/model.safetensors", good)
+      assert.equal(2, code, o)
+      assert.matches("st_hf/model%.safetensors'?:? " .. why, o)
+    end
+    local function find(ts, name)
+      for i, t in ipairs(ts) do if t.name == name then return t, i end end
+    end
+    local function cut(name, shape) -- name reshaped to shape, its data cut to that many floats
+      return function(ts)
+        local t = find(ts, name)
+        t.shape, t.data = shape, t.data:sub(1, 4 * shape[1] * (shape[2] or 1))
+      end
+    end
+    refused(function(ts) table.insert(ts, ts[#ts]) end, "twice",
+      "not a valid float32 safetensors file: tensor 'transformer%.ln_f%.bias' appears twice in the header")
+    refused(function(ts) local t = find(ts, "transformer.ln_f.bias"); t.dtype, t.data = "F16", t.data:sub(1, 64) end,
+      "f16", "not a valid float32 safetensors file: tensor 'transformer%.ln_f%.bias' is F16; only F32 is read")
+    refused(function(ts) find(ts, "transformer.ln_f.bias").shape = { 16 } end, "bytes",
+      "not a valid float32 safetensors file: tensor 'transformer%.ln_f%.bias': its shape makes 64 bytes of F32, "
+      .. "its data_offsets %[%d+, %d+%] hold 128")
+    refused(function(ts) local t = find(ts, "transformer.ln_f.bias"); t.offsets = { 0, 1 << 30 } end, "offsets",
+      "not a valid float32 safetensors file: tensor 'transformer%.ln_f%.bias': data_offsets %[0, 1073741824%] are "
+      .. "not within the %d+ data bytes")
+    refused(function(ts) table.remove(ts, select(2, find(ts, "transformer.h.0.ln_2.bias"))) end, "missing",
+      "has no tensor 'transformer%.h%.0%.ln_2%.bias' %(nor 'h%.0%.ln_2%.bias'%), which the job's model needs")
+    refused(cut("transformer.ln_f.bias", { 16 }),
+      "short", "tensor 'transformer%.ln_f%.bias' is %[16%], expected %[32%] %(the job's model%)")
+    refused(cut("transformer.wpe.weight", { 8, 32 }),
+      "wpe", "'transformer%.wpe%.weight' has 8 rows, fewer than the job's block_size = 16")
+    refused(cut("transformer.wte.weight", { 300, 16 }), "wte",
+      "tensor 'transformer%.wte%.weight' is %[300, 16%], expected %[300, 32%] %(vocab_size rows of n_embd = 32%)")
   end)
 
   it("export reads vocab.json's own top-level keys: not one nested, not one twice, each of its type", function()

@@ -255,46 +255,87 @@ static int read_entry(scan *s, st_entry *e) {
   }
 }
 
+/* One tensor's entry against the data: F32, a shape whose byte count does
+ * not wrap (readers trust dim[] once the offsets agree: [2^62, 4] floats is
+ * 0 bytes modulo 2^64), offsets inside the data holding exactly that many
+ * bytes, a name not already read. why gets the reason. */
+static int check_entry(const st_file *f, const st_entry *e, char *why, size_t n) {
+  if (strcmp(e->dtype, "F32") != 0) {
+    snprintf(why, n, "tensor '%s' is %s; only F32 is read", e->name, e->dtype);
+    return -1;
+  }
+  uint64_t elems = 1;
+  for (int i = 0; i < e->ndim; i++) {
+    uint64_t d = (uint64_t)e->dim[i];
+    if (e->dim[i] < 0 || (d && elems > UINT64_MAX / 4 / d)) {
+      snprintf(why, n, "tensor '%s': its shape is too large to be stored", e->name);
+      return -1;
+    }
+    elems *= d;
+  }
+  if (e->begin > e->end || e->end > f->data_len) {
+    snprintf(why, n, "tensor '%s': data_offsets [%llu, %llu] are not within the %zu data bytes", e->name,
+             (unsigned long long)e->begin, (unsigned long long)e->end, f->data_len);
+    return -1;
+  }
+  if (e->end - e->begin != elems * 4) {
+    snprintf(why, n, "tensor '%s': its shape makes %llu bytes of F32, its data_offsets [%llu, %llu] hold %llu", e->name,
+             (unsigned long long)(elems * 4), (unsigned long long)e->begin, (unsigned long long)e->end,
+             (unsigned long long)(e->end - e->begin));
+    return -1;
+  }
+  for (int i = 0; i < f->n; i++)
+    if (strcmp(f->entries[i].name, e->name) == 0) { /* e is entries[f->n], not counted yet */
+      snprintf(why, n, "tensor '%s' appears twice in the header", e->name);
+      return -1;
+    }
+  return 0;
+}
+
 int safetensors_open(st_file *f, const char *path) {
+  char why[384];
   memset(f, 0, sizeof *f);
   f->buf = tr_read_file(path, &f->len);
   if (!f->buf) return TR_EIO;
   int cap = 0;
+  snprintf(why, sizeof why, "the file is %zu bytes, less than the 8 of its header length", f->len);
   if (f->len < 8) goto bad;
   uint64_t hlen = 0;
   for (int i = 0; i < 8; i++) hlen |= (uint64_t)(uint8_t)f->buf[i] << (8 * i);
+  snprintf(why, sizeof why, "its header length %llu does not fit in the %zu bytes after it",
+           (unsigned long long)hlen, f->len - 8);
   if (hlen > f->len - 8 || hlen < 2) goto bad;
   f->data = (const uint8_t *)f->buf + 8 + hlen;
   f->data_len = f->len - 8 - hlen;
   scan s = {f->buf + 8, f->buf + 8 + hlen};
+  snprintf(why, sizeof why, "its header is not a JSON object");
   if (expect(&s, '{')) goto bad;
   skip_ws(&s);
   if (s.p < s.end && *s.p == '}') goto done;
   for (;;) {
     char name[128];
+    snprintf(why, sizeof why, "header byte %zu: expected a tensor name in quotes (at most 127 bytes), then ':'",
+             (size_t)(s.p - (f->buf + 8)));
     if (read_str(&s, name, sizeof name) || expect(&s, ':')) goto bad;
     if (strcmp(name, "__metadata__") == 0) {
+      snprintf(why, sizeof why, "__metadata__ is not an object of strings");
       if (skip_str_object(&s)) goto bad;
     } else {
       if (f->n == cap) {
         cap = cap ? cap * 2 : 64;
         st_entry *ne = realloc(f->entries, sizeof(st_entry) * (size_t)cap);
-        if (!ne) goto bad;
+        if (!ne) {
+          safetensors_close(f);
+          return tr_fail(TR_ENOMEM, "out of memory reading '%s'", path);
+        }
         f->entries = ne;
       }
       st_entry *e = &f->entries[f->n];
       memset(e, 0, sizeof *e);
       memcpy(e->name, name, sizeof e->name);
-      if (read_entry(&s, e)) goto bad;
-      /* the element count must not wrap: [2^62, 4] floats is 0 bytes
-       * modulo 2^64, and readers trust dim[] once the offsets agree */
-      uint64_t elems = 1, esz = strcmp(e->dtype, "F32") == 0 ? 4 : 0;
-      for (int i = 0; i < e->ndim; i++) {
-        uint64_t d = (uint64_t)e->dim[i];
-        if (e->dim[i] < 0 || (d && elems > UINT64_MAX / 4 / d)) goto bad;
-        elems *= d;
-      }
-      if (esz == 0 || e->begin > e->end || e->end > f->data_len || e->end - e->begin != elems * esz) goto bad;
+      snprintf(why, sizeof why, "tensor '%s': its entry is not {\"dtype\", \"shape\" (at most %d dimensions), "
+               "\"data_offsets\"}", name, ST_MAX_DIMS);
+      if (read_entry(&s, e) || check_entry(f, e, why, sizeof why)) goto bad;
       f->n++;
     }
     skip_ws(&s);
@@ -302,6 +343,7 @@ int safetensors_open(st_file *f, const char *path) {
       s.p++;
       continue;
     }
+    snprintf(why, sizeof why, "header byte %zu: expected ',' or '}'", (size_t)(s.p - (f->buf + 8)));
     if (expect(&s, '}')) goto bad;
     break;
   }
@@ -309,7 +351,7 @@ done:
   return TR_OK;
 bad:
   safetensors_close(f);
-  return tr_fail(TR_EFORMAT, "'%s': not a valid float32 safetensors file", path);
+  return tr_fail(TR_EFORMAT, "'%s': not a valid float32 safetensors file: %s", path, why);
 }
 
 void safetensors_close(st_file *f) {

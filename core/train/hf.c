@@ -107,8 +107,10 @@ static int check_out_dir(const char *weights, const char *dir) {
   return TR_OK;
 }
 
-/* The Hugging Face tensors of the file f (validated) into ts: Conv1D
- * weights transposed into bufs, wte cut to the vocabulary; *nt of them. */
+/* The Hugging Face tensors of the file f into ts: Conv1D weights transposed
+ * into bufs, wte cut to the vocabulary; *nt of them. f is transom's own
+ * weights, already held by check_weights to the model's shapes: a Conv1D
+ * weight here is always (out, in), so it is always transposed. */
 static int hf_tensors(const st_file *f, const hf_shape *s, st_tensor *ts, int64_t (*dims)[ST_MAX_DIMS], float **bufs,
                       int *nt, int64_t *n_positions) {
   for (int i = 0; i < f->n; i++) {
@@ -224,35 +226,60 @@ static int check_config(const char *dir, const hf_shape *s, int64_t block) {
   return rc;
 }
 
-/* Copies one Hugging Face tensor into transom's tensor d. wte must hold a
- * row for each of the vocab real tokens: only the model's padding rows past
- * them (the vocabulary rounded up) are zeroed, never a real token's. */
+/* Copies one Hugging Face tensor into transom's tensor d, whose name and
+ * shape are the model's. A Conv1D weight must be Hugging Face's (in, out),
+ * always: it is transposed, and any other shape is refused. A square one
+ * cannot show its layout, but c_attn (3C, C) and c_fc (4C, C) never are
+ * square, so a file in Linear's (out, in) layout is refused by them rather
+ * than loaded with its square matrices transposed and the rest not. wte must hold a row for each of the vocab
+ * real tokens: only the model's padding rows past them (the vocabulary
+ * rounded up) are zeroed, never a real token's; wpe's first rows, as many
+ * as the job's block_size, are read. Each error names the file, the tensor,
+ * the shape found and the shape expected. */
 static int import_one(const st_file *f, const char *path, const tensor_desc *d, int64_t vocab, float *dst) {
+  char want[128], got[128];
+  int prefixed = strncmp(d->name, "transformer.", 12) == 0;
   const st_entry *e = safetensors_find(f, d->name);
-  if (!e && strncmp(d->name, "transformer.", 12) == 0) e = safetensors_find(f, d->name + 12);
-  if (!e) return tr_fail(TR_EFORMAT, "'%s' has no tensor '%s'", path, d->name);
+  if (!e && prefixed) e = safetensors_find(f, d->name + 12);
+  if (!e)
+    return tr_fail(TR_EFORMAT, "'%s' has no tensor '%s'%s%s%s, which the job's model needs", path, d->name,
+                   prefixed ? " (nor '" : "", prefixed ? d->name + 12 : "", prefixed ? "')" : "");
   if (strcmp(e->dtype, "F32") != 0)
     return tr_fail(TR_EFORMAT, "'%s': tensor '%s' is %s; only F32 is read", path, e->name, e->dtype);
   const float *src = (const float *)(f->data + e->begin);
-  int table = ends_with(d->name, "wte.weight") || ends_with(d->name, "wpe.weight");
-  if (d->ndim == 2 && is_conv1d(d->name) && e->ndim == 2 && e->dim[0] == d->dim[1] && e->dim[1] == d->dim[0]) {
+  shape_str(got, sizeof got, e->ndim, e->dim);
+  int wte = ends_with(d->name, "wte.weight"), wpe = ends_with(d->name, "wpe.weight");
+  if (d->ndim == 2 && is_conv1d(d->name)) {
+    int64_t in_out[2] = {d->dim[1], d->dim[0]};
+    shape_str(want, sizeof want, 2, in_out);
+    if (e->ndim != 2 || e->dim[0] != in_out[0] || e->dim[1] != in_out[1])
+      return tr_fail(TR_EFORMAT, "'%s': Conv1D weight '%s' is %s, expected %s: Hugging Face GPT-2 stores it "
+                     "(in, out)%s", path, e->name, got, want,
+                     e->ndim == 2 && e->dim[0] == d->dim[0] && e->dim[1] == d->dim[1]
+                         ? "; this is Linear's (out, in) layout, which is not read" : "");
     transpose(dst, src, e->dim[0], e->dim[1]);
-  } else if (table && e->ndim == 2 && e->dim[1] == d->dim[1]) {
-    int wte = ends_with(d->name, "wte.weight");
+  } else if (d->ndim == 2 && (wte || wpe)) {
+    if (e->ndim != 2 || e->dim[1] != d->dim[1])
+      return tr_fail(TR_EFORMAT, "'%s': tensor '%s' is %s, expected [%s%lld, %lld] (%s rows of n_embd = %lld)", path,
+                     e->name, got, wte ? "" : "at least ", (long long)(wte ? vocab : d->dim[0]), (long long)d->dim[1],
+                     wte ? "vocab_size" : "block_size", (long long)d->dim[1]);
     if (wte && e->dim[0] < vocab)
       return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, fewer than vocab_size = %lld: tokens %lld..%lld would "
                      "have no embedding", path, e->name, (long long)e->dim[0], (long long)vocab, (long long)e->dim[0],
                      (long long)vocab - 1);
-    if (wte ? e->dim[0] > d->dim[0] : e->dim[0] < d->dim[0])
-      return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, the model %lld", path, e->name, (long long)e->dim[0],
-                     (long long)d->dim[0]);
+    if (wte && e->dim[0] > d->dim[0])
+      return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, more than the model's %lld (vocab_size = %lld padded to "
+                     "a multiple of 128)", path, e->name, (long long)e->dim[0], (long long)d->dim[0], (long long)vocab);
+    if (wpe && e->dim[0] < d->dim[0])
+      return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, fewer than the job's block_size = %lld", path, e->name,
+                     (long long)e->dim[0], (long long)d->dim[0]);
     int64_t rows = wte ? e->dim[0] : d->dim[0];
     memcpy(dst, src, sizeof(float) * (size_t)(rows * d->dim[1]));
     memset(dst + rows * d->dim[1], 0, sizeof(float) * (size_t)((d->dim[0] - rows) * d->dim[1]));
   } else {
-    int same = e->ndim == d->ndim;
-    for (int k = 0; same && k < d->ndim; k++) same = e->dim[k] == d->dim[k];
-    if (!same) return tr_fail(TR_EFORMAT, "'%s': tensor '%s' has a different shape than the model's", path, e->name);
+    shape_str(want, sizeof want, d->ndim, d->dim);
+    if (strcmp(want, got) != 0)
+      return tr_fail(TR_EFORMAT, "'%s': tensor '%s' is %s, expected %s (the job's model)", path, e->name, got, want);
     memcpy(dst, src, e->end - e->begin);
   }
   return TR_OK;

@@ -46,9 +46,12 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
  * or inside a string is not the key; a key twice, a value of another type,
  * a text that is not one JSON object are TR_EFORMAT naming the file and
  * the key) and must agree with s (the job): TR_EINVAL names the field, both
- * values and the file. wte must have a row for each of the
- * s->vocab_size tokens (an error names model.safetensors and both sizes);
- * only the model's padding rows past them are zeroed. */
+ * values and the file. Every Conv1D weight must be (in, out); any other
+ * shape, as every other tensor of another shape than the model's, is
+ * TR_EFORMAT naming model.safetensors, the tensor, its shape and the one
+ * expected. wte must have a row for each of the s->vocab_size tokens (an
+ * error names model.safetensors and both sizes); only the model's padding
+ * rows past them are zeroed. On an error params may be partly written. */
 int hf_import(graph *g, float *params, const char *dir, const hf_shape *s);
 
 #endif
