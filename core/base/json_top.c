@@ -14,7 +14,10 @@
 #include "util.h"
 
 #define JSON_MAX_DEPTH 64 /* objects and arrays nested inside one value */
-#define JSON_KEY_MAX 256  /* a longer key is never one a caller asks for */
+/* A key a caller asks for is shorter than this (longer: TR_EINVAL). A key in
+ * the text may be any length: only its first JSON_KEY_MAX bytes are kept, and
+ * one that long or longer is never compared (it cannot equal a caller's). */
+#define JSON_KEY_MAX 256
 
 /* --- scanner --- */
 
@@ -202,11 +205,16 @@ static int scan_value(jscan *s, int depth) {
 /* --- the top-level object --- */
 
 /* Scans the whole of d: 1 with key's value in *val, *vlen; 0 when key is
- * absent; TR_EFORMAT on a syntax error or key twice. */
+ * absent; TR_EFORMAT on a syntax error or key twice; TR_EINVAL when key is
+ * JSON_KEY_MAX bytes or longer. */
 static int find(const json_doc *d, const char *key, const char **val, size_t *vlen) {
   jscan s = {d->text, d->text, d->text + d->len, NULL, 0};
   size_t klen = strlen(key);
   int seen = 0;
+  if (klen >= JSON_KEY_MAX)
+    return tr_fail(TR_EINVAL, "'%s': the key asked for is %zu bytes, more than the %d a key is read to", d->file, klen,
+                   JSON_KEY_MAX - 1);
+  if (d->len >= 3 && memcmp(d->text, "\xEF\xBB\xBF", 3) == 0) s.p += 3; /* a UTF-8 byte order mark (RFC 8259 8.1) */
   skip_ws(&s);
   if (s.p >= s.end || *s.p != '{') {
     bad(&s, "expected '{'");
@@ -229,7 +237,7 @@ static int find(const json_doc *d, const char *key, const char **val, size_t *vl
     skip_ws(&s);
     const char *v = s.p;
     if (scan_value(&s, 0)) goto syntax;
-    if (n == klen && memcmp(name, key, n) == 0) {
+    if (n == klen && n < sizeof name && memcmp(name, key, n) == 0) { /* n < sizeof name: name holds all n bytes */
       if (seen++) return tr_fail(TR_EFORMAT, "'%s': key %s appears twice", d->file, key);
       *val = v;
       *vlen = (size_t)(s.p - v);
@@ -256,13 +264,25 @@ syntax:
   return tr_fail(TR_EFORMAT, "'%s' is not a JSON object (byte %zu: %s)", d->file, s.at, s.why);
 }
 
-/* find, then absent handled as json_top.h says: 1 when the value is there. */
+/* find, then absent handled as json_top.h says: 1 when the value is there,
+ * 0 when it is absent and may be (found != NULL; *found is not set here: the
+ * reader sets it once its value is read, so that an error leaves it). */
 static int lookup(const json_doc *d, const char *key, const char **v, size_t *n, int *found) {
   int rc = find(d, key, v, n);
-  if (rc < 0) return rc;
-  if (found) *found = rc;
-  else if (!rc) return tr_fail(TR_EFORMAT, "'%s' has no key %s", d->file, key);
+  if (rc == 0 && !found) return tr_fail(TR_EFORMAT, "'%s' has no key %s", d->file, key);
   return rc;
+}
+
+/* A reader's return when lookup gave rc <= 0: an error, or the key absent. */
+static int not_read(int rc, int *found) {
+  if (rc == 0) *found = 0;
+  return rc;
+}
+
+/* A reader's return once its value is read. */
+static int read_ok(int *found) {
+  if (found) *found = 1;
+  return TR_OK;
 }
 
 /* "'FILE': KEY is not WHAT (it is VALUE)", the value cut at 40 bytes. */
@@ -277,7 +297,7 @@ int json_top_int(const json_doc *d, const char *key, int64_t *out, int *found) {
   const char *v = NULL;
   size_t n = 0;
   int rc = lookup(d, key, &v, &n, found);
-  if (rc <= 0) return rc;
+  if (rc <= 0) return not_read(rc, found);
   size_t k = n && v[0] == '-';
   if (k == n) return not_a(d, key, "an integer", v, n);
   for (; k < n; k++)
@@ -294,14 +314,14 @@ int json_top_int(const json_doc *d, const char *key, int64_t *out, int *found) {
     return tr_fail(TR_EFORMAT, "'%s': %s is %.*s%s, out of a 64-bit integer's range", d->file, key,
                    (int)(n > 40 ? 40 : n), v, n > 40 ? "..." : "");
   *out = (int64_t)x;
-  return TR_OK;
+  return read_ok(found);
 }
 
 int json_top_num(const json_doc *d, const char *key, double *out, int *found) {
   const char *v = NULL;
   size_t n = 0;
   int rc = lookup(d, key, &v, &n, found);
-  if (rc <= 0) return rc;
+  if (rc <= 0) return not_read(rc, found);
   if (v[0] != '-' && !is_digit(v[0])) return not_a(d, key, "a number", v, n);
   /* a scanned number is followed by white space, ',' or '}' in the text:
    * strtod stops exactly at its end */
@@ -312,25 +332,25 @@ int json_top_num(const json_doc *d, const char *key, double *out, int *found) {
     return tr_fail(TR_EFORMAT, "'%s': %s is %.*s%s, out of a double's range", d->file, key, (int)(n > 40 ? 40 : n), v,
                    n > 40 ? "..." : "");
   *out = x;
-  return TR_OK;
+  return read_ok(found);
 }
 
 int json_top_bool(const json_doc *d, const char *key, int *out, int *found) {
   const char *v = NULL;
   size_t n = 0;
   int rc = lookup(d, key, &v, &n, found);
-  if (rc <= 0) return rc;
+  if (rc <= 0) return not_read(rc, found);
   if (n == 4 && memcmp(v, "true", 4) == 0) *out = 1;
   else if (n == 5 && memcmp(v, "false", 5) == 0) *out = 0;
   else return not_a(d, key, "true or false", v, n);
-  return TR_OK;
+  return read_ok(found);
 }
 
 int json_top_str(const json_doc *d, const char *key, char *out, size_t cap, int *found) {
   const char *v = NULL;
   size_t n = 0, len = 0;
   int rc = lookup(d, key, &v, &n, found);
-  if (rc <= 0) return rc;
+  if (rc <= 0) return not_read(rc, found);
   if (v[0] != '"') return not_a(d, key, "a string", v, n);
   jscan s = {v, v, v + n, NULL, 0};
   scan_string(&s, NULL, 0, &len); /* already scanned: cannot fail */
@@ -341,15 +361,15 @@ int json_top_str(const json_doc *d, const char *key, char *out, size_t cap, int 
   scan_string(&s, out, cap, &len);
   if (memchr(out, 0, len)) return tr_fail(TR_EFORMAT, "'%s': %s holds a \\u0000 character", d->file, key);
   out[len] = 0;
-  return TR_OK;
+  return read_ok(found);
 }
 
 int json_top_raw(const json_doc *d, const char *key, const char **val, size_t *vlen, int *found) {
   const char *v = NULL;
   size_t n = 0;
   int rc = lookup(d, key, &v, &n, found);
-  if (rc <= 0) return rc;
+  if (rc <= 0) return not_read(rc, found);
   *val = v;
   *vlen = n;
-  return TR_OK;
+  return read_ok(found);
 }

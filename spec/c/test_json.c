@@ -5,9 +5,15 @@
  * of int64_t's range and numbers out of a double's are refused, \u escapes
  * (a surrogate pair too) decode to UTF-8, and texts that are not one JSON
  * object are refused with the byte and the reason, deep nesting included.
+ * Also: a key asked for of 256 bytes or more is refused (TR_EINVAL) and one
+ * that long in the text is read past safely; *found and *out are untouched
+ * by an error; a UTF-8 byte order mark is skipped; texts cut at every point
+ * of a string, an escape or a number (explicit lengths, no NUL after them)
+ * and NUL bytes inside; what json_top.h says it accepts beyond RFC 8259.
  * The end-to-end cases (config.json, vocab.json) are in spec/hf_spec.lua. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -131,9 +137,153 @@ static void syntax(void) {
   CHECK(json_top_int(&cut, "n", &v, NULL) == TR_OK && v == 5, "%s", tr_error());
 }
 
+/* The text's first len bytes, copied into a buffer of exactly len bytes (so
+ * that AddressSanitizer sees a read past the end), refused as "not a JSON
+ * object" with this reason. */
+static void not_object_n(const char *text, size_t len, const char *why) {
+  char *copy = malloc(len ? len : 1);
+  memcpy(copy, text, len);
+  json_doc d = {"c.json", copy, len};
+  int64_t v = 0;
+  int found = -1;
+  char want[160];
+  snprintf(want, sizeof want, ": %s)", why);
+  int rc = json_top_int(&d, "n", &v, &found);
+  CHECK(rc == TR_EFORMAT && strstr(tr_error(), "'c.json' is not a JSON object (byte ") && strstr(tr_error(), want) &&
+            found == -1, "%zu bytes of '%s': rc %d found %d: %s", len, text, rc, found, tr_error());
+  free(copy);
+}
+
+/* A key of 256 bytes or more: asked for, refused (TR_EINVAL, before the
+ * fix a read past the 256-byte copy of the text's key on the stack); in the
+ * text, read past. */
+static void long_keys(void) {
+  char key[600], text[700];
+  memset(key, 'k', 599);
+  key[599] = 0;
+  snprintf(text, sizeof text, "{\"%s\": 1, \"n\": 2}", key);
+  int64_t v = -1;
+  int found = -1;
+  CHECK(int_of(text, key, &v, &found) == TR_EINVAL && found == -1 && v == -1 &&
+            strstr(tr_error(), "the key asked for is 599 bytes, more than the 255"), "599-byte key: found %d: %s",
+        found, tr_error());
+  CHECK(int_of(text, key, &v, NULL) == TR_EINVAL, "599-byte key, required: %s", tr_error());
+  CHECK(int_of(text, "n", &v, NULL) == TR_OK && v == 2, "a 599-byte key in the text is read past: %s", tr_error());
+  /* 255 bytes: the longest asked for, found; a 256-byte key in the text
+   * that starts with it is another key */
+  key[255] = 0;
+  snprintf(text, sizeof text, "{\"%s\": 3}", key);
+  CHECK(int_of(text, key, &v, NULL) == TR_OK && v == 3, "255-byte key: %s", tr_error());
+  snprintf(text, sizeof text, "{\"%sk\": 4}", key);
+  CHECK(int_of(text, key, &v, &found) == TR_OK && found == 0, "a 256-byte key is not its 255-byte prefix");
+  key[255] = 'k', key[256] = 0;
+  CHECK(int_of(text, key, &v, &found) == TR_EINVAL, "256 bytes asked for: %s", tr_error());
+}
+
+/* An error leaves *found and *out as they were (json_top.h). */
+static void untouched_on_error(void) {
+  json_doc d = doc("{\"s\": \"x\", \"n\": 1}");
+  int64_t v = -7;
+  double x = -7;
+  int b = -7, found = -7;
+  CHECK(json_top_int(&d, "s", &v, &found) == TR_EFORMAT && found == -7 && v == -7, "int: found %d", found);
+  CHECK(json_top_num(&d, "s", &x, &found) == TR_EFORMAT && found == -7 && x == -7, "num: found %d", found);
+  CHECK(json_top_bool(&d, "s", &b, &found) == TR_EFORMAT && found == -7 && b == -7, "bool: found %d", found);
+  char s[4] = "abc";
+  CHECK(json_top_str(&d, "n", s, sizeof s, &found) == TR_EFORMAT && found == -7, "str: found %d", found);
+  json_doc twice = doc("{\"n\": 1, \"n\": 2}");
+  CHECK(json_top_int(&twice, "n", &v, &found) == TR_EFORMAT && found == -7 && v == -7, "twice: found %d", found);
+  CHECK(json_top_int(&d, "n", &v, &found) == TR_OK && found == 1 && v == 1, "read: found %d", found);
+  CHECK(json_top_int(&d, "z", &v, &found) == TR_OK && found == 0 && v == 1, "absent: found %d", found);
+}
+
+/* A UTF-8 byte order mark before the object is skipped; anywhere else it
+ * is not white space. */
+static void byte_order_mark(void) {
+  int64_t v = 0;
+  CHECK(int_of("\xEF\xBB\xBF{\"n\": 1}", "n", &v, NULL) == TR_OK && v == 1, "BOM: %s", tr_error());
+  CHECK(int_of("\xEF\xBB\xBF \n{\"n\": 2}", "n", &v, NULL) == TR_OK && v == 2, "BOM, white space: %s", tr_error());
+  not_object("\xEF\xBB\xBF\xEF\xBB\xBF{\"n\": 1}", "expected '{'");
+  not_object(" \xEF\xBB\xBF{\"n\": 1}", "expected '{'");
+  not_object("\xEF\xBB\xBF", "expected '{'");
+  not_object("{\"n\": 1}\xEF\xBB\xBF", "more after the object's closing '}'");
+  not_object_n("\xEF\xBB", 2, "expected '{'");
+}
+
+/* Texts of explicit length, cut inside a string, an escape or a number;
+ * NUL bytes; numbers at the edges of int64_t and double. */
+static void explicit_lengths(void) {
+#define CUT(lit, why) not_object_n(lit, sizeof lit - 1, why)
+  CUT("{\"n\": \"ab\\", "a string without its closing quote");
+  CUT("{\"n\": \"\\u00", "a \\u escape without four hex digits");
+  CUT("{\"n\": \"\\ud800", "a string without its closing quote");
+  CUT("{\"n\": \"\\ud800\\u", "a \\u escape without four hex digits");
+  CUT("{\"n\": \"\\ud800\\udc0", "a \\u escape without four hex digits");
+  CUT("{\"n\": \"", "a string without its closing quote");
+  CUT("{\"n", "a string without its closing quote");
+  CUT("{\"n\": -", "expected a value");
+  CUT("{\"n\": 1.", "a number without digits after its '.'");
+  CUT("{\"n\": 1e+", "a number without digits in its exponent");
+  CUT("{\"n\": 12", "expected ',' or '}'");
+  CUT("{\"n\": tr", "expected a value");
+  CUT("{\"n\": [", "expected a value");
+  CUT("{", "expected a string");
+  CUT("{\"n\": \"a\0b\"}", "a control character inside a string");
+  CUT("{\"n\": 1}\0", "more after the object's closing '}'");
+  CUT("{\"n\": 1\0}", "expected ',' or '}'");
+  CUT("{\"\0\": 1}", "a control character inside a string");
+#undef CUT
+  int64_t v = 1;
+  CHECK(int_of("{\"n\": -}", "n", &v, NULL) == TR_EFORMAT && strstr(tr_error(), "expected a value"), "-: %s",
+        tr_error());
+  CHECK(int_of("{\"n\": -0}", "n", &v, NULL) == TR_OK && v == 0, "-0: %lld %s", (long long)v, tr_error());
+  CHECK(int_of("{\"n\": -9223372036854775808}", "n", &v, NULL) == TR_OK && v == INT64_MIN, "INT64_MIN: %s",
+        tr_error());
+  CHECK(int_of("{\"n\": -9223372036854775809}", "n", &v, NULL) == TR_EFORMAT && strstr(tr_error(), "range"),
+        "below INT64_MIN: %s", tr_error());
+  CHECK(int_of("{\"n\": 1e400}", "n", &v, NULL) == TR_EFORMAT &&
+            strcmp(tr_error(), "'c.json': n is not an integer (it is 1e400)") == 0, "1e400 as an integer: %s",
+        tr_error());
+  CHECK(int_of("{\"n\": 123456789012345678901234567890123456789012345}", "n", &v, NULL) == TR_EFORMAT &&
+            strstr(tr_error(), "n is 1234567890123456789012345678901234567890..., out of a 64-bit integer's range"),
+        "45 digits: %s", tr_error());
+  json_doc d = doc("{\"big\": 1e400, \"tiny\": 1e-400, \"neg0\": -0}");
+  double x = 1;
+  CHECK(json_top_num(&d, "big", &x, NULL) == TR_EFORMAT && strstr(tr_error(), "out of a double's range"), "%s",
+        tr_error());
+  CHECK(json_top_num(&d, "tiny", &x, NULL) == TR_OK && x == 0, "underflow reads as 0 (json_top.h): %g", x);
+  CHECK(json_top_num(&d, "neg0", &x, NULL) == TR_OK && x == 0, "-0: %g", x);
+  /* a number at the very end of the text (no '}' after it: not an object,
+   * and no read past len) */
+  CHECK(json_top_num(&(json_doc){"c.json", "{\"n\": 1", 7}, "n", &x, NULL) == TR_EFORMAT, "cut number");
+}
+
+/* What json_top.h says it accepts beyond RFC 8259's letter: bytes that are
+ * not UTF-8 inside a string, as they are; a lone surrogate as U+FFFD. */
+static void accepted(void) {
+  char s[16];
+  json_doc d = doc("{\"raw\": \"a\xff\xc3(\", \"lone\": \"\\ud800x\", \"low\": \"\\udc00\", "
+                   "\"hi_hi\": \"\\ud800\\ud800\", \"\xff\": 5}");
+  CHECK(json_top_str(&d, "raw", s, sizeof s, NULL) == TR_OK && strcmp(s, "a\xff\xc3(") == 0, "raw bytes: %s",
+        tr_error());
+  CHECK(json_top_str(&d, "lone", s, sizeof s, NULL) == TR_OK && strcmp(s, "\xef\xbf\xbdx") == 0, "lone high: %s",
+        tr_error());
+  CHECK(json_top_str(&d, "low", s, sizeof s, NULL) == TR_OK && strcmp(s, "\xef\xbf\xbd") == 0, "lone low: %s",
+        tr_error());
+  CHECK(json_top_str(&d, "hi_hi", s, sizeof s, NULL) == TR_OK && strcmp(s, "\xef\xbf\xbd\xef\xbf\xbd") == 0,
+        "two highs: %s", tr_error());
+  int64_t v = 0;
+  CHECK(json_top_int(&d, "\xff", &v, NULL) == TR_OK && v == 5, "a key that is not UTF-8: %s", tr_error());
+}
+
 int main(void) {
   top_level_only();
   types();
   syntax();
+  long_keys();
+  untouched_on_error();
+  byte_order_mark();
+  explicit_lengths();
+  accepted();
   return check_report("test_json");
 }
