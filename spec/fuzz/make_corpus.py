@@ -163,6 +163,9 @@ def safetensors_seeds():
       + b"\0" * 8)
     w("f16", safetensors([], header='{"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}') + b"\0" * 4)
     w("header_too_long", struct.pack("<Q", 1 << 40) + b"{}")
+    w("duplicate_name", safetensors([], header='{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                                             '"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},'
+                                             '"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}') + b"\0" * 8)
     w("too_many_dims", safetensors([], header='{"a":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1],'
                                               '"data_offsets":[0,4]}}') + b"\0" * 4)
 
