@@ -224,7 +224,8 @@ describe("Hugging Face round trip", function()
     assert.is_true(d <= 1e-4, "max abs difference " .. d)
   end)
 
-  it("init_from refuses what transom's gpt cannot honour: an untied head, another layer norm epsilon, missing wte rows", function()
+  it("init_from refuses what transom's gpt cannot honour: an untied head, another layer norm epsilon, attention "
+    .. "scaled otherwise, another MLP width, missing wte rows", function()
     -- no Python: the directory is transom's own export, its config.json edited
     local e = tiny_export("fixed")
     local out, rc = e.start("fok")
@@ -242,6 +243,27 @@ describe("Hugging Face round trip", function()
       "config%.json': tie_word_embeddings is false")
     refused('"layer_norm_epsilon": 1e%-05', '"layer_norm_epsilon": 1e-06', "feps",
       "config%.json.: layer_norm_epsilon is 1e%-06")
+    -- attention scores scaled by 1/sqrt(head_dim) alone, and an MLP 4 * n_embd wide (n_embd = 32): what
+    -- transformers would do otherwise is refused, naming the key; GPT-2's own values start the job
+    local function accepted(from, to, run)
+      local edited = e.cfg:gsub(from, to)
+      assert.are_not.equal(e.cfg, edited)
+      write(e.hf .. "/config.json", edited)
+      local o, code = e.start(run)
+      assert.equal(0, code, o)
+    end
+    local function added(text) return '"n_inner": null,\n  ' .. text .. "," end
+    refused('"n_inner": null,', added('"scale_attn_weights": false'), "fscale",
+      "config%.json': scale_attn_weights is false; transom's gpt scales attention scores by 1/sqrt%(head_dim%)")
+    refused('"n_inner": null,', added('"scale_attn_by_inverse_layer_idx": true'), "flayeridx",
+      "config%.json': scale_attn_by_inverse_layer_idx is true; transom's gpt scales attention scores by "
+      .. "1/sqrt%(head_dim%) alone")
+    refused('"n_inner": null', '"n_inner": 64', "finner",
+      "config%.json': n_inner is 64; transom's gpt's MLP is 4 %* n_embd = 128 wide")
+    refused('"n_inner": null', '"n_inner": 128.0', "finnerf", "config%.json': n_inner is not an integer %(it is 128%.0%)")
+    accepted('"n_inner": null,', added('"scale_attn_weights": true,\n  "scale_attn_by_inverse_layer_idx": false'),
+      "fscaleok")
+    accepted('"n_inner": null', '"n_inner": 128', "finnerok")
     -- a wte with fewer rows than vocab_size (config.json and the job both
     -- say 320, the export holds 300): refused, not the 20 rows zero-filled
     refused('"vocab_size": 300', '"vocab_size": 320', "fshort",
@@ -283,6 +305,9 @@ describe("Hugging Face round trip", function()
       first('"_name_or_path": "gelu_new"'))
     refused(relu, "relu", 'activation_function is "relu"; transom\'s gpt computes GPT%-2\'s tanh GELU')
     refused(edit('"gelu_new"', '"gelu_new_v2"'), "gelu2", 'activation_function is "gelu_new_v2"')
+    -- a name longer than any transom reads: still named as the activation it is, cut at 40 bytes
+    refused(edit('"gelu_new"', '"' .. string.rep("gelu", 30) .. '"'), "gelulong",
+      'activation_function is "' .. string.rep("gelu", 9) .. 'gel%.%.%.; transom\'s gpt computes GPT%-2\'s tanh GELU')
     accepted(edit('"gelu_new"', '"gelu_pytorch_tanh"'), "tanh")
     -- a key twice, whichever value comes first
     refused(edit('("n_embd": 32,)', '%1\n  "n_embd": 64,'), "twice", "key n_embd appears twice")
@@ -377,7 +402,7 @@ describe("Hugging Face round trip", function()
       "tensor 'transformer%.wte%.weight' is %[300, 16%], expected %[300, 32%] %(vocab_size rows of n_embd = 32%)")
   end)
 
-  it("export reads vocab.json's own top-level keys: not one nested, not one twice, each of its type", function()
+  it("export reads vocab.json's own top-level keys: not one nested, not one twice, each of its type, tokens each a byte", function()
     local e = tiny_export("voc")
     local vocab = assert(read(e.run .. "/vocab.json"))
     local function export(text, dir)
@@ -397,6 +422,28 @@ describe("Hugging Face round trip", function()
     out, rc = export('{"type": "words", "vocab_size": 300}', "vtype")
     assert.equal(1, rc, out)
     assert.matches('voc_run/vocab%.json\': type is "words", expected "bytes" or "tokens"', out)
+    -- a type longer than either form: named as a type, cut at 40 bytes
+    out, rc = export('{"type": "' .. string.rep("w", 100) .. '", "vocab_size": 300}', "vtypelong")
+    assert.equal(1, rc, out)
+    assert.matches('voc_run/vocab%.json\': type is "' .. string.rep("w", 39) .. '%.%.%., expected "bytes" or "tokens"', out)
+    -- the byte form's tokens: a list of 1 to 256 bytes, each 0..255, or refused naming what is there
+    local function bad_tokens(list, dir, why)
+      local o, code = export('{"type": "bytes", "tokens": ' .. list .. '}', dir)
+      assert.equal(1, code, o)
+      assert.matches("voc_run/vocab%.json': " .. why, o)
+    end
+    bad_tokens('"' .. string.rep("t", 100) .. '"', "vtokstr",
+      'tokens is not a list of bytes %(it is "' .. string.rep("t", 39) .. '%.%.%.%)')
+    bad_tokens("[10, 1.5]", "vtokfrac", "tokens holds 1%.5, not a byte 0%.%.255")
+    bad_tokens("[256]", "vtok256", "tokens holds 256, not a byte 0%.%.255")
+    bad_tokens("[-1]", "vtokneg", "tokens holds %-1, not a byte 0%.%.255")
+    bad_tokens('["a"]', "vtoka", 'tokens holds "a", not a byte 0%.%.255')
+    bad_tokens("[[1]]", "vtoklist", "tokens holds %[1, not a byte 0%.%.255")
+    bad_tokens("[1e2]", "vtokexp", "tokens holds 1e2, not a byte 0%.%.255")
+    bad_tokens("[]", "vtokempty", "tokens is empty")
+    local many = {}
+    for i = 0, 256 do many[#many + 1] = tostring(i % 256) end
+    bad_tokens("[" .. table.concat(many, ",") .. "]", "vtok257", "tokens holds more than 256 bytes")
   end)
 
   it("export --hf checks every tensor against job.lua and vocab.json, refuses RUN as DIR, writes into DIR", function()

@@ -291,7 +291,9 @@ static int vocab_bytes(vocab *v, const json_doc *d) {
   size_t n;
   int rc = json_top_raw(d, "tokens", &p, &n, NULL);
   if (rc) return rc;
-  if (*p != '[') return tr_fail(TR_EFORMAT, "'%s': tokens is not a list of bytes (it is %.*s)", d->file, (int)n, p);
+  if (*p != '[')
+    return tr_fail(TR_EFORMAT, "'%s': tokens is not a list of bytes (it is %.*s%s)", d->file, (int)(n > 40 ? 40 : n), p,
+                   n > 40 ? "..." : "");
   const char *end = p + n - 1; /* its ']': json_top checked the list */
   for (p++; p < end; p++) {
     if (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == ',') continue;
@@ -317,9 +319,15 @@ static int vocab_read(vocab *v, int64_t *vocab_size, const char *path, int token
   if (!s) return TR_EIO;
   memset(v, 0, sizeof *v);
   json_doc d = {path, s, len};
-  char type[16];
+  char type[16] = "";
+  const char *raw = NULL;
+  size_t rn = 0;
   int64_t n = 0;
-  int rc = json_top_str(&d, "type", type, sizeof type, NULL);
+  int rc = json_top_raw(&d, "type", &raw, &rn, NULL);
+  if (!rc && raw[0] != '"') /* not a string: json_top_str says so */
+    rc = json_top_str(&d, "type", type, sizeof type, NULL);
+  else if (!rc && json_top_str(&d, "type", type, sizeof type, NULL) != TR_OK)
+    type[0] = 0; /* a string too long for type (or holding \u0000): neither form, refused below as written */
   if (!rc && strcmp(type, "bytes") == 0) {
     rc = vocab_bytes(v, &d);
     n = v->size;
@@ -327,8 +335,8 @@ static int vocab_read(vocab *v, int64_t *vocab_size, const char *path, int token
     rc = json_top_int(&d, "vocab_size", &n, NULL);
     if (!rc && n <= 0) rc = tr_fail(TR_EFORMAT, "'%s': vocab_size is %lld, not a positive count", path, (long long)n);
   } else if (!rc) {
-    rc = tr_fail(TR_EFORMAT, "'%s': type is \"%s\", expected %s", path, type,
-                 tokens_ok ? "\"bytes\" or \"tokens\"" : "\"bytes\" (a byte-level vocabulary)");
+    rc = tr_fail(TR_EFORMAT, "'%s': type is %.*s%s, expected %s", path, (int)(rn > 40 ? 40 : rn), raw,
+                 rn > 40 ? "..." : "", tokens_ok ? "\"bytes\" or \"tokens\"" : "\"bytes\" (a byte-level vocabulary)");
   }
   free(s);
   if (!rc && vocab_size) *vocab_size = n;

@@ -171,27 +171,58 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
 
 /* --- import --- */
 
+/* A JSON value as written, cut at 40 bytes: "%.*s%s" with these. */
+#define CUT40(n) (int)((n) > 40 ? 40 : (n))
+#define MORE40(n) ((n) > 40 ? "..." : "")
+
 /* What transom's gpt cannot honour: another activation than GPT-2's tanh
  * GELU, an untied output head (its own lm_head.weight, which import_one
- * would never read) or another layer norm epsilon (the kernels' is 1e-5).
- * Absent keys are GPT-2's defaults. */
-static int check_fixed(const json_doc *d) {
+ * would never read), another layer norm epsilon (the kernels' is 1e-5),
+ * attention scores scaled otherwise than by 1/sqrt(head_dim) alone
+ * (scale_attn_weights false: not scaled; scale_attn_by_inverse_layer_idx
+ * true: also by 1/(layer + 1)), or an MLP other than 4 * n_embd wide
+ * (n_inner; lua/models/gpt.lua's c_fc). Absent keys, and n_inner null, are
+ * GPT-2's defaults. Each error names the file and the key. */
+static int check_fixed(const json_doc *d, int64_t n_embd) {
   char act[64];
   const char *raw;
   size_t n;
-  int found, tied = 1;
+  int found, b, tied = 1;
   double eps = 1e-5;
-  int rc = json_top_str(d, "activation_function", act, sizeof act, &found);
-  if (!rc && found && strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)
-    return tr_fail(TR_EINVAL, "'%s': activation_function is \"%s\"; transom's gpt computes GPT-2's tanh GELU "
-                   "(\"gelu_new\" or \"gelu_pytorch_tanh\")", d->file, act);
+  int rc = json_top_raw(d, "activation_function", &raw, &n, &found);
+  if (!rc && found && raw[0] != '"') /* not a string: json_top_str says so */
+    return json_top_str(d, "activation_function", act, sizeof act, NULL);
+  /* a string too long for act (or holding \u0000) is neither name either */
+  if (!rc && found && (json_top_str(d, "activation_function", act, sizeof act, NULL) != TR_OK ||
+                       (strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)))
+    return tr_fail(TR_EINVAL, "'%s': activation_function is %.*s%s; transom's gpt computes GPT-2's tanh GELU "
+                   "(\"gelu_new\" or \"gelu_pytorch_tanh\")", d->file, CUT40(n), raw, MORE40(n));
   if (!rc) rc = json_top_bool(d, "tie_word_embeddings", &tied, &found);
   if (!rc && !tied)
     return tr_fail(TR_EINVAL, "'%s': tie_word_embeddings is false; transom's gpt ties the output head to wte "
                    "(lm_head.weight would be ignored)", d->file);
-  if (!rc) rc = json_top_num(d, "layer_norm_epsilon", &eps, &found);
-  if (!rc && fabs(eps - 1e-5) > 1e-12 && !json_top_raw(d, "layer_norm_epsilon", &raw, &n, NULL))
-    return tr_fail(TR_EINVAL, "'%s': layer_norm_epsilon is %.*s, transom's gpt uses 1e-05", d->file, (int)n, raw);
+  /* the value as written first: the refusal quotes it and needs nothing more */
+  if (!rc) rc = json_top_raw(d, "layer_norm_epsilon", &raw, &n, &found);
+  if (!rc && found) rc = json_top_num(d, "layer_norm_epsilon", &eps, NULL);
+  if (!rc && fabs(eps - 1e-5) > 1e-12)
+    return tr_fail(TR_EINVAL, "'%s': layer_norm_epsilon is %.*s%s, transom's gpt uses 1e-05", d->file, CUT40(n), raw,
+                   MORE40(n));
+  if (!rc) rc = json_top_bool(d, "scale_attn_weights", &b, &found);
+  if (!rc && found && !b)
+    return tr_fail(TR_EINVAL, "'%s': scale_attn_weights is false; transom's gpt scales attention scores by "
+                   "1/sqrt(head_dim)", d->file);
+  if (!rc) rc = json_top_bool(d, "scale_attn_by_inverse_layer_idx", &b, &found);
+  if (!rc && found && b)
+    return tr_fail(TR_EINVAL, "'%s': scale_attn_by_inverse_layer_idx is true; transom's gpt scales attention scores "
+                   "by 1/sqrt(head_dim) alone, not also by 1/(layer index + 1)", d->file);
+  if (!rc) rc = json_top_raw(d, "n_inner", &raw, &n, &found);
+  if (!rc && found && !(n == 4 && memcmp(raw, "null", 4) == 0)) {
+    int64_t inner = 0;
+    rc = json_top_int(d, "n_inner", &inner, NULL);
+    if (!rc && inner != 4 * n_embd)
+      return tr_fail(TR_EINVAL, "'%s': n_inner is %lld; transom's gpt's MLP is 4 * n_embd = %lld wide (n_inner null "
+                     "or %lld)", d->file, (long long)inner, (long long)(4 * n_embd), (long long)(4 * n_embd));
+  }
   return rc;
 }
 
@@ -221,7 +252,7 @@ static int check_config(const char *dir, const hf_shape *s, int64_t block) {
   if (!rc && npos < block)
     rc = tr_fail(TR_EINVAL, "'%s': n_positions = %lld is less than the job's block_size = %lld", path,
                  (long long)npos, (long long)block);
-  if (!rc) rc = check_fixed(&d);
+  if (!rc) rc = check_fixed(&d, s->n_embd);
   free(js);
   return rc;
 }
@@ -231,11 +262,12 @@ static int check_config(const char *dir, const hf_shape *s, int64_t block) {
  * always: it is transposed, and any other shape is refused. A square one
  * cannot show its layout, but c_attn (3C, C) and c_fc (4C, C) never are
  * square, so a file in Linear's (out, in) layout is refused by them rather
- * than loaded with its square matrices transposed and the rest not. wte must hold a row for each of the vocab
- * real tokens: only the model's padding rows past them (the vocabulary
- * rounded up) are zeroed, never a real token's; wpe's first rows, as many
- * as the job's block_size, are read. Each error names the file, the tensor,
- * the shape found and the shape expected. */
+ * than loaded with its square matrices transposed and the rest not. wte
+ * must hold a row for each of the vocab real tokens: only the model's
+ * padding rows past them (the vocabulary rounded up) are zeroed, never a
+ * real token's; wpe's first rows, as many as the job's block_size, are
+ * read. Each error names the file, the tensor, the shape found and the
+ * shape expected. */
 static int import_one(const st_file *f, const char *path, const tensor_desc *d, int64_t vocab, float *dst) {
   char want[128], got[128];
   int prefixed = strncmp(d->name, "transformer.", 12) == 0;

@@ -46,7 +46,11 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
  * or inside a string is not the key; a key twice, a value of another type,
  * a text that is not one JSON object are TR_EFORMAT naming the file and
  * the key) and must agree with s (the job): TR_EINVAL names the field, both
- * values and the file. Every Conv1D weight must be (in, out); any other
+ * values and the file. So must the keys that change the maths (TR_EINVAL
+ * naming the file and the key): activation_function GPT-2's tanh GELU,
+ * tie_word_embeddings true, layer_norm_epsilon 1e-5, scale_attn_weights
+ * true, scale_attn_by_inverse_layer_idx false, n_inner null or 4 * n_embd
+ * (each absent: GPT-2's default, accepted). Every Conv1D weight must be (in, out); any other
  * shape, as every other tensor of another shape than the model's, is
  * TR_EFORMAT naming model.safetensors, the tensor, its shape and the one
  * expected. wte must have a row for each of the s->vocab_size tokens (an
