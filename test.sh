@@ -75,7 +75,8 @@ if [ "$quick" = 0 ]; then
   # the C tests, and the Lua specs that run in one process or a few short ones
   (cd build-asan && ctest --output-on-failure -j1 -E lua_specs)
   TRANSOM_BIN=$PWD/build-asan/transom build-asan/transom test spec/job_spec.lua spec/graph_spec.lua \
-    spec/e2e_spec.lua spec/ckpt_spec.lua spec/detector_spec.lua spec/device_spec.lua spec/data_spec.lua spec/pipeline_spec.lua
+    spec/e2e_spec.lua spec/ckpt_spec.lua spec/detector_spec.lua spec/device_spec.lua spec/data_spec.lua spec/pipeline_spec.lua \
+    spec/hf_spec.lua
   # The multi-process fault scenarios (operator, Eagle Eye, attach): every
   # process they spawn is the ASan binary, so a leak or a use-after-free in
   # a worker, the operator or the donor fails them. TRANSOM_TIME_SCALE

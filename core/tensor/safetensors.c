@@ -145,7 +145,9 @@ static int expect(scan *s, char c) {
   return 0;
 }
 
-/* Reads a JSON string into out (truncating escapes to their char). */
+/* Reads a JSON string into out (truncating escapes to their char); one of
+ * cap bytes or more (with its NUL) fails. out == NULL skips the string,
+ * whatever its length. */
 static int read_str(scan *s, char *out, size_t cap) {
   if (expect(s, '"')) return -1;
   size_t k = 0;
@@ -160,12 +162,13 @@ static int read_str(scan *s, char *out, size_t cap) {
         c = '?';
       }
     }
+    if (!out) continue;
     if (k + 1 >= cap) return -1;
     out[k++] = c;
   }
   if (s->p >= s->end) return -1;
   s->p++;
-  out[k] = 0;
+  if (out) out[k] = 0;
   return 0;
 }
 
@@ -201,9 +204,9 @@ static int read_uint_array(scan *s, uint64_t *v, int cap, int *n) {
   }
 }
 
-/* Skips an object of string values (__metadata__). */
+/* Skips an object of string values (__metadata__), its keys and values of
+ * any length (safetensors sets no limit, and nothing here keeps them). */
 static int skip_str_object(scan *s) {
-  char tmp[4096];
   if (expect(s, '{')) return -1;
   skip_ws(s);
   if (s->p < s->end && *s->p == '}') {
@@ -211,7 +214,7 @@ static int skip_str_object(scan *s) {
     return 0;
   }
   for (;;) {
-    if (read_str(s, tmp, sizeof tmp) || expect(s, ':') || read_str(s, tmp, sizeof tmp)) return -1;
+    if (read_str(s, NULL, 0) || expect(s, ':') || read_str(s, NULL, 0)) return -1;
     skip_ws(s);
     if (s->p < s->end && *s->p == ',') {
       s->p++;
@@ -255,46 +258,114 @@ static int read_entry(scan *s, st_entry *e) {
   }
 }
 
+/* One tensor's entry against the data: F32, a shape whose byte count does
+ * not wrap (readers trust dim[] once the offsets agree: [2^62, 4] floats is
+ * 0 bytes modulo 2^64), offsets inside the data holding exactly that many
+ * bytes. why gets the reason. (Names read twice: check_unique, once all are
+ * read.) */
+static int check_entry(const st_file *f, const st_entry *e, char *why, size_t n) {
+  if (strcmp(e->dtype, "F32") != 0) {
+    snprintf(why, n, "tensor '%s' is %s; only F32 is read", e->name, e->dtype);
+    return -1;
+  }
+  uint64_t elems = 1;
+  for (int i = 0; i < e->ndim; i++) {
+    uint64_t d = (uint64_t)e->dim[i];
+    if (e->dim[i] < 0 || (d && elems > UINT64_MAX / 4 / d)) {
+      snprintf(why, n, "tensor '%s': its shape is too large to be stored", e->name);
+      return -1;
+    }
+    elems *= d;
+  }
+  if (e->begin > e->end || e->end > f->data_len) {
+    snprintf(why, n, "tensor '%s': data_offsets [%llu, %llu] are not within the %zu data bytes", e->name,
+             (unsigned long long)e->begin, (unsigned long long)e->end, f->data_len);
+    return -1;
+  }
+  if (e->end - e->begin != elems * 4) {
+    snprintf(why, n, "tensor '%s': its shape makes %llu bytes of F32, its data_offsets [%llu, %llu] hold %llu", e->name,
+             (unsigned long long)(elems * 4), (unsigned long long)e->begin, (unsigned long long)e->end,
+             (unsigned long long)(e->end - e->begin));
+    return -1;
+  }
+  return 0;
+}
+
+/* By name, then by place in the header (a name's entries in file order). */
+static int by_name(const void *a, const void *b) {
+  const st_entry *x = *(const st_entry *const *)a, *y = *(const st_entry *const *)b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x > y) - (x < y);
+}
+
+/* Every name once: the entries sorted by name (O(n log n): a header of 50k
+ * tensors compared pairwise took seconds), neighbours compared. The name
+ * reported is the one whose second entry comes first in the header, as a
+ * reader going in order would find it. 0; 1, the reason in why; or TR_ENOMEM. */
+static int check_unique(const st_file *f, char *why, size_t n) {
+  if (f->n < 2) return 0;
+  const st_entry **idx = malloc(sizeof *idx * (size_t)f->n);
+  if (!idx) return TR_ENOMEM;
+  for (int i = 0; i < f->n; i++) idx[i] = &f->entries[i];
+  qsort(idx, (size_t)f->n, sizeof *idx, by_name);
+  const st_entry *dup = NULL; /* the earliest second entry of a name */
+  for (int i = 1; i < f->n; i++)
+    if (strcmp(idx[i - 1]->name, idx[i]->name) == 0 && (!dup || idx[i] < dup) &&
+        (i < 2 || strcmp(idx[i - 2]->name, idx[i]->name) != 0))
+      dup = idx[i];
+  free(idx);
+  if (!dup) return 0;
+  snprintf(why, n, "tensor '%s' appears twice in the header", dup->name);
+  return 1;
+}
+
 int safetensors_open(st_file *f, const char *path) {
+  char why[384];
   memset(f, 0, sizeof *f);
   f->buf = tr_read_file(path, &f->len);
   if (!f->buf) return TR_EIO;
-  int cap = 0;
+  int cap = 0, rc;
+  snprintf(why, sizeof why, "the file is %zu bytes, less than the 8 of its header length", f->len);
   if (f->len < 8) goto bad;
   uint64_t hlen = 0;
   for (int i = 0; i < 8; i++) hlen |= (uint64_t)(uint8_t)f->buf[i] << (8 * i);
-  if (hlen > f->len - 8 || hlen < 2) goto bad;
+  snprintf(why, sizeof why, "its header length %llu does not fit in the %zu bytes after it",
+           (unsigned long long)hlen, f->len - 8);
+  if (hlen > f->len - 8) goto bad;
+  snprintf(why, sizeof why, "its header length is %llu, less than the 2 bytes of the smallest header, {}",
+           (unsigned long long)hlen);
+  if (hlen < 2) goto bad;
   f->data = (const uint8_t *)f->buf + 8 + hlen;
   f->data_len = f->len - 8 - hlen;
   scan s = {f->buf + 8, f->buf + 8 + hlen};
+  snprintf(why, sizeof why, "its header is not a JSON object");
   if (expect(&s, '{')) goto bad;
   skip_ws(&s);
   if (s.p < s.end && *s.p == '}') goto done;
   for (;;) {
     char name[128];
+    snprintf(why, sizeof why, "header byte %zu: expected a tensor name in quotes (at most 127 bytes), then ':'",
+             (size_t)(s.p - (f->buf + 8)));
     if (read_str(&s, name, sizeof name) || expect(&s, ':')) goto bad;
     if (strcmp(name, "__metadata__") == 0) {
+      snprintf(why, sizeof why, "__metadata__ is not an object of strings");
       if (skip_str_object(&s)) goto bad;
     } else {
       if (f->n == cap) {
         cap = cap ? cap * 2 : 64;
         st_entry *ne = realloc(f->entries, sizeof(st_entry) * (size_t)cap);
-        if (!ne) goto bad;
+        if (!ne) {
+          safetensors_close(f);
+          return tr_fail(TR_ENOMEM, "out of memory reading '%s'", path);
+        }
         f->entries = ne;
       }
       st_entry *e = &f->entries[f->n];
       memset(e, 0, sizeof *e);
       memcpy(e->name, name, sizeof e->name);
-      if (read_entry(&s, e)) goto bad;
-      /* the element count must not wrap: [2^62, 4] floats is 0 bytes
-       * modulo 2^64, and readers trust dim[] once the offsets agree */
-      uint64_t elems = 1, esz = strcmp(e->dtype, "F32") == 0 ? 4 : 0;
-      for (int i = 0; i < e->ndim; i++) {
-        uint64_t d = (uint64_t)e->dim[i];
-        if (e->dim[i] < 0 || (d && elems > UINT64_MAX / 4 / d)) goto bad;
-        elems *= d;
-      }
-      if (esz == 0 || e->begin > e->end || e->end > f->data_len || e->end - e->begin != elems * esz) goto bad;
+      snprintf(why, sizeof why, "tensor '%s': its entry is not {\"dtype\", \"shape\" (at most %d dimensions), "
+               "\"data_offsets\"}", name, ST_MAX_DIMS);
+      if (read_entry(&s, e) || check_entry(f, e, why, sizeof why)) goto bad;
       f->n++;
     }
     skip_ws(&s);
@@ -302,14 +373,21 @@ int safetensors_open(st_file *f, const char *path) {
       s.p++;
       continue;
     }
+    snprintf(why, sizeof why, "header byte %zu: expected ',' or '}'", (size_t)(s.p - (f->buf + 8)));
     if (expect(&s, '}')) goto bad;
     break;
   }
 done:
+  rc = check_unique(f, why, sizeof why);
+  if (rc == TR_ENOMEM) {
+    safetensors_close(f);
+    return tr_fail(TR_ENOMEM, "out of memory reading '%s'", path);
+  }
+  if (rc) goto bad;
   return TR_OK;
 bad:
   safetensors_close(f);
-  return tr_fail(TR_EFORMAT, "'%s': not a valid float32 safetensors file", path);
+  return tr_fail(TR_EFORMAT, "'%s': not a valid float32 safetensors file: %s", path, why);
 }
 
 void safetensors_close(st_file *f) {

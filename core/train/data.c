@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "json_top.h"
 #include "util.h"
 
 #define LLMC_MAGIC 20240520
@@ -283,49 +284,68 @@ int vocab_save_tokens(int64_t vocab_size, const char *path) {
   return tr_write_file_atomic(path, buf, (size_t)k);
 }
 
-int vocab_load_any(vocab *v, int64_t *vocab_size, const char *path) {
+/* The bytes of a {"type":"bytes","tokens":[...]} vocabulary: 1 to 256 of
+ * them, each 0..255. */
+static int vocab_bytes(vocab *v, const json_doc *d) {
+  const char *p;
+  size_t n;
+  int rc = json_top_raw(d, "tokens", &p, &n, NULL);
+  if (rc) return rc;
+  if (*p != '[')
+    return tr_fail(TR_EFORMAT, "'%s': tokens is not a list of bytes (it is %.*s%s)", d->file, (int)(n > 40 ? 40 : n), p,
+                   n > 40 ? "..." : "");
+  const char *end = p + n - 1; /* its ']': json_top checked the list */
+  for (p++; p < end; p++) {
+    if (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == ',') continue;
+    char *e;
+    long b = strtol(p, &e, 10);
+    size_t k = strcspn(p, ", \n\t\r]");
+    if (e != p + k || b < 0 || b > 255)
+      return tr_fail(TR_EFORMAT, "'%s': tokens holds %.*s, not a byte 0..255", d->file, (int)(k > 40 ? 40 : k), p);
+    if (v->size >= 256) return tr_fail(TR_EFORMAT, "'%s': tokens holds more than 256 bytes", d->file);
+    v->byte_of[v->size++] = (uint8_t)b;
+    p = e - 1;
+  }
+  if (v->size == 0) return tr_fail(TR_EFORMAT, "'%s': tokens is empty", d->file);
+  vocab_index(v);
+  return TR_OK;
+}
+
+/* vocab.json by its top-level keys (json_top.h): "type" says which of the
+ * two forms; tokens_ok = 0 refuses the token form. */
+static int vocab_read(vocab *v, int64_t *vocab_size, const char *path, int tokens_ok) {
   size_t len;
   char *s = tr_read_file(path, &len);
   if (!s) return TR_EIO;
   memset(v, 0, sizeof *v);
-  char *p = strstr(s, "\"vocab_size\":");
-  if (p && strstr(s, "\"tokens\",")) {
-    *vocab_size = strtoll(p + 13, NULL, 10);
-    free(s);
-    if (*vocab_size <= 0) return tr_fail(TR_EFORMAT, "'%s': a bad vocab_size", path);
-    return TR_OK;
+  json_doc d = {path, s, len};
+  char type[16] = "";
+  const char *raw = NULL;
+  size_t rn = 0;
+  int64_t n = 0;
+  int rc = json_top_raw(&d, "type", &raw, &rn, NULL);
+  if (!rc && raw[0] != '"') /* not a string: json_top_str says so */
+    rc = json_top_str(&d, "type", type, sizeof type, NULL);
+  else if (!rc && json_top_str(&d, "type", type, sizeof type, NULL) != TR_OK)
+    type[0] = 0; /* a string too long for type (or holding \u0000): neither form, refused below as written */
+  if (!rc && strcmp(type, "bytes") == 0) {
+    rc = vocab_bytes(v, &d);
+    n = v->size;
+  } else if (!rc && strcmp(type, "tokens") == 0 && tokens_ok) {
+    rc = json_top_int(&d, "vocab_size", &n, NULL);
+    if (!rc && n <= 0) rc = tr_fail(TR_EFORMAT, "'%s': vocab_size is %lld, not a positive count", path, (long long)n);
+  } else if (!rc) {
+    rc = tr_fail(TR_EFORMAT, "'%s': type is %.*s%s, expected %s", path, (int)(rn > 40 ? 40 : rn), raw,
+                 rn > 40 ? "..." : "", tokens_ok ? "\"bytes\" or \"tokens\"" : "\"bytes\" (a byte-level vocabulary)");
   }
   free(s);
-  int rc = vocab_load(v, path);
-  *vocab_size = v->size;
+  if (!rc && vocab_size) *vocab_size = n;
   return rc;
 }
 
-int vocab_load(vocab *v, const char *path) {
-  size_t len;
-  char *s = tr_read_file(path, &len);
-  if (!s) return TR_EIO;
-  memset(v, 0, sizeof *v);
-  char *p = strstr(s, "\"tokens\"");
-  p = p ? strchr(p, '[') : NULL;
-  if (!p) goto bad;
-  p++;
-  while (*p && *p != ']') {
-    char *end;
-    long b = strtol(p, &end, 10);
-    if (end == p || b < 0 || b > 255 || v->size >= 256) goto bad;
-    v->byte_of[v->size++] = (uint8_t)b;
-    p = end;
-    while (*p == ',' || *p == ' ' || *p == '\n') p++;
-  }
-  if (*p != ']' || v->size == 0) goto bad;
-  free(s);
-  vocab_index(v);
-  return TR_OK;
-bad:
-  free(s);
-  return tr_fail(TR_EFORMAT, "'%s': not a transom vocabulary file", path);
-}
+int vocab_load_any(vocab *v, int64_t *vocab_size, const char *path) { return vocab_read(v, vocab_size, path, 1); }
+
+int vocab_load(vocab *v, const char *path) { return vocab_read(v, NULL, path, 0); }
 
 int vocab_encode(const vocab *v, const char *text, size_t len, int32_t *out) {
   for (size_t i = 0; i < len; i++) {

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "json_top.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -106,8 +107,10 @@ static int check_out_dir(const char *weights, const char *dir) {
   return TR_OK;
 }
 
-/* The Hugging Face tensors of the file f (validated) into ts: Conv1D
- * weights transposed into bufs, wte cut to the vocabulary; *nt of them. */
+/* The Hugging Face tensors of the file f into ts: Conv1D weights transposed
+ * into bufs, wte cut to the vocabulary; *nt of them. f is transom's own
+ * weights, already held by check_weights to the model's shapes: a Conv1D
+ * weight here is always (out, in), so it is always transposed. */
 static int hf_tensors(const st_file *f, const hf_shape *s, st_tensor *ts, int64_t (*dims)[ST_MAX_DIMS], float **bufs,
                       int *nt, int64_t *n_positions) {
   for (int i = 0; i < f->n; i++) {
@@ -168,104 +171,147 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
 
 /* --- import --- */
 
-/* The integer after "key": in a JSON text, or -1. */
-static int64_t json_int(const char *json, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\"", key);
-  const char *p = strstr(json, pat);
-  if (!p) return -1;
-  p += strlen(pat);
-  while (*p == ' ' || *p == ':' || *p == '\n' || *p == '\t') p++;
-  char *end;
-  long long v = strtoll(p, &end, 10);
-  return end == p ? -1 : v;
-}
+/* A JSON value as written, cut at 40 bytes: "%.*s%s" with these. */
+#define CUT40(n) (int)((n) > 40 ? 40 : (n))
+#define MORE40(n) ((n) > 40 ? "..." : "")
 
-/* The text of the value after "key": in a JSON text, or NULL. */
-static const char *json_value(const char *json, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\"", key);
-  const char *p = strstr(json, pat);
-  if (!p) return NULL;
-  p += strlen(pat);
-  while (*p == ' ' || *p == ':' || *p == '\n' || *p == '\t' || *p == '\r') p++;
-  return p;
-}
-
-/* What transom's gpt cannot honour: an untied output head (its own
- * lm_head.weight, which import_one would never read) or another layer
- * norm epsilon (the kernels' is 1e-5). Absent keys are GPT-2's defaults. */
-static int check_fixed(const char *path, const char *js) {
-  const char *v = json_value(js, "tie_word_embeddings");
-  if (v && strncmp(v, "false", 5) == 0)
+/* What transom's gpt cannot honour: another activation than GPT-2's tanh
+ * GELU, an untied output head (its own lm_head.weight, which import_one
+ * would never read), another layer norm epsilon (the kernels' is 1e-5),
+ * attention scores scaled otherwise than by 1/sqrt(head_dim) alone
+ * (scale_attn_weights false: not scaled; scale_attn_by_inverse_layer_idx
+ * true: also by 1/(layer + 1)), or an MLP other than 4 * n_embd wide
+ * (n_inner; lua/models/gpt.lua's c_fc). Absent keys, and n_inner null, are
+ * GPT-2's defaults. Each error names the file and the key. */
+static int check_fixed(const json_doc *d, int64_t n_embd) {
+  char act[64];
+  const char *raw;
+  size_t n;
+  int found, b, tied = 1;
+  double eps = 1e-5;
+  int rc = json_top_raw(d, "activation_function", &raw, &n, &found);
+  if (!rc && found && raw[0] != '"') /* not a string: json_top_str says so */
+    return json_top_str(d, "activation_function", act, sizeof act, NULL);
+  /* a string too long for act (or holding \u0000) is neither name either */
+  if (!rc && found && (json_top_str(d, "activation_function", act, sizeof act, NULL) != TR_OK ||
+                       (strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)))
+    return tr_fail(TR_EINVAL, "'%s': activation_function is %.*s%s; transom's gpt computes GPT-2's tanh GELU "
+                   "(\"gelu_new\" or \"gelu_pytorch_tanh\")", d->file, CUT40(n), raw, MORE40(n));
+  if (!rc) rc = json_top_bool(d, "tie_word_embeddings", &tied, &found);
+  if (!rc && !tied)
     return tr_fail(TR_EINVAL, "'%s': tie_word_embeddings is false; transom's gpt ties the output head to wte "
-                   "(lm_head.weight would be ignored)", path);
-  v = json_value(js, "layer_norm_epsilon");
-  if (v) {
-    char *end;
-    double eps = strtod(v, &end);
-    if (end == v || fabs(eps - 1e-5) > 1e-12)
-      return tr_fail(TR_EINVAL, "'%s': layer_norm_epsilon is %.*s, transom's gpt uses 1e-05", path,
-                     (int)strcspn(v, ",}\n"), v);
+                   "(lm_head.weight would be ignored)", d->file);
+  /* the value as written first: the refusal quotes it and needs nothing more */
+  if (!rc) rc = json_top_raw(d, "layer_norm_epsilon", &raw, &n, &found);
+  if (!rc && found) rc = json_top_num(d, "layer_norm_epsilon", &eps, NULL);
+  if (!rc && fabs(eps - 1e-5) > 1e-12)
+    return tr_fail(TR_EINVAL, "'%s': layer_norm_epsilon is %.*s%s, transom's gpt uses 1e-05", d->file, CUT40(n), raw,
+                   MORE40(n));
+  if (!rc) rc = json_top_bool(d, "scale_attn_weights", &b, &found);
+  if (!rc && found && !b)
+    return tr_fail(TR_EINVAL, "'%s': scale_attn_weights is false; transom's gpt scales attention scores by "
+                   "1/sqrt(head_dim)", d->file);
+  if (!rc) rc = json_top_bool(d, "scale_attn_by_inverse_layer_idx", &b, &found);
+  if (!rc && found && b)
+    return tr_fail(TR_EINVAL, "'%s': scale_attn_by_inverse_layer_idx is true; transom's gpt scales attention scores "
+                   "by 1/sqrt(head_dim) alone, not also by 1/(layer index + 1)", d->file);
+  if (!rc) rc = json_top_raw(d, "n_inner", &raw, &n, &found);
+  if (!rc && found && !(n == 4 && memcmp(raw, "null", 4) == 0)) {
+    int64_t inner = 0;
+    rc = json_top_int(d, "n_inner", &inner, NULL);
+    if (!rc && inner != 4 * n_embd)
+      return tr_fail(TR_EINVAL, "'%s': n_inner is %lld; transom's gpt's MLP is 4 * n_embd = %lld wide (n_inner null "
+                     "or %lld)", d->file, (long long)inner, (long long)(4 * n_embd), (long long)(4 * n_embd));
   }
-  return TR_OK;
+  return rc;
 }
 
+/* config.json against the job (s, its block_size): every key read as a
+ * top-level key of one JSON object (json_top.h), the four sizes and
+ * n_positions required. */
 static int check_config(const char *dir, const hf_shape *s, int64_t block) {
   char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/config.json", dir);
+  if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path)
+    return tr_fail(TR_EINVAL, "'%s': path too long", dir);
   size_t len;
   char *js = tr_read_file(path, &len);
   if (!js) return TR_EIO;
+  json_doc d = {path, js, len};
   struct { const char *key; int64_t want; } f[] = {
       {"n_layer", s->n_layer}, {"n_head", s->n_head}, {"n_embd", s->n_embd}, {"vocab_size", s->vocab_size}};
   int rc = TR_OK;
   for (int i = 0; i < 4 && !rc; i++) {
-    int64_t got = json_int(js, f[i].key);
-    if (got != f[i].want)
+    int64_t got = 0;
+    rc = json_top_int(&d, f[i].key, &got, NULL);
+    if (!rc && got != f[i].want)
       rc = tr_fail(TR_EINVAL, "'%s': %s is %lld, the job has %s = %lld", path, f[i].key, (long long)got, f[i].key,
                    (long long)f[i].want);
   }
-  int64_t npos = json_int(js, "n_positions");
+  int64_t npos = 0;
+  if (!rc) rc = json_top_int(&d, "n_positions", &npos, NULL);
   if (!rc && npos < block)
     rc = tr_fail(TR_EINVAL, "'%s': n_positions = %lld is less than the job's block_size = %lld", path,
                  (long long)npos, (long long)block);
-  if (!rc && strstr(js, "\"activation_function\"") && !strstr(js, "gelu_new") && !strstr(js, "gelu_pytorch_tanh"))
-    rc = tr_fail(TR_EINVAL, "'%s': activation_function is not GPT-2's tanh GELU (gelu_new)", path);
-  if (!rc) rc = check_fixed(path, js);
+  if (!rc) rc = check_fixed(&d, s->n_embd);
   free(js);
   return rc;
 }
 
-/* Copies one Hugging Face tensor into transom's tensor d. wte must hold a
- * row for each of the vocab real tokens: only the model's padding rows past
- * them (the vocabulary rounded up) are zeroed, never a real token's. */
+/* Copies one Hugging Face tensor into transom's tensor d, whose name and
+ * shape are the model's. A Conv1D weight must be Hugging Face's (in, out),
+ * always: it is transposed, and any other shape is refused. A square one
+ * cannot show its layout, but c_attn (3C, C) and c_fc (4C, C) never are
+ * square, so a file in Linear's (out, in) layout is refused by them rather
+ * than loaded with its square matrices transposed and the rest not. wte
+ * must hold a row for each of the vocab real tokens: only the model's
+ * padding rows past them (the vocabulary rounded up) are zeroed, never a
+ * real token's; wpe's first rows, as many as the job's block_size, are
+ * read. Each error names the file, the tensor, the shape found and the
+ * shape expected. */
 static int import_one(const st_file *f, const char *path, const tensor_desc *d, int64_t vocab, float *dst) {
+  char want[128], got[128];
+  int prefixed = strncmp(d->name, "transformer.", 12) == 0;
   const st_entry *e = safetensors_find(f, d->name);
-  if (!e && strncmp(d->name, "transformer.", 12) == 0) e = safetensors_find(f, d->name + 12);
-  if (!e) return tr_fail(TR_EFORMAT, "'%s' has no tensor '%s'", path, d->name);
+  if (!e && prefixed) e = safetensors_find(f, d->name + 12);
+  if (!e)
+    return tr_fail(TR_EFORMAT, "'%s' has no tensor '%s'%s%s%s, which the job's model needs", path, d->name,
+                   prefixed ? " (nor '" : "", prefixed ? d->name + 12 : "", prefixed ? "')" : "");
   if (strcmp(e->dtype, "F32") != 0)
     return tr_fail(TR_EFORMAT, "'%s': tensor '%s' is %s; only F32 is read", path, e->name, e->dtype);
   const float *src = (const float *)(f->data + e->begin);
-  int table = ends_with(d->name, "wte.weight") || ends_with(d->name, "wpe.weight");
-  if (d->ndim == 2 && is_conv1d(d->name) && e->ndim == 2 && e->dim[0] == d->dim[1] && e->dim[1] == d->dim[0]) {
+  shape_str(got, sizeof got, e->ndim, e->dim);
+  int wte = ends_with(d->name, "wte.weight"), wpe = ends_with(d->name, "wpe.weight");
+  if (d->ndim == 2 && is_conv1d(d->name)) {
+    int64_t in_out[2] = {d->dim[1], d->dim[0]};
+    shape_str(want, sizeof want, 2, in_out);
+    if (e->ndim != 2 || e->dim[0] != in_out[0] || e->dim[1] != in_out[1])
+      return tr_fail(TR_EFORMAT, "'%s': Conv1D weight '%s' is %s, expected %s: Hugging Face GPT-2 stores it "
+                     "(in, out)%s", path, e->name, got, want,
+                     e->ndim == 2 && e->dim[0] == d->dim[0] && e->dim[1] == d->dim[1]
+                         ? "; this is Linear's (out, in) layout, which is not read" : "");
     transpose(dst, src, e->dim[0], e->dim[1]);
-  } else if (table && e->ndim == 2 && e->dim[1] == d->dim[1]) {
-    int wte = ends_with(d->name, "wte.weight");
+  } else if (d->ndim == 2 && (wte || wpe)) {
+    if (e->ndim != 2 || e->dim[1] != d->dim[1])
+      return tr_fail(TR_EFORMAT, "'%s': tensor '%s' is %s, expected [%s%lld, %lld] (%s rows of n_embd = %lld)", path,
+                     e->name, got, wte ? "" : "at least ", (long long)(wte ? vocab : d->dim[0]), (long long)d->dim[1],
+                     wte ? "vocab_size" : "block_size", (long long)d->dim[1]);
     if (wte && e->dim[0] < vocab)
       return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, fewer than vocab_size = %lld: tokens %lld..%lld would "
                      "have no embedding", path, e->name, (long long)e->dim[0], (long long)vocab, (long long)e->dim[0],
                      (long long)vocab - 1);
-    if (wte ? e->dim[0] > d->dim[0] : e->dim[0] < d->dim[0])
-      return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, the model %lld", path, e->name, (long long)e->dim[0],
-                     (long long)d->dim[0]);
+    if (wte && e->dim[0] > d->dim[0])
+      return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, more than the model's %lld (vocab_size = %lld padded to "
+                     "a multiple of 128)", path, e->name, (long long)e->dim[0], (long long)d->dim[0], (long long)vocab);
+    if (wpe && e->dim[0] < d->dim[0])
+      return tr_fail(TR_EFORMAT, "'%s': '%s' has %lld rows, fewer than the job's block_size = %lld", path, e->name,
+                     (long long)e->dim[0], (long long)d->dim[0]);
     int64_t rows = wte ? e->dim[0] : d->dim[0];
     memcpy(dst, src, sizeof(float) * (size_t)(rows * d->dim[1]));
     memset(dst + rows * d->dim[1], 0, sizeof(float) * (size_t)((d->dim[0] - rows) * d->dim[1]));
   } else {
-    int same = e->ndim == d->ndim;
-    for (int k = 0; same && k < d->ndim; k++) same = e->dim[k] == d->dim[k];
-    if (!same) return tr_fail(TR_EFORMAT, "'%s': tensor '%s' has a different shape than the model's", path, e->name);
+    shape_str(want, sizeof want, d->ndim, d->dim);
+    if (strcmp(want, got) != 0)
+      return tr_fail(TR_EFORMAT, "'%s': tensor '%s' is %s, expected %s (the job's model)", path, e->name, got, want);
     memcpy(dst, src, e->end - e->begin);
   }
   return TR_OK;

@@ -1,6 +1,6 @@
 /* test_graph.c — the graph as a whole: a tiny GPT built by lua/models/gpt.lua
  * gradient-checked end to end, plus the planner, the optimizer, the LR
- * schedule, safetensors and the data pipeline.
+ * schedule, safetensors (its header's checks too) and the data pipeline.
  *
  * GPT check: loss L(params) on fixed tokens; for a seeded sample of
  * parameters across every tensor, (L(p+h) - L(p-h)) / 2h must match the
@@ -351,6 +351,84 @@ static void test_safetensors(void) {
     if (orc == 0) safetensors_close(&f);
     CHECK(orc != 0, "a shape whose element count overflows must be refused (%s)", wrap[k]);
   }
+  unlink(path);
+  rmdir(dir);
+}
+
+/* A safetensors file at path: the 8-byte length hlen (as given), then the
+ * header's bytes, then ndata zero bytes. */
+static void write_st(const char *path, uint64_t hlen, const char *header, size_t nheader, size_t ndata) {
+  FILE *fp = fopen(path, "wb");
+  uint8_t l8[8];
+  for (int i = 0; i < 8; i++) l8[i] = (uint8_t)(hlen >> (8 * i));
+  fwrite(l8, 1, 8, fp);
+  fwrite(header, 1, nheader, fp);
+  for (size_t i = 0; i < ndata; i++) fputc(0, fp);
+  fclose(fp);
+}
+
+/* rc of safetensors_open on path; the file's entry count in *n. */
+static int st_open_n(const char *path, int *n) {
+  st_file f;
+  int rc = safetensors_open(&f, path);
+  *n = rc ? -1 : f.n;
+  if (!rc) safetensors_close(&f);
+  return rc;
+}
+
+/* The reader's reasons and its check of names: 50k entries (the pairwise
+ * check took seconds; sorted, no time limit is asserted here), one name
+ * twice at the end refused, all distinct accepted; a header length under 2
+ * and a long __metadata__ string. */
+static void test_safetensors_header(void) {
+  char dir[] = "/tmp/transom-st-XXXXXX", path[256];
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  snprintf(path, sizeof path, "%s/h.safetensors", dir);
+  enum { N = 50000 };
+  size_t cap = (size_t)N * 80 + 256, k = 0;
+  char *h = malloc(cap);
+  k += (size_t)snprintf(h + k, cap - k, "{");
+  for (int i = 0; i < N; i++)
+    k += (size_t)snprintf(h + k, cap - k, "%s\"t%d\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[%d,%d]}",
+                          i ? "," : "", i, 4 * (i % 8), 4 * (i % 8) + 4);
+  size_t body = k;
+  k += (size_t)snprintf(h + k, cap - k, "}");
+  int n = 0;
+  write_st(path, k, h, k, 32);
+  CHECK(st_open_n(path, &n) == TR_OK && n == N, "%d distinct names: n %d, %s", N, n, tr_error());
+  /* the same and one more entry, named as entry 17: refused, naming it */
+  k = body + (size_t)snprintf(h + body, cap - body, ",\"t17\":{\"dtype\":\"F32\",\"shape\":[1],"
+                                                    "\"data_offsets\":[0,4]}}");
+  write_st(path, k, h, k, 32);
+  CHECK(st_open_n(path, &n) == TR_EFORMAT && strstr(tr_error(), "tensor 't17' appears twice in the header"),
+        "one name twice among %d: %s", N + 1, tr_error());
+  /* two names twice: the one whose second entry comes first is named */
+  const char *two = "{\"b\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                    "\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                    "\"b\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                    "\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}";
+  write_st(path, strlen(two), two, strlen(two), 0);
+  CHECK(st_open_n(path, &n) == TR_EFORMAT && strstr(tr_error(), "tensor 'b' appears twice"), "%s", tr_error());
+  /* a header length of 0 or 1: too short to be {}, not "does not fit" */
+  for (uint64_t hl = 0; hl < 2; hl++) {
+    write_st(path, hl, "{}", 2, 0);
+    CHECK(st_open_n(path, &n) == TR_EFORMAT && strstr(tr_error(), "less than the 2 bytes of the smallest header"),
+          "header length %llu: %s", (unsigned long long)hl, tr_error());
+  }
+  /* a __metadata__ string of 5000 bytes: metadata has no length limit, and
+   * is skipped (it was refused as "not an object of strings"); a value that
+   * is not a string is still refused so */
+  k = (size_t)snprintf(h, cap, "{\"__metadata__\":{\"note\":\"");
+  memset(h + k, 'x', 5000);
+  k += 5000;
+  k += (size_t)snprintf(h + k, cap - k, "\"},\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}");
+  write_st(path, k, h, k, 4);
+  CHECK(st_open_n(path, &n) == TR_OK && n == 1, "a 5000-byte metadata string: %s", tr_error());
+  const char *num = "{\"__metadata__\":{\"step\":100}}";
+  write_st(path, strlen(num), num, strlen(num), 0);
+  CHECK(st_open_n(path, &n) == TR_EFORMAT && strstr(tr_error(), "__metadata__ is not an object of strings"), "%s",
+        tr_error());
+  free(h);
   unlink(path);
   rmdir(dir);
 }
@@ -818,6 +896,7 @@ int main(void) {
   test_builder_errors();
   test_optim();
   test_safetensors();
+  test_safetensors_header();
   test_data();
   test_shards();
   test_bpe();

@@ -3,8 +3,9 @@
 
 A handful of valid and near-valid inputs per target, built here from the
 formats' descriptions (ftar_wire.h, proto.h, job.lua, safetensors.h, ckpt.c's
-encode_manifest) so that they can be re-made when a format changes. The
-seeds are checked in; run.sh fuzzes a copy of them and never writes here.
+encode_manifest, json_top.h) so that they can be re-made when a format
+changes. The seeds are checked in; run.sh fuzzes a copy of them and never
+writes here.
 Regression inputs for crashes found are added by hand under
 corpus/<target>/regress-* and are kept when this script runs again.
 
@@ -163,6 +164,9 @@ def safetensors_seeds():
       + b"\0" * 8)
     w("f16", safetensors([], header='{"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}') + b"\0" * 4)
     w("header_too_long", struct.pack("<Q", 1 << 40) + b"{}")
+    w("duplicate_name", safetensors([], header='{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                                             '"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},'
+                                             '"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}') + b"\0" * 8)
     w("too_many_dims", safetensors([], header='{"a":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1],'
                                               '"data_offsets":[0,4]}}') + b"\0" * 4)
 
@@ -195,9 +199,41 @@ def ckpt_seeds():
     w("truncated", manifest(model, seal=False)[:-7])
 
 
+# --- top-level JSON keys (json_top.h); byte 0: the key's length, then the key, then the text ---
+
+def json_top(key, text):
+    key, text = (key.encode() if isinstance(key, str) else key), (text.encode() if isinstance(text, str) else text)
+    return bytes([len(key)]) + key + text
+
+
+def json_top_seeds():
+    w = lambda name, data: write("json_top", name, data)
+    config = json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 300,
+                         "n_positions": 64, "n_embd": 32, "n_layer": 1, "n_head": 2, "n_inner": None,
+                         "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
+                         "tie_word_embeddings": True, "task_specific_params": {"n_layer": 7}}, indent=2)
+    w("config", json_top("n_layer", config))
+    w("config_eps", json_top("layer_norm_epsilon", config))
+    w("config_act", json_top("activation_function", config))
+    w("vocab_bytes", json_top("tokens", '{"type":"bytes","tokens":[10,32,33,39,44]}'))
+    w("vocab_tokens", json_top("type", '{"type":"tokens","vocab_size":50257}'))
+    w("escapes", json_top("n", '{"s": "\\"n\\": 1 \\u00e9 \\ud83d\\ude00 \\ud800", "\\u006e": -0.5e-3}'))
+    w("bom", json_top("n", b"\xef\xbb\xbf {\"n\": true}"))
+    w("numbers", json_top("n", '{"a": -9223372036854775808, "b": 1e400, "c": 1e-400, "n": 9223372036854775807}'))
+    w("nested", json_top("n", '{"a": [[[{"n": [1, {"n": null}]}]]], "n": false}'))
+    w("long_key", json_top("k" * 255, '{"' + "k" * 255 + '": "x", "' + "k" * 300 + '": 1}'))
+    # near-valid
+    w("twice", json_top("n", '{"n": 1, "m": 2, "n": 3}'))
+    w("cut", json_top("n", '{"n": "ab\\'))
+    w("trailing", json_top("n", '{"n": 1} {}'))
+    w("deep", json_top("n", '{"a": ' + "[" * 65 + "]" * 65 + ', "n": 1}'))
+    w("nul", json_top("n", b'{"n": "a\0b"}'))
+
+
 if __name__ == "__main__":
     ftar_seeds()
     proto_seeds()
     job_seeds()
     safetensors_seeds()
     ckpt_seeds()
+    json_top_seeds()

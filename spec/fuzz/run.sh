@@ -9,7 +9,7 @@
 #   spec/fuzz/run.sh [SECONDS] [TARGET...]   default 10 s; every target
 #   JOBS=N spec/fuzz/run.sh ...              build parallelism (default nproc)
 #
-# Targets: ftar_frame proto job safetensors ckpt_manifest (fuzz_<target>.c
+# Targets: ftar_frame proto job safetensors ckpt_manifest json_top (fuzz_<target>.c
 # says what each one fuzzes and checks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 secs=${1:-10}
 [ $# -gt 0 ] && shift
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(ftar_frame proto job safetensors ckpt_manifest)
+[ ${#targets[@]} -eq 0 ] && targets=(ftar_frame proto job safetensors ckpt_manifest json_top)
 case "$secs" in '' | *[!0-9]*) echo "run.sh: SECONDS must be a whole number, not '$secs'" >&2; exit 2 ;; esac
 
 if ! command -v clang >/dev/null 2>&1; then

@@ -6,7 +6,7 @@
  *
  * The reader validates everything before trusting it: header length against
  * the file size, every offset against the data size, shape against byte
- * count. Used by the trainer (final weights), `transom sample`, and the
+ * count, each tensor name once. Used by the trainer (final weights), `transom sample`, and the
  * checkpoint exporter.
  */
 #ifndef TRANSOM_SAFETENSORS_H
@@ -46,6 +46,11 @@ typedef struct {
   size_t data_len;
 } st_file;
 
+/* Reads and validates the file at path. TR_EIO when it cannot be read;
+ * TR_EFORMAT "'PATH': not a valid float32 safetensors file: REASON", the
+ * reason naming the tensor and what was wrong (its dtype, its offsets
+ * against the data, its shape against its bytes, a name twice). On error f
+ * is left empty (safetensors_close is not needed). */
 int safetensors_open(st_file *f, const char *path);
 void safetensors_close(st_file *f);
 const st_entry *safetensors_find(const st_file *f, const char *name);

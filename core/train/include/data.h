@@ -90,8 +90,11 @@ int64_t data_padded_vocab(int64_t v);
 void dataset_batch(const dataset *d, int split, rng_t *r, int B, int T, int32_t *x, int32_t *y);
 
 /* Vocabulary as JSON: {"type":"bytes","tokens":[10,32,...]}, or for token
- * data {"type":"tokens","vocab_size":50257} (vocab_load then gives size 0
- * and *vocab_size; bytes give *vocab_size = size). */
+ * data {"type":"tokens","vocab_size":50257} (vocab_load_any then gives
+ * size 0 and *vocab_size; bytes give *vocab_size = size; vocab_load reads
+ * bytes only). Read by their top-level keys (json_top.h): TR_EFORMAT names
+ * the file and the key (a key twice, a type other than those two, a token
+ * that is not a byte 0..255, vocab_size not a positive integer). */
 int vocab_save(const vocab *v, const char *path);
 int vocab_save_tokens(int64_t vocab_size, const char *path);
 int vocab_load(vocab *v, const char *path);

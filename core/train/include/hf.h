@@ -42,10 +42,20 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
 /* Fills the parameters of a planned GPT graph from dir/config.json and
  * dir/model.safetensors (names with or without the "transformer." prefix);
  * params is the host array the tensors' offsets index (graph_params on the
- * CPU). config.json must agree with s (the job): an error names the field,
- * both values and the file. wte must have a row for each of the
- * s->vocab_size tokens (an error names model.safetensors and both sizes);
- * only the model's padding rows past them are zeroed. */
+ * CPU). config.json is read by its top-level keys (json_top.h: one nested
+ * or inside a string is not the key; a key twice, a value of another type,
+ * a text that is not one JSON object are TR_EFORMAT naming the file and
+ * the key) and must agree with s (the job): TR_EINVAL names the field, both
+ * values and the file. So must the keys that change the maths (TR_EINVAL
+ * naming the file and the key): activation_function GPT-2's tanh GELU,
+ * tie_word_embeddings true, layer_norm_epsilon 1e-5, scale_attn_weights
+ * true, scale_attn_by_inverse_layer_idx false, n_inner null or 4 * n_embd
+ * (each absent: GPT-2's default, accepted). Every Conv1D weight must be (in, out); any other
+ * shape, as every other tensor of another shape than the model's, is
+ * TR_EFORMAT naming model.safetensors, the tensor, its shape and the one
+ * expected. wte must have a row for each of the s->vocab_size tokens (an
+ * error names model.safetensors and both sizes); only the model's padding
+ * rows past them are zeroed. On an error params may be partly written. */
 int hf_import(graph *g, float *params, const char *dir, const hf_shape *s);
 
 #endif
