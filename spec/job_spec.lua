@@ -529,6 +529,37 @@ return {
     assert.are.equal(0, code, err)
   end)
 
+  -- README: relative paths are relative to the current directory. A run's
+  -- job.lua writes them absolute, so --resume RUN and sample RUN mean the same
+  -- files from anywhere (they said "key 'data': cannot open 'data.txt'").
+  it("writes a run's paths absolute: --resume and sample from another directory", function()
+    local w = dir .. "/cwd"
+    assert(os.execute("mkdir -p " .. q(w)))
+    write(w .. "/data.txt", read(data))
+    write(w .. "/mymodel.lua", read(S.ROOT .. "/lua/models/gpt.lua"))
+    write(w .. "/rel.lua", 'return {\n  data = "./data.txt", model = "mymodel.lua", run_dir = "r",\n' .. tiny .. "}\n")
+    local out, rc = S.sh("cd " .. q(w) .. " && " .. q(BIN) .. " run rel.lua")
+    assert.are.equal(0, rc, out)
+    local j = job.load(w .. "/r/job.lua")
+    for _, key in ipairs({ "data", "model", "run_dir" }) do
+      assert.are.equal("/", j[key]:sub(1, 1), key .. " = " .. j[key])
+      assert.is_nil(j[key]:find("/./", 1, true), key .. " = " .. j[key])
+    end
+    assert.are.equal(read(data), read(j.data))
+    assert.are.equal(read(w .. "/mymodel.lua"), read(j.model))
+    assert.is_true(exists(j.run_dir .. "/job.lua"))
+    -- a model's name stays a name
+    write(w .. "/named.lua", 'return {\n  data = "data.txt", model = "gpt", run_dir = "r2",\n' .. tiny .. "}\n")
+    out, rc = S.sh("cd " .. q(w) .. " && " .. q(BIN) .. " run named.lua")
+    assert.are.equal(0, rc, out)
+    assert.are.equal("gpt", job.load(w .. "/r2/job.lua").model)
+    out, rc = S.sh("cd / && " .. q(BIN) .. " run --resume " .. q(w .. "/r") .. " --set max_steps=3")
+    assert.are.equal(0, rc, out)
+    has(out, "resumed from step 2", "step 3/3")
+    out, rc = S.sh("cd / && " .. q(BIN) .. " sample " .. q(w .. "/r") .. " --tokens 5")
+    assert.are.equal(0, rc, out)
+  end)
+
   it("checks --set checkpoint.FIELD=VALUE", function()
     local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
     has(rejected(path, run_dir, "--set", "checkpoint.every_steps=abc"), "--set checkpoint.every_steps=abc",
@@ -638,6 +669,31 @@ return {
       assert.are.equal(0.1 + 0.2, b.checkpoint.every_seconds)
       -- and the dump is stable
       assert.are.equal(text, job.dump(b))
+    end)
+
+    it("dump(job, cwd) writes every path-valued key absolute against cwd, names and absolute paths as they are", function()
+      local a = job.load((job_file([[
+return {
+  data = "a.bin\n/abs/b.bin\n./c_*.bin", val_data = "v.bin", vocab_size = 256, tokenizer = "t.bpe",
+  init_from = "../hf", model = "m/x.lua", run_dir = ".", replicas = 2, policies = "pol",
+  checkpoint = { remote = "remote" }, pipeline = { placement = "place.lua" },
+}
+]])), {})
+      local text = job.dump(a, "/base")
+      local again = dir .. "/absolute.lua"
+      write(again, text)
+      local b = job.load(again)
+      assert.are.equal("/base/a.bin\n/abs/b.bin\n/base/c_*.bin", b.data)
+      assert.are.same({ "/base/v.bin", "/base/t.bpe", "/base/../hf", "/base/m/x.lua", "/base", "/base/pol" },
+        { b.val_data, b.tokenizer, b.init_from, b.model, b.run_dir, b.policies })
+      assert.are.same({ "/base/remote", "/base/place.lua" }, { b.checkpoint.remote, b.pipeline.placement })
+      -- names stay names, and "" stays "none"
+      local c = job.load((job_file("return { data = '/d.txt', model = 'mlp', pipeline = { placement = 'even' } }\n")))
+      write(again, job.dump(c, "/"))
+      local d = job.load(again)
+      assert.are.same({ "/d.txt", "mlp", "even", "" }, { d.data, d.model, d.pipeline.placement, d.checkpoint.remote })
+      write(again, job.dump(job.load((job_file("return { data = 'd.txt' }\n"))), "/"))
+      assert.are.equal("/d.txt", job.load(again).data)
     end)
 
     -- A run's job.lua is loaded again by --resume, with --set on top:

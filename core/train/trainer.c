@@ -507,7 +507,10 @@ void trainer_poison_next(trainer *t) { t->poison_next = 1; }
 
 uint64_t trainer_config_hash(const trainer *t) {
   char buf[1024];
-  int n = snprintf(buf, sizeof buf, "%s|%lld|%lld|%lld|%lld|", t->cfg.model, (long long)t->cfg.n_layer,
+  /* a model file by its name, not by where it lies: RUN/job.lua writes the
+   * path absolute (job_dump), the first run may have spelled it relative */
+  const char *model = strrchr(t->cfg.model, '/') ? strrchr(t->cfg.model, '/') + 1 : t->cfg.model;
+  int n = snprintf(buf, sizeof buf, "%s|%lld|%lld|%lld|%lld|", model, (long long)t->cfg.n_layer,
                    (long long)t->cfg.n_head, (long long)t->cfg.n_embd, (long long)t->cfg.block_size);
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (int i = 0; i < n; i++) h = (h ^ (uint8_t)buf[i]) * 1099511628211ull;

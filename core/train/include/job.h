@@ -67,7 +67,12 @@ typedef struct {
  * if any, is suspended during the call and restored after it. */
 int job_load(lua_State *L, const char *path, const char *const *sets, int nsets, job_config *cfg);
 
-/* Lua text of the resolved job (for RUN/job.lua); caller frees. */
+/* Lua text of the resolved job (for RUN/job.lua); caller frees. Paths
+ * (data, val_data, model and pipeline.placement when they are files,
+ * tokenizer, init_from, run_dir, policies, checkpoint.remote) are written
+ * absolute against the working directory, so the run means the same files
+ * from anywhere (--resume, transom sample, a worker an agent starts). NULL on
+ * error (tr_error()). */
 char *job_dump(lua_State *L, const job_config *cfg);
 /* Prints the schema (for --help). */
 int job_help(lua_State *L);
