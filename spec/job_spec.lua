@@ -560,6 +560,22 @@ return {
     assert.are.equal(0, rc, out)
   end)
 
+  it("--resume --set max_steps=N: a default lr_decay_steps decays over the new steps, not at min_lr", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR, min_lr = 1e-4,\n" .. tiny .. "}\n")
+    local code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    code, _, err = transom(dir, "run", "--resume", run_dir, "--set", "max_steps=4")
+    assert.are.equal(0, code, err)
+    local lr = {}
+    for line in read(run_dir .. "/metrics.jsonl"):gmatch("[^\n]+") do
+      local step, v = line:match('^{"step":(%d+),.*"lr":([%d.eE+-]+)')
+      if step then lr[tonumber(step)] = tonumber(v) end
+    end
+    -- cosine from 1e-3 over 4 steps: step 3 is still above min_lr (it was min_lr: decay ended at step 2)
+    assert.is_true(lr[3] > 2e-4, "lr at step 3: " .. tostring(lr[3]))
+    assert.is_nil(read(run_dir .. "/job.lua"):find("lr_decay_steps", 1, true))
+  end)
+
   it("checks --set checkpoint.FIELD=VALUE", function()
     local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
     has(rejected(path, run_dir, "--set", "checkpoint.every_steps=abc"), "--set checkpoint.every_steps=abc",
@@ -701,19 +717,27 @@ return {
     -- not stay the old count as if the user had chosen it (a pipelined
     -- resume with fewer pipelines was refused for it, a resume with more
     -- replicas had it 'below replicas'). One it was given stays.
-    it("dump() leaves max_replicas to follow replicas unless the job chose it", function()
+    -- The same for lr_decay_steps (default: max_steps): a resume with more
+    -- steps ran them all at min_lr.
+    it("dump() leaves max_replicas and lr_decay_steps to follow replicas and max_steps unless the job chose them", function()
       for _, c in ipairs({
-        { "pipeline = { stages = 2 }, replicas = 2", "replicas=1", 1 },
-        { "replicas = 2", "replicas=3", 3 },
-        { "replicas = 2, max_replicas = 4", "replicas=3", 4 },
+        { "pipeline = { stages = 2 }, replicas = 2", "replicas=1", "max_replicas", 1 },
+        { "replicas = 2", "replicas=3", "max_replicas", 3 },
+        { "replicas = 2, max_replicas = 4", "replicas=3", "max_replicas", 4 },
+        { "max_steps = 30", "max_steps=50", "lr_decay_steps", 50 },
+        { "max_steps = 30, lr_decay_steps = 40", "max_steps=50", "lr_decay_steps", 40 },
       }) do
-        local a = job.load((job_file("return { data = DATA, " .. c[1] .. " }\n")), {})
+        local a = job.load((job_file("return { data = DATA, warmup_steps = 0, " .. c[1] .. " }\n")), {})
         local again = dir .. "/resumed.lua"
         write(again, job.dump(a))
         local ok, b = pcall(job.load, again, { c[2] })
         assert.is_true(ok, c[1] .. " then --set " .. c[2] .. ": " .. tostring(type(b) == "table" and b.msg or b))
-        assert.are.equal(c[3], b.max_replicas, c[1])
+        assert.are.equal(c[4], b[c[3]], c[1])
       end
+      -- a run's job.lua of an older build, which wrote the default down, follows too
+      write(dir .. "/older.lua", "-- resolved job, written by transom\nreturn { data = " .. string.format("%q", data)
+        .. ", max_steps = 30, lr_decay_steps = 30, warmup_steps = 0 }\n")
+      assert.are.equal(50, job.load(dir .. "/older.lua", { "max_steps=50" }).lr_decay_steps)
     end)
   end)
 end)

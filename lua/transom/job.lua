@@ -154,6 +154,11 @@ local SCHEMA = {
     optional = true, fields = CHAOS },
 }
 
+-- Keys whose default is another key's value (M.check): a run's job.lua
+-- leaves them out at that value, so that on --resume they follow a new one
+-- (a value chosen equal to it is taken for the default).
+local DERIVED = { max_replicas = "replicas", lr_decay_steps = "max_steps" }
+
 M.SCHEMA = SCHEMA
 local BY_KEY = {}
 for _, f in ipairs(SCHEMA) do BY_KEY[f[1]] = f end
@@ -454,12 +459,15 @@ end
 function M.load(path, sets)
   local job, src = schema.run_file(path, "job file")
   if type(job) ~= "table" then fail(path, nil, "a job file must return a table, got %s", type(job)) end
-  -- a run's own job.lua (--resume): its max_replicas at the default
-  -- (= replicas; files before dump left it out) follows a new replicas,
-  -- and the fleet keys it wrote do not make a lone replica refuse it
+  -- a run's own job.lua (--resume): its max_replicas and lr_decay_steps at
+  -- their defaults (= replicas, = max_steps; files before dump left them
+  -- out) follow a new replicas or max_steps, and the fleet keys it wrote do
+  -- not make a lone replica refuse it
   local resolved = src and src:sub(1, #RESOLVED) == RESOLVED
-  if resolved and math.type(job.max_replicas) == "integer" and job.max_replicas == job.replicas then
-    job.max_replicas = nil
+  if resolved then
+    for key, of in pairs(DERIVED) do
+      if math.type(job[key]) == "integer" and job[key] == job[of] then job[key] = nil end
+    end
   end
   local overridden = {}
   for _, item in ipairs(sets or {}) do
@@ -542,10 +550,11 @@ function M.dump(job, cwd, caps)
         if sv ~= nil then parts[#parts + 1] = string.format("%s = %s", sf[1], sf[2] == "list" and list(sf, sv) or lit(sv)) end
       end
       out[#out + 1] = string.format("  %s = { %s },\n", f[1], table.concat(parts, ", "))
-    elseif v ~= nil and not (f[1] == "max_replicas" and v == job.replicas) then
-      -- (max_replicas at its default follows replicas: a resume that
-      -- changes replicas must not find the old count written down as if
-      -- chosen, refused as below replicas or by a pipelined job)
+    elseif v ~= nil and not (DERIVED[f[1]] and v == job[DERIVED[f[1]]]) then
+      -- (a key at its derived default follows the key it comes from: a
+      -- resume that changes replicas must not find the old count written
+      -- down as if chosen, refused as below replicas or by a pipelined job;
+      -- one that adds steps must not run them all at min_lr)
       out[#out + 1] = string.format("  %s = %s,\n", f[1], lit(v))
     end
   end
