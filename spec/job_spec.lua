@@ -411,6 +411,20 @@ return {
     has(rejected(path, run_dir, "--set", "n_layer"), "--set n_layer", "key=value")
   end)
 
+  -- Errors found after the check (the data cannot be opened) name where the
+  -- key came from as the checker's do: they named the job file for a --set.
+  it("names the --set item, or the file and line, for data that cannot be opened", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  tokenizer = 'x.bpe',\n}\n")
+    local nope = dir .. "/nope2.txt"
+    local err = rejected(path, run_dir, "--set", "data=" .. nope)
+    has(err, "transom: --set data=" .. nope .. ": key 'data': cannot open '" .. nope .. "'")
+    assert.is_nil(err:find(path, 1, true), err)
+    -- the tokenizer the file gave, refused for a text corpus: its line
+    has(rejected(path, run_dir), path .. ":3: key 'tokenizer': 'x.bpe' is for token files")
+    path, run_dir = job_file("return {\n  run_dir = RUN_DIR,\n  data = '" .. nope .. "',\n}\n")
+    has(rejected(path, run_dir), "transom: " .. path .. ":3: key 'data': cannot open '" .. nope .. "'")
+  end)
+
   it("lets --set override the file, checked by the same rules", function()
     -- the file's bad value is replaced; the override's own error names --set
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  n_layer = 0,\n}\n")

@@ -166,6 +166,23 @@ char *job_dump(lua_State *L, const job_config *cfg) {
   return s;
 }
 
+const char *job_where(lua_State *L, const job_config *cfg, const char *key, char *buf, size_t n) {
+  int top = lua_gettop(L);
+  snprintf(buf, n, "%s: key '%s'", cfg->path, key); /* unless the checker knows better */
+  /* lua_pcall, not lua_host_pcall: a failure here must not replace the
+   * error this prefixes (tr_error) */
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "transom.job");
+  if (cfg->lua_ref != LUA_NOREF && lua_pcall(L, 1, 1, 0) == LUA_OK && lua_istable(L, -1)) {
+    lua_getfield(L, -1, "where");                   /* [job, where] */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, cfg->lua_ref); /* [job, where, cfg] */
+    lua_pushstring(L, key);
+    if (lua_pcall(L, 2, 1, 0) == LUA_OK && lua_type(L, -1) == LUA_TSTRING) snprintf(buf, n, "%s", lua_tostring(L, -1));
+  }
+  lua_settop(L, top);
+  return buf;
+}
+
 int job_help(lua_State *L) {
   int top = lua_gettop(L);
   int rc = require_job_module(L);

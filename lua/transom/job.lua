@@ -454,6 +454,10 @@ local function parse_set(item)
   return top or key, v, sub
 end
 
+-- Each loaded job's origin(key) -> source, line (M.where); weak: a job
+-- C lets go of is collected with its entry.
+local ORIGINS = setmetatable({}, { __mode = "k" })
+
 -- Loads, overrides and checks a job file. Returns the checked table, or
 -- raises a structured error {msg, source, line}.
 function M.load(path, sets)
@@ -483,11 +487,25 @@ function M.load(path, sets)
     end
   end
   if job.name == nil then job.name = path:match("([^/]+)%.lua$") or path:match("([^/]+)$") end
-  M.check(job, function(key)
+  local function origin(key)
     if key and overridden[key] then return "--set " .. overridden[key], nil end
     return path, line_of(src, key)
-  end, resolved and function(key) return overridden[key] == nil end)
+  end
+  M.check(job, origin, resolved and function(key) return overridden[key] == nil end)
+  ORIGINS[job] = origin
   return job
+end
+
+-- Where a key of a job M.load returned came from, as the prefix of an error
+-- found after the check (a data file that cannot be opened), in the form
+-- the checker's own errors take: "--set data=x.txt: key 'data'" for a --set
+-- item, else "FILE:LINE: key 'data'" (FILE: when the file does not set it).
+-- nil for a table M.load did not return. job_where (C) calls it.
+function M.where(job, key)
+  local origin = ORIGINS[job]
+  if not origin then return nil end
+  local source, line = origin(key)
+  return string.format("%s%s: key '%s'", source, line and ":" .. line or "", key)
 end
 
 -- A path-valued field's value (f.path) made absolute against cwd; any

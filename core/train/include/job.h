@@ -74,6 +74,12 @@ int job_load(lua_State *L, const char *path, const char *const *sets, int nsets,
  * from anywhere (--resume, transom sample, a worker an agent starts). NULL on
  * error (tr_error()). */
 char *job_dump(lua_State *L, const job_config *cfg);
+/* Where key came from, for an error found after job_load (a data file that
+ * cannot be opened), as the checker's own errors say it: "--set data=x:
+ * key 'data'" for a --set item, else "FILE:LINE: key 'data'" (or "FILE: key
+ * 'data'"). Writes at most n bytes into buf and returns it; leaves tr_error()
+ * and L's stack as they were. cfg: one job_load filled, on this L. */
+const char *job_where(lua_State *L, const job_config *cfg, const char *key, char *buf, size_t n);
 /* Prints the schema (for --help). */
 int job_help(lua_State *L);
 
