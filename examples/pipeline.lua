@@ -16,7 +16,9 @@ return {
   eval_interval = 100,
   log_interval = 25,
   sample_tokens = 0,
-  checkpoint = { every_steps = 0 }, -- a pipeline does not checkpoint yet
+  -- each stage snapshots its own state (RUN/ckpt-stage-K): Ctrl-C, then
+  -- `transom run --resume RUN`, carries on (a few MiB a stage: cheap)
+  checkpoint = { every_steps = 100 },
   pipeline = {
     stages = 4,
     micro_batches = 4,

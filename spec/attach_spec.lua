@@ -57,7 +57,19 @@ describe("transom attach", function()
     -- errors are reported, not fatal
     out, rc = sh(A .. "'evict(99)'")
     assert.equal(1, rc)
-    assert.matches("no such replica", out)
+    assert.matches("no replica 99: the job's replicas are slots 0..2", out, 1, true)
+    -- transom chaos names the slot that is not there, and a fault it does not know
+    out, rc = sh(BIN .. " chaos " .. run .. " kill 5")
+    assert.equal(1, rc, out)
+    assert.equal("error: no replica 5: the job's replicas are slots 0..2\n", out)
+    out, rc = sh(BIN .. " chaos " .. run .. " explode 1")
+    assert.equal(1, rc, out)
+    assert.equal("error: unknown fault 'explode' (kill, hang, slow, nan, fail)\n", out)
+    -- help: the reload() note under reload(), uncordon(h) on a line of its own
+    out, rc = sh(A .. "help")
+    assert.equal(0, rc, out)
+    assert.matches("\nreload%(%)[^\n]*\n +%(a file that fails to load leaves the old one in force%)\nhosts%(%)", out)
+    assert.matches("\nuncordon%(h%) +%S", out)
     -- a learning-rate change from an agreed step
     out, rc = sh(A .. "'set(\"lr\", 3e-4)'")
     assert.equal(0, rc, out)

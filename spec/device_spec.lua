@@ -105,7 +105,7 @@ describe("device", function()
       return
     end
     assert.equals(2, rc, out)
-    assert.matches("shakespeare.lua: key 'device': device = \"cuda\": ", out, 1, true)
+    assert.matches("--set device=cuda: key 'device': device = \"cuda\": ", out, 1, true) -- where the key came from
     assert.is_truthy(out:find("built without the CUDA backend", 1, true) or out:find("no CUDA device", 1, true)
       or out:find("CUDA driver", 1, true), out)
     assert.is_false(S.exists(run), "a run directory was written for a job that cannot start")

@@ -411,6 +411,20 @@ return {
     has(rejected(path, run_dir, "--set", "n_layer"), "--set n_layer", "key=value")
   end)
 
+  -- Errors found after the check (the data cannot be opened) name where the
+  -- key came from as the checker's do: they named the job file for a --set.
+  it("names the --set item, or the file and line, for data that cannot be opened", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  tokenizer = 'x.bpe',\n}\n")
+    local nope = dir .. "/nope2.txt"
+    local err = rejected(path, run_dir, "--set", "data=" .. nope)
+    has(err, "transom: --set data=" .. nope .. ": key 'data': cannot open '" .. nope .. "'")
+    assert.is_nil(err:find(path, 1, true), err)
+    -- the tokenizer the file gave, refused for a text corpus: its line
+    has(rejected(path, run_dir), path .. ":3: key 'tokenizer': 'x.bpe' is for token files")
+    path, run_dir = job_file("return {\n  run_dir = RUN_DIR,\n  data = '" .. nope .. "',\n}\n")
+    has(rejected(path, run_dir), "transom: " .. path .. ":3: key 'data': cannot open '" .. nope .. "'")
+  end)
+
   it("lets --set override the file, checked by the same rules", function()
     -- the file's bad value is replaced; the override's own error names --set
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n  n_layer = 0,\n}\n")
@@ -529,6 +543,53 @@ return {
     assert.are.equal(0, code, err)
   end)
 
+  -- README: relative paths are relative to the current directory. A run's
+  -- job.lua writes them absolute, so --resume RUN and sample RUN mean the same
+  -- files from anywhere (they said "key 'data': cannot open 'data.txt'").
+  it("writes a run's paths absolute: --resume and sample from another directory", function()
+    local w = dir .. "/cwd"
+    assert(os.execute("mkdir -p " .. q(w)))
+    write(w .. "/data.txt", read(data))
+    write(w .. "/mymodel.lua", read(S.ROOT .. "/lua/models/gpt.lua"))
+    write(w .. "/rel.lua", 'return {\n  data = "./data.txt", model = "mymodel.lua", run_dir = "r",\n' .. tiny .. "}\n")
+    local out, rc = S.sh("cd " .. q(w) .. " && " .. q(BIN) .. " run rel.lua")
+    assert.are.equal(0, rc, out)
+    local j = job.load(w .. "/r/job.lua")
+    for _, key in ipairs({ "data", "model", "run_dir" }) do
+      assert.are.equal("/", j[key]:sub(1, 1), key .. " = " .. j[key])
+      assert.is_nil(j[key]:find("/./", 1, true), key .. " = " .. j[key])
+    end
+    assert.are.equal(read(data), read(j.data))
+    assert.are.equal(read(w .. "/mymodel.lua"), read(j.model))
+    assert.is_true(exists(j.run_dir .. "/job.lua"))
+    -- a model's name stays a name
+    write(w .. "/named.lua", 'return {\n  data = "data.txt", model = "gpt", run_dir = "r2",\n' .. tiny .. "}\n")
+    out, rc = S.sh("cd " .. q(w) .. " && " .. q(BIN) .. " run named.lua")
+    assert.are.equal(0, rc, out)
+    assert.are.equal("gpt", job.load(w .. "/r2/job.lua").model)
+    out, rc = S.sh("cd / && " .. q(BIN) .. " run --resume " .. q(w .. "/r") .. " --set max_steps=3")
+    assert.are.equal(0, rc, out)
+    has(out, "resumed from step 2", "step 3/3")
+    out, rc = S.sh("cd / && " .. q(BIN) .. " sample " .. q(w .. "/r") .. " --tokens 5")
+    assert.are.equal(0, rc, out)
+  end)
+
+  it("--resume --set max_steps=N: a default lr_decay_steps decays over the new steps, not at min_lr", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR, min_lr = 1e-4,\n" .. tiny .. "}\n")
+    local code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    code, _, err = transom(dir, "run", "--resume", run_dir, "--set", "max_steps=4")
+    assert.are.equal(0, code, err)
+    local lr = {}
+    for line in read(run_dir .. "/metrics.jsonl"):gmatch("[^\n]+") do
+      local step, v = line:match('^{"step":(%d+),.*"lr":([%d.eE+-]+)')
+      if step then lr[tonumber(step)] = tonumber(v) end
+    end
+    -- cosine from 1e-3 over 4 steps: step 3 is still above min_lr (it was min_lr: decay ended at step 2)
+    assert.is_true(lr[3] > 2e-4, "lr at step 3: " .. tostring(lr[3]))
+    assert.is_nil(read(run_dir .. "/job.lua"):find("lr_decay_steps", 1, true))
+  end)
+
   it("checks --set checkpoint.FIELD=VALUE", function()
     local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
     has(rejected(path, run_dir, "--set", "checkpoint.every_steps=abc"), "--set checkpoint.every_steps=abc",
@@ -640,24 +701,57 @@ return {
       assert.are.equal(text, job.dump(b))
     end)
 
+    it("dump(job, cwd) writes every path-valued key absolute against cwd, names and absolute paths as they are", function()
+      local a = job.load((job_file([[
+return {
+  data = "a.bin\n/abs/b.bin\n./c_*.bin", val_data = "v.bin", vocab_size = 256, tokenizer = "t.bpe",
+  init_from = "../hf", model = "m/x.lua", run_dir = ".", replicas = 2, policies = "pol",
+  checkpoint = { remote = "remote" }, pipeline = { placement = "place.lua" },
+}
+]])), {})
+      local text = job.dump(a, "/base")
+      local again = dir .. "/absolute.lua"
+      write(again, text)
+      local b = job.load(again)
+      assert.are.equal("/base/a.bin\n/abs/b.bin\n/base/c_*.bin", b.data)
+      assert.are.same({ "/base/v.bin", "/base/t.bpe", "/base/../hf", "/base/m/x.lua", "/base", "/base/pol" },
+        { b.val_data, b.tokenizer, b.init_from, b.model, b.run_dir, b.policies })
+      assert.are.same({ "/base/remote", "/base/place.lua" }, { b.checkpoint.remote, b.pipeline.placement })
+      -- names stay names, and "" stays "none"
+      local c = job.load((job_file("return { data = '/d.txt', model = 'mlp', pipeline = { placement = 'even' } }\n")))
+      write(again, job.dump(c, "/"))
+      local d = job.load(again)
+      assert.are.same({ "/d.txt", "mlp", "even", "" }, { d.data, d.model, d.pipeline.placement, d.checkpoint.remote })
+      write(again, job.dump(job.load((job_file("return { data = 'd.txt' }\n"))), "/"))
+      assert.are.equal("/d.txt", job.load(again).data)
+    end)
+
     -- A run's job.lua is loaded again by --resume, with --set on top:
     -- max_replicas at its default (replicas) must follow a new replicas,
     -- not stay the old count as if the user had chosen it (a pipelined
     -- resume with fewer pipelines was refused for it, a resume with more
     -- replicas had it 'below replicas'). One it was given stays.
-    it("dump() leaves max_replicas to follow replicas unless the job chose it", function()
+    -- The same for lr_decay_steps (default: max_steps): a resume with more
+    -- steps ran them all at min_lr.
+    it("dump() leaves max_replicas and lr_decay_steps to follow replicas and max_steps unless the job chose them", function()
       for _, c in ipairs({
-        { "pipeline = { stages = 2 }, replicas = 2", "replicas=1", 1 },
-        { "replicas = 2", "replicas=3", 3 },
-        { "replicas = 2, max_replicas = 4", "replicas=3", 4 },
+        { "pipeline = { stages = 2 }, replicas = 2", "replicas=1", "max_replicas", 1 },
+        { "replicas = 2", "replicas=3", "max_replicas", 3 },
+        { "replicas = 2, max_replicas = 4", "replicas=3", "max_replicas", 4 },
+        { "max_steps = 30", "max_steps=50", "lr_decay_steps", 50 },
+        { "max_steps = 30, lr_decay_steps = 40", "max_steps=50", "lr_decay_steps", 40 },
       }) do
-        local a = job.load((job_file("return { data = DATA, " .. c[1] .. " }\n")), {})
+        local a = job.load((job_file("return { data = DATA, warmup_steps = 0, " .. c[1] .. " }\n")), {})
         local again = dir .. "/resumed.lua"
         write(again, job.dump(a))
         local ok, b = pcall(job.load, again, { c[2] })
         assert.is_true(ok, c[1] .. " then --set " .. c[2] .. ": " .. tostring(type(b) == "table" and b.msg or b))
-        assert.are.equal(c[3], b.max_replicas, c[1])
+        assert.are.equal(c[4], b[c[3]], c[1])
       end
+      -- a run's job.lua of an older build, which wrote the default down, follows too
+      write(dir .. "/older.lua", "-- resolved job, written by transom\nreturn { data = " .. string.format("%q", data)
+        .. ", max_steps = 30, lr_decay_steps = 30, warmup_steps = 0 }\n")
+      assert.are.equal(50, job.load(dir .. "/older.lua", { "max_steps=50" }).lr_decay_steps)
     end)
   end)
 end)

@@ -312,9 +312,15 @@ describe("operator (3 replicas)", function()
     assert.is_true(stopped < STEPS)
     local ls = sh(BIN .. " ckpt ls " .. run)
     assert.matches("\n%s*" .. stopped .. "%s", ls)
+    -- the leader saved the weights of the step it stopped at, as a lone run
+    -- does (they were the step-0 ones run.c writes at the start)
+    assert.equal(stopped, S.weights_step(run .. "/model.safetensors"))
+    local sout, src = sh(BIN .. " sample " .. run .. " --tokens 20")
+    assert.equal(0, src, sout)
     local rout, rc = sh(BIN .. " run --resume " .. run)
     assert.equal(0, rc, rout)
     assert_agree(run, rout)
+    assert.equal(STEPS, S.weights_step(run .. "/model.safetensors")) -- the end saves too
   end)
 
   -- step records of worker w: step -> {replicas, redos, checksum}

@@ -135,4 +135,21 @@ describe("transom sim", function()
       print("sim_spec: gnuplot not installed, the plot is not checked")
     end
   end)
+
+  -- README: the table, the plot, the sensitivity. Without gnuplot it exited
+  -- 1 before the sensitivity table: every table first, then the plot.
+  it("without gnuplot, -o still prints every table, then fails naming the plot", function()
+    local scale = S.ROOT .. "/examples/sim/scale.lua"
+    local out, rc = S.sh("PATH=/nonexistent " .. q(S.BIN) .. " sim " .. q(scale) .. " --seeds 1 -o " .. q(dir .. "/no.png"))
+    assert.are.equal(1, rc, out)
+    has(out, " 131072 ", "FT-HSDP paper", "dominant cost at 98304 GPUs")
+    local err = out:find("transom sim: every table is above; the plot " .. dir .. "/no.png: gnuplot not found", 1, true)
+    assert.is_truthy(err, out)
+    assert.is_true(err > out:find("dominant cost at 98304 GPUs", 1, true), out)
+    -- a scenario with no sweep is refused before anything runs
+    local code, sout, serr = transom(dir, "sim", scenario(GOOD), "-o", dir .. "/none.png")
+    assert.are.equal(2, code, serr)
+    assert.are.equal("", sout)
+    has(serr, "has no sweep to plot")
+  end)
 end)

@@ -199,4 +199,14 @@ function S.losses(run)
   return t
 end
 
+
+-- The step a weights file (RUN/model.safetensors) says it holds: its
+-- metadata's "transom.step", as a number (nil: no file, or no such key).
+function S.weights_step(path)
+  local st = S.read(path)
+  if not st or #st < 8 then return nil end
+  local header = st:sub(9, 8 + string.unpack("<I8", st))
+  return tonumber(header:match('"transom%.step":"(%d+)"'))
+end
+
 return S

@@ -13,7 +13,7 @@
  *   - on_failure = "restart_all": the torchrun baseline (stop everything,
  *     reload the last checkpoint), for comparison;
  *   - SIGTERM/SIGINT: every replica finishes the same step, the leader
- *     checkpoints it, exit 0; `--resume` carries on;
+ *     checkpoints it and saves its weights, exit 0; `--resume` carries on;
  *   - the operator itself killed: its workers wait operator_grace seconds;
  *     `--resume` started again adopts them (HELLO live=1: they keep their
  *     state and step, no checkpoint reload) during an adoption window in

@@ -58,8 +58,16 @@ static void conn_free(ctl_conn *c) {
 /* --- chaos and status --- */
 
 static void do_chaos(operator_state *o, struct evbuffer *out, const char *fault, int k) {
-  slot *s = &o->slots[k];
   int by_line = strcmp(fault, "slow") == 0 || strcmp(fault, "nan") == 0 || strcmp(fault, "fail") == 0;
+  if (!by_line && strcmp(fault, "kill") != 0 && strcmp(fault, "hang") != 0) {
+    evbuffer_add_printf(out, "error: unknown fault '%s' (kill, hang, slow, nan, fail)\n", fault);
+    return;
+  }
+  if (k < 0 || k >= o->nslots) {
+    evbuffer_add_printf(out, "error: no replica %d: the job's replicas are slots 0..%d\n", k, o->nslots - 1);
+    return;
+  }
+  slot *s = &o->slots[k];
   if (!operator_slot_has_process(s) && !s->bev) {
     evbuffer_add_printf(out, "error: replica %d is not running\n", k);
   } else if (strcmp(fault, "kill") == 0 || strcmp(fault, "hang") == 0) {
@@ -68,12 +76,10 @@ static void do_chaos(operator_state *o, struct evbuffer *out, const char *fault,
     evbuffer_add_printf(out, "ok\n");
   } else if (by_line && !s->bev) {
     evbuffer_add_printf(out, "error: replica %d is not connected yet (try again)\n", k);
-  } else if (by_line) { /* at=0: the worker's next step (the step we know of may be behind it) */
+  } else { /* by line, at=0: the worker's next step (the step we know of may be behind it) */
     operator_event(o, s->step, k, "chaos", "%s replica %d (from transom chaos)", fault, k);
     evbuffer_add_printf(bufferevent_get_output(s->bev), "CHAOS at=0 fault=%s ms=200 steps=0\n", fault);
     evbuffer_add_printf(out, "ok\n");
-  } else {
-    evbuffer_add_printf(out, "error: unknown fault '%s' (kill, hang, slow, nan, fail)\n", fault);
   }
 }
 
@@ -83,7 +89,9 @@ static operator_state *get_op(lua_State *L) { return lua_touserdata(L, lua_upval
 
 static int check_slot(lua_State *L, operator_state *o, int arg) {
   lua_Integer k = luaL_checkinteger(L, arg);
-  if (k < 0 || k >= o->nslots) return luaL_argerror(L, arg, "no such replica");
+  if (k < 0 || k >= o->nslots)
+    return luaL_argerror(L, arg, lua_pushfstring(L, "no replica %d: the job's replicas are slots 0..%d", (int)k,
+                                                 o->nslots - 1));
   return (int)k;
 }
 
@@ -379,9 +387,10 @@ static int l_help(lua_State *L) {
                   "                   never drawing the batch of step + 1 again\n"
                   "set('lr', x)       peak learning rate x from a step every replica agrees on\n"
                   "reload()           reload the policies: restart.lua, rules.lua, actions.lua\n"
+                  "                   (a file that fails to load leaves the old one in force)\n"
                   "hosts()            the agents' hosts: name, addr, alive, cordoned, slots, used, cores, gpus, failures\n"
                   "cordon(h)          place no replica on host h (name, or address: every host at it) until uncordon(h)\n"
-                  "                   (a file that fails to load leaves the old one in force)\n"
+                  "uncordon(h)        lift a cordon: host h takes replicas again (its hosts.lua may cordon it anew)\n"
                   "Any Lua works (tables come back as tables: metrics(0).loss); a bare control name\n"
                   "calls it (help, workers); TAB completes names; history is kept in RUN/attach_history;\n"
                   "^D detaches; the job goes on either way.");
@@ -653,7 +662,7 @@ static void ctl_read(struct bufferevent *bev, void *arg) {
     int k = -1;
     if (strncmp(line, "lua ", 4) == 0 || strcmp(line, "lua") == 0) {
       repl_eval(c, line[3] ? line + 4 : "");
-    } else if (sscanf(line, "chaos %15s %d", fault, &k) == 2 && k >= 0 && k < o->nslots) {
+    } else if (sscanf(line, "chaos %15s %d", fault, &k) == 2) { /* do_chaos checks both */
       do_chaos(o, out, fault, k);
     } else if (strcmp(line, "status") == 0) {
       for (int i = 0; i < o->nslots; i++)

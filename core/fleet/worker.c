@@ -849,7 +849,7 @@ static int enter_ring(worker *w, const char *coord, const char *me, double state
 }
 
 static int train(worker *w, ckpt_engine *ck, const char *run) {
-  loop_opts lo = {.t = w->t, .ck = ck, .run_dir = run, .worker = w->slot, .save_on_stop = 0};
+  loop_opts lo = {.t = w->t, .ck = ck, .run_dir = run, .worker = w->slot, .save_on_stop = 1, .replica = 1};
   loop_hooks h = {.ud = w,
                   .poll = hook_poll,
                   .before_step = hook_before_step,

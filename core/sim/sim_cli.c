@@ -473,28 +473,28 @@ static int check_sizes(lua_State *L, const sim_scenario *s) {
   return rc;
 }
 
+/* The point, the sweep and the published points, the sensitivity, then the
+ * plot: a plot that fails (no gnuplot) comes after every table. */
 static int run_all(lua_State *L, sim_scenario *s, const sim_args *a) {
   sim_config c;
   agg pt[2];
+  sweep_row *rows = NULL;
+  if (a->plot && !s->nsweep) return tr_fail(TR_EINVAL, "%s has no sweep to plot", s->path);
   int rc = check_sizes(L, s);
   if (!rc) rc = sim_scenario_resolve(L, s, 0, &c);
   if (!rc) rc = run_both(&c, s->seeds, pt);
   if (rc) return rc;
   print_point(s, &c, pt);
   if (s->nsweep) {
-    sweep_row *rows = calloc((size_t)s->nsweep, sizeof *rows);
-    if (!rows) return tr_fail(TR_ENOMEM, "out of memory");
+    if (!(rows = calloc((size_t)s->nsweep, sizeof *rows))) return tr_fail(TR_ENOMEM, "out of memory");
     rc = run_sweep(L, s, rows);
     if (!rc) print_sweep(s, rows);
-    if (!rc) print_refs(s);
-    if (!rc && a->plot) rc = plot_sweep(s, rows, a->plot);
-    free(rows);
-  } else if (a->plot) {
-    rc = tr_fail(TR_EINVAL, "%s has no sweep to plot", s->path);
-  } else {
-    print_refs(s);
   }
+  if (!rc) print_refs(s);
   if (!rc && s->sens_gpus) rc = run_sensitivity(L, s);
+  if (!rc && a->plot && (rc = plot_sweep(s, rows, a->plot)))
+    tr_fail_prefix(rc, "every table is above; the plot %s", a->plot);
+  free(rows);
   return rc;
 }
 

@@ -5,11 +5,13 @@
 #include "job.h"
 
 #include <lauxlib.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "lua_host.h"
 #include "util.h"
@@ -145,7 +147,16 @@ char *job_dump(lua_State *L, const job_config *cfg) {
   if (require_job_module(L)) return NULL;
   lua_getfield(L, -1, "dump");
   lua_rawgeti(L, LUA_REGISTRYINDEX, cfg->lua_ref);
-  if (lua_host_pcall(L, 1, 1)) {
+  char cwd[PATH_MAX];
+  if (getcwd(cwd, sizeof cwd)) lua_pushstring(L, cwd);
+  else lua_pushnil(L); /* (no working directory: the paths stay as given) */
+  lua_newtable(L); /* [job, dump, cfg, cwd, caps]: what job_load can read back of each string */
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    if (fields[i].kind == 's') {
+      lua_pushinteger(L, (lua_Integer)fields[i].cap - 1);
+      lua_setfield(L, -2, fields[i].key);
+    }
+  if (lua_host_pcall(L, 3, 1)) {
     lua_settop(L, top);
     return NULL;
   }
@@ -153,6 +164,23 @@ char *job_dump(lua_State *L, const job_config *cfg) {
   lua_settop(L, top);
   if (!s) tr_fail(TR_ENOMEM, "out of memory");
   return s;
+}
+
+const char *job_where(lua_State *L, const job_config *cfg, const char *key, char *buf, size_t n) {
+  int top = lua_gettop(L);
+  snprintf(buf, n, "%s: key '%s'", cfg->path, key); /* unless the checker knows better */
+  /* lua_pcall, not lua_host_pcall: a failure here must not replace the
+   * error this prefixes (tr_error) */
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "transom.job");
+  if (cfg->lua_ref != LUA_NOREF && lua_pcall(L, 1, 1, 0) == LUA_OK && lua_istable(L, -1)) {
+    lua_getfield(L, -1, "where");                   /* [job, where] */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, cfg->lua_ref); /* [job, where, cfg] */
+    lua_pushstring(L, key);
+    if (lua_pcall(L, 2, 1, 0) == LUA_OK && lua_type(L, -1) == LUA_TSTRING) snprintf(buf, n, "%s", lua_tostring(L, -1));
+  }
+  lua_settop(L, top);
+  return buf;
 }
 
 int job_help(lua_State *L) {

@@ -157,7 +157,7 @@ static int after_step(loop_state *L, const step_stats *st, const loop_exchange *
  * exactly), everything flushed, and the weights saved. */
 static int finish(loop_state *L, int rc) {
   const loop_opts *o = L->o;
-  if (o->ck && L->writer && L->last_snap != L->step && (!rc || o->save_on_stop)) {
+  if (o->ck && L->writer && L->last_snap != L->step && (!rc || (o->save_on_stop && !o->replica))) {
     ckpt_wait_copy(o->ck);
     ckpt_flush(o->ck); /* the writer free and no pacing rest: this snapshot is taken, not deferred */
     snapshot(L);

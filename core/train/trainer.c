@@ -230,10 +230,13 @@ static int trainer_open_tokenizer(trainer *t) {
     if (access(path, R_OK) != 0) return TR_OK;
     want = path;
   }
-  if (!(t->tok_bpe = bpe_load(want))) return tr_fail_prefix(TR_EINVAL, "%s: key 'tokenizer'", t->cfg.path);
+  char where[1200];
+  if (!(t->tok_bpe = bpe_load(want)))
+    return tr_fail_prefix(TR_EINVAL, "%s", job_where(t->L, &t->cfg, "tokenizer", where, sizeof where));
   if (bpe_vocab_size(t->tok_bpe) > t->data.vocab_size)
-    return tr_fail(TR_EINVAL, "%s: the tokenizer '%s' has %lld tokens, more than vocab_size = %lld", t->cfg.path,
-                   want, (long long)bpe_vocab_size(t->tok_bpe), (long long)t->data.vocab_size);
+    return tr_fail(TR_EINVAL, "%s: the tokenizer '%s' has %lld tokens, more than vocab_size = %lld",
+                   job_where(t->L, &t->cfg, "tokenizer", where, sizeof where), want,
+                   (long long)bpe_vocab_size(t->tok_bpe), (long long)t->data.vocab_size);
   return TR_OK;
 }
 
@@ -242,7 +245,8 @@ static int trainer_init_from(trainer *t) {
   hf_shape hs = {t->data.vocab_size, t->cfg.n_layer, t->cfg.n_head, t->cfg.n_embd};
   int rc = hf_import(t->g, host_params(t), t->cfg.init_from, &hs);
   if (!rc) rc = trainer_push(t);
-  return rc ? tr_fail_prefix(rc, "%s: key 'init_from'", t->cfg.path) : TR_OK;
+  char where[1200];
+  return rc ? tr_fail_prefix(rc, "%s", job_where(t->L, &t->cfg, "init_from", where, sizeof where)) : TR_OK;
 }
 
 trainer *trainer_create(lua_State *L, const job_config *cfg) {
@@ -251,30 +255,33 @@ trainer *trainer_create(lua_State *L, const job_config *cfg) {
     tr_fail(TR_ENOMEM, "out of memory");
     return NULL;
   }
+  char where[1200]; /* an error's prefix: where the key it names came from (job_where) */
   t->L = L;
   t->cfg = *cfg;
   int threads = cfg->threads > 0 ? (int)cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
   kernels_set_threads(threads > 0 ? threads : 1);
   if (!(t->be = backend_get(cfg->device, threads))) {
-    tr_fail_prefix(TR_EINVAL, "%s: key 'device'", cfg->path);
+    tr_fail_prefix(TR_EINVAL, "%s", job_where(L, cfg, "device", where, sizeof where));
     goto fail;
   }
   t->dev = !t->be->host_memory;
   data_spec ds = {cfg->data, cfg->val_data, cfg->data_format[0] ? cfg->data_format : "auto", cfg->vocab_size,
                    (int)cfg->block_size};
   if (dataset_open(&t->data, &ds)) {
-    tr_fail_prefix(TR_EINVAL, "%s: key 'data'", cfg->path);
+    tr_fail_prefix(TR_EINVAL, "%s", job_where(L, cfg, "data", where, sizeof where));
     goto fail;
   }
   if (t->data.kind != DATA_TOKENS && cfg->tokenizer[0]) { /* not ignored: bytes need no tokenizer */
-    tr_fail(TR_EINVAL, "%s: key 'tokenizer': '%s' is for token files; data is a text corpus (its bytes are its "
-            "tokens): drop tokenizer, or give .bin shards", cfg->path, cfg->tokenizer);
+    tr_fail(TR_EINVAL, "%s: '%s' is for token files; data is a text corpus (its bytes are its "
+            "tokens): drop tokenizer, or give .bin shards", job_where(L, cfg, "tokenizer", where, sizeof where),
+            cfg->tokenizer);
     goto fail;
   }
   if (t->data.kind == DATA_TOKENS && trainer_open_tokenizer(t)) goto fail;
   if (model_build_on(L, cfg->lua_ref, t->data.model_vocab, (int)cfg->batch_size, 1, t->be,
                      strcmp(cfg->precision, "bf16") == 0, &t->g)) {
-    if (strncmp(tr_error(), "precision", 9) == 0) tr_fail_prefix(TR_EINVAL, "%s: key 'precision'", cfg->path);
+    if (strncmp(tr_error(), "precision", 9) == 0)
+      tr_fail_prefix(TR_EINVAL, "%s", job_where(L, cfg, "precision", where, sizeof where));
     goto fail;
   }
   t->tok = graph_find(t->g, "tokens");
@@ -507,7 +514,10 @@ void trainer_poison_next(trainer *t) { t->poison_next = 1; }
 
 uint64_t trainer_config_hash(const trainer *t) {
   char buf[1024];
-  int n = snprintf(buf, sizeof buf, "%s|%lld|%lld|%lld|%lld|", t->cfg.model, (long long)t->cfg.n_layer,
+  /* a model file by its name, not by where it lies: RUN/job.lua writes the
+   * path absolute (job_dump), the first run may have spelled it relative */
+  const char *model = strrchr(t->cfg.model, '/') ? strrchr(t->cfg.model, '/') + 1 : t->cfg.model;
+  int n = snprintf(buf, sizeof buf, "%s|%lld|%lld|%lld|%lld|", model, (long long)t->cfg.n_layer,
                    (long long)t->cfg.n_head, (long long)t->cfg.n_embd, (long long)t->cfg.block_size);
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (int i = 0; i < n; i++) h = (h ^ (uint8_t)buf[i]) * 1099511628211ull;

@@ -19,6 +19,10 @@ local RESOLVED = "-- resolved job, written by transom\n"
 -- inclusive; gt/lt strict; enum: allowed strings; default nil means
 -- "required" unless optional. A "table" field has its own `fields` schema and
 -- takes its defaults from the policy file lua/policies/<policy>.lua.
+-- path = true: the value names files, relative to the working directory
+-- (data and val_data: one a line); path = "lua": only when it looks like a
+-- path (has a '/' or ends in .lua; else a name: "gpt", "opfence"). M.dump
+-- writes them absolute.
 local CHECKPOINT = {
   { "every_steps", "integer", nil, "snapshot every N steps (0 = not by count)", min = 0 },
   { "every_seconds", "number", nil, "snapshot every T seconds (0 = not by time)", min = 0 },
@@ -26,7 +30,8 @@ local CHECKPOINT = {
   { "keep_every", "integer", nil, "also keep steps divisible by M (0 = none)", min = 0 },
   { "when_busy", "string", nil, "when the disk is still writing: skip or coalesce", enum = { "skip", "coalesce" } },
   { "map_mb", "integer", nil, "LMDB map size in MiB (0 = automatic)", min = 0, max = 1 << 30 },
-  { "remote", "string", nil, "remote level: a directory on another disk or a shared file system (\"\" = none)" },
+  { "remote", "string", nil, "remote level: a directory on another disk or a shared file system (\"\" = none)",
+    path = true },
   { "remote_rate_mb", "number", nil, "remote copies' average rate in MiB/s (0 = no limit)", min = 0 },
 }
 
@@ -36,7 +41,7 @@ local PIPELINE = {
   { "micro_batches", "integer", nil, "micro-batches per step (must divide batch_size), 1F1B across the stages",
     min = 1, max = 4096 },
   { "placement", "string", nil, "opfence (clusters by bandwidth, cuts and places for the bottleneck), even (equal "
-    .. "FLOPs, workers in order), or a Lua policy file returning function(plan) -> {cuts =, order =}" },
+    .. "FLOPs, workers in order), or a Lua policy file returning function(plan) -> {cuts =, order =}", path = "lua" },
   { "compression", "string", nil, "what crosses a link: none, or adatopk (top-k per link, k from its bandwidth)",
     enum = { "none", "adatopk" } },
   { "min_density", "number", nil, "adatopk: the smallest fraction of a gradient kept", gt = 0, max = 1 },
@@ -75,19 +80,19 @@ local check_list
 
 local SCHEMA = {
   { "name", "string", nil, "job name (default: the job file's name)", optional = true },
-  { "model", "string", "gpt", "model: a file in lua/models/ (gpt, mlp) or a path to a .lua file" },
+  { "model", "string", "gpt", "model: a file in lua/models/ (gpt, mlp) or a path to a .lua file", path = "lua" },
   { "data", "string", nil, "the training data: a text file (byte-level tokens), or token shards (llm.c .bin, "
-    .. "nanoGPT train.bin): a file, a glob, or a list of them" },
+    .. "nanoGPT train.bin): a file, a glob, or a list of them", path = true },
   { "val_data", "string", nil, "token shards that validate (default: the last 10% of data's tokens)",
-    optional = true },
+    optional = true, path = true },
   { "data_format", "string", "auto", "auto (token shards when data ends in .bin: llm.c's headered shards, or "
     .. "nanoGPT's headerless train.bin/val.bin), text, llmc, uint16", enum = { "auto", "text", "llmc", "uint16" } },
   { "vocab_size", "integer", nil, "token shards: the vocabulary (GPT-2: 50257; the model pads it to a multiple "
     .. "of 128)", min = 1, max = 16777216, optional = true },
   { "tokenizer", "string", nil, "token shards: the tokenizer that decodes samples (default: tokenizer.bpe beside "
-    .. "the first shard, if there is one; `transom prepare` writes it)", optional = true },
+    .. "the first shard, if there is one; `transom prepare` writes it)", optional = true, path = true },
   { "init_from", "string", nil, "start from these weights: a Hugging Face GPT-2 directory (config.json + "
-    .. "model.safetensors), e.g. one `transom export --hf` wrote", optional = true },
+    .. "model.safetensors), e.g. one `transom export --hf` wrote", optional = true, path = true },
   { "n_layer", "integer", 4, "transformer blocks", min = 1, max = 256 },
   { "n_head", "integer", 4, "attention heads (must divide n_embd)", min = 1, max = 1024 },
   { "n_embd", "integer", 128, "embedding width", min = 1, max = 65536 },
@@ -113,7 +118,7 @@ local SCHEMA = {
     enum = { "cpu", "cuda", "emu" } },
   { "precision", "string", "fp32", "activations: fp32, or bf16 (activations and their gradients stored as bf16, "
     .. "parameters, gradients and optimizer fp32)", enum = { "fp32", "bf16" } },
-  { "run_dir", "string", nil, "run directory (default runs/<name>-<time>)", optional = true },
+  { "run_dir", "string", nil, "run directory (default runs/<name>-<time>)", optional = true, path = true },
   { "log_interval", "integer", 1, "print a line every this many steps", min = 1 },
   { "sample_tokens", "integer", 200, "tokens generated at the end (0 = none)", min = 0, max = 1 << 24 },
   { "sample_prompt", "string", "\n", "prompt for the final sample" },
@@ -140,13 +145,19 @@ local SCHEMA = {
   { "hosts", "integer", 0, "transom agents to wait for before placing replicas on them (0 = this host only: the "
     .. "operator starts the workers itself); needs MASTER_ADDR, the address agents reach the operator at",
     min = 0, max = 256 },
-  { "policies", "string", nil, "directory of policy files (default: transom's lua/policies)", optional = true },
+  { "policies", "string", nil, "directory of policy files (default: transom's lua/policies)", optional = true,
+    path = true },
   { "checksum_interval", "integer", 50, "replicas report a parameter checksum every N steps (0 = never)", min = 0 },
   { "detector", "boolean", true, "Eagle Eye: rules and policies over the replicas' metrics (false = off)" },
   { "metrics_port", "integer", 0, "Prometheus /metrics on 127.0.0.1:PORT (0 = off)", min = 0, max = 65535 },
   { "chaos", "list", nil, "faults to inject: { {at_step = 50, replica = 1, fault = \"kill\"}, ... }",
     optional = true, fields = CHAOS },
 }
+
+-- Keys whose default is another key's value (M.check): a run's job.lua
+-- leaves them out at that value, so that on --resume they follow a new one
+-- (a value chosen equal to it is taken for the default).
+local DERIVED = { max_replicas = "replicas", lr_decay_steps = "max_steps" }
 
 M.SCHEMA = SCHEMA
 local BY_KEY = {}
@@ -443,17 +454,24 @@ local function parse_set(item)
   return top or key, v, sub
 end
 
+-- Each loaded job's origin(key) -> source, line (M.where); weak: a job
+-- C lets go of is collected with its entry.
+local ORIGINS = setmetatable({}, { __mode = "k" })
+
 -- Loads, overrides and checks a job file. Returns the checked table, or
 -- raises a structured error {msg, source, line}.
 function M.load(path, sets)
   local job, src = schema.run_file(path, "job file")
   if type(job) ~= "table" then fail(path, nil, "a job file must return a table, got %s", type(job)) end
-  -- a run's own job.lua (--resume): its max_replicas at the default
-  -- (= replicas; files before dump left it out) follows a new replicas,
-  -- and the fleet keys it wrote do not make a lone replica refuse it
+  -- a run's own job.lua (--resume): its max_replicas and lr_decay_steps at
+  -- their defaults (= replicas, = max_steps; files before dump left them
+  -- out) follow a new replicas or max_steps, and the fleet keys it wrote do
+  -- not make a lone replica refuse it
   local resolved = src and src:sub(1, #RESOLVED) == RESOLVED
-  if resolved and math.type(job.max_replicas) == "integer" and job.max_replicas == job.replicas then
-    job.max_replicas = nil
+  if resolved then
+    for key, of in pairs(DERIVED) do
+      if math.type(job[key]) == "integer" and job[key] == job[of] then job[key] = nil end
+    end
   end
   local overridden = {}
   for _, item in ipairs(sets or {}) do
@@ -469,18 +487,60 @@ function M.load(path, sets)
     end
   end
   if job.name == nil then job.name = path:match("([^/]+)%.lua$") or path:match("([^/]+)$") end
-  M.check(job, function(key)
+  local function origin(key)
     if key and overridden[key] then return "--set " .. overridden[key], nil end
     return path, line_of(src, key)
-  end, resolved and function(key) return overridden[key] == nil end)
+  end
+  M.check(job, origin, resolved and function(key) return overridden[key] == nil end)
+  ORIGINS[job] = origin
   return job
 end
 
--- Serializes a checked job as a Lua chunk (written to RUN/job.lua).
-function M.dump(job)
+-- Where a key of a job M.load returned came from, as the prefix of an error
+-- found after the check (a data file that cannot be opened), in the form
+-- the checker's own errors take: "--set data=x.txt: key 'data'" for a --set
+-- item, else "FILE:LINE: key 'data'" (FILE: when the file does not set it).
+-- nil for a table M.load did not return. job_where (C) calls it.
+function M.where(job, key)
+  local origin = ORIGINS[job]
+  if not origin then return nil end
+  local source, line = origin(key)
+  return string.format("%s%s: key '%s'", source, line and ":" .. line or "", key)
+end
+
+-- A path-valued field's value (f.path) made absolute against cwd; any
+-- other value as it is. data and val_data hold one file or glob a line.
+local function absolute(f, v, cwd)
+  if not cwd or not f.path or type(v) ~= "string" or v == "" then return v end
+  if f.path == "lua" and not (v:find("/", 1, true) or v:match("%.lua$")) then return v end -- a name
+  local dir = cwd:sub(-1) == "/" and cwd or cwd .. "/"
+  return (v:gsub("[^\n]+", function(p)
+    if p:sub(1, 1) == "/" then return p end
+    while p:sub(1, 2) == "./" do p = p:sub(3) end
+    return (p == "" or p == ".") and cwd or dir .. p
+  end))
+end
+
+-- Serializes a checked job as a Lua chunk (written to RUN/job.lua). cwd
+-- (optional; job_dump passes the working directory): path-valued fields
+-- are written absolute against it, so that the run's job.lua names the same
+-- files from any directory (`--resume RUN`, `transom sample RUN`, a worker
+-- started by an agent). caps (optional, job_dump's): key -> the most bytes C
+-- holds of it; a path that outgrows it once absolute is an error now, not
+-- when the run's job.lua is loaded again.
+function M.dump(job, cwd, caps)
+  local function path(f, v, key)
+    local a = absolute(f, v, cwd)
+    if caps and caps[key] and a ~= v and #a > caps[key] then
+      error({ msg = string.format("key '%s' is %d bytes once its paths are made absolute against %s (as the run's "
+        .. "job.lua writes them), more than %d: use a glob, or run from a directory with a shorter path", key, #a, cwd,
+        caps[key]) }, 0)
+    end
+    return a
+  end
   local out = { RESOLVED .. "return {\n" }
   for _, f in ipairs(SCHEMA) do
-    local v = job[f[1]]
+    local v = path(f, job[f[1]], f[1])
     local function lit(x)
       if type(x) == "string" then return (string.format("%q", x):gsub("\\\n", "\\n")) end
       if math.type(x) == "float" then
@@ -504,14 +564,15 @@ function M.dump(job)
     elseif type(v) == "table" then
       local parts = {}
       for _, sf in ipairs(f.fields) do
-        local sv = v[sf[1]]
+        local sv = path(sf, v[sf[1]], f[1] .. "." .. sf[1])
         if sv ~= nil then parts[#parts + 1] = string.format("%s = %s", sf[1], sf[2] == "list" and list(sf, sv) or lit(sv)) end
       end
       out[#out + 1] = string.format("  %s = { %s },\n", f[1], table.concat(parts, ", "))
-    elseif v ~= nil and not (f[1] == "max_replicas" and v == job.replicas) then
-      -- (max_replicas at its default follows replicas: a resume that
-      -- changes replicas must not find the old count written down as if
-      -- chosen, refused as below replicas or by a pipelined job)
+    elseif v ~= nil and not (DERIVED[f[1]] and v == job[DERIVED[f[1]]]) then
+      -- (a key at its derived default follows the key it comes from: a
+      -- resume that changes replicas must not find the old count written
+      -- down as if chosen, refused as below replicas or by a pipelined job;
+      -- one that adds steps must not run them all at min_lr)
       out[#out + 1] = string.format("  %s = %s,\n", f[1], lit(v))
     end
   end

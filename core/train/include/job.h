@@ -67,8 +67,19 @@ typedef struct {
  * if any, is suspended during the call and restored after it. */
 int job_load(lua_State *L, const char *path, const char *const *sets, int nsets, job_config *cfg);
 
-/* Lua text of the resolved job (for RUN/job.lua); caller frees. */
+/* Lua text of the resolved job (for RUN/job.lua); caller frees. Paths
+ * (data, val_data, model and pipeline.placement when they are files,
+ * tokenizer, init_from, run_dir, policies, checkpoint.remote) are written
+ * absolute against the working directory, so the run means the same files
+ * from anywhere (--resume, transom sample, a worker an agent starts). NULL on
+ * error (tr_error()). */
 char *job_dump(lua_State *L, const job_config *cfg);
+/* Where key came from, for an error found after job_load (a data file that
+ * cannot be opened), as the checker's own errors say it: "--set data=x:
+ * key 'data'" for a --set item, else "FILE:LINE: key 'data'" (or "FILE: key
+ * 'data'"). Writes at most n bytes into buf and returns it; leaves tr_error()
+ * and L's stack as they were. cfg: one job_load filled, on this L. */
+const char *job_where(lua_State *L, const job_config *cfg, const char *key, char *buf, size_t n);
 /* Prints the schema (for --help). */
 int job_help(lua_State *L);
 

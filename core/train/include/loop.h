@@ -95,8 +95,13 @@ typedef struct {
   ckpt_engine *ck;     /* NULL: checkpoints are off */
   const char *run_dir; /* where the final weights go */
   int worker;          /* the replica slot, for the records */
-  int save_on_stop;    /* 1: save the weights also when stopped early (a lone run);
-                          0: only at max_steps (replicas: the operator resumes them) */
+  int save_on_stop;    /* 1: the leader saves the weights also when stopped early
+                          (README's "Ctrl-C still saves the weights"), and after an
+                          error the writer snapshots the last state (a lone run);
+                          0: neither (pipeline stages, for now) */
+  int replica;         /* 1: one replica of several (worker.c): save_on_stop saves the
+                          weights at a stop, but no snapshot follows an error (the
+                          operator decides what survives it: a replacement, a rollback) */
 } loop_opts;
 
 typedef struct {
@@ -107,8 +112,9 @@ typedef struct {
 } loop_result;
 
 /* Runs from the trainer's current step to cfg->max_steps or a stop. On an
- * error the last state is still snapshotted (if anything was) and flushed;
- * returns the error, with res filled as far as it got. */
+ * error the snapshots taken are flushed (and the last state snapshotted
+ * too where save_on_stop is set and replica is not); returns the error,
+ * with res filled as far as it got. */
 int loop_run(const loop_opts *o, const loop_hooks *h, loop_result *res);
 
 #endif

@@ -136,7 +136,8 @@ void trainer_ckpt_state(const trainer *t, ckpt_state *s);
  * trainer, all or nothing; fails if its config hash is not this model's.
  * Skipped checkpoints are described in report. */
 int trainer_ckpt_load(trainer *t, ckpt_reader *r, int64_t step, char *report, size_t report_len);
-/* Hash of what defines the model's tensors: model, sizes, vocabulary. */
+/* Hash of what defines the model's tensors: model (a model file by its
+ * name, wherever it lies), sizes, vocabulary. */
 uint64_t trainer_config_hash(const trainer *t);
 
 /* --- shared with `transom sample` --- */
