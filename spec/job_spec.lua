@@ -486,6 +486,21 @@ return {
     assert.is_true(exists(other .. "/notes.txt"))
   end)
 
+  it("refuses --resume of a directory whose job.lua is the user's own job file, touching nothing", function()
+    -- (before: it trained and replaced the file, comments and all, with a resolved dump)
+    local own = dir .. "/own"
+    assert(os.execute("mkdir -p " .. q(own)))
+    local text = "-- my job, with my comments\nreturn {\n  data = " .. string.format("%q", data) .. ",\n" .. tiny .. "}\n"
+    write(own .. "/job.lua", text)
+    local code, out, err = transom(dir, "run", "--resume", own)
+    assert.are.equal(2, code, err .. out)
+    has(err, own .. "/job.lua is not a job written by transom", "-- resolved job, written by transom",
+      "point --resume at a run directory")
+    assert.are.equal(text, read(own .. "/job.lua"))
+    local _, rc = S.sh("test \"$(ls -A " .. q(own) .. ")\" = job.lua")
+    assert.are.equal(0, rc, "the refused resume wrote into " .. own)
+  end)
+
   it("a first run that fails before training leaves a directory a rerun or --resume takes up", function()
     -- job.lua cannot be written (its .tmp is a directory): the store is not opened yet, so the fixed rerun goes
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")

@@ -222,6 +222,22 @@ typedef struct {
   char resume_job[PATH_MAX], resume_dir[PATH_MAX + 16];
 } run_args;
 
+/* The first line job_dump writes: a job.lua without it is not a run's. */
+static const char resolved_mark[] = "-- resolved job, written by transom";
+
+/* Whether the job file at path is one transom wrote for a run (its first
+ * line resolved_mark): 1, 0 (another file: the user's own job), or -1
+ * when it cannot be read (a directory too: job_load names it). */
+static int job_is_resolved(const char *path) {
+  char line[64] = "";
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  int ours = fgets(line, sizeof line, f) ? strncmp(line, resolved_mark, strlen(resolved_mark)) == 0
+                                         : (ferror(f) ? -1 : 0);
+  fclose(f);
+  return ours;
+}
+
 /* The command line into a; 0 to go on, or the exit status (help: 0 with
  * *done set). */
 static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *done) {
@@ -265,6 +281,11 @@ static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *don
     snprintf(a->resume_dir, sizeof a->resume_dir, "run_dir=%s", a->resume);
     if (access(a->resume_job, R_OK) != 0) {
       fprintf(stderr, "transom run: --resume %s: no %s (not a run directory?)\n", a->resume, a->resume_job);
+      return 2;
+    }
+    if (job_is_resolved(a->resume_job) == 0) { /* the user's own job file: a resume would overwrite it */
+      fprintf(stderr, "transom run: --resume %s: %s is not a job written by transom (its first line is not \"%s\"): "
+              "point --resume at a run directory\n", a->resume, a->resume_job, resolved_mark);
       return 2;
     }
     a->job_path = a->resume_job;
@@ -342,9 +363,6 @@ static int store_has_checkpoint(const char *path) {
   return n < 0 ? TR_EIO : n > 0;
 }
 
-/* The first line job_dump writes: a job.lua without it is not a run's. */
-static const char resolved_mark[] = "-- resolved job, written by transom";
-
 /* Without --resume the run directory must hold no earlier run, or a later
  * --resume would load the old run's checkpoints under this job. A run is
  * its job.lua (written first, before the store opens): one of transom's
@@ -356,13 +374,11 @@ static const char resolved_mark[] = "-- resolved job, written by transom";
  * opened the store first), and the run reuses it. Any other file is left
  * alone. Returns 0 or TR_EINVAL (message set). */
 static int check_new_dir(const run_ctx *r) {
-  char path[PATH_MAX], line[64] = "";
+  char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/job.lua", r->dir);
-  FILE *f = fopen(path, "r");
-  if (f || access(path, F_OK) == 0) {
-    int ours = f && fgets(line, sizeof line, f) && strncmp(line, resolved_mark, strlen(resolved_mark)) == 0;
-    if (f) fclose(f);
-    if (ours)
+  int ours = job_is_resolved(path);
+  if (ours >= 0 || access(path, F_OK) == 0) {
+    if (ours > 0)
       return tr_fail(TR_EINVAL, "run directory %s already holds a run (%s): continue it with `transom run --resume "
                      "%s`, or give another run_dir (or remove this one)", r->dir, path, r->dir);
     return tr_fail(TR_EINVAL, "run directory %s holds another job file (%s, not a job.lua that transom wrote for a "
