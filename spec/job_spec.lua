@@ -501,6 +501,23 @@ return {
     assert.are.equal(0, rc, "the refused resume wrote into " .. own)
   end)
 
+  it("refuses a --set run_dir on --resume that names another directory (it was silently ignored)", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    local job1, other = read(run_dir .. "/job.lua"), run_dir .. "-elsewhere"
+    code, _, err = transom(dir, "run", "--resume", run_dir, "--set", "run_dir=" .. other, "--set", "max_steps=3")
+    assert.are.equal(2, code, err)
+    has(err, "--set run_dir=" .. other, "stays in its run directory (" .. run_dir .. ")")
+    assert.is_false(exists(other))
+    assert.are.equal(job1, read(run_dir .. "/job.lua"))
+    -- the same directory, spelled otherwise, is no change
+    local out
+    code, out, err = transom(dir, "run", "--resume", run_dir, "--set", "run_dir=" .. run_dir .. "/", "--set", "max_steps=3")
+    assert.are.equal(0, code, err)
+    has(out, "step 3/3")
+  end)
+
   it("a first run that fails before training leaves a directory a rerun or --resume takes up", function()
     -- job.lua cannot be written (its .tmp is a directory): the store is not opened yet, so the fixed rerun goes
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")

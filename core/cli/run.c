@@ -238,6 +238,13 @@ static int job_is_resolved(const char *path) {
   return ours;
 }
 
+/* Whether paths a and b name one directory (the same text, or the same
+ * real path). */
+static int same_dir(const char *a, const char *b) {
+  char ra[PATH_MAX], rb[PATH_MAX];
+  return strcmp(a, b) == 0 || (realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0);
+}
+
 /* The command line into a; 0 to go on, or the exit status (help: 0 with
  * *done set). */
 static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *done) {
@@ -288,6 +295,12 @@ static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *don
               "point --resume at a run directory\n", a->resume, a->resume_job, resolved_mark);
       return 2;
     }
+    for (int i = 0; i < a->nsets; i++) /* the run stays where it is: --set run_dir would be overridden unseen */
+      if (strncmp(a->sets[i], "run_dir=", 8) == 0 && !same_dir(a->sets[i] + 8, a->resume)) {
+        fprintf(stderr, "transom run: --set %s: a resumed run stays in its run directory (%s): drop the --set, or "
+                "resume the run in %s\n", a->sets[i], a->resume, a->sets[i] + 8);
+        return 2;
+      }
     a->job_path = a->resume_job;
     a->sets[a->nsets++] = a->resume_dir;
   }
