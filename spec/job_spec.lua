@@ -561,6 +561,35 @@ return {
     assert.are.equal(0, code, err)
   end)
 
+  it("finds a start's setup errors before it writes anything: no run directory, the corrected rerun goes", function()
+    -- (before: each failed after job.lua, and for replicas the weights, secret and logs, were written, and the
+    -- corrected rerun was refused as "already holds a run")
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local function start(env, ...)
+      local args = {}
+      for i, a in ipairs({ ... }) do args[i] = q(a) end
+      return S.sh("env -u MASTER_ADDR -u MASTER_PORT " .. env .. " " .. q(BIN) .. " run " .. q(path) .. " "
+        .. table.concat(args, " "))
+    end
+    local out, rc = start("", "--replicas", "2", "--set", "hosts=2")
+    assert.are.equal(2, rc, out)
+    has(out, "--set hosts=2: key 'hosts'", "needs MASTER_ADDR")
+    assert.is_false(exists(run_dir), out)
+    out, rc = start("MASTER_PORT=99999", "--replicas", "2")
+    assert.are.equal(2, rc, out)
+    has(out, "MASTER_PORT '99999' is not a port number")
+    assert.is_false(exists(run_dir), out)
+    for _, replicas in ipairs({ "1", "2" }) do
+      out, rc = start("", "--replicas", replicas, "--set", "checkpoint.remote=/proc/nope")
+      assert.are.equal(2, rc, out)
+      has(out, "--set checkpoint.remote=/proc/nope: key 'checkpoint.remote'", "'/proc/nope'")
+      assert.is_false(exists(run_dir), out)
+    end
+    out, rc = start("", "--replicas", "2", "--set", "checkpoint.remote=" .. run_dir .. "-remote")
+    assert.are.equal(0, rc, out)
+    has(out, "finished at step 2")
+  end)
+
   it("checks --set checkpoint.FIELD=VALUE", function()
     local path, run_dir = job_file("return { data = DATA, run_dir = RUN_DIR }\n")
     has(rejected(path, run_dir, "--set", "checkpoint.every_steps=abc"), "--set checkpoint.every_steps=abc",

@@ -9,7 +9,8 @@
  *   transom run --resume RUN [--set key=value]...
  *
  * Errors in the job (bad job, bad data, a run directory that holds an
- * earlier run without --resume) exit 2 with nothing written; a new run
+ * earlier run without --resume, a checkpoint.remote that cannot be written,
+ * hosts without MASTER_ADDR) exit 2 with nothing written; a new run
  * writes RUN/job.lua first, so a start that fails or is killed after that
  * (the checkpoint store cannot open, a disk full, a SIGTERM before the
  * handler) leaves a directory `--resume` continues. SIGINT/SIGTERM during
@@ -414,6 +415,33 @@ static int check_new_dir(const run_ctx *r) {
   return rc;
 }
 
+/* Where key's value came from, for a message: "--set ITEM" (the last
+ * --set of it wins), else the job file. */
+static const char *key_source(const run_args *a, const run_ctx *r, const char *key, char *buf, size_t n) {
+  size_t k = strlen(key);
+  const char *item = NULL;
+  for (int i = 0; i < a->nsets; i++)
+    if (strncmp(a->sets[i], key, k) == 0 && a->sets[i][k] == '=') item = a->sets[i];
+  if (!item) return r->cfg.path;
+  snprintf(buf, n, "--set %s", item);
+  return buf;
+}
+
+/* What would fail only once the run has started, checked before anything
+ * is written (a start that failed after job.lua left a directory that
+ * refuses the corrected rerun as "already holds a run"): the remote
+ * checkpoint level can be created and written; an operator's environment
+ * (MASTER_ADDR for hosts, MASTER_PORT). Returns 0 or TR_EINVAL (message
+ * set, naming the --set item when one gave the value). */
+static int check_start(const run_ctx *r, const run_args *a, int operator) {
+  const job_config *c = &r->cfg;
+  char from[PATH_MAX + 16];
+  if (c->ckpt_remote[0] && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0) && ckpt_remote_prepare(c->ckpt_remote))
+    return tr_fail_prefix(TR_EINVAL, "%s: key 'checkpoint.remote'", key_source(a, r, "checkpoint.remote", from, sizeof from));
+  if (operator && operator_check_env(c, key_source(a, r, "hosts", from, sizeof from))) return TR_EINVAL;
+  return 0;
+}
+
 static int write_job(const run_ctx *r, const char *dump) {
   char path[PATH_MAX];
   path_in(r, "job.lua", path, sizeof path);
@@ -569,6 +597,11 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
     return 2;
   }
   int pipeline = r.cfg.pipe_stages > 1 || r.cfg.pipe_micro_batches > 1;
+  if (check_start(&r, &a, r.cfg.replicas > 1 && !pipeline)) {
+    fprintf(stderr, "transom: %s\n", tr_error());
+    close_run(&r);
+    return 2;
+  }
   if (r.cfg.replicas > 1 || pipeline) return run_replicas(L, &r, resume, pipeline);
   char *dump;
   if ((rc = open_run(L, &r, &dump, &resume))) {

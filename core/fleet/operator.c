@@ -1120,6 +1120,17 @@ static int open_logs(operator_state *o, int resume) {
   return rc;
 }
 
+int operator_check_env(const job_config *cfg, const char *hosts_from) {
+  const char *maddr = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
+  long long port;
+  if (cfg->hosts > 0 && !(maddr && *maddr))
+    return tr_fail(TR_EINVAL, "%s: key 'hosts': hosts = %lld needs MASTER_ADDR, the address the agents reach this "
+                   "operator at (and MASTER_PORT, the port they are told)", hosts_from, (long long)cfg->hosts);
+  if (mp && tr_parse_int(mp, 0, 65535, &port))
+    return tr_fail(TR_EINVAL, "MASTER_PORT '%s' is not a port number (0..65535)", mp);
+  return TR_OK;
+}
+
 /* The FTAR coordinator and the workers' control port. Under an external
  * launcher both must be reachable from other nodes: they listen on every
  * address, the coordinator advertised as MASTER_ADDR, the port MASTER_PORT. */
@@ -1133,17 +1144,14 @@ static int start_listeners(operator_state *o) {
   co.log_ud = o;
   co.secret = o->secret.key;
   co.secret_len = o->secret.len;
-  const char *maddr = getenv("MASTER_ADDR");
-  if (o->cfg->hosts > 0 && !(maddr && *maddr))
-    return tr_fail(TR_EINVAL, "%s: key 'hosts': hosts = %lld needs MASTER_ADDR, the address the agents reach this "
-                   "operator at (and MASTER_PORT, the port they are told)", o->cfg->path, (long long)o->cfg->hosts);
+  const char *maddr = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
+  long long port = 0;
+  int rc = operator_check_env(o->cfg, o->cfg->path); /* transom run checked it before writing anything */
+  if (rc) return rc;
+  if (mp) tr_parse_int(mp, 0, 65535, &port);
   snprintf(o->adv_host, sizeof o->adv_host, "%s", maddr && *maddr ? maddr : "127.0.0.1");
   o->coord = ftar_coord_create(o->base, maddr && *maddr ? "0.0.0.0" : "127.0.0.1", 0, &co);
   if (!o->coord) return tr_fail_prefix(TR_EIO, "coordinator");
-  const char *mp = getenv("MASTER_PORT");
-  long long port = 0;
-  if (mp && tr_parse_int(mp, 0, 65535, &port))
-    return tr_fail(TR_EINVAL, "MASTER_PORT '%s' is not a port number (0..65535)", mp);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   sa.sin_addr.s_addr = htonl(mp ? INADDR_ANY : INADDR_LOOPBACK);
   o->lis = evconnlistener_new_bind(o->base, accept_cb, o, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC | LEV_OPT_REUSEABLE, 64,
