@@ -671,6 +671,35 @@ describe("operator (3 replicas)", function()
     for w = 0, 1 do assert.equal(400, by[w][#by[w]], "replica " .. w .. "'s last step recorded") end
   end)
 
+  -- `transom run --resume RUN` while RUN's operator is alive and answers on
+  -- RUN/control.sock: refused, exit 2, naming its pid; the live job goes on
+  -- as if nothing happened. (Before: the new operator adopted both live
+  -- workers while the old one went on: two operators in one run directory.)
+  it("--resume of a run whose operator is alive is refused; the live job goes on unaffected", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, steps = tmp .. "/inuse", 400
+    local op, op_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=10 " .. job(run, "--replicas 2 --set max_steps=" .. steps ..
+      " --set log_interval=400"), tmp .. "/inuse.log")
+    assert.is_true(wait_step(run, 20), read(tmp .. "/inuse.log"))
+    local before, job1 = #events(run), read(run .. "/job.lua")
+    local _, rc_of = spawn_rc(BIN .. " run --resume " .. run, tmp .. "/inuse2.log")
+    local rc = S.wait_rc(rc_of, T(60))
+    local said = read(tmp .. "/inuse2.log") or ""
+    assert.equal(2, rc, said)
+    assert.matches(run .. " is in use by a live operator (pid " .. op .. "): stop it first (kill -TERM " .. op,
+      said, 1, true)
+    assert.equal(job1, read(run .. "/job.lua"))
+    assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/inuse.log"))
+    local after = events(run):sub(before + 1)
+    for _, kind in ipairs({ "adopted", "spawn", "replica_failed", "superseded", "resume" }) do
+      assert.is_nil(after:find('"kind":"' .. kind .. '"', 1, true), after)
+    end
+    for w, ws in pairs(steps_by_worker(run)) do -- every step once, in order
+      assert.equal(steps, #ws, "worker " .. w)
+      for i = 1, #ws do assert.equal(i, ws[i], "worker " .. w .. " line " .. i) end
+    end
+  end)
+
   -- The operator stopped (SIGSTOP: hung, as far as anyone can tell), a
   -- --resume started meanwhile: it adopts the workers. Then the old one runs
   -- again. It finds RUN/operator.addr written by the new one and stands down:

@@ -415,6 +415,31 @@ static int check_new_dir(const run_ctx *r) {
   return rc;
 }
 
+/* --- another job in the run directory --- */
+
+/* How long a live operator has to answer on RUN/control.sock: not scaled
+ * by anything (an operator's loop that stalls this long counts as hung). */
+#define PROBE_S 2.5
+
+/* Is a live job writing into r->dir? Its operator (a replicated run) is
+ * asked on RUN/control.sock: one that answers is live, and this run is
+ * refused; one that takes the connection but does not answer within
+ * PROBE_S (stopped, hung: the takeover the product supports) is taken
+ * over: a --resume adopts its workers, and it stands down should it run
+ * again (operator.c, superseded); a dead one (no socket, nobody listening)
+ * is no one. Returns 0 to go on, or TR_EINVAL (message set). */
+static int check_in_use(const run_ctx *r) {
+  int pid;
+  operator_presence p = operator_probe(r->dir, PROBE_S, &pid);
+  if (p == OPERATOR_ANSWERS)
+    return tr_fail(TR_EINVAL, "%s is in use by a live operator (pid %d): stop it first (kill -TERM %d: it "
+                   "checkpoints and exits); a hung one that does not answer is taken over", r->dir, pid, pid);
+  if (p == OPERATOR_SILENT)
+    fprintf(stderr, "transom: the operator in %s (pid %d) did not answer on %s/control.sock in %.1f s: taking the run "
+            "over (it stands down should it run again)\n", r->dir, pid, r->dir, PROBE_S);
+  return 0;
+}
+
 /* Where key's value came from, for a message: "--set ITEM" (the last
  * --set of it wins), else the job file. */
 static const char *key_source(const run_args *a, const run_ctx *r, const char *key, char *buf, size_t n) {
@@ -586,7 +611,7 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   }
   choose_dir(&r);
   int resume = a.resume != NULL;
-  if (!resume && check_new_dir(&r)) {
+  if (check_in_use(&r) || (!resume && check_new_dir(&r))) {
     fprintf(stderr, "transom: %s\n", tr_error());
     close_run(&r);
     return 2;

@@ -20,4 +20,17 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume);
  * message. 0, or TR_EINVAL with tr_error() set. Any thread. */
 int operator_check_env(const job_config *cfg, const char *hosts_from);
 
+/* Who holds RUN/control.sock, asked before a run starts in dir. */
+typedef enum {
+  OPERATOR_NONE,    /* no socket, or nobody listens on it (its operator died) */
+  OPERATOR_SILENT,  /* it took the connection but sent no answer in time: stopped or hung */
+  OPERATOR_ANSWERS, /* a live operator answered its "status" */
+} operator_presence;
+
+/* Connects to dir/control.sock and asks for its "status", waiting up to
+ * timeout_s for the first byte of the answer. *pid: the process that
+ * listens there (SO_PEERCRED; 0 when none connected). Never changes the
+ * job. Any thread; blocks up to timeout_s. */
+operator_presence operator_probe(const char *dir, double timeout_s, int *pid);
+
 #endif
