@@ -518,6 +518,40 @@ return {
     has(out, "step 3/3")
   end)
 
+  it("refuses another run in a directory a lone run is training in; the first finishes alone", function()
+    -- (before: a --resume said "resumed from step N" and trained alongside the first, both checkpointing into
+    -- RUN/ckpt and writing RUN/metrics.jsonl)
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local steps, log = 150, run_dir .. ".log"
+    local pid, rc_of = S.spawn_rc("env TRANSOM_TEST_STEP_MS=20 " .. q(BIN) .. " run " .. q(path) .. " --set max_steps="
+      .. steps .. " --set checkpoint.every_steps=10", log)
+    local ok, err = pcall(function()
+      assert.is_truthy(S.wait_for(function() return #S.losses(run_dir) >= 1 end, 60), S.read(log))
+      os.execute("kill -STOP " .. pid) -- (so that it cannot finish meanwhile: the lock is held all the same)
+      local job1 = read(run_dir .. "/job.lua")
+      for _, args in ipairs({ { "--resume", run_dir }, { path } }) do
+        local code, out, e = transom(dir, "run", table.unpack(args))
+        assert.are.equal(2, code, e .. out)
+        has(e, run_dir .. " is in use by a running transom (pid " .. pid .. "): stop it first (kill -TERM " .. pid)
+        assert.are.equal(job1, read(run_dir .. "/job.lua"))
+      end
+      os.execute("kill -CONT " .. pid)
+      assert.are.equal(0, S.wait_rc(rc_of, 120), S.read(log))
+    end)
+    os.execute("kill -CONT " .. pid .. " 2>/dev/null")
+    S.cleanup()
+    assert(ok, err)
+    -- one timeline: every step once, in order, and no resume
+    local losses = S.losses(run_dir)
+    assert.are.equal(steps, #losses)
+    for i, l in ipairs(losses) do assert.are.equal(tostring(i), l:match("^(%d+)="), "metrics line " .. i) end
+    assert.is_falsy(read(run_dir .. "/events.jsonl"):find('"kind":"resume"', 1, true))
+    -- the lock is the kernel's: gone with the process, so the run resumes now
+    local code, out, e = transom(dir, "run", "--resume", run_dir, "--set", "max_steps=" .. steps + 1)
+    assert.are.equal(0, code, e)
+    has(out, "resumed from step " .. steps)
+  end)
+
   it("a first run that fails before training leaves a directory a rerun or --resume takes up", function()
     -- job.lua cannot be written (its .tmp is a directory): the store is not opened yet, so the fixed rerun goes
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")

@@ -9,8 +9,10 @@
  *   transom run --resume RUN [--set key=value]...
  *
  * Errors in the job (bad job, bad data, a run directory that holds an
- * earlier run without --resume, a checkpoint.remote that cannot be written,
- * hosts without MASTER_ADDR) exit 2 with nothing written; a new run
+ * earlier run without --resume, or that a live job trains in (a lone
+ * run's RUN/run.lock, an operator that answers on RUN/control.sock), a
+ * checkpoint.remote that cannot be written, hosts without MASTER_ADDR)
+ * exit 2 with nothing written; a new run
  * writes RUN/job.lua first, so a start that fails or is killed after that
  * (the checkpoint store cannot open, a disk full, a SIGTERM before the
  * handler) leaves a directory `--resume` continues. SIGINT/SIGTERM during
@@ -18,6 +20,8 @@
  * where the run stopped.
  */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -25,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -63,7 +68,9 @@ static const char run_usage[] =
     "--resume RUN continues from the newest intact checkpoint. Without\n"
     "--resume, a run directory that holds a run (its job.lua, or checkpoints\n"
     "without one) or another job.lua is refused. A new run writes job.lua\n"
-    "first: a start that failed is continued with --resume.\n"
+    "first: a start that failed is continued with --resume. A directory a\n"
+    "live run trains in is refused, --resume too (a hung operator is taken\n"
+    "over).\n"
     "\n"
     "Job keys (name, type, default, meaning):\n";
 
@@ -73,11 +80,15 @@ typedef struct {
   ckpt_engine *ck;
   char dir[PATH_MAX - 64];
   FILE *metrics, *events;
+  int lock_fd; /* RUN/run.lock (take_lock), never closed: held until the process ends */
+  int pad_ms;  /* TRANSOM_TEST_STEP_MS (tests): every step sleeps this long first, as a worker's do */
   /* the hooks' figures */
   double sum_time, sum_tokens;
   int64_t timed, first;
   int width;
 } run_ctx;
+
+static int take_lock(run_ctx *r); /* RUN/run.lock: "another job in the run directory" below */
 
 /* --- the run directory's logs --- */
 
@@ -112,7 +123,8 @@ static int truncate_metrics(run_ctx *r, int64_t step) {
 /* --- the loop's hooks for a lone process --- */
 
 static int lone_poll(void *ud, loop_control *c) {
-  (void)ud;
+  const run_ctx *r = ud;
+  if (r->pad_ms > 0) usleep((useconds_t)r->pad_ms * 1000);
   c->stop = stop_requested;
   return 0;
 }
@@ -188,6 +200,7 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
   char path[PATH_MAX];
   char *dump = job_dump(L, &r->cfg);
   int rc = dump ? tr_mkdirs(r->dir) : TR_ENOMEM; /* without a checkpoint the operator starts from step 0 */
+  if (!rc && pipeline) rc = take_lock(r); /* one launcher: no takeover (an operator is probed: check_in_use) */
   if (!rc) {
     path_in(r, "job.lua", path, sizeof path);
     rc = tr_write_file_atomic(path, dump, strlen(dump));
@@ -421,15 +434,78 @@ static int check_new_dir(const run_ctx *r) {
  * by anything (an operator's loop that stalls this long counts as hung). */
 #define PROBE_S 2.5
 
-/* Is a live job writing into r->dir? Its operator (a replicated run) is
- * asked on RUN/control.sock: one that answers is live, and this run is
- * refused; one that takes the connection but does not answer within
- * PROBE_S (stopped, hung: the takeover the product supports) is taken
- * over: a --resume adopts its workers, and it stands down should it run
- * again (operator.c, superseded); a dead one (no socket, nobody listening)
- * is no one. Returns 0 to go on, or TR_EINVAL (message set). */
+/* A lone run, or a pipeline's launcher, holds an advisory lock (flock) on
+ * RUN/run.lock for its whole life, its pid written in the file: another
+ * run in the directory is refused while it is held, and the kernel
+ * releases it however the process ends (a kill -9 too). O_CLOEXEC: no
+ * worker it starts keeps it. An operator takes none: a stopped or hung
+ * one must stay possible to take over (check_in_use). */
+#define RUN_LOCK "run.lock"
+
+/* The pid written in a lock file (0: none yet, or unreadable). */
+static int lock_pid(int fd) {
+  char text[32] = "";
+  ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  return n > 0 ? atoi(text) : 0;
+}
+
+static int in_use_by(const char *dir, int pid) {
+  if (pid > 0)
+    return tr_fail(TR_EINVAL, "%s is in use by a running transom (pid %d): stop it first (kill -TERM %d: it "
+                   "checkpoints and exits)", dir, pid, pid);
+  return tr_fail(TR_EINVAL, "%s is in use by a running transom (it holds %s/" RUN_LOCK "): stop it first", dir, dir);
+}
+
+/* Whether a live process holds dir's lock: its pid into *pid. A shared
+ * lock tried and let go at once: it conflicts only with a holder. */
+static int lock_held(const char *dir, int *pid) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/" RUN_LOCK, dir);
+  int fd = open(path, O_RDONLY | O_CLOEXEC), held = 0;
+  if (fd < 0) return 0; /* none: no lone run was ever here */
+  if (flock(fd, LOCK_SH | LOCK_NB) == 0) flock(fd, LOCK_UN);
+  else if ((held = errno == EWOULDBLOCK)) *pid = lock_pid(fd);
+  close(fd);
+  return held;
+}
+
+/* Takes r->dir's lock (the directory exists), before the run writes
+ * anything else there; refused (TR_EINVAL, message set) while another
+ * holds it. A few tries: a lock_held of another start holds it shared
+ * for an instant. */
+static int take_lock(run_ctx *r) {
+  char path[PATH_MAX];
+  path_in(r, RUN_LOCK, path, sizeof path);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return tr_fail(TR_EIO, "cannot open %s: %s", path, strerror(errno));
+  for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+    if (errno != EWOULDBLOCK || i == 20) {
+      int rc = errno == EWOULDBLOCK ? in_use_by(r->dir, lock_pid(fd))
+                                    : tr_fail(TR_EIO, "cannot lock %s: %s", path, strerror(errno));
+      close(fd);
+      return rc;
+    }
+    usleep(25000);
+  }
+  char pid[32];
+  int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) { /* the pid is for messages: the lock holds */
+  }
+  r->lock_fd = fd;
+  return 0;
+}
+
+/* Is a live job writing into r->dir? A lone run holds RUN/run.lock, and
+ * this run is refused. An operator (a replicated run) is asked on
+ * RUN/control.sock: one that answers is live, and this run is refused;
+ * one that takes the connection but does not answer within PROBE_S
+ * (stopped, hung: the takeover the product supports) is taken over: a
+ * --resume adopts its workers, and it stands down should it run again
+ * (operator.c, superseded); a dead one (no socket, nobody listening) is
+ * no one. Returns 0 to go on, or TR_EINVAL (message set). */
 static int check_in_use(const run_ctx *r) {
-  int pid;
+  int pid = 0;
+  if (lock_held(r->dir, &pid)) return in_use_by(r->dir, pid); /* a lone run, a pipeline's launcher */
   operator_presence p = operator_probe(r->dir, PROBE_S, &pid);
   if (p == OPERATOR_ANSWERS)
     return tr_fail(TR_EINVAL, "%s is in use by a live operator (pid %d): stop it first (kill -TERM %d: it "
@@ -483,6 +559,10 @@ static int write_job(const run_ctx *r, const char *dump) {
 static int open_run(lua_State *L, run_ctx *r, char **dump, int *resume) {
   *dump = job_dump(L, &r->cfg);
   int rc = *dump ? tr_mkdirs(r->dir) : TR_ENOMEM, asked = *resume;
+  if (!rc && take_lock(r)) { /* another start got here first */
+    fprintf(stderr, "transom: %s\n", tr_error());
+    return 2;
+  }
   if (!rc && !asked) rc = write_job(r, *dump);
   if (!rc) rc = open_ckpt(r);
   if (!rc && *resume && !r->ck) rc = tr_fail(TR_EINVAL, "checkpoints are off in this job: nothing to resume from");
@@ -574,6 +654,8 @@ static int train_alone(run_ctx *r, int64_t step) {
   signal(SIGTERM, on_stop);
   r->first = step;
   r->width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
+  const char *pad = getenv("TRANSOM_TEST_STEP_MS");
+  r->pad_ms = pad ? atoi(pad) : 0;
   loop_opts lo = {.t = r->t, .ck = r->ck, .run_dir = r->dir, .worker = 0, .save_on_stop = 1};
   loop_hooks hooks = {.ud = r, .poll = lone_poll, .report = lone_report, .eval = lone_eval,
                       .ckpt_event = lone_ckpt_event};
