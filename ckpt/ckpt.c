@@ -745,6 +745,12 @@ int ckpt_wait_remote(ckpt_engine *e) {
   return TR_OK;
 }
 
+int ckpt_remote_prepare(const char *dir) {
+  if (strlen(dir) >= sizeof ((ckpt_engine *)0)->remote)
+    return tr_fail(TR_EINVAL, "remote checkpoint path too long: '%s'", dir);
+  return remote_prepare(dir);
+}
+
 int ckpt_set_remote(ckpt_engine *e, const char *dir, double rate_mb_s) {
   if (e->buf[0].data) return tr_fail(TR_ESTATE, "ckpt_set_remote after the first snapshot");
   if (!dir || !dir[0]) {
@@ -752,8 +758,7 @@ int ckpt_set_remote(ckpt_engine *e, const char *dir, double rate_mb_s) {
     return TR_OK;
   }
   if (rate_mb_s < 0) return tr_fail(TR_EINVAL, "remote checkpoint rate %g MiB/s is negative", rate_mb_s);
-  if (strlen(dir) >= sizeof e->remote) return tr_fail(TR_EINVAL, "remote checkpoint path too long: '%s'", dir);
-  int rc = remote_prepare(dir);
+  int rc = ckpt_remote_prepare(dir);
   if (rc) return rc;
   snprintf(e->remote, sizeof e->remote, "%s", dir);
   e->remote_rate = rate_mb_s * 1048576.0;

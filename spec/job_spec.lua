@@ -500,6 +500,72 @@ return {
     assert.is_true(exists(other .. "/notes.txt"))
   end)
 
+  it("refuses --resume of a directory whose job.lua is the user's own job file, touching nothing", function()
+    -- (before: it trained and replaced the file, comments and all, with a resolved dump)
+    local own = dir .. "/own"
+    assert(os.execute("mkdir -p " .. q(own)))
+    local text = "-- my job, with my comments\nreturn {\n  data = " .. string.format("%q", data) .. ",\n" .. tiny .. "}\n"
+    write(own .. "/job.lua", text)
+    local code, out, err = transom(dir, "run", "--resume", own)
+    assert.are.equal(2, code, err .. out)
+    has(err, own .. "/job.lua is not a job written by transom", "-- resolved job, written by transom",
+      "point --resume at a run directory")
+    assert.are.equal(text, read(own .. "/job.lua"))
+    local _, rc = S.sh("test \"$(ls -A " .. q(own) .. ")\" = job.lua")
+    assert.are.equal(0, rc, "the refused resume wrote into " .. own)
+  end)
+
+  it("refuses a --set run_dir on --resume that names another directory (it was silently ignored)", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local code, _, err = transom(dir, "run", path)
+    assert.are.equal(0, code, err)
+    local job1, other = read(run_dir .. "/job.lua"), run_dir .. "-elsewhere"
+    code, _, err = transom(dir, "run", "--resume", run_dir, "--set", "run_dir=" .. other, "--set", "max_steps=3")
+    assert.are.equal(2, code, err)
+    has(err, "--set run_dir=" .. other, "stays in its run directory (" .. run_dir .. ")")
+    assert.is_false(exists(other))
+    assert.are.equal(job1, read(run_dir .. "/job.lua"))
+    -- the same directory, spelled otherwise, is no change
+    local out
+    code, out, err = transom(dir, "run", "--resume", run_dir, "--set", "run_dir=" .. run_dir .. "/", "--set", "max_steps=3")
+    assert.are.equal(0, code, err)
+    has(out, "step 3/3")
+  end)
+
+  it("refuses another run in a directory a lone run is training in; the first finishes alone", function()
+    -- (before: a --resume said "resumed from step N" and trained alongside the first, both checkpointing into
+    -- RUN/ckpt and writing RUN/metrics.jsonl)
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local steps, log = 150, run_dir .. ".log"
+    local pid, rc_of = S.spawn_rc("env TRANSOM_TEST_STEP_MS=20 " .. q(BIN) .. " run " .. q(path) .. " --set max_steps="
+      .. steps .. " --set checkpoint.every_steps=10", log)
+    local ok, err = pcall(function()
+      assert.is_truthy(S.wait_for(function() return #S.losses(run_dir) >= 1 end, 60), S.read(log))
+      os.execute("kill -STOP " .. pid) -- (so that it cannot finish meanwhile: the lock is held all the same)
+      local job1 = read(run_dir .. "/job.lua")
+      for _, args in ipairs({ { "--resume", run_dir }, { path } }) do
+        local code, out, e = transom(dir, "run", table.unpack(args))
+        assert.are.equal(2, code, e .. out)
+        has(e, run_dir .. " is in use by a running transom (pid " .. pid .. "): stop it first (kill -TERM " .. pid)
+        assert.are.equal(job1, read(run_dir .. "/job.lua"))
+      end
+      os.execute("kill -CONT " .. pid)
+      assert.are.equal(0, S.wait_rc(rc_of, 120), S.read(log))
+    end)
+    os.execute("kill -CONT " .. pid .. " 2>/dev/null")
+    S.cleanup()
+    assert(ok, err)
+    -- one timeline: every step once, in order, and no resume
+    local losses = S.losses(run_dir)
+    assert.are.equal(steps, #losses)
+    for i, l in ipairs(losses) do assert.are.equal(tostring(i), l:match("^(%d+)="), "metrics line " .. i) end
+    assert.is_falsy(read(run_dir .. "/events.jsonl"):find('"kind":"resume"', 1, true))
+    -- the lock is the kernel's: gone with the process, so the run resumes now
+    local code, out, e = transom(dir, "run", "--resume", run_dir, "--set", "max_steps=" .. steps + 1)
+    assert.are.equal(0, code, e)
+    has(out, "resumed from step " .. steps)
+  end)
+
   it("a first run that fails before training leaves a directory a rerun or --resume takes up", function()
     -- job.lua cannot be written (its .tmp is a directory): the store is not opened yet, so the fixed rerun goes
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
@@ -588,6 +654,35 @@ return {
     -- cosine from 1e-3 over 4 steps: step 3 is still above min_lr (it was min_lr: decay ended at step 2)
     assert.is_true(lr[3] > 2e-4, "lr at step 3: " .. tostring(lr[3]))
     assert.is_nil(read(run_dir .. "/job.lua"):find("lr_decay_steps", 1, true))
+  end)
+
+  it("finds a start's setup errors before it writes anything: no run directory, the corrected rerun goes", function()
+    -- (before: each failed after job.lua, and for replicas the weights, secret and logs, were written, and the
+    -- corrected rerun was refused as "already holds a run")
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local function start(env, ...)
+      local args = {}
+      for i, a in ipairs({ ... }) do args[i] = q(a) end
+      return S.sh("env -u MASTER_ADDR -u MASTER_PORT " .. env .. " " .. q(BIN) .. " run " .. q(path) .. " "
+        .. table.concat(args, " "))
+    end
+    local out, rc = start("", "--replicas", "2", "--set", "hosts=2")
+    assert.are.equal(2, rc, out)
+    has(out, "--set hosts=2: key 'hosts'", "needs MASTER_ADDR")
+    assert.is_false(exists(run_dir), out)
+    out, rc = start("MASTER_PORT=99999", "--replicas", "2")
+    assert.are.equal(2, rc, out)
+    has(out, "MASTER_PORT '99999' is not a port number")
+    assert.is_false(exists(run_dir), out)
+    for _, replicas in ipairs({ "1", "2" }) do
+      out, rc = start("", "--replicas", replicas, "--set", "checkpoint.remote=/proc/nope")
+      assert.are.equal(2, rc, out)
+      has(out, "--set checkpoint.remote=/proc/nope: key 'checkpoint.remote'", "'/proc/nope'")
+      assert.is_false(exists(run_dir), out)
+    end
+    out, rc = start("", "--replicas", "2", "--set", "checkpoint.remote=" .. run_dir .. "-remote")
+    assert.are.equal(0, rc, out)
+    has(out, "finished at step 2")
   end)
 
   it("checks --set checkpoint.FIELD=VALUE", function()

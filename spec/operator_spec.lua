@@ -677,6 +677,75 @@ describe("operator (3 replicas)", function()
     for w = 0, 1 do assert.equal(400, by[w][#by[w]], "replica " .. w .. "'s last step recorded") end
   end)
 
+  -- `transom run --resume RUN` while RUN's operator is alive and answers on
+  -- RUN/control.sock: refused, exit 2, naming its pid; the live job goes on
+  -- as if nothing happened. (Before: the new operator adopted both live
+  -- workers while the old one went on: two operators in one run directory.)
+  it("--resume of a run whose operator is alive is refused; the live job goes on unaffected", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, steps = tmp .. "/inuse", 400
+    local op, op_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=10 " .. job(run, "--replicas 2 --set max_steps=" .. steps ..
+      " --set log_interval=400"), tmp .. "/inuse.log")
+    assert.is_true(wait_step(run, 20), read(tmp .. "/inuse.log"))
+    local before, job1 = #events(run), read(run .. "/job.lua")
+    local _, rc_of = spawn_rc(BIN .. " run --resume " .. run, tmp .. "/inuse2.log")
+    local rc = S.wait_rc(rc_of, T(60))
+    local said = read(tmp .. "/inuse2.log") or ""
+    assert.equal(2, rc, said)
+    assert.matches(run .. " is in use by a live operator (pid " .. op .. "): stop it first (kill -TERM " .. op,
+      said, 1, true)
+    assert.equal(job1, read(run .. "/job.lua"))
+    assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/inuse.log"))
+    local after = events(run):sub(before + 1)
+    for _, kind in ipairs({ "adopted", "spawn", "replica_failed", "superseded", "resume" }) do
+      assert.is_nil(after:find('"kind":"' .. kind .. '"', 1, true), after)
+    end
+    for w, ws in pairs(steps_by_worker(run)) do -- every step once, in order
+      assert.equal(steps, #ws, "worker " .. w)
+      for i = 1, #ws do assert.equal(i, ws[i], "worker " .. w .. " line " .. i) end
+    end
+  end)
+
+  -- The operator stopped (SIGSTOP: hung, as far as anyone can tell), a
+  -- --resume started meanwhile: it adopts the workers. Then the old one runs
+  -- again. It finds RUN/operator.addr written by the new one and stands down:
+  -- a "superseded" event, exit, nothing spawned, no stop or checkpoint, no
+  -- metrics line (the STEP lines its socket still holds are not written: the
+  -- workers' steps go on increasing), RUN/control.sock left to the new one.
+  -- (Before: it took its workers' hang-ups for failures and started
+  -- replacements: two operators, two timelines in one run directory.)
+  it("an operator stopped while a --resume took over stands down when it runs again", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, steps = tmp .. "/superseded", 600
+    local old, old_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=20 " .. job(run, "--replicas 2 --set max_steps=" .. steps ..
+      " --set log_interval=600"), tmp .. "/superseded.log")
+    assert.is_true(wait_step(run, 20), read(tmp .. "/superseded.log"))
+    os.execute("kill -STOP " .. old)
+    local before = #events(run)
+    local _, new_rc = spawn_rc(BIN .. " run --resume " .. run, tmp .. "/superseded2.log")
+    assert.is_truthy(S.wait_for(function() return events(run):find("2 of 2 replicas adopted live", before + 1, true) end,
+      T(60)), (read(tmp .. "/superseded2.log") or "") .. events(run):sub(before + 1))
+    os.execute("kill -CONT " .. old)
+    local rc = S.wait_rc(old_rc, T(60))
+    local said = read(tmp .. "/superseded.log") or ""
+    assert.equal(1, rc, said)
+    assert.matches("superseded by an operator started later", said, 1, true)
+    local after = events(run):sub(before + 1)
+    assert.matches('"kind":"superseded","detail":"superseded by the operator at 127.0.0.1:', after, 1, true)
+    if not new_rc() then -- (the new one still runs, as it should: its control socket is still there)
+      assert.matches("replica 0: running", sh(BIN .. " chaos " .. run .. " status"), 1, true)
+    end
+    assert.equal(0, S.wait_rc(new_rc, T(120)), read(tmp .. "/superseded2.log"))
+    after = events(run):sub(before + 1)
+    assert.is_nil(after:find('"kind":"spawn"', 1, true), after) -- neither operator started a replica
+    assert.is_nil(after:find('"kind":"replica_failed"', 1, true), after)
+    assert.matches("2 replicas finished with parameter crc32c", after, 1, true)
+    for w, ws in pairs(steps_by_worker(run)) do
+      for i = 2, #ws do assert.is_true(ws[i] > ws[i - 1], "worker " .. w .. ": step " .. ws[i - 1] .. " then " .. ws[i]) end
+      assert.equal(steps, ws[#ws], "worker " .. w)
+    end
+  end)
+
   -- A rollback whose drop of the checkpoints it abandons fails in the
   -- remote level only (the remote directory made immutable, chattr +i: as a
   -- read-only or failing mount would): the local store's go, the remote's

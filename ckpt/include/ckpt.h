@@ -99,6 +99,11 @@ int ckpt_set_device(ckpt_engine *e, const struct tr_backend *be);
  * none. Before the first snapshot. Readers of the engine
  * (ckpt_engine_reader) see both levels. */
 int ckpt_set_remote(ckpt_engine *e, const char *dir, double rate_mb_s);
+/* What ckpt_set_remote checks first, without an engine: dir is created
+ * and a file can be written in it. For a caller that must know before it
+ * writes anything else (transom run, before the run directory). 0, or a
+ * negative error naming dir. Any thread. */
+int ckpt_remote_prepare(const char *dir);
 /* Waits until the newest committed checkpoint's remote copy is done (or
  * failed): its event is then in ckpt_poll. No remote level, or NULL: 0 at
  * once. The training loop's end calls it after ckpt_flush. */

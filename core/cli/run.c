@@ -9,7 +9,10 @@
  *   transom run --resume RUN [--set key=value]...
  *
  * Errors in the job (bad job, bad data, a run directory that holds an
- * earlier run without --resume) exit 2 with nothing written; a new run
+ * earlier run without --resume, or that a live job trains in (a lone
+ * run's RUN/run.lock, an operator that answers on RUN/control.sock), a
+ * checkpoint.remote that cannot be written, hosts without MASTER_ADDR)
+ * exit 2 with nothing written; a new run
  * writes RUN/job.lua first, so a start that fails or is killed after that
  * (the checkpoint store cannot open, a disk full, a SIGTERM before the
  * handler) leaves a directory `--resume` continues. SIGINT/SIGTERM during
@@ -17,6 +20,8 @@
  * where the run stopped.
  */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -24,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,7 +68,9 @@ static const char run_usage[] =
     "--resume RUN continues from the newest intact checkpoint. Without\n"
     "--resume, a run directory that holds a run (its job.lua, or checkpoints\n"
     "without one) or another job.lua is refused. A new run writes job.lua\n"
-    "first: a start that failed is continued with --resume.\n"
+    "first: a start that failed is continued with --resume. A directory a\n"
+    "live run trains in is refused, --resume too (a hung operator is taken\n"
+    "over).\n"
     "\n"
     "Job keys (name, type, default, meaning):\n";
 
@@ -72,11 +80,15 @@ typedef struct {
   ckpt_engine *ck;
   char dir[PATH_MAX - 64];
   FILE *metrics, *events;
+  int lock_fd; /* RUN/run.lock (take_lock), never closed: held until the process ends */
+  int pad_ms;  /* TRANSOM_TEST_STEP_MS (tests): every step sleeps this long first, as a worker's do */
   /* the hooks' figures */
   double sum_time, sum_tokens;
   int64_t timed, first;
   int width;
 } run_ctx;
+
+static int take_lock(run_ctx *r); /* RUN/run.lock: "another job in the run directory" below */
 
 /* --- the run directory's logs --- */
 
@@ -111,7 +123,8 @@ static int truncate_metrics(run_ctx *r, int64_t step) {
 /* --- the loop's hooks for a lone process --- */
 
 static int lone_poll(void *ud, loop_control *c) {
-  (void)ud;
+  const run_ctx *r = ud;
+  if (r->pad_ms > 0) usleep((useconds_t)r->pad_ms * 1000);
   c->stop = stop_requested;
   return 0;
 }
@@ -187,6 +200,7 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
   char path[PATH_MAX];
   char *dump = job_dump(L, &r->cfg);
   int rc = dump ? tr_mkdirs(r->dir) : TR_ENOMEM; /* without a checkpoint the operator starts from step 0 */
+  if (!rc && pipeline) rc = take_lock(r); /* one launcher: no takeover (an operator is probed: check_in_use) */
   if (!rc) {
     path_in(r, "job.lua", path, sizeof path);
     rc = tr_write_file_atomic(path, dump, strlen(dump));
@@ -221,6 +235,29 @@ typedef struct {
   int nsets;
   char resume_job[PATH_MAX], resume_dir[PATH_MAX + 16];
 } run_args;
+
+/* The first line job_dump writes: a job.lua without it is not a run's. */
+static const char resolved_mark[] = "-- resolved job, written by transom";
+
+/* Whether the job file at path is one transom wrote for a run (its first
+ * line resolved_mark): 1, 0 (another file: the user's own job), or -1
+ * when it cannot be read (a directory too: job_load names it). */
+static int job_is_resolved(const char *path) {
+  char line[64] = "";
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  int ours = fgets(line, sizeof line, f) ? strncmp(line, resolved_mark, strlen(resolved_mark)) == 0
+                                         : (ferror(f) ? -1 : 0);
+  fclose(f);
+  return ours;
+}
+
+/* Whether paths a and b name one directory (the same text, or the same
+ * real path). */
+static int same_dir(const char *a, const char *b) {
+  char ra[PATH_MAX], rb[PATH_MAX];
+  return strcmp(a, b) == 0 || (realpath(a, ra) && realpath(b, rb) && strcmp(ra, rb) == 0);
+}
 
 /* The command line into a; 0 to go on, or the exit status (help: 0 with
  * *done set). */
@@ -267,6 +304,17 @@ static int parse_args(lua_State *L, run_args *a, int argc, char **argv, int *don
       fprintf(stderr, "transom run: --resume %s: no %s (not a run directory?)\n", a->resume, a->resume_job);
       return 2;
     }
+    if (job_is_resolved(a->resume_job) == 0) { /* the user's own job file: a resume would overwrite it */
+      fprintf(stderr, "transom run: --resume %s: %s is not a job written by transom (its first line is not \"%s\"): "
+              "point --resume at a run directory\n", a->resume, a->resume_job, resolved_mark);
+      return 2;
+    }
+    for (int i = 0; i < a->nsets; i++) /* the run stays where it is: --set run_dir would be overridden unseen */
+      if (strncmp(a->sets[i], "run_dir=", 8) == 0 && !same_dir(a->sets[i] + 8, a->resume)) {
+        fprintf(stderr, "transom run: --set %s: a resumed run stays in its run directory (%s): drop the --set, or "
+                "resume the run in %s\n", a->sets[i], a->resume, a->sets[i] + 8);
+        return 2;
+      }
     a->job_path = a->resume_job;
     a->sets[a->nsets++] = a->resume_dir;
   }
@@ -342,9 +390,6 @@ static int store_has_checkpoint(const char *path) {
   return n < 0 ? TR_EIO : n > 0;
 }
 
-/* The first line job_dump writes: a job.lua without it is not a run's. */
-static const char resolved_mark[] = "-- resolved job, written by transom";
-
 /* Without --resume the run directory must hold no earlier run, or a later
  * --resume would load the old run's checkpoints under this job. A run is
  * its job.lua (written first, before the store opens): one of transom's
@@ -356,13 +401,11 @@ static const char resolved_mark[] = "-- resolved job, written by transom";
  * opened the store first), and the run reuses it. Any other file is left
  * alone. Returns 0 or TR_EINVAL (message set). */
 static int check_new_dir(const run_ctx *r) {
-  char path[PATH_MAX], line[64] = "";
+  char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/job.lua", r->dir);
-  FILE *f = fopen(path, "r");
-  if (f || access(path, F_OK) == 0) {
-    int ours = f && fgets(line, sizeof line, f) && strncmp(line, resolved_mark, strlen(resolved_mark)) == 0;
-    if (f) fclose(f);
-    if (ours)
+  int ours = job_is_resolved(path);
+  if (ours >= 0 || access(path, F_OK) == 0) {
+    if (ours > 0)
       return tr_fail(TR_EINVAL, "run directory %s already holds a run (%s): continue it with `transom run --resume "
                      "%s`, or give another run_dir (or remove this one)", r->dir, path, r->dir);
     return tr_fail(TR_EINVAL, "run directory %s holds another job file (%s, not a job.lua that transom wrote for a "
@@ -385,6 +428,121 @@ static int check_new_dir(const run_ctx *r) {
   return rc;
 }
 
+/* --- another job in the run directory --- */
+
+/* How long a live operator has to answer on RUN/control.sock: not scaled
+ * by anything (an operator's loop that stalls this long counts as hung). */
+#define PROBE_S 2.5
+
+/* A lone run, or a pipeline's launcher, holds an advisory lock (flock) on
+ * RUN/run.lock for its whole life, its pid written in the file: another
+ * run in the directory is refused while it is held, and the kernel
+ * releases it however the process ends (a kill -9 too). O_CLOEXEC: no
+ * worker it starts keeps it. An operator takes none: a stopped or hung
+ * one must stay possible to take over (check_in_use). */
+#define RUN_LOCK "run.lock"
+
+/* The pid written in a lock file (0: none yet, or unreadable). */
+static int lock_pid(int fd) {
+  char text[32] = "";
+  ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  return n > 0 ? atoi(text) : 0;
+}
+
+static int in_use_by(const char *dir, int pid) {
+  if (pid > 0)
+    return tr_fail(TR_EINVAL, "%s is in use by a running transom (pid %d): stop it first (kill -TERM %d: it "
+                   "checkpoints and exits)", dir, pid, pid);
+  return tr_fail(TR_EINVAL, "%s is in use by a running transom (it holds %s/" RUN_LOCK "): stop it first", dir, dir);
+}
+
+/* Whether a live process holds dir's lock: its pid into *pid. A shared
+ * lock tried and let go at once: it conflicts only with a holder. */
+static int lock_held(const char *dir, int *pid) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/" RUN_LOCK, dir);
+  int fd = open(path, O_RDONLY | O_CLOEXEC), held = 0;
+  if (fd < 0) return 0; /* none: no lone run was ever here */
+  if (flock(fd, LOCK_SH | LOCK_NB) == 0) flock(fd, LOCK_UN);
+  else if ((held = errno == EWOULDBLOCK)) *pid = lock_pid(fd);
+  close(fd);
+  return held;
+}
+
+/* Takes r->dir's lock (the directory exists), before the run writes
+ * anything else there; refused (TR_EINVAL, message set) while another
+ * holds it. A few tries: a lock_held of another start holds it shared
+ * for an instant. */
+static int take_lock(run_ctx *r) {
+  char path[PATH_MAX];
+  path_in(r, RUN_LOCK, path, sizeof path);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return tr_fail(TR_EIO, "cannot open %s: %s", path, strerror(errno));
+  for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+    if (errno != EWOULDBLOCK || i == 20) {
+      int rc = errno == EWOULDBLOCK ? in_use_by(r->dir, lock_pid(fd))
+                                    : tr_fail(TR_EIO, "cannot lock %s: %s", path, strerror(errno));
+      close(fd);
+      return rc;
+    }
+    usleep(25000);
+  }
+  char pid[32];
+  int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) { /* the pid is for messages: the lock holds */
+  }
+  r->lock_fd = fd;
+  return 0;
+}
+
+/* Is a live job writing into r->dir? A lone run holds RUN/run.lock, and
+ * this run is refused. An operator (a replicated run) is asked on
+ * RUN/control.sock: one that answers is live, and this run is refused;
+ * one that takes the connection but does not answer within PROBE_S
+ * (stopped, hung: the takeover the product supports) is taken over: a
+ * --resume adopts its workers, and it stands down should it run again
+ * (operator.c, superseded); a dead one (no socket, nobody listening) is
+ * no one. Returns 0 to go on, or TR_EINVAL (message set). */
+static int check_in_use(const run_ctx *r) {
+  int pid = 0;
+  if (lock_held(r->dir, &pid)) return in_use_by(r->dir, pid); /* a lone run, a pipeline's launcher */
+  operator_presence p = operator_probe(r->dir, PROBE_S, &pid);
+  if (p == OPERATOR_ANSWERS)
+    return tr_fail(TR_EINVAL, "%s is in use by a live operator (pid %d): stop it first (kill -TERM %d: it "
+                   "checkpoints and exits); a hung one that does not answer is taken over", r->dir, pid, pid);
+  if (p == OPERATOR_SILENT)
+    fprintf(stderr, "transom: the operator in %s (pid %d) did not answer on %s/control.sock in %.1f s: taking the run "
+            "over (it stands down should it run again)\n", r->dir, pid, r->dir, PROBE_S);
+  return 0;
+}
+
+/* Where key's value came from, for a message: "--set ITEM" (the last
+ * --set of it wins), else the job file. */
+static const char *key_source(const run_args *a, const run_ctx *r, const char *key, char *buf, size_t n) {
+  size_t k = strlen(key);
+  const char *item = NULL;
+  for (int i = 0; i < a->nsets; i++)
+    if (strncmp(a->sets[i], key, k) == 0 && a->sets[i][k] == '=') item = a->sets[i];
+  if (!item) return r->cfg.path;
+  snprintf(buf, n, "--set %s", item);
+  return buf;
+}
+
+/* What would fail only once the run has started, checked before anything
+ * is written (a start that failed after job.lua left a directory that
+ * refuses the corrected rerun as "already holds a run"): the remote
+ * checkpoint level can be created and written; an operator's environment
+ * (MASTER_ADDR for hosts, MASTER_PORT). Returns 0 or TR_EINVAL (message
+ * set, naming the --set item when one gave the value). */
+static int check_start(const run_ctx *r, const run_args *a, int operator) {
+  const job_config *c = &r->cfg;
+  char from[PATH_MAX + 16];
+  if (c->ckpt_remote[0] && (c->ckpt_every_steps > 0 || c->ckpt_every_seconds > 0) && ckpt_remote_prepare(c->ckpt_remote))
+    return tr_fail_prefix(TR_EINVAL, "%s: key 'checkpoint.remote'", key_source(a, r, "checkpoint.remote", from, sizeof from));
+  if (operator && operator_check_env(c, key_source(a, r, "hosts", from, sizeof from))) return TR_EINVAL;
+  return 0;
+}
+
 static int write_job(const run_ctx *r, const char *dump) {
   char path[PATH_MAX];
   path_in(r, "job.lua", path, sizeof path);
@@ -401,6 +559,10 @@ static int write_job(const run_ctx *r, const char *dump) {
 static int open_run(lua_State *L, run_ctx *r, char **dump, int *resume) {
   *dump = job_dump(L, &r->cfg);
   int rc = *dump ? tr_mkdirs(r->dir) : TR_ENOMEM, asked = *resume;
+  if (!rc && take_lock(r)) { /* another start got here first */
+    fprintf(stderr, "transom: %s\n", tr_error());
+    return 2;
+  }
   if (!rc && !asked) rc = write_job(r, *dump);
   if (!rc) rc = open_ckpt(r);
   if (!rc && *resume && !r->ck) rc = tr_fail(TR_EINVAL, "checkpoints are off in this job: nothing to resume from");
@@ -492,6 +654,8 @@ static int train_alone(run_ctx *r, int64_t step) {
   signal(SIGTERM, on_stop);
   r->first = step;
   r->width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
+  const char *pad = getenv("TRANSOM_TEST_STEP_MS");
+  r->pad_ms = pad ? atoi(pad) : 0;
   loop_opts lo = {.t = r->t, .ck = r->ck, .run_dir = r->dir, .worker = 0, .save_on_stop = 1};
   loop_hooks hooks = {.ud = r, .poll = lone_poll, .report = lone_report, .eval = lone_eval,
                       .ckpt_event = lone_ckpt_event};
@@ -529,7 +693,7 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   }
   choose_dir(&r);
   int resume = a.resume != NULL;
-  if (!resume && check_new_dir(&r)) {
+  if (check_in_use(&r) || (!resume && check_new_dir(&r))) {
     fprintf(stderr, "transom: %s\n", tr_error());
     close_run(&r);
     return 2;
@@ -540,6 +704,11 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
     return 2;
   }
   int pipeline = r.cfg.pipe_stages > 1 || r.cfg.pipe_micro_batches > 1;
+  if (check_start(&r, &a, r.cfg.replicas > 1 && !pipeline)) {
+    fprintf(stderr, "transom: %s\n", tr_error());
+    close_run(&r);
+    return 2;
+  }
   if (r.cfg.replicas > 1 || pipeline) return run_replicas(L, &r, resume, pipeline);
   char *dump;
   if ((rc = open_run(L, &r, &dump, &resume))) {

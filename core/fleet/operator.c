@@ -19,7 +19,9 @@
  *     state and step, no checkpoint reload) during an adoption window in
  *     which its new coordinator holds epochs until they re-registered, and
  *     starts only the slots with no live worker (join, else resume);
- *     RUN/operator.addr says where this operator listens;
+ *     RUN/operator.addr says where this operator listens; an operator
+ *     that finds it written by another (it was stopped or hung while a
+ *     --resume took over) stands down (superseded);
  *   - chaos: the job's fault list, and `transom chaos RUN FAULT SLOT` over
  *     RUN/control.sock.
  *
@@ -91,10 +93,47 @@ int operator_live_count(operator_state *o) {
   return n;
 }
 
+/* --- superseded: an operator started since this one --- */
+
+#define SUPERSEDE_LOOK_S 0.1 /* RUN/operator.addr is looked at no more often than this */
+
+/* Whether an operator started since this one has taken the run over:
+ * RUN/operator.addr is no longer the file this one wrote (another
+ * operator's, or removed by one that has ended since: nothing else removes
+ * it). That happens when this one was stopped or hung (a `--resume` takes
+ * over an operator that does not answer on RUN/control.sock): the new one
+ * adopted our workers (they follow the file) or started their slots. So
+ * this one stands down the moment it runs again: a "superseded" event,
+ * and the loop ends with nothing spawned, stopped or checkpointed, no
+ * metrics line written and no failure handled. Every callback that would
+ * act on the job asks first (the tick, worker lines and hang-ups, child
+ * exits, membership changes, signals, spawns): after a stop, whichever
+ * runs first finds it. A file that cannot be read says nothing. */
+static int superseded(operator_state *o) {
+  if (o->superseded) return 1;
+  double now = tr_now();
+  if (!o->addr_id.known || now - o->addr_looked < SUPERSEDE_LOOK_S) return 0;
+  o->addr_looked = now;
+  opaddr_id cur;
+  char by[300] = "";
+  int rc = opaddr_read(o->dir, &cur, by, sizeof by);
+  if (rc < 0 || (rc == 0 && opaddr_same(&cur, &o->addr_id))) return 0;
+  o->superseded = 1;
+  if (rc == 0)
+    operator_event(o, o->best_step, -1, "superseded", "superseded by the operator at %s (RUN/operator.addr): this "
+                   "one exits, starting, stopping and checkpointing nothing", by);
+  else
+    operator_event(o, o->best_step, -1, "superseded", "superseded: RUN/operator.addr was removed by an operator "
+                   "started since (it has ended): this one exits, starting, stopping and checkpointing nothing");
+  event_base_loopbreak(o->base);
+  return 1;
+}
+
 /* --- spawning --- */
 
 void operator_spawn(operator_state *o, int k, const char *mode) {
   slot *s = &o->slots[k];
+  if (superseded(o)) return; /* the operator that replaced us starts the slots */
   if (o->cfg->hosts > 0) { /* the agents start them */
     hosts_place(o, k, mode);
     return;
@@ -427,6 +466,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
+  if (superseded(o)) return;
   if (o->cfg->hosts > 0) hosts_tick(o);
   auth_refused_flush(o, tr_now());
   if (o->stopping) return;
@@ -525,6 +565,7 @@ static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
+  if (superseded(o)) return; /* our children are the new operator's workers now */
   int status;
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
@@ -569,6 +610,7 @@ void operator_stop_all(operator_state *o, const char *why) {
 
 static void sigterm_cb(evutil_socket_t fd, short what, void *arg) {
   (void)what;
+  if (superseded(arg)) return; /* the workers are the new operator's: no stop, no checkpoint */
   operator_stop_all(arg, fd == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
@@ -865,6 +907,7 @@ static void conn_gone(conn *c, struct bufferevent *bev);
 
 static void conn_read(struct bufferevent *bev, void *arg) {
   conn *c = arg;
+  if (superseded(c->o)) return; /* lines the new operator gets too (a replay): no metrics written twice */
   struct evbuffer *in = bufferevent_get_input(bev);
   char *line;
   size_t n;
@@ -889,6 +932,7 @@ static void conn_read(struct bufferevent *bev, void *arg) {
 
 static void conn_event(struct bufferevent *bev, short what, void *arg) {
   conn *c = arg;
+  if (superseded(c->o)) return; /* a worker that left us for the new operator: no failure */
   if ((what & BEV_EVENT_TIMEOUT) && !c->authed) /* only an unproven connection has a timeout */
     auth_refused(c->o, "a connection from %s to the workers' port sent no answer to the challenge in %.0f s; closed",
                  c->peer, auth_answer_s(c->o));
@@ -1020,7 +1064,7 @@ static void evict_unreachable(evutil_socket_t fd, short what, void *arg) {
   operator_state *o = r->o;
   slot *s = &o->slots[r->slot];
   free(r);
-  if (o->stopping || (s->state != SLOT_RUNNING && s->state != SLOT_STARTING)) return;
+  if (superseded(o) || o->stopping || (s->state != SLOT_RUNNING && s->state != SLOT_STARTING)) return;
   operator_event(o, o->best_step, s->slot, "evict", "replica %d evicted: unreachable", s->slot);
   ftar_coord_evict(o->coord, s->slot);
   operator_kill_slot(o, s, SIGKILL);
@@ -1073,6 +1117,7 @@ static void watch_aborts(operator_state *o, const ftar_change *c) {
 
 static void on_change(void *ud, const ftar_change *c) {
   operator_state *o = ud;
+  if (superseded(o)) return;
   watch_aborts(o, c);
   static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted"};
   char list[512] = "";
@@ -1120,6 +1165,17 @@ static int open_logs(operator_state *o, int resume) {
   return rc;
 }
 
+int operator_check_env(const job_config *cfg, const char *hosts_from) {
+  const char *maddr = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
+  long long port;
+  if (cfg->hosts > 0 && !(maddr && *maddr))
+    return tr_fail(TR_EINVAL, "%s: key 'hosts': hosts = %lld needs MASTER_ADDR, the address the agents reach this "
+                   "operator at (and MASTER_PORT, the port they are told)", hosts_from, (long long)cfg->hosts);
+  if (mp && tr_parse_int(mp, 0, 65535, &port))
+    return tr_fail(TR_EINVAL, "MASTER_PORT '%s' is not a port number (0..65535)", mp);
+  return TR_OK;
+}
+
 /* The FTAR coordinator and the workers' control port. Under an external
  * launcher both must be reachable from other nodes: they listen on every
  * address, the coordinator advertised as MASTER_ADDR, the port MASTER_PORT. */
@@ -1133,17 +1189,14 @@ static int start_listeners(operator_state *o) {
   co.log_ud = o;
   co.secret = o->secret.key;
   co.secret_len = o->secret.len;
-  const char *maddr = getenv("MASTER_ADDR");
-  if (o->cfg->hosts > 0 && !(maddr && *maddr))
-    return tr_fail(TR_EINVAL, "%s: key 'hosts': hosts = %lld needs MASTER_ADDR, the address the agents reach this "
-                   "operator at (and MASTER_PORT, the port they are told)", o->cfg->path, (long long)o->cfg->hosts);
+  const char *maddr = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
+  long long port = 0;
+  int rc = operator_check_env(o->cfg, o->cfg->path); /* transom run checked it before writing anything */
+  if (rc) return rc;
+  if (mp) tr_parse_int(mp, 0, 65535, &port);
   snprintf(o->adv_host, sizeof o->adv_host, "%s", maddr && *maddr ? maddr : "127.0.0.1");
   o->coord = ftar_coord_create(o->base, maddr && *maddr ? "0.0.0.0" : "127.0.0.1", 0, &co);
   if (!o->coord) return tr_fail_prefix(TR_EIO, "coordinator");
-  const char *mp = getenv("MASTER_PORT");
-  long long port = 0;
-  if (mp && tr_parse_int(mp, 0, 65535, &port))
-    return tr_fail(TR_EINVAL, "MASTER_PORT '%s' is not a port number (0..65535)", mp);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   sa.sin_addr.s_addr = htonl(mp ? INADDR_ANY : INADDR_LOOPBACK);
   o->lis = evconnlistener_new_bind(o->base, accept_cb, o, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC | LEV_OPT_REUSEABLE, 64,
@@ -1157,7 +1210,9 @@ static int start_listeners(operator_state *o) {
   char path[PATH_MAX], addr[300];
   int n = snprintf(addr, sizeof addr, "%s:%d\n", o->adv_host, o->port);
   snprintf(path, sizeof path, "%s/operator.addr", o->dir);
-  return tr_write_file_atomic(path, addr, (size_t)n);
+  rc = tr_write_file_atomic(path, addr, (size_t)n);
+  if (!rc) opaddr_read(o->dir, &o->addr_id, NULL, 0); /* ours: another one's is a takeover (superseded) */
+  return rc;
 }
 
 /* --resume: the newest checkpoint (o->last_ckpt; -1: none, a run killed
@@ -1263,6 +1318,7 @@ static void adopt_tick(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
+  if (superseded(o)) return;
   double t = tr_now() - o->adopt_t0;
   int adopted = 0, running = 0; /* an adopted replica may have finished already (its DONE came with the adoption) */
   for (int i = 0; i < o->nslots; i++) {
@@ -1369,9 +1425,9 @@ static void teardown(operator_state *o) {
   if (o->base) event_base_free(o->base);
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/control.sock", o->dir);
-  unlink(path);
+  if (!o->superseded) unlink(path); /* superseded: both are the new operator's */
   snprintf(path, sizeof path, "%s/operator.addr", o->dir);
-  if (o->lis) unlink(path);
+  if (o->lis && !o->superseded) unlink(path);
   if (o->metrics) fclose(o->metrics);
   if (o->events) auth_refused_flush(o, o->auth_ev_window + AUTH_EVENTS_WINDOW); /* what the last window held back */
   if (o->events) fclose(o->events);
@@ -1410,6 +1466,10 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   if (o.restarted) start_adoption(&o);
   else operator_spawn_all(&o);
   event_base_dispatch(o.base);
+  if (o.superseded) {
+    teardown(&o);
+    return tr_fail(TR_ESTATE, "superseded by an operator started later with --resume: it carries the run on");
+  }
   verdict(&o);
   teardown(&o);
   if (!o.stopping && o.best_step < cfg->max_steps && o.exit_code == 0) o.exit_code = 1;

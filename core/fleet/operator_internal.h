@@ -19,6 +19,7 @@
 #include "job.h"
 #include "policy.h"
 #include "prom.h"
+#include "proto.h"
 #include "step_record.h"
 
 #define MAX_SLOTS 256
@@ -145,6 +146,9 @@ struct operator_state {
   int aborts;
   double abort_t0;
   unsigned char abort_reporters[MAX_SLOTS];
+  opaddr_id addr_id;          /* the RUN/operator.addr this operator wrote (proto.h) */
+  double addr_looked;         /* when it was last looked at (operator.c, superseded) */
+  int superseded;             /* another operator took the run over: this one stands down */
   auth_secret secret;         /* the job's (RUN/secret): every connection to our ports proves it */
   char secret_hex[2 * AUTH_KEY_MAX + 1];
 };

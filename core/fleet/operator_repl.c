@@ -16,10 +16,15 @@
  * stopped and the job goes on; errors are reported, never fatal. Several
  * clients may attach at once; each has its own pending input. Runs on the
  * operator's loop thread.
+ *
+ * operator_probe (operator.h) is this socket's client side for `transom
+ * run`: before a run starts in a directory, is an operator alive there?
  */
 #define _GNU_SOURCE /* struct ucred */
 #include <event2/buffer.h>
+#include <errno.h>
 #include <lauxlib.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +35,7 @@
 #include <unistd.h>
 
 #include "lua_host.h"
+#include "operator.h"
 #include "operator_internal.h"
 #include "util.h"
 
@@ -728,6 +734,42 @@ struct evconnlistener *operator_ctl_listen(operator_state *o) {
                                                      (struct sockaddr *)&sa, sizeof sa);
   umask(old);
   return l;
+}
+
+/* --- the probe: a live operator, before a run starts in its directory --- */
+
+operator_presence operator_probe(const char *dir, double timeout_s, int *pid) {
+  *pid = 0;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control.sock", dir) >= (int)sizeof sa.sun_path) return OPERATOR_NONE;
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return OPERATOR_NONE;
+  operator_presence p = OPERATOR_NONE;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    if (errno == EAGAIN) p = OPERATOR_SILENT; /* its backlog is full: a listener that accepts nothing */
+    close(fd);
+    return p;
+  }
+  p = OPERATOR_SILENT;
+  struct ucred cred;
+  socklen_t cl = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) *pid = (int)cred.pid;
+  static const char ask[] = "status\n";
+  char got[64];
+  if (send(fd, ask, sizeof ask - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof ask - 1)) {
+    double until = tr_now() + timeout_s;
+    for (double left = timeout_s; left > 0; left = until - tr_now()) {
+      struct pollfd pf = {.fd = fd, .events = POLLIN};
+      int n = poll(&pf, 1, (int)(left * 1e3) + 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      ssize_t r = recv(fd, got, sizeof got, 0);
+      if (r > 0) p = OPERATOR_ANSWERS;
+      if (r >= 0 || (errno != EINTR && errno != EAGAIN)) break; /* 0: closed unanswered, as by a dying one */
+    }
+  }
+  close(fd);
+  return p;
 }
 
 void operator_ctl_close(operator_state *o) {

@@ -13,6 +13,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
 
 #define PROTO_LINE_MAX 4096
 
@@ -56,5 +58,25 @@ int net_send_all(int fd, const void *buf, size_t n);
 int net_recv_all(int fd, void *buf, size_t n);
 /* Splits "host:port". */
 int net_split(const char *hostport, char *host, size_t n, int *port);
+
+/* RUN/operator.addr, where the run's operator listens ("host:port\n").
+ * Every operator writes it anew when it starts (tr_write_file_atomic: a
+ * rename, so a new inode) and removes it when it ends, so the file's
+ * identity says which operator wrote it: one that is no longer ours names
+ * an operator started since (a worker follows it, worker.c; the operator
+ * it replaced stands down, operator.c). known = 0: none was read. */
+typedef struct {
+  dev_t dev;
+  ino_t ino;
+  struct timespec mtime;
+  int known;
+} opaddr_id;
+/* RUN/operator.addr: its identity into *id and (n > 0) its first line into
+ * text; both come from one open file, so they belong together. 0; 1 when
+ * the file does not exist; -1 when it cannot be read (an empty one too).
+ * id->known = 0 unless 0 is returned. Any thread. */
+int opaddr_read(const char *run, opaddr_id *id, char *text, size_t n);
+/* Whether a and b (both read) are one writing of the file. */
+int opaddr_same(const opaddr_id *a, const opaddr_id *b);
 
 #endif

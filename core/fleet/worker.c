@@ -77,18 +77,6 @@ typedef struct {
   int64_t ms, steps;
 } chaos;
 
-/* Which RUN/operator.addr the operator of our link wrote: every operator
- * writes the file anew when it starts (tr_write_file_atomic: a rename, so a
- * new inode), so a file that is no longer this one names a restarted
- * operator. known = 0: none was read (an external worker that does not see
- * the run directory learns of a restart only when its link fails). */
-typedef struct {
-  dev_t dev;
-  ino_t ino;
-  struct timespec mtime;
-  int known;
-} op_file;
-
 typedef struct {
   int slot, threads;
   char op_host[256];
@@ -113,7 +101,9 @@ typedef struct {
   /* opfd and op_id change under send_mu and id_mu both; a thread waiting
    * for send_mu reads them under id_mu alone (lock_link) */
   pthread_mutex_t id_mu;
-  op_file op_id;           /* the operator.addr of the operator we are linked to */
+  opaddr_id op_id;         /* the operator.addr of the operator we are linked to (proto.h; unknown: an
+                            * external worker that does not see RUN learns of a restart only when its
+                            * link fails) */
   atomic_int superseded;   /* a restarted operator was seen: the link to the old one is shut down */
   char me_donor[300];      /* our donor service, host:port, for HELLO live=1 */
   volatile int64_t cur_step; /* the latest step reported (the link thread's HELLO) */
@@ -166,38 +156,13 @@ static void link_down(worker *w, const char *why) {
 
 /* --- a restarted operator --- */
 
-/* RUN/operator.addr: its identity into *id and (n > 0) its first line into
- * text. 0, or -1 when it cannot be read (id->known = 0). Both come from one
- * open file, so they belong together. */
-static int op_file_read(const char *run, op_file *id, char *text, size_t n) {
-  char path[1100];
-  snprintf(path, sizeof path, "%s/operator.addr", run);
-  id->known = 0;
-  int fd = run[0] ? open(path, O_RDONLY | O_CLOEXEC) : -1;
-  if (fd < 0) return -1;
-  struct stat st;
-  ssize_t got = 0;
-  int ok = fstat(fd, &st) == 0;
-  while (ok && n > 0 && (got = read(fd, text, n - 1)) < 0 && errno == EINTR) {
-  }
-  close(fd);
-  if (!ok || got < 0 || (n > 0 && got == 0)) return -1;
-  if (n > 0) {
-    text[got] = 0;
-    text[strcspn(text, "\r\n")] = 0;
-  }
-  *id = (op_file){.dev = st.st_dev, .ino = st.st_ino, .mtime = st.st_mtim, .known = 1};
-  return 0;
-}
-
 /* Has an operator started since the one we are linked to? Its
  * RUN/operator.addr replaced ours. A missing file says nothing (an operator
  * that ends removes it). send_mu or id_mu held. */
 static int operator_replaced(const worker *w) {
-  op_file now;
-  if (!w->op_id.known || op_file_read(w->run, &now, NULL, 0)) return 0;
-  return now.dev != w->op_id.dev || now.ino != w->op_id.ino || now.mtime.tv_sec != w->op_id.mtime.tv_sec ||
-         now.mtime.tv_nsec != w->op_id.mtime.tv_nsec;
+  opaddr_id now;
+  if (!w->op_id.known || opaddr_read(w->run, &now, NULL, 0)) return 0;
+  return !opaddr_same(&now, &w->op_id);
 }
 
 /* Ends the link to an operator a restarted one replaced: shut down, a send
@@ -250,9 +215,9 @@ static void lock_link(worker *w) {
 /* Where a restarted operator listens: MASTER_ADDR/MASTER_PORT under an
  * external launcher, else RUN/operator.addr (written by every operator);
  * *id: which operator.addr that was (known = 0: none read). */
-static int operator_addr(worker *w, char *host, size_t n, int *port, op_file *id) {
+static int operator_addr(worker *w, char *host, size_t n, int *port, opaddr_id *id) {
   char text[300];
-  int have = op_file_read(w->run, id, text, sizeof text) == 0;
+  int have = opaddr_read(w->run, id, text, sizeof text) == 0;
   if (w->addr_from_env) {
     snprintf(host, n, "%s", w->op_host);
     *port = w->op_port;
@@ -283,7 +248,7 @@ static void bound_sends(const worker *w, int fd) {
 static int link_try(worker *w) {
   char host[256], line[PROTO_LINE_MAX], coord[300], ch[256];
   int port, cp;
-  op_file id;
+  opaddr_id id;
   if (operator_addr(w, host, sizeof host, &port, &id)) return -1;
   int fd = net_connect(host, port, 1.0);
   if (fd < 0) return -1;
@@ -892,7 +857,7 @@ int worker_main(int argc, char **argv) {
   w.rd.fd = w.opfd;
   if (w.opfd < 0 || (rc = auth_client(w.opfd, &w.secret, 30.0)) || (rc = welcome(&w, line, sizeof line))) goto fail;
   proto_get(line, "run", run, sizeof w.run);
-  op_file_read(run, &w.op_id, NULL, 0); /* this operator's: a newer one is a restart */
+  opaddr_read(run, &w.op_id, NULL, 0); /* this operator's: a newer one is a restart */
   proto_get(line, "coord", coord, sizeof coord);
   proto_get(line, "mode", mode, sizeof mode);
   proto_get(line, "donor", donor_addr, sizeof donor_addr);
