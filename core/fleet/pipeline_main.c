@@ -256,7 +256,8 @@ static int probe_and_plan(lua_State *L, const stage_args *a, const job_config *c
   }
   int j = a->worker % s->S, probe = cfg->pipe_probe && s->p == 0; /* pipeline 0 probes for all */
   s->speed = p->speed[j];
-  pipe_probe_ctx c = {cfg, p, j, a->listen_fd, a->ports, s->timeout};
+  pipe_probe_ctx c = {.cfg = cfg, .plan = p, .w = j, .lfd = a->listen_fd, .ports = a->ports,
+                      .timeout = s->timeout}; /* the HELLO wait: PIPE_PROBE_HELLO_S */
   pipe_probe_server *sv = probe ? pipe_probe_serve(&c) : NULL;
   if (probe && !sv) return TR_EIO;
   rc = pipe_read_line(a->control_fd, line, sizeof line, 600); /* GO: our turn to probe */

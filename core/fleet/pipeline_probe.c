@@ -101,7 +101,12 @@ static int serve_one(const pipe_probe_ctx *c, unsigned char *served) {
   if (!l) return TR_EIO;
   pl_header h;
   void *p = NULL;
-  if (pl_recv(l, PL_HELLO, 0, -1, c->timeout, &h, &p)) snprintf(why, sizeof why, "%s", tr_error());
+  /* a short wait: a connection that stays silent is closed and the next
+   * one taken (a real prober says HELLO at once; one waiting behind a
+   * silent one must not wait out hang_seconds) */
+  double hello = c->hello_timeout > 0 ? c->hello_timeout : PIPE_PROBE_HELLO_S;
+  if (hello > c->timeout) hello = c->timeout;
+  if (pl_recv(l, PL_HELLO, 0, -1, hello, &h, &p)) snprintf(why, sizeof why, "no HELLO (%s)", tr_error());
   else peer = hello_worker(c, &h, served, why, sizeof why);
   if (peer < 0) {
     fprintf(stderr, "transom stage worker %d: probe: closed a connection from %s: %s\n", c->w, from, why);

@@ -3,11 +3,13 @@
  * (core/fleet/adatopk.c): exactly the k largest kept, bf16 values, the
  * error feedback that loses nothing over rounds, NaN and Inf never chosen
  * nor kept back (a skipped step clears the feedback), the density
- * controller; the probe server's HELLO check; a placement policy's answer
- * (read raw, range-checked) and RUN/pipeline-plan on --resume (checked);
- * a link's reader against a hostile peer (a message too large, a flood,
- * a sent_at far ahead or not finite) and an unknown codec.
- * White-box: core/fleet's private headers. Under a second.
+ * controller; the probe server's HELLO check and its short wait for a
+ * HELLO (a silent connection is closed, the next one served); a placement
+ * policy's answer (read raw, range-checked) and RUN/pipeline-plan on
+ * --resume (checked); a link's reader against a hostile peer (a message
+ * too large, a flood, a sent_at far ahead or not finite) and an unknown
+ * codec. White-box: core/fleet's private headers. A few seconds (the
+ * probe server's HELLO wait is one of them).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -422,6 +424,33 @@ static void test_probe_hello(void) {
   close(lfd);
 }
 
+/* A connection that says nothing (any local process can connect) is
+ * closed after the short HELLO wait and the server takes the next one: the
+ * lower worker queued behind it is probed well within its own wait. It
+ * used to hold the server for the whole probe timeout (hang_seconds), so
+ * the real worker's probe timed out first. The 5 s of hello_then_ping are
+ * a failure deadline only (the HELLO wait here is 1 s, the probe's 10 s). */
+static void test_probe_silent(void) {
+  job_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  static pipe_plan plan;
+  plan.S = 2;
+  for (int i = 0; i < 2; i++) snprintf(plan.zone[i], PIPE_ZONE_MAX, "local");
+  int port = 0, lfd = listen_loopback(&port);
+  CHECK(lfd >= 0, "listen");
+  int silent = pl_connect("127.0.0.1", port, 5); /* first in the backlog: accepted first */
+  CHECK(silent >= 0, "the silent connection: %s", tr_error());
+  pipe_probe_ctx c = {.cfg = &cfg, .plan = &plan, .w = 1, .lfd = lfd, .timeout = 10, .hello_timeout = 1};
+  pipe_probe_server *sv = pipe_probe_serve(&c);
+  CHECK(sv != NULL, "serve: %s", tr_error());
+  CHECK(hello_then_ping(port, 0) == 1, "worker 0 is served behind a silent connection");
+  char b;
+  CHECK(recv(silent, &b, 1, MSG_DONTWAIT) == 0, "the silent connection was closed before worker 0 was served");
+  CHECK(pipe_probe_serve_join(sv) == 0, "the server ends once worker 0 is served: %s", tr_error());
+  close(silent);
+  close(lfd);
+}
+
 /* --- a link's reader against a hostile peer (pipeline_link.c) --- */
 
 /* One raw header onto fd, as a peer (or anybody) could write it. */
@@ -523,6 +552,7 @@ int main(void) {
   test_feedback_nonfinite();
   test_nonfinite_step();
   test_probe_hello();
+  test_probe_silent();
   test_policy_answer();
   test_plan_restore();
   test_link_max_message();
