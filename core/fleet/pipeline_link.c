@@ -43,6 +43,8 @@ struct pl_link {
   pthread_cond_t room; /* the queue has room again, or the link is being freed */
   msg *head, *tail;
   int queued;          /* messages in the queue (at most PL_QUEUE_DEPTH) */
+  uint64_t queued_bytes; /* their payload (past the first, at most queue_max) */
+  uint64_t queue_max;
   int stopping;        /* pl_link_free: the reader stops waiting for room */
   int closed;       /* the reader stopped: EOF or an error (why) */
   char why[160];
@@ -115,7 +117,9 @@ static void *reader_main(void *arg) {
       return NULL;
     }
     pthread_mutex_lock(&l->mu); /* a full queue: read no more until the stage takes one */
-    while (l->queued >= PL_QUEUE_DEPTH && !l->stopping) pthread_cond_wait(&l->room, &l->mu);
+    while (!l->stopping && (l->queued >= PL_QUEUE_DEPTH ||
+                            (l->queued > 0 && l->queued_bytes + m->h.bytes > l->queue_max)))
+      pthread_cond_wait(&l->room, &l->mu);
     int stopping = l->stopping;
     pthread_mutex_unlock(&l->mu);
     if (stopping) {
@@ -133,6 +137,7 @@ static void *reader_main(void *arg) {
     else l->head = m;
     l->tail = m;
     l->queued++;
+    l->queued_bytes += m->h.bytes;
     l->received += sizeof m->h + m->h.bytes;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
@@ -140,6 +145,13 @@ static void *reader_main(void *arg) {
 }
 
 /* --- the link --- */
+
+/* The queue's byte bound for a link whose largest message is max_bytes. */
+static uint64_t queue_bound(uint64_t max_bytes) {
+  if (max_bytes > UINT64_MAX / PL_QUEUE_MESSAGES) return UINT64_MAX;
+  uint64_t b = PL_QUEUE_MESSAGES * max_bytes;
+  return b > PL_QUEUE_BYTES_MIN ? b : PL_QUEUE_BYTES_MIN;
+}
 
 pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes) {
   pl_link *l = calloc(1, sizeof *l);
@@ -152,6 +164,7 @@ pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   l->fd = fd;
   l->max_bytes = max_bytes;
+  l->queue_max = queue_bound(max_bytes);
   snprintf(l->peer, sizeof l->peer, "%s", peer_name);
   pthread_mutex_init(&l->mu, NULL);
   pthread_condattr_t ca; /* pl_recv's deadline: a clock that never jumps */
@@ -252,6 +265,7 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
     l->head = m->next;
     if (!l->head) l->tail = NULL;
     l->queued--;
+    l->queued_bytes -= m->h.bytes;
     pthread_cond_signal(&l->room);
   }
   char why[160];

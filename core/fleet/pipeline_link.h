@@ -55,14 +55,23 @@ typedef struct pl_link pl_link;
  * reply and may meet the bound: its sender then waits for the next stage's
  * forward passes (one-way traffic, no cycle), as a flooding peer does. */
 #define PL_QUEUE_DEPTH 256
+/* And bytes: past its first message the queue holds at most
+ * max(PL_QUEUE_BYTES_MIN, PL_QUEUE_MESSAGES x the link's largest message)
+ * of payload (256 large activations were gigabytes). A stage ahead of a
+ * slower next one may meet it in 1F1B's warm-up (its sends then wait, as
+ * it would for the gradients anyway); while a stage sends activations at
+ * most two gradients wait unread on its side of the link, well inside the
+ * bound, so two stages never block on each other's sends. */
+#define PL_QUEUE_BYTES_MIN ((uint64_t)64 << 20)
+#define PL_QUEUE_MESSAGES 4
 
 /* Takes a connected socket (closed by pl_link_free). max_bytes: the
  * largest payload a message on it may carry (its largest legitimate
  * one): a header asking for more, or with no finite sent_at, closes the
  * link (every wait on it then ends with the error). The reader holds at
- * most a bounded number of unread messages, then stops reading the
- * socket until the stage takes one (the peer's sends block). NULL on
- * failure. */
+ * most PL_QUEUE_DEPTH unread messages and, past the first, the bytes
+ * PL_QUEUE_BYTES_MIN says, then stops reading the socket until the stage takes
+ * one (the peer's sends block). NULL on failure. */
 pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes);
 void pl_link_free(pl_link *l);
 

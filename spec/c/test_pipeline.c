@@ -7,12 +7,13 @@
  * HELLO (a silent connection is closed, the next one served); a placement
  * policy's answer (read raw, range-checked) and RUN/pipeline-plan on
  * --resume (checked); a link's reader against a hostile peer (a message
- * too large, a flood, a sent_at far ahead or not finite) and an unknown
- * codec. White-box: core/fleet's private headers. A few seconds (the
- * probe server's HELLO wait is one of them).
+ * too large, a flood of small messages or of large ones, a sent_at far
+ * ahead or not finite) and an unknown codec. White-box: core/fleet's
+ * private headers. A few seconds (the probe server's HELLO wait is one).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -508,6 +509,66 @@ static void test_link_queue_bound(void) {
   close(sv[1]);
 }
 
+/* A peer sending N messages of `size` bytes each, blocking (a thread). */
+typedef struct {
+  int fd, n;
+  size_t size;
+} flood_args;
+
+static void *flood_main(void *arg) {
+  flood_args *a = arg;
+  char *payload = calloc(1, a->size);
+  pl_header h = {.magic = 0x50495045u, .kind = PL_PING, .bytes = a->size};
+  for (int i = 0; i < a->n && payload; i++) {
+    h.sent_at = tr_now();
+    if (send(a->fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) break;
+    size_t off = 0;
+    for (ssize_t w; off < a->size && (w = send(a->fd, payload + off, a->size - off, MSG_NOSIGNAL)) > 0;)
+      off += (size_t)w;
+    if (off < a->size) break;
+  }
+  free(payload);
+  return NULL;
+}
+
+/* Large messages meet the queue's byte bound long before its count: the
+ * reader holds at most max(64 MiB, 4 x the largest message) unread (it
+ * took 256 messages of any size: here 128 MiB), and nothing is lost. The
+ * peer sends 300 of 512 KiB; the reader is watched until it stops taking
+ * (30 s only a failure deadline). */
+static void test_link_queue_bytes(void) {
+  enum { N = 300 };
+  const size_t size = 512 * 1024;
+  uint64_t bound = PL_QUEUE_MESSAGES * (uint64_t)size > PL_QUEUE_BYTES_MIN ? PL_QUEUE_MESSAGES * (uint64_t)size
+                                                                             : PL_QUEUE_BYTES_MIN;
+  uint64_t most = bound + (uint64_t)PL_QUEUE_DEPTH * sizeof(pl_header); /* payloads and their headers */
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  pl_link *l = pl_link_create(sv[0], "a peer sending large messages", size);
+  flood_args fa = {sv[1], N, size};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, flood_main, &fa) == 0, "the peer's thread");
+  uint64_t out, in = 0, last = 0;
+  int still = 0;
+  for (double end = tr_now() + 30; tr_now() < end && in <= most && still < 25;) {
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    pl_link_bytes(l, &out, &in);
+    still = in == last && in + size >= bound ? still + 1 : 0; /* full, and taking no more */
+    last = in;
+  }
+  CHECK(in <= most && in + size >= bound, "%llu bytes taken in unread (the bound %llu, and headers)",
+        (unsigned long long)in, (unsigned long long)bound);
+  int got = 0;
+  pl_header h;
+  void *p = NULL;
+  while (got < N && pl_recv(l, PL_PING, 0, -1, 5.0, &h, &p) == 0) got++, free(p), p = NULL;
+  CHECK(got == N, "all %d arrive as the stage takes them: %d (%s)", N, got, tr_error());
+  pl_link_free(l); /* first: a peer still sending (a failure above) gets an error, not a wait */
+  pthread_join(th, NULL);
+  close(sv[1]);
+}
+
 /* The emulated latency counts from the peer's sent_at, believed only up to
  * now plus the message's time on the wire: an hour ahead is not an hour's
  * sleep; NaN or Inf closes the link. */
@@ -557,6 +618,7 @@ int main(void) {
   test_plan_restore();
   test_link_max_message();
   test_link_queue_bound();
+  test_link_queue_bytes();
   test_link_sent_at();
   test_unknown_codec();
   return check_report("test_pipeline");
