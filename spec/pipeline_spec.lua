@@ -235,7 +235,10 @@ end]])
       if how == "none" then
         assert.are.equal(1, field(last0, "density_fwd"))
         assert.are.equal(1, field(last1, "density_bwd"))
-      else -- the first step measures the link raw; then k adapts
+      else -- from the first step on: it starts from the probe's bandwidth and the plan's compute (it used to
+        -- send step 1 raw, learning both), then follows the sends
+        assert.truthy(field(r0[1], "density_fwd") < 1, r0[1])
+        assert.truthy(field(r1[1], "density_bwd") < 1, r1[1])
         assert.truthy(field(last0, "density_fwd") < 1, last0)
         assert.truthy(field(last1, "density_bwd") < 1, last1)
         assert.truthy(field(last0, "loss") < field(r0[1], "loss"), "it still learns")

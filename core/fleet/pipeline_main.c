@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -37,6 +38,7 @@
 typedef struct {
   int coord, donor, attempt; /* from the PLAN line: see take_plan */
   int64_t resume;            /* the step to load from this stage's store (0: none) */
+  double hide, bw_prev, bw_next; /* AdaTopK's start (pipe_plan_adatopk_seed; 0: learn it) */
 } plan_extra;
 
 typedef struct {
@@ -223,8 +225,16 @@ int pipe_read_line(int fd, char *out, size_t n, double timeout) {
   return TR_OK;
 }
 
+/* A seed of AdaTopK's on the PLAN line: a finite number >= 0, else 0 (learn it). */
+static double seed_value(const char *line, const char *key) {
+  const char *v = strstr(line, key);
+  double x = v ? strtod(v + strlen(key), NULL) : 0;
+  return isfinite(x) && x > 0 ? x : 0;
+}
+
 /* The launcher's PLAN line: stage, cuts, order, and the replicas'
- * coordinator (coord=), a rebuilt worker's donor and attempt. */
+ * coordinator (coord=), a rebuilt worker's donor and attempt, AdaTopK's
+ * start (hide=, bw_prev=, bw_next=). */
 static int take_plan(const char *line, pipe_stage *s, pipe_plan *p, plan_extra *x) {
   int rc = pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order);
   if (!rc) rc = pipe_plan_check("the launcher's plan", s->cuts, p->order, s->S, graph_norder(s->g));
@@ -236,6 +246,9 @@ static int take_plan(const char *line, pipe_stage *s, pipe_plan *p, plan_extra *
   x->coord = co ? atoi(co + 6) : 0;
   x->donor = dn ? atoi(dn + 6) : 0;
   x->attempt = at ? atoi(at + 8) : 1;
+  x->hide = seed_value(line, "hide=");
+  x->bw_prev = seed_value(line, "bw_prev=");
+  x->bw_next = seed_value(line, "bw_next=");
   return TR_OK;
 }
 
@@ -340,6 +353,11 @@ int pipeline_stage_main(int argc, char **argv) {
   if (!rc) rc = probe_and_plan(L, &a, &cfg, &s, &plan, &px);
   int stop = rc == 1;
   if (stop) rc = TR_OK;
+  /* AdaTopK starts from the probes' links and the plan's slowest stage,
+   * then follows its sends and the stages' measured compute */
+  s.fwd.bw = px.bw_next;
+  s.bwd.bw = px.bw_prev;
+  s.hide_s = px.hide;
   if (!rc && !stop) rc = pipe_stage_setup(&s);
   ckpt_engine *ck = NULL;
   if (!rc && !stop && !(ck = pipe_ckpt_open(&cfg, s.t, a.run, s.k)) && (cfg.ckpt_every_steps || cfg.ckpt_every_seconds))

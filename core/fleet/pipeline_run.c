@@ -231,6 +231,14 @@ static int nominal_speeds(trainer *t, pipe_plan *p) {
   return rc;
 }
 
+/* What a PLAN line tells stage k of AdaTopK's start (pipe_plan_adatopk_seed),
+ * as " hide=S bw_prev=B bw_next=B" (take_plan in pipeline_main.c reads it). */
+static void seed_text(const pipe_plan *p, int k, char *out, size_t n) {
+  double hide, prev, next;
+  pipe_plan_adatopk_seed(p, k, &hide, &prev, &next);
+  snprintf(out, n, " hide=%.9g bw_prev=%.9g bw_next=%.9g", hide, prev, next);
+}
+
 /* PROBE lines in, the plan made and printed, PLAN lines out (or stop). */
 static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int stop) {
   trainer *t = NULL;
@@ -249,6 +257,7 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   int saved = 0;
   if (!rc && l->resume) /* the stores fit the run's own cuts */
     rc = pipe_plan_restore(l->dir, &l->plan, graph_norder(trainer_graph(t)), &saved);
+  if (!rc && saved) rc = pipe_plan_predict(trainer_graph(t), &l->plan); /* for those cuts (AdaTopK's start) */
   if (!rc && saved) {
     char first[4096];
     if (pipe_plan_line(first, sizeof first, &l->plan, 0) < 0) rc = TR_EINVAL;
@@ -261,11 +270,13 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   l->planned = !rc;
   for (int i = 0; i < l->W && !rc; i++) {
     int p = i / l->S, k = i % l->S, w = p * l->S + l->plan.order[k]; /* pipeline p's stage k */
+    char seed[128];
+    seed_text(&l->plan, k, seed, sizeof seed);
     if (stop) snprintf(line, sizeof line, "PLAN stop\n");
-    else if ((rc = pipe_plan_line(line, sizeof line - 64, &l->plan, k)) < 0) break;
+    else if ((rc = pipe_plan_line(line, sizeof line - 256, &l->plan, k)) < 0) break;
     rc = TR_OK;
-    if (!stop) snprintf(line + strlen(line) - 1, 64, " coord=%d resume=%lld\n", l->coord[k] ? ftar_coord_port(l->coord[k]) : 0,
-                        (long long)l->resume);
+    if (!stop) snprintf(line + strlen(line) - 1, 256, " coord=%d resume=%lld%s\n",
+                        l->coord[k] ? ftar_coord_port(l->coord[k]) : 0, (long long)l->resume, seed);
     if (pipe_write_line(l->ctl[w], line)) rc = tr_fail_prefix(TR_EIO, "pipeline: cannot reach worker %d", w);
   }
   trainer_free(t);
@@ -370,13 +381,15 @@ static int rebuild(launch *l, int p) {
   char line[4096];
   for (int k = 0; k < l->S && !rc; k++) {
     int w = p * l->S + l->plan.order[k], d = q * l->S + l->plan.order[k];
-    int len = pipe_plan_line(line, sizeof line - 64, &l->plan, k);
+    int len = pipe_plan_line(line, sizeof line - 256, &l->plan, k);
     if (len < 0) {
       rc = len;
       break;
     }
-    snprintf(line + strlen(line) - 1, 64, " coord=%d donor=%d attempt=%d\n", ftar_coord_port(l->coord[k]),
-             l->donor[d], l->rebuilt[p]);
+    char seed[128];
+    seed_text(&l->plan, k, seed, sizeof seed);
+    snprintf(line + strlen(line) - 1, 256, " coord=%d donor=%d attempt=%d%s\n", ftar_coord_port(l->coord[k]),
+             l->donor[d], l->rebuilt[p], seed);
     if ((rc = pipe_write_line(l->ctl[w], line))) rc = tr_fail_prefix(rc, "pipeline: cannot reach worker %d", w);
   }
   if (rc) {
