@@ -489,6 +489,39 @@ end]])
     assert.are.equal(300, n)
   end)
 
+  -- a resume that finds no step every stage committed starts over from step
+  -- 0 with a new plan: what some stores committed is of the run it
+  -- abandons (it stayed, to be loaded later beside the new run's, or to
+  -- outlive its newer ones by retention); stores of another number of
+  -- stages are not dropped but refused, naming the run's own
+  it("a resume with no step every stage committed starts clean, and refuses stores of another stage count", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local function steps_of(store)
+      local t = {}
+      for st in S.sh(q(S.BIN) .. " ckpt ls " .. q(store)):gmatch("\n%s*(%d+)%s") do t[tonumber(st)] = true end
+      return t
+    end
+    local job, rd = dir .. "/zero.lua", dir .. "/zero"
+    write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 4 }, max_steps = 6, eval_interval = 0,"))
+    local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. rd, "--set", "checkpoint.every_steps=3")
+    assert.are.equal(0, code, out .. err)
+    assert.truthy(steps_of(rd .. "/ckpt-stage-0")[3], out)
+    os.execute("rm -rf " .. q(rd .. "/ckpt-stage-1")) -- stage 1 never committed: killed between the stages' commits
+    code, out, err = S.transom(dir, "run", "--resume", rd, "--set", "checkpoint.every_steps=4")
+    assert.are.equal(0, code, out .. err)
+    assert.truthy(out:find("starting from step 0", 1, true), out)
+    assert.truthy(out:find("dropped 2 checkpoint(s) of stage 0 (from step 3 on)", 1, true), out)
+    local s0, s1 = steps_of(rd .. "/ckpt-stage-0"), steps_of(rd .. "/ckpt-stage-1")
+    assert.is_nil(s0[3], "step 3 of the abandoned run is still in stage 0's store")
+    assert.truthy(s0[4] and s1[4] and s0[6] and s1[6], out)
+    -- 3 stages over this 2-stage run's stores (the third has none): refused, nothing dropped
+    code, out, err = S.transom(dir, "run", "--resume", rd, "--set", "pipeline.stages=3")
+    assert.are.equal(1, code, out .. err)
+    assert.truthy(err:find("checkpoints are of 2 stages", 1, true) and err:find("--set pipeline.stages=2", 1, true), err)
+    s0 = steps_of(rd .. "/ckpt-stage-0")
+    assert.truthy(s0[4] and s0[6], "nothing dropped")
+  end)
+
   it("runs its workers on test hosts (network namespaces), and the probes measure a tc-limited link", function()
     if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
     local TH = S.ROOT .. "/spec/hosts/testhosts.sh"

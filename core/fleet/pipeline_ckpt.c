@@ -14,6 +14,7 @@
 #include "pipeline_ckpt.h"
 
 #include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,68 @@ int pipe_ckpt_common_step(const char *run, int S, int64_t *step) {
   if (!rc && n > 0) *step = mine[n - 1];
   free(mine);
   free(other);
+  return rc;
+}
+
+/* --- a resume from step 0 --- */
+
+/* The stages RUN/pipeline-plan lists (its lines): -1 without one. */
+static int plan_stages(const char *run) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/pipeline-plan", run);
+  size_t len;
+  char *text = tr_read_file(path, &len);
+  if (!text) return -1;
+  int n = 0;
+  for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) n += strncmp(l, "PLAN ", 5) == 0;
+  free(text);
+  return n;
+}
+
+/* The stage K of a store's directory name ckpt-stage-K (as store_path
+ * writes it); -1 for any other. */
+static int store_stage(const char *name) {
+  long long k;
+  char canon[64];
+  if (strncmp(name, "ckpt-stage-", 11) != 0 || tr_parse_int(name + 11, 0, INT_MAX, &k)) return -1;
+  snprintf(canon, sizeof canon, "ckpt-stage-%lld", k);
+  return strcmp(canon, name) == 0 ? (int)k : -1;
+}
+
+int pipe_ckpt_start_over(const char *run, int S, int *dropped) {
+  *dropped = 0;
+  DIR *d = opendir(run);
+  if (!d) return tr_fail(TR_EIO, "cannot list %s", run);
+  int stages[PIPE_MAX_STAGES], n = 0, beyond = -1, rc = TR_OK; /* stores K < S that hold one; the last K >= S */
+  int64_t steps[1];
+  for (struct dirent *e; !rc && (e = readdir(d));) {
+    int k = store_stage(e->d_name), m = k < 0 ? 0 : store_steps(run, k, steps, 1);
+    if (m < 0) rc = m;
+    else if (m > 0 && k >= S) beyond = k;
+    else if (m > 0 && n < PIPE_MAX_STAGES) stages[n++] = k;
+  }
+  closedir(d);
+  int planned = plan_stages(run);
+  if (!rc && (n > 0 || beyond >= 0) && planned >= 0 && planned != S)
+    rc = tr_fail(TR_ESTATE, "resume: the run's checkpoints are of %d stages (%s/pipeline-plan), the job has %d: "
+                 "resume with --set pipeline.stages=%d, or remove its ckpt-stage-* to start over", planned, run, S,
+                 planned);
+  else if (!rc && beyond >= 0)
+    rc = tr_fail(TR_ESTATE, "resume: %s/ckpt-stage-%d holds checkpoints of a stage the job does not have (%d "
+                 "stages): resume with the run's own pipeline.stages, or remove its ckpt-stage-* to start over", run,
+                 beyond, S);
+  for (int i = 0; i < n && !rc; i++) { /* the abandoned timeline goes, store by store */
+    char path[1200];
+    int64_t first = 0;
+    store_path(path, sizeof path, run, stages[i]);
+    int gone = ckpt_store_drop_after(path, NULL, 0, &first, NULL);
+    if (gone < 0) rc = tr_fail_prefix(gone, "resume: dropping the checkpoints of %s", path);
+    else if (gone > 0) {
+      printf("resume: dropped %d checkpoint(s) of stage %d (from step %lld on) from %s: not every stage committed "
+             "one, so the run starts over\n", gone, stages[i], (long long)first, path);
+      *dropped += gone;
+    }
+  }
   return rc;
 }
 

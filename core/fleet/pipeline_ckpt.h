@@ -25,6 +25,19 @@ int pipe_ckpt_load(ckpt_engine *ck, trainer *t, int stage, int64_t step);
  * every one of them (0: none); an error when a store cannot be listed. */
 int pipe_ckpt_common_step(const char *run, int S, int64_t *step);
 
+/* A resume that found no step every stage committed (pipe_ckpt_common_step
+ * gave 0) starts from step 0, with a new plan: the checkpoints some stores
+ * did commit belong to the timeline it abandons (a start killed between
+ * two stages' first commits), and kept they would be loaded later beside
+ * the new run's, or outlive its newer ones by retention. They are dropped
+ * from every RUN/ckpt-stage-K (a line each says what went); *dropped: the
+ * checkpoints. Refused, nothing dropped, when they are of another layout
+ * than the job's S stages (a store of stage S or above holds one, or
+ * RUN/pipeline-plan has another number of stages: pipeline.stages
+ * changed), or a store cannot be read: an error saying so. For stores no
+ * process has open (the launcher, before its workers start). */
+int pipe_ckpt_start_over(const char *run, int S, int *dropped);
+
 /* RUN/pipeline-plan: the stages' cuts and order, saved by the first run
  * and restored (into p's cuts and order; *found = 0 when there is none) by
  * a resumed one, which must have as many stages. The file is checked as a

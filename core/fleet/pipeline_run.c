@@ -512,9 +512,12 @@ static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int 
 }
 
 /* --resume: the newest step every stage store committed; the records
- * after it are dropped (the run does those steps again). */
+ * after it are dropped (the run does those steps again). None: the run
+ * starts over from step 0, its stores emptied first (or refused when they
+ * are of another layout: pipe_ckpt_start_over). */
 static int resume_step(const job_config *cfg, const char *dir, int64_t *step) {
   int rc = pipe_ckpt_common_step(dir, (int)cfg->pipe_stages, step), dropped = 0;
+  if (!rc && *step == 0) rc = pipe_ckpt_start_over(dir, (int)cfg->pipe_stages, &dropped); /* clean, or refused */
   if (!rc && *step == 0)
     printf("resume: no step committed by every stage in %s/ckpt-stage-*: starting from step 0\n", dir);
   if (!rc && *step > 0) rc = pipe_ckpt_truncate_records(dir, *step, &dropped);
