@@ -251,7 +251,9 @@ int pl_send(pl_link *l, const pl_header *h, const void *payload) {
   return TR_OK;
 }
 
-int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload) {
+/* pl_recv and pl_recv_encoded: any_codec says whether the caller decodes. */
+static int take(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, int any_codec, pl_header *h,
+                void **payload) {
   struct timespec until;
   clock_gettime(CLOCK_MONOTONIC, &until); /* the condition's clock (pl_link_create) */
   double end = (double)until.tv_sec + until.tv_nsec * 1e-9 + (timeout_s > 0 ? timeout_s : 0);
@@ -282,6 +284,13 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
     free(m);
     return TR_EIO;
   }
+  if (!any_codec && m->h.codec != 0) { /* only activations and gradients come encoded */
+    tr_fail(TR_EIO, "from %s: message %u (step %lld, micro-batch %d) in codec %d, where only raw (codec 0) is "
+            "expected", l->peer, m->h.kind, (long long)m->h.step, m->h.mb, m->h.codec);
+    free(m->payload);
+    free(m);
+    return TR_EIO;
+  }
   if (l->delay > 0) { /* the emulated latency: from when the message left, as the peer says (finite: the
                          * reader checked), but never later than it could have: now plus its time on the wire */
     double wire = l->rate > 0 ? (double)(sizeof m->h + m->h.bytes) / l->rate : 0;
@@ -293,6 +302,17 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
   free(m);
   return TR_OK;
 }
+
+int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload) {
+  return take(l, kind, step, mb, timeout_s, 0, h, payload);
+}
+
+int pl_recv_encoded(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h,
+                    void **payload) {
+  return take(l, kind, step, mb, timeout_s, 1, h, payload);
+}
+
+const char *pl_link_peer(const pl_link *l) { return l->peer; }
 
 void pl_link_bytes(const pl_link *l, uint64_t *sent, uint64_t *received) {
   pthread_mutex_lock((pthread_mutex_t *)&l->mu);

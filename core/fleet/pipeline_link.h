@@ -78,12 +78,19 @@ void pl_link_free(pl_link *l);
 /* Sends one message. 0 or a negative error. */
 int pl_send(pl_link *l, const pl_header *h, const void *payload);
 /* The next message: it must be of kind/step/mb (kind 0: any message, then
- * step and mb are not checked; mb < 0: any). The payload
- * (malloc'd, the caller frees) and the header come back. Waits at most
- * timeout_s (on the monotonic clock), plus an emulated delay
+ * step and mb are not checked; mb < 0: any) and raw (codec 0): anything
+ * else is an error naming the link (and the message is dropped). The
+ * payload (malloc'd, the caller frees) and the header come back. Waits at
+ * most timeout_s (on the monotonic clock), plus an emulated delay
  * (pl_link_shape) counted from the header's sent_at, which is believed
  * only up to now plus the message's own time on the wire. */
 int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload);
+/* The same for a message that may come in any codec (AdaTopK's
+ * activations and gradients): the caller checks h->codec. */
+int pl_recv_encoded(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h,
+                    void **payload);
+/* The peer's name (pl_link_create's), for errors. */
+const char *pl_link_peer(const pl_link *l);
 
 /* Emulates a slow link in this end's transport (the kernel here has no
  * netem): a send takes bytes / bytes_per_s (0: unlimited) of the sender's

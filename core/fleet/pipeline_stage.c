@@ -251,16 +251,25 @@ static int send_floats(pipe_stage *s, pipe_dir *d, pl_link *l, uint32_t kind, in
   return rc;
 }
 
+/* Receives n floats: raw, or (compression on) in one of AdaTopK's codecs;
+ * any other codec, or one with compression off, is an error naming the
+ * link. */
 static int recv_floats(pipe_stage *s, pl_link *l, uint32_t kind, int64_t step, int mb, int64_t n, float *out,
                        double *value) {
   pl_header h;
   void *p;
-  int rc = pl_recv(l, kind, step, mb, s->timeout, &h, &p);
+  int rc = pl_recv_encoded(l, kind, step, mb, s->timeout, &h, &p);
   if (rc) return rc;
-  if (h.codec != 0) rc = adatopk_decode_any(h.codec, p, h.bytes, out, n); /* an unknown codec is an error there */
-  else if (h.bytes != sizeof(float) * (uint64_t)n)
-    rc = tr_fail(TR_EIO, "a message of %llu bytes, expected %lld", (unsigned long long)h.bytes, (long long)n * 4);
-  else memcpy(out, p, h.bytes);
+  if (h.codec != 0 && !s->fwd.on && !s->bwd.on)
+    rc = tr_fail(TR_EIO, "from %s: message %u (step %lld, micro-batch %d) in codec %d, but compression is off: "
+                 "only raw (codec 0) is expected", pl_link_peer(l), h.kind, (long long)step, mb, h.codec);
+  else if (h.codec != 0 && (rc = adatopk_decode_any(h.codec, p, h.bytes, out, n))) /* unknown codecs too */
+    rc = tr_fail_prefix(rc, "from %s: message %u (step %lld, micro-batch %d)", pl_link_peer(l), h.kind,
+                        (long long)step, mb);
+  else if (h.codec == 0 && h.bytes != sizeof(float) * (uint64_t)n)
+    rc = tr_fail(TR_EIO, "from %s: message %u (step %lld, micro-batch %d) of %llu bytes, expected %lld",
+                 pl_link_peer(l), h.kind, (long long)step, mb, (unsigned long long)h.bytes, (long long)n * 4);
+  else if (h.codec == 0) memcpy(out, p, h.bytes);
   if (value) *value = h.value;
   free(p);
   return rc;

@@ -8,7 +8,8 @@
  * policy's answer (read raw, range-checked) and RUN/pipeline-plan on
  * --resume (checked); a link's reader against a hostile peer (a message
  * too large, a flood of small messages or of large ones, a sent_at far
- * ahead or not finite) and an unknown codec. White-box: core/fleet's
+ * ahead or not finite), an unknown codec, and every receiver refusing a
+ * codec it does not expect (naming the link). White-box: core/fleet's
  * private headers. A few seconds (the probe server's HELLO wait is one).
  */
 #include <arpa/inet.h>
@@ -604,6 +605,71 @@ static void test_unknown_codec(void) {
   CHECK(adatopk_decode_any(7, enc, b, y, 4) < 0 && strstr(tr_error(), "codec 7"), "codec 7: %s", tr_error());
 }
 
+/* One message onto fd as a peer (or anybody) could write it: a header of
+ * kind, step, micro-batch and codec, and bytes of payload. */
+static int raw_message(int fd, uint32_t kind, int64_t step, int mb, int codec, const void *payload, uint64_t bytes) {
+  pl_header h = {.magic = 0x50495045u, .kind = kind, .step = step, .mb = mb, .codec = codec, .sent_at = tr_now(),
+                 .bytes = bytes};
+  if (send(fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) return -1;
+  return bytes && send(fd, payload, bytes, MSG_NOSIGNAL) != (ssize_t)bytes ? -1 : 0;
+}
+
+/* Every receiver refuses a codec it does not expect, naming the link: a
+ * message that is never encoded (the exchange vector) in any codec but
+ * raw; activations in a codec AdaTopK does not know; activations in one
+ * of AdaTopK's with compression off. Only the activations' and gradients'
+ * receiver checked the codec, and its error did not say which link. */
+static void test_codec_refused(void) {
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  pl_link *l = pl_link_create(sv[0], "stage 2", 64);
+  char junk[8] = {0};
+  CHECK(raw_message(sv[1], PL_GATHER_UP, 1, 0, 3, junk, sizeof junk) == 0, "send");
+  pl_header h;
+  void *p = NULL;
+  int rc = pl_recv(l, PL_GATHER_UP, 1, -1, 2.0, &h, &p);
+  CHECK(rc < 0 && strstr(tr_error(), "stage 2") && strstr(tr_error(), "codec 3"), "the exchange vector in codec 3: %s",
+        rc ? tr_error() : "taken");
+  free(p);
+  pl_link_free(l);
+  close(sv[1]);
+
+  /* the middle stage of 3: its activations come from stage 0 */
+  graph *g = residual_net(2, 8);
+  pipe_stage s;
+  memset(&s, 0, sizeof s);
+  s.g = g;
+  s.S = 3;
+  s.k = 1;
+  s.M = s.b = s.T = s.R = 1;
+  s.fwd.on = s.bwd.on = 1;
+  s.donor_fd = -1;
+  s.timeout = 2;
+  CHECK(pipe_stage_setup(&s) == 0 && s.xin_n > 0, "setup: %s", tr_error());
+  int in[2], out[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, in) == 0 && socketpair(AF_UNIX, SOCK_STREAM, 0, out) == 0, "socketpairs");
+  s.prev = pl_link_create(in[0], "stage 0", pipe_stage_max_message(&s));
+  s.next = pl_link_create(out[0], "stage 2", pipe_stage_max_message(&s));
+  float loss = 0, *x = calloc((size_t)s.xin_n, sizeof(float));
+  unsigned char *enc = malloc(ADATOPK_HEADER + 2 * (size_t)s.xin_n);
+  size_t b = adatopk_encode_bf16(x, NULL, s.xin_n, enc);
+  CHECK(raw_message(in[1], PL_ACT, 1, 0, 7, enc, b) == 0, "send");
+  rc = pipe_forward(&s, 1, 0, 0, &loss);
+  CHECK(rc < 0 && strstr(tr_error(), "stage 0") && strstr(tr_error(), "codec 7"), "activations in codec 7: %s",
+        rc ? tr_error() : "taken");
+  s.fwd.on = s.bwd.on = 0; /* compression = "none": bf16 is not expected either */
+  CHECK(raw_message(in[1], PL_ACT, 1, 1, ADATOPK_BF16, enc, b) == 0, "send");
+  rc = pipe_forward(&s, 1, 1, 0, &loss);
+  CHECK(rc < 0 && strstr(tr_error(), "stage 0") && strstr(tr_error(), "compression is off"),
+        "bf16 activations with compression off: %s", rc ? tr_error() : "taken");
+  free(x);
+  free(enc);
+  pipe_stage_free(&s);
+  close(in[1]);
+  close(out[1]);
+  graph_free(g);
+}
+
 int main(void) {
   test_cuts();
   test_topk();
@@ -621,5 +687,6 @@ int main(void) {
   test_link_queue_bytes();
   test_link_sent_at();
   test_unknown_codec();
+  test_codec_refused();
   return check_report("test_pipeline");
 }
