@@ -1006,6 +1006,14 @@ int ckpt_pending(ckpt_engine *e) {
   return due;
 }
 
+int ckpt_ready(ckpt_engine *e) {
+  if (!e || !e->threads_started) return 1;
+  pthread_mutex_lock(&e->mu);
+  int ready = !engine_busy(e) && tr_now() >= e->rest_until; /* only ckpt_snapshot makes it busy again */
+  pthread_mutex_unlock(&e->mu);
+  return ready;
+}
+
 double ckpt_wait_copy(ckpt_engine *e) {
   if (!e || !e->threads_started) return 0.0;
   pthread_mutex_lock(&e->mu);

@@ -61,6 +61,19 @@ describe("pipeline stages", function()
     return code, out, err, rd
   end
 
+  -- the steps a store committed (`transom ckpt ls`), as a set
+  local function steps_of(store)
+    local t = {}
+    for st in S.sh(q(S.BIN) .. " ckpt ls " .. q(store)):gmatch("\n%s*(%d+)%s") do t[tonumber(st)] = true end
+    return t
+  end
+  local function list(set)
+    local l = {}
+    for st in pairs(set) do l[#l + 1] = st end
+    table.sort(l)
+    return table.concat(l, ",")
+  end
+
   it("gives the same parameters on 1, 2 and 3 stages, bit for bit", function()
     if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
     local weights, losses = {}, {}
@@ -462,11 +475,6 @@ end]])
     assert.are.equal("", (S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true"):gsub("%s", "")))
     -- a corrupt copy in one store: a byte of stage 1's newest step that both
     -- stores hold is flipped, so every stage must resume from an older one
-    local function steps_of(store)
-      local t = {}
-      for st in S.sh(q(S.BIN) .. " ckpt ls " .. q(store)):gmatch("\n%s*(%d+)%s") do t[tonumber(st)] = true end
-      return t
-    end
     local s0, s1, newest = steps_of(rd .. "/ckpt-stage-0"), steps_of(rd .. "/ckpt-stage-1"), 0
     for st in pairs(s1) do if s0[st] and st > newest then newest = st end end
     assert.truthy(newest >= 40, "no common step: " .. S.sh(q(S.BIN) .. " ckpt ls " .. q(rd .. "/ckpt-stage-1")))
@@ -489,6 +497,23 @@ end]])
     assert.are.equal(300, n)
   end)
 
+  -- checkpoint.every_seconds on each stage's own clock made the stages
+  -- commit different steps (stage 0 {117,123,129}, stage 1 {118,124,130}),
+  -- and with keep_last the stores could share none: a resume then started
+  -- over. The stages agree on the step in the end-of-step exchange.
+  it("every stage's store holds the same steps with checkpoint.every_seconds", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local job, rd = dir .. "/secs.lua", dir .. "/secs"
+    write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 2 }, max_steps = 150, eval_interval = 0,"))
+    local cmd = string.format("env TRANSOM_TEST_STEP_MS=%d %s run %s --set run_dir=%s --set checkpoint.every_steps=0 "
+      .. "--set checkpoint.every_seconds=0.13 --set checkpoint.keep_last=1000 > %s 2>&1", math.floor(S.T(20)), q(S.BIN), q(job), q(rd),
+      q(dir .. "/secs.log"))
+    assert.truthy(os.execute(cmd), S.read(dir .. "/secs.log"))
+    local s0, s1 = list(steps_of(rd .. "/ckpt-stage-0")), list(steps_of(rd .. "/ckpt-stage-1"))
+    assert.truthy(select(2, s0:gsub(",", "")) >= 5, "too few checkpoints: " .. s0) -- every one, by seconds
+    assert.are.equal(s0, s1)
+  end)
+
   -- a resume that finds no step every stage committed starts over from step
   -- 0 with a new plan: what some stores committed is of the run it
   -- abandons (it stayed, to be loaded later beside the new run's, or to
@@ -496,11 +521,6 @@ end]])
   -- stages are not dropped but refused, naming the run's own
   it("a resume with no step every stage committed starts clean, and refuses stores of another stage count", function()
     if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
-    local function steps_of(store)
-      local t = {}
-      for st in S.sh(q(S.BIN) .. " ckpt ls " .. q(store)):gmatch("\n%s*(%d+)%s") do t[tonumber(st)] = true end
-      return t
-    end
     local job, rd = dir .. "/zero.lua", dir .. "/zero"
     write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 4 }, max_steps = 6, eval_interval = 0,"))
     local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. rd, "--set", "checkpoint.every_steps=3")

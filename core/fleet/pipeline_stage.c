@@ -87,8 +87,9 @@ static int find_params(pipe_stage *s) {
   }
   int rc = TR_OK;
   /* one sum of squares per tensor id (parameters' only), each stage's
-   * compute, the lowest live pipeline (the first stage's view) */
-  s->vec_doubles = nt + s->S + 1;
+   * compute, each stage's checkpoint vote, the lowest live pipeline (the
+   * first stage's view) */
+  s->vec_doubles = nt + 2 * s->S + 1;
   for (int t = 0; t < nt && !rc; t++) {
     if (s->owner[t] < 0) s->owner[t] = 0; /* unused: the first stage keeps it */
     if (uses[t] < 2) continue;

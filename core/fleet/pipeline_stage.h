@@ -85,6 +85,7 @@ typedef struct {
   int ctl;           /* the control socket to the launcher */
   int lowest;        /* the lowest live pipeline (its stage 0 leads, its stages checkpoint): the
                         first stage's view, down the chain every step (pipeline_step.c) */
+  int ckpt_vote;     /* this step's checkpoint vote: 1 wants one, 2 its engine is busy (both: 3) */
   int lowest_seen;   /* the lowest slot among this stage's latest replicas' all-reduce's contributors */
   int64_t own_lo, own_hi; /* the span of the gradient slab this stage's parameters cover (what replicas average) */
   int64_t epoch, redos;

@@ -18,6 +18,7 @@ typedef struct {
   double last_snap_time;
   int leader;
   int writer; /* snapshots (loop_exchange.snapshots) */
+  int owed;   /* a snapshot wanted at an agreed step was not agreed on: still wanted */
 } loop_state;
 
 #define HOOK(L, name, ...) ((L)->h->name ? (L)->h->name((L)->h->ud, __VA_ARGS__) : 0)
@@ -53,18 +54,27 @@ static int stop_reached(const loop_state *L) {
   return L->ctl.stop || (L->ctl.stop_at > 0 && L->step >= L->ctl.stop_at);
 }
 
-/* Due by steps, by seconds, on request, at a stop or at the end, or a
- * deferred (coalesced) one the engine can take now. Only the writer (the
- * leader, or a pipeline stage's lowest live replica) snapshots: every
- * replica holds the same bits. */
-static void checkpoint_tick(loop_state *L) {
+/* Due at step `step` by steps, by seconds, on request, at a stop or at
+ * the end, or a deferred (coalesced) one the engine can take now. */
+static int checkpoint_due(const loop_state *L, int64_t step) {
   const job_config *c = L->cfg;
-  int asked = L->ctl.ckpt_now;
+  return (c->ckpt_every_steps > 0 && step % c->ckpt_every_steps == 0) || L->ctl.ckpt_now ||
+         (c->ckpt_every_seconds > 0 && tr_now() - L->last_snap_time >= c->ckpt_every_seconds) ||
+         step == c->max_steps || L->ctl.stop || (L->ctl.stop_at > 0 && step >= L->ctl.stop_at) ||
+         ckpt_pending(L->o->ck);
+}
+
+/* Only the writer (the leader, or a pipeline stage's lowest live replica)
+ * snapshots: every replica holds the same bits. Where the exchange agreed
+ * on the step (x->ckpt_agreed: a pipeline, whose stages must hold the same
+ * steps, each in its own store) that decides, on every stage alike; a
+ * wish not agreed on (another stage's engine was busy) stays for the next
+ * step. Otherwise each decides on its own clock. */
+static void checkpoint_tick(loop_state *L, const loop_exchange *x) {
+  int due = x->ckpt_agreed >= 0 ? x->ckpt_agreed : checkpoint_due(L, L->step);
+  if (x->ckpt_agreed >= 0) L->owed = x->ckpt_want && !x->ckpt_agreed;
   L->ctl.ckpt_now = 0;
   if (!L->o->ck || !L->writer) return;
-  int due = (c->ckpt_every_steps > 0 && L->step % c->ckpt_every_steps == 0) || asked ||
-            (c->ckpt_every_seconds > 0 && tr_now() - L->last_snap_time >= c->ckpt_every_seconds) ||
-            L->step == c->max_steps || stop_reached(L) || ckpt_pending(L->o->ck);
   if (due) snapshot(L);
 }
 
@@ -75,7 +85,10 @@ static int exchange(loop_state *L, step_stats *st, loop_exchange *x) {
   x->replicas = 1;
   x->leader = 1;
   x->snapshots = -1;
+  x->ckpt_agreed = -1;
   if (!L->h->exchange) return x->snapshots = 1, 0;
+  x->ckpt_want = L->o->ck && (L->owed || checkpoint_due(L, L->step + 1));
+  x->ckpt_ready = ckpt_ready(L->o->ck);
   double t0 = tr_now();
   int rc = L->h->exchange(L->h->ud, L->step + 1, x);
   if (x->snapshots < 0) x->snapshots = x->leader;
@@ -137,7 +150,7 @@ static int one_step(loop_state *L, step_stats *st, loop_exchange *x, double *wal
 
 static int after_step(loop_state *L, const step_stats *st, const loop_exchange *x, double wall) {
   const job_config *c = L->cfg;
-  checkpoint_tick(L);
+  checkpoint_tick(L, x);
   drain_ckpt(L);
   int rc = 0;
   if ((L->leader || L->h->evaluate) &&

@@ -38,6 +38,13 @@ typedef struct {
   int leader;         /* 1: this process leads the step (snapshots, evaluation, final save) */
   int snapshots;      /* 1: this process snapshots (default: the leader; a pipeline stage's
                          lowest live replica snapshots into its stage's own store) */
+  int ckpt_want;      /* in: 1 when this process wants a snapshot at this step (every_steps,
+                         every_seconds on its own clock, asked for, the end, a deferred one) */
+  int ckpt_ready;     /* in: 1 when its engine would take one now (ckpt_ready) */
+  int ckpt_agreed;    /* out: -1 (the default): each process decides at its boundary; 0 or 1:
+                         whether every process snapshots this step (a pipeline's stages: one
+                         store each, all of the same steps: some stage wants one, every
+                         stage's engine is ready) */
   int64_t epoch;      /* membership epoch (0: alone) */
   int redos;          /* collectives redone after a member failed */
   double allreduce_s; /* the loop's: time the step waited in exchange (exposed) */
