@@ -67,11 +67,11 @@ describe("pipeline stages", function()
     for st in S.sh(q(S.BIN) .. " ckpt ls " .. q(store)):gmatch("\n%s*(%d+)%s") do t[tonumber(st)] = true end
     return t
   end
-  local function list(set)
+  local function list(set, sep)
     local l = {}
     for st in pairs(set) do l[#l + 1] = st end
     table.sort(l)
-    return table.concat(l, ",")
+    return table.concat(l, sep or ",")
   end
 
   it("gives the same parameters on 1, 2 and 3 stages, bit for bit", function()
@@ -514,32 +514,97 @@ end]])
     assert.are.equal(s0, s1)
   end)
 
-  -- a resume that finds no step every stage committed starts over from step
-  -- 0 with a new plan: what some stores committed is of the run it
-  -- abandons (it stayed, to be loaded later beside the new run's, or to
-  -- outlive its newer ones by retention); stores of another number of
-  -- stages are not dropped but refused, naming the run's own
-  it("a resume with no step every stage committed starts clean, and refuses stores of another stage count", function()
-    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
-    local job, rd = dir .. "/zero.lua", dir .. "/zero"
-    write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 4 }, max_steps = 6, eval_interval = 0,"))
-    local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. rd, "--set", "checkpoint.every_steps=3")
+  -- every file of a run directory but LMDB's lock files (readers write
+  -- those), with its checksum: a refused resume must leave it all as it was
+  local function files_of(rd)
+    return S.sh("cd " .. q(rd) .. " && find . -type f ! -name lock.mdb | sort | xargs md5sum")
+  end
+  local function ckpt_run(name, extra, ...)
+    local job, rd = dir .. "/" .. name .. ".lua", dir .. "/" .. name
+    write(job, job_text(data, extra .. " eval_interval = 0,"))
+    local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. rd, ...)
     assert.are.equal(0, code, out .. err)
-    assert.truthy(steps_of(rd .. "/ckpt-stage-0")[3], out)
-    os.execute("rm -rf " .. q(rd .. "/ckpt-stage-1")) -- stage 1 never committed: killed between the stages' commits
-    code, out, err = S.transom(dir, "run", "--resume", rd, "--set", "checkpoint.every_steps=4")
+    return rd, job
+  end
+
+  -- a resume that finds no step every stage committed because a stage's
+  -- store holds none (the start was killed between the stages' first
+  -- commits) starts over from step 0: what the other stores committed is
+  -- of the run it abandons (kept in place it would be loaded later beside
+  -- the new run's, or outlive its newer ones by retention) and is set
+  -- aside whole, renamed, never deleted
+  it("a resume where a stage's store holds no checkpoint sets the others aside and starts over", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local shape = "pipeline = { stages = 2, micro_batches = 4 }, max_steps = 6,"
+    local rd, job = ckpt_run("zero", shape, "--set", "checkpoint.every_steps=3")
+    assert.truthy(steps_of(rd .. "/ckpt-stage-0")[3] and steps_of(rd .. "/ckpt-stage-1")[3])
+    -- an empty store, as a start killed before its first commit leaves it
+    local ek, log = dir .. "/killed", dir .. "/killed.log"
+    local pid, rc = S.spawn_rc("env TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(3000)) .. " " .. q(S.BIN) .. " run " ..
+      q(job) .. " --set run_dir=" .. q(ek) .. " --set checkpoint.every_steps=3", log)
+    local function opened() return S.exists(ek .. "/ckpt-stage-1/data.mdb") end
+    for _ = 1, S.N(400) do
+      if opened() or rc() then break end
+      S.sleep(0.05)
+    end
+    assert.truthy(opened() and not rc(), S.read(log))
+    os.execute("kill -9 " .. pid) -- the launcher: its workers go with it
+    local function workers() return (S.sh("pgrep -f -- " .. q("[s]tage --run " .. ek .. " ") .. " || true"):gsub("%s", "")) end
+    for _ = 1, S.N(200) do
+      if rc() and workers() == "" then break end
+      S.sleep(0.05)
+    end
+    assert.are.equal("", workers())
+    assert.is_nil(next(steps_of(ek .. "/ckpt-stage-1")), "the killed start committed")
+    os.execute("rm -rf " .. q(rd .. "/ckpt-stage-1") .. " && cp -r " .. q(ek .. "/ckpt-stage-1") .. " " ..
+      q(rd .. "/ckpt-stage-1"))
+    local code, out, err = S.transom(dir, "run", "--resume", rd, "--set", "checkpoint.every_steps=4")
     assert.are.equal(0, code, out .. err)
     assert.truthy(out:find("starting from step 0", 1, true), out)
-    assert.truthy(out:find("dropped 2 checkpoint(s) of stage 0 (from step 3 on)", 1, true), out)
+    local aside = out:match("set aside 2 checkpoint%(s%) of stage 0 %(steps 3, 6%): %S+ moved to (%S+);")
+    assert.truthy(aside, out)
+    local kept = steps_of(aside) -- nothing deleted: the abandoned run's steps are all there
+    assert.truthy(kept[3] and kept[6], aside)
+    assert.truthy(S.events(rd):find('"kind":"checkpoints_set_aside"', 1, true), S.events(rd))
     local s0, s1 = steps_of(rd .. "/ckpt-stage-0"), steps_of(rd .. "/ckpt-stage-1")
     assert.is_nil(s0[3], "step 3 of the abandoned run is still in stage 0's store")
     assert.truthy(s0[4] and s1[4] and s0[6] and s1[6], out)
-    -- 3 stages over this 2-stage run's stores (the third has none): refused, nothing dropped
-    code, out, err = S.transom(dir, "run", "--resume", rd, "--set", "pipeline.stages=3")
-    assert.are.equal(1, code, out .. err)
-    assert.truthy(err:find("checkpoints are of 2 stages", 1, true) and err:find("--set pipeline.stages=2", 1, true), err)
-    s0 = steps_of(rd .. "/ckpt-stage-0")
-    assert.truthy(s0[4] and s0[6], "nothing dropped")
+  end)
+
+  -- a resume that does not fit the run's stores is refused before anything
+  -- of the run changes (job.lua with the --set values, the records, the
+  -- stores): another number of stages (either way), stores out of step
+  -- (each holds checkpoints, none a step of all), a stage's store missing,
+  -- RUN/pipeline-plan missing
+  it("refuses a resume whose stores do not fit, and changes nothing of the run", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local function refused(rd, want, ...)
+      local before = files_of(rd)
+      local code, out, err = S.transom(dir, "run", "--resume", rd, ...)
+      assert.are.equal(1, code, out .. err)
+      assert.truthy(err:find(want, 1, true), err)
+      assert.is_nil(out:find("resumed from step", 1, true), out)
+      assert.are.equal(before, files_of(rd))
+    end
+    local two = ckpt_run("fit2", "pipeline = { stages = 2, micro_batches = 4 }, max_steps = 6,", "--set",
+      "checkpoint.every_steps=3")
+    refused(two, "--set pipeline.stages=2", "--set", "pipeline.stages=3")
+    -- 3 stages resumed as 2: stores 0 and 1 share step 6, but the plan and store 2 say 3 stages
+    local three = ckpt_run("fit3", "pipeline = { stages = 3, micro_batches = 4 }, max_steps = 6,", "--set",
+      "checkpoint.every_steps=3")
+    refused(three, "checkpoints are of 3 stages", "--set", "pipeline.stages=2")
+    -- out of step: stage 1's store from a run that committed 2, 4 (unless an engine was still busy) and 5
+    local other = ckpt_run("fit2b", "pipeline = { stages = 2, micro_batches = 4 }, max_steps = 5,", "--set",
+      "checkpoint.every_steps=2")
+    os.execute("rm -rf " .. q(two .. "/ckpt-stage-1") .. " && cp -r " .. q(other .. "/ckpt-stage-1") .. " " ..
+      q(two .. "/ckpt-stage-1"))
+    refused(two, "stage stores out of step in " .. two .. ": stage 0 holds " .. list(steps_of(two .. "/ckpt-stage-0"),
+      ", ") .. ", stage 1 holds " .. list(steps_of(two .. "/ckpt-stage-1"), ", ") .. " (no step")
+    -- a stage's store missing, the plan missing
+    os.execute("mv " .. q(two .. "/ckpt-stage-1") .. " " .. q(dir .. "/fit2-stage-1"))
+    refused(two, two .. "/ckpt-stage-1 is missing")
+    os.execute("mv " .. q(other .. "/pipeline-plan") .. " " .. q(dir .. "/fit2b-plan"))
+    refused(other, other .. "/pipeline-plan is missing")
   end)
 
   it("runs its workers on test hosts (network namespaces), and the probes measure a tc-limited link", function()

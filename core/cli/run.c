@@ -183,8 +183,18 @@ static int open_ckpt(run_ctx *r) {
 
 /* --- several replicas (the operator) or pipeline stages (core/fleet/pipeline_run.c) --- */
 
+/* A pipelined --resume is checked (the stores against the job's stages,
+ * the saved plan) before job.lua takes the --set values: a refused one
+ * leaves the run as it was. */
 static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
   char path[PATH_MAX];
+  pipeline_resume pr;
+  if (pipeline && resume && pipeline_resume_check(&r->cfg, r->dir, &pr)) {
+    fprintf(stderr, "transom: %s\n", tr_error());
+    trainer_free(r->t);
+    r->t = NULL;
+    return 1;
+  }
   char *dump = job_dump(L, &r->cfg);
   int rc = dump ? tr_mkdirs(r->dir) : TR_ENOMEM; /* without a checkpoint the operator starts from step 0 */
   if (!rc) {
@@ -200,7 +210,7 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
     return 2;
   }
   printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, r->cfg.path, r->dir);
-  rc = pipeline ? pipeline_run(L, &r->cfg, r->dir, resume) : operator_run(L, &r->cfg, r->dir, resume);
+  rc = pipeline ? pipeline_run(L, &r->cfg, r->dir, resume ? &pr : NULL) : operator_run(L, &r->cfg, r->dir, resume);
   if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   printf("run directory: %s\n", r->dir);
   return rc ? 1 : 0;

@@ -3,21 +3,27 @@
  * Each stage has its own store, RUN/ckpt-stage-K: the stage's whole trainer
  * state (its worker holds every parameter and moment; the ones of its own
  * ops are current). The lowest live pipeline's worker of stage K writes it
- * (the loop's `snapshots`), at the job's checkpoint steps, unpaced so that
- * every store holds the same steps; the stores commit independently, so a
+ * (the loop's `snapshots`), at the checkpoint steps the stages agree on in
+ * the end-of-step exchange (pipeline_step.c), unpaced, so that every store
+ * holds the same steps; the stores commit independently, so a
  * resume takes the newest step that every stage committed and that
  * verifies in every store (a corrupt copy in one store makes all of them
  * take an older step). The stages' ops must be the ones they were
  * checkpointed with: the launcher saves the plan (RUN/pipeline-plan) and a
- * resumed run uses it instead of planning again.
+ * resumed run uses it instead of planning again. Before a resume changes
+ * anything the launcher checks the stores against the job
+ * (pipe_ckpt_resume_check); the stores of a start abandoned are set aside,
+ * never deleted.
  */
 #include "pipeline_ckpt.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -157,40 +163,120 @@ static int store_stage(const char *name) {
   return strcmp(canon, name) == 0 ? (int)k : -1;
 }
 
-int pipe_ckpt_start_over(const char *run, int S, int *dropped) {
-  *dropped = 0;
+/* "3, 6, 9" (the newest 8 of n, "..." before them), into out. */
+static void list_steps(char *out, size_t cap, const int64_t *steps, int n) {
+  size_t k = 0;
+  out[0] = 0;
+  if (n > 8) k += (size_t)snprintf(out, cap, "..., ");
+  for (int i = n > 8 ? n - 8 : 0; i < n && k < cap; i++)
+    k += (size_t)snprintf(out + k, cap - k, "%s%lld", k && out[k - 1] != ' ' ? ", " : "", (long long)steps[i]);
+}
+
+/* Refused: the stores hold commits, none in all of them, and every store
+ * holds some (a store killed before its first commit would hold none):
+ * they are out of step, not a start to redo; the error lists them. */
+static int out_of_step(const char *run, int S) {
+  int64_t *steps = malloc(sizeof(int64_t) * MAX_STEPS);
+  size_t cap = 512 * (size_t)S + 256, k = 0;
+  char *msg = malloc(cap);
+  if (!steps || !msg) {
+    free(steps);
+    free(msg);
+    return tr_fail(TR_ENOMEM, "out of memory");
+  }
+  for (int st = 0; st < S; st++) {
+    char list[512];
+    int n = store_steps(run, st, steps, MAX_STEPS);
+    list_steps(list, sizeof list, steps, n > 0 ? n : 0);
+    k += (size_t)snprintf(msg + k, cap - k, "%sstage %d holds %s", st ? ", " : "", st, list);
+  }
+  int rc = tr_fail(TR_ESTATE, "resume: stage stores out of step in %s: %s (no step is in every store); nothing was "
+                   "changed: resume from one store's steps is impossible, remove the ckpt-stage-* to start over",
+                   run, msg);
+  free(steps);
+  free(msg);
+  return rc;
+}
+
+int pipe_ckpt_resume_check(const char *run, int S, int64_t *step, int *start_over) {
+  *step = 0;
+  *start_over = 0;
+  if (S > PIPE_MAX_STAGES) return tr_fail(TR_EINVAL, "resume: %d stages (at most %d)", S, PIPE_MAX_STAGES);
+  int held[PIPE_MAX_STAGES], beyond = -1, rc = TR_OK, any = 0, empty = 0;
+  int64_t one[1];
   DIR *d = opendir(run);
   if (!d) return tr_fail(TR_EIO, "cannot list %s", run);
-  int stages[PIPE_MAX_STAGES], n = 0, beyond = -1, rc = TR_OK; /* stores K < S that hold one; the last K >= S */
-  int64_t steps[1];
-  for (struct dirent *e; !rc && (e = readdir(d));) {
-    int k = store_stage(e->d_name), m = k < 0 ? 0 : store_steps(run, k, steps, 1);
+  for (struct dirent *e; !rc && (e = readdir(d));) { /* stores past the job's last stage */
+    int k = store_stage(e->d_name), m = k < S ? 0 : store_steps(run, k, one, 1);
     if (m < 0) rc = m;
-    else if (m > 0 && k >= S) beyond = k;
-    else if (m > 0 && n < PIPE_MAX_STAGES) stages[n++] = k;
+    else if (m > 0) beyond = k;
   }
   closedir(d);
-  int planned = plan_stages(run);
-  if (!rc && (n > 0 || beyond >= 0) && planned >= 0 && planned != S)
-    rc = tr_fail(TR_ESTATE, "resume: the run's checkpoints are of %d stages (%s/pipeline-plan), the job has %d: "
-                 "resume with --set pipeline.stages=%d, or remove its ckpt-stage-* to start over", planned, run, S,
-                 planned);
-  else if (!rc && beyond >= 0)
-    rc = tr_fail(TR_ESTATE, "resume: %s/ckpt-stage-%d holds checkpoints of a stage the job does not have (%d "
-                 "stages): resume with the run's own pipeline.stages, or remove its ckpt-stage-* to start over", run,
-                 beyond, S);
-  for (int i = 0; i < n && !rc; i++) { /* the abandoned timeline goes, store by store */
+  for (int k = 0; k < S && !rc; k++) { /* -1: no store */
     char path[1200];
-    int64_t first = 0;
-    store_path(path, sizeof path, run, stages[i]);
-    int gone = ckpt_store_drop_after(path, NULL, 0, &first, NULL);
-    if (gone < 0) rc = tr_fail_prefix(gone, "resume: dropping the checkpoints of %s", path);
-    else if (gone > 0) {
-      printf("resume: dropped %d checkpoint(s) of stage %d (from step %lld on) from %s: not every stage committed "
-             "one, so the run starts over\n", gone, stages[i], (long long)first, path);
-      *dropped += gone;
-    }
+    store_path(path, sizeof path, run, k);
+    held[k] = access(path, F_OK) != 0 ? -1 : store_steps(run, k, one, 1);
+    if (held[k] < -1) rc = tr_fail_prefix(held[k], "resume: stage %d's checkpoint store", k);
+    any |= held[k] > 0;
+    empty |= held[k] == 0;
   }
+  if (rc || (!any && beyond < 0)) return rc; /* nothing committed: a start from step 0, nothing to set aside */
+  int planned = plan_stages(run);
+  if (planned <= 0)
+    return tr_fail(TR_ESTATE, "resume: %s/pipeline-plan is missing or holds no stage, but the stores hold "
+                   "checkpoints: they load only with the cuts they were taken with; nothing was changed (restore "
+                   "the file, or remove the ckpt-stage-* to start over)", run);
+  if (planned != S)
+    return tr_fail(TR_ESTATE, "resume: the run's checkpoints are of %d stages (%s/pipeline-plan), the job has %d: "
+                   "resume with --set pipeline.stages=%d, or remove its ckpt-stage-* to start over; nothing was "
+                   "changed", planned, run, S, planned);
+  if (beyond >= 0)
+    return tr_fail(TR_ESTATE, "resume: %s/ckpt-stage-%d holds checkpoints of a stage the job does not have (%d "
+                   "stages): resume with the run's own pipeline.stages, or remove its ckpt-stage-* to start over; "
+                   "nothing was changed", run, beyond, S);
+  for (int k = 0; k < S; k++)
+    if (held[k] < 0)
+      return tr_fail(TR_ESTATE, "resume: %s/ckpt-stage-%d is missing while other stages' stores hold checkpoints "
+                     "(a stage's store is created when its worker starts): nothing was changed; restore it, or "
+                     "remove the ckpt-stage-* to start over", run, k);
+  if ((rc = pipe_ckpt_common_step(run, S, step)) || *step > 0) return rc;
+  if (!empty) return out_of_step(run, S);
+  *start_over = 1; /* a store holds none: killed before that stage's first commit */
+  return TR_OK;
+}
+
+int pipe_ckpt_set_aside(const char *run, int S, int *moved) {
+  *moved = 0;
+  int64_t *steps = malloc(sizeof(int64_t) * MAX_STEPS);
+  if (!steps) return tr_fail(TR_ENOMEM, "out of memory");
+  char events[1200];
+  snprintf(events, sizeof events, "%s/events.jsonl", run);
+  FILE *ev = NULL;
+  int rc = TR_OK;
+  long long now = (long long)time(NULL);
+  for (int k = 0; k < S && !rc; k++) {
+    char path[1200], aside[1300], list[512], line[2600];
+    int n = store_steps(run, k, steps, MAX_STEPS);
+    if (n <= 0) {
+      rc = n;
+      continue;
+    }
+    store_path(path, sizeof path, run, k);
+    snprintf(aside, sizeof aside, "%s.abandoned-%lld", path, now);
+    if (rename(path, aside) != 0) {
+      rc = tr_fail(TR_EIO, "resume: setting aside %s as %s: %s", path, aside, strerror(errno));
+      break;
+    }
+    list_steps(list, sizeof list, steps, n);
+    snprintf(line, sizeof line, "set aside %d checkpoint(s) of stage %d (steps %s): %s moved to %s; not every "
+             "stage committed one, so the run starts over from step 0", n, k, list, path, aside);
+    printf("resume: %s\n", line);
+    if (!ev) ev = fopen(events, "a");
+    if (ev) tr_event_line(ev, 0, -1, "checkpoints_set_aside", line);
+    *moved += n;
+  }
+  if (ev) fclose(ev);
+  free(steps);
   return rc;
 }
 

@@ -511,23 +511,29 @@ static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int 
   return failure(&l, -1);
 }
 
-/* --resume: the newest step every stage store committed; the records
- * after it are dropped (the run does those steps again). None: the run
- * starts over from step 0, its stores emptied first (or refused when they
- * are of another layout: pipe_ckpt_start_over). */
-static int resume_step(const job_config *cfg, const char *dir, int64_t *step) {
-  int rc = pipe_ckpt_common_step(dir, (int)cfg->pipe_stages, step), dropped = 0;
-  if (!rc && *step == 0) rc = pipe_ckpt_start_over(dir, (int)cfg->pipe_stages, &dropped); /* clean, or refused */
-  if (!rc && *step == 0)
+/* --resume, before anything is written (pipeline.h): the checks and the
+ * step, from pipe_ckpt_resume_check. */
+int pipeline_resume_check(const job_config *cfg, const char *dir, pipeline_resume *r) {
+  memset(r, 0, sizeof *r);
+  return pipe_ckpt_resume_check(dir, (int)cfg->pipe_stages, &r->step, &r->start_over);
+}
+
+/* What the checks decided: the records after the step are dropped (the
+ * run does those steps again), or, starting over, the stores of the run
+ * abandoned are set aside. */
+static int resume_apply(const job_config *cfg, const char *dir, const pipeline_resume *r) {
+  int rc = TR_OK, n = 0;
+  if (r->step == 0 && r->start_over) rc = pipe_ckpt_set_aside(dir, (int)cfg->pipe_stages, &n);
+  if (!rc && r->step == 0)
     printf("resume: no step committed by every stage in %s/ckpt-stage-*: starting from step 0\n", dir);
-  if (!rc && *step > 0) rc = pipe_ckpt_truncate_records(dir, *step, &dropped);
-  if (!rc && *step > 0)
+  if (!rc && r->step > 0) rc = pipe_ckpt_truncate_records(dir, r->step, &n);
+  if (!rc && r->step > 0)
     printf("resumed from step %lld (the newest checkpoint every stage committed; %d record line(s) after it "
-           "dropped)\n", (long long)*step, dropped);
+           "dropped)\n", (long long)r->step, n);
   return rc;
 }
 
-int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, int resume) {
+int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pipeline_resume *resume) {
   printf("pipeline: %lld stage(s)%s, %lld micro-batch(es) of %lld sequences, 1F1B over TCP%s\n",
          (long long)cfg->pipe_stages, cfg->replicas > 1 ? " x replicas" : "", (long long)cfg->pipe_micro_batches,
          (long long)(cfg->batch_size / cfg->pipe_micro_batches),
@@ -535,10 +541,9 @@ int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, int resum
   if (cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0)
     printf("pipeline: checkpoints in %s/ckpt-stage-0..%lld, one store per stage\n", dir,
            (long long)cfg->pipe_stages - 1);
-  int64_t step = 0;
-  int rc = resume ? resume_step(cfg, dir, &step) : TR_OK;
+  int rc = resume ? resume_apply(cfg, dir, resume) : TR_OK;
   fflush(stdout);
-  return rc ? rc : launch_run(L, cfg, dir, 0, step);
+  return rc ? rc : launch_run(L, cfg, dir, 0, resume ? resume->step : 0);
 }
 
 /* --- transom plan --- */
