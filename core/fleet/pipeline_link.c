@@ -146,14 +146,15 @@ static void *reader_main(void *arg) {
 
 /* --- the link --- */
 
-/* The queue's byte bound for a link whose largest message is max_bytes. */
-static uint64_t queue_bound(uint64_t max_bytes) {
-  if (max_bytes > UINT64_MAX / PL_QUEUE_MESSAGES) return UINT64_MAX;
-  uint64_t b = PL_QUEUE_MESSAGES * max_bytes;
+/* The queue's byte bound for a link whose largest stream message (one
+ * that may queue up with others) is stream_bytes. */
+static uint64_t queue_bound(uint64_t stream_bytes) {
+  if (stream_bytes > UINT64_MAX / PL_QUEUE_MESSAGES) return UINT64_MAX;
+  uint64_t b = PL_QUEUE_MESSAGES * stream_bytes;
   return b > PL_QUEUE_BYTES_MIN ? b : PL_QUEUE_BYTES_MIN;
 }
 
-pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes) {
+pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes, uint64_t stream_bytes) {
   pl_link *l = calloc(1, sizeof *l);
   if (!l) {
     close(fd);
@@ -164,7 +165,7 @@ pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   l->fd = fd;
   l->max_bytes = max_bytes;
-  l->queue_max = queue_bound(max_bytes);
+  l->queue_max = queue_bound(stream_bytes < max_bytes ? stream_bytes : max_bytes);
   snprintf(l->peer, sizeof l->peer, "%s", peer_name);
   pthread_mutex_init(&l->mu, NULL);
   pthread_condattr_t ca; /* pl_recv's deadline: a clock that never jumps */

@@ -56,8 +56,11 @@ typedef struct pl_link pl_link;
  * forward passes (one-way traffic, no cycle), as a flooding peer does. */
 #define PL_QUEUE_DEPTH 256
 /* And bytes: past its first message the queue holds at most
- * max(PL_QUEUE_BYTES_MIN, PL_QUEUE_MESSAGES x the link's largest message)
- * of payload (256 large activations were gigabytes). A stage ahead of a
+ * max(PL_QUEUE_BYTES_MIN, PL_QUEUE_MESSAGES x the link's largest stream
+ * message: an activation or gradient, not the parameter slab or the
+ * exchange vector, which come one at a time and are always taken into an
+ * empty queue) of payload (256 large activations were gigabytes; 4 slabs
+ * were 4 x the model). A stage ahead of a
  * slower next one may meet it in 1F1B's warm-up (its sends then wait, as
  * it would for the gradients anyway); while a stage sends activations at
  * most two gradients wait unread on its side of the link, well inside the
@@ -68,11 +71,14 @@ typedef struct pl_link pl_link;
 /* Takes a connected socket (closed by pl_link_free). max_bytes: the
  * largest payload a message on it may carry (its largest legitimate
  * one): a header asking for more, or with no finite sent_at, closes the
- * link (every wait on it then ends with the error). The reader holds at
- * most PL_QUEUE_DEPTH unread messages and, past the first, the bytes
- * PL_QUEUE_BYTES_MIN says, then stops reading the socket until the stage takes
- * one (the peer's sends block). NULL on failure. */
-pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes);
+ * link (every wait on it then ends with the error). stream_bytes: the
+ * largest of the messages that may queue up several at a time (a
+ * stage's activations and gradients; max_bytes where every message may).
+ * The reader holds at most PL_QUEUE_DEPTH unread messages and, past the
+ * first, the bytes PL_QUEUE_BYTES_MIN says (from stream_bytes), then
+ * stops reading the socket until the stage takes one (the peer's sends
+ * block). NULL on failure. */
+pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes, uint64_t stream_bytes);
 void pl_link_free(pl_link *l);
 
 /* Sends one message. 0 or a negative error. */

@@ -310,7 +310,7 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
   if (s->k < s->S - 1) {
     int nw = p->order[s->k + 1], fd = pl_connect(p->addr[nw], a->ports[s->p * s->S + nw], s->timeout);
     snprintf(name, sizeof name, "stage %d", s->k + 1);
-    if (fd < 0 || !(s->next = pl_link_create(fd, name, pipe_stage_max_message(s))))
+    if (fd < 0 || !(s->next = pl_link_create(fd, name, pipe_stage_max_message(s), pipe_stage_max_stream(s))))
       return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k + 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[nw], &rate, &delay);
     pl_link_shape(s->next, rate, delay);
@@ -319,7 +319,7 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
   if (s->k > 0) {
     int fd = pl_accept(a->listen_fd, s->timeout);
     snprintf(name, sizeof name, "stage %d", s->k - 1);
-    if (fd < 0 || !(s->prev = pl_link_create(fd, name, pipe_stage_max_message(s))))
+    if (fd < 0 || !(s->prev = pl_link_create(fd, name, pipe_stage_max_message(s), pipe_stage_max_stream(s))))
       return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k - 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[p->order[s->k - 1]], &rate, &delay);
     pl_link_shape(s->prev, rate, delay);

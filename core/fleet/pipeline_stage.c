@@ -166,9 +166,13 @@ int pipe_stage_setup(pipe_stage *s) {
   return TR_OK;
 }
 
-uint64_t pipe_stage_max_message(const pipe_stage *s) {
+uint64_t pipe_stage_max_stream(const pipe_stage *s) {
   int64_t big = s->xin_n > s->xout_n ? s->xin_n : s->xout_n;
-  uint64_t m = adatopk_bytes(big); /* more than its raw floats, or bf16 */
+  return adatopk_bytes(big); /* more than its raw floats, or bf16 */
+}
+
+uint64_t pipe_stage_max_message(const pipe_stage *s) {
+  uint64_t m = pipe_stage_max_stream(s);
   uint64_t vec = sizeof(double) * (uint64_t)s->vec_doubles + sizeof(float) * (uint64_t)s->vec_floats;
   uint64_t tied = sizeof(float) * (uint64_t)s->tied_n, params = sizeof(float) * (uint64_t)graph_nparams(s->g);
   if (vec > m) m = vec;

@@ -113,6 +113,10 @@ void pipe_stage_free(pipe_stage *s);
  * crossing's floats raw or encoded, the exchange vector, the tied
  * gradients, the whole parameter slab. Each link's bound (pl_link_create). */
 uint64_t pipe_stage_max_message(const pipe_stage *s);
+/* The largest of the messages that queue up on a link several at a time:
+ * a micro-batch's activations or gradients, raw or encoded (each link's
+ * queue bound, pl_link_create's stream_bytes). */
+uint64_t pipe_stage_max_stream(const pipe_stage *s);
 
 /* The loop's compute hook: step `next`'s micro-batches, 1F1B. */
 int pipe_compute(void *ud, int64_t next, step_stats *st);

@@ -389,13 +389,13 @@ static int listen_loopback(int *port) {
 
 /* Connects to the probe server as worker `value` says (HELLO), pings:
  * 1 the server answered (PONG; then DONE), 0 it closed the connection. */
-static int hello_then_ping(int port, double value) {
+static int hello_then_ping(int port, double value, double deadline) {
   int fd = pl_connect("127.0.0.1", port, 5);
-  pl_link *l = fd >= 0 ? pl_link_create(fd, "the probe server", 1024) : NULL;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "the probe server", 1024, 1024) : NULL;
   if (!l) return -1;
   pl_header hello = {.kind = PL_HELLO, .value = value}, ping = {.kind = PL_PING}, done = {.kind = PL_DONE}, h;
   void *p = NULL;
-  int answered = !pl_send(l, &hello, NULL) && !pl_send(l, &ping, NULL) && !pl_recv(l, PL_PONG, 0, -1, 5, &h, &p);
+  int answered = !pl_send(l, &hello, NULL) && !pl_send(l, &ping, NULL) && !pl_recv(l, PL_PONG, 0, -1, deadline, &h, &p);
   free(p);
   if (answered) pl_send(l, &done, NULL);
   pl_link_free(l);
@@ -418,10 +418,10 @@ static void test_probe_hello(void) {
   CHECK(sv != NULL, "serve: %s", tr_error());
   const double bad[] = {5, 2, -1, 0.5, 1e9, NAN, INFINITY};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    CHECK(hello_then_ping(port, bad[i]) == 0, "a HELLO from worker %g is closed, not served", bad[i]);
-  CHECK(hello_then_ping(port, 1) == 1, "worker 1 is served");
-  CHECK(hello_then_ping(port, 1) == 0, "worker 1 again is closed");
-  CHECK(hello_then_ping(port, 0) == 1, "worker 0 is served");
+    CHECK(hello_then_ping(port, bad[i], 5) == 0, "a HELLO from worker %g is closed, not served", bad[i]);
+  CHECK(hello_then_ping(port, 1, 5) == 1, "worker 1 is served");
+  CHECK(hello_then_ping(port, 1, 5) == 0, "worker 1 again is closed");
+  CHECK(hello_then_ping(port, 0, 5) == 1, "worker 0 is served");
   CHECK(pipe_probe_serve_join(sv) == 0, "the server ends once both are served: %s", tr_error());
   close(lfd);
 }
@@ -430,8 +430,9 @@ static void test_probe_hello(void) {
  * closed after the short HELLO wait and the server takes the next one: the
  * lower worker queued behind it is probed well within its own wait. It
  * used to hold the server for the whole probe timeout (hang_seconds), so
- * the real worker's probe timed out first. The 5 s of hello_then_ping are
- * a failure deadline only (the HELLO wait here is 1 s, the probe's 10 s). */
+ * the real worker's probe timed out first. The 30 s of hello_then_ping
+ * are a failure deadline only (the HELLO wait here is 1 s, the probe's 60
+ * s: a loaded machine may take seconds to schedule the server). */
 static void test_probe_silent(void) {
   job_config cfg;
   memset(&cfg, 0, sizeof cfg);
@@ -442,10 +443,10 @@ static void test_probe_silent(void) {
   CHECK(lfd >= 0, "listen");
   int silent = pl_connect("127.0.0.1", port, 5); /* first in the backlog: accepted first */
   CHECK(silent >= 0, "the silent connection: %s", tr_error());
-  pipe_probe_ctx c = {.cfg = &cfg, .plan = &plan, .w = 1, .lfd = lfd, .timeout = 10, .hello_timeout = 1};
+  pipe_probe_ctx c = {.cfg = &cfg, .plan = &plan, .w = 1, .lfd = lfd, .timeout = 60, .hello_timeout = 1};
   pipe_probe_server *sv = pipe_probe_serve(&c);
   CHECK(sv != NULL, "serve: %s", tr_error());
-  CHECK(hello_then_ping(port, 0) == 1, "worker 0 is served behind a silent connection");
+  CHECK(hello_then_ping(port, 0, 30) == 1, "worker 0 is served behind a silent connection");
   char b;
   CHECK(recv(silent, &b, 1, MSG_DONTWAIT) == 0, "the silent connection was closed before worker 0 was served");
   CHECK(pipe_probe_serve_join(sv) == 0, "the server ends once worker 0 is served: %s", tr_error());
@@ -466,7 +467,7 @@ static int raw_header(int fd, uint32_t kind, uint64_t bytes, double sent_at) {
 static void test_link_max_message(void) {
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
-  pl_link *l = pl_link_create(sv[0], "a hostile peer", 4096);
+  pl_link *l = pl_link_create(sv[0], "a hostile peer", 4096, 4096);
   CHECK(raw_header(sv[1], PL_ACT, (uint64_t)1 << 30, tr_now()) == 0, "send");
   pl_header h;
   void *p = NULL;
@@ -488,7 +489,7 @@ static void test_link_queue_bound(void) {
   enum { N = 100000 };
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
-  pl_link *l = pl_link_create(sv[0], "a flooding peer", 64);
+  pl_link *l = pl_link_create(sv[0], "a flooding peer", 64, 64);
   int sent = 0, before = -1;
   for (int round = 0; round < 100 && sent != before && sent < N; round++) {
     before = sent;
@@ -533,11 +534,13 @@ static void *flood_main(void *arg) {
 }
 
 /* Large messages meet the queue's byte bound long before its count: the
- * reader holds at most max(64 MiB, 4 x the largest message) unread (it
- * took 256 messages of any size: here 128 MiB), and nothing is lost. The
- * peer sends 300 of 512 KiB; the reader is watched until it stops taking
- * (30 s only a failure deadline). */
-static void test_link_queue_bytes(void) {
+ * reader holds at most max(64 MiB, 4 x the largest stream message) unread
+ * (it took 256 messages of any size: here 128 MiB), and nothing is lost.
+ * The peer sends 300 of 512 KiB; the reader is watched until it stops
+ * taking (30 s only a failure deadline). largest: the link's largest
+ * message, a stage's whole parameter slab say: the bound does not grow
+ * with it (it was 4 x the slab, 4 x the model). */
+static void test_link_queue_bytes(uint64_t largest) {
   enum { N = 300 };
   const size_t size = 512 * 1024;
   uint64_t bound = PL_QUEUE_MESSAGES * (uint64_t)size > PL_QUEUE_BYTES_MIN ? PL_QUEUE_MESSAGES * (uint64_t)size
@@ -545,7 +548,7 @@ static void test_link_queue_bytes(void) {
   uint64_t most = bound + (uint64_t)PL_QUEUE_DEPTH * sizeof(pl_header); /* payloads and their headers */
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
-  pl_link *l = pl_link_create(sv[0], "a peer sending large messages", size);
+  pl_link *l = pl_link_create(sv[0], "a peer sending large messages", largest, size);
   flood_args fa = {sv[1], N, size};
   pthread_t th;
   CHECK(pthread_create(&th, NULL, flood_main, &fa) == 0, "the peer's thread");
@@ -579,7 +582,7 @@ static void test_link_sent_at(void) {
   for (size_t i = 0; i < sizeof when / sizeof when[0]; i++) {
     int sv[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
-    pl_link *l = pl_link_create(sv[0], "a peer", 64);
+    pl_link *l = pl_link_create(sv[0], "a peer", 64, 64);
     pl_link_shape(l, 0, 0.05);
     raw_header(sv[1], PL_PING, 0, tr_now() + when[i]);
     pl_header h;
@@ -622,7 +625,7 @@ static int raw_message(int fd, uint32_t kind, int64_t step, int mb, int codec, c
 static void test_codec_refused(void) {
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
-  pl_link *l = pl_link_create(sv[0], "stage 2", 64);
+  pl_link *l = pl_link_create(sv[0], "stage 2", 64, 64);
   char junk[8] = {0};
   CHECK(raw_message(sv[1], PL_GATHER_UP, 1, 0, 3, junk, sizeof junk) == 0, "send");
   pl_header h;
@@ -648,8 +651,8 @@ static void test_codec_refused(void) {
   CHECK(pipe_stage_setup(&s) == 0 && s.xin_n > 0, "setup: %s", tr_error());
   int in[2], out[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, in) == 0 && socketpair(AF_UNIX, SOCK_STREAM, 0, out) == 0, "socketpairs");
-  s.prev = pl_link_create(in[0], "stage 0", pipe_stage_max_message(&s));
-  s.next = pl_link_create(out[0], "stage 2", pipe_stage_max_message(&s));
+  s.prev = pl_link_create(in[0], "stage 0", pipe_stage_max_message(&s), pipe_stage_max_stream(&s));
+  s.next = pl_link_create(out[0], "stage 2", pipe_stage_max_message(&s), pipe_stage_max_stream(&s));
   float loss = 0, *x = calloc((size_t)s.xin_n, sizeof(float));
   unsigned char *enc = malloc(ADATOPK_HEADER + 2 * (size_t)s.xin_n);
   size_t b = adatopk_encode_bf16(x, NULL, s.xin_n, enc);
@@ -684,7 +687,8 @@ int main(void) {
   test_plan_restore();
   test_link_max_message();
   test_link_queue_bound();
-  test_link_queue_bytes();
+  test_link_queue_bytes(512 * 1024);
+  test_link_queue_bytes((uint64_t)32 << 20);
   test_link_sent_at();
   test_unknown_codec();
   test_codec_refused();
