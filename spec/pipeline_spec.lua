@@ -514,6 +514,42 @@ end]])
     assert.are.equal(s0, s1)
   end)
 
+  -- SIGTERM or SIGINT to the launcher of a pipelined run killed it at once
+  -- (no handler: exit 143, the work since the last checkpoint lost), or,
+  -- started in the background as S.spawn_rc starts it, SIGINT was ignored
+  -- and the run went on. Now every stage stops after the same step and
+  -- checkpoints it (every_steps is past the end: the stop's is the only
+  -- one), stage 0 saves the weights of that step, exit 0, and --resume
+  -- continues from it.
+  for _, sig in ipairs({ "TERM", "INT" }) do
+    it("SIG" .. sig .. " stops a pipelined run: every stage checkpoints the same step, exit 0, --resume goes on",
+      function()
+      if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+      local name = "sig" .. sig:lower()
+      local job, rd, log = dir .. "/" .. name .. ".lua", dir .. "/" .. name, dir .. "/" .. name .. ".log"
+      write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 2 }, max_steps = 100000, eval_interval = 0,"))
+      local pid, rc = S.spawn_rc("env TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(5)) .. " " .. q(S.BIN) .. " run "
+        .. q(job) .. " --set run_dir=" .. q(rd) .. " --set checkpoint.every_steps=100000", log)
+      local function lines() return #((S.read(rd .. "/metrics.jsonl") or ""):gsub("[^\n]", "")) end
+      assert.truthy(S.wait_for(function() return lines() >= 10 or rc() end, 30) and not rc(), S.read(log))
+      os.execute("kill -" .. sig .. " " .. pid)
+      S.wait_rc(rc, 30)
+      local out = S.read(log)
+      assert.are.equal(0, rc(), out)
+      local at = tonumber(out:match("\nstopped at step (%d+) %(checkpointed%); resume with: transom run %-%-resume "))
+      assert.truthy(at and at >= 10, out)
+      assert.are.equal(tostring(at), list(steps_of(rd .. "/ckpt-stage-0")), out)
+      assert.are.equal(tostring(at), list(steps_of(rd .. "/ckpt-stage-1")), out)
+      assert.truthy(S.read(rd .. "/model.safetensors"):find('"transom.step":"' .. at .. '"', 1, true),
+        "the weights of the stop step")
+      assert.are.equal("", (S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " ") .. " || true"):gsub("%s", "")))
+      local code, o, e = S.transom(dir, "run", "--resume", rd, "--set", "max_steps=" .. (at + 3))
+      assert.are.equal(0, code, o .. e)
+      assert.truthy(o:find("resumed from step " .. at .. " (", 1, true), o)
+      assert.truthy(S.read(rd .. "/metrics.jsonl"):find('{"step":' .. (at + 3) .. ',"worker"', 1, true))
+    end)
+  end
+
   -- every file of a run directory but LMDB's lock files (readers write
   -- those), with its checksum: a refused resume must leave it all as it was
   local function files_of(rd)

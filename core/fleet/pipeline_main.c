@@ -6,7 +6,14 @@
  * compute (pipeline_stage.c), exchange, evaluate, boundary
  * (pipeline_step.c), and a report that the first stage writes to
  * metrics.jsonl and prints. Checkpoints: each stage its own store
- * (pipeline_ckpt.c), loaded when the plan says resume=STEP. With replicas
+ * (pipeline_ckpt.c), loaded when the plan says resume=STEP. A STOP line
+ * from the launcher (SIGINT/SIGTERM to `transom run`) is a vote in the
+ * end-of-step exchange: every stage stops after the same step, snapshots
+ * it, stage 0 saves the weights, and each tells the launcher "STOPPED
+ * step=N" before it exits 0. The stage ignores SIGINT (a terminal's
+ * Ctrl-C reaches the whole process group: the launcher stops the stages in
+ * order); SIGTERM still ends it at once (the launcher's own stop of a
+ * stage that outlived the run, or of the run when another failed). With replicas
  * each worker serves a donor, and a worker the launcher started to rebuild
  * a lost pipeline (--rejoin) catches up from one before it trains
  * (pipeline_rejoin.c).
@@ -133,6 +140,20 @@ static int stage_report(void *ud, const step_record *rec) {
   return 0;
 }
 
+/* The loop's poll: a STOP line from the launcher (it caught SIGINT or
+ * SIGTERM) makes this stage vote to stop. It never stops here alone: the
+ * stages agree on the step in the end-of-step exchange (pipe_exchange),
+ * and every one stops after it. A control socket the launcher closed
+ * counts as STOP (the launcher is gone: the run cannot go on). */
+static int stage_poll(void *ud, loop_control *ctl) {
+  pipe_stage *s = ud;
+  char line[64];
+  (void)ctl;
+  for (struct pollfd p = {.fd = s->ctl, .events = POLLIN}; !s->stop_asked && poll(&p, 1, 0) > 0;)
+    if (pipe_read_line(s->ctl, line, sizeof line, 1.0) || strcmp(line, "STOP") == 0) s->stop_asked = 1;
+  return 0;
+}
+
 /* The writer's checkpoint outcomes, one line each. */
 static void stage_ckpt_event(void *ud, const ckpt_event *ev) {
   pipe_stage *s = ud;
@@ -212,8 +233,9 @@ int pipe_read_line(int fd, char *out, size_t n, double timeout) {
   double end = tr_now() + timeout;
   while (k + 1 < n) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    int left = (int)((end - tr_now()) * 1000);
-    if (left < 0 || poll(&p, 1, left) == 0) return tr_fail(TR_EIO, "no line in %.0f s", timeout);
+    int left = (int)((end - tr_now()) * 1000), n = left < 0 ? 0 : poll(&p, 1, left);
+    if (n < 0 && errno == EINTR) continue; /* the launcher's stop signal: the wait goes on */
+    if (n == 0) return tr_fail(TR_EIO, "no line in %.0f s", timeout);
     char c;
     ssize_t r = read(fd, &c, 1);
     if (r < 0 && errno == EINTR) continue;
@@ -370,11 +392,14 @@ int pipeline_stage_main(int argc, char **argv) {
   if (!rc && !stop) rc = open_metrics(&s);
   if (!rc && !stop) {
     loop_opts lo = {.t = s.t, .ck = ck, .run_dir = a.run, .worker = s.k, .save_on_stop = 0};
-    loop_hooks h = {.ud = &s, .compute = pipe_compute, .exchange = pipe_exchange, .evaluate = pipe_evaluate,
-                    .boundary = pipe_boundary, .report = stage_report, .eval = stage_eval,
-                    .ckpt_event = stage_ckpt_event, .failed = pipe_failed};
+    loop_hooks h = {.ud = &s, .poll = stage_poll, .compute = pipe_compute, .exchange = pipe_exchange,
+                    .evaluate = pipe_evaluate, .boundary = pipe_boundary, .report = stage_report,
+                    .eval = stage_eval, .ckpt_event = stage_ckpt_event, .failed = pipe_failed};
     loop_result res;
     rc = loop_run(&lo, &h, &res);
+    char line[64]; /* the launcher says where the run stopped */
+    snprintf(line, sizeof line, "STOPPED step=%lld\n", (long long)res.step);
+    if (!rc && res.stopped) pipe_write_line(s.ctl, line);
   }
   if (rc && s.t) fprintf(stderr, "transom stage worker %d: %s\n", a.worker, tr_error());
   else if (rc) fprintf(stderr, "transom: %s\n", tr_error());

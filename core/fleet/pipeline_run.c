@@ -16,7 +16,13 @@
  * Several (replicas): a failure stops that pipeline only; the others train
  * on, and the launcher starts the lost one again (pipeline.rebuilds times):
  * new workers that catch up from a live pipeline's (pipeline_rejoin.c),
- * once one has told its donors' ports.
+ * once one has told its donors' ports. SIGINT or SIGTERM to `transom run`
+ * stops it in order: the launcher tells every worker STOP on its control
+ * socket, the stages agree on a step in their end-of-step exchange, each
+ * checkpoints it and stage 0 saves the weights, every worker says where
+ * it stopped and exits 0, and the launcher prints the step (the newest
+ * every store holds) and the resume command; nothing is started again
+ * after a stop.
  * `transom plan` does the same up to the plan and then tells the workers
  * to stop.
  */
@@ -71,7 +77,17 @@ typedef struct {
   ftar_coord *coord[PIPE_MAX_STAGES]; /* R > 1: one FTAR group per stage */
   pipe_plan plan;
   int planned;
+  int ckpt;                            /* the job takes checkpoints */
+  int stopping;                        /* STOP sent (a signal): no pipeline is started again */
+  int64_t stopped_at[PIPE_MAX_WORKERS]; /* the step a worker said it stopped after (0: none) */
 } launch;
+
+/* SIGINT or SIGTERM to the launcher of a run (0: none yet): wait_all
+ * tells the workers to stop. */
+static volatile sig_atomic_t stop_signal;
+static void on_stop(int sig) {
+  if (!stop_signal) stop_signal = sig;
+}
 
 /* --- starting the workers --- */
 
@@ -125,6 +141,11 @@ static pid_t spawn_worker(const launch *l, int w, int child_ctl, int rejoin) {
   if (pid != 0) return pid;
   prctl(PR_SET_PDEATHSIG, SIGTERM); /* a launcher killed with -9 takes its workers along */
   if (getppid() != parent) _exit(1); /* ok-exit: the launcher died before the line above */
+  /* Ctrl-C reaches the whole process group: only the launcher acts on it
+   * (it tells the stages to stop at a step they agree on); SIGTERM ends a
+   * stage at once (stop_some), whatever the launcher inherited */
+  signal(SIGINT, SIG_IGN);
+  signal(SIGTERM, SIG_DFL);
   int back;
   if (enter_netns(l->plan.netns[w % l->S], &back)) {
     fprintf(stderr, "transom: pipeline worker %d: %s\n", w, tr_error());
@@ -419,6 +440,8 @@ static void read_control(launch *l, int w) {
     l->ctl[w] = -1;
   } else if (strncmp(line, "DONOR ", 6) == 0 && (v = strstr(line, "port="))) {
     l->donor[w] = atoi(v + 5);
+  } else if (strncmp(line, "STOPPED ", 8) == 0 && (v = strstr(line, "step="))) {
+    l->stopped_at[w] = atoll(v + 5);
   } else if (strncmp(line, "JOINED ", 7) == 0 && (v = strstr(line, "step=")) && w % l->S == l->plan.order[0]) {
     int alive = 0;
     for (int q = 0; q < l->R; q++) alive += !l->lost[q];
@@ -444,7 +467,8 @@ static int reaped(launch *l, pid_t pid, int st) {
   stop_some(l, p, 1.0);
   failure(l, p);
   printf("pipeline %d lost: %s; the other %d pipeline(s) train on\n", p, tr_error(), alive);
-  if (WIFEXITED(st) && WEXITSTATUS(st) == PIPE_EXIT_LATE)
+  if (l->stopping) printf("pipeline %d: not started again: the run is stopping\n", p);
+  else if (WIFEXITED(st) && WEXITSTATUS(st) == PIPE_EXIT_LATE)
     printf("pipeline %d: not started again: the live pipelines end before it could enter\n", p);
   else if (l->rebuilt[p] >= l->rebuilds) printf("pipeline %d: not started again (pipeline.rebuilds = %lld)\n", p,
                                            (long long)l->rebuilds);
@@ -459,16 +483,33 @@ static int reaped(launch *l, pid_t pid, int st) {
 /* The lost pipelines owed a rebuild whose donors are now known. */
 static void rebuild_owed(launch *l) {
   for (int p = 0; p < l->R; p++)
-    if (l->owed[p] && l->lost[p] && donor_pipeline(l, p) >= 0) {
+    if (l->owed[p] && l->stopping) {
+      l->owed[p] = 0;
+      printf("pipeline %d: not started again: the run is stopping\n", p);
+      fflush(stdout);
+    } else if (l->owed[p] && l->lost[p] && donor_pipeline(l, p) >= 0) {
       l->owed[p] = 0;
       if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
       fflush(stdout);
     }
 }
 
+/* A stop signal came: every live worker is told STOP (the stages agree
+ * on the step themselves). One that cannot be told is gone already: its
+ * pipeline is lost as any other. */
+static void ask_stop(launch *l) {
+  l->stopping = 1;
+  printf("stopping (%s): every stage finishes the same step%s\n", stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+         l->ckpt ? " and checkpoints it" : " (checkpoints are off)");
+  fflush(stdout);
+  for (int w = 0; w < l->W; w++)
+    if (l->pid[w] > 0 && l->ctl[w] >= 0) (void)pipe_write_line(l->ctl[w], "STOP\n");
+}
+
 /* Waits for every worker, reading their control lines meanwhile. */
 static void wait_all(launch *l) {
   for (;;) {
+    if (stop_signal && !l->stopping) ask_stop(l);
     struct pollfd pf[PIPE_MAX_WORKERS];
     int who[PIPE_MAX_WORKERS], n = 0, live = 0, st;
     for (int w = 0; w < l->W; w++)
@@ -488,9 +529,36 @@ static void wait_all(launch *l) {
   }
 }
 
+/* The lines the workers wrote before they exited (a STOPPED line comes
+ * just before the exit, perhaps after wait_all's last read). */
+static void drain_control(launch *l) {
+  for (int w = 0; w < l->W; w++)
+    while (l->ctl[w] >= 0) read_control(l, w);
+}
+
+/* After a stop: the step the stages stopped after, and what a --resume
+ * takes (the newest step every store committed). Nothing when no worker
+ * said it stopped (the run reached max_steps first). */
+static void report_stop(const launch *l) {
+  int64_t at = 0, common = 0;
+  for (int w = 0; w < l->W; w++)
+    if (l->stopped_at[w] > at) at = l->stopped_at[w];
+  if (at == 0) return;
+  if (!l->ckpt) printf("stopped at step %lld (checkpoints are off: nothing to resume from)\n", (long long)at);
+  else if (pipe_ckpt_common_step(l->dir, l->S, &common))
+    printf("stopped at step %lld; its checkpoint stores cannot be read: %s\n", (long long)at, tr_error());
+  else if (common == at)
+    printf("stopped at step %lld (checkpointed); resume with: transom run --resume %s\n", (long long)at, l->dir);
+  else
+    printf("stopped at step %lld; the newest step every stage committed is %lld; resume with: transom run --resume "
+           "%s\n", (long long)at, (long long)common, l->dir);
+  fflush(stdout);
+}
+
 static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop, int64_t resume) {
   launch l = {.S = (int)cfg->pipe_stages, .R = cfg->replicas > 1 ? (int)cfg->replicas : 1, .dir = dir,
-              .rebuilds = cfg->pipe_rebuilds, .resume = resume};
+              .rebuilds = cfg->pipe_rebuilds, .resume = resume,
+              .ckpt = cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0};
   l.W = l.S * l.R;
   if (l.W > PIPE_MAX_WORKERS) return tr_fail(TR_EINVAL, "pipeline: %d workers (at most %d)", l.W, PIPE_MAX_WORKERS);
   for (int w = 0; w < l.W; w++) l.lfd[w] = l.ctl[w] = l.ctl_child[w] = -1;
@@ -502,12 +570,16 @@ static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int 
   if (!rc) rc = plan_and_send(L, &l, cfg, stop);
   if (!rc) wait_all(&l);
   stop_some(&l, -1, rc ? 0.0 : 1.0);
+  if (!rc) drain_control(&l); /* not after an error: its reads would replace tr_error() */
   for (int w = 0; w < l.W; w++)
     if (l.ctl[w] >= 0) close(l.ctl[w]);
   for (int k = 0; k < l.S; k++) ftar_coord_free(l.coord[k]);
   if (rc) return rc;
   for (int p = 0; p < l.R; p++) /* done when a pipeline finished whole */
-    if (!failure(&l, p)) return TR_OK;
+    if (!failure(&l, p)) {
+      if (l.stopping) report_stop(&l);
+      return TR_OK;
+    }
   return failure(&l, -1);
 }
 
@@ -543,6 +615,12 @@ int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pip
            (long long)cfg->pipe_stages - 1);
   int rc = resume ? resume_apply(cfg, dir, resume) : TR_OK;
   fflush(stdout);
+  /* set here, not inherited: a job started in the background by a script
+   * has SIGINT ignored */
+  struct sigaction sa = {.sa_handler = on_stop, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   return rc ? rc : launch_run(L, cfg, dir, 0, resume ? resume->step : 0);
 }
 

@@ -19,6 +19,7 @@ typedef struct {
   int leader;
   int writer; /* snapshots (loop_exchange.snapshots) */
   int owed;   /* a snapshot wanted at an agreed step was not agreed on: still wanted */
+  int agreed_stop; /* the exchange agreed to stop after L->step (loop_exchange.stop) */
 } loop_state;
 
 #define HOOK(L, name, ...) ((L)->h->name ? (L)->h->name((L)->h->ud, __VA_ARGS__) : 0)
@@ -51,7 +52,7 @@ static void snapshot(loop_state *L) {
 }
 
 static int stop_reached(const loop_state *L) {
-  return L->ctl.stop || (L->ctl.stop_at > 0 && L->step >= L->ctl.stop_at);
+  return L->ctl.stop || L->agreed_stop || (L->ctl.stop_at > 0 && L->step >= L->ctl.stop_at);
 }
 
 /* Due at step `step` by steps, by seconds, on request, at a stop or at
@@ -143,6 +144,7 @@ static int one_step(loop_state *L, step_stats *st, loop_exchange *x, double *wal
   if ((rc = trainer_apply_grads(t, st))) return rc;
   *wall = tr_now() - t0;
   L->step = st->step;
+  L->agreed_stop = x->stop;
   L->leader = x->leader;
   L->writer = x->snapshots;
   return HOOK(L, boundary, L->step);
@@ -167,7 +169,9 @@ static int after_step(loop_state *L, const step_stats *st, const loop_exchange *
 /* --- the end --- */
 
 /* The last state is always checkpointed (a stop or the end resumes
- * exactly), everything flushed, and the weights saved. */
+ * exactly), everything flushed, and the weights saved: at the end, at a
+ * stop where the caller asks (save_on_stop), and at a stop the exchange
+ * agreed on (every process is at the same step). */
 static int finish(loop_state *L, int rc) {
   const loop_opts *o = L->o;
   if (o->ck && L->writer && L->last_snap != L->step && (!rc || o->save_on_stop)) {
@@ -179,7 +183,7 @@ static int finish(loop_state *L, int rc) {
   ckpt_wait_remote(o->ck); /* the newest checkpoint on the remote level too, its event in the log */
   drain_ckpt(L);
   int done = L->step >= L->cfg->max_steps;
-  if (!rc && L->leader && (done || o->save_on_stop)) {
+  if (!rc && L->leader && (done || o->save_on_stop || L->agreed_stop)) {
     if ((rc = trainer_save(o->t, o->run_dir))) return tr_fail_prefix(rc, "saving weights");
     if (L->h->saved) L->h->saved(L->h->ud, L->step);
   }

@@ -45,6 +45,9 @@ typedef struct {
                          whether every process snapshots this step (a pipeline's stages: one
                          store each, all of the same steps: some stage wants one, every
                          stage's engine is ready) */
+  int stop;           /* out: 1: every process stops after this step, agreed in the exchange (a
+                         pipeline's stages: one of them was asked to); it ends the run as
+                         max_steps does: the step snapshotted, the leader saves the weights */
   int64_t epoch;      /* membership epoch (0: alone) */
   int redos;          /* collectives redone after a member failed */
   double allreduce_s; /* the loop's: time the step waited in exchange (exposed) */
@@ -102,8 +105,11 @@ typedef struct {
   ckpt_engine *ck;     /* NULL: checkpoints are off */
   const char *run_dir; /* where the final weights go */
   int worker;          /* the replica slot, for the records */
-  int save_on_stop;    /* 1: save the weights also when stopped early (a lone run);
-                          0: only at max_steps (replicas: the operator resumes them) */
+  int save_on_stop;    /* 1: save the weights also when stopped early (a lone run), and
+                          snapshot the last state after an error; 0: the weights only at
+                          max_steps or a stop the exchange agreed on (loop_exchange.stop:
+                          a pipeline's stages), no snapshot after an error (replicas: the
+                          operator resumes them) */
 } loop_opts;
 
 typedef struct {
