@@ -547,6 +547,11 @@ end]])
       assert.are.equal(0, code, o .. e)
       assert.truthy(o:find("resumed from step " .. at .. " (", 1, true), o)
       assert.truthy(S.read(rd .. "/metrics.jsonl"):find('{"step":' .. (at + 3) .. ',"worker"', 1, true))
+      local ev = S.events(rd) -- the stop and the resume are events too
+      for _, kind in ipairs({ "stopped", "resume" }) do
+        assert.truthy(ev:find('"step":' .. at .. ',"worker":%-1,"kind":"' .. kind .. '"'), ev)
+      end
+      assert.truthy(ev:find('"step":' .. at .. ',"worker":1,"kind":"checkpoint"'), ev)
     end)
   end
 
@@ -562,6 +567,26 @@ end]])
     assert.are.equal(0, code, out .. err)
     return rd, job
   end
+
+  -- a pipelined run wrote no RUN/events.jsonl (checkpoint lines went to
+  -- stdout only), though the run directory's table lists it: now the
+  -- launcher writes the start and the end, each stage its checkpoints, in
+  -- the operator's format (time, step, worker, kind, detail)
+  it("writes RUN/events.jsonl: the start, each stage's checkpoints, the end", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local rd = ckpt_run("events", "pipeline = { stages = 2, micro_batches = 2 }, max_steps = 6,", "--set",
+      "checkpoint.every_steps=3")
+    local ev = S.events(rd)
+    local function has(step, worker, kind)
+      return ev:find('{"time":[%d.]+,"step":' .. step .. ',"worker":' .. (tostring(worker):gsub("%-", "%%-")) .. ',"kind":"' .. kind
+        .. '","detail":"[^"\n]*"}\n')
+    end
+    assert.truthy(has(0, -1, "start"), ev)
+    for _, step in ipairs({ 3, 6 }) do
+      for k = 0, 1 do assert.truthy(has(step, k, "checkpoint"), "stage " .. k .. ", step " .. step .. ": " .. ev) end
+    end
+    assert.truthy(has(6, -1, "finished"), ev)
+  end)
 
   -- a resume that finds no step every stage committed because a stage's
   -- store holds none (the start was killed between the stages' first

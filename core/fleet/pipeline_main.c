@@ -6,7 +6,8 @@
  * compute (pipeline_stage.c), exchange, evaluate, boundary
  * (pipeline_step.c), and a report that the first stage writes to
  * metrics.jsonl and prints. Checkpoints: each stage its own store
- * (pipeline_ckpt.c), loaded when the plan says resume=STEP. A STOP line
+ * (pipeline_ckpt.c), loaded when the plan says resume=STEP; each outcome
+ * is a line on stdout and in RUN/events.jsonl. A STOP line
  * from the launcher (SIGINT/SIGTERM to `transom run`) is a vote in the
  * end-of-step exchange: every stage stops after the same step, snapshots
  * it, stage 0 saves the weights, and each tells the launcher "STOPPED
@@ -154,13 +155,21 @@ static int stage_poll(void *ud, loop_control *ctl) {
   return 0;
 }
 
-/* The writer's checkpoint outcomes, one line each. */
+/* The writer's checkpoint outcomes, one line each on stdout and in
+ * RUN/events.jsonl (the operator's kinds, "worker": the stage). */
 static void stage_ckpt_event(void *ud, const ckpt_event *ev) {
   pipe_stage *s = ud;
-  if (ev->ok) printf("checkpoint: stage %d, step %lld committed in %.1f ms\n", s->k, (long long)ev->step,
-                     ev->commit_s * 1e3);
-  else printf("checkpoint: stage %d, step %lld failed: %s\n", s->k, (long long)ev->step, ev->what);
+  char detail[1200];
+  if (ev->ok) {
+    printf("checkpoint: stage %d, step %lld committed in %.1f ms\n", s->k, (long long)ev->step, ev->commit_s * 1e3);
+    snprintf(detail, sizeof detail, "stage %d (pipeline %d) committed %.1f MiB: copy %.1f ms, commit %.1f ms", s->k,
+             s->p, ev->bytes / 1048576.0, ev->copy_s * 1e3, ev->commit_s * 1e3);
+  } else {
+    printf("checkpoint: stage %d, step %lld failed: %s\n", s->k, (long long)ev->step, ev->what);
+    snprintf(detail, sizeof detail, "stage %d (pipeline %d): %s", s->k, s->p, ev->what);
+  }
   fflush(stdout);
+  if (s->events) tr_event_line(s->events, ev->step, s->k, ev->ok ? "checkpoint" : "checkpoint_failed", detail);
 }
 
 static int stage_eval(void *ud, int64_t step, float val) {
@@ -350,12 +359,17 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
   return TR_OK;
 }
 
-static int open_metrics(pipe_stage *s) {
+/* The stage's records (metrics.jsonl, stage-K.jsonl, pipeline-P-stage-K.jsonl) and
+ * RUN/events.jsonl, both appended. */
+static int open_logs(pipe_stage *s) {
   char path[1200];
   if (s->k == 0 && s->p == 0) snprintf(path, sizeof path, "%s/metrics.jsonl", s->dir);
   else if (s->p == 0) snprintf(path, sizeof path, "%s/stage-%d.jsonl", s->dir, s->k);
   else snprintf(path, sizeof path, "%s/pipeline-%d-stage-%d.jsonl", s->dir, s->p, s->k);
   if (!(s->metrics = fopen(path, "a"))) return tr_fail(TR_EIO, "cannot open %s", path);
+  snprintf(path, sizeof path, "%s/events.jsonl", s->dir);
+  if (!(s->events = fopen(path, "a"))) return tr_fail(TR_EIO, "cannot open %s", path);
+  tr_log_reserve(s->events);
   return TR_OK;
 }
 
@@ -389,7 +403,7 @@ int pipeline_stage_main(int argc, char **argv) {
   if (!rc && !stop && a.rejoin) rc = pipe_rejoin(&s, &cfg, px.coord, px.donor, px.attempt);
   else if (!rc && !stop) rc = join_replicas(&cfg, &s, px.coord);
   if (!rc && !stop && s.R > 1 && !a.rejoin) rc = pipe_donor_start(&s); /* a rebuilt one: once it is in */
-  if (!rc && !stop) rc = open_metrics(&s);
+  if (!rc && !stop) rc = open_logs(&s);
   if (!rc && !stop) {
     loop_opts lo = {.t = s.t, .ck = ck, .run_dir = a.run, .worker = s.k, .save_on_stop = 0};
     loop_hooks h = {.ud = &s, .poll = stage_poll, .compute = pipe_compute, .exchange = pipe_exchange,
@@ -404,6 +418,7 @@ int pipeline_stage_main(int argc, char **argv) {
   if (rc && s.t) fprintf(stderr, "transom stage worker %d: %s\n", a.worker, tr_error());
   else if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   if (s.metrics) fclose(s.metrics);
+  if (s.events) fclose(s.events);
   donor_close(s.donor_fd);
   donor_stop(s.dn);
   ckpt_close(ck);

@@ -22,7 +22,9 @@
  * checkpoints it and stage 0 saves the weights, every worker says where
  * it stopped and exits 0, and the launcher prints the step (the newest
  * every store holds) and the resume command; nothing is started again
- * after a stop.
+ * after a stop. RUN/events.jsonl, in the operator's format: the launcher
+ * writes the start or resume, a stop, the end (worker -1), each stage its
+ * checkpoints (pipeline_main.c).
  * `transom plan` does the same up to the plan and then tells the workers
  * to stop.
  */
@@ -35,6 +37,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +83,22 @@ typedef struct {
   int ckpt;                            /* the job takes checkpoints */
   int stopping;                        /* STOP sent (a signal): no pipeline is started again */
   int64_t stopped_at[PIPE_MAX_WORKERS]; /* the step a worker said it stopped after (0: none) */
+  FILE *events;                        /* RUN/events.jsonl (NULL: `transom plan`) */
 } launch;
+
+/* One line of RUN/events.jsonl, as the operator writes them ("worker": -1,
+ * the launcher's); nothing without the file. */
+static void run_event(FILE *ev, int64_t step, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void run_event(FILE *ev, int64_t step, const char *kind, const char *fmt, ...) {
+  if (!ev) return;
+  char detail[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  tr_event_line(ev, step, -1, kind, detail);
+}
 
 /* SIGINT or SIGTERM to the launcher of a run (0: none yet): wait_all
  * tells the workers to stop. */
@@ -541,23 +559,35 @@ static void drain_control(launch *l) {
  * said it stopped (the run reached max_steps first). */
 static void report_stop(const launch *l) {
   int64_t at = 0, common = 0;
+  const char *sig = stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
   for (int w = 0; w < l->W; w++)
     if (l->stopped_at[w] > at) at = l->stopped_at[w];
   if (at == 0) return;
-  if (!l->ckpt) printf("stopped at step %lld (checkpoints are off: nothing to resume from)\n", (long long)at);
-  else if (pipe_ckpt_common_step(l->dir, l->S, &common))
+  if (!l->ckpt) {
+    printf("stopped at step %lld (checkpoints are off: nothing to resume from)\n", (long long)at);
+    run_event(l->events, at, "stopped", "%s: every stage stopped after step %lld (checkpoints are off)", sig,
+              (long long)at);
+  } else if (pipe_ckpt_common_step(l->dir, l->S, &common)) {
     printf("stopped at step %lld; its checkpoint stores cannot be read: %s\n", (long long)at, tr_error());
-  else if (common == at)
+    run_event(l->events, at, "stopped", "%s: every stage stopped after step %lld; the checkpoint stores cannot be "
+              "read: %s", sig, (long long)at, tr_error());
+  } else if (common == at) {
     printf("stopped at step %lld (checkpointed); resume with: transom run --resume %s\n", (long long)at, l->dir);
-  else
+    run_event(l->events, at, "stopped", "%s: every stage stopped after step %lld and checkpointed it", sig,
+              (long long)at);
+  } else {
     printf("stopped at step %lld; the newest step every stage committed is %lld; resume with: transom run --resume "
            "%s\n", (long long)at, (long long)common, l->dir);
+    run_event(l->events, at, "stopped", "%s: stopped after step %lld; the newest step every stage committed is %lld",
+              sig, (long long)at, (long long)common);
+  }
   fflush(stdout);
 }
 
-static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop, int64_t resume) {
+static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop, int64_t resume,
+                      FILE *events) {
   launch l = {.S = (int)cfg->pipe_stages, .R = cfg->replicas > 1 ? (int)cfg->replicas : 1, .dir = dir,
-              .rebuilds = cfg->pipe_rebuilds, .resume = resume,
+              .rebuilds = cfg->pipe_rebuilds, .resume = resume, .events = events,
               .ckpt = cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0};
   l.W = l.S * l.R;
   if (l.W > PIPE_MAX_WORKERS) return tr_fail(TR_EINVAL, "pipeline: %d workers (at most %d)", l.W, PIPE_MAX_WORKERS);
@@ -577,7 +607,13 @@ static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int 
   if (rc) return rc;
   for (int p = 0; p < l.R; p++) /* done when a pipeline finished whole */
     if (!failure(&l, p)) {
-      if (l.stopping) report_stop(&l);
+      int64_t at = 0;
+      int whole = 0;
+      for (int w = 0; w < l.W; w++) at = l.stopped_at[w] > at ? l.stopped_at[w] : at;
+      for (int q = 0; q < l.R; q++) whole += !failure(&l, q);
+      if (at) report_stop(&l);
+      else run_event(events, cfg->max_steps, "finished", "every stage of %d of %d pipeline(s) finished step %lld; "
+                     "stage 0 saved the weights", whole, l.R, (long long)cfg->max_steps);
       return TR_OK;
     }
   return failure(&l, -1);
@@ -593,15 +629,20 @@ int pipeline_resume_check(const job_config *cfg, const char *dir, pipeline_resum
 /* What the checks decided: the records after the step are dropped (the
  * run does those steps again), or, starting over, the stores of the run
  * abandoned are set aside. */
-static int resume_apply(const job_config *cfg, const char *dir, const pipeline_resume *r) {
+static int resume_apply(const job_config *cfg, const char *dir, const pipeline_resume *r, FILE *ev) {
   int rc = TR_OK, n = 0;
   if (r->step == 0 && r->start_over) rc = pipe_ckpt_set_aside(dir, (int)cfg->pipe_stages, &n);
-  if (!rc && r->step == 0)
+  if (!rc && r->step == 0) {
     printf("resume: no step committed by every stage in %s/ckpt-stage-*: starting from step 0\n", dir);
+    run_event(ev, 0, "resume", "no step committed by every stage in %s/ckpt-stage-*: starting from step 0", dir);
+  }
   if (!rc && r->step > 0) rc = pipe_ckpt_truncate_records(dir, r->step, &n);
-  if (!rc && r->step > 0)
+  if (!rc && r->step > 0) {
     printf("resumed from step %lld (the newest checkpoint every stage committed; %d record line(s) after it "
            "dropped)\n", (long long)r->step, n);
+    run_event(ev, r->step, "resume", "resumed from the checkpoint of step %lld, the newest every stage committed; "
+              "%d record line(s) after it dropped", (long long)r->step, n);
+  }
   return rc;
 }
 
@@ -613,7 +654,15 @@ int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pip
   if (cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0)
     printf("pipeline: checkpoints in %s/ckpt-stage-0..%lld, one store per stage\n", dir,
            (long long)cfg->pipe_stages - 1);
-  int rc = resume ? resume_apply(cfg, dir, resume) : TR_OK;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/events.jsonl", dir);
+  FILE *ev = fopen(path, "a");
+  if (!ev) return tr_fail(TR_EIO, "cannot open %s: %s", path, strerror(errno));
+  tr_log_reserve(ev);
+  int rc = resume ? resume_apply(cfg, dir, resume, ev) : TR_OK;
+  if (!resume)
+    run_event(ev, 0, "start", "%lld stage(s) x %d pipeline(s), %lld micro-batch(es)", (long long)cfg->pipe_stages,
+              cfg->replicas > 1 ? (int)cfg->replicas : 1, (long long)cfg->pipe_micro_batches);
   fflush(stdout);
   /* set here, not inherited: a job started in the background by a script
    * has SIGINT ignored */
@@ -621,7 +670,9 @@ int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pip
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  return rc ? rc : launch_run(L, cfg, dir, 0, resume ? resume->step : 0);
+  if (!rc) rc = launch_run(L, cfg, dir, 0, resume ? resume->step : 0, ev);
+  fclose(ev);
+  return rc;
 }
 
 /* --- transom plan --- */
@@ -659,7 +710,7 @@ int pipeline_plan_main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/job.lua", dir);
     rc = tr_write_file_atomic(path, dump, strlen(dump));
   }
-  if (!rc) rc = launch_run(L, &cfg, dir, 1, 0);
+  if (!rc) rc = launch_run(L, &cfg, dir, 1, 0, NULL);
   if (dump && dir[strlen(dir) - 1] != 'X') {
     remove(path);
     rmdir(dir);

@@ -104,6 +104,7 @@ typedef struct {
   float global_norm, step_loss;
   char dir[1024];
   FILE *metrics;
+  FILE *events;      /* RUN/events.jsonl, appended by every stage and the launcher (whole lines) */
   int width;
 } pipe_stage;
 
