@@ -529,7 +529,7 @@ end]])
       local job, rd, log = dir .. "/" .. name .. ".lua", dir .. "/" .. name, dir .. "/" .. name .. ".log"
       write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 2 }, max_steps = 100000, eval_interval = 0,"))
       local pid, rc = S.spawn_rc("env TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(5)) .. " " .. q(S.BIN) .. " run "
-        .. q(job) .. " --set run_dir=" .. q(rd) .. " --set checkpoint.every_steps=100000", log)
+        .. q(job) .. " --set run_dir=" .. q(rd) .. " --set checkpoint.every_steps=100000 --set sample_tokens=5", log)
       local function lines() return #((S.read(rd .. "/metrics.jsonl") or ""):gsub("[^\n]", "")) end
       assert.truthy(S.wait_for(function() return lines() >= 10 or rc() end, 30) and not rc(), S.read(log))
       os.execute("kill -" .. sig .. " " .. pid)
@@ -538,6 +538,7 @@ end]])
       assert.are.equal(0, rc(), out)
       local at = tonumber(out:match("\nstopped at step (%d+) %(checkpointed%); resume with: transom run %-%-resume "))
       assert.truthy(at and at >= 10, out)
+      assert.falsy(out:find("--- sample", 1, true), out) -- a stopped run does not sample, as a lone one
       assert.are.equal(tostring(at), list(steps_of(rd .. "/ckpt-stage-0")), out)
       assert.are.equal(tostring(at), list(steps_of(rd .. "/ckpt-stage-1")), out)
       assert.truthy(S.read(rd .. "/model.safetensors"):find('"transom.step":"' .. at .. '"', 1, true),
@@ -586,6 +587,24 @@ end]])
       for k = 0, 1 do assert.truthy(has(step, k, "checkpoint"), "stage " .. k .. ", step " .. step .. ": " .. ev) end
     end
     assert.truthy(has(6, -1, "finished"), ev)
+  end)
+
+  -- the closing sample (sample_tokens, sample_prompt, temperature) was
+  -- skipped without a word for a pipelined run: now it is made, as a lone
+  -- run's, from the final weights stage 0 saved (what `transom sample` reads)
+  it("ends with the closing sample, from the weights it saved", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local rd = dir .. "/sample"
+    local job = dir .. "/sample.lua"
+    write(job, job_text(data, "pipeline = { stages = 2, micro_batches = 2 }, max_steps = 4, eval_interval = 0,"))
+    local code, out, err = S.transom(dir, "run", job, "--set", "run_dir=" .. rd, "--set", "sample_tokens=30", "--set",
+      "temperature=0.8")
+    assert.are.equal(0, code, out .. err)
+    local text = out:match("\n%-%-%- sample %(30 tokens, temperature 0%.80%) %-%-%-\n(.*)run directory: ")
+    assert.truthy(text and #text > 0, out)
+    local scode, same, serr = S.transom(dir, "sample", rd, "--tokens", "30", "--temperature", "0.8")
+    assert.are.equal(0, scode, serr)
+    assert.are.equal(same, text)
   end)
 
   -- a resume that finds no step every stage committed because a stage's

@@ -584,8 +584,9 @@ static void report_stop(const launch *l) {
   fflush(stdout);
 }
 
+/* *stopped (may be NULL): 1 when the run ended by a stop signal before max_steps. */
 static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop, int64_t resume,
-                      FILE *events) {
+                      FILE *events, int *stopped) {
   launch l = {.S = (int)cfg->pipe_stages, .R = cfg->replicas > 1 ? (int)cfg->replicas : 1, .dir = dir,
               .rebuilds = cfg->pipe_rebuilds, .resume = resume, .events = events,
               .ckpt = cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0};
@@ -611,6 +612,7 @@ static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int 
       int whole = 0;
       for (int w = 0; w < l.W; w++) at = l.stopped_at[w] > at ? l.stopped_at[w] : at;
       for (int q = 0; q < l.R; q++) whole += !failure(&l, q);
+      if (stopped) *stopped = at > 0;
       if (at) report_stop(&l);
       else run_event(events, cfg->max_steps, "finished", "every stage of %d of %d pipeline(s) finished step %lld; "
                      "stage 0 saved the weights", whole, l.R, (long long)cfg->max_steps);
@@ -646,7 +648,8 @@ static int resume_apply(const job_config *cfg, const char *dir, const pipeline_r
   return rc;
 }
 
-int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pipeline_resume *resume) {
+int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pipeline_resume *resume, int *stopped) {
+  *stopped = 0;
   printf("pipeline: %lld stage(s)%s, %lld micro-batch(es) of %lld sequences, 1F1B over TCP%s\n",
          (long long)cfg->pipe_stages, cfg->replicas > 1 ? " x replicas" : "", (long long)cfg->pipe_micro_batches,
          (long long)(cfg->batch_size / cfg->pipe_micro_batches),
@@ -670,7 +673,7 @@ int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pip
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  if (!rc) rc = launch_run(L, cfg, dir, 0, resume ? resume->step : 0, ev);
+  if (!rc) rc = launch_run(L, cfg, dir, 0, resume ? resume->step : 0, ev, stopped);
   fclose(ev);
   return rc;
 }
@@ -710,7 +713,7 @@ int pipeline_plan_main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/job.lua", dir);
     rc = tr_write_file_atomic(path, dump, strlen(dump));
   }
-  if (!rc) rc = launch_run(L, &cfg, dir, 1, 0, NULL);
+  if (!rc) rc = launch_run(L, &cfg, dir, 1, 0, NULL, NULL);
   if (dump && dir[strlen(dir) - 1] != 'X') {
     remove(path);
     rmdir(dir);

@@ -37,10 +37,13 @@ int pipeline_resume_check(const job_config *cfg, const char *dir, pipeline_resum
  * when one fails. dir exists and holds job.lua and the vocabulary; resume
  * (NULL: a new run; else from pipeline_resume_check): every stage loads
  * its step (and the run's saved plan), the records after it dropped; or,
- * starting over, the abandoned stores set aside first. 0 when every stage
- * finished, else a negative error (tr_error() says which stage and how).
- * Main thread only. */
-int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pipeline_resume *resume);
+ * starting over, the abandoned stores set aside first. SIGINT/SIGTERM
+ * stop it at a step every stage checkpoints (*stopped = 1; else 0: it
+ * reached max_steps, and dir/model.safetensors holds the final weights).
+ * 0 when every stage finished or stopped, else a negative error
+ * (tr_error() says which stage and how). Main thread only. */
+int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pipeline_resume *resume,
+                 int *stopped);
 
 /* `transom plan JOB.lua [--set k=v]...`: prints the plan (probing the
  * workers as a run would) and starts nothing else. The exit status. */
