@@ -200,7 +200,9 @@ int ckpt_store_drop_after(const char *dir, const char *remote, int64_t step, int
 /* Opens an existing checkpoint directory read-only (another process may be
  * writing it). Not for a directory this process has open as an engine: use
  * ckpt_engine_reader then (LMDB allows one environment per file per
- * process). */
+ * process). A store whose databases were never created (its data.mdb of 0
+ * bytes, or without them: a process killed inside its first ckpt_open)
+ * opens as one that holds no checkpoint, not as an unreadable one. */
 ckpt_reader *ckpt_reader_open(const char *dir);
 /* A reader over an open engine's store; close it before the engine. Use it
  * before the engine's first snapshot (a resume, as run.c and worker.c do):

@@ -91,12 +91,15 @@ static int verifies_everywhere(const char *run, int S, int64_t step) {
 }
 
 /* The committed steps of stage K's store (ascending): how many, 0 with
- * no store, or an error (a store whose list cannot be read is not an
- * empty one: resuming from step 0 would throw its checkpoints away). */
+ * no store (or its directory without data.mdb, or a data.mdb whose
+ * databases were never created: a worker killed inside ckpt_open), or an
+ * error (a store whose list cannot be read is not an empty one: resuming
+ * from step 0 would throw its checkpoints away). */
 static int store_steps(const char *run, int stage, int64_t *steps, int cap) {
-  char path[1200];
+  char path[1200], mdb[1300];
   store_path(path, sizeof path, run, stage);
-  if (access(path, F_OK) != 0) return 0; /* no store: nothing committed */
+  snprintf(mdb, sizeof mdb, "%s/data.mdb", path);
+  if (access(mdb, F_OK) != 0) return 0; /* no store: nothing committed */
   ckpt_reader *r = ckpt_reader_open(path);
   if (!r) return tr_fail_prefix(TR_EIO, "%s", path);
   int n = ckpt_reader_steps(r, steps, cap);
@@ -202,7 +205,7 @@ int pipe_ckpt_resume_check(const char *run, int S, int64_t *step, int *start_ove
   *step = 0;
   *start_over = 0;
   if (S > PIPE_MAX_STAGES) return tr_fail(TR_EINVAL, "resume: %d stages (at most %d)", S, PIPE_MAX_STAGES);
-  int held[PIPE_MAX_STAGES], beyond = -1, rc = TR_OK, any = 0, empty = 0;
+  int held[PIPE_MAX_STAGES], missing[PIPE_MAX_STAGES] = {0}, beyond = -1, rc = TR_OK, any = 0, empty = 0;
   int64_t one[1];
   DIR *d = opendir(run);
   if (!d) return tr_fail(TR_EIO, "cannot list %s", run);
@@ -212,13 +215,14 @@ int pipe_ckpt_resume_check(const char *run, int S, int64_t *step, int *start_ove
     else if (m > 0) beyond = k;
   }
   closedir(d);
-  for (int k = 0; k < S && !rc; k++) { /* -1: no store */
+  for (int k = 0; k < S && !rc; k++) { /* held[k]: its checkpoints (0 or 1), or an error */
     char path[1200];
     store_path(path, sizeof path, run, k);
-    held[k] = access(path, F_OK) != 0 ? -1 : store_steps(run, k, one, 1);
-    if (held[k] < -1) rc = tr_fail_prefix(held[k], "resume: stage %d's checkpoint store", k);
+    missing[k] = access(path, F_OK) != 0;
+    held[k] = missing[k] ? 0 : store_steps(run, k, one, 1);
+    if (held[k] < 0) rc = tr_fail_prefix(held[k], "resume: stage %d's checkpoint store", k);
     any |= held[k] > 0;
-    empty |= held[k] == 0;
+    empty |= !missing[k] && held[k] == 0;
   }
   if (rc || (!any && beyond < 0)) return rc; /* nothing committed: a start from step 0, nothing to set aside */
   int planned = plan_stages(run);
@@ -235,7 +239,7 @@ int pipe_ckpt_resume_check(const char *run, int S, int64_t *step, int *start_ove
                    "stages): resume with the run's own pipeline.stages, or remove its ckpt-stage-* to start over; "
                    "nothing was changed", run, beyond, S);
   for (int k = 0; k < S; k++)
-    if (held[k] < 0)
+    if (missing[k])
       return tr_fail(TR_ESTATE, "resume: %s/ckpt-stage-%d is missing while other stages' stores hold checkpoints "
                      "(a stage's store is created when its worker starts): nothing was changed; restore it, or "
                      "remove the ckpt-stage-* to start over", run, k);

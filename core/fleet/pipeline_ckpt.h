@@ -30,7 +30,8 @@ int pipe_ckpt_common_step(const char *run, int S, int64_t *step);
  * the records or the stores change). *step: the newest step every store
  * committed and verifies (pipe_ckpt_common_step), 0 for none. With
  * *step = 0 and *start_over = 1 some stores hold checkpoints and another
- * holds none (a start killed between two stages' first commits): those
+ * holds none (a start killed between two stages' first commits, or inside
+ * a store's first ckpt_open, before its databases existed): those
  * belong to the run abandoned, to be set aside (pipe_ckpt_set_aside)
  * before it starts over. Refused (an error saying why, naming the way
  * out) when the stores hold checkpoints and: RUN/pipeline-plan is missing

@@ -9,7 +9,9 @@
  * --resume (checked); a link's reader against a hostile peer (a message
  * too large, a flood of small messages or of large ones, a sent_at far
  * ahead or not finite), an unknown codec, and every receiver refusing a
- * codec it does not expect (naming the link). White-box: core/fleet's
+ * codec it does not expect (naming the link); a resume whose stage store
+ * was never committed to (its worker killed inside ckpt_open) starts over.
+ * White-box: core/fleet's
  * private headers. A few seconds (the probe server's HELLO wait is one).
  */
 #include <arpa/inet.h>
@@ -21,7 +23,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <lmdb.h>
+
 #include "adatopk.h"
+#include "ckpt.h"
 #include "check.h"
 #include "graph.h"
 #include "graph_stage.h"
@@ -673,6 +678,74 @@ static void test_codec_refused(void) {
   graph_free(g);
 }
 
+/* --- a resume's checks of the stage stores, and the set-aside --- */
+
+/* A store at dir holding the steps from..to by every (one tensor). */
+static void commit_store(const char *dir, int64_t from, int64_t to, int64_t every) {
+  ckpt_opts o = {dir, 0, 100, 0, CKPT_COALESCE};
+  ckpt_engine *e = ckpt_open(&o);
+  CHECK(e != NULL, "ckpt_open(%s): %s", dir, tr_error());
+  if (!e) return;
+  float a[64] = {0};
+  int64_t d[1] = {64};
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  for (int64_t step = from; step <= to; step += every) {
+    a[0] = (float)step;
+    ckpt_state st = {.step = step};
+    ckpt_snapshot(e, &st);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+  }
+  ckpt_close(e);
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  CHECK(f && fputs(text, f) >= 0, "writing %s", path);
+  if (f) fclose(f);
+}
+
+/* A launcher killed while stage 1's worker was inside ckpt_open, after
+ * LMDB created data.mdb and before the databases' commit (or before LMDB
+ * wrote a page, or before data.mdb at all): that store holds no
+ * checkpoint, so the resume starts over (it refused, the store
+ * "unreadable": MDB_NOTFOUND). */
+static void test_resume_never_committed(void) {
+  char run[] = "/tmp/test_pipeline_resume_XXXXXX";
+  CHECK(mkdtemp(run) != NULL, "mkdtemp");
+  char s0[200], s1[200], mdb[240], plan[200];
+  snprintf(s0, sizeof s0, "%s/ckpt-stage-0", run);
+  snprintf(s1, sizeof s1, "%s/ckpt-stage-1", run);
+  snprintf(mdb, sizeof mdb, "%s/data.mdb", s1);
+  snprintf(plan, sizeof plan, "%s/pipeline-plan", run);
+  write_text(plan, "PLAN stage=0 cuts=0,3,7 order=0,1\nPLAN stage=1 cuts=0,3,7 order=0,1\n");
+  commit_store(s0, 3, 6, 3);
+  for (int state = 0; state < 3; state++) {
+    const char *what[] = {"a directory without data.mdb", "a data.mdb of 0 bytes", "a data.mdb without databases"};
+    CHECK(tr_mkdirs(s1) == 0, "mkdir %s", s1);
+    if (state == 1) write_text(mdb, "");
+    if (state == 2) {
+      MDB_env *env;
+      int rc = mdb_env_create(&env);
+      if (!rc) mdb_env_set_maxdbs(env, 4);
+      if (!rc) rc = mdb_env_open(env, s1, 0, 0644);
+      mdb_env_close(env);
+      CHECK(rc == 0 && access(mdb, F_OK) == 0, "an LMDB environment without databases: %s", mdb_strerror(rc));
+    }
+    int64_t step = -1;
+    int over = -1;
+    int rc = pipe_ckpt_resume_check(run, 2, &step, &over);
+    CHECK(rc == 0 && step == 0 && over == 1, "stage 1's store is %s: the resume starts over (rc %d, step %lld, "
+          "start_over %d: %s)", what[state], rc, (long long)step, over, tr_error());
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", s1);
+    CHECK(system(cmd) == 0, "%s", cmd);
+  }
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", run);
+  CHECK(system(cmd) == 0, "%s", cmd);
+}
+
 int main(void) {
   test_cuts();
   test_topk();
@@ -692,5 +765,6 @@ int main(void) {
   test_link_sent_at();
   test_unknown_codec();
   test_codec_refused();
+  test_resume_never_committed();
   return check_report("test_pipeline");
 }
