@@ -249,38 +249,71 @@ int pipe_ckpt_resume_check(const char *run, int S, int64_t *step, int *start_ove
   return TR_OK;
 }
 
+/* Renames path to a free name, path.abandoned-<time>-<pid>-<call> (the
+ * set-aside's stores share it), or with .<n> after it when that is taken
+ * (a rename never replaces a name: not an empty directory either). 0 (the
+ * name in aside), or errno. */
+static int rename_aside(const char *path, const char *suffix, char *aside, size_t cap) {
+  for (int n = 0; n < 1000; n++) {
+    if (n) snprintf(aside, cap, "%s.abandoned-%s.%d", path, suffix, n);
+    else snprintf(aside, cap, "%s.abandoned-%s", path, suffix);
+    if (access(aside, F_OK) == 0) continue;
+    if (rename(path, aside) == 0) return 0;
+    if (errno != EEXIST && errno != ENOTEMPTY) return errno;
+  }
+  return EEXIST;
+}
+
 int pipe_ckpt_set_aside(const char *run, int S, int *moved) {
   *moved = 0;
+  if (S > PIPE_MAX_STAGES) return tr_fail(TR_EINVAL, "resume: %d stages (at most %d)", S, PIPE_MAX_STAGES);
   int64_t *steps = malloc(sizeof(int64_t) * MAX_STEPS);
-  if (!steps) return tr_fail(TR_ENOMEM, "out of memory");
-  char events[1200];
-  snprintf(events, sizeof events, "%s/events.jsonl", run);
-  FILE *ev = NULL;
-  int rc = TR_OK;
-  long long now = (long long)time(NULL);
-  for (int k = 0; k < S && !rc; k++) {
-    char path[1200], aside[1300], list[512], line[2600];
+  char(*aside)[1300] = calloc((size_t)S, sizeof *aside), (*list)[512] = calloc((size_t)S, sizeof *list);
+  int held[PIPE_MAX_STAGES] = {0}, rc = TR_OK, k;
+  if (!steps || !aside || !list) rc = tr_fail(TR_ENOMEM, "out of memory");
+  /* every store's steps first, then every rename: a failure moves back the
+   * ones renamed, leaving the run as it was */
+  for (k = 0; k < S && !rc; k++) {
     int n = store_steps(run, k, steps, MAX_STEPS);
-    if (n <= 0) {
-      rc = n;
-      continue;
-    }
-    store_path(path, sizeof path, run, k);
-    snprintf(aside, sizeof aside, "%s.abandoned-%lld", path, now);
-    if (rename(path, aside) != 0) {
-      rc = tr_fail(TR_EIO, "resume: setting aside %s as %s: %s", path, aside, strerror(errno));
-      break;
-    }
-    list_steps(list, sizeof list, steps, n);
-    snprintf(line, sizeof line, "set aside %d checkpoint(s) of stage %d (steps %s): %s moved to %s; not every "
-             "stage committed one, so the run starts over from step 0", n, k, list, path, aside);
-    printf("resume: %s\n", line);
-    if (!ev) ev = fopen(events, "a");
-    if (ev) tr_event_line(ev, 0, -1, "checkpoints_set_aside", line);
-    *moved += n;
+    if (n < 0) rc = n;
+    else if ((held[k] = n) > 0) list_steps(list[k], sizeof list[k], steps, n);
   }
-  if (ev) fclose(ev);
+  static int calls; /* a second set-aside in the same second is named apart */
+  char suffix[64];
+  snprintf(suffix, sizeof suffix, "%lld-%ld-%d", (long long)time(NULL), (long)getpid(), calls++);
+  for (k = 0; k < S && !rc; k++) {
+    char path[1200];
+    store_path(path, sizeof path, run, k);
+    int err = held[k] > 0 ? rename_aside(path, suffix, aside[k], sizeof aside[k]) : 0;
+    if (err) rc = tr_fail(TR_EIO, "resume: setting aside %s as %s: %s", path, aside[k], strerror(err));
+  }
+  if (rc) { /* back, the ones moved (k - 1: the one that failed) */
+    for (int j = k - 2; j >= 0 && aside; j--) {
+      char path[1200];
+      store_path(path, sizeof path, run, j);
+      if (held[j] > 0 && rename(aside[j], path) != 0)
+        fprintf(stderr, "resume: moving %s back to %s: %s (move it back by hand)\n", aside[j], path, strerror(errno));
+    }
+  } else {
+    char events[1200];
+    snprintf(events, sizeof events, "%s/events.jsonl", run);
+    FILE *ev = NULL;
+    for (k = 0; k < S; k++) {
+      if (held[k] <= 0) continue;
+      char path[1200], line[2600];
+      store_path(path, sizeof path, run, k);
+      snprintf(line, sizeof line, "set aside %d checkpoint(s) of stage %d (steps %s): %s moved to %s; not every "
+               "stage committed one, so the run starts over from step 0", held[k], k, list[k], path, aside[k]);
+      printf("resume: %s\n", line);
+      if (!ev) ev = fopen(events, "a");
+      if (ev) tr_event_line(ev, 0, -1, "checkpoints_set_aside", line);
+      *moved += held[k];
+    }
+    if (ev) fclose(ev);
+  }
   free(steps);
+  free(aside);
+  free(list);
   return rc;
 }
 

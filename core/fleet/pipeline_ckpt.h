@@ -43,9 +43,11 @@ int pipe_ckpt_common_step(const char *run, int S, int64_t *step);
 int pipe_ckpt_resume_check(const char *run, int S, int64_t *step, int *start_over);
 
 /* Moves each RUN/ckpt-stage-K (K < S) that holds checkpoints aside, whole
- * and atomically (rename to ckpt-stage-K.abandoned-<time>: nothing is
- * deleted), saying so on stdout and in RUN/events.jsonl
- * ("checkpoints_set_aside"); *moved: the checkpoints. Only after
+ * and atomically (rename to ckpt-stage-K.abandoned-<time>-<pid>-<n>, a
+ * name no other set-aside took: nothing is deleted), saying so on stdout
+ * and in RUN/events.jsonl ("checkpoints_set_aside"); *moved: the
+ * checkpoints. When a rename fails, the stores renamed before it are moved
+ * back (the run as it was) and the error says which failed. Only after
  * pipe_ckpt_resume_check said start_over, for stores no process has open
  * (the launcher, before its workers start). */
 int pipe_ckpt_set_aside(const char *run, int S, int *moved);

@@ -10,7 +10,8 @@
  * too large, a flood of small messages or of large ones, a sent_at far
  * ahead or not finite), an unknown codec, and every receiver refusing a
  * codec it does not expect (naming the link); a resume whose stage store
- * was never committed to (its worker killed inside ckpt_open) starts over.
+ * was never committed to (its worker killed inside ckpt_open) starts over,
+ * and two set-asides of the stores within one second both succeed.
  * White-box: core/fleet's
  * private headers. A few seconds (the probe server's HELLO wait is one).
  */
@@ -746,6 +747,42 @@ static void test_resume_never_committed(void) {
   CHECK(system(cmd) == 0, "%s", cmd);
 }
 
+/* Two starts over within one second: the second set-aside's names are not
+ * the first's (they were ckpt-stage-K.abandoned-<second>, and its rename
+ * failed after stage 0's store had moved), and nothing is lost. */
+static void test_set_aside_twice(void) {
+  char run[] = "/tmp/test_pipeline_aside_XXXXXX";
+  CHECK(mkdtemp(run) != NULL, "mkdtemp");
+  char s[2][200];
+  int total = 0;
+  for (int round = 0; round < 2; round++) {
+    for (int k = 0; k < 2; k++) {
+      snprintf(s[k], sizeof s[k], "%s/ckpt-stage-%d", run, k);
+      commit_store(s[k], 2, 4 + 2 * round, 2);
+    }
+    int moved = -1;
+    time_t t0 = time(NULL);
+    int rc = pipe_ckpt_set_aside(run, 2, &moved);
+    CHECK(rc == 0 && moved == 2 * (2 + round), "set-aside %d moves both stores' %d checkpoints (rc %d, moved %d: %s)",
+          round + 1, 2 * (2 + round), rc, moved, tr_error());
+    CHECK(round == 0 || time(NULL) - t0 <= 1, "(the set-asides ran within a second or two)");
+    total += moved;
+    for (int k = 0; k < 2; k++) CHECK(access(s[k], F_OK) != 0, "set-aside %d: %s is gone", round + 1, s[k]);
+  }
+  /* every set-aside directory, with every checkpoint in it */
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "ls -d %s/ckpt-stage-*.abandoned-* | wc -l", run);
+  FILE *p = popen(cmd, "r");
+  int dirs = -1;
+  if (p) {
+    if (fscanf(p, "%d", &dirs) != 1) dirs = -1;
+    pclose(p);
+  }
+  CHECK(dirs == 4 && total == 10, "4 directories set aside (%d), 10 checkpoints (%d)", dirs, total);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", run);
+  CHECK(system(cmd) == 0, "%s", cmd);
+}
+
 int main(void) {
   test_cuts();
   test_topk();
@@ -766,5 +803,6 @@ int main(void) {
   test_unknown_codec();
   test_codec_refused();
   test_resume_never_committed();
+  test_set_aside_twice();
   return check_report("test_pipeline");
 }
