@@ -38,8 +38,11 @@ ckpt_engine *pipe_ckpt_open(const job_config *cfg, trainer *t, const char *run, 
   if (cfg->ckpt_every_steps == 0 && cfg->ckpt_every_seconds == 0) return NULL;
   char path[1200];
   store_path(path, sizeof path, run, stage);
+  /* coalesce: a stage snapshots only when every stage's engine is free (the
+   * end-of-step vote, pipeline_step.c), so one is never busy then (the job
+   * refuses checkpoint.when_busy = "skip" for a pipeline) */
   ckpt_opts o = {path, (size_t)cfg->ckpt_map_mb << 20, (int)cfg->ckpt_keep_last, (int)cfg->ckpt_keep_every,
-                 strcmp(cfg->ckpt_when_busy, "skip") == 0 ? CKPT_SKIP : CKPT_COALESCE};
+                 CKPT_COALESCE};
   ckpt_engine *ck = ckpt_open(&o);
   if (!ck) {
     tr_fail_prefix(TR_EIO, "stage %d's checkpoint store %s", stage, path);
