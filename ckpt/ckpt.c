@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -1013,6 +1014,14 @@ int ckpt_pending(ckpt_engine *e) {
   return due;
 }
 
+int ckpt_ready(ckpt_engine *e) {
+  if (!e || !e->threads_started) return 1;
+  pthread_mutex_lock(&e->mu);
+  int ready = !engine_busy(e) && tr_now() >= e->rest_until; /* only ckpt_snapshot makes it busy again */
+  pthread_mutex_unlock(&e->mu);
+  return ready;
+}
+
 double ckpt_wait_copy(ckpt_engine *e) {
   if (!e || !e->threads_started) return 0.0;
   pthread_mutex_lock(&e->mu);
@@ -1096,6 +1105,8 @@ void ckpt_close(ckpt_engine *e) {
 
 struct ckpt_reader {
   MDB_env *env;
+  int empty;    /* env NULL: a local store whose databases were never created (a process killed in its
+                 * ckpt_open, before that commit): it holds no checkpoint */
   int borrowed; /* env belongs to an engine (LMDB allows one env per file per process) */
   int map_lost; /* its own env's remap failed: LMDB keeps no map (see the engine's map_lost) */
   ckpt_engine *engine; /* that engine (borrowed) */
@@ -1250,7 +1261,13 @@ ckpt_reader *ckpt_reader_open(const char *dir) {
     free(r);
     return NULL;
   }
+  struct stat st;
+  int size0 = fstat(fileno(f), &st) == 0 && st.st_size == 0;
   fclose(f);
+  if (size0) { /* killed before LMDB wrote its first page: nothing committed */
+    r->empty = 1;
+    return r;
+  }
   MDB_txn *txn = NULL;
   int rc = mdb_env_create(&r->env);
   if (!rc) mdb_env_set_maxdbs(r->env, 4);
@@ -1258,6 +1275,13 @@ ckpt_reader *ckpt_reader_open(const char *dir) {
   if (!rc) clear_stale_readers(r->env);
   if (!rc) rc = txn_begin(r->env, MDB_RDONLY, &txn, 1);
   if (!rc) rc = mdb_dbi_open(txn, "manifest", 0, &r->man);
+  if (rc == MDB_NOTFOUND) { /* killed in ckpt_open before the databases' commit: nothing committed */
+    mdb_txn_abort(txn);
+    mdb_env_close(r->env);
+    r->env = NULL;
+    r->empty = 1;
+    return r;
+  }
   if (!rc) rc = mdb_dbi_open(txn, "data", 0, &r->data);
   if (txn) { /* commit, not abort: handles opened in an aborted txn are discarded */
     int crc = rc ? (mdb_txn_abort(txn), 0) : mdb_txn_commit(txn);
@@ -1335,7 +1359,8 @@ static int local_steps(ckpt_reader *r, int64_t *steps, int cap) {
 
 /* Both levels' steps, merged ascending without duplicates (the newest cap
  * when there are more). A remote store that cannot be listed counts as
- * empty only if the local one answers: one readable level is enough. */
+ * empty only if the local one answers: one readable level is enough (an
+ * empty local store, never committed to, does not answer for it). */
 int ckpt_reader_steps(ckpt_reader *r, int64_t *steps, int cap) {
   int64_t *a = malloc(sizeof *a * 4096 * 2);
   if (!a) return tr_fail(TR_ENOMEM, "out of memory");
@@ -1488,6 +1513,7 @@ static int src_open(ckpt_reader *r, int64_t step, int remote, step_src *s) {
   s->remote = remote;
   int rc;
   if (remote) rc = src_open_remote(r, step, s);
+  else if (!r->env) rc = tr_fail(TR_EINVAL, "no checkpoint at step %lld", (long long)step); /* an empty store */
   else if ((rc = reader_txn_begin(r, &s->txn))) {
     s->txn = NULL;
     rc = mdb_fail(rc, "reading checkpoints");
@@ -1726,7 +1752,7 @@ void ckpt_reader_expect_model(ckpt_reader *r, uint64_t config_hash) {
 int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_state *state, char *report,
               size_t report_len) {
   size_t rl = 0;
-  const char *dir = r->env ? r->dir : r->remote;
+  const char *dir = r->env || r->empty ? r->dir : r->remote;
   if (report && report_len) report[0] = 0;
   int64_t steps[4096];
   int ns = ckpt_reader_steps(r, steps, 4096);
@@ -1744,7 +1770,7 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
         rl += (size_t)snprintf(report + rl, report_len - rl, "skipped step %lld%s: %s\n", (long long)steps[k],
                                !r->remote[0] ? "" : level ? " (remote store)" : " (local store)", tr_error());
     }
-    rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'%s%s", dir, r->env && r->remote[0] ? " or its remote store" : "",
+    rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'%s%s", dir, (r->env || r->empty) && r->remote[0] ? " or its remote store" : "",
                  want >= 0 ? " at or before that step" : "");
   }
   return rc;

@@ -242,12 +242,14 @@ return {
       { "  device = \"emu\",\n", "device = \"emu\": a pipelined job" },
       { "  precision = \"bf16\",\n", "precision = \"bf16\": a pipelined job" },
       { "  chaos = { { at_step = 5, replica = 1, fault = \"kill\" } },\n", "a chaos list: a pipelined job" },
+      { "  checkpoint = { when_busy = \"skip\" },\n", "checkpoint.when_busy = \"skip\" (the stages snapshot together" },
     }) do
       local path, run_dir = job_file(base .. case[1] .. "}\n")
       has(rejected(path, run_dir), path .. ":3:", case[2], "does not support it yet")
     end
     -- the same keys at their defaults are fine
-    local j = job.load(job_file(base .. "  min_replicas = 1, on_failure = \"replace\",\n}\n"))
+    local j = job.load(job_file(base .. "  min_replicas = 1, on_failure = \"replace\",\n"
+      .. "  checkpoint = { when_busy = \"coalesce\" },\n}\n"))
     assert.are.equal(2, j.pipeline.stages)
   end)
 

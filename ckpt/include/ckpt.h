@@ -120,6 +120,12 @@ int ckpt_snapshot(ckpt_engine *e, const ckpt_state *s);
  * it now: the training loop asks at every step boundary and calls
  * ckpt_snapshot with the state of that boundary. NULL or not started: 0. */
 int ckpt_pending(ckpt_engine *e);
+/* 1 when a ckpt_snapshot now would be taken, under either busy policy:
+ * nothing staged, copied or written, and no pacing rest. It stays 1 until
+ * the training thread's next ckpt_snapshot (the threads only free the
+ * engine), so processes that agree on a step by it (pipeline stages: one
+ * store each) all take that step. NULL or not started: 1. */
+int ckpt_ready(ckpt_engine *e);
 /* Blocks until no level-1 copy is running; returns the seconds waited. */
 double ckpt_wait_copy(ckpt_engine *e);
 /* Waits until every staged snapshot is committed (or failed), and ends a
@@ -199,7 +205,9 @@ int ckpt_store_drop_after(const char *dir, const char *remote, int64_t step, int
 /* Opens an existing checkpoint directory read-only (another process may be
  * writing it). Not for a directory this process has open as an engine: use
  * ckpt_engine_reader then (LMDB allows one environment per file per
- * process). */
+ * process). A store whose databases were never created (its data.mdb of 0
+ * bytes, or without them: a process killed inside its first ckpt_open)
+ * opens as one that holds no checkpoint, not as an unreadable one. */
 ckpt_reader *ckpt_reader_open(const char *dir);
 /* A reader over an open engine's store; close it before the engine. Use it
  * before the engine's first snapshot (a resume, as run.c and worker.c do):

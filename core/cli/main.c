@@ -102,36 +102,8 @@ static int cmd_sample(int argc, char **argv) {
     fputs(sample_usage, stderr);
     return 2;
   }
-  char path[PATH_MAX];
-  lua_State *L = lua_host_new();
-  if (!L) die_usage(tr_error());
-  job_config cfg;
-  vocab v;
-  int64_t nvocab = 0;
-  bpe *tok = NULL;
-  graph *g = NULL;
-  int rc;
-  snprintf(path, sizeof path, "%s/job.lua", run);
-  if ((rc = job_load(L, path, NULL, 0, &cfg))) goto done;
-  snprintf(path, sizeof path, "%s/vocab.json", run);
-  if ((rc = vocab_load_any(&v, &nvocab, path))) goto done;
-  snprintf(path, sizeof path, "%s/tokenizer.bpe", run);
-  if (v.size == 0 && access(path, R_OK) == 0 && !(tok = bpe_load(path))) {
-    rc = TR_EFORMAT;
-    goto done;
-  }
-  kernels_set_threads(cfg.threads > 0 ? (int)cfg.threads : 1);
-  if ((rc = model_build(L, cfg.lua_ref, v.size ? v.size : data_padded_vocab(nvocab), 1, 0, &g))) goto done;
-  snprintf(path, sizeof path, "%s/model.safetensors", run);
-  if ((rc = model_load_params(g, path))) goto done;
-  text_codec codec = {v.size ? &v : NULL, tok, nvocab};
-  rc = model_generate(g, &codec, prompt ? prompt : cfg.sample_prompt, ntok, (float)temp,
-                      seed >= 0 ? (uint64_t)seed : (uint64_t)cfg.seed, stdout);
-done:
+  int rc = run_sample(run, prompt, ntok, temp, seed, stdout);
   if (rc) fprintf(stderr, "transom sample: %s\n", tr_error());
-  graph_free(g);
-  bpe_free(tok);
-  lua_host_close(L);
   return rc ? 1 : 0;
 }
 

@@ -1,9 +1,11 @@
 /* run.c — `transom run`: the command. It parses the arguments, loads and
  * checks the job, prepares the run directory (job.lua, vocabulary, logs,
  * checkpoints, resume) and then either hands the job to the operator
- * (replicas > 1, core/fleet) or trains alone through the one training loop
- * (core/train/loop.c) with hooks that print, write metrics.jsonl and
- * events.jsonl, and stop on a signal.
+ * (replicas > 1, core/fleet) or the pipeline launcher (pipeline_run.c;
+ * then it makes the closing sample from the weights stage 0 saved:
+ * run_sample, which `transom sample` uses too) or trains alone through the
+ * one training loop (core/train/loop.c) with hooks that print, write
+ * metrics.jsonl and events.jsonl, and stop on a signal.
  *
  *   transom run JOB.lua [--set key=value]...
  *   transom run --resume RUN [--set key=value]...
@@ -36,6 +38,7 @@
 
 #include "version.h"
 #include "backend.h"
+#include "bpe.h"
 #include "ckpt.h"
 #include "job.h"
 #include "kernels.h"
@@ -194,10 +197,55 @@ static int open_ckpt(run_ctx *r) {
   return trainer_ckpt_attach(r->t, r->ck);
 }
 
+/* --- a sample from the saved weights --- */
+
+int run_sample(const char *dir, const char *prompt, long long ntok, double temp, long long seed, FILE *out) {
+  char path[PATH_MAX];
+  lua_State *L = lua_host_new();
+  if (!L) return TR_ENOMEM;
+  job_config cfg;
+  vocab v;
+  int64_t nvocab = 0;
+  bpe *tok = NULL;
+  graph *g = NULL;
+  int rc;
+  snprintf(path, sizeof path, "%s/job.lua", dir);
+  if ((rc = job_load(L, path, NULL, 0, &cfg))) goto done;
+  snprintf(path, sizeof path, "%s/vocab.json", dir);
+  if ((rc = vocab_load_any(&v, &nvocab, path))) goto done;
+  snprintf(path, sizeof path, "%s/tokenizer.bpe", dir);
+  if (v.size == 0 && access(path, R_OK) == 0 && !(tok = bpe_load(path))) {
+    rc = TR_EFORMAT;
+    goto done;
+  }
+  kernels_set_threads(cfg.threads > 0 ? (int)cfg.threads : 1);
+  if ((rc = model_build(L, cfg.lua_ref, v.size ? v.size : data_padded_vocab(nvocab), 1, 0, &g))) goto done;
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  if ((rc = model_load_params(g, path))) goto done;
+  text_codec codec = {v.size ? &v : NULL, tok, nvocab};
+  rc = model_generate(g, &codec, prompt ? prompt : cfg.sample_prompt, ntok, (float)temp,
+                      seed >= 0 ? (uint64_t)seed : (uint64_t)cfg.seed, out);
+done:
+  graph_free(g);
+  bpe_free(tok);
+  lua_host_close(L);
+  return rc;
+}
+
 /* --- several replicas (the operator) or pipeline stages (core/fleet/pipeline_run.c) --- */
 
+/* A pipelined --resume is checked (the stores against the job's stages,
+ * the saved plan) before job.lua takes the --set values: a refused one
+ * leaves the run as it was. */
 static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
   char path[PATH_MAX];
+  pipeline_resume pr;
+  if (pipeline && resume && pipeline_resume_check(&r->cfg, r->dir, &pr)) {
+    fprintf(stderr, "transom: %s\n", tr_error());
+    trainer_free(r->t);
+    r->t = NULL;
+    return 1;
+  }
   char *dump = job_dump(L, &r->cfg);
   int rc = dump ? tr_mkdirs(r->dir) : TR_ENOMEM; /* without a checkpoint the operator starts from step 0 */
   if (!rc && pipeline) rc = take_lock(r); /* one launcher: no takeover (an operator is probed: check_in_use) */
@@ -214,8 +262,17 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
     return 2;
   }
   printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, r->cfg.path, r->dir);
-  rc = pipeline ? pipeline_run(L, &r->cfg, r->dir, resume) : operator_run(L, &r->cfg, r->dir, resume);
+  int stopped = 0;
+  rc = pipeline ? pipeline_run(L, &r->cfg, r->dir, resume ? &pr : NULL, &stopped)
+                : operator_run(L, &r->cfg, r->dir, resume);
   if (rc) fprintf(stderr, "transom: %s\n", tr_error());
+  const job_config *c = &r->cfg;
+  if (!rc && pipeline && !stopped && c->sample_tokens > 0) { /* as a lone run's, from the weights stage 0 saved */
+    printf("--- sample (%lld tokens, temperature %.2f) ---\n", (long long)c->sample_tokens, c->temperature);
+    fflush(stdout);
+    if ((rc = run_sample(r->dir, c->sample_prompt, c->sample_tokens, c->temperature, c->seed, stdout)))
+      fprintf(stderr, "transom: sample: %s\n", tr_error());
+  }
   printf("run directory: %s\n", r->dir);
   return rc ? 1 : 0;
 }

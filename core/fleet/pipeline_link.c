@@ -43,6 +43,8 @@ struct pl_link {
   pthread_cond_t room; /* the queue has room again, or the link is being freed */
   msg *head, *tail;
   int queued;          /* messages in the queue (at most PL_QUEUE_DEPTH) */
+  uint64_t queued_bytes; /* their payload (past the first, at most queue_max) */
+  uint64_t queue_max;
   int stopping;        /* pl_link_free: the reader stops waiting for room */
   int closed;       /* the reader stopped: EOF or an error (why) */
   char why[160];
@@ -115,7 +117,9 @@ static void *reader_main(void *arg) {
       return NULL;
     }
     pthread_mutex_lock(&l->mu); /* a full queue: read no more until the stage takes one */
-    while (l->queued >= PL_QUEUE_DEPTH && !l->stopping) pthread_cond_wait(&l->room, &l->mu);
+    while (!l->stopping && (l->queued >= PL_QUEUE_DEPTH ||
+                            (l->queued > 0 && l->queued_bytes + m->h.bytes > l->queue_max)))
+      pthread_cond_wait(&l->room, &l->mu);
     int stopping = l->stopping;
     pthread_mutex_unlock(&l->mu);
     if (stopping) {
@@ -133,6 +137,7 @@ static void *reader_main(void *arg) {
     else l->head = m;
     l->tail = m;
     l->queued++;
+    l->queued_bytes += m->h.bytes;
     l->received += sizeof m->h + m->h.bytes;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
@@ -141,7 +146,15 @@ static void *reader_main(void *arg) {
 
 /* --- the link --- */
 
-pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes) {
+/* The queue's byte bound for a link whose largest stream message (one
+ * that may queue up with others) is stream_bytes. */
+static uint64_t queue_bound(uint64_t stream_bytes) {
+  if (stream_bytes > UINT64_MAX / PL_QUEUE_MESSAGES) return UINT64_MAX;
+  uint64_t b = PL_QUEUE_MESSAGES * stream_bytes;
+  return b > PL_QUEUE_BYTES_MIN ? b : PL_QUEUE_BYTES_MIN;
+}
+
+pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes, uint64_t stream_bytes) {
   pl_link *l = calloc(1, sizeof *l);
   if (!l) {
     close(fd);
@@ -152,6 +165,7 @@ pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   l->fd = fd;
   l->max_bytes = max_bytes;
+  l->queue_max = queue_bound(stream_bytes < max_bytes ? stream_bytes : max_bytes);
   snprintf(l->peer, sizeof l->peer, "%s", peer_name);
   pthread_mutex_init(&l->mu, NULL);
   pthread_condattr_t ca; /* pl_recv's deadline: a clock that never jumps */
@@ -238,7 +252,9 @@ int pl_send(pl_link *l, const pl_header *h, const void *payload) {
   return TR_OK;
 }
 
-int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload) {
+/* pl_recv and pl_recv_encoded: any_codec says whether the caller decodes. */
+static int take(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, int any_codec, pl_header *h,
+                void **payload) {
   struct timespec until;
   clock_gettime(CLOCK_MONOTONIC, &until); /* the condition's clock (pl_link_create) */
   double end = (double)until.tv_sec + until.tv_nsec * 1e-9 + (timeout_s > 0 ? timeout_s : 0);
@@ -252,6 +268,7 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
     l->head = m->next;
     if (!l->head) l->tail = NULL;
     l->queued--;
+    l->queued_bytes -= m->h.bytes;
     pthread_cond_signal(&l->room);
   }
   char why[160];
@@ -268,6 +285,13 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
     free(m);
     return TR_EIO;
   }
+  if (!any_codec && m->h.codec != 0) { /* only activations and gradients come encoded */
+    tr_fail(TR_EIO, "from %s: message %u (step %lld, micro-batch %d) in codec %d, where only raw (codec 0) is "
+            "expected", l->peer, m->h.kind, (long long)m->h.step, m->h.mb, m->h.codec);
+    free(m->payload);
+    free(m);
+    return TR_EIO;
+  }
   if (l->delay > 0) { /* the emulated latency: from when the message left, as the peer says (finite: the
                          * reader checked), but never later than it could have: now plus its time on the wire */
     double wire = l->rate > 0 ? (double)(sizeof m->h + m->h.bytes) / l->rate : 0;
@@ -279,6 +303,17 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
   free(m);
   return TR_OK;
 }
+
+int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload) {
+  return take(l, kind, step, mb, timeout_s, 0, h, payload);
+}
+
+int pl_recv_encoded(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h,
+                    void **payload) {
+  return take(l, kind, step, mb, timeout_s, 1, h, payload);
+}
+
+const char *pl_link_peer(const pl_link *l) { return l->peer; }
 
 void pl_link_bytes(const pl_link *l, uint64_t *sent, uint64_t *received) {
   pthread_mutex_lock((pthread_mutex_t *)&l->mu);

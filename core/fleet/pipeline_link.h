@@ -55,26 +55,48 @@ typedef struct pl_link pl_link;
  * reply and may meet the bound: its sender then waits for the next stage's
  * forward passes (one-way traffic, no cycle), as a flooding peer does. */
 #define PL_QUEUE_DEPTH 256
+/* And bytes: past its first message the queue holds at most
+ * max(PL_QUEUE_BYTES_MIN, PL_QUEUE_MESSAGES x the link's largest stream
+ * message: an activation or gradient, not the parameter slab or the
+ * exchange vector, which come one at a time and are always taken into an
+ * empty queue) of payload (256 large activations were gigabytes; 4 slabs
+ * were 4 x the model). A stage ahead of a
+ * slower next one may meet it in 1F1B's warm-up (its sends then wait, as
+ * it would for the gradients anyway); while a stage sends activations at
+ * most two gradients wait unread on its side of the link, well inside the
+ * bound, so two stages never block on each other's sends. */
+#define PL_QUEUE_BYTES_MIN ((uint64_t)64 << 20)
+#define PL_QUEUE_MESSAGES 4
 
 /* Takes a connected socket (closed by pl_link_free). max_bytes: the
  * largest payload a message on it may carry (its largest legitimate
  * one): a header asking for more, or with no finite sent_at, closes the
- * link (every wait on it then ends with the error). The reader holds at
- * most a bounded number of unread messages, then stops reading the
- * socket until the stage takes one (the peer's sends block). NULL on
- * failure. */
-pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes);
+ * link (every wait on it then ends with the error). stream_bytes: the
+ * largest of the messages that may queue up several at a time (a
+ * stage's activations and gradients; max_bytes where every message may).
+ * The reader holds at most PL_QUEUE_DEPTH unread messages and, past the
+ * first, the bytes PL_QUEUE_BYTES_MIN says (from stream_bytes), then
+ * stops reading the socket until the stage takes one (the peer's sends
+ * block). NULL on failure. */
+pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes, uint64_t stream_bytes);
 void pl_link_free(pl_link *l);
 
 /* Sends one message. 0 or a negative error. */
 int pl_send(pl_link *l, const pl_header *h, const void *payload);
 /* The next message: it must be of kind/step/mb (kind 0: any message, then
- * step and mb are not checked; mb < 0: any). The payload
- * (malloc'd, the caller frees) and the header come back. Waits at most
- * timeout_s (on the monotonic clock), plus an emulated delay
+ * step and mb are not checked; mb < 0: any) and raw (codec 0): anything
+ * else is an error naming the link (and the message is dropped). The
+ * payload (malloc'd, the caller frees) and the header come back. Waits at
+ * most timeout_s (on the monotonic clock), plus an emulated delay
  * (pl_link_shape) counted from the header's sent_at, which is believed
  * only up to now plus the message's own time on the wire. */
 int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload);
+/* The same for a message that may come in any codec (AdaTopK's
+ * activations and gradients): the caller checks h->codec. */
+int pl_recv_encoded(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h,
+                    void **payload);
+/* The peer's name (pl_link_create's), for errors. */
+const char *pl_link_peer(const pl_link *l);
 
 /* Emulates a slow link in this end's transport (the kernel here has no
  * netem): a send takes bytes / bytes_per_s (0: unlimited) of the sender's

@@ -6,13 +6,22 @@
  * compute (pipeline_stage.c), exchange, evaluate, boundary
  * (pipeline_step.c), and a report that the first stage writes to
  * metrics.jsonl and prints. Checkpoints: each stage its own store
- * (pipeline_ckpt.c), loaded when the plan says resume=STEP. With replicas
+ * (pipeline_ckpt.c), loaded when the plan says resume=STEP; each outcome
+ * is a line on stdout and in RUN/events.jsonl. A STOP line
+ * from the launcher (SIGINT/SIGTERM to `transom run`) is a vote in the
+ * end-of-step exchange: every stage stops after the same step, snapshots
+ * it, stage 0 saves the weights, and each tells the launcher "STOPPED
+ * step=N" before it exits 0. The stage ignores SIGINT (a terminal's
+ * Ctrl-C reaches the whole process group: the launcher stops the stages in
+ * order); SIGTERM still ends it at once (the launcher's own stop of a
+ * stage that outlived the run, or of the run when another failed). With replicas
  * each worker serves a donor, and a worker the launcher started to rebuild
  * a lost pipeline (--rejoin) catches up from one before it trains
  * (pipeline_rejoin.c).
  */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -37,6 +46,7 @@
 typedef struct {
   int coord, donor, attempt; /* from the PLAN line: see take_plan */
   int64_t resume;            /* the step to load from this stage's store (0: none) */
+  double hide, bw_prev, bw_next; /* AdaTopK's start (pipe_plan_adatopk_seed; 0: learn it) */
 } plan_extra;
 
 typedef struct {
@@ -131,13 +141,35 @@ static int stage_report(void *ud, const step_record *rec) {
   return 0;
 }
 
-/* The writer's checkpoint outcomes, one line each. */
+/* The loop's poll: a STOP line from the launcher (it caught SIGINT or
+ * SIGTERM) makes this stage vote to stop. It never stops here alone: the
+ * stages agree on the step in the end-of-step exchange (pipe_exchange),
+ * and every one stops after it. A control socket the launcher closed
+ * counts as STOP (the launcher is gone: the run cannot go on). */
+static int stage_poll(void *ud, loop_control *ctl) {
+  pipe_stage *s = ud;
+  char line[64];
+  (void)ctl;
+  for (struct pollfd p = {.fd = s->ctl, .events = POLLIN}; !s->stop_asked && poll(&p, 1, 0) > 0;)
+    if (pipe_read_line(s->ctl, line, sizeof line, 1.0) || strcmp(line, "STOP") == 0) s->stop_asked = 1;
+  return 0;
+}
+
+/* The writer's checkpoint outcomes, one line each on stdout and in
+ * RUN/events.jsonl (the operator's kinds, "worker": the stage). */
 static void stage_ckpt_event(void *ud, const ckpt_event *ev) {
   pipe_stage *s = ud;
-  if (ev->ok) printf("checkpoint: stage %d, step %lld committed in %.1f ms\n", s->k, (long long)ev->step,
-                     ev->commit_s * 1e3);
-  else printf("checkpoint: stage %d, step %lld failed: %s\n", s->k, (long long)ev->step, ev->what);
+  char detail[1200];
+  if (ev->ok) {
+    printf("checkpoint: stage %d, step %lld committed in %.1f ms\n", s->k, (long long)ev->step, ev->commit_s * 1e3);
+    snprintf(detail, sizeof detail, "stage %d (pipeline %d) committed %.1f MiB: copy %.1f ms, commit %.1f ms", s->k,
+             s->p, ev->bytes / 1048576.0, ev->copy_s * 1e3, ev->commit_s * 1e3);
+  } else {
+    printf("checkpoint: stage %d, step %lld failed: %s\n", s->k, (long long)ev->step, ev->what);
+    snprintf(detail, sizeof detail, "stage %d (pipeline %d): %s", s->k, s->p, ev->what);
+  }
   fflush(stdout);
+  if (s->events) tr_event_line(s->events, ev->step, s->k, ev->ok ? "checkpoint" : "checkpoint_failed", detail);
 }
 
 static int stage_eval(void *ud, int64_t step, float val) {
@@ -210,8 +242,9 @@ int pipe_read_line(int fd, char *out, size_t n, double timeout) {
   double end = tr_now() + timeout;
   while (k + 1 < n) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    int left = (int)((end - tr_now()) * 1000);
-    if (left < 0 || poll(&p, 1, left) == 0) return tr_fail(TR_EIO, "no line in %.0f s", timeout);
+    int left = (int)((end - tr_now()) * 1000), n = left < 0 ? 0 : poll(&p, 1, left);
+    if (n < 0 && errno == EINTR) continue; /* the launcher's stop signal: the wait goes on */
+    if (n == 0) return tr_fail(TR_EIO, "no line in %.0f s", timeout);
     char c;
     ssize_t r = read(fd, &c, 1);
     if (r < 0 && errno == EINTR) continue;
@@ -223,8 +256,16 @@ int pipe_read_line(int fd, char *out, size_t n, double timeout) {
   return TR_OK;
 }
 
+/* A seed of AdaTopK's on the PLAN line: a finite number >= 0, else 0 (learn it). */
+static double seed_value(const char *line, const char *key) {
+  const char *v = strstr(line, key);
+  double x = v ? strtod(v + strlen(key), NULL) : 0;
+  return isfinite(x) && x > 0 ? x : 0;
+}
+
 /* The launcher's PLAN line: stage, cuts, order, and the replicas'
- * coordinator (coord=), a rebuilt worker's donor and attempt. */
+ * coordinator (coord=), a rebuilt worker's donor and attempt, AdaTopK's
+ * start (hide=, bw_prev=, bw_next=). */
 static int take_plan(const char *line, pipe_stage *s, pipe_plan *p, plan_extra *x) {
   int rc = pipe_plan_parse(line, s->S, &s->k, s->cuts, p->order);
   if (!rc) rc = pipe_plan_check("the launcher's plan", s->cuts, p->order, s->S, graph_norder(s->g));
@@ -236,6 +277,9 @@ static int take_plan(const char *line, pipe_stage *s, pipe_plan *p, plan_extra *
   x->coord = co ? atoi(co + 6) : 0;
   x->donor = dn ? atoi(dn + 6) : 0;
   x->attempt = at ? atoi(at + 8) : 1;
+  x->hide = seed_value(line, "hide=");
+  x->bw_prev = seed_value(line, "bw_prev=");
+  x->bw_next = seed_value(line, "bw_next=");
   return TR_OK;
 }
 
@@ -256,7 +300,8 @@ static int probe_and_plan(lua_State *L, const stage_args *a, const job_config *c
   }
   int j = a->worker % s->S, probe = cfg->pipe_probe && s->p == 0; /* pipeline 0 probes for all */
   s->speed = p->speed[j];
-  pipe_probe_ctx c = {cfg, p, j, a->listen_fd, a->ports, s->timeout};
+  pipe_probe_ctx c = {.cfg = cfg, .plan = p, .w = j, .lfd = a->listen_fd, .ports = a->ports,
+                      .timeout = s->timeout}; /* the HELLO wait: PIPE_PROBE_HELLO_S */
   pipe_probe_server *sv = probe ? pipe_probe_serve(&c) : NULL;
   if (probe && !sv) return TR_EIO;
   rc = pipe_read_line(a->control_fd, line, sizeof line, 600); /* GO: our turn to probe */
@@ -296,7 +341,7 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
   if (s->k < s->S - 1) {
     int nw = p->order[s->k + 1], fd = pl_connect(p->addr[nw], a->ports[s->p * s->S + nw], s->timeout);
     snprintf(name, sizeof name, "stage %d", s->k + 1);
-    if (fd < 0 || !(s->next = pl_link_create(fd, name, pipe_stage_max_message(s))))
+    if (fd < 0 || !(s->next = pl_link_create(fd, name, pipe_stage_max_message(s), pipe_stage_max_stream(s))))
       return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k + 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[nw], &rate, &delay);
     pl_link_shape(s->next, rate, delay);
@@ -305,7 +350,7 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
   if (s->k > 0) {
     int fd = pl_accept(a->listen_fd, s->timeout);
     snprintf(name, sizeof name, "stage %d", s->k - 1);
-    if (fd < 0 || !(s->prev = pl_link_create(fd, name, pipe_stage_max_message(s))))
+    if (fd < 0 || !(s->prev = pl_link_create(fd, name, pipe_stage_max_message(s), pipe_stage_max_stream(s))))
       return tr_fail_prefix(TR_EIO, "linking to stage %d", s->k - 1);
     pipe_link_emulation(cfg, p->zone[w], p->zone[p->order[s->k - 1]], &rate, &delay);
     pl_link_shape(s->prev, rate, delay);
@@ -314,12 +359,17 @@ static int link_up(const stage_args *a, const job_config *cfg, const pipe_plan *
   return TR_OK;
 }
 
-static int open_metrics(pipe_stage *s) {
+/* The stage's records (metrics.jsonl, stage-K.jsonl, pipeline-P-stage-K.jsonl) and
+ * RUN/events.jsonl, both appended. */
+static int open_logs(pipe_stage *s) {
   char path[1200];
   if (s->k == 0 && s->p == 0) snprintf(path, sizeof path, "%s/metrics.jsonl", s->dir);
   else if (s->p == 0) snprintf(path, sizeof path, "%s/stage-%d.jsonl", s->dir, s->k);
   else snprintf(path, sizeof path, "%s/pipeline-%d-stage-%d.jsonl", s->dir, s->p, s->k);
   if (!(s->metrics = fopen(path, "a"))) return tr_fail(TR_EIO, "cannot open %s", path);
+  snprintf(path, sizeof path, "%s/events.jsonl", s->dir);
+  if (!(s->events = fopen(path, "a"))) return tr_fail(TR_EIO, "cannot open %s", path);
+  tr_log_reserve(s->events);
   return TR_OK;
 }
 
@@ -339,6 +389,11 @@ int pipeline_stage_main(int argc, char **argv) {
   if (!rc) rc = probe_and_plan(L, &a, &cfg, &s, &plan, &px);
   int stop = rc == 1;
   if (stop) rc = TR_OK;
+  /* AdaTopK starts from the probes' links and the plan's slowest stage,
+   * then follows its sends and the stages' measured compute */
+  s.fwd.bw = px.bw_next;
+  s.bwd.bw = px.bw_prev;
+  s.hide_s = px.hide;
   if (!rc && !stop) rc = pipe_stage_setup(&s);
   ckpt_engine *ck = NULL;
   if (!rc && !stop && !(ck = pipe_ckpt_open(&cfg, s.t, a.run, s.k)) && (cfg.ckpt_every_steps || cfg.ckpt_every_seconds))
@@ -348,18 +403,22 @@ int pipeline_stage_main(int argc, char **argv) {
   if (!rc && !stop && a.rejoin) rc = pipe_rejoin(&s, &cfg, px.coord, px.donor, px.attempt);
   else if (!rc && !stop) rc = join_replicas(&cfg, &s, px.coord);
   if (!rc && !stop && s.R > 1 && !a.rejoin) rc = pipe_donor_start(&s); /* a rebuilt one: once it is in */
-  if (!rc && !stop) rc = open_metrics(&s);
+  if (!rc && !stop) rc = open_logs(&s);
   if (!rc && !stop) {
     loop_opts lo = {.t = s.t, .ck = ck, .run_dir = a.run, .worker = s.k, .save_on_stop = 0};
-    loop_hooks h = {.ud = &s, .compute = pipe_compute, .exchange = pipe_exchange, .evaluate = pipe_evaluate,
-                    .boundary = pipe_boundary, .report = stage_report, .eval = stage_eval,
-                    .ckpt_event = stage_ckpt_event, .failed = pipe_failed};
+    loop_hooks h = {.ud = &s, .poll = stage_poll, .compute = pipe_compute, .exchange = pipe_exchange,
+                    .evaluate = pipe_evaluate, .boundary = pipe_boundary, .report = stage_report,
+                    .eval = stage_eval, .ckpt_event = stage_ckpt_event, .failed = pipe_failed};
     loop_result res;
     rc = loop_run(&lo, &h, &res);
+    char line[64]; /* the launcher says where the run stopped */
+    snprintf(line, sizeof line, "STOPPED step=%lld\n", (long long)res.step);
+    if (!rc && res.stopped) pipe_write_line(s.ctl, line);
   }
   if (rc && s.t) fprintf(stderr, "transom stage worker %d: %s\n", a.worker, tr_error());
   else if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   if (s.metrics) fclose(s.metrics);
+  if (s.events) fclose(s.events);
   donor_close(s.donor_fd);
   donor_stop(s.dn);
   ckpt_close(ck);

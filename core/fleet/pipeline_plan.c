@@ -121,8 +121,7 @@ static void cluster(pipe_plan *p) {
   }
 }
 
-/* Fills the predictions of p's order and cuts. */
-static int predict(const graph *g, pipe_plan *p) {
+int pipe_plan_predict(const graph *g, pipe_plan *p) {
   int n = graph_norder(g);
   graph_op_cost *c = malloc(sizeof *c * (size_t)n);
   if (!c) return tr_fail(TR_ENOMEM, "out of memory planning");
@@ -146,6 +145,15 @@ static int predict(const graph *g, pipe_plan *p) {
   p->step_s += (p->M - 1) * p->bottleneck_s;
   free(c);
   return rc ? tr_fail_prefix(TR_EINVAL, "planning") : TR_OK;
+}
+
+void pipe_plan_adatopk_seed(const pipe_plan *p, int k, double *hide_s, double *bw_prev, double *bw_next) {
+  *hide_s = *bw_prev = *bw_next = 0;
+  if (!p->measured) return;
+  for (int j = 0; j < p->S; j++)
+    if (p->stage_s[j] > *hide_s && isfinite(p->stage_s[j])) *hide_s = p->stage_s[j];
+  if (k > 0) *bw_prev = p->bw[p->order[k - 1]][p->order[k]];
+  if (k + 1 < p->S) *bw_next = p->bw[p->order[k]][p->order[k + 1]];
 }
 
 /* Cuts for p->order by the DP, with the order's speeds and links. */
@@ -225,7 +233,7 @@ int pipe_plan_make(lua_State *L, const graph *g, const job_config *cfg, pipe_pla
   int rc = strcmp(cfg->pipe_placement, "even") == 0 ? even(g, p) : opfence(g, p);
   if (!rc && strcmp(cfg->pipe_placement, "even") != 0 && strcmp(cfg->pipe_placement, "opfence") != 0)
     rc = pipe_policy_plan(L, g, cfg->pipe_placement, p);
-  return rc ? rc : predict(g, p);
+  return rc ? rc : pipe_plan_predict(g, p);
 }
 
 /* --- printing and the PLAN line --- */

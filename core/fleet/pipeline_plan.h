@@ -61,6 +61,18 @@ int pipe_plan_make(lua_State *L, const graph *g, const job_config *cfg, pipe_pla
  * a policy error, one past its budget); L's stack as it was. */
 int pipe_policy_plan(lua_State *L, const graph *g, const char *path, pipe_plan *p);
 
+/* Fills p's predictions (stage_s, link_bytes, link_s, bottleneck_s,
+ * step_s) for its order and cuts from its measurements: pipe_plan_make
+ * does; a plan whose cuts and order were restored needs it again. */
+int pipe_plan_predict(const graph *g, pipe_plan *p);
+
+/* AdaTopK's starting point for stage k of plan p (what a worker would
+ * otherwise learn during its first step): the slowest stage's predicted
+ * compute per micro-batch (what a transfer hides behind) and the measured
+ * bandwidth of its links to stages k-1 and k+1, bytes/s (0: unknown, or
+ * too fast to tell). All 0 unless the probes measured p. */
+void pipe_plan_adatopk_seed(const pipe_plan *p, int k, double *hide_s, double *bw_prev, double *bw_next);
+
 /* The plan as a table: stages, ops, workers, predicted time per stage,
  * bytes per link per step. */
 void pipe_plan_print(FILE *f, const graph *g, const pipe_plan *p);

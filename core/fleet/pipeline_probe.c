@@ -97,11 +97,16 @@ static int serve_one(const pipe_probe_ctx *c, unsigned char *served) {
   socklen_t alen = sizeof a;
   if (fd >= 0 && getpeername(fd, (struct sockaddr *)&a, &alen) == 0 && a.sin_family == AF_INET)
     snprintf(from, sizeof from, "%s:%d", inet_ntoa(a.sin_addr), ntohs(a.sin_port));
-  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probing worker", PROBE_BULK_MAX) : NULL;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probing worker", PROBE_BULK_MAX, PROBE_BULK_MAX) : NULL;
   if (!l) return TR_EIO;
   pl_header h;
   void *p = NULL;
-  if (pl_recv(l, PL_HELLO, 0, -1, c->timeout, &h, &p)) snprintf(why, sizeof why, "%s", tr_error());
+  /* a short wait: a connection that stays silent is closed and the next
+   * one taken (a real prober says HELLO at once; one waiting behind a
+   * silent one must not wait out hang_seconds) */
+  double hello = c->hello_timeout > 0 ? c->hello_timeout : PIPE_PROBE_HELLO_S;
+  if (hello > c->timeout) hello = c->timeout;
+  if (pl_recv(l, PL_HELLO, 0, -1, hello, &h, &p)) snprintf(why, sizeof why, "no HELLO (%s)", tr_error());
   else peer = hello_worker(c, &h, served, why, sizeof why);
   if (peer < 0) {
     fprintf(stderr, "transom stage worker %d: probe: closed a connection from %s: %s\n", c->w, from, why);
@@ -151,7 +156,7 @@ static int exchange(pl_link *l, uint32_t kind, uint32_t reply, const void *paylo
 
 static int probe_peer(const pipe_probe_ctx *c, int j, const char *bulk, double *bw, double *lat) {
   int fd = pl_connect(c->plan->addr[j], c->ports[j], c->timeout), rc = TR_OK;
-  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probed worker", PROBE_BULK_MAX) : NULL;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "a probed worker", PROBE_BULK_MAX, PROBE_BULK_MAX) : NULL;
   if (!l) return TR_EIO;
   shape(c, l, j);
   pl_header hello = {.kind = PL_HELLO, .value = c->w};

@@ -17,15 +17,24 @@ typedef struct {
   int w;                 /* this worker */
   int lfd;               /* its listening socket */
   const int *ports;      /* every worker's port (at plan->addr) */
-  double timeout;
+  double timeout;        /* a probe's wait for its peer (hang_seconds) */
+  double hello_timeout;  /* the server's wait for a connection's HELLO (0: PIPE_PROBE_HELLO_S, at most timeout) */
 } pipe_probe_ctx;
+
+/* How long the probe server waits for a new connection's HELLO before it
+ * closes it and takes the next: a prober sends HELLO as soon as it is
+ * connected, so a connection that says nothing this long is none of the
+ * workers (and must not hold the lower workers' probes for hang_seconds). */
+#define PIPE_PROBE_HELLO_S 5.0
 
 /* FLOP/s of the whole micro-batch graph on this worker (emulation on). */
 int pipe_probe_speed(pipe_stage *s, double *flops_s);
 /* The thread that answers the probes of workers 0..w-1: started first
  * thing, joined (its error returned) before this worker reports. Any local
  * process can connect: a connection whose HELLO names no lower worker not
- * served yet is closed (a line on stderr says why) and not counted. */
+ * served yet, or that sends no HELLO within the HELLO wait (hello_timeout),
+ * is closed (a line on stderr says why) and not counted; the server then
+ * takes the next connection. */
 typedef struct pipe_probe_server pipe_probe_server;
 pipe_probe_server *pipe_probe_serve(const pipe_probe_ctx *c);
 int pipe_probe_serve_join(pipe_probe_server *sv);

@@ -16,7 +16,15 @@
  * Several (replicas): a failure stops that pipeline only; the others train
  * on, and the launcher starts the lost one again (pipeline.rebuilds times):
  * new workers that catch up from a live pipeline's (pipeline_rejoin.c),
- * once one has told its donors' ports.
+ * once one has told its donors' ports. SIGINT or SIGTERM to `transom run`
+ * stops it in order: the launcher tells every worker STOP on its control
+ * socket, the stages agree on a step in their end-of-step exchange, each
+ * checkpoints it and stage 0 saves the weights, every worker says where
+ * it stopped and exits 0, and the launcher prints the step (the newest
+ * every store holds) and the resume command; nothing is started again
+ * after a stop. RUN/events.jsonl, in the operator's format: the launcher
+ * writes the start or resume, a stop, the end (worker -1), each stage its
+ * checkpoints (pipeline_main.c).
  * `transom plan` does the same up to the plan and then tells the workers
  * to stop.
  */
@@ -29,6 +37,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,7 +80,32 @@ typedef struct {
   ftar_coord *coord[PIPE_MAX_STAGES]; /* R > 1: one FTAR group per stage */
   pipe_plan plan;
   int planned;
+  int ckpt;                            /* the job takes checkpoints */
+  int stopping;                        /* STOP sent (a signal): no pipeline is started again */
+  int64_t stopped_at[PIPE_MAX_WORKERS]; /* the step a worker said it stopped after (0: none) */
+  FILE *events;                        /* RUN/events.jsonl (NULL: `transom plan`) */
 } launch;
+
+/* One line of RUN/events.jsonl, as the operator writes them ("worker": -1,
+ * the launcher's); nothing without the file. */
+static void run_event(FILE *ev, int64_t step, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void run_event(FILE *ev, int64_t step, const char *kind, const char *fmt, ...) {
+  if (!ev) return;
+  char detail[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  tr_event_line(ev, step, -1, kind, detail);
+}
+
+/* SIGINT or SIGTERM to the launcher of a run (0: none yet): wait_all
+ * tells the workers to stop. */
+static volatile sig_atomic_t stop_signal;
+static void on_stop(int sig) {
+  if (!stop_signal) stop_signal = sig;
+}
 
 /* --- starting the workers --- */
 
@@ -125,6 +159,11 @@ static pid_t spawn_worker(const launch *l, int w, int child_ctl, int rejoin) {
   if (pid != 0) return pid;
   prctl(PR_SET_PDEATHSIG, SIGTERM); /* a launcher killed with -9 takes its workers along */
   if (getppid() != parent) _exit(1); /* ok-exit: the launcher died before the line above */
+  /* Ctrl-C reaches the whole process group: only the launcher acts on it
+   * (it tells the stages to stop at a step they agree on); SIGTERM ends a
+   * stage at once (stop_some), whatever the launcher inherited */
+  signal(SIGINT, SIG_IGN);
+  signal(SIGTERM, SIG_DFL);
   int back;
   if (enter_netns(l->plan.netns[w % l->S], &back)) {
     fprintf(stderr, "transom: pipeline worker %d: %s\n", w, tr_error());
@@ -231,6 +270,14 @@ static int nominal_speeds(trainer *t, pipe_plan *p) {
   return rc;
 }
 
+/* What a PLAN line tells stage k of AdaTopK's start (pipe_plan_adatopk_seed),
+ * as " hide=S bw_prev=B bw_next=B" (take_plan in pipeline_main.c reads it). */
+static void seed_text(const pipe_plan *p, int k, char *out, size_t n) {
+  double hide, prev, next;
+  pipe_plan_adatopk_seed(p, k, &hide, &prev, &next);
+  snprintf(out, n, " hide=%.9g bw_prev=%.9g bw_next=%.9g", hide, prev, next);
+}
+
 /* PROBE lines in, the plan made and printed, PLAN lines out (or stop). */
 static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int stop) {
   trainer *t = NULL;
@@ -249,6 +296,7 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   int saved = 0;
   if (!rc && l->resume) /* the stores fit the run's own cuts */
     rc = pipe_plan_restore(l->dir, &l->plan, graph_norder(trainer_graph(t)), &saved);
+  if (!rc && saved) rc = pipe_plan_predict(trainer_graph(t), &l->plan); /* for those cuts (AdaTopK's start) */
   if (!rc && saved) {
     char first[4096];
     if (pipe_plan_line(first, sizeof first, &l->plan, 0) < 0) rc = TR_EINVAL;
@@ -261,11 +309,13 @@ static int plan_and_send(lua_State *L, launch *l, const job_config *cfg, int sto
   l->planned = !rc;
   for (int i = 0; i < l->W && !rc; i++) {
     int p = i / l->S, k = i % l->S, w = p * l->S + l->plan.order[k]; /* pipeline p's stage k */
+    char seed[128];
+    seed_text(&l->plan, k, seed, sizeof seed);
     if (stop) snprintf(line, sizeof line, "PLAN stop\n");
-    else if ((rc = pipe_plan_line(line, sizeof line - 64, &l->plan, k)) < 0) break;
+    else if ((rc = pipe_plan_line(line, sizeof line - 256, &l->plan, k)) < 0) break;
     rc = TR_OK;
-    if (!stop) snprintf(line + strlen(line) - 1, 64, " coord=%d resume=%lld\n", l->coord[k] ? ftar_coord_port(l->coord[k]) : 0,
-                        (long long)l->resume);
+    if (!stop) snprintf(line + strlen(line) - 1, 256, " coord=%d resume=%lld%s\n",
+                        l->coord[k] ? ftar_coord_port(l->coord[k]) : 0, (long long)l->resume, seed);
     if (pipe_write_line(l->ctl[w], line)) rc = tr_fail_prefix(TR_EIO, "pipeline: cannot reach worker %d", w);
   }
   trainer_free(t);
@@ -370,13 +420,15 @@ static int rebuild(launch *l, int p) {
   char line[4096];
   for (int k = 0; k < l->S && !rc; k++) {
     int w = p * l->S + l->plan.order[k], d = q * l->S + l->plan.order[k];
-    int len = pipe_plan_line(line, sizeof line - 64, &l->plan, k);
+    int len = pipe_plan_line(line, sizeof line - 256, &l->plan, k);
     if (len < 0) {
       rc = len;
       break;
     }
-    snprintf(line + strlen(line) - 1, 64, " coord=%d donor=%d attempt=%d\n", ftar_coord_port(l->coord[k]),
-             l->donor[d], l->rebuilt[p]);
+    char seed[128];
+    seed_text(&l->plan, k, seed, sizeof seed);
+    snprintf(line + strlen(line) - 1, 256, " coord=%d donor=%d attempt=%d%s\n", ftar_coord_port(l->coord[k]),
+             l->donor[d], l->rebuilt[p], seed);
     if ((rc = pipe_write_line(l->ctl[w], line))) rc = tr_fail_prefix(rc, "pipeline: cannot reach worker %d", w);
   }
   if (rc) {
@@ -406,6 +458,8 @@ static void read_control(launch *l, int w) {
     l->ctl[w] = -1;
   } else if (strncmp(line, "DONOR ", 6) == 0 && (v = strstr(line, "port="))) {
     l->donor[w] = atoi(v + 5);
+  } else if (strncmp(line, "STOPPED ", 8) == 0 && (v = strstr(line, "step="))) {
+    l->stopped_at[w] = atoll(v + 5);
   } else if (strncmp(line, "JOINED ", 7) == 0 && (v = strstr(line, "step=")) && w % l->S == l->plan.order[0]) {
     int alive = 0;
     for (int q = 0; q < l->R; q++) alive += !l->lost[q];
@@ -431,7 +485,8 @@ static int reaped(launch *l, pid_t pid, int st) {
   stop_some(l, p, 1.0);
   failure(l, p);
   printf("pipeline %d lost: %s; the other %d pipeline(s) train on\n", p, tr_error(), alive);
-  if (WIFEXITED(st) && WEXITSTATUS(st) == PIPE_EXIT_LATE)
+  if (l->stopping) printf("pipeline %d: not started again: the run is stopping\n", p);
+  else if (WIFEXITED(st) && WEXITSTATUS(st) == PIPE_EXIT_LATE)
     printf("pipeline %d: not started again: the live pipelines end before it could enter\n", p);
   else if (l->rebuilt[p] >= l->rebuilds) printf("pipeline %d: not started again (pipeline.rebuilds = %lld)\n", p,
                                            (long long)l->rebuilds);
@@ -446,16 +501,33 @@ static int reaped(launch *l, pid_t pid, int st) {
 /* The lost pipelines owed a rebuild whose donors are now known. */
 static void rebuild_owed(launch *l) {
   for (int p = 0; p < l->R; p++)
-    if (l->owed[p] && l->lost[p] && donor_pipeline(l, p) >= 0) {
+    if (l->owed[p] && l->stopping) {
+      l->owed[p] = 0;
+      printf("pipeline %d: not started again: the run is stopping\n", p);
+      fflush(stdout);
+    } else if (l->owed[p] && l->lost[p] && donor_pipeline(l, p) >= 0) {
       l->owed[p] = 0;
       if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
       fflush(stdout);
     }
 }
 
+/* A stop signal came: every live worker is told STOP (the stages agree
+ * on the step themselves). One that cannot be told is gone already: its
+ * pipeline is lost as any other. */
+static void ask_stop(launch *l) {
+  l->stopping = 1;
+  printf("stopping (%s): every stage finishes the same step%s\n", stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+         l->ckpt ? " and checkpoints it" : " (checkpoints are off)");
+  fflush(stdout);
+  for (int w = 0; w < l->W; w++)
+    if (l->pid[w] > 0 && l->ctl[w] >= 0) (void)pipe_write_line(l->ctl[w], "STOP\n");
+}
+
 /* Waits for every worker, reading their control lines meanwhile. */
 static void wait_all(launch *l) {
   for (;;) {
+    if (stop_signal && !l->stopping) ask_stop(l);
     struct pollfd pf[PIPE_MAX_WORKERS];
     int who[PIPE_MAX_WORKERS], n = 0, live = 0, st;
     for (int w = 0; w < l->W; w++)
@@ -475,9 +547,49 @@ static void wait_all(launch *l) {
   }
 }
 
-static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop, int64_t resume) {
+/* The lines the workers wrote before they exited (a STOPPED line comes
+ * just before the exit, perhaps after wait_all's last read). */
+static void drain_control(launch *l) {
+  for (int w = 0; w < l->W; w++)
+    while (l->ctl[w] >= 0) read_control(l, w);
+}
+
+/* After a stop: the step the stages stopped after, and what a --resume
+ * takes (the newest step every store committed). Nothing when no worker
+ * said it stopped (the run reached max_steps first). */
+static void report_stop(const launch *l) {
+  int64_t at = 0, common = 0;
+  const char *sig = stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+  for (int w = 0; w < l->W; w++)
+    if (l->stopped_at[w] > at) at = l->stopped_at[w];
+  if (at == 0) return;
+  if (!l->ckpt) {
+    printf("stopped at step %lld (checkpoints are off: nothing to resume from)\n", (long long)at);
+    run_event(l->events, at, "stopped", "%s: every stage stopped after step %lld (checkpoints are off)", sig,
+              (long long)at);
+  } else if (pipe_ckpt_common_step(l->dir, l->S, &common)) {
+    printf("stopped at step %lld; its checkpoint stores cannot be read: %s\n", (long long)at, tr_error());
+    run_event(l->events, at, "stopped", "%s: every stage stopped after step %lld; the checkpoint stores cannot be "
+              "read: %s", sig, (long long)at, tr_error());
+  } else if (common == at) {
+    printf("stopped at step %lld (checkpointed); resume with: transom run --resume %s\n", (long long)at, l->dir);
+    run_event(l->events, at, "stopped", "%s: every stage stopped after step %lld and checkpointed it", sig,
+              (long long)at);
+  } else {
+    printf("stopped at step %lld; the newest step every stage committed is %lld; resume with: transom run --resume "
+           "%s\n", (long long)at, (long long)common, l->dir);
+    run_event(l->events, at, "stopped", "%s: stopped after step %lld; the newest step every stage committed is %lld",
+              sig, (long long)at, (long long)common);
+  }
+  fflush(stdout);
+}
+
+/* *stopped (may be NULL): 1 when the run ended by a stop signal before max_steps. */
+static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int stop, int64_t resume,
+                      FILE *events, int *stopped) {
   launch l = {.S = (int)cfg->pipe_stages, .R = cfg->replicas > 1 ? (int)cfg->replicas : 1, .dir = dir,
-              .rebuilds = cfg->pipe_rebuilds, .resume = resume};
+              .rebuilds = cfg->pipe_rebuilds, .resume = resume, .events = events,
+              .ckpt = cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0};
   l.W = l.S * l.R;
   if (l.W > PIPE_MAX_WORKERS) return tr_fail(TR_EINVAL, "pipeline: %d workers (at most %d)", l.W, PIPE_MAX_WORKERS);
   for (int w = 0; w < l.W; w++) l.lfd[w] = l.ctl[w] = l.ctl_child[w] = -1;
@@ -489,29 +601,55 @@ static int launch_run(lua_State *L, const job_config *cfg, const char *dir, int 
   if (!rc) rc = plan_and_send(L, &l, cfg, stop);
   if (!rc) wait_all(&l);
   stop_some(&l, -1, rc ? 0.0 : 1.0);
+  if (!rc) drain_control(&l); /* not after an error: its reads would replace tr_error() */
   for (int w = 0; w < l.W; w++)
     if (l.ctl[w] >= 0) close(l.ctl[w]);
   for (int k = 0; k < l.S; k++) ftar_coord_free(l.coord[k]);
   if (rc) return rc;
   for (int p = 0; p < l.R; p++) /* done when a pipeline finished whole */
-    if (!failure(&l, p)) return TR_OK;
+    if (!failure(&l, p)) {
+      int64_t at = 0;
+      int whole = 0;
+      for (int w = 0; w < l.W; w++) at = l.stopped_at[w] > at ? l.stopped_at[w] : at;
+      for (int q = 0; q < l.R; q++) whole += !failure(&l, q);
+      if (stopped) *stopped = at > 0;
+      if (at) report_stop(&l);
+      else run_event(events, cfg->max_steps, "finished", "every stage of %d of %d pipeline(s) finished step %lld; "
+                     "stage 0 saved the weights", whole, l.R, (long long)cfg->max_steps);
+      return TR_OK;
+    }
   return failure(&l, -1);
 }
 
-/* --resume: the newest step every stage store committed; the records
- * after it are dropped (the run does those steps again). */
-static int resume_step(const job_config *cfg, const char *dir, int64_t *step) {
-  int rc = pipe_ckpt_common_step(dir, (int)cfg->pipe_stages, step), dropped = 0;
-  if (!rc && *step == 0)
+/* --resume, before anything is written (pipeline.h): the checks and the
+ * step, from pipe_ckpt_resume_check. */
+int pipeline_resume_check(const job_config *cfg, const char *dir, pipeline_resume *r) {
+  memset(r, 0, sizeof *r);
+  return pipe_ckpt_resume_check(dir, (int)cfg->pipe_stages, &r->step, &r->start_over);
+}
+
+/* What the checks decided: the records after the step are dropped (the
+ * run does those steps again), or, starting over, the stores of the run
+ * abandoned are set aside. */
+static int resume_apply(const job_config *cfg, const char *dir, const pipeline_resume *r, FILE *ev) {
+  int rc = TR_OK, n = 0;
+  if (r->step == 0 && r->start_over) rc = pipe_ckpt_set_aside(dir, (int)cfg->pipe_stages, &n);
+  if (!rc && r->step == 0) {
     printf("resume: no step committed by every stage in %s/ckpt-stage-*: starting from step 0\n", dir);
-  if (!rc && *step > 0) rc = pipe_ckpt_truncate_records(dir, *step, &dropped);
-  if (!rc && *step > 0)
+    run_event(ev, 0, "resume", "no step committed by every stage in %s/ckpt-stage-*: starting from step 0", dir);
+  }
+  if (!rc && r->step > 0) rc = pipe_ckpt_truncate_records(dir, r->step, &n);
+  if (!rc && r->step > 0) {
     printf("resumed from step %lld (the newest checkpoint every stage committed; %d record line(s) after it "
-           "dropped)\n", (long long)*step, dropped);
+           "dropped)\n", (long long)r->step, n);
+    run_event(ev, r->step, "resume", "resumed from the checkpoint of step %lld, the newest every stage committed; "
+              "%d record line(s) after it dropped", (long long)r->step, n);
+  }
   return rc;
 }
 
-int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, int resume) {
+int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, const pipeline_resume *resume, int *stopped) {
+  *stopped = 0;
   printf("pipeline: %lld stage(s)%s, %lld micro-batch(es) of %lld sequences, 1F1B over TCP%s\n",
          (long long)cfg->pipe_stages, cfg->replicas > 1 ? " x replicas" : "", (long long)cfg->pipe_micro_batches,
          (long long)(cfg->batch_size / cfg->pipe_micro_batches),
@@ -519,10 +657,25 @@ int pipeline_run(lua_State *L, const job_config *cfg, const char *dir, int resum
   if (cfg->ckpt_every_steps > 0 || cfg->ckpt_every_seconds > 0)
     printf("pipeline: checkpoints in %s/ckpt-stage-0..%lld, one store per stage\n", dir,
            (long long)cfg->pipe_stages - 1);
-  int64_t step = 0;
-  int rc = resume ? resume_step(cfg, dir, &step) : TR_OK;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/events.jsonl", dir);
+  FILE *ev = fopen(path, "a");
+  if (!ev) return tr_fail(TR_EIO, "cannot open %s: %s", path, strerror(errno));
+  tr_log_reserve(ev);
+  int rc = resume ? resume_apply(cfg, dir, resume, ev) : TR_OK;
+  if (!resume)
+    run_event(ev, 0, "start", "%lld stage(s) x %d pipeline(s), %lld micro-batch(es)", (long long)cfg->pipe_stages,
+              cfg->replicas > 1 ? (int)cfg->replicas : 1, (long long)cfg->pipe_micro_batches);
   fflush(stdout);
-  return rc ? rc : launch_run(L, cfg, dir, 0, step);
+  /* set here, not inherited: a job started in the background by a script
+   * has SIGINT ignored */
+  struct sigaction sa = {.sa_handler = on_stop, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  if (!rc) rc = launch_run(L, cfg, dir, 0, resume ? resume->step : 0, ev, stopped);
+  fclose(ev);
+  return rc;
 }
 
 /* --- transom plan --- */
@@ -560,7 +713,7 @@ int pipeline_plan_main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/job.lua", dir);
     rc = tr_write_file_atomic(path, dump, strlen(dump));
   }
-  if (!rc) rc = launch_run(L, &cfg, dir, 1, 0);
+  if (!rc) rc = launch_run(L, &cfg, dir, 1, 0, NULL, NULL);
   if (dump && dir[strlen(dir) - 1] != 'X') {
     remove(path);
     rmdir(dir);

@@ -87,8 +87,9 @@ static int find_params(pipe_stage *s) {
   }
   int rc = TR_OK;
   /* one sum of squares per tensor id (parameters' only), each stage's
-   * compute, the lowest live pipeline (the first stage's view) */
-  s->vec_doubles = nt + s->S + 1;
+   * compute, each stage's checkpoint vote, the lowest live pipeline (the
+   * first stage's view) */
+  s->vec_doubles = nt + 2 * s->S + 1;
   for (int t = 0; t < nt && !rc; t++) {
     if (s->owner[t] < 0) s->owner[t] = 0; /* unused: the first stage keeps it */
     if (uses[t] < 2) continue;
@@ -165,9 +166,13 @@ int pipe_stage_setup(pipe_stage *s) {
   return TR_OK;
 }
 
-uint64_t pipe_stage_max_message(const pipe_stage *s) {
+uint64_t pipe_stage_max_stream(const pipe_stage *s) {
   int64_t big = s->xin_n > s->xout_n ? s->xin_n : s->xout_n;
-  uint64_t m = adatopk_bytes(big); /* more than its raw floats, or bf16 */
+  return adatopk_bytes(big); /* more than its raw floats, or bf16 */
+}
+
+uint64_t pipe_stage_max_message(const pipe_stage *s) {
+  uint64_t m = pipe_stage_max_stream(s);
   uint64_t vec = sizeof(double) * (uint64_t)s->vec_doubles + sizeof(float) * (uint64_t)s->vec_floats;
   uint64_t tied = sizeof(float) * (uint64_t)s->tied_n, params = sizeof(float) * (uint64_t)graph_nparams(s->g);
   if (vec > m) m = vec;
@@ -251,16 +256,25 @@ static int send_floats(pipe_stage *s, pipe_dir *d, pl_link *l, uint32_t kind, in
   return rc;
 }
 
+/* Receives n floats: raw, or (compression on) in one of AdaTopK's codecs;
+ * any other codec, or one with compression off, is an error naming the
+ * link. */
 static int recv_floats(pipe_stage *s, pl_link *l, uint32_t kind, int64_t step, int mb, int64_t n, float *out,
                        double *value) {
   pl_header h;
   void *p;
-  int rc = pl_recv(l, kind, step, mb, s->timeout, &h, &p);
+  int rc = pl_recv_encoded(l, kind, step, mb, s->timeout, &h, &p);
   if (rc) return rc;
-  if (h.codec != 0) rc = adatopk_decode_any(h.codec, p, h.bytes, out, n); /* an unknown codec is an error there */
-  else if (h.bytes != sizeof(float) * (uint64_t)n)
-    rc = tr_fail(TR_EIO, "a message of %llu bytes, expected %lld", (unsigned long long)h.bytes, (long long)n * 4);
-  else memcpy(out, p, h.bytes);
+  if (h.codec != 0 && !s->fwd.on && !s->bwd.on)
+    rc = tr_fail(TR_EIO, "from %s: message %u (step %lld, micro-batch %d) in codec %d, but compression is off: "
+                 "only raw (codec 0) is expected", pl_link_peer(l), h.kind, (long long)step, mb, h.codec);
+  else if (h.codec != 0 && (rc = adatopk_decode_any(h.codec, p, h.bytes, out, n))) /* unknown codecs too */
+    rc = tr_fail_prefix(rc, "from %s: message %u (step %lld, micro-batch %d)", pl_link_peer(l), h.kind,
+                        (long long)step, mb);
+  else if (h.codec == 0 && h.bytes != sizeof(float) * (uint64_t)n)
+    rc = tr_fail(TR_EIO, "from %s: message %u (step %lld, micro-batch %d) of %llu bytes, expected %lld",
+                 pl_link_peer(l), h.kind, (long long)step, mb, (unsigned long long)h.bytes, (long long)n * 4);
+  else if (h.codec == 0) memcpy(out, p, h.bytes);
   if (value) *value = h.value;
   free(p);
   return rc;

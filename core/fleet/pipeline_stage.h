@@ -85,6 +85,10 @@ typedef struct {
   int ctl;           /* the control socket to the launcher */
   int lowest;        /* the lowest live pipeline (its stage 0 leads, its stages checkpoint): the
                         first stage's view, down the chain every step (pipeline_step.c) */
+  int vote;          /* this step's vote: 1 wants a snapshot, 2 its engine is busy, 4 asked to stop */
+  int stop_asked;    /* the launcher said STOP (it caught SIGINT/SIGTERM): voted until agreed */
+  int64_t stop_step; /* the step every stage agreed to stop after (0: none): its boundary gathers
+                        the parameters into stage 0, as the last step's does */
   int lowest_seen;   /* the lowest slot among this stage's latest replicas' all-reduce's contributors */
   int64_t own_lo, own_hi; /* the span of the gradient slab this stage's parameters cover (what replicas average) */
   int64_t epoch, redos;
@@ -100,6 +104,7 @@ typedef struct {
   float global_norm, step_loss;
   char dir[1024];
   FILE *metrics;
+  FILE *events;      /* RUN/events.jsonl, appended by every stage and the launcher (whole lines) */
   int width;
 } pipe_stage;
 
@@ -112,6 +117,10 @@ void pipe_stage_free(pipe_stage *s);
  * crossing's floats raw or encoded, the exchange vector, the tied
  * gradients, the whole parameter slab. Each link's bound (pl_link_create). */
 uint64_t pipe_stage_max_message(const pipe_stage *s);
+/* The largest of the messages that queue up on a link several at a time:
+ * a micro-batch's activations or gradients, raw or encoded (each link's
+ * queue bound, pl_link_create's stream_bytes). */
+uint64_t pipe_stage_max_stream(const pipe_stage *s);
 
 /* The loop's compute hook: step `next`'s micro-batches, 1F1B. */
 int pipe_compute(void *ud, int64_t next, step_stats *st);
@@ -139,7 +148,9 @@ int pipe_rejoin(pipe_stage *s, const job_config *cfg, int coord, int donor_port,
 void pipe_donor_record(pipe_stage *s, int64_t step, const float *grads);
 int pipe_donor_boundary(pipe_stage *s, int64_t step);
 
-/* pipeline_step.c: the loop's exchange, evaluate and boundary hooks. */
+/* pipeline_step.c: the loop's exchange, evaluate and boundary hooks. The
+ * exchange agrees on checkpoints and on a stop (loop_exchange.ckpt_agreed,
+ * .stop) from every stage's vote. */
 int pipe_exchange(void *ud, int64_t next, loop_exchange *x);
 int pipe_evaluate(void *ud, int64_t step, float *val_loss);
 int pipe_boundary(void *ud, int64_t step);

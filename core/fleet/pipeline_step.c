@@ -7,7 +7,11 @@
  * The end of a step is one all-gather along the chain: an "exchange vector"
  * holds one sum of squares per parameter (filled by its owner), each
  * stage's compute per micro-batch (AdaTopK hides transfers behind the
- * slowest), the lowest live pipeline (filled by the first stage, from its
+ * slowest), each stage's vote (a checkpoint wanted, its engine busy: a
+ * snapshot is taken by every stage at a step some stage wants one and none
+ * is busy, so every store holds the same steps; asked to stop: every stage
+ * stops after the step some stage was asked at, and snapshots it), the
+ * lowest live pipeline (filled by the first stage, from its
  * replicas' all-reduce of the step: the pipeline whose stages write the
  * checkpoints, so every stage learns it, those that average nothing too)
  * and one accumulator per use of a tied parameter (filled by the stage of
@@ -60,6 +64,7 @@ static void fill_vector(pipe_stage *s) {
       vec_sums(s)[t] = sumsq(graph_grad(s->g, t), d.size);
   }
   vec_sums(s)[graph_ntensors(s->g) + s->k] = s->compute_mb; /* AdaTopK's budget: the slowest stage's */
+  vec_sums(s)[graph_ntensors(s->g) + s->S + s->k] = s->vote;
   if (s->k == 0) *vec_lowest(s) = s->lowest_seen;
   for (int j = 0; j < s->ntied; j++)
     for (int u = 0; u < s->tied[j].nuse; u++)
@@ -181,6 +186,7 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
   int64_t n = graph_nparams(s->g);
   float inv = 1.0f / (float)s->M;
   be->scale(grads, n, inv); /* the mean over micro-batches (the tied ones' slots are overwritten below) */
+  s->vote = (x->ckpt_want ? 1 : 0) | (x->ckpt_ready ? 0 : 2) | (s->stop_asked ? 4 : 0);
   int rc = replicas_mean(s, next, grads, n, x);
   if (!rc) rc = gather_chain(s, next);
   if (rc) return rc;
@@ -204,6 +210,17 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
     if (s->bwd.residual) memset(s->bwd.residual, 0, sizeof(float) * (size_t)s->xin_n);
   } else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
   s->global_norm = norm;
+  int want = 0, busy = 0, stop = 0; /* a snapshot this step: some stage wants one (or a stop) and every
+                                       * stage's engine is ready; a stop: some stage was asked */
+  for (int k = 0; k < s->S; k++) {
+    int v = (int)vec_sums(s)[graph_ntensors(s->g) + s->S + k];
+    want |= v & 1;
+    busy |= v & 2;
+    stop |= v & 4;
+  }
+  x->ckpt_agreed = (want || stop) && !busy; /* busy at a stop: the loop's finish snapshots it, on every stage */
+  x->stop = stop != 0;
+  if (stop) s->stop_step = next;
   x->leader = s->k == 0 && s->p == s->lowest;
   x->snapshots = s->p == s->lowest; /* every stage into its own store */
   pipe_donor_record(s, next, grads); /* what a rebuilt pipeline's worker replays */
@@ -263,15 +280,16 @@ void pipe_failed(void *ud, int rc) {
   if (s->fm) ftar_member_leave(s->fm, why);
 }
 
-/* After the last step each stage takes, from the whole slab the next stage
- * sends, the parameters owned further down the chain, and passes its own
- * slab up: the first stage ends with every owner's values and saves them.
+/* After the last step (or the step every stage agreed to stop after) each
+ * stage takes, from the whole slab the next stage sends, the parameters
+ * owned further down the chain, and passes its own slab up: the first
+ * stage ends with every owner's values and saves them.
  * The copies of a tied parameter must agree bit for bit (every stage
  * applies the same tied gradient): a difference is an error. */
 int pipe_boundary(void *ud, int64_t step) {
   pipe_stage *s = ud;
   int rc = pipe_donor_boundary(s, step);
-  if (rc || step != s->cfg->max_steps) return rc;
+  if (rc || (step != s->cfg->max_steps && step != s->stop_step)) return rc;
   float *params = graph_params(s->g);
   size_t bytes = sizeof(float) * (size_t)graph_nparams(s->g);
   if (s->next) {

@@ -18,6 +18,8 @@ typedef struct {
   double last_snap_time;
   int leader;
   int writer; /* snapshots (loop_exchange.snapshots) */
+  int owed;   /* a snapshot wanted at an agreed step was not agreed on: still wanted */
+  int agreed_stop; /* the exchange agreed to stop after L->step (loop_exchange.stop) */
 } loop_state;
 
 #define HOOK(L, name, ...) ((L)->h->name ? (L)->h->name((L)->h->ud, __VA_ARGS__) : 0)
@@ -50,21 +52,30 @@ static void snapshot(loop_state *L) {
 }
 
 static int stop_reached(const loop_state *L) {
-  return L->ctl.stop || (L->ctl.stop_at > 0 && L->step >= L->ctl.stop_at);
+  return L->ctl.stop || L->agreed_stop || (L->ctl.stop_at > 0 && L->step >= L->ctl.stop_at);
 }
 
-/* Due by steps, by seconds, on request, at a stop or at the end, or a
- * deferred (coalesced) one the engine can take now. Only the writer (the
- * leader, or a pipeline stage's lowest live replica) snapshots: every
- * replica holds the same bits. */
-static void checkpoint_tick(loop_state *L) {
+/* Due at step `step` by steps, by seconds, on request, at a stop or at
+ * the end, or a deferred (coalesced) one the engine can take now. */
+static int checkpoint_due(const loop_state *L, int64_t step) {
   const job_config *c = L->cfg;
-  int asked = L->ctl.ckpt_now;
+  return (c->ckpt_every_steps > 0 && step % c->ckpt_every_steps == 0) || L->ctl.ckpt_now ||
+         (c->ckpt_every_seconds > 0 && tr_now() - L->last_snap_time >= c->ckpt_every_seconds) ||
+         step == c->max_steps || L->ctl.stop || (L->ctl.stop_at > 0 && step >= L->ctl.stop_at) ||
+         ckpt_pending(L->o->ck);
+}
+
+/* Only the writer (the leader, or a pipeline stage's lowest live replica)
+ * snapshots: every replica holds the same bits. Where the exchange agreed
+ * on the step (x->ckpt_agreed: a pipeline, whose stages must hold the same
+ * steps, each in its own store) that decides, on every stage alike; a
+ * wish not agreed on (another stage's engine was busy) stays for the next
+ * step. Otherwise each decides on its own clock. */
+static void checkpoint_tick(loop_state *L, const loop_exchange *x) {
+  int due = x->ckpt_agreed >= 0 ? x->ckpt_agreed : checkpoint_due(L, L->step);
+  if (x->ckpt_agreed >= 0) L->owed = x->ckpt_want && !x->ckpt_agreed;
   L->ctl.ckpt_now = 0;
   if (!L->o->ck || !L->writer) return;
-  int due = (c->ckpt_every_steps > 0 && L->step % c->ckpt_every_steps == 0) || asked ||
-            (c->ckpt_every_seconds > 0 && tr_now() - L->last_snap_time >= c->ckpt_every_seconds) ||
-            L->step == c->max_steps || stop_reached(L) || ckpt_pending(L->o->ck);
   if (due) snapshot(L);
 }
 
@@ -75,7 +86,10 @@ static int exchange(loop_state *L, step_stats *st, loop_exchange *x) {
   x->replicas = 1;
   x->leader = 1;
   x->snapshots = -1;
+  x->ckpt_agreed = -1;
   if (!L->h->exchange) return x->snapshots = 1, 0;
+  x->ckpt_want = L->o->ck && (L->owed || checkpoint_due(L, L->step + 1));
+  x->ckpt_ready = ckpt_ready(L->o->ck);
   double t0 = tr_now();
   int rc = L->h->exchange(L->h->ud, L->step + 1, x);
   if (x->snapshots < 0) x->snapshots = x->leader;
@@ -130,6 +144,7 @@ static int one_step(loop_state *L, step_stats *st, loop_exchange *x, double *wal
   if ((rc = trainer_apply_grads(t, st))) return rc;
   *wall = tr_now() - t0;
   L->step = st->step;
+  L->agreed_stop = x->stop;
   L->leader = x->leader;
   L->writer = x->snapshots;
   return HOOK(L, boundary, L->step);
@@ -137,7 +152,7 @@ static int one_step(loop_state *L, step_stats *st, loop_exchange *x, double *wal
 
 static int after_step(loop_state *L, const step_stats *st, const loop_exchange *x, double wall) {
   const job_config *c = L->cfg;
-  checkpoint_tick(L);
+  checkpoint_tick(L, x);
   drain_ckpt(L);
   int rc = 0;
   if ((L->leader || L->h->evaluate) &&
@@ -154,7 +169,9 @@ static int after_step(loop_state *L, const step_stats *st, const loop_exchange *
 /* --- the end --- */
 
 /* The last state is always checkpointed (a stop or the end resumes
- * exactly), everything flushed, and the weights saved. */
+ * exactly), everything flushed, and the weights saved: at the end, at a
+ * stop where the caller asks (save_on_stop), and at a stop the exchange
+ * agreed on (every process is at the same step). */
 static int finish(loop_state *L, int rc) {
   const loop_opts *o = L->o;
   if (o->ck && L->writer && L->last_snap != L->step && (!rc || (o->save_on_stop && !o->replica))) {
@@ -166,7 +183,7 @@ static int finish(loop_state *L, int rc) {
   ckpt_wait_remote(o->ck); /* the newest checkpoint on the remote level too, its event in the log */
   drain_ckpt(L);
   int done = L->step >= L->cfg->max_steps;
-  if (!rc && L->leader && (done || o->save_on_stop)) {
+  if (!rc && L->leader && (done || o->save_on_stop || L->agreed_stop)) {
     if ((rc = trainer_save(o->t, o->run_dir))) return tr_fail_prefix(rc, "saving weights");
     if (L->h->saved) L->h->saved(L->h->ud, L->step);
   }

@@ -387,6 +387,10 @@ function M.check(job, origin, written)
     if job.precision ~= "fp32" then refuse("precision", "precision = " .. string.format("%q", job.precision)) end
     if #(job.chaos or {}) > 0 then refuse("chaos", "a chaos list") end
     if (job.checkpoint.remote or "") ~= "" then refuse("checkpoint", "checkpoint.remote (each stage keeps a local store)") end
+    if (job.checkpoint.when_busy or "coalesce") ~= "coalesce" then
+      refuse("checkpoint", "checkpoint.when_busy = " .. string.format("%q", job.checkpoint.when_busy)
+        .. " (the stages snapshot together, when every stage's store is free: one is never busy)")
+    end
     if job.metrics_port > 0 then refuse("metrics_port", "metrics_port = " .. job.metrics_port .. " (Prometheus /metrics)") end
     if job.max_replicas ~= job.replicas then
       refuse("max_replicas", "max_replicas = " .. job.max_replicas .. " (replicas = " .. job.replicas .. ")")

@@ -25,6 +25,8 @@
  *   newest corrupt; kill -9 of a replicating process mid-copy leaves no half
  *   checkpoint published, and its temporary is cleaned up (also on a host
  *   whose name has dots, in a UTS namespace of its own);
+ * - a store killed inside its first open (data.mdb without databases, or of
+ *   0 bytes): no checkpoint, not an unreadable store;
  * - a rollback's drop of the checkpoints after its target, in both levels;
  *   a drop that fails names its level (a remote step that cannot be
  *   removed; a local store LMDB refuses).
@@ -1119,6 +1121,75 @@ static void test_drop_after(void) {
   free(a);
 }
 
+/* A store whose process was killed inside ckpt_open, after LMDB created
+ * data.mdb and before the commit that creates the "manifest" and "data"
+ * databases (or before LMDB wrote its first page: a data.mdb of 0 bytes),
+ * holds no checkpoint: the reader opens it and lists none, a load says
+ * there is none (not that the store is unreadable), it is not "damaged",
+ * a remote level beside it is read, and an engine opened on it commits.
+ * A resume took it for an unreadable store and refused to go on. */
+static void test_never_committed(void) {
+  enum { N = 1000 };
+  float *a = malloc(sizeof(float) * N);
+  int64_t d[1] = {N}, steps[8];
+  char dir[256], path[300], remote[256], other[256];
+  for (int zero = 0; zero < 2; zero++) {
+    store_path(dir, sizeof dir, zero ? "never-committed-0" : "never-committed");
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    CHECK(tr_mkdirs(dir) == 0, "mkdir %s", dir);
+    if (zero) { /* killed between LMDB's open(O_CREAT) and its first page */
+      int fd = open(path, O_CREAT | O_WRONLY, 0644);
+      CHECK(fd >= 0, "creating %s", path);
+      if (fd >= 0) close(fd);
+    } else { /* the environment, no databases */
+      MDB_env *env;
+      int rc = mdb_env_create(&env);
+      if (!rc) mdb_env_set_maxdbs(env, 4);
+      if (!rc) rc = mdb_env_open(env, dir, 0, 0644);
+      mdb_env_close(env);
+      struct stat st;
+      CHECK(rc == 0 && stat(path, &st) == 0, "an LMDB environment without databases in %s: %s", dir,
+            mdb_strerror(rc));
+    }
+    const char *what = zero ? "a data.mdb of 0 bytes" : "a store without databases";
+    ckpt_reader *r = ckpt_reader_open(dir);
+    CHECK(r != NULL, "%s opens: %s", what, tr_error());
+    int n = r ? ckpt_reader_steps(r, steps, 8) : -1;
+    CHECK(n == 0, "%s holds no checkpoint (%d: %s)", what, n, tr_error());
+    CHECK(!r || ckpt_reader_verify(r, 10) != 0, "%s has no step 10 to verify", what);
+    ckpt_target t = {"param/a", a, sizeof(float) * N};
+    ckpt_state st;
+    CHECK(!r || (ckpt_load(r, -1, &t, 1, &st, NULL, 0) != 0 && strstr(tr_error(), "no committed checkpoint")),
+          "a load from %s says there is none: %s", what, tr_error());
+    ckpt_reader_close(r);
+    CHECK(ckpt_store_damaged(dir) == 0, "%s is not damaged", what);
+    if (!zero) { /* its remote level is read beside it (an operator's --resume) */
+      store_path(other, sizeof other, "never-committed-other");
+      store_path(remote, sizeof remote, "never-committed-remote");
+      ckpt_engine *e = open_remote_engine(other, remote, 0, 10);
+      if (e) {
+        ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+        commit_steps(e, a, N, 10, 20, 10);
+        ckpt_close(e);
+      }
+      r = ckpt_reader_open(dir);
+      n = r && ckpt_reader_set_remote(r, remote) == 0 ? ckpt_reader_steps(r, steps, 8) : -1;
+      CHECK(n == 2 && steps[1] == 20, "the remote level's steps 10 and 20 beside it (%d: %s)", n, tr_error());
+      memset(a, 0, sizeof(float) * N);
+      CHECK(r && ckpt_load(r, -1, &t, 1, &st, NULL, 0) == 0 && st.step == 20 && holds_step(a, N, 20),
+            "step 20 loads from the remote level: %s", tr_error());
+      ckpt_reader_close(r);
+    }
+    ckpt_engine *e = open_engine(dir, 5, 0, CKPT_COALESCE, 0);
+    if (!e) continue;
+    ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+    commit_steps(e, a, N, 10, 10, 10);
+    ckpt_close(e);
+    CHECK(newest(dir) == 10, "an engine opened on %s commits step 10 (%lld)", what, (long long)newest(dir));
+  }
+  free(a);
+}
+
 /* A drop that fails says in which level: a remote step that cannot be
  * removed (a directory in its file's place: unlink fails, root or not)
  * after the local store's steps went; a local store LMDB refuses, and then
@@ -1328,6 +1399,7 @@ int main(void) {
   test_remote_kill9();
   test_remote_stale_dotted_host();
   test_drop_after();
+  test_never_committed();
   test_drop_failed_level();
   test_many_steps();
   test_map_grows();

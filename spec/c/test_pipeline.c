@@ -3,21 +3,31 @@
  * (core/fleet/adatopk.c): exactly the k largest kept, bf16 values, the
  * error feedback that loses nothing over rounds, NaN and Inf never chosen
  * nor kept back (a skipped step clears the feedback), the density
- * controller; the probe server's HELLO check; a placement policy's answer
- * (read raw, range-checked) and RUN/pipeline-plan on --resume (checked);
- * a link's reader against a hostile peer (a message too large, a flood,
- * a sent_at far ahead or not finite) and an unknown codec.
- * White-box: core/fleet's private headers. Under a second.
+ * controller; the probe server's HELLO check and its short wait for a
+ * HELLO (a silent connection is closed, the next one served); a placement
+ * policy's answer (read raw, range-checked) and RUN/pipeline-plan on
+ * --resume (checked); a link's reader against a hostile peer (a message
+ * too large, a flood of small messages or of large ones, a sent_at far
+ * ahead or not finite), an unknown codec, and every receiver refusing a
+ * codec it does not expect (naming the link); a resume whose stage store
+ * was never committed to (its worker killed inside ckpt_open) starts over,
+ * and two set-asides of the stores within one second both succeed.
+ * White-box: core/fleet's
+ * private headers. A few seconds (the probe server's HELLO wait is one).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <lmdb.h>
+
 #include "adatopk.h"
+#include "ckpt.h"
 #include "check.h"
 #include "graph.h"
 #include "graph_stage.h"
@@ -385,13 +395,13 @@ static int listen_loopback(int *port) {
 
 /* Connects to the probe server as worker `value` says (HELLO), pings:
  * 1 the server answered (PONG; then DONE), 0 it closed the connection. */
-static int hello_then_ping(int port, double value) {
+static int hello_then_ping(int port, double value, double deadline) {
   int fd = pl_connect("127.0.0.1", port, 5);
-  pl_link *l = fd >= 0 ? pl_link_create(fd, "the probe server", 1024) : NULL;
+  pl_link *l = fd >= 0 ? pl_link_create(fd, "the probe server", 1024, 1024) : NULL;
   if (!l) return -1;
   pl_header hello = {.kind = PL_HELLO, .value = value}, ping = {.kind = PL_PING}, done = {.kind = PL_DONE}, h;
   void *p = NULL;
-  int answered = !pl_send(l, &hello, NULL) && !pl_send(l, &ping, NULL) && !pl_recv(l, PL_PONG, 0, -1, 5, &h, &p);
+  int answered = !pl_send(l, &hello, NULL) && !pl_send(l, &ping, NULL) && !pl_recv(l, PL_PONG, 0, -1, deadline, &h, &p);
   free(p);
   if (answered) pl_send(l, &done, NULL);
   pl_link_free(l);
@@ -414,11 +424,39 @@ static void test_probe_hello(void) {
   CHECK(sv != NULL, "serve: %s", tr_error());
   const double bad[] = {5, 2, -1, 0.5, 1e9, NAN, INFINITY};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    CHECK(hello_then_ping(port, bad[i]) == 0, "a HELLO from worker %g is closed, not served", bad[i]);
-  CHECK(hello_then_ping(port, 1) == 1, "worker 1 is served");
-  CHECK(hello_then_ping(port, 1) == 0, "worker 1 again is closed");
-  CHECK(hello_then_ping(port, 0) == 1, "worker 0 is served");
+    CHECK(hello_then_ping(port, bad[i], 5) == 0, "a HELLO from worker %g is closed, not served", bad[i]);
+  CHECK(hello_then_ping(port, 1, 5) == 1, "worker 1 is served");
+  CHECK(hello_then_ping(port, 1, 5) == 0, "worker 1 again is closed");
+  CHECK(hello_then_ping(port, 0, 5) == 1, "worker 0 is served");
   CHECK(pipe_probe_serve_join(sv) == 0, "the server ends once both are served: %s", tr_error());
+  close(lfd);
+}
+
+/* A connection that says nothing (any local process can connect) is
+ * closed after the short HELLO wait and the server takes the next one: the
+ * lower worker queued behind it is probed well within its own wait. It
+ * used to hold the server for the whole probe timeout (hang_seconds), so
+ * the real worker's probe timed out first. The 30 s of hello_then_ping
+ * are a failure deadline only (the HELLO wait here is 1 s, the probe's 60
+ * s: a loaded machine may take seconds to schedule the server). */
+static void test_probe_silent(void) {
+  job_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  static pipe_plan plan;
+  plan.S = 2;
+  for (int i = 0; i < 2; i++) snprintf(plan.zone[i], PIPE_ZONE_MAX, "local");
+  int port = 0, lfd = listen_loopback(&port);
+  CHECK(lfd >= 0, "listen");
+  int silent = pl_connect("127.0.0.1", port, 5); /* first in the backlog: accepted first */
+  CHECK(silent >= 0, "the silent connection: %s", tr_error());
+  pipe_probe_ctx c = {.cfg = &cfg, .plan = &plan, .w = 1, .lfd = lfd, .timeout = 60, .hello_timeout = 1};
+  pipe_probe_server *sv = pipe_probe_serve(&c);
+  CHECK(sv != NULL, "serve: %s", tr_error());
+  CHECK(hello_then_ping(port, 0, 30) == 1, "worker 0 is served behind a silent connection");
+  char b;
+  CHECK(recv(silent, &b, 1, MSG_DONTWAIT) == 0, "the silent connection was closed before worker 0 was served");
+  CHECK(pipe_probe_serve_join(sv) == 0, "the server ends once worker 0 is served: %s", tr_error());
+  close(silent);
   close(lfd);
 }
 
@@ -435,7 +473,7 @@ static int raw_header(int fd, uint32_t kind, uint64_t bytes, double sent_at) {
 static void test_link_max_message(void) {
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
-  pl_link *l = pl_link_create(sv[0], "a hostile peer", 4096);
+  pl_link *l = pl_link_create(sv[0], "a hostile peer", 4096, 4096);
   CHECK(raw_header(sv[1], PL_ACT, (uint64_t)1 << 30, tr_now()) == 0, "send");
   pl_header h;
   void *p = NULL;
@@ -457,7 +495,7 @@ static void test_link_queue_bound(void) {
   enum { N = 100000 };
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
-  pl_link *l = pl_link_create(sv[0], "a flooding peer", 64);
+  pl_link *l = pl_link_create(sv[0], "a flooding peer", 64, 64);
   int sent = 0, before = -1;
   for (int round = 0; round < 100 && sent != before && sent < N; round++) {
     before = sent;
@@ -479,6 +517,68 @@ static void test_link_queue_bound(void) {
   close(sv[1]);
 }
 
+/* A peer sending N messages of `size` bytes each, blocking (a thread). */
+typedef struct {
+  int fd, n;
+  size_t size;
+} flood_args;
+
+static void *flood_main(void *arg) {
+  flood_args *a = arg;
+  char *payload = calloc(1, a->size);
+  pl_header h = {.magic = 0x50495045u, .kind = PL_PING, .bytes = a->size};
+  for (int i = 0; i < a->n && payload; i++) {
+    h.sent_at = tr_now();
+    if (send(a->fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) break;
+    size_t off = 0;
+    for (ssize_t w; off < a->size && (w = send(a->fd, payload + off, a->size - off, MSG_NOSIGNAL)) > 0;)
+      off += (size_t)w;
+    if (off < a->size) break;
+  }
+  free(payload);
+  return NULL;
+}
+
+/* Large messages meet the queue's byte bound long before its count: the
+ * reader holds at most max(64 MiB, 4 x the largest stream message) unread
+ * (it took 256 messages of any size: here 128 MiB), and nothing is lost.
+ * The peer sends 300 of 512 KiB; the reader is watched until it stops
+ * taking (30 s only a failure deadline). largest: the link's largest
+ * message, a stage's whole parameter slab say: the bound does not grow
+ * with it (it was 4 x the slab, 4 x the model). */
+static void test_link_queue_bytes(uint64_t largest) {
+  enum { N = 300 };
+  const size_t size = 512 * 1024;
+  uint64_t bound = PL_QUEUE_MESSAGES * (uint64_t)size > PL_QUEUE_BYTES_MIN ? PL_QUEUE_MESSAGES * (uint64_t)size
+                                                                             : PL_QUEUE_BYTES_MIN;
+  uint64_t most = bound + (uint64_t)PL_QUEUE_DEPTH * sizeof(pl_header); /* payloads and their headers */
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  pl_link *l = pl_link_create(sv[0], "a peer sending large messages", largest, size);
+  flood_args fa = {sv[1], N, size};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, flood_main, &fa) == 0, "the peer's thread");
+  uint64_t out, in = 0, last = 0;
+  int still = 0;
+  for (double end = tr_now() + 30; tr_now() < end && in <= most && still < 25;) {
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    pl_link_bytes(l, &out, &in);
+    still = in == last && in + size >= bound ? still + 1 : 0; /* full, and taking no more */
+    last = in;
+  }
+  CHECK(in <= most && in + size >= bound, "%llu bytes taken in unread (the bound %llu, and headers)",
+        (unsigned long long)in, (unsigned long long)bound);
+  int got = 0;
+  pl_header h;
+  void *p = NULL;
+  while (got < N && pl_recv(l, PL_PING, 0, -1, 5.0, &h, &p) == 0) got++, free(p), p = NULL;
+  CHECK(got == N, "all %d arrive as the stage takes them: %d (%s)", N, got, tr_error());
+  pl_link_free(l); /* first: a peer still sending (a failure above) gets an error, not a wait */
+  pthread_join(th, NULL);
+  close(sv[1]);
+}
+
 /* The emulated latency counts from the peer's sent_at, believed only up to
  * now plus the message's time on the wire: an hour ahead is not an hour's
  * sleep; NaN or Inf closes the link. */
@@ -488,7 +588,7 @@ static void test_link_sent_at(void) {
   for (size_t i = 0; i < sizeof when / sizeof when[0]; i++) {
     int sv[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
-    pl_link *l = pl_link_create(sv[0], "a peer", 64);
+    pl_link *l = pl_link_create(sv[0], "a peer", 64, 64);
     pl_link_shape(l, 0, 0.05);
     raw_header(sv[1], PL_PING, 0, tr_now() + when[i]);
     pl_header h;
@@ -514,6 +614,175 @@ static void test_unknown_codec(void) {
   CHECK(adatopk_decode_any(7, enc, b, y, 4) < 0 && strstr(tr_error(), "codec 7"), "codec 7: %s", tr_error());
 }
 
+/* One message onto fd as a peer (or anybody) could write it: a header of
+ * kind, step, micro-batch and codec, and bytes of payload. */
+static int raw_message(int fd, uint32_t kind, int64_t step, int mb, int codec, const void *payload, uint64_t bytes) {
+  pl_header h = {.magic = 0x50495045u, .kind = kind, .step = step, .mb = mb, .codec = codec, .sent_at = tr_now(),
+                 .bytes = bytes};
+  if (send(fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) return -1;
+  return bytes && send(fd, payload, bytes, MSG_NOSIGNAL) != (ssize_t)bytes ? -1 : 0;
+}
+
+/* Every receiver refuses a codec it does not expect, naming the link: a
+ * message that is never encoded (the exchange vector) in any codec but
+ * raw; activations in a codec AdaTopK does not know; activations in one
+ * of AdaTopK's with compression off. Only the activations' and gradients'
+ * receiver checked the codec, and its error did not say which link. */
+static void test_codec_refused(void) {
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  pl_link *l = pl_link_create(sv[0], "stage 2", 64, 64);
+  char junk[8] = {0};
+  CHECK(raw_message(sv[1], PL_GATHER_UP, 1, 0, 3, junk, sizeof junk) == 0, "send");
+  pl_header h;
+  void *p = NULL;
+  int rc = pl_recv(l, PL_GATHER_UP, 1, -1, 2.0, &h, &p);
+  CHECK(rc < 0 && strstr(tr_error(), "stage 2") && strstr(tr_error(), "codec 3"), "the exchange vector in codec 3: %s",
+        rc ? tr_error() : "taken");
+  free(p);
+  pl_link_free(l);
+  close(sv[1]);
+
+  /* the middle stage of 3: its activations come from stage 0 */
+  graph *g = residual_net(2, 8);
+  pipe_stage s;
+  memset(&s, 0, sizeof s);
+  s.g = g;
+  s.S = 3;
+  s.k = 1;
+  s.M = s.b = s.T = s.R = 1;
+  s.fwd.on = s.bwd.on = 1;
+  s.donor_fd = -1;
+  s.timeout = 2;
+  CHECK(pipe_stage_setup(&s) == 0 && s.xin_n > 0, "setup: %s", tr_error());
+  int in[2], out[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, in) == 0 && socketpair(AF_UNIX, SOCK_STREAM, 0, out) == 0, "socketpairs");
+  s.prev = pl_link_create(in[0], "stage 0", pipe_stage_max_message(&s), pipe_stage_max_stream(&s));
+  s.next = pl_link_create(out[0], "stage 2", pipe_stage_max_message(&s), pipe_stage_max_stream(&s));
+  float loss = 0, *x = calloc((size_t)s.xin_n, sizeof(float));
+  unsigned char *enc = malloc(ADATOPK_HEADER + 2 * (size_t)s.xin_n);
+  size_t b = adatopk_encode_bf16(x, NULL, s.xin_n, enc);
+  CHECK(raw_message(in[1], PL_ACT, 1, 0, 7, enc, b) == 0, "send");
+  rc = pipe_forward(&s, 1, 0, 0, &loss);
+  CHECK(rc < 0 && strstr(tr_error(), "stage 0") && strstr(tr_error(), "codec 7"), "activations in codec 7: %s",
+        rc ? tr_error() : "taken");
+  s.fwd.on = s.bwd.on = 0; /* compression = "none": bf16 is not expected either */
+  CHECK(raw_message(in[1], PL_ACT, 1, 1, ADATOPK_BF16, enc, b) == 0, "send");
+  rc = pipe_forward(&s, 1, 1, 0, &loss);
+  CHECK(rc < 0 && strstr(tr_error(), "stage 0") && strstr(tr_error(), "compression is off"),
+        "bf16 activations with compression off: %s", rc ? tr_error() : "taken");
+  free(x);
+  free(enc);
+  pipe_stage_free(&s);
+  close(in[1]);
+  close(out[1]);
+  graph_free(g);
+}
+
+/* --- a resume's checks of the stage stores, and the set-aside --- */
+
+/* A store at dir holding the steps from..to by every (one tensor). */
+static void commit_store(const char *dir, int64_t from, int64_t to, int64_t every) {
+  ckpt_opts o = {dir, 0, 100, 0, CKPT_COALESCE};
+  ckpt_engine *e = ckpt_open(&o);
+  CHECK(e != NULL, "ckpt_open(%s): %s", dir, tr_error());
+  if (!e) return;
+  float a[64] = {0};
+  int64_t d[1] = {64};
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  for (int64_t step = from; step <= to; step += every) {
+    a[0] = (float)step;
+    ckpt_state st = {.step = step};
+    ckpt_snapshot(e, &st);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+  }
+  ckpt_close(e);
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  CHECK(f && fputs(text, f) >= 0, "writing %s", path);
+  if (f) fclose(f);
+}
+
+/* A launcher killed while stage 1's worker was inside ckpt_open, after
+ * LMDB created data.mdb and before the databases' commit (or before LMDB
+ * wrote a page, or before data.mdb at all): that store holds no
+ * checkpoint, so the resume starts over (it refused, the store
+ * "unreadable": MDB_NOTFOUND). */
+static void test_resume_never_committed(void) {
+  char run[] = "/tmp/test_pipeline_resume_XXXXXX";
+  CHECK(mkdtemp(run) != NULL, "mkdtemp");
+  char s0[200], s1[200], mdb[240], plan[200];
+  snprintf(s0, sizeof s0, "%s/ckpt-stage-0", run);
+  snprintf(s1, sizeof s1, "%s/ckpt-stage-1", run);
+  snprintf(mdb, sizeof mdb, "%s/data.mdb", s1);
+  snprintf(plan, sizeof plan, "%s/pipeline-plan", run);
+  write_text(plan, "PLAN stage=0 cuts=0,3,7 order=0,1\nPLAN stage=1 cuts=0,3,7 order=0,1\n");
+  commit_store(s0, 3, 6, 3);
+  for (int state = 0; state < 3; state++) {
+    const char *what[] = {"a directory without data.mdb", "a data.mdb of 0 bytes", "a data.mdb without databases"};
+    CHECK(tr_mkdirs(s1) == 0, "mkdir %s", s1);
+    if (state == 1) write_text(mdb, "");
+    if (state == 2) {
+      MDB_env *env;
+      int rc = mdb_env_create(&env);
+      if (!rc) mdb_env_set_maxdbs(env, 4);
+      if (!rc) rc = mdb_env_open(env, s1, 0, 0644);
+      mdb_env_close(env);
+      CHECK(rc == 0 && access(mdb, F_OK) == 0, "an LMDB environment without databases: %s", mdb_strerror(rc));
+    }
+    int64_t step = -1;
+    int over = -1;
+    int rc = pipe_ckpt_resume_check(run, 2, &step, &over);
+    CHECK(rc == 0 && step == 0 && over == 1, "stage 1's store is %s: the resume starts over (rc %d, step %lld, "
+          "start_over %d: %s)", what[state], rc, (long long)step, over, tr_error());
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", s1);
+    CHECK(system(cmd) == 0, "%s", cmd);
+  }
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", run);
+  CHECK(system(cmd) == 0, "%s", cmd);
+}
+
+/* Two starts over within one second: the second set-aside's names are not
+ * the first's (they were ckpt-stage-K.abandoned-<second>, and its rename
+ * failed after stage 0's store had moved), and nothing is lost. */
+static void test_set_aside_twice(void) {
+  char run[] = "/tmp/test_pipeline_aside_XXXXXX";
+  CHECK(mkdtemp(run) != NULL, "mkdtemp");
+  char s[2][200];
+  int total = 0;
+  for (int round = 0; round < 2; round++) {
+    for (int k = 0; k < 2; k++) {
+      snprintf(s[k], sizeof s[k], "%s/ckpt-stage-%d", run, k);
+      commit_store(s[k], 2, 4 + 2 * round, 2);
+    }
+    int moved = -1;
+    time_t t0 = time(NULL);
+    int rc = pipe_ckpt_set_aside(run, 2, &moved);
+    CHECK(rc == 0 && moved == 2 * (2 + round), "set-aside %d moves both stores' %d checkpoints (rc %d, moved %d: %s)",
+          round + 1, 2 * (2 + round), rc, moved, tr_error());
+    CHECK(round == 0 || time(NULL) - t0 <= 1, "(the set-asides ran within a second or two)");
+    total += moved;
+    for (int k = 0; k < 2; k++) CHECK(access(s[k], F_OK) != 0, "set-aside %d: %s is gone", round + 1, s[k]);
+  }
+  /* every set-aside directory, with every checkpoint in it */
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "ls -d %s/ckpt-stage-*.abandoned-* | wc -l", run);
+  FILE *p = popen(cmd, "r");
+  int dirs = -1;
+  if (p) {
+    if (fscanf(p, "%d", &dirs) != 1) dirs = -1;
+    pclose(p);
+  }
+  CHECK(dirs == 4 && total == 10, "4 directories set aside (%d), 10 checkpoints (%d)", dirs, total);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", run);
+  CHECK(system(cmd) == 0, "%s", cmd);
+}
+
 int main(void) {
   test_cuts();
   test_topk();
@@ -523,11 +792,17 @@ int main(void) {
   test_feedback_nonfinite();
   test_nonfinite_step();
   test_probe_hello();
+  test_probe_silent();
   test_policy_answer();
   test_plan_restore();
   test_link_max_message();
   test_link_queue_bound();
+  test_link_queue_bytes(512 * 1024);
+  test_link_queue_bytes((uint64_t)32 << 20);
   test_link_sent_at();
   test_unknown_codec();
+  test_codec_refused();
+  test_resume_never_committed();
+  test_set_aside_twice();
   return check_report("test_pipeline");
 }

@@ -38,6 +38,16 @@ typedef struct {
   int leader;         /* 1: this process leads the step (snapshots, evaluation, final save) */
   int snapshots;      /* 1: this process snapshots (default: the leader; a pipeline stage's
                          lowest live replica snapshots into its stage's own store) */
+  int ckpt_want;      /* in: 1 when this process wants a snapshot at this step (every_steps,
+                         every_seconds on its own clock, asked for, the end, a deferred one) */
+  int ckpt_ready;     /* in: 1 when its engine would take one now (ckpt_ready) */
+  int ckpt_agreed;    /* out: -1 (the default): each process decides at its boundary; 0 or 1:
+                         whether every process snapshots this step (a pipeline's stages: one
+                         store each, all of the same steps: some stage wants one, every
+                         stage's engine is ready) */
+  int stop;           /* out: 1: every process stops after this step, agreed in the exchange (a
+                         pipeline's stages: one of them was asked to); it ends the run as
+                         max_steps does: the step snapshotted, the leader saves the weights */
   int64_t epoch;      /* membership epoch (0: alone) */
   int redos;          /* collectives redone after a member failed */
   double allreduce_s; /* the loop's: time the step waited in exchange (exposed) */
@@ -98,7 +108,9 @@ typedef struct {
   int save_on_stop;    /* 1: the leader saves the weights also when stopped early
                           (README's "Ctrl-C still saves the weights"), and after an
                           error the writer snapshots the last state (a lone run);
-                          0: neither (pipeline stages, for now) */
+                          0: the weights only at max_steps or at a stop the exchange
+                          agreed on (loop_exchange.stop: a pipeline's stages), no
+                          snapshot after an error */
   int replica;         /* 1: one replica of several (worker.c): save_on_stop saves the
                           weights at a stop, but no snapshot follows an error (the
                           operator decides what survives it: a replacement, a rollback) */
