@@ -658,6 +658,21 @@ return {
     assert.is_nil(read(run_dir .. "/job.lua"):find("lr_decay_steps", 1, true))
   end)
 
+  -- the closing sample (sample_tokens, temperature) was made by a lone run
+  -- only: a replicated one skipped it without a word. It comes from the
+  -- weights the leader saved, what `transom sample RUN` reads
+  it("a replicated run ends with the closing sample, from the weights it saved", function()
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local code, out, err = transom(dir, "run", path, "--replicas", "2", "--set", "max_steps=3", "--set",
+      "sample_tokens=20", "--set", "temperature=0.8")
+    assert.are.equal(0, code, out .. err)
+    local text = out:match("\n%-%-%- sample %(20 tokens, temperature 0%.80%) %-%-%-\n(.*)run directory: ")
+    assert.truthy(text and #text > 0, out)
+    local scode, same, serr = transom(dir, "sample", run_dir, "--tokens", "20", "--temperature", "0.8")
+    assert.are.equal(0, scode, serr)
+    assert.are.equal(same, text)
+  end)
+
   it("finds a start's setup errors before it writes anything: no run directory, the corrected rerun goes", function()
     -- (before: each failed after job.lua, and for replicas the weights, secret and logs, were written, and the
     -- corrected rerun was refused as "already holds a run")

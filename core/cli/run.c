@@ -264,10 +264,10 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
   printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, r->cfg.path, r->dir);
   int stopped = 0;
   rc = pipeline ? pipeline_run(L, &r->cfg, r->dir, resume ? &pr : NULL, &stopped)
-                : operator_run(L, &r->cfg, r->dir, resume);
+                : operator_run(L, &r->cfg, r->dir, resume, &stopped);
   if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   const job_config *c = &r->cfg;
-  if (!rc && pipeline && !stopped && c->sample_tokens > 0) { /* as a lone run's, from the weights stage 0 saved */
+  if (!rc && !stopped && c->sample_tokens > 0) { /* as a lone run's, from the weights the leader (stage 0) saved */
     printf("--- sample (%lld tokens, temperature %.2f) ---\n", (long long)c->sample_tokens, c->temperature);
     fflush(stdout);
     if ((rc = run_sample(r->dir, c->sample_prompt, c->sample_tokens, c->temperature, c->seed, stdout)))

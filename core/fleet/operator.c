@@ -1435,7 +1435,8 @@ static void teardown(operator_state *o) {
   free(o->chaos_fired);
 }
 
-int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
+int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume, int *stopped) {
+  *stopped = 0;
   operator_state o = {.cfg = cfg, .L = L, .dir = dir, .exit_code = 0, .resume = resume};
   char self[PATH_MAX];
   ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -1473,6 +1474,7 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume) {
   verdict(&o);
   teardown(&o);
   if (!o.stopping && o.best_step < cfg->max_steps && o.exit_code == 0) o.exit_code = 1;
+  *stopped = o.stopping;
   return o.exit_code ? tr_fail(TR_ESTATE, "the job did not finish (step %lld of %lld)", (long long)o.best_step,
                                (long long)cfg->max_steps)
                      : TR_OK;

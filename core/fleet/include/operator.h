@@ -10,8 +10,9 @@
  * stopped; dir exists and holds job.lua (transom run writes it once
  * operator_check_env passed). resume: workers start from the
  * newest checkpoint. Returns 0 when the job finished or was stopped cleanly
- * (a checkpoint can resume it), else a negative error. Main thread only. */
-int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume);
+ * (a checkpoint can resume it; *stopped set to 1 then), else a negative
+ * error. Main thread only. */
+int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume, int *stopped);
 
 /* What operator_run needs of its environment, for a check before anything
  * is written: hosts > 0 needs MASTER_ADDR (where the agents reach the
