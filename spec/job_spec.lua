@@ -642,6 +642,44 @@ return {
     assert.are.equal(0, rc, out)
   end)
 
+  -- token data's lines are glob patterns (data.c): job.lua escapes the glob
+  -- characters of the directory it prefixes, or a run begun in "exp[1]"
+  -- resumed and replicated on "exp1"'s data (a sibling that "exp[1]"
+  -- matches as a pattern). exp1's tokens are out of the vocabulary: using
+  -- them is an error, not a silent different run.
+  it("escapes the starting directory's glob characters in token data's paths", function()
+    local w = dir .. "/glob"
+    local a, b = w .. "/exp[1]", w .. "/exp1"
+    assert(os.execute("mkdir -p " .. q(a) .. " " .. q(b)))
+    local function tokens(path, count, tok)
+      local t = {}
+      for i = 1, count do t[i] = string.pack("<I2", tok or (i % 50)) end
+      write(path, table.concat(t))
+    end
+    tokens(a .. "/d.bin", 400)
+    tokens(b .. "/d.bin", 300, 1000)
+    write(a .. "/j.lua", 'return {\n  data = "d.bin", data_format = "uint16", vocab_size = 64, run_dir = "r",\n'
+      .. tiny .. "}\n")
+    local out, rc = S.sh("cd " .. q(a) .. " && " .. q(BIN) .. " run j.lua")
+    assert.are.equal(0, rc, out)
+    has(out, "data d.bin: 400 tokens")
+    local j = job.load(a .. "/r/job.lua")
+    assert.are.equal(w .. "/exp\\[1\\]/d.bin", j.data)
+    out, rc = S.sh("cd " .. q(a) .. " && " .. q(BIN) .. " run --resume r --set max_steps=3")
+    assert.are.equal(0, rc, out)
+    has(out, "resumed from step 2", ": 400 tokens (360 train, 40 val)", "step 3/3")
+    -- replicated: the workers load r/job.lua
+    out, rc = S.sh("cd " .. q(a) .. " && timeout 120 " .. q(BIN) .. " run j.lua --replicas 2 --set run_dir=r2")
+    assert.are.equal(0, rc, out)
+    has(out, "step 2/2", "2 replicas finished")
+    -- a text corpus is opened by its name, not globbed: no escaping
+    write(a .. "/t.txt", read(data))
+    write(a .. "/t.lua", 'return {\n  data = "t.txt", run_dir = "r3",\n' .. tiny .. "}\n")
+    out, rc = S.sh("cd " .. q(a) .. " && " .. q(BIN) .. " run t.lua && " .. q(BIN) .. " run --resume r3 --set max_steps=3")
+    assert.are.equal(0, rc, out)
+    assert.are.equal(a .. "/t.txt", job.load(a .. "/r3/job.lua").data)
+  end)
+
   it("--resume --set max_steps=N: a default lr_decay_steps decays over the new steps, not at min_lr", function()
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR, min_lr = 1e-4,\n" .. tiny .. "}\n")
     local code, _, err = transom(dir, "run", path)

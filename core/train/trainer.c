@@ -222,11 +222,19 @@ static int trainer_open_tokenizer(trainer *t) {
   char path[4200];
   const char *want = t->cfg.tokenizer;
   if (!want[0]) {
+    /* the first line is a glob pattern (data.c): its directory as glob(3)
+     * reads it, a backslash quoting the next character (RUN/job.lua escapes
+     * the glob characters of the directory it was started in) */
     const char *nl = strchr(t->cfg.data, '\n'), *slash = NULL;
     for (const char *q = t->cfg.data; *q && (!nl || q < nl); q++)
       if (*q == '/') slash = q;
-    snprintf(path, sizeof path, "%.*s/tokenizer.bpe", slash ? (int)(slash - t->cfg.data) : 1,
-             slash ? t->cfg.data : ".");
+    size_t n = 0;
+    if (!slash) path[n++] = '.';
+    for (const char *q = t->cfg.data; slash && q < slash && n < sizeof path - 32; q++) {
+      if (*q == '\\' && q + 1 < slash) q++;
+      path[n++] = *q;
+    }
+    snprintf(path + n, sizeof path - n, "/tokenizer.bpe");
     if (access(path, R_OK) != 0) return TR_OK;
     want = path;
   }

@@ -514,15 +514,31 @@ end
 
 -- A path-valued field's value (f.path) made absolute against cwd; any
 -- other value as it is. data and val_data hold one file or glob a line.
-local function absolute(f, v, cwd)
+-- globbed: the value's lines are glob patterns (core/train/data.c expands
+-- them with glob(3)), so cwd's glob characters ([ ] * ? \) are escaped in
+-- the prefix: a directory named "exp[1]" must not match "exp1".
+local function absolute(f, v, cwd, globbed)
   if not cwd or not f.path or type(v) ~= "string" or v == "" then return v end
   if f.path == "lua" and not (v:find("/", 1, true) or v:match("%.lua$")) then return v end -- a name
-  local dir = cwd:sub(-1) == "/" and cwd or cwd .. "/"
+  local base = globbed and cwd:gsub("[%[%]%*%?\\]", "\\%0") or cwd
+  local dir = base:sub(-1) == "/" and base or base .. "/"
   return (v:gsub("[^\n]+", function(p)
     if p:sub(1, 1) == "/" then return p end
     while p:sub(1, 2) == "./" do p = p:sub(3) end
-    return (p == "" or p == ".") and cwd or dir .. p
+    return (p == "" or p == ".") and base or dir .. p
   end))
+end
+
+-- Whether core/train/data.c globs key's lines: val_data always (token
+-- files only); data when it is token data, by data.c's is_token_data rule
+-- (data_format, or for "auto" data ending in ".bin"); a text corpus is
+-- opened by its name as written.
+local function globbed(job, key)
+  if key == "val_data" then return true end
+  if key ~= "data" or type(job.data) ~= "string" then return false end
+  local format = job.data_format or "auto"
+  if format ~= "auto" then return format ~= "text" end
+  return job.data:sub(-4) == ".bin"
 end
 
 -- Serializes a checked job as a Lua chunk (written to RUN/job.lua). cwd
@@ -534,11 +550,11 @@ end
 -- when the run's job.lua is loaded again.
 function M.dump(job, cwd, caps)
   local function path(f, v, key)
-    local a = absolute(f, v, cwd)
+    local a = absolute(f, v, cwd, globbed(job, key))
     if caps and caps[key] and a ~= v and #a > caps[key] then
       error({ msg = string.format("key '%s' is %d bytes once its paths are made absolute against %s (as the run's "
-        .. "job.lua writes them), more than %d: use a glob, or run from a directory with a shorter path", key, #a, cwd,
-        caps[key]) }, 0)
+        .. "job.lua writes them), more than %d: %srun from a directory with a shorter path", key, #a, cwd,
+        caps[key], (key == "data" or key == "val_data") and "use a glob, or " or "") }, 0)
     end
     return a
   end
