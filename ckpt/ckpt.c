@@ -1115,6 +1115,9 @@ struct ckpt_reader {
   char dir[1024];
   int expect_hash;      /* ckpt_reader_expect_model was called */
   uint64_t config_hash; /* ... with this */
+  uint64_t legacy_hash; /* ... and this, also accepted */
+  uint64_t other_hash;  /* load_step: the step failed as of a different model, with this hash */
+  int other_model;      /* ... (set by check_targets) */
   char remote[1024];    /* level 3's directory, "" = none; env NULL: remote only */
 };
 
@@ -1695,10 +1698,13 @@ static int gather(ckpt_reader *r, step_src *s, int64_t step, seg **segs, int **f
 
 /* The model (config hash, when the reader expects one) and every target
  * present with its size. */
-static int check_targets(const ckpt_reader *r, const ckpt_manifest *m, int64_t step, const ckpt_target *t, int n) {
-  if (r->expect_hash && m->state.config_hash != r->config_hash)
+static int check_targets(ckpt_reader *r, const ckpt_manifest *m, int64_t step, const ckpt_target *t, int n) {
+  if (r->expect_hash && m->state.config_hash != r->config_hash && m->state.config_hash != r->legacy_hash) {
+    r->other_model = 1;
+    r->other_hash = m->state.config_hash;
     return tr_fail(TR_EINVAL, "step %lld is of a different model (model, sizes or vocabulary changed)",
                    (long long)step);
+  }
   for (int j = 0; j < n; j++) {
     int i = find_tensor(m, t[j].name);
     if (i < 0) return tr_fail(TR_EINVAL, "step %lld has no tensor '%s'", (long long)step, t[j].name);
@@ -1742,9 +1748,10 @@ static int load_step(ckpt_reader *r, int64_t step, int remote, const ckpt_target
   return rc;
 }
 
-void ckpt_reader_expect_model(ckpt_reader *r, uint64_t config_hash) {
+void ckpt_reader_expect_model(ckpt_reader *r, uint64_t config_hash, uint64_t legacy_hash) {
   r->expect_hash = 1;
   r->config_hash = config_hash;
+  r->legacy_hash = legacy_hash;
 }
 
 /* Newest first; per step the local copy, then (if it is missing or fails)
@@ -1760,18 +1767,32 @@ int ckpt_load(ckpt_reader *r, int64_t want, const ckpt_target *t, int n, ckpt_st
                   : want >= 0 ? tr_fail(TR_EINVAL, "no committed checkpoint at or before step %lld in '%s'",
                                         (long long)want, dir)
                               : tr_fail(TR_EINVAL, "no committed checkpoint in '%s'", dir);
+  int tried = 0, other = 0; /* steps tried at either level; of them, another model's */
+  uint64_t other_hash = 0;
   for (int k = ns - 1; k >= 0; k--) {
     if (want >= 0 && steps[k] > want) continue;
     int local = local_has(r, steps[k]);
     for (int level = local ? 0 : 1; level < (r->remote[0] ? 2 : 1); level++) {
       if (level == 1 && !remote_has(r->remote, steps[k])) break;
+      r->other_model = 0;
       if (!(rc = load_step(r, steps[k], level, t, n, state))) return TR_OK;
+      tried++;
+      if (r->other_model) {
+        if (!other++) other_hash = r->other_hash;
+      }
       if (report && rl + 2 < report_len)
         rl += (size_t)snprintf(report + rl, report_len - rl, "skipped step %lld%s: %s\n", (long long)steps[k],
                                !r->remote[0] ? "" : level ? " (remote store)" : " (local store)", tr_error());
     }
-    rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'%s%s", dir, (r->env || r->empty) && r->remote[0] ? " or its remote store" : "",
-                 want >= 0 ? " at or before that step" : "");
+    if (tried && other == tried) /* not damage: the job names another model than the run's checkpoints */
+      rc = tr_fail(TR_EINVAL, "every checkpoint in '%s'%s%s is of a different model (config hash %016llx, this "
+                   "job's %016llx): the job's model, sizes or vocabulary differ from the run's", dir,
+                   (r->env || r->empty) && r->remote[0] ? " or its remote store" : "",
+                   want >= 0 ? " at or before that step" : "", (unsigned long long)other_hash,
+                   (unsigned long long)r->config_hash);
+    else
+      rc = tr_fail(TR_EFORMAT, "no intact checkpoint in '%s'%s%s", dir, (r->env || r->empty) && r->remote[0] ? " or its remote store" : "",
+                   want >= 0 ? " at or before that step" : "");
   }
   return rc;
 }

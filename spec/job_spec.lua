@@ -642,6 +642,21 @@ return {
     assert.are.equal(0, rc, out)
   end)
 
+  -- a run whose job now names another model (here its width) has
+  -- checkpoints, none damaged: the error says they are another model's
+  -- (it said "no intact checkpoint", as if the store were broken)
+  it("resuming another model's checkpoints says so", function()
+    local w = dir .. "/other"
+    assert(os.execute("mkdir -p " .. q(w)))
+    write(w .. "/j.lua", 'return {\n  data = ' .. string.format("%q", data) .. ', run_dir = "r",\n' .. tiny .. "}\n")
+    local out, rc = S.sh("cd " .. q(w) .. " && " .. q(BIN) .. " run j.lua")
+    assert.are.equal(0, rc, out)
+    out, rc = S.sh("cd " .. q(w) .. " && " .. q(BIN) .. " run --resume r --set n_embd=32 --set max_steps=3")
+    assert.are_not.equal(0, rc, out)
+    has(out, "skipped step 2: step 2 is of a different model", "every checkpoint in '", "is of a different model (config hash ")
+    assert.is_nil(out:find("no intact checkpoint", 1, true), out)
+  end)
+
   -- token data's lines are glob patterns (data.c): job.lua escapes the glob
   -- characters of the directory it prefixes, or a run begun in "exp[1]"
   -- resumed and replicated on "exp1"'s data (a sibling that "exp[1]"

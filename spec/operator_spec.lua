@@ -816,7 +816,7 @@ describe("operator (3 replicas)", function()
     local spawns = select(2, ev:gsub('"kind":"spawn"', ""))
     assert.equal(3, failed, ev)
     assert.matches("startup_error", ev, 1, true)
-    assert.matches("no intact checkpoint", ev, 1, true) -- the reason, from the worker
+    assert.matches("is of a different model", ev, 1, true) -- the reason, from the worker
     assert.is_true(spawns <= 3, "replaced after a start-up error: " .. ev)
   end)
 

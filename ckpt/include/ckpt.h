@@ -230,8 +230,11 @@ int ckpt_reader_verify(ckpt_reader *r, int64_t step);
 int ckpt_reader_read(ckpt_reader *r, int64_t step, const char *name, void *out, uint64_t bytes);
 
 /* From now on ckpt_load skips checkpoints whose manifest's config_hash is
- * not this one ("of a different model"). */
-void ckpt_reader_expect_model(ckpt_reader *r, uint64_t config_hash);
+ * neither config_hash nor legacy_hash (the same hash as an older build
+ * computed it; pass config_hash again for none): "of a different model".
+ * When every step it tried was skipped so, its error says "every checkpoint
+ * in DIR is of a different model (config hash ...)". */
+void ckpt_reader_expect_model(ckpt_reader *r, uint64_t config_hash, uint64_t legacy_hash);
 /* Loads the newest checkpoint (at or before `step` if >= 0) that verifies into the
  * tensors registered under the same names (ckpt_target list). Skipped
  * (corrupt, unreadable, another model's) checkpoints are described in report

@@ -520,11 +520,9 @@ const job_config *trainer_config(const trainer *t) { return &t->cfg; }
 
 void trainer_poison_next(trainer *t) { t->poison_next = 1; }
 
-uint64_t trainer_config_hash(const trainer *t) {
-  char buf[1024];
-  /* a model file by its name, not by where it lies: RUN/job.lua writes the
-   * path absolute (job_dump), the first run may have spelled it relative */
-  const char *model = strrchr(t->cfg.model, '/') ? strrchr(t->cfg.model, '/') + 1 : t->cfg.model;
+/* The config hash with the model named by `model`. */
+static uint64_t config_hash_of(const trainer *t, const char *model) {
+  char buf[1200];
   int n = snprintf(buf, sizeof buf, "%s|%lld|%lld|%lld|%lld|", model, (long long)t->cfg.n_layer,
                    (long long)t->cfg.n_head, (long long)t->cfg.n_embd, (long long)t->cfg.block_size);
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
@@ -533,6 +531,15 @@ uint64_t trainer_config_hash(const trainer *t) {
   if (t->data.kind == DATA_TOKENS) h = (h ^ (uint64_t)t->data.vocab_size) * 1099511628211ull;
   return h;
 }
+
+uint64_t trainer_config_hash(const trainer *t) {
+  /* a model file by its name, not by where it lies: RUN/job.lua writes the
+   * path absolute (job_dump), the first run may have spelled it relative */
+  const char *model = strrchr(t->cfg.model, '/') ? strrchr(t->cfg.model, '/') + 1 : t->cfg.model;
+  return config_hash_of(t, model);
+}
+
+uint64_t trainer_legacy_config_hash(const trainer *t) { return config_hash_of(t, t->cfg.model); }
 
 void trainer_ckpt_state(const trainer *t, ckpt_state *s) {
   rng_t r;
@@ -569,7 +576,9 @@ int trainer_ckpt_load(trainer *t, ckpt_reader *r, int64_t step, char *report, si
    * leaves the trainer as it was */
   int rc = for_each_state(t, 0, add_target, &ts);
   ckpt_state st;
-  ckpt_reader_expect_model(r, trainer_config_hash(t));
+  /* a run of a build before job.lua's paths were absolute hashed the model
+   * by its string, as its job.lua still spells it ("models/x.lua") */
+  ckpt_reader_expect_model(r, trainer_config_hash(t), trainer_legacy_config_hash(t));
   if (!rc) rc = ckpt_load(r, step, ts.t, ts.n, &st, report, report_len);
   if (!rc) rc = trainer_push(t);
   if (!rc) {

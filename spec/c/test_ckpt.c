@@ -291,6 +291,53 @@ static void test_corruption(void) {
   free(b);
 }
 
+/* ckpt_reader_expect_model: a checkpoint of the legacy hash (a run of an
+ * older build, which hashed "models/x.lua" as written) loads; when every
+ * step is another model's, the error says so, not "no intact checkpoint". */
+static void test_expect_model(void) {
+  char dir[256];
+  store_path(dir, sizeof dir, "model");
+  ckpt_engine *e = open_engine(dir, 5, 0, CKPT_COALESCE, 0);
+  if (!e) return;
+  enum { N = 1000 };
+  float *a = malloc(sizeof(float) * N);
+  int64_t d[1] = {N};
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  for (int64_t step = 10; step <= 20; step += 10) {
+    fill(a, N, step);
+    ckpt_state s = {.step = step, .config_hash = 7};
+    ckpt_snapshot(e, &s);
+    ckpt_wait_copy(e);
+    ckpt_flush(e);
+  }
+  ckpt_close(e);
+  ckpt_target t[1] = {{"param/a", a, sizeof(float) * N}};
+  ckpt_state st;
+  char report[1024];
+  ckpt_reader *r = ckpt_reader_open(dir);
+  if (!r) return;
+  memset(a, 0, sizeof(float) * N);
+  ckpt_reader_expect_model(r, 9, 7);
+  int rc = ckpt_load(r, -1, t, 1, &st, report, sizeof report);
+  CHECK(rc == 0 && st.step == 20 && holds_step(a, N, 20), "the legacy hash is accepted (rc %d): %s", rc, tr_error());
+  ckpt_reader_expect_model(r, 9, 9);
+  rc = ckpt_load(r, -1, t, 1, &st, report, sizeof report);
+  CHECK(rc != 0 && strstr(tr_error(), "every checkpoint in") && strstr(tr_error(), "is of a different model") &&
+            strstr(tr_error(), "config hash 0000000000000007"),
+        "every step another model's: %s", tr_error());
+  CHECK(strstr(report, "skipped step 20") && strstr(report, "skipped step 10"), "the report lists both: %s", report);
+  ckpt_reader_close(r);
+  /* one step damaged (its manifest), the other another model's: no intact checkpoint */
+  CHECK(flip_tensor_byte(dir, 20, 0, 9, 1) == 0, "could not flip a manifest byte");
+  r = ckpt_reader_open(dir);
+  if (!r) return;
+  ckpt_reader_expect_model(r, 9, 9);
+  rc = ckpt_load(r, -1, t, 1, &st, report, sizeof report);
+  CHECK(rc != 0 && strstr(tr_error(), "no intact checkpoint"), "damage and another model: %s", tr_error());
+  ckpt_reader_close(r);
+  free(a);
+}
+
 static void test_full_store(void) {
   char dir[256];
   store_path(dir, sizeof dir, "full");
@@ -1385,6 +1432,7 @@ int main(void) {
   test_map_grown_elsewhere();
   test_lazy_copy_and_retention();
   test_corruption();
+  test_expect_model();
   test_full_store();
   test_map_lost();
   test_damaged_list();

@@ -139,6 +139,10 @@ int trainer_ckpt_load(trainer *t, ckpt_reader *r, int64_t step, char *report, si
 /* Hash of what defines the model's tensors: model (a model file by its
  * name, wherever it lies), sizes, vocabulary. */
 uint64_t trainer_config_hash(const trainer *t);
+/* The same hash as builds before RUN/job.lua's paths were absolute computed
+ * it: the model by its string as the job spells it. trainer_ckpt_load
+ * accepts checkpoints of either. */
+uint64_t trainer_legacy_config_hash(const trainer *t);
 
 /* --- shared with `transom sample` --- */
 
