@@ -642,6 +642,35 @@ return {
     assert.are.equal(0, rc, out)
   end)
 
+  -- model was a 256-byte field: once absolute, a model file in a directory
+  -- deeper than ~240 bytes was refused; and the refusal of a path that no
+  -- field holds suggested a glob, which only data and val_data take
+  it("holds a model path from a deep directory; a too long one is refused without 'use a glob'", function()
+    local seg = string.rep("d", 200)
+    local deep = dir .. "/deep/" .. seg .. "/" .. seg
+    assert(os.execute("mkdir -p " .. q(deep)))
+    write(deep .. "/mymodel.lua", read(S.ROOT .. "/lua/models/gpt.lua"))
+    write(deep .. "/j.lua", 'return {\n  data = ' .. string.format("%q", data) .. ', model = "mymodel.lua", '
+      .. 'run_dir = ' .. string.format("%q", dir .. "/deep/r") .. ',\n' .. tiny .. "}\n")
+    local out, rc = S.sh("cd " .. q(deep) .. " && " .. q(BIN) .. " run j.lua")
+    assert.are.equal(0, rc, out)
+    assert.are.equal(deep .. "/mymodel.lua", job.load(dir .. "/deep/r/job.lua").model)
+    out, rc = S.sh("cd / && " .. q(BIN) .. " run --resume " .. q(dir .. "/deep/r") .. " --set max_steps=3")
+    assert.are.equal(0, rc, out)
+    has(out, "resumed from step 2")
+    -- past model's 1023 bytes once absolute
+    local deeper = deep .. "/" .. seg .. "/" .. seg .. "/" .. seg .. "/" .. seg
+    assert(os.execute("mkdir -p " .. q(deeper)))
+    write(deeper .. "/mymodel.lua", read(S.ROOT .. "/lua/models/gpt.lua"))
+    write(deeper .. "/j.lua", 'return {\n  data = ' .. string.format("%q", data) .. ', model = "mymodel.lua", '
+      .. 'run_dir = ' .. string.format("%q", dir .. "/deep/r2") .. ',\n' .. tiny .. "}\n")
+    out, rc = S.sh("cd " .. q(deeper) .. " && " .. q(BIN) .. " run j.lua")
+    assert.are_not.equal(0, rc, out)
+    has(out, "key 'model' is ", "more than 1023: run from a directory with a shorter path")
+    assert.is_nil(out:find("glob", 1, true), out)
+    assert.is_false(exists(dir .. "/deep/r2"), "a refused job created its run dir")
+  end)
+
   -- a run whose job now names another model (here its width) has
   -- checkpoints, none damaged: the error says they are another model's
   -- (it said "no intact checkpoint", as if the store were broken)

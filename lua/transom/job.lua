@@ -552,9 +552,10 @@ function M.dump(job, cwd, caps)
   local function path(f, v, key)
     local a = absolute(f, v, cwd, globbed(job, key))
     if caps and caps[key] and a ~= v and #a > caps[key] then
-      error({ msg = string.format("key '%s' is %d bytes once its paths are made absolute against %s (as the run's "
-        .. "job.lua writes them), more than %d: %srun from a directory with a shorter path", key, #a, cwd,
-        caps[key], (key == "data" or key == "val_data") and "use a glob, or " or "") }, 0)
+      -- (the advice before the directory: a long one may be cut off the message)
+      error({ msg = string.format("key '%s' is %d bytes once its paths are made absolute (as the run's job.lua "
+        .. "writes them), more than %d: %srun from a directory with a shorter path than %s", key, #a, caps[key],
+        (key == "data" or key == "val_data") and "use a glob, or " or "", cwd) }, 0)
     end
     return a
   end

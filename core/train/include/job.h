@@ -21,7 +21,7 @@ typedef struct { /* one entry of the job's chaos list */
 typedef struct {
   char path[1024];   /* the job file */
   char name[128];
-  char model[256];
+  char model[1024];  /* a name (lua/models/) or a .lua file: RUN/job.lua writes it absolute */
   char data[4096];     /* a file or glob, or several separated by '\n' */
   char val_data[4096]; /* "" = the last 10% of data */
   char data_format[8]; /* "auto", "text", "llmc", "uint16" */
