@@ -642,6 +642,26 @@ return {
     assert.are.equal(0, rc, out)
   end)
 
+  -- getcwd() is the physical directory: a project reached through a
+  -- symlink was written as its target. $PWD, when it names ".", is the
+  -- directory as the user sees it; a stale $PWD is not used.
+  it("writes the paths as seen from the starting directory ($PWD), through a symlink", function()
+    local real, link = dir .. "/real", dir .. "/link"
+    assert(os.execute("mkdir -p " .. q(real) .. " && ln -sfn " .. q(real) .. " " .. q(link)))
+    write(real .. "/data.txt", read(data))
+    write(real .. "/j.lua", 'return {\n  data = "data.txt", run_dir = "r",\n' .. tiny .. "}\n")
+    local out, rc = S.sh("cd " .. q(link) .. " && " .. q(BIN) .. " run j.lua")
+    assert.are.equal(0, rc, out)
+    local j = job.load(real .. "/r/job.lua")
+    assert.are.same({ link .. "/data.txt", link .. "/r" }, { j.data, j.run_dir })
+    -- a $PWD that names another directory: getcwd's
+    out, rc = S.sh("cd " .. q(link) .. " && PWD=/ " .. q(BIN) .. " run j.lua --set run_dir=r2")
+    assert.are.equal(0, rc, out)
+    j = job.load(real .. "/r2/job.lua")
+    assert.is_nil(j.data:find(link, 1, true), j.data)
+    assert.are.equal(read(data), read(j.data))
+  end)
+
   -- model was a 256-byte field: once absolute, a model file in a directory
   -- deeper than ~240 bytes was refused; and the refusal of a path that no
   -- field holds suggested a glob, which only data and val_data take

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -142,13 +143,30 @@ int job_load(lua_State *L, const char *path, const char *const *sets, int nsets,
   return TR_OK;
 }
 
+/* The working directory as the user sees it: $PWD when it is an absolute
+ * path without "." or ".." components that names the same directory as "."
+ * (through a symlinked project directory getcwd gives the physical one),
+ * else getcwd's. NULL when neither is known. */
+static const char *working_dir(char *buf, size_t n) {
+  const char *pwd = getenv("PWD");
+  struct stat a, b;
+  if (pwd && pwd[0] == '/' && strlen(pwd) < n && !strstr(pwd, "/./") && !strstr(pwd, "/../") &&
+      !(strlen(pwd) >= 2 && strcmp(pwd + strlen(pwd) - 2, "/.") == 0) &&
+      !(strlen(pwd) >= 3 && strcmp(pwd + strlen(pwd) - 3, "/..") == 0) && stat(pwd, &a) == 0 && stat(".", &b) == 0 &&
+      a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    memcpy(buf, pwd, strlen(pwd) + 1);
+    return buf;
+  }
+  return getcwd(buf, n);
+}
+
 char *job_dump(lua_State *L, const job_config *cfg) {
   int top = lua_gettop(L);
   if (require_job_module(L)) return NULL;
   lua_getfield(L, -1, "dump");
   lua_rawgeti(L, LUA_REGISTRYINDEX, cfg->lua_ref);
   char cwd[PATH_MAX];
-  if (getcwd(cwd, sizeof cwd)) lua_pushstring(L, cwd);
+  if (working_dir(cwd, sizeof cwd)) lua_pushstring(L, cwd);
   else lua_pushnil(L); /* (no working directory: the paths stay as given) */
   lua_newtable(L); /* [job, dump, cfg, cwd, caps]: what job_load can read back of each string */
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)

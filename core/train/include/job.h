@@ -70,7 +70,8 @@ int job_load(lua_State *L, const char *path, const char *const *sets, int nsets,
 /* Lua text of the resolved job (for RUN/job.lua); caller frees. Paths
  * (data, val_data, model and pipeline.placement when they are files,
  * tokenizer, init_from, run_dir, policies, checkpoint.remote) are written
- * absolute against the working directory, so the run means the same files
+ * absolute against the working directory ($PWD when it names it: a
+ * symlinked directory as the user sees it), so the run means the same files
  * from anywhere (--resume, transom sample, a worker an agent starts). NULL on
  * error (tr_error()). */
 char *job_dump(lua_State *L, const job_config *cfg);
