@@ -689,6 +689,11 @@ return {
     has(out, "key 'model' is ", "more than 1023: run from a directory with a shorter path")
     assert.is_nil(out:find("glob", 1, true), out)
     assert.is_false(exists(dir .. "/deep/r2"), "a refused job created its run dir")
+    -- transom plan says the same (it said "plan: cannot prepare a scratch directory")
+    out, rc = S.sh("cd " .. q(deeper) .. " && " .. q(BIN) .. " plan j.lua")
+    assert.are.equal(2, rc, out)
+    has(out, "key 'model' is ", "more than 1023")
+    assert.is_nil(out:find("scratch", 1, true), out)
   end)
 
   -- a run whose job now names another model (here its width) has

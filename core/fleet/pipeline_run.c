@@ -708,7 +708,8 @@ int pipeline_plan_main(int argc, char **argv) {
   char dir[] = "/tmp/transom-plan-XXXXXX", path[64];
   int rc = L ? job_load(L, job, sets, nsets, &cfg) : TR_ENOMEM;
   char *dump = rc ? NULL : job_dump(L, &cfg);
-  if (!rc && (!dump || !mkdtemp(dir))) rc = tr_fail(TR_EIO, "plan: cannot prepare a scratch directory");
+  if (!rc && !dump) rc = TR_EINVAL; /* job_dump's reason (a path too long once absolute) stays tr_error() */
+  else if (!rc && !mkdtemp(dir)) rc = tr_fail(TR_EIO, "plan: cannot prepare a scratch directory: %s", strerror(errno));
   if (!rc) {
     snprintf(path, sizeof path, "%s/job.lua", dir);
     rc = tr_write_file_atomic(path, dump, strlen(dump));
