@@ -143,11 +143,8 @@ int job_load(lua_State *L, const char *path, const char *const *sets, int nsets,
   return TR_OK;
 }
 
-/* The working directory as the user sees it: $PWD when it is an absolute
- * path without "." or ".." components that names the same directory as "."
- * (through a symlinked project directory getcwd gives the physical one),
- * else getcwd's. NULL when neither is known. */
-static const char *working_dir(char *buf, size_t n) {
+/* (job.h) through a symlinked project directory getcwd gives the physical one */
+const char *job_working_dir(char *buf, size_t n) {
   const char *pwd = getenv("PWD");
   struct stat a, b;
   if (pwd && pwd[0] == '/' && strlen(pwd) < n && !strstr(pwd, "/./") && !strstr(pwd, "/../") &&
@@ -166,7 +163,7 @@ char *job_dump(lua_State *L, const job_config *cfg) {
   lua_getfield(L, -1, "dump");
   lua_rawgeti(L, LUA_REGISTRYINDEX, cfg->lua_ref);
   char cwd[PATH_MAX];
-  if (working_dir(cwd, sizeof cwd)) lua_pushstring(L, cwd);
+  if (job_working_dir(cwd, sizeof cwd)) lua_pushstring(L, cwd);
   else lua_pushnil(L); /* (no working directory: the paths stay as given) */
   lua_newtable(L); /* [job, dump, cfg, cwd, caps]: what job_load can read back of each string */
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)

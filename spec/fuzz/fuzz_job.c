@@ -119,25 +119,72 @@ static void run_covered(lua_State *L, const char *path, const char *const *sets,
   lua_settop(L, 0);
 }
 
+/* What job_dump must write for one path-valued value v (job.lua's
+ * absolute()): each line made absolute against base (cwd, its glob
+ * characters backslash-escaped when the line is a glob pattern), a
+ * leading "./" dropped, an absolute line as it is; a "lua" key's value
+ * that is a name (no '/', not ending in .lua) as it is. */
+static void expected_path(char *out, size_t n, const char *v, const char *cwd, int globbed, int lua) {
+  size_t len = strlen(v), o = 0;
+  if (!*v || (lua && !strchr(v, '/') && !(len >= 4 && strcmp(v + len - 4, ".lua") == 0))) {
+    snprintf(out, n, "%s", v);
+    return;
+  }
+  char base[8192];
+  size_t b = 0;
+  for (const char *c = cwd; *c && b + 2 < sizeof base; c++) {
+    if (globbed && strchr("[]*?\\", *c)) base[b++] = '\\';
+    base[b++] = *c;
+  }
+  base[b] = 0;
+  out[0] = 0;
+  for (const char *line = v; *line;) {
+    const char *nl = strchr(line, '\n');
+    size_t ll = nl ? (size_t)(nl - line) : strlen(line);
+    if (ll == 0) { /* an empty line stays (gsub matches [^\n]+) */
+    } else if (line[0] == '/') {
+      o += (size_t)snprintf(out + o, o < n ? n - o : 0, "%.*s", (int)ll, line);
+    } else {
+      const char *p = line;
+      while (ll >= 2 && p[0] == '.' && p[1] == '/') p += 2, ll -= 2;
+      if (ll == 0 || (ll == 1 && p[0] == '.'))
+        o += (size_t)snprintf(out + o, o < n ? n - o : 0, "%s", base);
+      else
+        o += (size_t)snprintf(out + o, o < n ? n - o : 0, "%s%s%.*s", base, b && base[b - 1] == '/' ? "" : "/",
+                              (int)ll, p);
+    }
+    if (!nl) break;
+    if (o + 1 < n) out[o++] = '\n', out[o] = 0;
+    line = nl + 1;
+  }
+}
+
 /* job_dump writes the path-valued keys absolute against the working
- * directory (job.h): where got's differs from want's, every line of got's
- * must be an absolute path; it is then taken over into want, so that the
- * rest compares bit for bit. */
+ * directory (job.h): each must be exactly expected_path() of want's value;
+ * it is then taken over into want, so that the rest compares bit for bit. */
 static void take_paths(job_config *want, const job_config *got) {
-#define P(k) {offsetof(job_config, k), sizeof(((job_config *)0)->k), #k}
+#define P(k, lua) {offsetof(job_config, k), sizeof(((job_config *)0)->k), #k, lua}
   static const struct {
     size_t off, size;
     const char *key;
-  } paths[] = {P(model), P(data), P(val_data), P(tokenizer), P(init_from), P(run_dir), P(policies), P(ckpt_remote),
-               P(pipe_placement)};
+    int lua;
+  } paths[] = {P(model, 1),     P(data, 0),     P(val_data, 0),    P(tokenizer, 0),     P(init_from, 0),
+               P(run_dir, 0),   P(policies, 0), P(ckpt_remote, 0), P(pipe_placement, 1)};
 #undef P
+  char cwd[4096];
+  FUZZ_CHECK(job_working_dir(cwd, sizeof cwd) != NULL, "no working directory");
+  /* data.c globs val_data, and data when it is token data (is_token_data) */
+  size_t dl = strlen(want->data);
+  int token = strcmp(want->data_format, "auto") != 0 ? strcmp(want->data_format, "text") != 0
+                                                      : dl >= 4 && strcmp(want->data + dl - 4, ".bin") == 0;
+  static char exp[16384];
   for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
     char *w = (char *)want + paths[i].off;
     const char *g = (const char *)got + paths[i].off;
-    if (strcmp(w, g) == 0) continue;
-    for (const char *line = g; line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
-      FUZZ_CHECK(*line == '/' || *line == '\n' || !*line, "the dump's %s is not absolute: '%s' (was '%s')",
-                 paths[i].key, g, w);
+    int globbed = paths[i].off == offsetof(job_config, val_data) || (paths[i].off == offsetof(job_config, data) && token);
+    expected_path(exp, sizeof exp, w, cwd, globbed, paths[i].lua);
+    FUZZ_CHECK(strcmp(exp, g) == 0, "the dump's %s is '%s', not '%s' (was '%s', cwd '%s')", paths[i].key, g, exp, w,
+               cwd);
     memcpy(w, g, paths[i].size); /* the bytes past the string too (zeros in both) */
   }
 }

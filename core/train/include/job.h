@@ -9,6 +9,7 @@
 #define TRANSOM_JOB_H
 
 #include <lua.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define JOB_MAX_CHAOS 64
@@ -75,6 +76,11 @@ int job_load(lua_State *L, const char *path, const char *const *sets, int nsets,
  * from anywhere (--resume, transom sample, a worker an agent starts). NULL on
  * error (tr_error()). */
 char *job_dump(lua_State *L, const job_config *cfg);
+/* The directory job_dump writes paths against, as the user sees it: $PWD
+ * when it is an absolute path without "." or ".." components that names
+ * the same directory as "." (st_dev, st_ino), else getcwd's. buf (n bytes)
+ * or NULL when neither is known. */
+const char *job_working_dir(char *buf, size_t n);
 /* Where key came from, for an error found after job_load (a data file that
  * cannot be opened), as the checker's own errors say it: "--set data=x:
  * key 'data'" for a --set item, else "FILE:LINE: key 'data'" (or "FILE: key
