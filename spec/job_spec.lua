@@ -568,6 +568,37 @@ return {
     has(out, "resumed from step " .. steps)
   end)
 
+  it("runs, with one warning, where the filesystem has no locks (flock: ENOSYS, ENOLCK, EOPNOTSUPP, EINVAL)", function()
+    -- (before: "cannot lock RUN/run.lock: Function not implemented", and no lone run could start on Lustre
+    -- without flock or NFSv3 without lockd)
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local function run(e, ...)
+      local args = {}
+      for i, a in ipairs({ ... }) do args[i] = q(a) end
+      local _, how, code = os.execute(string.format("env TRANSOM_TEST_FLOCK_ERRNO=%s %s %s >%s 2>%s", e, q(BIN),
+        table.concat(args, " "), q(dir .. "/stdout"), q(dir .. "/stderr")))
+      assert(how == "exit")
+      return code, read(dir .. "/stdout"), read(dir .. "/stderr")
+    end
+    local code, out, err = run("ENOSYS", "run", path, "--set", "max_steps=3")
+    assert.are.equal(0, code, err)
+    has(out, "step 3/3")
+    has(err, run_dir .. "/run.lock: this filesystem has no locks (Function not implemented): two runs in " .. run_dir
+      .. " are not prevented")
+    for _, e in ipairs({ "ENOLCK", "EOPNOTSUPP", "EINVAL" }) do
+      code, out, err = run(e, "run", "--resume", run_dir, "--set", "max_steps=4")
+      assert.are.equal(0, code, err)
+      has(err, "this filesystem has no locks")
+      -- one warning, not one per try
+      local _, n = err:gsub("has no locks", "")
+      assert.are.equal(1, n, err)
+    end
+    -- another error is still an error
+    code, _, err = run("EIO", "run", "--resume", run_dir, "--set", "max_steps=5")
+    assert.are_not.equal(0, code, err)
+    has(err, "cannot lock " .. run_dir .. "/run.lock")
+  end)
+
   it("a first run that fails before training leaves a directory a rerun or --resume takes up", function()
     -- job.lua cannot be written (its .tmp is a directory): the store is not opened yet, so the fixed rerun goes
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")

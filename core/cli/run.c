@@ -526,16 +526,49 @@ static int lock_held(const char *dir, int *pid) {
   return held;
 }
 
+/* Test hook TRANSOM_TEST_FLOCK_ERRNO=NAME (ENOSYS, ENOLCK, EOPNOTSUPP,
+ * EINVAL, EIO) or a number: take_lock's flock fails with it, as on a
+ * filesystem without locks (Lustre mounted without flock: ENOSYS; NFSv3
+ * without lockd: ENOLCK). */
+static int test_flock_errno(void) {
+  const char *v = getenv("TRANSOM_TEST_FLOCK_ERRNO");
+  if (!v || !*v) return 0;
+  static const struct { const char *name; int e; } names[] = {
+    {"ENOSYS", ENOSYS}, {"ENOLCK", ENOLCK}, {"EOPNOTSUPP", EOPNOTSUPP}, {"EINVAL", EINVAL}, {"EIO", EIO}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strcmp(v, names[i].name) == 0) return names[i].e;
+  return atoi(v);
+}
+
+/* flock, or the test hook's failure. */
+static int lock_ex(int fd) {
+  int e = test_flock_errno();
+  if (e) {
+    errno = e;
+    return -1;
+  }
+  return flock(fd, LOCK_EX | LOCK_NB);
+}
+
+/* Errors of a filesystem that has no locks at all (not of a lock held). */
+static int no_locks(int e) { return e == ENOSYS || e == ENOLCK || e == EOPNOTSUPP || e == EINVAL; }
+
 /* Takes r->dir's lock (the directory exists), before the run writes
  * anything else there; refused (TR_EINVAL, message set) while another
  * holds it. A few tries: a lock_held of another start holds it shared
- * for an instant. */
+ * for an instant. On a filesystem without locks the run goes on,
+ * unprotected, after one warning. */
 static int take_lock(run_ctx *r) {
   char path[PATH_MAX];
   path_in(r, RUN_LOCK, path, sizeof path);
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return tr_fail(TR_EIO, "cannot open %s: %s", path, strerror(errno));
-  for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+  for (int i = 0; lock_ex(fd) != 0; i++) {
+    if (no_locks(errno)) {
+      fprintf(stderr, "transom: warning: %s: this filesystem has no locks (%s): two runs in %s are not prevented\n",
+              path, strerror(errno), r->dir);
+      break; /* the fd is kept all the same: the pid is for messages */
+    }
     if (errno != EWOULDBLOCK || i == 20) {
       int rc = errno == EWOULDBLOCK ? in_use_by(r->dir, lock_pid(fd))
                                     : tr_fail(TR_EIO, "cannot lock %s: %s", path, strerror(errno));
