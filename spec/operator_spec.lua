@@ -746,6 +746,39 @@ describe("operator (3 replicas)", function()
     end
   end)
 
+  -- The operator stopped (SIGSTOP), and a lone --resume (--replicas 1)
+  -- started meanwhile: refused, exit 2, naming the stopped operator's pid:
+  -- only an operator rewrites RUN/operator.addr, so nothing would make the
+  -- old one stand down when continued. It goes on and finishes alone.
+  -- (Before: the lone run said "taking the run over" and trained alongside
+  -- it once it was continued: two timelines in one run directory.)
+  it("a lone --resume while the operator is stopped is refused: nothing would make it stand down", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, steps = tmp .. "/stopped_lone", 300
+    local old, old_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=10 " .. job(run, "--replicas 2 --set max_steps=" .. steps ..
+      " --set log_interval=600"), tmp .. "/stopped_lone.log")
+    assert.is_true(wait_step(run, 20), read(tmp .. "/stopped_lone.log"))
+    os.execute("kill -STOP " .. old)
+    local before, job1 = #events(run), read(run .. "/job.lua")
+    local _, rc_of = spawn_rc(BIN .. " run --resume " .. run .. " --replicas 1", tmp .. "/stopped_lone2.log")
+    local rc = S.wait_rc(rc_of, T(60))
+    os.execute("kill -CONT " .. old)
+    local said = read(tmp .. "/stopped_lone2.log") or ""
+    assert.equal(2, rc, said)
+    assert.matches("a stopped or hung operator (pid " .. old .. ") holds " .. run .. ": kill it (kill -9 " .. old ..
+      ") first, or resume with --replicas > 1 to take it over", said, 1, true)
+    assert.equal(job1, read(run .. "/job.lua"))
+    assert.equal(0, S.wait_rc(old_rc, T(120)), read(tmp .. "/stopped_lone.log"))
+    local after = events(run):sub(before + 1)
+    for _, kind in ipairs({ "adopted", "spawn", "replica_failed", "superseded", "resume" }) do
+      assert.is_nil(after:find('"kind":"' .. kind .. '"', 1, true), after)
+    end
+    for w, ws in pairs(steps_by_worker(run)) do -- every step once, in order
+      assert.equal(steps, #ws, "worker " .. w)
+      for i = 1, #ws do assert.equal(i, ws[i], "worker " .. w .. " line " .. i) end
+    end
+  end)
+
   -- A rollback whose drop of the checkpoints it abandons fails in the
   -- remote level only (the remote directory made immutable, chattr +i: as a
   -- read-only or failing mount would): the local store's go, the remote's

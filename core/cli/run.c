@@ -589,9 +589,10 @@ static int take_lock(run_ctx *r) {
  * this run is refused. An operator (a replicated run) is asked on
  * RUN/control.sock: one that answers is live, and this run is refused;
  * one that takes the connection but does not answer within PROBE_S
- * (stopped, hung: the takeover the product supports) is taken over: a
- * --resume adopts its workers, and it stands down should it run again
- * (operator.c, superseded); a dead one (no socket, nobody listening) is
+ * (stopped, hung: the takeover the product supports) is taken over by a
+ * replicated run only: a --resume adopts its workers, and it stands down
+ * should it run again (operator.c, superseded); a lone run or a pipeline
+ * is refused (nothing would make the old one stand down); a dead one (no socket, nobody listening) is
  * no one. Returns 0 to go on, or TR_EINVAL (message set). */
 static int check_in_use(const run_ctx *r) {
   int pid = 0;
@@ -600,6 +601,13 @@ static int check_in_use(const run_ctx *r) {
   if (p == OPERATOR_ANSWERS)
     return tr_fail(TR_EINVAL, "%s is in use by a live operator (pid %d): stop it first (kill -TERM %d: it "
                    "checkpoints and exits); a hung one that does not answer is taken over", r->dir, pid, pid);
+  int pipeline = r->cfg.pipe_stages > 1 || r->cfg.pipe_micro_batches > 1;
+  if (p == OPERATOR_SILENT && (r->cfg.replicas <= 1 || pipeline))
+    /* Only an operator rewrites RUN/operator.addr (what makes the old one
+     * stand down): a lone run or a pipeline taking over would leave it to
+     * train on when continued, two timelines in one directory. */
+    return tr_fail(TR_EINVAL, "a stopped or hung operator (pid %d) holds %s: kill it (kill -9 %d) first, or resume "
+                   "with --replicas > 1 to take it over", pid, r->dir, pid);
   if (p == OPERATOR_SILENT)
     fprintf(stderr, "transom: the operator in %s (pid %d) did not answer on %s/control.sock in %.1f s: taking the run "
             "over (it stands down should it run again)\n", r->dir, pid, r->dir, PROBE_S);
