@@ -746,6 +746,29 @@ describe("operator (3 replicas)", function()
     end
   end)
 
+  -- RUN/operator.addr removed under a healthy sole operator (a tmp
+  -- cleaner, a scratch purge, a user): it says nothing, and the job trains
+  -- on to its end: no "superseded", nothing restarted. (Before: the missing
+  -- file counted as a takeover: the operator stood down, exit 1.)
+  it("RUN/operator.addr removed under a running operator: it trains on and finishes", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, steps = tmp .. "/addr_gone", 300
+    local op, op_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=10 " .. job(run, "--replicas 2 --set max_steps=" .. steps ..
+      " --set log_interval=600"), tmp .. "/addr_gone.log")
+    assert.is_true(wait_step(run, 20), read(tmp .. "/addr_gone.log"))
+    local addr = read(run .. "/operator.addr") or ""
+    assert.matches("^[^\n]+:%d+\n%x+\n$", addr) -- host:port, then the operator's nonce
+    os.remove(run .. "/operator.addr")
+    assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/addr_gone.log"))
+    local ev = events(run)
+    for _, kind in ipairs({ "superseded", "replica_failed" }) do
+      assert.is_nil(ev:find('"kind":"' .. kind .. '"', 1, true), ev)
+    end
+    assert.equal(2, select(2, ev:gsub('"kind":"spawn"', "")), ev)
+    for w, ws in pairs(steps_by_worker(run)) do assert.equal(steps, ws[#ws], "worker " .. w) end
+    assert.is_falsy(alive(op))
+  end)
+
   -- The operator stopped (SIGSTOP), and a lone --resume (--replicas 1)
   -- started meanwhile: refused, exit 2, naming the stopped operator's pid:
   -- only an operator rewrites RUN/operator.addr, so nothing would make the

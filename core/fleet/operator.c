@@ -43,9 +43,11 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -98,35 +100,48 @@ int operator_live_count(operator_state *o) {
 #define SUPERSEDE_LOOK_S 0.1 /* RUN/operator.addr is looked at no more often than this */
 
 /* Whether an operator started since this one has taken the run over:
- * RUN/operator.addr is no longer the file this one wrote (another
- * operator's, or removed by one that has ended since: nothing else removes
- * it). That happens when this one was stopped or hung (a `--resume` takes
- * over an operator that does not answer on RUN/control.sock): the new one
- * adopted our workers (they follow the file) or started their slots. So
- * this one stands down the moment it runs again: a "superseded" event,
- * and the loop ends with nothing spawned, stopped or checkpointed, no
- * metrics line written and no failure handled. Every callback that would
- * act on the job asks first (the tick, worker lines and hang-ups, child
- * exits, membership changes, signals, spawns): after a stop, whichever
- * runs first finds it. A file that cannot be read says nothing. */
+ * RUN/operator.addr exists and names another operator (its second line,
+ * the nonce, is not ours: a newer operator's address, or "ended" by one
+ * that has ended since). That happens when this one was stopped or hung (a
+ * `--resume` takes over an operator that does not answer on
+ * RUN/control.sock): the new one adopted our workers (they follow the
+ * file) or started their slots. So this one stands down the moment it
+ * runs again: a "superseded" event, and the loop ends with nothing
+ * spawned, stopped or checkpointed, no metrics line written and no
+ * failure handled. Every callback that would act on the job asks first
+ * (the tick, worker lines and hang-ups, child exits, membership changes,
+ * signals, spawns): after a stop, whichever runs first finds it. A file
+ * that is missing (a tmp cleaner, a scratch purge, a user removed it) or
+ * cannot be read says nothing: a healthy sole operator never stands down
+ * for it. */
 static int superseded(operator_state *o) {
   if (o->superseded) return 1;
   double now = tr_now();
-  if (!o->addr_id.known || now - o->addr_looked < SUPERSEDE_LOOK_S) return 0;
+  if (!o->nonce[0] || now - o->addr_looked < SUPERSEDE_LOOK_S) return 0;
   o->addr_looked = now;
-  opaddr_id cur;
-  char by[300] = "";
-  int rc = opaddr_read(o->dir, &cur, by, sizeof by);
-  if (rc < 0 || (rc == 0 && opaddr_same(&cur, &o->addr_id))) return 0;
+  char by[300], nonce[64];
+  if (opaddr_read_nonce(o->dir, by, sizeof by, nonce, sizeof nonce) != 0 || strcmp(nonce, o->nonce) == 0) return 0;
   o->superseded = 1;
-  if (rc == 0)
+  if (strcmp(by, "ended") != 0)
     operator_event(o, o->best_step, -1, "superseded", "superseded by the operator at %s (RUN/operator.addr): this "
                    "one exits, starting, stopping and checkpointing nothing", by);
   else
-    operator_event(o, o->best_step, -1, "superseded", "superseded: RUN/operator.addr was removed by an operator "
-                   "started since (it has ended): this one exits, starting, stopping and checkpointing nothing");
+    operator_event(o, o->best_step, -1, "superseded", "superseded: an operator started since took the run over and "
+                   "has ended (RUN/operator.addr): this one exits, starting, stopping and checkpointing nothing");
   event_base_loopbreak(o->base);
   return 1;
+}
+
+/* A fresh nonce for this operator's RUN/operator.addr. */
+static void make_nonce(operator_state *o) {
+  unsigned char b[12];
+  if (getrandom(b, sizeof b, GRND_NONBLOCK) != (ssize_t)sizeof b) { /* unlikely: pid and time then */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 20);
+    for (size_t i = 0; i < sizeof b; i++) b[i] = (unsigned char)(x >> (8 * (i % 8))) ^ (unsigned char)i;
+  }
+  for (size_t i = 0; i < sizeof b; i++) snprintf(o->nonce + 2 * i, 3, "%02x", b[i]);
 }
 
 /* --- spawning --- */
@@ -1208,10 +1223,14 @@ static int start_listeners(operator_state *o) {
   o->ctl = operator_ctl_listen(o);
   /* where waiting workers of a killed operator find the next one */
   char path[PATH_MAX], addr[300];
-  int n = snprintf(addr, sizeof addr, "%s:%d\n", o->adv_host, o->port);
+  char nonce[sizeof o->nonce];
+  make_nonce(o);
+  snprintf(nonce, sizeof nonce, "%s", o->nonce);
+  o->nonce[0] = 0; /* known once written */
+  int n = snprintf(addr, sizeof addr, "%s:%d\n%s\n", o->adv_host, o->port, nonce);
   snprintf(path, sizeof path, "%s/operator.addr", o->dir);
   rc = tr_write_file_atomic(path, addr, (size_t)n);
-  if (!rc) opaddr_read(o->dir, &o->addr_id, NULL, 0); /* ours: another one's is a takeover (superseded) */
+  if (!rc) snprintf(o->nonce, sizeof o->nonce, "%s", nonce); /* ours: another one's is a takeover (superseded) */
   return rc;
 }
 
@@ -1426,8 +1445,15 @@ static void teardown(operator_state *o) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/control.sock", o->dir);
   if (!o->superseded) unlink(path); /* superseded: both are the new operator's */
-  snprintf(path, sizeof path, "%s/operator.addr", o->dir);
-  if (o->lis && !o->superseded) unlink(path);
+  /* ended, not removed: an operator stopped while this one took over
+   * finds it (superseded) when it runs again, where a missing file says
+   * nothing; workers find no address in it */
+  if (o->nonce[0] && !o->superseded) {
+    char ended[64];
+    int n = snprintf(ended, sizeof ended, "ended\n%s\n", o->nonce);
+    snprintf(path, sizeof path, "%s/operator.addr", o->dir);
+    if (tr_write_file_atomic(path, ended, (size_t)n)) unlink(path);
+  }
   if (o->metrics) fclose(o->metrics);
   if (o->events) auth_refused_flush(o, o->auth_ev_window + AUTH_EVENTS_WINDOW); /* what the last window held back */
   if (o->events) fclose(o->events);

@@ -146,7 +146,8 @@ struct operator_state {
   int aborts;
   double abort_t0;
   unsigned char abort_reporters[MAX_SLOTS];
-  opaddr_id addr_id;          /* the RUN/operator.addr this operator wrote (proto.h) */
+  char nonce[40];             /* this operator's, random: the second line of the RUN/operator.addr it wrote
+                                 ("": none written yet) */
   double addr_looked;         /* when it was last looked at (operator.c, superseded) */
   int superseded;             /* another operator took the run over: this one stands down */
   auth_secret secret;         /* the job's (RUN/secret): every connection to our ports proves it */
