@@ -122,6 +122,7 @@ static int superseded(operator_state *o) {
   char by[300], nonce[64];
   if (opaddr_read_nonce(o->dir, by, sizeof by, nonce, sizeof nonce) != 0 || strcmp(nonce, o->nonce) == 0) return 0;
   o->superseded = 1;
+  snprintf(o->superseded_by, sizeof o->superseded_by, "%s", strcmp(by, "ended") != 0 ? by : "(it has ended)");
   if (strcmp(by, "ended") != 0)
     operator_event(o, o->best_step, -1, "superseded", "superseded by the operator at %s (RUN/operator.addr): this "
                    "one exits, starting, stopping and checkpointing nothing", by);
@@ -131,6 +132,17 @@ static int superseded(operator_state *o) {
   event_base_loopbreak(o->base);
   return 1;
 }
+
+/* superseded, with the file looked at now whatever the cache says: for
+ * the callbacks that would take a worker leaving us for the new operator
+ * for a failure (a hang-up, a child exit, a membership change, an evict,
+ * a spawn), where the 0.1 s window is enough to act on a stale answer. */
+static int superseded_now(operator_state *o) {
+  o->addr_looked = -1e9;
+  return superseded(o);
+}
+
+int operator_superseded(operator_state *o) { return superseded_now(o); }
 
 /* A fresh nonce for this operator's RUN/operator.addr. */
 static void make_nonce(operator_state *o) {
@@ -148,7 +160,7 @@ static void make_nonce(operator_state *o) {
 
 void operator_spawn(operator_state *o, int k, const char *mode) {
   slot *s = &o->slots[k];
-  if (superseded(o)) return; /* the operator that replaced us starts the slots */
+  if (superseded_now(o)) return; /* the operator that replaced us starts the slots */
   if (o->cfg->hosts > 0) { /* the agents start them */
     hosts_place(o, k, mode);
     return;
@@ -403,6 +415,7 @@ static void det_action(void *ud, const detector_action *a) {
   const char *why = a->cause ? a->cause->kind : "detector";
   switch (a->action) {
     case DET_ACT_EVICT:
+      if (superseded_now(o)) break; /* the worker is the new operator's */
       if (a->worker >= 0 && a->worker < o->nslots && operator_slot_has_process(&o->slots[a->worker])) {
         operator_event(o, o->best_step, a->worker, "evict", "replica %d evicted: %s", a->worker, why);
         operator_kill_slot(o, &o->slots[a->worker], SIGKILL); /* also ends a stopped (SIGSTOP) process */
@@ -469,6 +482,7 @@ static void find_hung(operator_state *o) {
     operator_event(o, s->step, i, "anomaly",
               "hang: replica %d has computed step %lld for %.1f s while %d replica(s) wait for it in the all-reduce",
               i, (long long)s->step + 1, busy, waiting);
+    if (superseded_now(o)) return; /* the workers are the new operator's */
     operator_event(o, s->step, i, "evict", "replica %d evicted: hang", i);
     operator_kill_slot(o, s, SIGKILL);
     s->in_allreduce = 1; /* once */
@@ -580,7 +594,7 @@ static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
-  if (superseded(o)) return; /* our children are the new operator's workers now */
+  if (superseded_now(o)) return; /* our children are the new operator's workers now */
   int status;
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
@@ -941,13 +955,13 @@ static void conn_read(struct bufferevent *bev, void *arg) {
   }
   if (evbuffer_get_length(in) > PROTO_LINE_MAX) { /* a line that never ends */
     operator_event(c->o, c->o->best_step, c->s ? c->s->slot : -1, "protocol_error", "control line too long; closing");
-    conn_gone(c, bev); /* (an agent's host forgot it too: before, only the slot did) */
+    if (!superseded_now(c->o)) conn_gone(c, bev); /* (an agent's host forgot it too: before, only the slot did) */
   }
 }
 
 static void conn_event(struct bufferevent *bev, short what, void *arg) {
   conn *c = arg;
-  if (superseded(c->o)) return; /* a worker that left us for the new operator: no failure */
+  if (superseded_now(c->o)) return; /* a worker that left us for the new operator: no failure */
   if ((what & BEV_EVENT_TIMEOUT) && !c->authed) /* only an unproven connection has a timeout */
     auth_refused(c->o, "a connection from %s to the workers' port sent no answer to the challenge in %.0f s; closed",
                  c->peer, auth_answer_s(c->o));
@@ -1079,7 +1093,7 @@ static void evict_unreachable(evutil_socket_t fd, short what, void *arg) {
   operator_state *o = r->o;
   slot *s = &o->slots[r->slot];
   free(r);
-  if (superseded(o) || o->stopping || (s->state != SLOT_RUNNING && s->state != SLOT_STARTING)) return;
+  if (superseded_now(o) || o->stopping || (s->state != SLOT_RUNNING && s->state != SLOT_STARTING)) return;
   operator_event(o, o->best_step, s->slot, "evict", "replica %d evicted: unreachable", s->slot);
   ftar_coord_evict(o->coord, s->slot);
   operator_kill_slot(o, s, SIGKILL);
@@ -1132,7 +1146,7 @@ static void watch_aborts(operator_state *o, const ftar_change *c) {
 
 static void on_change(void *ud, const ftar_change *c) {
   operator_state *o = ud;
-  if (superseded(o)) return;
+  if (superseded_now(o)) return;
   watch_aborts(o, c);
   static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted"};
   char list[512] = "";

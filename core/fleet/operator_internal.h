@@ -150,6 +150,7 @@ struct operator_state {
                                  ("": none written yet) */
   double addr_looked;         /* when it was last looked at (operator.c, superseded) */
   int superseded;             /* another operator took the run over: this one stands down */
+  char superseded_by[300];    /* where that one listens (RUN/operator.addr), for messages */
   auth_secret secret;         /* the job's (RUN/secret): every connection to our ports proves it */
   char secret_hex[2 * AUTH_KEY_MAX + 1];
 };
@@ -159,6 +160,9 @@ struct operator_state {
 void operator_event(operator_state *o, int64_t step, int worker, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 int operator_live_count(operator_state *o);
+/* Whether an operator started since has taken the run over (RUN/operator.addr
+ * looked at now): it stands down (operator.c, superseded). */
+int operator_superseded(operator_state *o);
 /* Counts a restart of slot s (NULL: every replica restarted at once). */
 void operator_count_restart(operator_state *o, slot *s);
 /* operator_policy.c: the restart policy, restart.lua from the job's

@@ -657,12 +657,22 @@ static void repl_eval(ctl_conn *c, const char *line) {
 
 /* --- the socket --- */
 
+static void ctl_drained(struct bufferevent *bev, void *arg);
+static void ctl_event(struct bufferevent *bev, short what, void *arg);
+
 static void ctl_read(struct bufferevent *bev, void *arg) {
   ctl_conn *c = arg;
   operator_state *o = c->o;
   char *line;
   size_t n;
   struct evbuffer *out = bufferevent_get_output(bev);
+  if (operator_superseded(o)) { /* no attach, chaos or status from one that stands down */
+    evbuffer_add_printf(out, "error: this operator was superseded by the one at %s\n", o->superseded_by);
+    evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
+    bufferevent_disable(bev, EV_READ);
+    bufferevent_setcb(bev, NULL, ctl_drained, ctl_event, c); /* closed once the reply is out */
+    return;
+  }
   while ((line = evbuffer_readln(bufferevent_get_input(bev), &n, EVBUFFER_EOL_LF))) {
     char fault[16] = "";
     int k = -1;
