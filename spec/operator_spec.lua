@@ -769,6 +769,27 @@ describe("operator (3 replicas)", function()
     assert.is_falsy(alive(op))
   end)
 
+  -- A --resume by another user (root here: setpriv to nobody) while the
+  -- operator trains: its control socket refuses that user, and the run
+  -- directory is in use all the same: exit 2, naming the operator's uid.
+  -- (Before: a refused connect counted as no operator, and a refused
+  -- connection as a silent one: taken over after 2.5 s.)
+  it("a --resume by another user while the operator trains is refused, naming its uid", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    if sh("id -u"):match("%d+") ~= "0" or not sh("command -v setpriv"):match("setpriv") then
+      return pending("needs root and setpriv")
+    end
+    local run = tmp .. "/other_uid"
+    local _, op_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=10 " .. job(run, "--replicas 2 --set max_steps=300" ..
+      " --set log_interval=600"), tmp .. "/other_uid.log")
+    assert.is_true(wait_step(run, 20), read(tmp .. "/other_uid.log"))
+    os.execute("chmod a+rx " .. tmp)
+    local out, rc = sh("setpriv --reuid=65534 --regid=65534 --clear-groups " .. BIN .. " run --resume " .. run .. " 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches(run .. " is in use by an operator of another user (uid 0", out, 1, true)
+    assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/other_uid.log"))
+  end)
+
   -- The operator stopped (SIGSTOP), and a lone --resume (--replicas 1)
   -- started meanwhile: refused, exit 2, naming the stopped operator's pid:
   -- only an operator rewrites RUN/operator.addr, so nothing would make the

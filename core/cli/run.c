@@ -597,7 +597,14 @@ static int take_lock(run_ctx *r) {
 static int check_in_use(const run_ctx *r) {
   int pid = 0;
   if (lock_held(r->dir, &pid)) return in_use_by(r->dir, pid); /* a lone run, a pipeline's launcher */
-  operator_presence p = operator_probe(r->dir, PROBE_S, &pid);
+  int uid;
+  operator_presence p = operator_probe(r->dir, PROBE_S, &pid, &uid);
+  if (p == OPERATOR_REFUSED && uid >= 0 && uid != (int)getuid())
+    return tr_fail(TR_EINVAL, "%s is in use by an operator of another user (uid %d%s%.0d): it refused this one on "
+                   "%s/control.sock", r->dir, uid, pid > 0 ? ", pid " : "", pid, r->dir);
+  if (p == OPERATOR_REFUSED)
+    return tr_fail(TR_EINVAL, "%s is in use by an operator (pid %d) that closed %s/control.sock without an answer "
+                   "(it may be ending): stop it first, or try again", r->dir, pid, r->dir);
   if (p == OPERATOR_ANSWERS)
     return tr_fail(TR_EINVAL, "%s is in use by a live operator (pid %d): stop it first (kill -TERM %d: it "
                    "checkpoints and exits); a hung one that does not answer is taken over", r->dir, pid, pid);
@@ -791,7 +798,7 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   }
   choose_dir(&r);
   int resume = a.resume != NULL;
-  if (check_in_use(&r) || (!resume && check_new_dir(&r))) {
+  if ((!resume && check_new_dir(&r)) || check_in_use(&r)) { /* a new run into a run's directory: refused at once */
     fprintf(stderr, "transom: %s\n", tr_error());
     close_run(&r);
     return 2;

@@ -1235,6 +1235,7 @@ static int start_listeners(operator_state *o) {
   getsockname(evconnlistener_get_fd(o->lis), (struct sockaddr *)&sa, &sl);
   o->port = ntohs(sa.sin_port);
   o->ctl = operator_ctl_listen(o);
+  o->ctl_made = o->ctl != NULL; /* RUN/control.sock is ours to remove */
   /* where waiting workers of a killed operator find the next one */
   char path[PATH_MAX], addr[300];
   char nonce[sizeof o->nonce];
@@ -1458,7 +1459,7 @@ static void teardown(operator_state *o) {
   if (o->base) event_base_free(o->base);
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/control.sock", o->dir);
-  if (!o->superseded) unlink(path); /* superseded: both are the new operator's */
+  if (o->ctl_made && !o->superseded) unlink(path); /* superseded: both are the new operator's; none made: another's */
   /* ended, not removed: an operator stopped while this one took over
    * finds it (superseded) when it runs again, where a missing file says
    * nothing; workers find no address in it */

@@ -150,6 +150,7 @@ struct operator_state {
                                  ("": none written yet) */
   double addr_looked;         /* when it was last looked at (operator.c, superseded) */
   int superseded;             /* another operator took the run over: this one stands down */
+  int ctl_made;               /* this operator created RUN/control.sock (operator_ctl_listen) */
   char superseded_by[300];    /* where that one listens (RUN/operator.addr), for messages */
   auth_secret secret;         /* the job's (RUN/secret): every connection to our ports proves it */
   char secret_hex[2 * AUTH_KEY_MAX + 1];
