@@ -545,12 +545,15 @@ return {
       assert.is_truthy(S.wait_for(function() return #S.losses(run_dir) >= 1 end, 60), S.read(log))
       os.execute("kill -STOP " .. pid) -- (so that it cannot finish meanwhile: the lock is held all the same)
       local job1 = read(run_dir .. "/job.lua")
-      for _, args in ipairs({ { "--resume", run_dir }, { path } }) do
-        local code, out, e = transom(dir, "run", table.unpack(args))
-        assert.are.equal(2, code, e .. out)
-        has(e, run_dir .. " is in use by a running transom (pid " .. pid .. "): stop it first (kill -TERM " .. pid)
-        assert.are.equal(job1, read(run_dir .. "/job.lua"))
-      end
+      local code, out, e = transom(dir, "run", "--resume", run_dir)
+      assert.are.equal(2, code, e .. out)
+      has(e, run_dir .. " is in use by a running transom (pid " .. pid .. "): stop it first (kill -TERM " .. pid)
+      assert.are.equal(job1, read(run_dir .. "/job.lua"))
+      -- a new run into it: the directory holds a run, said first (before: "in use", and only that)
+      code, out, e = transom(dir, "run", path)
+      assert.are.equal(2, code, e .. out)
+      has(e, "run directory " .. run_dir .. " already holds a run")
+      assert.are.equal(job1, read(run_dir .. "/job.lua"))
       os.execute("kill -CONT " .. pid)
       assert.are.equal(0, S.wait_rc(rc_of, 120), S.read(log))
     end)
@@ -566,6 +569,37 @@ return {
     local code, out, e = transom(dir, "run", "--resume", run_dir, "--set", "max_steps=" .. steps + 1)
     assert.are.equal(0, code, e)
     has(out, "resumed from step " .. steps)
+  end)
+
+  it("runs, with one warning, where the filesystem has no locks (flock: ENOSYS, ENOLCK, EOPNOTSUPP, EINVAL)", function()
+    -- (before: "cannot lock RUN/run.lock: Function not implemented", and no lone run could start on Lustre
+    -- without flock or NFSv3 without lockd)
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local function run(e, ...)
+      local args = {}
+      for i, a in ipairs({ ... }) do args[i] = q(a) end
+      local _, how, code = os.execute(string.format("env TRANSOM_TEST_FLOCK_ERRNO=%s %s %s >%s 2>%s", e, q(BIN),
+        table.concat(args, " "), q(dir .. "/stdout"), q(dir .. "/stderr")))
+      assert(how == "exit")
+      return code, read(dir .. "/stdout"), read(dir .. "/stderr")
+    end
+    local code, out, err = run("ENOSYS", "run", path, "--set", "max_steps=3")
+    assert.are.equal(0, code, err)
+    has(out, "step 3/3")
+    has(err, run_dir .. "/run.lock: this filesystem has no locks (Function not implemented): two runs in " .. run_dir
+      .. " are not prevented")
+    for _, e in ipairs({ "ENOLCK", "EOPNOTSUPP", "EINVAL" }) do
+      code, out, err = run(e, "run", "--resume", run_dir, "--set", "max_steps=4")
+      assert.are.equal(0, code, err)
+      has(err, "this filesystem has no locks")
+      -- one warning, not one per try
+      local _, n = err:gsub("has no locks", "")
+      assert.are.equal(1, n, err)
+    end
+    -- another error is still an error
+    code, _, err = run("EIO", "run", "--resume", run_dir, "--set", "max_steps=5")
+    assert.are_not.equal(0, code, err)
+    has(err, "cannot lock " .. run_dir .. "/run.lock")
   end)
 
   it("a first run that fails before training leaves a directory a rerun or --resume takes up", function()

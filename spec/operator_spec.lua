@@ -746,6 +746,83 @@ describe("operator (3 replicas)", function()
     end
   end)
 
+  -- RUN/operator.addr removed under a healthy sole operator (a tmp
+  -- cleaner, a scratch purge, a user): it says nothing, and the job trains
+  -- on to its end: no "superseded", nothing restarted. (Before: the missing
+  -- file counted as a takeover: the operator stood down, exit 1.)
+  it("RUN/operator.addr removed under a running operator: it trains on and finishes", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, steps = tmp .. "/addr_gone", 300
+    local op, op_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=10 " .. job(run, "--replicas 2 --set max_steps=" .. steps ..
+      " --set log_interval=600"), tmp .. "/addr_gone.log")
+    assert.is_true(wait_step(run, 20), read(tmp .. "/addr_gone.log"))
+    local addr = read(run .. "/operator.addr") or ""
+    assert.matches("^[^\n]+:%d+\n%x+\n$", addr) -- host:port, then the operator's nonce
+    os.remove(run .. "/operator.addr")
+    assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/addr_gone.log"))
+    local ev = events(run)
+    for _, kind in ipairs({ "superseded", "replica_failed" }) do
+      assert.is_nil(ev:find('"kind":"' .. kind .. '"', 1, true), ev)
+    end
+    assert.equal(2, select(2, ev:gsub('"kind":"spawn"', "")), ev)
+    for w, ws in pairs(steps_by_worker(run)) do assert.equal(steps, ws[#ws], "worker " .. w) end
+    assert.is_falsy(alive(op))
+  end)
+
+  -- A --resume by another user (root here: setpriv to nobody) while the
+  -- operator trains: its control socket refuses that user, and the run
+  -- directory is in use all the same: exit 2, naming the operator's uid.
+  -- (Before: a refused connect counted as no operator, and a refused
+  -- connection as a silent one: taken over after 2.5 s.)
+  it("a --resume by another user while the operator trains is refused, naming its uid", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    if sh("id -u"):match("%d+") ~= "0" or not sh("command -v setpriv"):match("setpriv") then
+      return pending("needs root and setpriv")
+    end
+    local run = tmp .. "/other_uid"
+    local _, op_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=10 " .. job(run, "--replicas 2 --set max_steps=300" ..
+      " --set log_interval=600"), tmp .. "/other_uid.log")
+    assert.is_true(wait_step(run, 20), read(tmp .. "/other_uid.log"))
+    os.execute("chmod a+rx " .. tmp)
+    local out, rc = sh("setpriv --reuid=65534 --regid=65534 --clear-groups " .. BIN .. " run --resume " .. run .. " 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches(run .. " is in use by an operator of another user (uid 0", out, 1, true)
+    assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/other_uid.log"))
+  end)
+
+  -- The operator stopped (SIGSTOP), and a lone --resume (--replicas 1)
+  -- started meanwhile: refused, exit 2, naming the stopped operator's pid:
+  -- only an operator rewrites RUN/operator.addr, so nothing would make the
+  -- old one stand down when continued. It goes on and finishes alone.
+  -- (Before: the lone run said "taking the run over" and trained alongside
+  -- it once it was continued: two timelines in one run directory.)
+  it("a lone --resume while the operator is stopped is refused: nothing would make it stand down", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, steps = tmp .. "/stopped_lone", 300
+    local old, old_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=10 " .. job(run, "--replicas 2 --set max_steps=" .. steps ..
+      " --set log_interval=600"), tmp .. "/stopped_lone.log")
+    assert.is_true(wait_step(run, 20), read(tmp .. "/stopped_lone.log"))
+    os.execute("kill -STOP " .. old)
+    local before, job1 = #events(run), read(run .. "/job.lua")
+    local _, rc_of = spawn_rc(BIN .. " run --resume " .. run .. " --replicas 1", tmp .. "/stopped_lone2.log")
+    local rc = S.wait_rc(rc_of, T(60))
+    os.execute("kill -CONT " .. old)
+    local said = read(tmp .. "/stopped_lone2.log") or ""
+    assert.equal(2, rc, said)
+    assert.matches("a stopped or hung operator (pid " .. old .. ") holds " .. run .. ": kill it (kill -9 " .. old ..
+      ") first, or resume with --replicas > 1 to take it over", said, 1, true)
+    assert.equal(job1, read(run .. "/job.lua"))
+    assert.equal(0, S.wait_rc(old_rc, T(120)), read(tmp .. "/stopped_lone.log"))
+    local after = events(run):sub(before + 1)
+    for _, kind in ipairs({ "adopted", "spawn", "replica_failed", "superseded", "resume" }) do
+      assert.is_nil(after:find('"kind":"' .. kind .. '"', 1, true), after)
+    end
+    for w, ws in pairs(steps_by_worker(run)) do -- every step once, in order
+      assert.equal(steps, #ws, "worker " .. w)
+      for i = 1, #ws do assert.equal(i, ws[i], "worker " .. w .. " line " .. i) end
+    end
+  end)
+
   -- A rollback whose drop of the checkpoints it abandons fails in the
   -- remote level only (the remote directory made immutable, chattr +i: as a
   -- read-only or failing mount would): the local store's go, the remote's

@@ -526,16 +526,49 @@ static int lock_held(const char *dir, int *pid) {
   return held;
 }
 
+/* Test hook TRANSOM_TEST_FLOCK_ERRNO=NAME (ENOSYS, ENOLCK, EOPNOTSUPP,
+ * EINVAL, EIO) or a number: take_lock's flock fails with it, as on a
+ * filesystem without locks (Lustre mounted without flock: ENOSYS; NFSv3
+ * without lockd: ENOLCK). */
+static int test_flock_errno(void) {
+  const char *v = getenv("TRANSOM_TEST_FLOCK_ERRNO");
+  if (!v || !*v) return 0;
+  static const struct { const char *name; int e; } names[] = {
+    {"ENOSYS", ENOSYS}, {"ENOLCK", ENOLCK}, {"EOPNOTSUPP", EOPNOTSUPP}, {"EINVAL", EINVAL}, {"EIO", EIO}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strcmp(v, names[i].name) == 0) return names[i].e;
+  return atoi(v);
+}
+
+/* flock, or the test hook's failure. */
+static int lock_ex(int fd) {
+  int e = test_flock_errno();
+  if (e) {
+    errno = e;
+    return -1;
+  }
+  return flock(fd, LOCK_EX | LOCK_NB);
+}
+
+/* Errors of a filesystem that has no locks at all (not of a lock held). */
+static int no_locks(int e) { return e == ENOSYS || e == ENOLCK || e == EOPNOTSUPP || e == EINVAL; }
+
 /* Takes r->dir's lock (the directory exists), before the run writes
  * anything else there; refused (TR_EINVAL, message set) while another
  * holds it. A few tries: a lock_held of another start holds it shared
- * for an instant. */
+ * for an instant. On a filesystem without locks the run goes on,
+ * unprotected, after one warning. */
 static int take_lock(run_ctx *r) {
   char path[PATH_MAX];
   path_in(r, RUN_LOCK, path, sizeof path);
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return tr_fail(TR_EIO, "cannot open %s: %s", path, strerror(errno));
-  for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+  for (int i = 0; lock_ex(fd) != 0; i++) {
+    if (no_locks(errno)) {
+      fprintf(stderr, "transom: warning: %s: this filesystem has no locks (%s): two runs in %s are not prevented\n",
+              path, strerror(errno), r->dir);
+      break; /* the fd is kept all the same: the pid is for messages */
+    }
     if (errno != EWOULDBLOCK || i == 20) {
       int rc = errno == EWOULDBLOCK ? in_use_by(r->dir, lock_pid(fd))
                                     : tr_fail(TR_EIO, "cannot lock %s: %s", path, strerror(errno));
@@ -556,17 +589,32 @@ static int take_lock(run_ctx *r) {
  * this run is refused. An operator (a replicated run) is asked on
  * RUN/control.sock: one that answers is live, and this run is refused;
  * one that takes the connection but does not answer within PROBE_S
- * (stopped, hung: the takeover the product supports) is taken over: a
- * --resume adopts its workers, and it stands down should it run again
- * (operator.c, superseded); a dead one (no socket, nobody listening) is
+ * (stopped, hung: the takeover the product supports) is taken over by a
+ * replicated run only: a --resume adopts its workers, and it stands down
+ * should it run again (operator.c, superseded); a lone run or a pipeline
+ * is refused (nothing would make the old one stand down); a dead one (no socket, nobody listening) is
  * no one. Returns 0 to go on, or TR_EINVAL (message set). */
 static int check_in_use(const run_ctx *r) {
   int pid = 0;
   if (lock_held(r->dir, &pid)) return in_use_by(r->dir, pid); /* a lone run, a pipeline's launcher */
-  operator_presence p = operator_probe(r->dir, PROBE_S, &pid);
+  int uid;
+  operator_presence p = operator_probe(r->dir, PROBE_S, &pid, &uid);
+  if (p == OPERATOR_REFUSED && uid >= 0 && uid != (int)getuid())
+    return tr_fail(TR_EINVAL, "%s is in use by an operator of another user (uid %d%s%.0d): it refused this one on "
+                   "%s/control.sock", r->dir, uid, pid > 0 ? ", pid " : "", pid, r->dir);
+  if (p == OPERATOR_REFUSED)
+    return tr_fail(TR_EINVAL, "%s is in use by an operator (pid %d) that closed %s/control.sock without an answer "
+                   "(it may be ending): stop it first, or try again", r->dir, pid, r->dir);
   if (p == OPERATOR_ANSWERS)
     return tr_fail(TR_EINVAL, "%s is in use by a live operator (pid %d): stop it first (kill -TERM %d: it "
                    "checkpoints and exits); a hung one that does not answer is taken over", r->dir, pid, pid);
+  int pipeline = r->cfg.pipe_stages > 1 || r->cfg.pipe_micro_batches > 1;
+  if (p == OPERATOR_SILENT && (r->cfg.replicas <= 1 || pipeline))
+    /* Only an operator rewrites RUN/operator.addr (what makes the old one
+     * stand down): a lone run or a pipeline taking over would leave it to
+     * train on when continued, two timelines in one directory. */
+    return tr_fail(TR_EINVAL, "a stopped or hung operator (pid %d) holds %s: kill it (kill -9 %d) first, or resume "
+                   "with --replicas > 1 to take it over", pid, r->dir, pid);
   if (p == OPERATOR_SILENT)
     fprintf(stderr, "transom: the operator in %s (pid %d) did not answer on %s/control.sock in %.1f s: taking the run "
             "over (it stands down should it run again)\n", r->dir, pid, r->dir, PROBE_S);
@@ -750,7 +798,7 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   }
   choose_dir(&r);
   int resume = a.resume != NULL;
-  if (check_in_use(&r) || (!resume && check_new_dir(&r))) {
+  if ((!resume && check_new_dir(&r)) || check_in_use(&r)) { /* a new run into a run's directory: refused at once */
     fprintf(stderr, "transom: %s\n", tr_error());
     close_run(&r);
     return 2;

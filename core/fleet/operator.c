@@ -43,9 +43,11 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -98,42 +100,67 @@ int operator_live_count(operator_state *o) {
 #define SUPERSEDE_LOOK_S 0.1 /* RUN/operator.addr is looked at no more often than this */
 
 /* Whether an operator started since this one has taken the run over:
- * RUN/operator.addr is no longer the file this one wrote (another
- * operator's, or removed by one that has ended since: nothing else removes
- * it). That happens when this one was stopped or hung (a `--resume` takes
- * over an operator that does not answer on RUN/control.sock): the new one
- * adopted our workers (they follow the file) or started their slots. So
- * this one stands down the moment it runs again: a "superseded" event,
- * and the loop ends with nothing spawned, stopped or checkpointed, no
- * metrics line written and no failure handled. Every callback that would
- * act on the job asks first (the tick, worker lines and hang-ups, child
- * exits, membership changes, signals, spawns): after a stop, whichever
- * runs first finds it. A file that cannot be read says nothing. */
+ * RUN/operator.addr exists and names another operator (its second line,
+ * the nonce, is not ours: a newer operator's address, or "ended" by one
+ * that has ended since). That happens when this one was stopped or hung (a
+ * `--resume` takes over an operator that does not answer on
+ * RUN/control.sock): the new one adopted our workers (they follow the
+ * file) or started their slots. So this one stands down the moment it
+ * runs again: a "superseded" event, and the loop ends with nothing
+ * spawned, stopped or checkpointed, no metrics line written and no
+ * failure handled. Every callback that would act on the job asks first
+ * (the tick, worker lines and hang-ups, child exits, membership changes,
+ * signals, spawns): after a stop, whichever runs first finds it. A file
+ * that is missing (a tmp cleaner, a scratch purge, a user removed it) or
+ * cannot be read says nothing: a healthy sole operator never stands down
+ * for it. */
 static int superseded(operator_state *o) {
   if (o->superseded) return 1;
   double now = tr_now();
-  if (!o->addr_id.known || now - o->addr_looked < SUPERSEDE_LOOK_S) return 0;
+  if (!o->nonce[0] || now - o->addr_looked < SUPERSEDE_LOOK_S) return 0;
   o->addr_looked = now;
-  opaddr_id cur;
-  char by[300] = "";
-  int rc = opaddr_read(o->dir, &cur, by, sizeof by);
-  if (rc < 0 || (rc == 0 && opaddr_same(&cur, &o->addr_id))) return 0;
+  char by[300], nonce[64];
+  if (opaddr_read_nonce(o->dir, by, sizeof by, nonce, sizeof nonce) != 0 || strcmp(nonce, o->nonce) == 0) return 0;
   o->superseded = 1;
-  if (rc == 0)
+  snprintf(o->superseded_by, sizeof o->superseded_by, "%s", strcmp(by, "ended") != 0 ? by : "(it has ended)");
+  if (strcmp(by, "ended") != 0)
     operator_event(o, o->best_step, -1, "superseded", "superseded by the operator at %s (RUN/operator.addr): this "
                    "one exits, starting, stopping and checkpointing nothing", by);
   else
-    operator_event(o, o->best_step, -1, "superseded", "superseded: RUN/operator.addr was removed by an operator "
-                   "started since (it has ended): this one exits, starting, stopping and checkpointing nothing");
+    operator_event(o, o->best_step, -1, "superseded", "superseded: an operator started since took the run over and "
+                   "has ended (RUN/operator.addr): this one exits, starting, stopping and checkpointing nothing");
   event_base_loopbreak(o->base);
   return 1;
+}
+
+/* superseded, with the file looked at now whatever the cache says: for
+ * the callbacks that would take a worker leaving us for the new operator
+ * for a failure (a hang-up, a child exit, a membership change, an evict,
+ * a spawn), where the 0.1 s window is enough to act on a stale answer. */
+static int superseded_now(operator_state *o) {
+  o->addr_looked = -1e9;
+  return superseded(o);
+}
+
+int operator_superseded(operator_state *o) { return superseded_now(o); }
+
+/* A fresh nonce for this operator's RUN/operator.addr. */
+static void make_nonce(operator_state *o) {
+  unsigned char b[12];
+  if (getrandom(b, sizeof b, GRND_NONBLOCK) != (ssize_t)sizeof b) { /* unlikely: pid and time then */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 20);
+    for (size_t i = 0; i < sizeof b; i++) b[i] = (unsigned char)(x >> (8 * (i % 8))) ^ (unsigned char)i;
+  }
+  for (size_t i = 0; i < sizeof b; i++) snprintf(o->nonce + 2 * i, 3, "%02x", b[i]);
 }
 
 /* --- spawning --- */
 
 void operator_spawn(operator_state *o, int k, const char *mode) {
   slot *s = &o->slots[k];
-  if (superseded(o)) return; /* the operator that replaced us starts the slots */
+  if (superseded_now(o)) return; /* the operator that replaced us starts the slots */
   if (o->cfg->hosts > 0) { /* the agents start them */
     hosts_place(o, k, mode);
     return;
@@ -388,6 +415,7 @@ static void det_action(void *ud, const detector_action *a) {
   const char *why = a->cause ? a->cause->kind : "detector";
   switch (a->action) {
     case DET_ACT_EVICT:
+      if (superseded_now(o)) break; /* the worker is the new operator's */
       if (a->worker >= 0 && a->worker < o->nslots && operator_slot_has_process(&o->slots[a->worker])) {
         operator_event(o, o->best_step, a->worker, "evict", "replica %d evicted: %s", a->worker, why);
         operator_kill_slot(o, &o->slots[a->worker], SIGKILL); /* also ends a stopped (SIGSTOP) process */
@@ -454,6 +482,7 @@ static void find_hung(operator_state *o) {
     operator_event(o, s->step, i, "anomaly",
               "hang: replica %d has computed step %lld for %.1f s while %d replica(s) wait for it in the all-reduce",
               i, (long long)s->step + 1, busy, waiting);
+    if (superseded_now(o)) return; /* the workers are the new operator's */
     operator_event(o, s->step, i, "evict", "replica %d evicted: hang", i);
     operator_kill_slot(o, s, SIGKILL);
     s->in_allreduce = 1; /* once */
@@ -565,7 +594,7 @@ static void sigchld_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   operator_state *o = arg;
-  if (superseded(o)) return; /* our children are the new operator's workers now */
+  if (superseded_now(o)) return; /* our children are the new operator's workers now */
   int status;
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
@@ -926,13 +955,13 @@ static void conn_read(struct bufferevent *bev, void *arg) {
   }
   if (evbuffer_get_length(in) > PROTO_LINE_MAX) { /* a line that never ends */
     operator_event(c->o, c->o->best_step, c->s ? c->s->slot : -1, "protocol_error", "control line too long; closing");
-    conn_gone(c, bev); /* (an agent's host forgot it too: before, only the slot did) */
+    if (!superseded_now(c->o)) conn_gone(c, bev); /* (an agent's host forgot it too: before, only the slot did) */
   }
 }
 
 static void conn_event(struct bufferevent *bev, short what, void *arg) {
   conn *c = arg;
-  if (superseded(c->o)) return; /* a worker that left us for the new operator: no failure */
+  if (superseded_now(c->o)) return; /* a worker that left us for the new operator: no failure */
   if ((what & BEV_EVENT_TIMEOUT) && !c->authed) /* only an unproven connection has a timeout */
     auth_refused(c->o, "a connection from %s to the workers' port sent no answer to the challenge in %.0f s; closed",
                  c->peer, auth_answer_s(c->o));
@@ -1064,7 +1093,7 @@ static void evict_unreachable(evutil_socket_t fd, short what, void *arg) {
   operator_state *o = r->o;
   slot *s = &o->slots[r->slot];
   free(r);
-  if (superseded(o) || o->stopping || (s->state != SLOT_RUNNING && s->state != SLOT_STARTING)) return;
+  if (superseded_now(o) || o->stopping || (s->state != SLOT_RUNNING && s->state != SLOT_STARTING)) return;
   operator_event(o, o->best_step, s->slot, "evict", "replica %d evicted: unreachable", s->slot);
   ftar_coord_evict(o->coord, s->slot);
   operator_kill_slot(o, s, SIGKILL);
@@ -1117,7 +1146,7 @@ static void watch_aborts(operator_state *o, const ftar_change *c) {
 
 static void on_change(void *ud, const ftar_change *c) {
   operator_state *o = ud;
-  if (superseded(o)) return;
+  if (superseded_now(o)) return;
   watch_aborts(o, c);
   static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted"};
   char list[512] = "";
@@ -1206,12 +1235,17 @@ static int start_listeners(operator_state *o) {
   getsockname(evconnlistener_get_fd(o->lis), (struct sockaddr *)&sa, &sl);
   o->port = ntohs(sa.sin_port);
   o->ctl = operator_ctl_listen(o);
+  o->ctl_made = o->ctl != NULL; /* RUN/control.sock is ours to remove */
   /* where waiting workers of a killed operator find the next one */
   char path[PATH_MAX], addr[300];
-  int n = snprintf(addr, sizeof addr, "%s:%d\n", o->adv_host, o->port);
+  char nonce[sizeof o->nonce];
+  make_nonce(o);
+  snprintf(nonce, sizeof nonce, "%s", o->nonce);
+  o->nonce[0] = 0; /* known once written */
+  int n = snprintf(addr, sizeof addr, "%s:%d\n%s\n", o->adv_host, o->port, nonce);
   snprintf(path, sizeof path, "%s/operator.addr", o->dir);
   rc = tr_write_file_atomic(path, addr, (size_t)n);
-  if (!rc) opaddr_read(o->dir, &o->addr_id, NULL, 0); /* ours: another one's is a takeover (superseded) */
+  if (!rc) snprintf(o->nonce, sizeof o->nonce, "%s", nonce); /* ours: another one's is a takeover (superseded) */
   return rc;
 }
 
@@ -1425,9 +1459,16 @@ static void teardown(operator_state *o) {
   if (o->base) event_base_free(o->base);
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/control.sock", o->dir);
-  if (!o->superseded) unlink(path); /* superseded: both are the new operator's */
-  snprintf(path, sizeof path, "%s/operator.addr", o->dir);
-  if (o->lis && !o->superseded) unlink(path);
+  if (o->ctl_made && !o->superseded) unlink(path); /* superseded: both are the new operator's; none made: another's */
+  /* ended, not removed: an operator stopped while this one took over
+   * finds it (superseded) when it runs again, where a missing file says
+   * nothing; workers find no address in it */
+  if (o->nonce[0] && !o->superseded) {
+    char ended[64];
+    int n = snprintf(ended, sizeof ended, "ended\n%s\n", o->nonce);
+    snprintf(path, sizeof path, "%s/operator.addr", o->dir);
+    if (tr_write_file_atomic(path, ended, (size_t)n)) unlink(path);
+  }
   if (o->metrics) fclose(o->metrics);
   if (o->events) auth_refused_flush(o, o->auth_ev_window + AUTH_EVENTS_WINDOW); /* what the last window held back */
   if (o->events) fclose(o->events);

@@ -146,9 +146,12 @@ struct operator_state {
   int aborts;
   double abort_t0;
   unsigned char abort_reporters[MAX_SLOTS];
-  opaddr_id addr_id;          /* the RUN/operator.addr this operator wrote (proto.h) */
+  char nonce[40];             /* this operator's, random: the second line of the RUN/operator.addr it wrote
+                                 ("": none written yet) */
   double addr_looked;         /* when it was last looked at (operator.c, superseded) */
   int superseded;             /* another operator took the run over: this one stands down */
+  int ctl_made;               /* this operator created RUN/control.sock (operator_ctl_listen) */
+  char superseded_by[300];    /* where that one listens (RUN/operator.addr), for messages */
   auth_secret secret;         /* the job's (RUN/secret): every connection to our ports proves it */
   char secret_hex[2 * AUTH_KEY_MAX + 1];
 };
@@ -158,6 +161,9 @@ struct operator_state {
 void operator_event(operator_state *o, int64_t step, int worker, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 int operator_live_count(operator_state *o);
+/* Whether an operator started since has taken the run over (RUN/operator.addr
+ * looked at now): it stands down (operator.c, superseded). */
+int operator_superseded(operator_state *o);
 /* Counts a restart of slot s (NULL: every replica restarted at once). */
 void operator_count_restart(operator_state *o, slot *s);
 /* operator_policy.c: the restart policy, restart.lua from the job's

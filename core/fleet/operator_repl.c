@@ -657,12 +657,22 @@ static void repl_eval(ctl_conn *c, const char *line) {
 
 /* --- the socket --- */
 
+static void ctl_drained(struct bufferevent *bev, void *arg);
+static void ctl_event(struct bufferevent *bev, short what, void *arg);
+
 static void ctl_read(struct bufferevent *bev, void *arg) {
   ctl_conn *c = arg;
   operator_state *o = c->o;
   char *line;
   size_t n;
   struct evbuffer *out = bufferevent_get_output(bev);
+  if (operator_superseded(o)) { /* no attach, chaos or status from one that stands down */
+    evbuffer_add_printf(out, "error: this operator was superseded by the one at %s\n", o->superseded_by);
+    evbuffer_drain(bufferevent_get_input(bev), evbuffer_get_length(bufferevent_get_input(bev)));
+    bufferevent_disable(bev, EV_READ);
+    bufferevent_setcb(bev, NULL, ctl_drained, ctl_event, c); /* closed once the reply is out */
+    return;
+  }
   while ((line = evbuffer_readln(bufferevent_get_input(bev), &n, EVBUFFER_EOL_LF))) {
     char fault[16] = "";
     int k = -1;
@@ -738,8 +748,26 @@ struct evconnlistener *operator_ctl_listen(operator_state *o) {
 
 /* --- the probe: a live operator, before a run starts in its directory --- */
 
-operator_presence operator_probe(const char *dir, double timeout_s, int *pid) {
+/* The state letter of process pid (/proc/PID/stat), or 0 when it is gone
+ * (or unknown: no pid). */
+static char proc_state(int pid) {
+  if (pid <= 0) return 0;
+  char path[64], text[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  const char *rp = strrchr(text, ')'); /* the name may hold spaces and parentheses */
+  return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
+#define PROBE_MORE_S 10.0 /* a live but slow operator (a loop blocked a while) is waited for this long more */
+
+operator_presence operator_probe(const char *dir, double timeout_s, int *pid, int *uid) {
   *pid = 0;
+  *uid = -1;
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s/control.sock", dir) >= (int)sizeof sa.sun_path) return OPERATOR_NONE;
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -747,25 +775,43 @@ operator_presence operator_probe(const char *dir, double timeout_s, int *pid) {
   operator_presence p = OPERATOR_NONE;
   if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
     if (errno == EAGAIN) p = OPERATOR_SILENT; /* its backlog is full: a listener that accepts nothing */
+    else if (errno == EACCES || errno == EPERM) { /* another user's socket (0600) */
+      struct stat st;
+      if (stat(sa.sun_path, &st) == 0) *uid = (int)st.st_uid;
+      p = OPERATOR_REFUSED;
+    }
     close(fd);
     return p;
   }
   p = OPERATOR_SILENT;
   struct ucred cred;
   socklen_t cl = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) *pid = (int)cred.pid;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
+    *pid = (int)cred.pid;
+    *uid = (int)cred.uid;
+  }
   static const char ask[] = "status\n";
   char got[64];
   if (send(fd, ask, sizeof ask - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof ask - 1)) {
-    double until = tr_now() + timeout_s;
-    for (double left = timeout_s; left > 0; left = until - tr_now()) {
+    double until = tr_now() + timeout_s, more = 1;
+    for (double left = timeout_s;; left = until - tr_now()) {
+      if (left <= 0) { /* no answer yet: stopped or gone is silent; running (slow) gets PROBE_MORE_S more, once */
+        char st = proc_state(*pid);
+        if (!more || st == 0 || st == 'T' || st == 't' || st == 'Z' || st == 'X') break;
+        more = 0;
+        until = tr_now() + PROBE_MORE_S;
+        continue;
+      }
       struct pollfd pf = {.fd = fd, .events = POLLIN};
       int n = poll(&pf, 1, (int)(left * 1e3) + 1);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
+      if (n < 0) break;
+      if (n == 0) continue;
       ssize_t r = recv(fd, got, sizeof got, 0);
       if (r > 0) p = OPERATOR_ANSWERS;
-      if (r >= 0 || (errno != EINTR && errno != EAGAIN)) break; /* 0: closed unanswered, as by a dying one */
+      if (r == 0 && *uid >= 0 && *uid != (int)getuid()) p = OPERATOR_REFUSED; /* another user's: ctl_accept closes */
+      else if (r == 0 && proc_state(*pid) != 0) p = OPERATOR_REFUSED; /* closed unanswered by a live one */
+      if (r >= 0 || (errno != EINTR && errno != EAGAIN)) break; /* 0 from one now gone: silent (dying) */
     }
   }
   close(fd);

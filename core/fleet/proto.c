@@ -276,3 +276,24 @@ int opaddr_same(const opaddr_id *a, const opaddr_id *b) {
   return a->dev == b->dev && a->ino == b->ino && a->mtime.tv_sec == b->mtime.tv_sec &&
          a->mtime.tv_nsec == b->mtime.tv_nsec;
 }
+
+int opaddr_read_nonce(const char *run, char *addr, size_t an, char *nonce, size_t nn) {
+  char path[1100], text[512];
+  snprintf(path, sizeof path, "%s/operator.addr", run);
+  if (an) addr[0] = 0;
+  if (nn) nonce[0] = 0;
+  int fd = run[0] ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+  if (fd < 0) return run[0] && errno == ENOENT ? 1 : -1;
+  ssize_t got;
+  while ((got = read(fd, text, sizeof text - 1)) < 0 && errno == EINTR) {
+  }
+  close(fd);
+  if (got <= 0) return -1;
+  text[got] = 0;
+  size_t k = strcspn(text, "\r\n");
+  if (an) snprintf(addr, an, "%.*s", (int)k, text);
+  char *second = text + k;
+  second += strspn(second, "\r\n");
+  if (nn) snprintf(nonce, nn, "%.*s", (int)strcspn(second, "\r\n"), second);
+  return 0;
+}

@@ -59,7 +59,9 @@ int net_recv_all(int fd, void *buf, size_t n);
 /* Splits "host:port". */
 int net_split(const char *hostport, char *host, size_t n, int *port);
 
-/* RUN/operator.addr, where the run's operator listens ("host:port\n").
+/* RUN/operator.addr, where the run's operator listens ("host:port\n",
+ * then the operator's nonce on a second line; "ended" for an address once
+ * it has ended).
  * Every operator writes it anew when it starts (tr_write_file_atomic: a
  * rename, so a new inode) and removes it when it ends, so the file's
  * identity says which operator wrote it: one that is no longer ours names
@@ -78,5 +80,11 @@ typedef struct {
 int opaddr_read(const char *run, opaddr_id *id, char *text, size_t n);
 /* Whether a and b (both read) are one writing of the file. */
 int opaddr_same(const opaddr_id *a, const opaddr_id *b);
+/* The second line of RUN/operator.addr: the nonce of the operator that
+ * wrote it (operator.c: each operator's own, random; workers read the
+ * first line only), into nonce ("" when the file has none), and its first
+ * line into addr. 0; 1 when the file does not exist; -1 when it cannot be
+ * read. Any thread. */
+int opaddr_read_nonce(const char *run, char *addr, size_t an, char *nonce, size_t nn);
 
 #endif

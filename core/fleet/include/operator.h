@@ -26,12 +26,16 @@ typedef enum {
   OPERATOR_NONE,    /* no socket, or nobody listens on it (its operator died) */
   OPERATOR_SILENT,  /* it took the connection but sent no answer in time: stopped or hung */
   OPERATOR_ANSWERS, /* a live operator answered its "status" */
+  OPERATOR_REFUSED, /* it refused us (another user's: connect not permitted, or closed unanswered): in use */
 } operator_presence;
 
 /* Connects to dir/control.sock and asks for its "status", waiting up to
- * timeout_s for the first byte of the answer. *pid: the process that
- * listens there (SO_PEERCRED; 0 when none connected). Never changes the
+ * timeout_s for the first byte of the answer. *pid, *uid: the process
+ * that listens there and its user (SO_PEERCRED; 0 and -1 when unknown).
+ * No answer in time from a process that is not stopped (/proc/PID/stat:
+ * running, only slow) is waited for up to PROBE_MORE_S longer; a stopped
+ * (T, t) or gone one is silent at once. Never changes the
  * job. Any thread; blocks up to timeout_s. */
-operator_presence operator_probe(const char *dir, double timeout_s, int *pid);
+operator_presence operator_probe(const char *dir, double timeout_s, int *pid, int *uid);
 
 #endif
