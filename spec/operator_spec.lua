@@ -790,6 +790,32 @@ describe("operator (3 replicas)", function()
     assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/other_uid.log"))
   end)
 
+  -- The other way round: the operator is another user's (nobody) and root,
+  -- whose connect the socket's mode does not stop, resumes: the operator's
+  -- ctl_accept closes the connection before the request is read (the probe
+  -- gets EPIPE or ECONNRESET, not an answer). In use all the same: exit 2,
+  -- naming the uid. (Before: read as a silent operator, taken over.)
+  it("a --resume by root of another user's running operator is refused, naming its uid", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    if sh("id -u"):match("%d+") ~= "0" or not sh("command -v setpriv"):match("setpriv") then
+      return pending("needs root and setpriv")
+    end
+    local d = tmp .. "/nobody_op"
+    assert(os.execute("mkdir -p " .. d .. " && chmod 777 " .. d .. " && chmod a+rx " .. tmp))
+    write(d .. "/c.txt", read(data):sub(1, 200000))
+    assert(os.execute("chmod 644 " .. d .. "/c.txt"))
+    local run = d .. "/run"
+    local cmd = job(run, "--replicas 2 --set max_steps=300 --set log_interval=600"):gsub("--set data=%S+",
+      "--set data=" .. d .. "/c.txt")
+    local _, op_rc = spawn_rc("setpriv --reuid=65534 --regid=65534 --clear-groups env TRANSOM_TEST_STEP_MS=10 " .. cmd,
+      d .. "/op.log")
+    assert.is_true(wait_step(run, 20), read(d .. "/op.log"))
+    local out, rc = sh(BIN .. " run --resume " .. run .. " 2>&1")
+    assert.equal(2, rc, out)
+    assert.matches(run .. " is in use by an operator of another user (uid 65534", out, 1, true)
+    assert.equal(0, S.wait_rc(op_rc, T(120)), read(d .. "/op.log"))
+  end)
+
   -- The operator stopped (SIGSTOP), and a lone --resume (--replicas 1)
   -- started meanwhile: refused, exit 2, naming the stopped operator's pid:
   -- only an operator rewrites RUN/operator.addr, so nothing would make the

@@ -602,22 +602,30 @@ static int check_in_use(const run_ctx *r) {
   if (p == OPERATOR_REFUSED && uid >= 0 && uid != (int)getuid())
     return tr_fail(TR_EINVAL, "%s is in use by an operator of another user (uid %d%s%.0d): it refused this one on "
                    "%s/control.sock", r->dir, uid, pid > 0 ? ", pid " : "", pid, r->dir);
+  /* the pid is 0 when the socket could not say (another pid namespace, a
+   * full backlog): no "kill 0" hint then, which would hit our own group */
+  char who[32] = "", stop[48] = "", kill9[32] = "";
+  if (pid > 0) {
+    snprintf(who, sizeof who, " (pid %d)", pid);
+    snprintf(stop, sizeof stop, " (kill -TERM %d: it checkpoints and exits)", pid);
+    snprintf(kill9, sizeof kill9, " (kill -9 %d)", pid);
+  }
   if (p == OPERATOR_REFUSED)
-    return tr_fail(TR_EINVAL, "%s is in use by an operator (pid %d) that closed %s/control.sock without an answer "
-                   "(it may be ending): stop it first, or try again", r->dir, pid, r->dir);
+    return tr_fail(TR_EINVAL, "%s is in use by an operator%s that closed %s/control.sock without an answer "
+                   "(it may be ending): stop it first, or try again", r->dir, who, r->dir);
   if (p == OPERATOR_ANSWERS)
-    return tr_fail(TR_EINVAL, "%s is in use by a live operator (pid %d): stop it first (kill -TERM %d: it "
-                   "checkpoints and exits); a hung one that does not answer is taken over", r->dir, pid, pid);
+    return tr_fail(TR_EINVAL, "%s is in use by a live operator%s: stop it first%s; a hung one that does not answer "
+                   "is taken over", r->dir, who, stop);
   int pipeline = r->cfg.pipe_stages > 1 || r->cfg.pipe_micro_batches > 1;
   if (p == OPERATOR_SILENT && (r->cfg.replicas <= 1 || pipeline))
     /* Only an operator rewrites RUN/operator.addr (what makes the old one
      * stand down): a lone run or a pipeline taking over would leave it to
      * train on when continued, two timelines in one directory. */
-    return tr_fail(TR_EINVAL, "a stopped or hung operator (pid %d) holds %s: kill it (kill -9 %d) first, or resume "
-                   "with --replicas > 1 to take it over", pid, r->dir, pid);
+    return tr_fail(TR_EINVAL, "a stopped or hung operator%s holds %s: kill it%s first, or resume with --replicas > 1 "
+                   "to take it over", who, r->dir, kill9);
   if (p == OPERATOR_SILENT)
-    fprintf(stderr, "transom: the operator in %s (pid %d) did not answer on %s/control.sock in %.1f s: taking the run "
-            "over (it stands down should it run again)\n", r->dir, pid, r->dir, PROBE_S);
+    fprintf(stderr, "transom: the operator in %s%s did not answer on %s/control.sock in %.1f s: taking the run over "
+            "(it stands down should it run again)\n", r->dir, who, r->dir, PROBE_S);
   return 0;
 }
 

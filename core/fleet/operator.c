@@ -1440,6 +1440,25 @@ static void verdict(operator_state *o) {
 
 /* Frees what start() made, whatever it got to. */
 static void teardown(operator_state *o) {
+  /* First, while the base lives (superseded_now may break its loop) and
+   * before the control socket closes (a --resume probing in between would
+   * find no operator and start): whether a newer operator took over, asked
+   * afresh; if not, our control.sock goes and RUN/operator.addr says
+   * "ended", not removed: an operator stopped while this one took over
+   * finds it (superseded) when it runs again, where a missing file says
+   * nothing; workers find no address in it. If that write fails the file
+   * keeps our address and nonce, which a stopped older one also reads as
+   * superseded. */
+  char path[PATH_MAX];
+  if (o->base && o->nonce[0]) superseded_now(o);
+  snprintf(path, sizeof path, "%s/control.sock", o->dir);
+  if (o->ctl_made && !o->superseded) unlink(path); /* superseded: both are the new operator's; none made: another's */
+  if (o->nonce[0] && !o->superseded) {
+    char ended[64];
+    int n = snprintf(ended, sizeof ended, "ended\n%s\n", o->nonce);
+    snprintf(path, sizeof path, "%s/operator.addr", o->dir);
+    (void)tr_write_file_atomic(path, ended, (size_t)n);
+  }
   while (o->conns) conn_free(o->conns); /* the agents' and workers' still open: before the base they live on */
   for (int i = 0; i < o->nhosts; i++) o->hosts[i].bev = NULL;
   for (int i = 0; i < o->nslots; i++) o->slots[i].bev = NULL;
@@ -1457,18 +1476,6 @@ static void teardown(operator_state *o) {
   ftar_coord_free(o->coord);
   operator_policy_free(o); /* its watcher, before the base */
   if (o->base) event_base_free(o->base);
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/control.sock", o->dir);
-  if (o->ctl_made && !o->superseded) unlink(path); /* superseded: both are the new operator's; none made: another's */
-  /* ended, not removed: an operator stopped while this one took over
-   * finds it (superseded) when it runs again, where a missing file says
-   * nothing; workers find no address in it */
-  if (o->nonce[0] && !o->superseded) {
-    char ended[64];
-    int n = snprintf(ended, sizeof ended, "ended\n%s\n", o->nonce);
-    snprintf(path, sizeof path, "%s/operator.addr", o->dir);
-    if (tr_write_file_atomic(path, ended, (size_t)n)) unlink(path);
-  }
   if (o->metrics) fclose(o->metrics);
   if (o->events) auth_refused_flush(o, o->auth_ev_window + AUTH_EVENTS_WINDOW); /* what the last window held back */
   if (o->events) fclose(o->events);

@@ -792,11 +792,16 @@ operator_presence operator_probe(const char *dir, double timeout_s, int *pid, in
   }
   static const char ask[] = "status\n";
   char got[64];
-  if (send(fd, ask, sizeof ask - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof ask - 1)) {
+  ssize_t sent = send(fd, ask, sizeof ask - 1, MSG_NOSIGNAL);
+  if (sent < 0 && (errno == EPIPE || errno == ECONNRESET)) { /* closed before our request: as a close unanswered */
+    if (*uid >= 0 && *uid != (int)getuid()) p = OPERATOR_REFUSED; /* another user's: ctl_accept closes */
+    else if (*pid > 0 && proc_state(*pid) != 0) p = OPERATOR_REFUSED;
+  }
+  if (sent == (ssize_t)(sizeof ask - 1)) {
     double until = tr_now() + timeout_s, more = 1;
     for (double left = timeout_s;; left = until - tr_now()) {
       if (left <= 0) { /* no answer yet: stopped or gone is silent; running (slow) gets PROBE_MORE_S more, once */
-        char st = proc_state(*pid);
+        char st = *pid > 0 ? proc_state(*pid) : 'R'; /* a pid we cannot see: as a running one */
         if (!more || st == 0 || st == 'T' || st == 't' || st == 'Z' || st == 'X') break;
         more = 0;
         until = tr_now() + PROBE_MORE_S;
@@ -808,9 +813,10 @@ operator_presence operator_probe(const char *dir, double timeout_s, int *pid, in
       if (n < 0) break;
       if (n == 0) continue;
       ssize_t r = recv(fd, got, sizeof got, 0);
+      if (r < 0 && (errno == ECONNRESET || errno == EPIPE)) r = 0; /* closed with our request unread: a close too */
       if (r > 0) p = OPERATOR_ANSWERS;
       if (r == 0 && *uid >= 0 && *uid != (int)getuid()) p = OPERATOR_REFUSED; /* another user's: ctl_accept closes */
-      else if (r == 0 && proc_state(*pid) != 0) p = OPERATOR_REFUSED; /* closed unanswered by a live one */
+      else if (r == 0 && *pid > 0 && proc_state(*pid) != 0) p = OPERATOR_REFUSED; /* closed unanswered by a live one */
       if (r >= 0 || (errno != EINTR && errno != EAGAIN)) break; /* 0 from one now gone: silent (dying) */
     }
   }

@@ -63,7 +63,7 @@ int net_split(const char *hostport, char *host, size_t n, int *port);
  * then the operator's nonce on a second line; "ended" for an address once
  * it has ended).
  * Every operator writes it anew when it starts (tr_write_file_atomic: a
- * rename, so a new inode) and removes it when it ends, so the file's
+ * rename, so a new inode) and rewrites it as "ended" when it ends, so the file's
  * identity says which operator wrote it: one that is no longer ours names
  * an operator started since (a worker follows it, worker.c; the operator
  * it replaced stands down, operator.c). known = 0: none was read. */

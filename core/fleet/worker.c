@@ -157,8 +157,11 @@ static void link_down(worker *w, const char *why) {
 /* --- a restarted operator --- */
 
 /* Has an operator started since the one we are linked to? Its
- * RUN/operator.addr replaced ours. A missing file says nothing (an operator
- * that ends removes it). send_mu or id_mu held. */
+ * RUN/operator.addr replaced ours. A missing file says nothing (a tmp
+ * cleaner, a user); one an ended operator rewrote as "ended" names no
+ * address to follow: the worker waits for a new operator as it would
+ * without the file (proto.c refuses "ended" as an address). send_mu or
+ * id_mu held. */
 static int operator_replaced(const worker *w) {
   opaddr_id now;
   if (!w->op_id.known || opaddr_read(w->run, &now, NULL, 0)) return 0;
