@@ -67,6 +67,21 @@ end
 
 local events = S.events
 
+-- A run that a refused --resume left alone: no event past the first
+-- `before` bytes of events.jsonl says anything was adopted, spawned,
+-- failed, superseded or resumed, and every worker logged steps 1..steps
+-- once, in order.
+local function went_on_alone(run, before, steps)
+  local after = events(run):sub(before + 1)
+  for _, kind in ipairs({ "adopted", "spawn", "replica_failed", "superseded", "resume" }) do
+    assert.is_nil(after:find('"kind":"' .. kind .. '"', 1, true), after)
+  end
+  for w, ws in pairs(steps_by_worker(run)) do
+    assert.equal(steps, #ws, "worker " .. w)
+    for i = 1, #ws do assert.equal(i, ws[i], "worker " .. w .. " line " .. i) end
+  end
+end
+
 -- pid of a slot, from the operator itself (`transom chaos RUN status`)
 local function pid_of(run, slot)
   for _ = 1, N(100) do
@@ -696,14 +711,7 @@ describe("operator (3 replicas)", function()
       said, 1, true)
     assert.equal(job1, read(run .. "/job.lua"))
     assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/inuse.log"))
-    local after = events(run):sub(before + 1)
-    for _, kind in ipairs({ "adopted", "spawn", "replica_failed", "superseded", "resume" }) do
-      assert.is_nil(after:find('"kind":"' .. kind .. '"', 1, true), after)
-    end
-    for w, ws in pairs(steps_by_worker(run)) do -- every step once, in order
-      assert.equal(steps, #ws, "worker " .. w)
-      for i = 1, #ws do assert.equal(i, ws[i], "worker " .. w .. " line " .. i) end
-    end
+    went_on_alone(run, before, steps)
   end)
 
   -- The operator stopped (SIGSTOP: hung, as far as anyone can tell), a
@@ -839,14 +847,7 @@ describe("operator (3 replicas)", function()
       ") first, or resume with --replicas > 1 to take it over", said, 1, true)
     assert.equal(job1, read(run .. "/job.lua"))
     assert.equal(0, S.wait_rc(old_rc, T(120)), read(tmp .. "/stopped_lone.log"))
-    local after = events(run):sub(before + 1)
-    for _, kind in ipairs({ "adopted", "spawn", "replica_failed", "superseded", "resume" }) do
-      assert.is_nil(after:find('"kind":"' .. kind .. '"', 1, true), after)
-    end
-    for w, ws in pairs(steps_by_worker(run)) do -- every step once, in order
-      assert.equal(steps, #ws, "worker " .. w)
-      for i = 1, #ws do assert.equal(i, ws[i], "worker " .. w .. " line " .. i) end
-    end
+    went_on_alone(run, before, steps)
   end)
 
   -- A rollback whose drop of the checkpoints it abandons fails in the
