@@ -14,6 +14,13 @@
 # and interleaving exposes all three to the same conditions. Then the
 # recovery time after kill -9 and SIGSTOP of one rank mid all-reduce.
 #
+# Cores: shared-memory figures (both sides') depend on whether the ranks'
+# cores share a cache, and on this project's 2-vCPU VMs that flips from
+# minute to minute (the hypervisor moves the vCPUs). Each run is tagged with
+# the cache-line round trip between CPUs 0 and 1 (bench/core_rtt.c) taken
+# just before it, and the tables are kept apart: "near" below 150 ns (a
+# shared cache), "far" above; ratios compare runs of the same kind.
+#
 # Placement: where the ranks fit the cores, both bind one per core (each
 # one's default). With more ranks than cores (4 on this 2-core machine),
 # PLACE=pinned (default) binds both round robin, ranks r and r+cores on a
@@ -45,11 +52,21 @@ if [ ! -x "$BUILD/transom" ]; then
   cmake --build "$BUILD" -j"$JOBS" --target transom
 fi
 mpicc -O3 -o "$BUILD/mpi_allreduce" bench/mpi_allreduce.c
+cc -O2 -pthread -o "$BUILD/core_rtt" bench/core_rtt.c
 
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 sizes_sp=${SIZES//,/ }
+
+# tagged FILE PATTERN CMD...: CMD's lines that start with PATTERN, each
+# with the cache-line round trip taken just before it (rtt=0: unknown)
+tagged() {
+  local file=$1 pat=$2 ns
+  shift 2
+  ns=$("$BUILD/core_rtt" 2>/dev/null | sed -n 's/.*ns=//p' || true)
+  "$@" 2>/dev/null | grep "^$pat" | sed "s/\$/ rtt=${ns:-0}/" >>"$file" || true
+}
 
 echo "FTAR vs OpenMPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') MPI_Allreduce | float32 sum | 127.0.0.1 | $(nproc) CPUs | best of $REPEAT interleaved runs"
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -63,34 +80,43 @@ for n in $RANKS; do
     fi
   fi
   for r in $(seq "$REPEAT"); do
-    "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp "${FB[@]}" 2>/dev/null | grep '^ftar-bw' >>"$TMP/ftcp.$n" || true
+    tagged "$TMP/ftcp.$n" ftar-bw "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp "${FB[@]}"
     # an even number >= 4 over TCP runs the grid: the flat ring beside it (--flat)
     if [ "$n" -ge 4 ] && [ $((n % 2)) = 0 ]; then
-      "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp --flat "${FB[@]}" 2>/dev/null | grep '^ftar-bw' >>"$TMP/fring.$n" || true
+      tagged "$TMP/fring.$n" ftar-bw "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" --tcp --flat "${FB[@]}"
     fi
-    "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" "${FB[@]}" 2>/dev/null | grep '^ftar-bw' >>"$TMP/fshm.$n" || true
-    "${MPIRUN[@]}" "${MB[@]}" -np "$n" --mca btl tcp,self --mca btl_tcp_if_include lo "$BUILD/mpi_allreduce" $sizes_sp 2>/dev/null \
-      | grep '^mpi-bw' >>"$TMP/tcp.$n" || true
-    "${MPIRUN[@]}" "${MB[@]}" -np "$n" "$BUILD/mpi_allreduce" $sizes_sp 2>/dev/null | grep '^mpi-bw' >>"$TMP/shm.$n" || true
+    tagged "$TMP/fshm.$n" ftar-bw "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$SIZES" "${FB[@]}"
+    # shellcheck disable=SC2086 # sizes_sp is a list of words
+    tagged "$TMP/tcp.$n" mpi-bw "${MPIRUN[@]}" "${MB[@]}" -np "$n" --mca btl tcp,self --mca btl_tcp_if_include lo \
+      "$BUILD/mpi_allreduce" $sizes_sp
+    # shellcheck disable=SC2086
+    tagged "$TMP/shm.$n" mpi-bw "${MPIRUN[@]}" "${MB[@]}" -np "$n" "$BUILD/mpi_allreduce" $sizes_sp
   done
-  echo
-  echo "$n ranks (busbw GB/s, best of $REPEAT; placement: $placed)"
-  awk -v sizes="$SIZES" '
-    function field(line, key,   i, a, kv) { n = split(line, a, " "); for (i = 1; i <= n; i++) { split(a[i], kv, "="); if (kv[1] == key) return kv[2] } return "" }
+  awk -v sizes="$SIZES" -v n="$n" -v repeat="$REPEAT" -v placed="$placed" '
+    function field(line, key,   i, a, kv, k) { k = split(line, a, " "); for (i = 1; i <= k; i++) { split(a[i], kv, "="); if (kv[1] == key) return kv[2] } return "" }
     function human(b) { if (b >= 1048576) return (b / 1048576) " MiB"; if (b >= 1024) return (b / 1024) " KiB"; return b " B" }
     FNR == 1 { impl = FILENAME; sub(/.*\//, "", impl); sub(/\..*/, "", impl) }
-    { b = field($0, "bytes"); v = field($0, "busbw") + 0; if (v > best[impl, b]) best[impl, b] = v; seen[b] = 1 }
+    { r = field($0, "rtt") + 0; g = r == 0 ? "any" : r < 150 ? "near" : "far"
+      if (FNR == 1 || field($0, "bytes") == first[FILENAME]) { runs[g, impl]++; rtt[g] += r; nr[g]++ }
+      if (FNR == 1) first[FILENAME] = field($0, "bytes")
+      b = field($0, "bytes"); v = field($0, "busbw") + 0; if (v > best[g, impl, b]) best[g, impl, b] = v; has[g] = 1 }
     END {
-      printf "%10s %9s %9s %13s %9s %9s %13s\n", "size", "FTAR-TCP", "MPI-TCP", "FTAR/MPI TCP", "FTAR-shm", "MPI-shm", "FTAR/MPI shm"
       m = split(sizes, s, ",")
-      for (i = 1; i <= m; i++) {
-        x = s[i]; mul = 1
-        if (x ~ /[Kk]$/) mul = 1024; else if (x ~ /[Mm]$/) mul = 1048576; else if (x ~ /[Gg]$/) mul = 1073741824
-        sub(/[KkMmGg]$/, "", x); b = x * mul
-        f = best["ftcp", b]; t = best["tcp", b]; g = best["fshm", b]; h = best["shm", b]; k = best["fring", b]
-        printf "%10s %9.3f %9.3f %13s %9.3f %9.3f %13s", human(b), f, t, (t > 0 ? sprintf("%.2fx", f / t) : "-"), g, h, (h > 0 ? sprintf("%.2fx", g / h) : "-")
-        if (k > 0) printf "   TCP grid/flat ring %.2fx", f / k
-        printf "\n"
+      for (gi = 1; gi <= 3; gi++) {
+        g = gi == 1 ? "any" : gi == 2 ? "near" : "far"
+        if (!has[g]) continue
+        printf "\n%d ranks (busbw GB/s, best of up to %d; placement: %s)", n, repeat, placed
+        if (g != "any") printf "\n  cores %s: runs with a cache-line round trip %s 150 ns (mean %.0f ns): FTAR-shm %d, MPI-shm %d", g == "near" ? "sharing a cache" : "sharing no cache", g == "near" ? "below" : "above", rtt[g] / nr[g], runs[g, "fshm"], runs[g, "shm"]
+        printf "\n%10s %9s %9s %13s %9s %9s %13s\n", "size", "FTAR-TCP", "MPI-TCP", "FTAR/MPI TCP", "FTAR-shm", "MPI-shm", "FTAR/MPI shm"
+        for (i = 1; i <= m; i++) {
+          x = s[i]; mul = 1
+          if (x ~ /[Kk]$/) mul = 1024; else if (x ~ /[Mm]$/) mul = 1048576; else if (x ~ /[Gg]$/) mul = 1073741824
+          sub(/[KkMmGg]$/, "", x); b = x * mul
+          f = best[g, "ftcp", b]; t = best[g, "tcp", b]; e = best[g, "fshm", b]; h = best[g, "shm", b]; k = best[g, "fring", b]
+          printf "%10s %9s %9s %13s %9s %9s %13s", human(b), (f > 0 ? sprintf("%.3f", f) : "-"), (t > 0 ? sprintf("%.3f", t) : "-"), (f > 0 && t > 0 ? sprintf("%.2fx", f / t) : "-"), (e > 0 ? sprintf("%.3f", e) : "-"), (h > 0 ? sprintf("%.3f", h) : "-"), (e > 0 && h > 0 ? sprintf("%.2fx", e / h) : "-")
+          if (k > 0 && f > 0) printf "   TCP grid/flat ring %.2fx", f / k
+          printf "\n"
+        }
       }
     }' "$TMP/ftcp.$n" "$TMP/tcp.$n" "$TMP/fshm.$n" "$TMP/shm.$n" $([ -s "$TMP/fring.$n" ] && echo "$TMP/fring.$n")
 done

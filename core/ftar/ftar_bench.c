@@ -18,10 +18,13 @@
  *     ftar-ready  slot=S port=P pid=PID
  *     ftar-result slot=S seq=Q count=N rc=R epoch=E contrib=C redos=D
  *                 slots=a,b ok=1 t0=T t1=T      (t: CLOCK_MONOTONIC seconds)
- *     ftar-time   slot=S count=N iters=K sec=T  (with --quiet, per size)
+ *     ftar-time   slot=S count=N iters=K sec=T sent=B streamed=M  (with
+ *                 --quiet, per size: bytes sent over the measured
+ *                 iterations, of them stored non-temporally into shared
+ *                 memory; the sweep's "streamed" column is their share)
  *     ftar-error  slot=S seq=Q rc=R msg=...
  *     ftar-done   slot=S collectives=N redos=R epochs=E rejected=J shm_links=K
- *                 tcp_links=L
+ *                 tcp_links=L shm_streamed=M
  *     ftar-hier   slot=S hier_collectives=N grid_collectives=G waves=W
  *                 bytes_sent=B cross_bytes=X (after ftar-done: attempts
  *                 through the hierarchical plane and the grid, their waves,
@@ -122,9 +125,9 @@ typedef struct {
   uint64_t until_seq;
   ftar_op op;
   double timeout, deadline, max_sec;
-  uint64_t chunk, seq0;
+  uint64_t chunk, seq0, shm_ring;
   int64_t sockbuf;
-  int spin_us, bind, no_shm;
+  int spin_us, bind, no_shm, shm_stores; /* shm_stores: opts.shm_stream */
   int hier;              /* opts.hier: -1 auto, 0 --flat, 1 --hier */
   const char *data_host; /* --data-host: the address to listen on and advertise (NULL: 127.0.0.1) */
   uint64_t bucket;  /* > 0: ftar_allreduce_start in buckets of this many floats, the input produced
@@ -224,9 +227,11 @@ static int rank_join(rank_opts *ro, rank_state *rs) {
   mo.deadline = ro->deadline;
   mo.min_members = ro->min_members;
   if (ro->chunk) mo.chunk_bytes = ro->chunk;
+  mo.shm_ring_bytes = ro->shm_ring;
   if (ro->sockbuf >= 0) mo.sockbuf = (int)ro->sockbuf;
   mo.spin_us = ro->spin_us;
   if (ro->no_shm) mo.shm = 0;
+  mo.shm_stream = ro->shm_stores;
   mo.hier = ro->hier;
   if (ro->data_host) mo.data_host = ro->data_host;
   char host[64];
@@ -335,6 +340,7 @@ static void rank_size(rank_opts *ro, rank_state *rs, size_t n) {
   int iters = ro->iters > 0 ? ro->iters : auto_iters(n * 4);
   int total = ro->warmup + iters;
   double t_first = 0, t_last = 0;
+  ftar_stats s0 = {0}, s1;
   if (!ro->verify) fill(ro->bucket ? rs->src : rs->buf, n, ro->slot, rs->seq, ro->static_pattern);
   for (int it = 0; it < total; it++) {
     ftar_result res;
@@ -343,13 +349,19 @@ static void rank_size(rank_opts *ro, rank_state *rs, size_t n) {
       rs->stop = 1;
       break;
     }
-    if (it == ro->warmup) t_first = t0;
+    if (it == ro->warmup) {
+      t_first = t0;
+      ftar_member_stats(rs->m, &s0); /* as the measured ones start (the last warm-up's bytes are counted) */
+    }
     t_last = t1;
     rank_advance(ro, rs, &res);
     if (rs->stop) break;
   }
+  ftar_member_stats(rs->m, &s1);
   if (ro->quiet && t_last > t_first && t_first > 0)
-    printf("ftar-time slot=%d count=%zu iters=%d sec=%.9f\n", ro->slot, n, iters, t_last - t_first);
+    printf("ftar-time slot=%d count=%zu iters=%d sec=%.9f sent=%llu streamed=%llu\n", ro->slot, n, iters,
+           t_last - t_first, (unsigned long long)(s1.bytes_sent - s0.bytes_sent),
+           (unsigned long long)(s1.bytes_streamed - s0.bytes_streamed));
 }
 
 static int rank_run(rank_opts *ro) {
@@ -373,9 +385,11 @@ static int rank_run(rank_opts *ro) {
   }
   ftar_stats st;
   ftar_member_stats(rs.m, &st);
-  printf("ftar-done slot=%d collectives=%llu redos=%llu epochs=%llu rejected=%llu shm_links=%llu tcp_links=%llu\n",
+  printf("ftar-done slot=%d collectives=%llu redos=%llu epochs=%llu rejected=%llu shm_links=%llu tcp_links=%llu "
+         "shm_streamed=%llu\n",
          ro->slot, (unsigned long long)st.collectives, (unsigned long long)st.redos, (unsigned long long)st.epochs,
-         (unsigned long long)st.conns_rejected, (unsigned long long)st.links_shm, (unsigned long long)st.links_tcp);
+         (unsigned long long)st.conns_rejected, (unsigned long long)st.links_shm, (unsigned long long)st.links_tcp,
+         (unsigned long long)st.bytes_streamed);
   printf("ftar-hier slot=%d hier_collectives=%llu grid_collectives=%llu waves=%llu bytes_sent=%llu cross_bytes=%llu\n",
          ro->slot, (unsigned long long)st.hier_collectives, (unsigned long long)st.grid_collectives,
          (unsigned long long)st.waves, (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_cross);
@@ -483,6 +497,7 @@ typedef struct {
   int nranks, nsizes;
   uint64_t sizes[MAX_SIZES];
   double sec[MAX_SIZES][MAX_RANKS];
+  double sent[MAX_SIZES], streamed[MAX_SIZES]; /* bytes, all ranks: the share stored non-temporally */
   int iters[MAX_SIZES];
   int errors;
 } sweep_state;
@@ -497,6 +512,12 @@ static void sweep_line(void *ud, child *c, const char *line) {
       if (s->sizes[i] == count * 4 && slot >= 0 && slot < MAX_RANKS) {
         s->sec[i][slot] = sec;
         s->iters[i] = iters;
+        unsigned long long sent, streamed;
+        const char *q = strstr(line, " sent=");
+        if (q && sscanf(q, " sent=%llu streamed=%llu", &sent, &streamed) == 2) {
+          s->sent[i] += (double)sent;
+          s->streamed[i] += (double)streamed;
+        }
       }
   } else if (strncmp(line, "ftar-error", 10) == 0) {
     fprintf(stderr, "rank %d: %s\n", c->slot, line);
@@ -508,9 +529,9 @@ typedef struct {
   int ranks, warmup, iters, verify;
   ftar_op op;
   double deadline;
-  uint64_t chunk;
+  uint64_t chunk, shm_ring;
   int64_t sockbuf;
-  int spin_us, bind, no_shm, hier;
+  int spin_us, bind, no_shm, shm_stores, hier;
   uint64_t sizes[MAX_SIZES];
   int nsizes;
 } sweep_opts;
@@ -538,6 +559,11 @@ static void sweep_rank_argv(const sweep_opts *so, const char *coordaddr, char *s
     snprintf(bufs[b], 64, "%llu", (unsigned long long)so->chunk);
     argv[k++] = bufs[b++];
   }
+  if (so->shm_ring) {
+    argv[k++] = "--shm-ring";
+    snprintf(bufs[b], 64, "%llu", (unsigned long long)so->shm_ring);
+    argv[k++] = bufs[b++];
+  }
   if (so->sockbuf >= 0) {
     argv[k++] = "--sockbuf";
     snprintf(bufs[b], 64, "%lld", (long long)so->sockbuf);
@@ -549,6 +575,10 @@ static void sweep_rank_argv(const sweep_opts *so, const char *coordaddr, char *s
   argv[k++] = "--quiet";
   if (so->verify) argv[k++] = "--verify";
   if (so->bind) argv[k++] = "--bind";
+  if (so->shm_stores >= 0) {
+    argv[k++] = "--shm-stores";
+    argv[k++] = so->shm_stores ? "stream" : "cached";
+  }
   if (so->no_shm) { /* TCP as between hosts: each rank a host of its own (127.0.0.r+1) */
     argv[k++] = "--tcp";
     argv[k++] = "--data-host";
@@ -584,12 +614,15 @@ static int sweep_report(const sweep_opts *so, const sweep_state *st) {
   int rc = 0;
   ftar_member_opts def; /* what a rank gets for the options not given */
   ftar_member_opts_default(&def);
-  printf("ftar-bench: %d ranks on 127.0.0.1 | op %s | max frame %llu B | sockbuf %lld | deadline %.2f s | %s%s\n",
-         so->ranks, so->op == FTAR_MEAN ? "mean" : "sum",
-         (unsigned long long)(so->chunk ? so->chunk : def.chunk_bytes),
+  printf("ftar-bench: %d ranks on 127.0.0.1 | op %s | max frame %llu B | shm ring %llu B, %s stores | sockbuf %lld | "
+         "deadline %.2f s | %s%s\n",
+         so->ranks, so->op == FTAR_MEAN ? "mean" : "sum", (unsigned long long)(so->chunk ? so->chunk : def.chunk_bytes),
+         (unsigned long long)(so->shm_ring ? so->shm_ring : (1u << 20)),
+         so->shm_stores < 0 ? "auto" : so->shm_stores ? "stream" : "cached",
          (long long)(so->sockbuf >= 0 ? so->sockbuf : def.sockbuf), so->deadline,
          so->bind ? "ranks pinned one per core" : "ranks not pinned", so->verify ? " | verified" : "");
-  printf("%12s %12s %7s %12s %12s %12s\n", "size", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+  printf("%12s %12s %7s %12s %12s %12s %9s\n", "size", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+         "streamed");
   for (int i = 0; i < so->nsizes; i++) {
     double worst = 0;
     for (int r = 0; r < so->ranks; r++)
@@ -603,10 +636,11 @@ static int sweep_report(const sweep_opts *so, const sweep_state *st) {
     }
     double t = worst / st->iters[i];
     double alg = (double)so->sizes[i] / t / 1e9, bus = alg * 2.0 * (so->ranks - 1) / so->ranks;
-    printf("%12s %12llu %7d %12.1f %12.3f %12.3f\n", human(so->sizes[i], h, sizeof h),
-           (unsigned long long)(so->sizes[i] / 4), st->iters[i], t * 1e6, alg, bus);
-    printf("ftar-bw ranks=%d bytes=%llu iters=%d us=%.3f algbw=%.4f busbw=%.4f\n", so->ranks,
-           (unsigned long long)so->sizes[i], st->iters[i], t * 1e6, alg, bus);
+    double share = st->sent[i] > 0 ? st->streamed[i] / st->sent[i] : 0;
+    printf("%12s %12llu %7d %12.1f %12.3f %12.3f %8.0f%%\n", human(so->sizes[i], h, sizeof h),
+           (unsigned long long)(so->sizes[i] / 4), st->iters[i], t * 1e6, alg, bus, 100 * share);
+    printf("ftar-bw ranks=%d bytes=%llu iters=%d us=%.3f algbw=%.4f busbw=%.4f streamed=%.3f\n", so->ranks,
+           (unsigned long long)so->sizes[i], st->iters[i], t * 1e6, alg, bus, share);
   }
   fflush(stdout);
   return rc;
@@ -878,7 +912,8 @@ static int run_coord(const char *host, int port, double deadline, double heartbe
 static const char usage[] =
     "usage: transom ftar-bench [--ranks N] [--sizes LIST] [--iters N|auto] [--warmup N] [--op sum|mean]\n"
     "                          [--verify] [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES] [--spin US]\n"
-    "                          [--bind | --no-bind] [--tcp] [--hier | --flat]\n"
+    "                          [--shm-ring BYTES] [--shm-stores auto|stream|cached] [--bind | --no-bind]\n"
+    "                          [--tcp] [--hier | --flat]\n"
     "       transom ftar-bench recovery [--ranks N] [--count FLOATS] [--signal kill|stop] [--trials N] [--bucket FLOATS]\n"
     "                          [--deadline SEC] [--chunk BYTES] [--sockbuf BYTES]\n"
     "       transom ftar-bench coord [--host H] [--port P] [--deadline SEC] [--heartbeat SEC]\n"
@@ -888,13 +923,17 @@ static const char usage[] =
     "                          [--sockbuf BYTES] [--seq0 N] [--loop] [--until-contrib C | --until-slot S]\n"
     "                          [--tail T] [--until-seq Q] [--control-stdin] [--tcp] [--bind] [--spin US]\n"
     "                          [--max-sec SEC] [--quiet] [--bucket FLOATS [--produce-us US]]\n"
+    "                          [--shm-ring BYTES] [--shm-stores auto|stream|cached]\n"
     "                          [--data-host ADDR | --host ADDR] [--hier | --flat]\n"
     "\n"
     "FTAR, the fault-tolerant ring all-reduce, on 127.0.0.1: a coordinator and N rank processes.\n"
     "The default mode prints time, algbw and busbw = algbw*2(n-1)/n per size (sizes in bytes with\n"
     "K/M/G suffixes; default 4K,64K,1M,16M,256M; --iters auto = 512 MiB of payload per size, 5..1000).\n"
     "Like mpirun, it pins ranks one per core when they fit (--bind / --no-bind to force).\n"
-    "Same-host ranks exchange frames through shared-memory rings; --tcp forces TCP links.\n"
+    "Same-host ranks exchange frames through shared-memory rings; --tcp forces TCP links. --shm-ring\n"
+    "sizes each ring (default 1 MiB), --shm-stores how a sender stores into it: non-temporal (stream),\n"
+    "plain (cached) or the faster of the two as timed while it runs (auto, the default); the sweep's\n"
+    "\"streamed\" column is the share of bytes sent that went non-temporally.\n"
     "recovery kills (or stops) the last rank in the middle of an all-reduce and prints the time until\n"
     "the survivors finished the redo. coord and rank are the building blocks (tests use them); ranks\n"
     "print machine-readable ftar-ready/ftar-result/ftar-time/ftar-error/ftar-done lines; --bucket makes\n"
@@ -922,9 +961,9 @@ typedef struct {
 static void args_default(bench_args *a) {
   *a = (bench_args){
       .ro = {.slot = -1, .until_slot = -1, .spin_us = -1, .wait = 1, .min_members = 1, .iters = 1, .timeout = 60,
-             .sockbuf = -1, .seq0 = 1, .tail = 1, .hier = -1},
-      .so = {.ranks = 2, .warmup = 2, .iters = 0, .deadline = 3, .sockbuf = -1, .spin_us = -1, .bind = -1,
-             .hier = -1},
+             .sockbuf = -1, .seq0 = 1, .tail = 1, .hier = -1, .shm_stores = -1},
+      .so = {.ranks = 2, .warmup = 2, .iters = 0, .deadline = 3, .sockbuf = -1, .spin_us = -1, .shm_stores = -1,
+             .bind = -1, .hier = -1},
       .host = "127.0.0.1",
       .ranks = -1,
       .trials = 3,
@@ -1023,6 +1062,13 @@ static int parse_value(bench_args *a, const char *name, const char *v, int *bad)
   else if (strcmp(n, "--timeout") == 0) *bad = parse_double(v, &ro->timeout) || ro->timeout <= 0;
   else if (strcmp(n, "--max-sec") == 0) *bad = parse_double(v, &ro->max_sec);
   else if (strcmp(n, "--chunk") == 0) *bad = parse_u64(v, &u) || u < 64 || !(ro->chunk = so->chunk = u);
+  else if (strcmp(n, "--shm-stores") == 0) { /* opts.shm_stream */
+    if (strcmp(v, "auto") == 0) ro->shm_stores = so->shm_stores = -1;
+    else if (strcmp(v, "stream") == 0) ro->shm_stores = so->shm_stores = 1;
+    else if (strcmp(v, "cached") == 0) ro->shm_stores = so->shm_stores = 0;
+    else *bad = 1;
+  } else if (strcmp(n, "--shm-ring") == 0) /* ftar_member_opts.shm_ring_bytes: rounded up to a power of two */
+    *bad = parse_u64(v, &u) || u < (1u << 20) || u > (64u << 20) || !(ro->shm_ring = so->shm_ring = u);
   else if (strcmp(n, "--sockbuf") == 0) {
     *bad = parse_u64(v, &u) || u > (1u << 30);
     ro->sockbuf = so->sockbuf = (int64_t)u;

@@ -147,6 +147,7 @@ void ftar_member_opts_default(ftar_member_opts *o) {
   o->sockbuf = 4 << 20;
   o->spin_us = -1;
   o->shm = 1;
+  o->shm_stream = -1;
   o->hier = -1;
 }
 
@@ -184,6 +185,8 @@ static ftar_member *member_alloc(int slot, const ftar_member_opts *o) {
   if (m->o.chunk_bytes < 64) m->o.chunk_bytes = CHUNK_DEFAULT;
   if (m->o.chunk_bytes > ((size_t)64 << 20)) m->o.chunk_bytes = (size_t)64 << 20;
   m->chunk = m->o.chunk_bytes / sizeof(float);
+  m->shm_ring = SHM_RING_DEFAULT;
+  while (m->shm_ring < m->o.shm_ring_bytes && m->shm_ring < SHM_RING_MAX) m->shm_ring *= 2;
   m->slot = slot;
   return m;
 }

@@ -67,8 +67,10 @@ enum { DOWN_NONE = 0, DOWN_CONNECTING, DOWN_AUTH, DOWN_HELLO, DOWN_ACK, DOWN_REA
  * creates and the receiver maps through /proc/<pid>/fd/<n>. Single producer,
  * single consumer; head/tail count bytes; the *_waiting flags ask the other
  * side for a 1-byte doorbell on the TCP link before sleeping in poll(). */
-#define SHM_RING (4u << 20)
+#define SHM_RING_DEFAULT (1u << 20) /* ftar_member_opts.shm_ring_bytes's default and floor */
+#define SHM_RING_MAX (64u << 20)
 #define SHM_DATA 4096
+#define SHM_TAGS 1024 /* blocks of max(16 KiB, ring / 1024) */
 #define SHM_MAGIC 0x4d485346u /* "FSHM" */
 typedef struct {
   uint32_t magic, size;
@@ -82,7 +84,16 @@ typedef struct {
   uint8_t pad3[60];
   _Atomic uint32_t prod_waiting;
   uint8_t pad4[60];
+  _Atomic uint64_t read_rate[2]; /* consumer: its reduce pass's rate over bytes stored cached [0] /
+                                    non-temporally [1], bytes/s as a double's bits (0: none yet) */
+  uint8_t pad5[48];
+  _Atomic uint8_t tag[SHM_TAGS]; /* producer: how each block of the ring was stored last (ftar_shm.c) */
 } shm_hdr;
+_Static_assert(sizeof(shm_hdr) <= SHM_DATA, "the ring's header fits its page");
+
+typedef struct { /* ftar_shm.c: timings not counted (warm-up, settling after a change of kind) */
+  int warm, kind, run;
+} store_clock;
 
 typedef struct {
   shm_hdr *h; /* NULL: not mapped */
@@ -92,6 +103,14 @@ typedef struct {
   int memfd;      /* producer, until the receiver answered */
   int active;     /* frames flow through the ring */
   int armed;      /* we set our *_waiting flag */
+  /* how frames are stored into the ring (ftar_shm.c) */
+  int stores;        /* producer: ftar_member_opts.shm_stream: -1 learn, 0 cached, 1 non-temporal */
+  int stream;        /* producer: the kind kept (1 non-temporal) */
+  int trial;         /* producer: copies of the other kind still to try */
+  double next_trial; /* producer: tr_now() of the next trial */
+  double rate[2];    /* producer: copy rate, bytes/s, with cached [0] / non-temporal [1] stores */
+  double rread[2];   /* consumer: its reduce pass's rates, published in h->read_rate */
+  store_clock clock; /* either: which timings count */
 } shm_link;
 
 /* The links of one ring in run_ep: the view (its members in ring order,
@@ -125,6 +144,7 @@ struct ftar_member {
   uint64_t uid;
   double deadline, coord_deadline, hb_interval;
   size_t chunk; /* floats per frame */
+  uint32_t shm_ring; /* bytes of each shared-memory ring we create (a power of two) */
 
   /* control thread */
   pthread_t th;
@@ -218,13 +238,14 @@ void ftar_ctl_queue(ftar_member *m, int abort_frame, const ftar_hdr *h);
 
 /* --- ftar_shm.c: same-host shared-memory rings --- */
 
-int ftar_shm_create(ftar_links *L);                     /* producer: maps down_shm; 0 or -1 */
+int ftar_shm_create(ftar_links *L, uint32_t size, int stores); /* producer: maps down_shm; 0 or -1 */
 int ftar_shm_attach(ftar_links *L, const uint8_t *pay); /* consumer: maps up_shm from CONNECT; 0 or -1 */
 void ftar_shm_unmap(shm_link *S);
-ssize_t ftar_shm_write(ftar_links *L, const struct iovec *iov, int niov);
+ssize_t ftar_shm_write(ftar_links *L, const struct iovec *iov, int niov, uint64_t *streamed);
 ssize_t ftar_shm_read(ftar_links *L, void *dst, size_t cap);
 const uint8_t *ftar_shm_peek(ftar_links *L, size_t *n, int *bad);
 void ftar_shm_consume(ftar_links *L, size_t n);
+void ftar_shm_read_took(ftar_links *L, size_t n, double sec); /* consumer: a reduce of the next n bytes took sec */
 
 /* --- ftar_port.c: the data port and the ring's links --- */
 

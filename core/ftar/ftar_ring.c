@@ -258,7 +258,7 @@ static inline size_t *undo_at(undo_log *u, size_t b, int c) { return &u->copied[
  * steps to pipeline (A/B, 64 KiB, 2 ranks, best of 10 interleaved, load
  * 7-8: TCP 32.6 vs 35.5 us, median 64 vs 131; shared memory 32.8 vs 41.1;
  * the ring's 4 ranks at 256 KiB, one frame per 64 KiB segment: no better). */
-#define EXCH_FRAME_MAX ((size_t)SHM_RING / 8 / FRAME_UNIT * FRAME_UNIT)
+#define EXCH_FRAME_MAX ((size_t)SHM_RING_DEFAULT / 8 / FRAME_UNIT * FRAME_UNIT)
 #define EXCH_ONE_FRAME ((size_t)16384)
 static size_t ring_frame_floats(const ring *g, size_t len) {
   size_t f = frame_floats(len, g->G.p, g->m->chunk); /* the exchange: G.p = 1, the bucket one segment */
@@ -474,7 +474,7 @@ static void prep_connect(ring *g) {
   memset(g->s_extra, 0, sizeof g->s_extra);
   ftw_put64(g->s_extra, m->uid);
   uint16_t flags = 0;
-  if (m->o.shm && same_host(m, d) && ftar_shm_create(g->L) == 0) {
+  if (m->o.shm && same_host(m, d) && ftar_shm_create(g->L, m->shm_ring, m->o.shm_stream) == 0) {
     flags = FTF_SHM;
     ftw_put32(g->s_extra + 8, (uint32_t)getpid());
     ftw_put32(g->s_extra + 12, (uint32_t)L->down_shm.memfd);
@@ -530,7 +530,7 @@ static int pump_send(ring *g, undo_log *u) {
     }
     ssize_t w;
     if (L->down_shm.active) {
-      if ((w = ftar_shm_write(g->L, iov, niov)) < 0)
+      if ((w = ftar_shm_write(g->L, iov, niov, &m->st.bytes_streamed)) < 0)
         return ring_fail(g, "shared-memory ring to slot %d is corrupt", down_peer(g)->slot);
       if (w == 0) return progress;
     } else {
@@ -768,9 +768,11 @@ static int recv_payload_shm(ring *g, undo_log *u) {
     if (L->up_eof) return ring_fail(g, "slot %d closed the link", up_peer(g)->slot);
     return RX_BLOCKED;
   }
-  if (rx_reducing(g)) {
+  if (rx_reducing(g)) { /* timed for the sender's choice of stores (ftar_shm.c) */
     size_t f0 = off + g->r_got / 4;
+    double t0 = tr_now();
     g->r_crc = reduce_crc(g->r_crc, g->buf + f0, g->save ? g->save + f0 : NULL, (const float *)(const void *)src, k / 4);
+    ftar_shm_read_took(g->L, k, tr_now() - t0);
     *undo_at(u, g->rb, c) += k / 4;
   } else {
     g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);

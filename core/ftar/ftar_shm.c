@@ -26,6 +26,9 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "ftar_member_internal.h"
 #include "util.h"
@@ -38,26 +41,33 @@ void ftar_shm_unmap(shm_link *S) {
 }
 
 /* Producer: creates and maps the ring offered in CONNECT. */
-int ftar_shm_create(ftar_links *L) {
+int ftar_shm_create(ftar_links *L, uint32_t size, int stores) {
   shm_link *S = &L->down_shm;
   ftar_shm_unmap(S);
   int fd = memfd_create("ftar-link", MFD_CLOEXEC);
   if (fd < 0) return -1;
-  if (ftruncate(fd, SHM_DATA + SHM_RING) != 0) {
+  if (ftruncate(fd, SHM_DATA + size) != 0) {
     close(fd);
     return -1;
   }
-  void *p = mmap(NULL, SHM_DATA + SHM_RING, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *p = mmap(NULL, SHM_DATA + size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     close(fd);
     return -1;
   }
   S->h = p;
   S->data = (uint8_t *)p + SHM_DATA;
-  S->size = SHM_RING;
+  S->size = size;
   S->memfd = fd;
+#if defined(__x86_64__)
+  S->stores = stores < 0 ? -1 : stores > 0;
+#else
+  S->stores = 0; /* no non-temporal copy here */
+  (void)stores;
+#endif
+  S->stream = S->stores > 0;
   S->h->magic = SHM_MAGIC;
-  S->h->size = SHM_RING;
+  S->h->size = size;
   uint64_t tok = 0;
   if (getrandom(&tok, sizeof tok, GRND_NONBLOCK) != (ssize_t)sizeof tok)
     tok = (uint64_t)(tr_now() * 1e9) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)p;
@@ -80,7 +90,7 @@ int ftar_shm_attach(ftar_links *L, const uint8_t *pay) {
   struct stat st;
   void *p = MAP_FAILED;
   if (fstat(fd, &st) == 0 && st.st_size == (off_t)(SHM_DATA + size))
-    p = mmap(NULL, SHM_DATA + size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    p = mmap(NULL, SHM_DATA + size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return -1;
   shm_hdr *h = p;
@@ -96,27 +106,199 @@ int ftar_shm_attach(ftar_links *L, const uint8_t *pay) {
   return 0;
 }
 
+/* How the producer stores frames into the ring. Plain (cached) stores
+ * need each line's ownership from the consumer, which read it last; where
+ * the two cores share no cache (another CCX or socket; this project's VMs'
+ * two vCPUs, minutes at a time) each of those transfers crosses the chip
+ * and a copy into the ring ran at 2.4 GB/s, against 24-28 GB/s with
+ * non-temporal stores, which take no ownership and go to memory. Where the
+ * cores share an L3 the non-temporal stores lose: the consumer then reads
+ * memory instead of the L3 (FTAR 2 ranks, 1-4 MiB: 6.7 against 12 GB/s).
+ *
+ * So, by default, the producer times its copies of STORE_SAMPLE bytes or
+ * more, the consumer its reduce pass over them (the ring's blocks are
+ * tagged with how they were stored, and it publishes a rate per kind in
+ * the ring's header), and the producer keeps the kind that costs the two
+ * of them less per byte (the other only if it costs STORE_MARGIN of it or
+ * less; with the consumer's rates once it has published both). The other
+ * kind is tried in trials: STORE_TRIAL consecutive copies (of at most
+ * STORE_TRIAL_MAX bytes each) every STORE_TRIAL_EVERY seconds, as the
+ * cores' placement can change under a running job; the consumer's rates
+ * for them come a little later, and the choice follows. Neither side counts the first STORE_SETTLE copies or reads
+ * after the kind changed (a lone frame of the other kind measured 5-10x
+ * slower than a run of them: its lines meet the wrong caches), nor its
+ * first STORE_WARM (they fault pages in). A trial of the worse kind costs
+ * about 0.5 ms (1.5 MiB at 2.4 GB/s against 28), 0.2% of the time between
+ * trials. Figures: bench/ftar_frames.sh KNOB=shm-stores. */
+#define STORE_SAMPLE ((size_t)16 << 10)
+#define STORE_TRIAL_MAX ((size_t)128 << 10)
+#define STORE_TRIAL 12
+#define STORE_TRIAL_EVERY 0.25
+#define STORE_SETTLE 3
+#define STORE_WARM 8
+#define STORE_MARGIN 0.9
+
+#if defined(__x86_64__)
+static void copy_stream(uint8_t *d, const uint8_t *s, size_t n) {
+  size_t head = (16 - ((uintptr_t)d & 15)) & 15, i;
+  if (head > n) head = n;
+  memcpy(d, s, head);
+  for (i = head; n - i >= 64; i += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(s + i)), b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32)), e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+    _mm_stream_si128((__m128i *)(d + i), a);
+    _mm_stream_si128((__m128i *)(d + i + 16), b);
+    _mm_stream_si128((__m128i *)(d + i + 32), c);
+    _mm_stream_si128((__m128i *)(d + i + 48), e);
+  }
+  memcpy(d + i, s + i, n - i); /* ftar_shm_write's sfence orders the streamed lines before head */
+}
+#endif
+
+/* Bytes stored non-temporally: n or 0. */
+static size_t ring_copy(uint8_t *d, const uint8_t *s, size_t n, int stream) {
+#if defined(__x86_64__)
+  if (stream && n >= 256) {
+    copy_stream(d, s, n);
+    return n;
+  }
+#endif
+  (void)stream;
+  memcpy(d, s, n);
+  return 0;
+}
+
+static double ewma(double old, double r) { return old > 0 ? 0.5 * old + 0.5 * r : r; }
+
+/* Counts a timed copy or read of this kind; 1 if its time is to be
+ * learned (not warming up, not settling after a change of kind). */
+static int stores_count(store_clock *c, int kind) {
+  if (c->warm < STORE_WARM) {
+    c->warm++;
+    return 0;
+  }
+  if (kind != c->kind) {
+    c->kind = kind;
+    c->run = 0;
+  }
+  return ++c->run > STORE_SETTLE;
+}
+
+/* The kind of stores (1 non-temporal) for a copy of up to *space bytes (a
+ * trial copy caps *space); *t0 = tr_now() if the copy is to be timed, else
+ * 0. */
+static int stores_pick(shm_link *S, size_t *space, double *t0) {
+  *t0 = 0;
+  if (S->stores >= 0 || *space < STORE_SAMPLE) return S->stream;
+  *t0 = tr_now();
+  if (S->trial == 0 && S->rate[S->stream] > 0 && *t0 >= S->next_trial) {
+    S->trial = STORE_TRIAL;
+    S->next_trial = *t0 + STORE_TRIAL_EVERY;
+  }
+  if (S->trial == 0) return S->stream;
+  if (*space > STORE_TRIAL_MAX) *space = STORE_TRIAL_MAX;
+  return !S->stream;
+}
+
+/* The consumer's published rate for bytes stored that way (0: none, or
+ * not a sane number: it only steers, and a peer's bytes are not trusted). */
+static double read_rate(const shm_link *S, int kind) {
+  uint64_t bits = atomic_load_explicit(&S->h->read_rate[kind], memory_order_relaxed);
+  double r;
+  memcpy(&r, &bits, sizeof r);
+  return r > 0 && r < 1e15 ? r : 0;
+}
+
+/* Seconds per byte stored that way: our copy, plus the consumer's reduce
+ * pass over it where it has timed both kinds (where the cores share a
+ * cache, non-temporal stores cost the consumer, not us). */
+static double store_cost(const shm_link *S, int kind, int with_reader) {
+  return 1.0 / S->rate[kind] + (with_reader ? 1.0 / read_rate(S, kind) : 0);
+}
+
+/* Records a timed copy; outside a trial, keeps the cheaper kind (the
+ * other one by a margin: no flapping between two about equal). */
+static void stores_learn(shm_link *S, int kind, size_t bytes, double t0) {
+  if (t0 == 0 || bytes < STORE_SAMPLE) return;
+  double dt = tr_now() - t0;
+  if (dt > 0 && stores_count(&S->clock, kind)) S->rate[kind] = ewma(S->rate[kind], (double)bytes / dt);
+  if (kind != S->stream) {
+    if (S->trial > 0) S->trial--;
+    return;
+  }
+  if (S->rate[0] > 0 && S->rate[1] > 0) {
+    int reader = read_rate(S, 0) > 0 && read_rate(S, 1) > 0;
+    if (store_cost(S, !kind, reader) < STORE_MARGIN * store_cost(S, kind, reader)) S->stream = !kind;
+  }
+}
+
+static unsigned tag_shift(uint32_t size) {
+  unsigned sh = 14;
+  while ((size >> sh) > SHM_TAGS) sh++;
+  return sh;
+}
+
+/* Producer: tags the blocks of [pos, pos + n) with the kind of stores. */
+static void stores_tag(shm_link *S, uint64_t pos, size_t n, int kind) {
+  unsigned sh = tag_shift(S->size);
+  uint64_t nb = S->size >> sh, last = (pos + n - 1) >> sh;
+  for (uint64_t b = pos >> sh; b <= last; b++) {
+    _Atomic uint8_t *t = &S->h->tag[b & (nb - 1)];
+    if (atomic_load_explicit(t, memory_order_relaxed) != kind)
+      atomic_store_explicit(t, (uint8_t)kind, memory_order_relaxed);
+  }
+}
+
+/* Consumer: the reduce of the next n bytes took sec. Published per kind of
+ * stores (the blocks' tags; skipped where they differ) for the producer. */
+void ftar_shm_read_took(ftar_links *L, size_t n, double sec) {
+  shm_link *S = &L->up_shm;
+  if (n < STORE_SAMPLE / 2 || !(sec > 0)) return;
+  unsigned sh = tag_shift(S->size);
+  uint64_t nb = S->size >> sh;
+  int kind = atomic_load_explicit(&S->h->tag[(S->pos >> sh) & (nb - 1)], memory_order_relaxed);
+  if (kind > 1 || atomic_load_explicit(&S->h->tag[((S->pos + n - 1) >> sh) & (nb - 1)], memory_order_relaxed) != kind)
+    return;
+  if (!stores_count(&S->clock, kind)) return;
+  S->rread[kind] = ewma(S->rread[kind], (double)n / sec);
+  uint64_t bits;
+  memcpy(&bits, &S->rread[kind], sizeof bits);
+  atomic_store_explicit(&S->h->read_rate[kind], bits, memory_order_relaxed);
+}
+
 static void doorbell(int fd) {
   char b = 'd';
   ssize_t w = send(fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT); /* EAGAIN: one is pending already */
   (void)w;
 }
 
-/* Producer: copies as much of iov as fits. Bytes written, or -1 if the
- * consumer corrupted the counters. */
-ssize_t ftar_shm_write(ftar_links *L, const struct iovec *iov, int niov) {
+/* Producer: copies as much of iov as fits; adds to *streamed the bytes
+ * stored non-temporally. Bytes written, or -1 if the consumer corrupted
+ * the counters. */
+ssize_t ftar_shm_write(ftar_links *L, const struct iovec *iov, int niov, uint64_t *streamed) {
   shm_link *S = &L->down_shm;
   uint64_t tail = atomic_load_explicit(&S->h->tail, memory_order_acquire), head = S->pos;
   if (tail > head || head - tail > S->size) return -1;
-  size_t space = S->size - (size_t)(head - tail), done = 0;
+  size_t space = S->size - (size_t)(head - tail), done = 0, want = 0;
+  for (int i = 0; i < niov; i++) want += iov[i].iov_len;
+  if (space > want) space = want;
+  double t0;
+  int stream = stores_pick(S, &space, &t0);
   for (int i = 0; i < niov && done < space; i++) {
     size_t n = iov[i].iov_len < space - done ? iov[i].iov_len : space - done;
     size_t off = (size_t)(head + done) & (S->size - 1), first = S->size - off < n ? S->size - off : n;
-    memcpy(S->data + off, iov[i].iov_base, first);
-    memcpy(S->data, (const uint8_t *)iov[i].iov_base + first, n - first);
+    *streamed += ring_copy(S->data + off, iov[i].iov_base, first, stream);
+    *streamed += ring_copy(S->data, (const uint8_t *)iov[i].iov_base + first, n - first, stream);
     done += n;
   }
   if (done) {
+#if defined(__x86_64__)
+    if (stream) _mm_sfence(); /* non-temporal stores are weakly ordered: visible before head */
+#endif
+    if (S->stores < 0) {
+      stores_tag(S, head, done, stream);
+      stores_learn(S, stream, done, t0);
+    }
     S->pos = head + done;
     atomic_store(&S->h->head, S->pos);
     uint32_t one = 1;

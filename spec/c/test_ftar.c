@@ -42,11 +42,17 @@
  *             member still gets the BYE (FTAR_EEVICTED, "evicted by the
  *             host"), not a lost coordinator; a refused registration whose
  *             peer keeps sending after the REJECT is closed all the same
+ *   stores    the shared-memory ring in process: bytes intact through
+ *             wraps with plain, non-temporal and learned stores; the
+ *             learning follows what its consumer reports and probes the
+ *             other kind; nonsense reports steer nothing; exact sums with
+ *             each kind between rank processes
  *   soak      1000 back-to-back small collectives (run from the sanitizer
  *             build, LeakSanitizer checks every rank process at exit)
  * FTAR_TEST_ONLY=hier runs only the hier cases (closing: the closing ones,
  * grid: the grid's, wire: the
- * wire format and every CRC path, waves: the hierarchy's waves with a host
+ * wire format and every CRC path, stores: the shared-memory ring's kinds of
+ * stores (in process, and exact sums with each), waves: the hierarchy's waves with a host
  * alone and MEAN, also part of hier).
  * The deadline is 1.5 s here. TRANSOM_LONG=1 repeats kill/stop more times.
  * TRANSOM_TIME_SCALE (check.h) stretches this file's own waits and the
@@ -182,7 +188,7 @@ typedef struct {
   result *res;
   int nres, rcap;
   int port, ready, done, errors;
-  long rejected, collectives, shm_links, tcp_links;
+  long rejected, collectives, shm_links, tcp_links, shm_streamed;
   long hier_collectives, grid_collectives, waves, cross_bytes; /* the ftar-hier line; -1 until it came */
   int exited, status;
 } proc;
@@ -213,6 +219,8 @@ static void on_line(proc *p, char *line) {
     if (q) p->shm_links = atol(q + 10);
     q = strstr(line, "tcp_links=");
     if (q) p->tcp_links = atol(q + 10);
+    q = strstr(line, "shm_streamed=");
+    if (q) p->shm_streamed = atol(q + 13);
   } else if (strncmp(line, "ftar-hier", 9) == 0) {
     const char *q = strstr(line, "hier_collectives=");
     if (q) p->hier_collectives = atol(q + 17);
@@ -510,6 +518,148 @@ static void test_crc_paths(const uint8_t *b, size_t big) {
   free(dst);
   free(ref);
   free(save);
+}
+
+/* --- the shared-memory ring in one process: stores, tags, the choice --- */
+
+/* A producer's ring (a) mapped as its consumer (b) through /proc/self/fd,
+ * as a CONNECT would offer it. 0 on success. */
+static int shm_pair(ftar_links *a, ftar_links *b, uint32_t size, int stores) {
+  memset(a, 0, sizeof *a);
+  memset(b, 0, sizeof *b);
+  a->down_shm.memfd = b->up_shm.memfd = a->down_fd = b->up_fd = -1;
+  if (ftar_shm_create(a, size, stores) != 0) return -1;
+  uint8_t pay[FTAR_CONNECT_LEN] = {0};
+  ftw_put32(pay + 8, (uint32_t)getpid());
+  ftw_put32(pay + 12, (uint32_t)a->down_shm.memfd);
+  ftw_put32(pay + 16, size);
+  ftw_put64(pay + 24, a->down_shm.h->token);
+  if (ftar_shm_attach(b, pay) != 0) return -1;
+  a->down_shm.active = 1;
+  return 0;
+}
+
+static void shm_unpair(ftar_links *a, ftar_links *b) {
+  ftar_shm_unmap(&b->up_shm);
+  ftar_shm_unmap(&a->down_shm);
+}
+
+/* Pushes n bytes of src through the ring (written in pieces of at most
+ * piece bytes) into dst, consuming as it goes. 0 if every byte came out. */
+static uint64_t shm_streamed; /* what shm_pump's writes stored non-temporally */
+
+static int shm_pump(ftar_links *a, ftar_links *b, const uint8_t *src, uint8_t *dst, size_t n, size_t piece) {
+  size_t in = 0, out = 0;
+  for (int guard = 0; out < n && guard < 1000000; guard++) {
+    if (in < n) {
+      struct iovec iov = {(void *)(src + in), n - in < piece ? n - in : piece};
+      ssize_t w = ftar_shm_write(a, &iov, 1, &shm_streamed);
+      if (w < 0) return -1;
+      in += (size_t)w;
+    }
+    size_t k;
+    int bad = 0;
+    const uint8_t *p = ftar_shm_peek(b, &k, &bad);
+    if (bad) return -1;
+    if (k > n - out) return -1; /* more than was written */
+    if (k) {
+      memcpy(dst + out, p, k);
+      ftar_shm_consume(b, k);
+      out += k;
+    }
+  }
+  return out == n && memcmp(src, dst, n) == 0 ? 0 : -1;
+}
+
+/* The tag (0 plain, 1 non-temporal stores) the consumer sees at its next byte. */
+static int shm_tag_next(const ftar_links *b) {
+  const shm_link *S = &b->up_shm;
+  unsigned sh = 14;
+  while ((S->size >> sh) > SHM_TAGS) sh++;
+  return atomic_load(&S->h->tag[(S->pos >> sh) & ((S->size >> sh) - 1)]);
+}
+
+static void test_shm_stores(void) {
+  size_t n = (size_t)5 << 20; /* five times the ring: it wraps, at odd offsets */
+  uint8_t *src = malloc(n), *dst = malloc(n);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    src[i] = (uint8_t)x;
+  }
+  ftar_links a, b;
+  /* every kind of stores, pieces of odd sizes: the bytes arrive intact */
+  const int kinds[] = {0, 1, -1};
+  const size_t pieces[] = {40, 4099, 65576, 300001};
+  for (int ki = 0; ki < 3; ki++)
+    for (int pi = 0; pi < 4; pi++) {
+      if (shm_pair(&a, &b, 1u << 20, kinds[ki]) != 0) {
+        CHECK(0, "shm ring pair (stores %d)", kinds[ki]);
+        continue;
+      }
+      memset(dst, 0, n);
+      size_t len = pieces[pi] == 40 ? 100000 : n - 13; /* 40-byte pieces: headers alone, not 5 MiB of them */
+      shm_streamed = 0;
+      CHECK(shm_pump(&a, &b, src + 13, dst, len, pieces[pi]) == 0,
+            "shm ring, stores %d, pieces of %zu: %zu bytes through intact", kinds[ki], pieces[pi], len);
+      /* small pieces are always copied plainly; big ones as asked (learning: some of each) */
+      if (pieces[pi] >= 4099 && kinds[ki] >= 0)
+        CHECK(kinds[ki] ? shm_streamed > len / 2 : shm_streamed == 0,
+              "shm ring, stores %d, pieces of %zu: %llu bytes stored non-temporally", kinds[ki], pieces[pi],
+              (unsigned long long)shm_streamed);
+      shm_unpair(&a, &b);
+    }
+  /* the ring's size: the default, rounded up, capped */
+  CHECK(shm_pair(&a, &b, 4u << 20, 1) == 0 && b.up_shm.size == (4u << 20), "a 4 MiB ring maps at its size");
+  shm_unpair(&a, &b);
+
+  /* the choice: the consumer's reduce pass says which stores cost it less;
+   * where it says so strongly, the producer follows it whichever way */
+  for (int want = 0; want < 2; want++) {
+    if (shm_pair(&a, &b, 1u << 20, -1) != 0) {
+      CHECK(0, "shm ring pair (learning)");
+      continue;
+    }
+    int tags[2] = {0, 0}, picked = -1;
+    for (int round = 0; round < 64; round++) {
+      size_t len = 65536 + 40;
+      struct iovec iov = {src, len};
+      if (ftar_shm_write(&a, &iov, 1, &shm_streamed) != (ssize_t)len) break;
+      int t = shm_tag_next(&b);
+      tags[t & 1]++;
+      /* reduce "took": 1 ms for the kind not wanted, 1 us for the other */
+      ftar_shm_read_took(&b, len, t == want ? 1e-6 : 1e-3);
+      ftar_shm_consume(&b, len);
+      picked = a.down_shm.stream;
+    }
+    CHECK(tags[0] >= 4 && tags[1] >= 4, "learning stores: both kinds tried first (plain %d, non-temporal %d)", tags[0],
+          tags[1]);
+    CHECK(picked == want, "learning stores: the producer keeps the kind its consumer reads faster (%d, wanted %d)",
+          picked, want);
+    /* a STORE_TRIAL_EVERY later, copies try the other kind again */
+    a.down_shm.next_trial = 0;
+    struct iovec iov = {src, 65536};
+    CHECK(ftar_shm_write(&a, &iov, 1, &shm_streamed) == 65536 && shm_tag_next(&b) == !want,
+          "learning stores: a probe of the other kind after a while");
+    shm_unpair(&a, &b);
+  }
+
+  /* a consumer that publishes nonsense (NaN, negative, huge) steers
+   * nothing: the producer goes by its own copies, and the bytes stay whole */
+  if (shm_pair(&a, &b, 1u << 20, -1) != 0) {
+    CHECK(0, "shm ring pair (nonsense rates)");
+  } else {
+    const uint64_t junk[] = {0x7ff8000000000001ull, 0xbff0000000000000ull, 0x7fefffffffffffffull, 0};
+    for (int i = 0; i < 4; i++) {
+      atomic_store(&a.down_shm.h->read_rate[0], junk[i]);
+      atomic_store(&a.down_shm.h->read_rate[1], junk[(i + 1) % 4]);
+      memset(dst, 0, n);
+      CHECK(shm_pump(&a, &b, src, dst, (size_t)2 << 20, 65576) == 0, "nonsense read rates %d: bytes intact", i);
+    }
+    shm_unpair(&a, &b);
+  }
+  free(src);
+  free(dst);
 }
 
 static void test_wire(void) {
@@ -1216,6 +1366,9 @@ static void test_new_coordinator(void) {
 
 /* bucket > 0: every rank reduces in buckets of that many floats while it
  * still writes its input (ftar-bench rank --bucket) */
+/* --shm-stores for test_sizes' ranks (NULL: their default, auto) */
+static const char *sizes_stores;
+
 static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, size_t bucket) {
   double t0 = tr_now();
   ftar_coord *c = coord_start();
@@ -1228,6 +1381,10 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
     rank_args(&a, ftar_coord_port(c), r);
     verify_args(&a, p, counts_csv, op, bucket);
     if (tcp == 1) arg(&a, "--tcp");
+    if (sizes_stores) {
+      arg(&a, "--shm-stores");
+      arg(&a, "%s", sizes_stores);
+    }
     if (tcp == 2) { /* a host each: TCP because nothing is shared, not because --tcp says so */
       arg(&a, "--data-host");
       arg(&a, "127.0.0.%d", r + 1);
@@ -1259,16 +1416,33 @@ static void test_sizes(int p, const char *op, int tcp, const char *counts_csv, s
     CHECK(tcp ? ps[r].shm_links == 0 && ps[r].tcp_links == (grid ? 4 : 2) : ps[r].shm_links == 2 && ps[r].tcp_links == 0,
           "%d ranks %s: rank %d used %ld shm and %ld tcp links", p, tcp ? "tcp" : "shm", r, ps[r].shm_links,
           ps[r].tcp_links);
+    if (sizes_stores) /* the kind asked for is the kind used: counts >= 4097 floats are stored non-temporally */
+      CHECK(strcmp(sizes_stores, "stream") == 0 ? ps[r].shm_streamed > 0 : ps[r].shm_streamed == 0,
+            "%d ranks, stores %s: rank %d stored %ld bytes non-temporally", p, sizes_stores, r, ps[r].shm_streamed);
     CHECK(ps[r].grid_collectives == (grid ? ncounts : 0), "%d ranks %s %s: rank %d ran %ld of %d collectives as a grid",
           p, op, tcp ? "tcp" : "shm", r, ps[r].grid_collectives, ncounts);
   }
   /* finishing ranks leave cleanly: a boundary epoch, not an aborting one */
   CHECK(coord_log_has("leaves after seq") && !coord_log_has("connection closed"),
         "%d ranks: ranks that finished left cleanly", p);
-  printf("  sizes: %d ranks, %s, %s, %d sizes%s: %.1f s\n", p, op, tcp == 2 ? "a host each" : tcp ? "tcp" : "shm", ncounts,
+  printf("  sizes: %d ranks, %s, %s%s%s, %d sizes%s: %.1f s\n", p, op, tcp == 2 ? "a host each" : tcp ? "tcp" : "shm",
+         sizes_stores ? ", stores " : "", sizes_stores ? sizes_stores : "", ncounts,
          bucket ? ", in buckets while written" : "", tr_now() - t0);
   proc_free(ps, p);
   ftar_coord_free(c);
+}
+
+/* Each kind of stores into the shared-memory rings, not only the one the
+ * default (learning) settles on on this machine: exact sums through 1 MiB
+ * rings, sizes that wrap them, in buckets too. */
+static void test_stores_sizes(int small) {
+  const char *stores[] = {"stream", "cached"};
+  for (int i = 0; i < 2; i++) {
+    sizes_stores = stores[i];
+    test_sizes(2, "sum", 0, small ? "1,7,4097,65537" : "1,7,4097,65537,1048573,4194301", 0);
+    test_sizes(3, "sum", 0, small ? "1,7,4097,65537" : "1,7,4097,65537,1048573,4194301", 10000);
+  }
+  sizes_stores = NULL;
 }
 
 /* --- kill -9 / SIGSTOP mid all-reduce, then optionally a joiner --- */
@@ -2599,8 +2773,15 @@ int main(void) {
     printf("  total %.1f s\n", tr_now() - t0);
     return check_report("test_ftar");
   }
+  if (only && strcmp(only, "stores") == 0) {
+    test_shm_stores();
+    test_stores_sizes(test_small());
+    printf("  total %.1f s\n", tr_now() - t0);
+    return check_report("test_ftar");
+  }
   if (only && strcmp(only, "wire") == 0) {
     test_wire();
+    test_shm_stores();
     printf("  total %.1f s\n", tr_now() - t0);
     return check_report("test_ftar");
   }
@@ -2615,6 +2796,7 @@ int main(void) {
     return check_report("test_ftar");
   }
   test_wire();
+  test_shm_stores();
   test_api();
   test_evict_then_free();
   test_closing_deadline();
@@ -2634,6 +2816,7 @@ int main(void) {
     test_sizes(3, "sum", tcp, "1,7,1000,65537,1048573", 10000);
     test_sizes(2, "mean", tcp, "1,3,65537", 4096);
   }
+  test_stores_sizes(small);
   test_grid();
   int rounds = lng ? 5 : 1;
   for (int i = 0; i < rounds; i++)

@@ -91,6 +91,8 @@ typedef struct {
   uint64_t conns_rejected;             /* data connections closed as malformed/stale */
   uint64_t links_shm, links_tcp;       /* data links this member opened or accepted, by transport */
   uint64_t bytes_cross;                /* of bytes_sent, those sent to a member of another host */
+  uint64_t bytes_streamed;             /* of bytes_sent, those stored into a shared-memory ring with
+                                          non-temporal stores (opts.shm_stream) */
   uint64_t hier_collectives;           /* attempts that completed through the hierarchical plane */
   uint64_t grid_collectives;           /* ... through the grid (one host, an even count >= 4) */
   uint64_t waves;                      /* their waves: one a call, or with buckets one per run of
@@ -193,6 +195,15 @@ typedef struct {
   int shm;               /* same-host peers exchange frames through a shared-memory ring
                             (TCP stays for the handshake, doorbells and EOF): 1 (default) / 0;
                             decided link by link (members may differ) */
+  size_t shm_ring_bytes; /* each shared-memory ring's size: 0 = the default, 1 MiB; rounded up
+                            to a power of two in [1 MiB, 64 MiB]. A ring that stays in cache
+                            beat a 4 MiB one (bench/ftar_frames.sh KNOB=shm-ring). The sender
+                            sizes its ring, link by link (members may differ) */
+  int shm_stream;        /* how the sender stores frames into its shared-memory ring: -1
+                            (default) times its copies both ways and keeps the faster, trying
+                            the other every 0.2 s (non-temporal stores win where the two cores
+                            share no cache, plain ones where they do); 1 non-temporal (x86-64);
+                            0 plain. Sender's choice, link by link */
   int hier;              /* hierarchical reduction (core/ftar/ftar_hier.c): members that
                             advertise the same data_host reduce through a local ring first,
                             their host's leader (lowest slot) runs one ring across hosts, the
