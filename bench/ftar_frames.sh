@@ -16,9 +16,9 @@
 # Shared-memory figures depend on whether the two ranks' cores share a
 # cache; on this project's 2-vCPU VMs that flips from minute to minute (the
 # hypervisor moves the vCPUs). Each run is tagged with the cache-line round
-# trip between CPUs 0 and 1 (bench/core_rtt.c) taken just before it, and
-# the tables are kept apart: "near" below 150 ns (a shared cache), "far"
-# above.
+# trip between CPUs 0 and 1 (bench/core_rtt.c) taken just before it and
+# again after (a run during which the kind changed is left out), and the
+# tables are kept apart: "near" below 150 ns (a shared cache), "far" above.
 #
 #   bench/ftar_frames.sh
 #   BASE=262144 CHUNKS="131072 65536" RANKS="4" SIZES=4M,16M REPEAT=5 bench/ftar_frames.sh
@@ -69,8 +69,10 @@ for r in $(seq "$REPEAT"); do
           [ "$t" = tcp ] && plane=--tcp
           ns=$(rtt)
           # shellcheck disable=SC2086 # args is a list of words
-          "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$size" $plane $args 2>/dev/null | grep '^ftar-bw' |
-            sed "s/^/$t $c ${ns:-0} /" >>"$TMP/out" || true
+          out=$("$BUILD/transom" ftar-bench --ranks "$n" --sizes "$size" $plane $args 2>/dev/null | grep '^ftar-bw' || true)
+          # -1: the cores changed kind during the run (not counted)
+          ns=$(echo "${ns:-0} $(rtt)" | awk '{ print ($1 > 0 && $2 > 0 && ($1 < 150) != ($2 < 150)) ? -1 : $1 + 0 }')
+          [ -n "$out" ] && echo "$out" | sed "s/^/$t $c $ns /" >>"$TMP/out"
         done
       done
     done
@@ -81,12 +83,14 @@ done
 awk -v base="$BASE" -v chunks="$CHUNKS" -v planes="$PLANES" '
   function field(line, key,   i, a, kv, k) { k = split(line, a, " "); for (i = 1; i <= k; i++) { split(a[i], kv, "="); if (kv[1] == key) return kv[2] } return "" }
   function human(b) { if (b >= 1048576) return (b / 1048576) " MiB"; if (b >= 1024) return (b / 1024) " KiB"; return b " B" }
+  $3 < 0 { mixed++; next }
   { t = $1; c = $2; near = $3 == 0 ? "any" : $3 < 150 ? "near" : "far"; n = field($0, "ranks"); b = field($0, "bytes"); v = field($0, "busbw") + 0
     if (t == "tcp") near = "any"
     k = t SUBSEP near; runs[k]++; rtt[k] += $3
     if (v > best[k, n, c, b]) best[k, n, c, b] = v
     if (!((n, b) in seen)) { seen[n, b] = 1; order[++no] = n SUBSEP b } }
   END {
+    if (mixed) printf "\n(not counted: %d runs during which the cores changed kind)\n", mixed
     m = split(chunks, cs, " ")
     np = split(planes, ps, " ")
     for (pi = 1; pi <= np; pi++) for (gi = 1; gi <= 3; gi++) {

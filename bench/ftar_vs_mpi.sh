@@ -18,8 +18,9 @@
 # cores share a cache, and on this project's 2-vCPU VMs that flips from
 # minute to minute (the hypervisor moves the vCPUs). Each run is tagged with
 # the cache-line round trip between CPUs 0 and 1 (bench/core_rtt.c) taken
-# just before it, and the tables are kept apart: "near" below 150 ns (a
-# shared cache), "far" above; ratios compare runs of the same kind.
+# just before it and again after (a run during which the kind changed is
+# left out), and the tables are kept apart: "near" below 150 ns (a shared
+# cache), "far" above; ratios compare runs of the same kind.
 #
 # Placement: where the ranks fit the cores, both bind one per core (each
 # one's default). With more ranks than cores (4 on this 2-core machine),
@@ -60,12 +61,17 @@ trap 'rm -rf "$TMP"' EXIT
 sizes_sp=${SIZES//,/ }
 
 # tagged FILE PATTERN CMD...: CMD's lines that start with PATTERN, each
-# with the cache-line round trip taken just before it (rtt=0: unknown)
+# with the cache-line round trip taken just before it (rtt=0: unknown;
+# rtt=-1: the cores changed kind during the run, which no table counts)
+rtt() { "$BUILD/core_rtt" 2>/dev/null | sed -n 's/.*ns=//p' || true; }
 tagged() {
-  local file=$1 pat=$2 ns
+  local file=$1 pat=$2 ns out
   shift 2
-  ns=$("$BUILD/core_rtt" 2>/dev/null | sed -n 's/.*ns=//p' || true)
-  "$@" 2>/dev/null | grep "^$pat" | sed "s/\$/ rtt=${ns:-0}/" >>"$file" || true
+  ns=$(rtt)
+  out=$("$@" 2>/dev/null | grep "^$pat" || true)
+  ns=$(echo "${ns:-0} $(rtt)" | awk '{ print ($1 > 0 && $2 > 0 && ($1 < 150) != ($2 < 150)) ? -1 : $1 + 0 }')
+  [ -n "$out" ] && echo "$out" | sed "s/\$/ rtt=$ns/" >>"$file"
+  return 0
 }
 
 echo "FTAR vs OpenMPI $(mpirun --version 2>/dev/null | head -1 | awk '{print $NF}') MPI_Allreduce | float32 sum | 127.0.0.1 | $(nproc) CPUs | best of $REPEAT interleaved runs"
@@ -95,10 +101,11 @@ for n in $RANKS; do
   awk -v sizes="$SIZES" -v n="$n" -v repeat="$REPEAT" -v placed="$placed" '
     function field(line, key,   i, a, kv, k) { k = split(line, a, " "); for (i = 1; i <= k; i++) { split(a[i], kv, "="); if (kv[1] == key) return kv[2] } return "" }
     function human(b) { if (b >= 1048576) return (b / 1048576) " MiB"; if (b >= 1024) return (b / 1024) " KiB"; return b " B" }
+    BEGIN { split(sizes, s0, ","); first = bytes(s0[1]) }
+    function bytes(x,   mul) { mul = 1; if (x ~ /[Kk]$/) mul = 1024; else if (x ~ /[Mm]$/) mul = 1048576; else if (x ~ /[Gg]$/) mul = 1073741824; sub(/[KkMmGg]$/, "", x); return x * mul }
     FNR == 1 { impl = FILENAME; sub(/.*\//, "", impl); sub(/\..*/, "", impl) }
-    { r = field($0, "rtt") + 0; g = r == 0 ? "any" : r < 150 ? "near" : "far"
-      if (FNR == 1 || field($0, "bytes") == first[FILENAME]) { runs[g, impl]++; rtt[g] += r; nr[g]++ }
-      if (FNR == 1) first[FILENAME] = field($0, "bytes")
+    { r = field($0, "rtt") + 0; if (r < 0) { mixed[impl]++; next }; g = r == 0 ? "any" : r < 150 ? "near" : "far"
+      if (field($0, "bytes") == first) { runs[g, impl]++; rtt[g] += r; nr[g]++ } # a run: its first size
       b = field($0, "bytes"); v = field($0, "busbw") + 0; if (v > best[g, impl, b]) best[g, impl, b] = v; has[g] = 1 }
     END {
       m = split(sizes, s, ",")
@@ -107,11 +114,10 @@ for n in $RANKS; do
         if (!has[g]) continue
         printf "\n%d ranks (busbw GB/s, best of up to %d; placement: %s)", n, repeat, placed
         if (g != "any") printf "\n  cores %s: runs with a cache-line round trip %s 150 ns (mean %.0f ns): FTAR-shm %d, MPI-shm %d", g == "near" ? "sharing a cache" : "sharing no cache", g == "near" ? "below" : "above", rtt[g] / nr[g], runs[g, "fshm"], runs[g, "shm"]
+        if (mixed["fshm"] + mixed["shm"] > 0) printf "\n  (not counted: runs during which the cores changed kind: FTAR-shm %d, MPI-shm %d lines)", mixed["fshm"], mixed["shm"]
         printf "\n%10s %9s %9s %13s %9s %9s %13s\n", "size", "FTAR-TCP", "MPI-TCP", "FTAR/MPI TCP", "FTAR-shm", "MPI-shm", "FTAR/MPI shm"
         for (i = 1; i <= m; i++) {
-          x = s[i]; mul = 1
-          if (x ~ /[Kk]$/) mul = 1024; else if (x ~ /[Mm]$/) mul = 1048576; else if (x ~ /[Gg]$/) mul = 1073741824
-          sub(/[KkMmGg]$/, "", x); b = x * mul
+          b = bytes(s[i])
           f = best[g, "ftcp", b]; t = best[g, "tcp", b]; e = best[g, "fshm", b]; h = best[g, "shm", b]; k = best[g, "fring", b]
           printf "%10s %9s %9s %13s %9s %9s %13s", human(b), (f > 0 ? sprintf("%.3f", f) : "-"), (t > 0 ? sprintf("%.3f", t) : "-"), (f > 0 && t > 0 ? sprintf("%.2fx", f / t) : "-"), (e > 0 ? sprintf("%.3f", e) : "-"), (h > 0 ? sprintf("%.3f", h) : "-"), (e > 0 && h > 0 ? sprintf("%.2fx", e / h) : "-")
           if (k > 0 && f > 0) printf "   TCP grid/flat ring %.2fx", f / k

@@ -86,13 +86,16 @@ typedef struct {
   uint8_t pad4[60];
   _Atomic uint64_t read_rate[2]; /* consumer: its reduce pass's rate over bytes stored cached [0] /
                                     non-temporally [1], bytes/s as a double's bits (0: none yet) */
-  uint8_t pad5[48];
+  _Atomic uint64_t read_count[2]; /* consumer: reads that went into read_rate */
+  uint8_t pad5[32];
   _Atomic uint8_t tag[SHM_TAGS]; /* producer: how each block of the ring was stored last (ftar_shm.c) */
 } shm_hdr;
 _Static_assert(sizeof(shm_hdr) <= SHM_DATA, "the ring's header fits its page");
 
-typedef struct { /* ftar_shm.c: timings not counted (warm-up, settling after a change of kind) */
-  int warm, kind, run;
+typedef struct { /* ftar_shm.c: timed pieces gathered into samples, and which samples count */
+  size_t bytes[2];  /* per kind of stores: of the sample being gathered */
+  double sec[2];
+  int warm, kind, run; /* samples so far (up to STORE_WARM); the last one's kind, samples since it changed */
 } store_clock;
 
 typedef struct {
@@ -107,9 +110,13 @@ typedef struct {
   int stores;        /* producer: ftar_member_opts.shm_stream: -1 learn, 0 cached, 1 non-temporal */
   int stream;        /* producer: the kind kept (1 non-temporal) */
   int trial;         /* producer: copies of the other kind still to try */
+  int judging;       /* producer: a trial's copies are done; its verdict waits for the consumer's reads */
+  uint64_t judge_at; /* producer: ... until read_count[the trial's kind] reaches this */
+  int patience;      /* producer: ... or for this many more copies */
   double next_trial; /* producer: tr_now() of the next trial */
   double rate[2];    /* producer: copy rate, bytes/s, with cached [0] / non-temporal [1] stores */
   double rread[2];   /* consumer: its reduce pass's rates, published in h->read_rate */
+  uint64_t nread[2]; /* consumer: ... and how many reads went into them (h->read_count) */
   store_clock clock; /* either: which timings count */
 } shm_link;
 

@@ -115,24 +115,28 @@ int ftar_shm_attach(ftar_links *L, const uint8_t *pay) {
  * cores share an L3 the non-temporal stores lose: the consumer then reads
  * memory instead of the L3 (FTAR 2 ranks, 1-4 MiB: 6.7 against 12 GB/s).
  *
- * So, by default, the producer times its copies of STORE_SAMPLE bytes or
- * more, the consumer its reduce pass over them (the ring's blocks are
- * tagged with how they were stored, and it publishes a rate per kind in
- * the ring's header), and the producer keeps the kind that costs the two
- * of them less per byte (the other only if it costs STORE_MARGIN of it or
- * less; with the consumer's rates once it has published both). The other
- * kind is tried in trials: STORE_TRIAL consecutive copies (of at most
- * STORE_TRIAL_MAX bytes each) every STORE_TRIAL_EVERY seconds, as the
- * cores' placement can change under a running job; the consumer's rates
- * for them come a little later, and the choice follows. Neither side counts the first STORE_SETTLE copies or reads
- * after the kind changed (a lone frame of the other kind measured 5-10x
- * slower than a run of them: its lines meet the wrong caches), nor its
- * first STORE_WARM (they fault pages in). A trial of the worse kind costs
- * about 0.5 ms (1.5 MiB at 2.4 GB/s against 28), 0.2% of the time between
- * trials. Figures: bench/ftar_frames.sh KNOB=shm-stores. */
-#define STORE_SAMPLE ((size_t)16 << 10)
+ * So, by default, the producer times its copies into the ring and the
+ * consumer its reduce pass over them (pieces of STORE_PIECE bytes or more,
+ * gathered in samples of STORE_SAMPLE; the ring's blocks are tagged with
+ * how they were stored, and the consumer publishes a rate per kind in the
+ * ring's header), and the producer keeps the kind that costs the two of
+ * them less per byte (with the consumer's rates once it has published
+ * both; the other kind only if it costs STORE_MARGIN of it or less). The
+ * other kind is tried in trials of STORE_TRIAL samples (copies of at most
+ * STORE_TRIAL_MAX bytes) every STORE_TRIAL_EVERY seconds, as the cores can
+ * move under a running job; the choice is made once the consumer has read
+ * the trial, never between trials, so a fresh figure is never weighed
+ * against a stale one from another workload. Neither side counts the
+ * first STORE_SETTLE samples after the kind changed (a lone frame of the
+ * other kind measured 5-10x slower than a run of them: its lines meet the
+ * wrong caches) nor its first STORE_WARM (they fault pages in). A trial of
+ * the worse kind costs about 0.5 ms (1.5 MiB at 2.4 GB/s against 28),
+ * 0.2% of the time between trials. Figures: bench/ftar_frames.sh
+ * KNOB=shm-stores. */
+#define STORE_PIECE ((size_t)4 << 10)   /* copies and reads timed: this big or more */
+#define STORE_SAMPLE ((size_t)16 << 10) /* a sample: timed pieces of one kind, this many bytes */
 #define STORE_TRIAL_MAX ((size_t)128 << 10)
-#define STORE_TRIAL 12
+#define STORE_TRIAL 12 /* samples */
 #define STORE_TRIAL_EVERY 0.25
 #define STORE_SETTLE 3
 #define STORE_WARM 8
@@ -170,9 +174,18 @@ static size_t ring_copy(uint8_t *d, const uint8_t *s, size_t n, int stream) {
 
 static double ewma(double old, double r) { return old > 0 ? 0.5 * old + 0.5 * r : r; }
 
-/* Counts a timed copy or read of this kind; 1 if its time is to be
- * learned (not warming up, not settling after a change of kind). */
-static int stores_count(store_clock *c, int kind) {
+/* Adds a timed piece of this kind. The rate of the sample it completes,
+ * if that sample counts (not warming up, not settling after a change of
+ * kind), else 0. *done set when it completed one. */
+static double stores_sample(store_clock *c, int kind, size_t n, double sec, int *done) {
+  *done = 0;
+  c->bytes[kind] += n;
+  c->sec[kind] += sec;
+  if (c->bytes[kind] < STORE_SAMPLE) return 0;
+  double r = c->sec[kind] > 0 ? (double)c->bytes[kind] / c->sec[kind] : 0;
+  c->bytes[kind] = 0;
+  c->sec[kind] = 0;
+  *done = 1;
   if (c->warm < STORE_WARM) {
     c->warm++;
     return 0;
@@ -181,7 +194,7 @@ static int stores_count(store_clock *c, int kind) {
     c->kind = kind;
     c->run = 0;
   }
-  return ++c->run > STORE_SETTLE;
+  return ++c->run > STORE_SETTLE ? r : 0;
 }
 
 /* The kind of stores (1 non-temporal) for a copy of up to *space bytes (a
@@ -189,11 +202,12 @@ static int stores_count(store_clock *c, int kind) {
  * 0. */
 static int stores_pick(shm_link *S, size_t *space, double *t0) {
   *t0 = 0;
-  if (S->stores >= 0 || *space < STORE_SAMPLE) return S->stream;
+  if (S->stores >= 0 || *space < STORE_PIECE) return S->stream;
   *t0 = tr_now();
-  if (S->trial == 0 && S->rate[S->stream] > 0 && *t0 >= S->next_trial) {
+  if (S->trial == 0 && !S->judging && S->rate[S->stream] > 0 && *t0 >= S->next_trial) {
     S->trial = STORE_TRIAL;
     S->next_trial = *t0 + STORE_TRIAL_EVERY;
+    S->judge_at = atomic_load_explicit(&S->h->read_count[!S->stream], memory_order_relaxed) + STORE_TRIAL / 2;
   }
   if (S->trial == 0) return S->stream;
   if (*space > STORE_TRIAL_MAX) *space = STORE_TRIAL_MAX;
@@ -216,19 +230,31 @@ static double store_cost(const shm_link *S, int kind, int with_reader) {
   return 1.0 / S->rate[kind] + (with_reader ? 1.0 / read_rate(S, kind) : 0);
 }
 
-/* Records a timed copy; outside a trial, keeps the cheaper kind (the
- * other one by a margin: no flapping between two about equal). */
+/* Records a timed copy. After a trial, once the consumer has read enough
+ * of it (or after STORE_TRIAL more copies), keeps the cheaper kind (the
+ * other only by a margin: no flapping between two about equal): both
+ * measured within the last few copies, so a change of workload (bigger
+ * buffers, another path through the ring) never weighs a fresh figure
+ * against a stale one. */
 static void stores_learn(shm_link *S, int kind, size_t bytes, double t0) {
-  if (t0 == 0 || bytes < STORE_SAMPLE) return;
-  double dt = tr_now() - t0;
-  if (dt > 0 && stores_count(&S->clock, kind)) S->rate[kind] = ewma(S->rate[kind], (double)bytes / dt);
+  if (t0 == 0 || bytes < STORE_PIECE) return;
+  int done;
+  double r = stores_sample(&S->clock, kind, bytes, tr_now() - t0, &done);
+  if (r > 0) S->rate[kind] = ewma(S->rate[kind], r);
   if (kind != S->stream) {
-    if (S->trial > 0) S->trial--;
+    if (done && S->trial > 0 && --S->trial == 0) {
+      S->judging = 1;
+      S->patience = STORE_TRIAL;
+    }
     return;
   }
+  if (!S->judging || !done) return;
+  int other = !kind;
+  if (atomic_load_explicit(&S->h->read_count[other], memory_order_relaxed) < S->judge_at && --S->patience > 0) return;
+  S->judging = 0;
   if (S->rate[0] > 0 && S->rate[1] > 0) {
     int reader = read_rate(S, 0) > 0 && read_rate(S, 1) > 0;
-    if (store_cost(S, !kind, reader) < STORE_MARGIN * store_cost(S, kind, reader)) S->stream = !kind;
+    if (store_cost(S, other, reader) < STORE_MARGIN * store_cost(S, kind, reader)) S->stream = other;
   }
 }
 
@@ -253,17 +279,19 @@ static void stores_tag(shm_link *S, uint64_t pos, size_t n, int kind) {
  * stores (the blocks' tags; skipped where they differ) for the producer. */
 void ftar_shm_read_took(ftar_links *L, size_t n, double sec) {
   shm_link *S = &L->up_shm;
-  if (n < STORE_SAMPLE / 2 || !(sec > 0)) return;
+  if (n < STORE_PIECE || !(sec > 0)) return;
   unsigned sh = tag_shift(S->size);
   uint64_t nb = S->size >> sh;
-  int kind = atomic_load_explicit(&S->h->tag[(S->pos >> sh) & (nb - 1)], memory_order_relaxed);
+  int kind = atomic_load_explicit(&S->h->tag[(S->pos >> sh) & (nb - 1)], memory_order_relaxed), done;
   if (kind > 1 || atomic_load_explicit(&S->h->tag[((S->pos + n - 1) >> sh) & (nb - 1)], memory_order_relaxed) != kind)
     return;
-  if (!stores_count(&S->clock, kind)) return;
-  S->rread[kind] = ewma(S->rread[kind], (double)n / sec);
+  double r = stores_sample(&S->clock, kind, n, sec, &done);
+  if (r == 0) return;
+  S->rread[kind] = ewma(S->rread[kind], r);
   uint64_t bits;
   memcpy(&bits, &S->rread[kind], sizeof bits);
   atomic_store_explicit(&S->h->read_rate[kind], bits, memory_order_relaxed);
+  atomic_store_explicit(&S->h->read_count[kind], ++S->nread[kind], memory_order_release);
 }
 
 static void doorbell(int fd) {
