@@ -129,7 +129,10 @@ int ftar_shm_attach(ftar_links *L, const uint8_t *pay) {
  * against a stale one from another workload. Neither side counts the
  * first STORE_SETTLE samples after the kind changed (a lone frame of the
  * other kind measured 5-10x slower than a run of them: its lines meet the
- * wrong caches) nor its first STORE_WARM (they fault pages in). A trial of
+ * wrong caches) nor its first STORE_WARM nor any in the ring's first lap
+ * (they fault pages in, and plain stores into lines the consumer never
+ * held ran at 20-30 GB/s where they later ran at 2.4: judged on those, a
+ * link kept plain stores in 3 of 10 runs where the cores share no cache). A trial of
  * the worse kind costs about 0.5 ms (1.5 MiB at 2.4 GB/s against 28),
  * 0.2% of the time between trials. Figures: bench/ftar_frames.sh
  * KNOB=shm-stores. */
@@ -174,10 +177,11 @@ static size_t ring_copy(uint8_t *d, const uint8_t *s, size_t n, int stream) {
 
 static double ewma(double old, double r) { return old > 0 ? 0.5 * old + 0.5 * r : r; }
 
-/* Adds a timed piece of this kind. The rate of the sample it completes,
- * if that sample counts (not warming up, not settling after a change of
- * kind), else 0. *done set when it completed one. */
-static double stores_sample(store_clock *c, int kind, size_t n, double sec, int *done) {
+/* Adds a timed piece of this kind, at ring position pos (bytes since the
+ * ring was made). The rate of the sample it completes, if that sample
+ * counts (not warming up, not settling after a change of kind), else 0.
+ * *done set when it completed one. */
+static double stores_sample(store_clock *c, uint64_t pos, uint32_t size, int kind, size_t n, double sec, int *done) {
   *done = 0;
   c->bytes[kind] += n;
   c->sec[kind] += sec;
@@ -186,8 +190,8 @@ static double stores_sample(store_clock *c, int kind, size_t n, double sec, int 
   c->bytes[kind] = 0;
   c->sec[kind] = 0;
   *done = 1;
-  if (c->warm < STORE_WARM) {
-    c->warm++;
+  if (c->warm < STORE_WARM || pos < size) { /* the ring's first lap: lines the other side never held */
+    if (c->warm < STORE_WARM) c->warm++;
     return 0;
   }
   if (kind != c->kind) {
@@ -239,7 +243,7 @@ static double store_cost(const shm_link *S, int kind, int with_reader) {
 static void stores_learn(shm_link *S, int kind, size_t bytes, double t0) {
   if (t0 == 0 || bytes < STORE_PIECE) return;
   int done;
-  double r = stores_sample(&S->clock, kind, bytes, tr_now() - t0, &done);
+  double r = stores_sample(&S->clock, S->pos, S->size, kind, bytes, tr_now() - t0, &done);
   if (r > 0) S->rate[kind] = ewma(S->rate[kind], r);
   if (kind != S->stream) {
     if (done && S->trial > 0 && --S->trial == 0) {
@@ -285,7 +289,7 @@ void ftar_shm_read_took(ftar_links *L, size_t n, double sec) {
   int kind = atomic_load_explicit(&S->h->tag[(S->pos >> sh) & (nb - 1)], memory_order_relaxed), done;
   if (kind > 1 || atomic_load_explicit(&S->h->tag[((S->pos + n - 1) >> sh) & (nb - 1)], memory_order_relaxed) != kind)
     return;
-  double r = stores_sample(&S->clock, kind, n, sec, &done);
+  double r = stores_sample(&S->clock, S->pos, S->size, kind, n, sec, &done);
   if (r == 0) return;
   S->rread[kind] = ewma(S->rread[kind], r);
   uint64_t bits;
