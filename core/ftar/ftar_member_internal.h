@@ -112,7 +112,8 @@ typedef struct {
   int trial;         /* producer: copies of the other kind still to try */
   int judging;       /* producer: a trial's copies are done; its verdict waits for the consumer's reads */
   uint64_t judge_at; /* producer: ... until read_count[the trial's kind] reaches this */
-  int patience;      /* producer: ... or for this many more copies */
+  int patience;      /* producer: ... or for this many more samples */
+  int blind;         /* producer: copies the first trial waited for the consumer's first rate */
   double next_trial; /* producer: tr_now() of the next trial */
   double rate[2];    /* producer: copy rate, bytes/s, with cached [0] / non-temporal [1] stores */
   double rread[2];   /* consumer: its reduce pass's rates, published in h->read_rate */

@@ -120,8 +120,13 @@ int ftar_shm_attach(ftar_links *L, const uint8_t *pay) {
  * gathered in samples of STORE_SAMPLE; the ring's blocks are tagged with
  * how they were stored, and the consumer publishes a rate per kind in the
  * ring's header), and the producer keeps the kind that costs the two of
- * them less per byte (with the consumer's rates once it has published
- * both; the other kind only if it costs STORE_MARGIN of it or less). The
+ * them less per byte (the other kind only if it costs STORE_MARGIN of it
+ * or less). Without the consumer's rates (it has not published both, or
+ * never reduces on this link) the producer's own copies decide, and only
+ * by a wide margin, STORE_MARGIN_BLIND: they are not what shows a shared
+ * cache (plain stores there ran at 10-45 GB/s against 25-30 non-temporal,
+ * and the consumer paid for the latter; with no shared cache 2.4 against
+ * 28). The
  * other kind is tried in trials of STORE_TRIAL samples (copies of at most
  * STORE_TRIAL_MAX bytes) every STORE_TRIAL_EVERY seconds, as the cores can
  * move under a running job; the choice is made once the consumer has read
@@ -144,6 +149,8 @@ int ftar_shm_attach(ftar_links *L, const uint8_t *pay) {
 #define STORE_SETTLE 3
 #define STORE_WARM 8
 #define STORE_MARGIN 0.9
+#define STORE_MARGIN_BLIND 0.33 /* without the consumer's rates (they are what shows a shared cache) */
+#define STORE_BLIND 48          /* copies a first trial waits for the consumer's rates */
 
 #if defined(__x86_64__)
 static void copy_stream(uint8_t *d, const uint8_t *s, size_t n) {
@@ -201,6 +208,13 @@ static double stores_sample(store_clock *c, uint64_t pos, uint32_t size, int kin
   return ++c->run > STORE_SETTLE ? r : 0;
 }
 
+/* A trial waits until the consumer has a rate for the kind in use (or
+ * for STORE_BLIND copies: a link whose consumer never reduces). */
+static int reader_ready(shm_link *S) {
+  if (atomic_load_explicit(&S->h->read_count[S->stream], memory_order_relaxed) > 0) return 1;
+  return ++S->blind > STORE_BLIND;
+}
+
 /* The kind of stores (1 non-temporal) for a copy of up to *space bytes (a
  * trial copy caps *space); *t0 = tr_now() if the copy is to be timed, else
  * 0. */
@@ -208,7 +222,7 @@ static int stores_pick(shm_link *S, size_t *space, double *t0) {
   *t0 = 0;
   if (S->stores >= 0 || *space < STORE_PIECE) return S->stream;
   *t0 = tr_now();
-  if (S->trial == 0 && !S->judging && S->rate[S->stream] > 0 && *t0 >= S->next_trial) {
+  if (S->trial == 0 && !S->judging && S->rate[S->stream] > 0 && *t0 >= S->next_trial && reader_ready(S)) {
     S->trial = STORE_TRIAL;
     S->next_trial = *t0 + STORE_TRIAL_EVERY;
     S->judge_at = atomic_load_explicit(&S->h->read_count[!S->stream], memory_order_relaxed) + STORE_TRIAL / 2;
@@ -258,7 +272,8 @@ static void stores_learn(shm_link *S, int kind, size_t bytes, double t0) {
   S->judging = 0;
   if (S->rate[0] > 0 && S->rate[1] > 0) {
     int reader = read_rate(S, 0) > 0 && read_rate(S, 1) > 0;
-    if (store_cost(S, other, reader) < STORE_MARGIN * store_cost(S, kind, reader)) S->stream = other;
+    double margin = reader ? STORE_MARGIN : STORE_MARGIN_BLIND;
+    if (store_cost(S, other, reader) < margin * store_cost(S, kind, reader)) S->stream = other;
   }
 }
 
