@@ -124,20 +124,22 @@ int ftar_shm_attach(ftar_links *L, const uint8_t *pay) {
  * or less). Without the consumer's rates (it has not published both, or
  * never reduces on this link) the producer's own copies decide, and only
  * by a wide margin, STORE_MARGIN_BLIND: they are not what shows a shared
- * cache (plain stores there ran at 10-45 GB/s against 25-30 non-temporal,
+ * cache (there plain stores ran at 10-45 GB/s against 25-30 non-temporal,
  * and the consumer paid for the latter; with no shared cache 2.4 against
- * 28). The
- * other kind is tried in trials of STORE_TRIAL samples (copies of at most
- * STORE_TRIAL_MAX bytes) every STORE_TRIAL_EVERY seconds, as the cores can
- * move under a running job; the choice is made once the consumer has read
- * the trial, never between trials, so a fresh figure is never weighed
- * against a stale one from another workload. Neither side counts the
- * first STORE_SETTLE samples after the kind changed (a lone frame of the
- * other kind measured 5-10x slower than a run of them: its lines meet the
- * wrong caches) nor its first STORE_WARM nor any in the ring's first lap
- * (they fault pages in, and plain stores into lines the consumer never
- * held ran at 20-30 GB/s where they later ran at 2.4: judged on those, a
- * link kept plain stores in 3 of 10 runs where the cores share no cache). A trial of
+ * 28).
+ *
+ * The other kind is tried in trials of STORE_TRIAL samples (copies of at
+ * most STORE_TRIAL_MAX bytes) every STORE_TRIAL_EVERY seconds, as the
+ * cores can move under a running job; the first waits for the consumer's
+ * first rate. The choice is made once the consumer has read the trial,
+ * never between trials, so a fresh figure is never weighed against a
+ * stale one from another workload. Neither side counts the first
+ * STORE_SETTLE samples after the kind changed (a lone frame of the other
+ * kind measured 5-10x slower than a run of them: its lines meet the wrong
+ * caches), its first STORE_WARM, nor any in the ring's first lap (pages
+ * fault in, and plain stores into lines the consumer never held ran at
+ * 20-30 GB/s where they later ran at 2.4: judged on those, a link kept
+ * plain stores in 3 of 10 runs where the cores share no cache). A trial of
  * the worse kind costs about 0.5 ms (1.5 MiB at 2.4 GB/s against 28),
  * 0.2% of the time between trials. Figures: bench/ftar_frames.sh
  * KNOB=shm-stores. */
@@ -249,7 +251,7 @@ static double store_cost(const shm_link *S, int kind, int with_reader) {
 }
 
 /* Records a timed copy. After a trial, once the consumer has read enough
- * of it (or after STORE_TRIAL more copies), keeps the cheaper kind (the
+ * of it (or after STORE_TRIAL more samples), keeps the cheaper kind (the
  * other only by a margin: no flapping between two about equal): both
  * measured within the last few copies, so a change of workload (bigger
  * buffers, another path through the ring) never weighs a fresh figure
