@@ -71,6 +71,7 @@ enum { DOWN_NONE = 0, DOWN_CONNECTING, DOWN_AUTH, DOWN_HELLO, DOWN_ACK, DOWN_REA
 #define SHM_RING_MAX (64u << 20)
 #define SHM_DATA 4096
 #define SHM_TAGS 1024 /* blocks of max(16 KiB, ring / 1024) */
+#define SHM_TIMED 4096 /* copies into the ring and reduces out of it are timed from this many bytes */
 #define SHM_MAGIC 0x4d485346u /* "FSHM" */
 typedef struct {
   uint32_t magic, size;
@@ -109,7 +110,7 @@ typedef struct {
   /* how frames are stored into the ring (ftar_shm.c) */
   int stores;        /* producer: ftar_member_opts.shm_stream: -1 learn, 0 cached, 1 non-temporal */
   int stream;        /* producer: the kind kept (1 non-temporal) */
-  int trial;         /* producer: copies of the other kind still to try */
+  int trial;         /* producer: samples of the other kind still to try */
   int judging;       /* producer: a trial's copies are done; its verdict waits for the consumer's reads */
   uint64_t judge_at; /* producer: ... until read_count[the trial's kind] reaches this */
   int patience;      /* producer: ... or for this many more samples */

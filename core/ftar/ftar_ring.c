@@ -770,9 +770,9 @@ static int recv_payload_shm(ring *g, undo_log *u) {
   }
   if (rx_reducing(g)) { /* timed for the sender's choice of stores (ftar_shm.c) */
     size_t f0 = off + g->r_got / 4;
-    double t0 = tr_now();
+    double t0 = k >= SHM_TIMED ? tr_now() : 0;
     g->r_crc = reduce_crc(g->r_crc, g->buf + f0, g->save ? g->save + f0 : NULL, (const float *)(const void *)src, k / 4);
-    ftar_shm_read_took(g->L, k, tr_now() - t0);
+    if (t0 > 0) ftar_shm_read_took(g->L, k, tr_now() - t0);
     *undo_at(u, g->rb, c) += k / 4;
   } else {
     g->r_crc = tr_crc32c_copy(g->r_crc, g->r_dst + g->r_got, src, k);

@@ -143,7 +143,7 @@ int ftar_shm_attach(ftar_links *L, const uint8_t *pay) {
  * the worse kind costs about 0.5 ms (1.5 MiB at 2.4 GB/s against 28),
  * 0.2% of the time between trials. Figures: bench/ftar_frames.sh
  * KNOB=shm-stores. */
-#define STORE_PIECE ((size_t)4 << 10)   /* copies and reads timed: this big or more */
+#define STORE_PIECE ((size_t)SHM_TIMED) /* copies and reads timed: this big or more */
 #define STORE_SAMPLE ((size_t)16 << 10) /* a sample: timed pieces of one kind, this many bytes */
 #define STORE_TRIAL_MAX ((size_t)128 << 10)
 #define STORE_TRIAL 12 /* samples */
