@@ -105,6 +105,19 @@ local function wait_step(run, n)
   return false
 end
 
+-- A 2-replica job in tmp/NAME, `steps` long at `step_ms` a step, its
+-- operator stopped (SIGSTOP) once a worker is at step 20. Returns the
+-- run directory, the operator's pid and exit-status function, and the size
+-- of events.jsonl at the stop; its output goes to tmp/NAME.log.
+local function stopped_operator(name, steps, step_ms)
+  local run, log = tmp .. "/" .. name, tmp .. "/" .. name .. ".log"
+  local op, op_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=" .. step_ms .. " " .. job(run, "--replicas 2 --set max_steps=" ..
+    steps .. " --set log_interval=600"), log)
+  assert.is_true(wait_step(run, 20), read(log))
+  os.execute("kill -STOP " .. op)
+  return run, op, op_rc, #events(run)
+end
+
 local function survivors_never_go_back(run, killed)
   for w, steps in pairs(steps_by_worker(run)) do
     if not killed[w] then
@@ -724,12 +737,8 @@ describe("operator (3 replicas)", function()
   -- replacements: two operators, two timelines in one run directory.)
   it("an operator stopped while a --resume took over stands down when it runs again", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
-    local run, steps = tmp .. "/superseded", 600
-    local old, old_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=20 " .. job(run, "--replicas 2 --set max_steps=" .. steps ..
-      " --set log_interval=600"), tmp .. "/superseded.log")
-    assert.is_true(wait_step(run, 20), read(tmp .. "/superseded.log"))
-    os.execute("kill -STOP " .. old)
-    local before = #events(run)
+    local steps = 600
+    local run, old, old_rc, before = stopped_operator("superseded", steps, 20)
     local _, new_rc = spawn_rc(BIN .. " run --resume " .. run, tmp .. "/superseded2.log")
     assert.is_truthy(S.wait_for(function() return events(run):find("2 of 2 replicas adopted live", before + 1, true) end,
       T(60)), (read(tmp .. "/superseded2.log") or "") .. events(run):sub(before + 1))
@@ -832,12 +841,9 @@ describe("operator (3 replicas)", function()
   -- it once it was continued: two timelines in one run directory.)
   it("a lone --resume while the operator is stopped is refused: nothing would make it stand down", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
-    local run, steps = tmp .. "/stopped_lone", 300
-    local old, old_rc = spawn_rc("env TRANSOM_TEST_STEP_MS=10 " .. job(run, "--replicas 2 --set max_steps=" .. steps ..
-      " --set log_interval=600"), tmp .. "/stopped_lone.log")
-    assert.is_true(wait_step(run, 20), read(tmp .. "/stopped_lone.log"))
-    os.execute("kill -STOP " .. old)
-    local before, job1 = #events(run), read(run .. "/job.lua")
+    local steps = 300
+    local run, old, old_rc, before = stopped_operator("stopped_lone", steps, 10)
+    local job1 = read(run .. "/job.lua")
     local _, rc_of = spawn_rc(BIN .. " run --resume " .. run .. " --replicas 1", tmp .. "/stopped_lone2.log")
     local rc = S.wait_rc(rc_of, T(60))
     os.execute("kill -CONT " .. old)
