@@ -13,6 +13,12 @@
 #   shm-stores  how the sender stores into its ring (opts.shm_stream):
 #               "stream" (non-temporal) and "auto" (the default: the faster
 #               of the two, timed as it goes) against "cached" (plain)
+#   save-stores how a rank saves the input a collective overwrites (read
+#               back only to undo an aborted one; ftar_ring.c): "stream"
+#               (non-temporal) and "auto" (the default: non-temporal once
+#               the machine's ranks hold more than its last-level cache)
+#               against "plain", TCP and shared memory
+#               (TRANSOM_FTAR_SAVE_NT=1 / unset / 0)
 # Shared-memory figures depend on whether the two ranks' cores share a
 # cache; on this project's 2-vCPU VMs that flips from minute to minute (the
 # hypervisor moves the vCPUs). Each run is tagged with the cache-line round
@@ -24,6 +30,7 @@
 #   BASE=262144 CHUNKS="131072 65536" RANKS="4" SIZES=4M,16M REPEAT=5 bench/ftar_frames.sh
 #   KNOB=shm-stores RANKS=2 bench/ftar_frames.sh
 #   KNOB=shm-ring BASE=4194304 CHUNKS="1048576 2097152" bench/ftar_frames.sh
+#   KNOB=save-stores RANKS=2 SIZES=1M,4M,16M,64M bench/ftar_frames.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +43,8 @@ case "$KNOB" in
   chunk) BASE=${BASE:-262144} CHUNKS=${CHUNKS:-131072} PLANES="tcp shm" ;;
   shm-ring) BASE=${BASE:-4194304} CHUNKS=${CHUNKS:-1048576} PLANES="shm" ;;
   shm-stores) BASE=${BASE:-cached} CHUNKS=${CHUNKS:-"stream auto"} PLANES="shm" ;;
-  *) echo "ftar_frames.sh: KNOB must be chunk, shm-ring or shm-stores, not '$KNOB'" >&2; exit 2 ;;
+  save-stores) BASE=${BASE:-plain} CHUNKS=${CHUNKS:-"stream auto"} PLANES="tcp shm" ;;
+  *) echo "ftar_frames.sh: KNOB must be chunk, shm-ring, shm-stores or save-stores, not '$KNOB'" >&2; exit 2 ;;
 esac
 if [ ! -x "$BUILD/transom" ]; then
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -55,6 +63,14 @@ knob_args() {
     shm-stores) echo "--shm-stores $1" ;;
   esac
 }
+# ... and the environment (save-stores: ftar_ring.c reads it)
+knob_env() {
+  case "$KNOB:$1" in
+    save-stores:plain) echo "TRANSOM_FTAR_SAVE_NT=0" ;;
+    save-stores:stream) echo "TRANSOM_FTAR_SAVE_NT=1" ;;
+    *) echo "TRANSOM_FTAR_SAVE_NT=" ;;
+  esac
+}
 
 echo "FTAR $KNOB | float32 sum | $(nproc) CPUs | baseline $BASE | best of $REPEAT interleaved runs"
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -64,12 +80,13 @@ for r in $(seq "$REPEAT"); do
     for size in ${SIZES//,/ }; do
       for c in $BASE $CHUNKS; do
         args=$(knob_args "$c")
+        kenv=$(knob_env "$c")
         for t in $PLANES; do
           plane=""
           [ "$t" = tcp ] && plane=--tcp
           ns=$(rtt)
           # shellcheck disable=SC2086 # args is a list of words
-          out=$("$BUILD/transom" ftar-bench --ranks "$n" --sizes "$size" $plane $args 2>/dev/null | grep '^ftar-bw' || true)
+          out=$(env "$kenv" "$BUILD/transom" ftar-bench --ranks "$n" --sizes "$size" $plane $args 2>/dev/null | grep '^ftar-bw' || true)
           # -1: the cores changed kind during the run (not counted)
           ns=$(echo "${ns:-0} $(rtt)" | awk '{ print ($1 > 0 && $2 > 0 && ($1 < 150) != ($2 < 150)) ? -1 : $1 + 0 }')
           [ -n "$out" ] && echo "$out" | sed "s/^/$t $c $ns /" >>"$TMP/out"
@@ -80,12 +97,12 @@ for r in $(seq "$REPEAT"); do
 done
 # a run that printed no ftar-bw line (it failed: ftar-bench's stderr is
 # dropped to keep the table readable) shows as "no run"
-awk -v base="$BASE" -v chunks="$CHUNKS" -v planes="$PLANES" '
+awk -v base="$BASE" -v chunks="$CHUNKS" -v planes="$PLANES" -v knob="$KNOB" '
   function field(line, key,   i, a, kv, k) { k = split(line, a, " "); for (i = 1; i <= k; i++) { split(a[i], kv, "="); if (kv[1] == key) return kv[2] } return "" }
   function human(b) { if (b >= 1048576) return (b / 1048576) " MiB"; if (b >= 1024) return (b / 1024) " KiB"; return b " B" }
   $3 < 0 { mixed++; next }
   { t = $1; c = $2; near = $3 == 0 ? "any" : $3 < 150 ? "near" : "far"; n = field($0, "ranks"); b = field($0, "bytes"); v = field($0, "busbw") + 0
-    if (t == "tcp") near = "any"
+    if (t == "tcp" && knob != "save-stores") near = "any"
     k = t SUBSEP near; runs[k]++; rtt[k] += $3
     if (v > best[k, n, c, b]) best[k, n, c, b] = v
     if (!((n, b) in seen)) { seen[n, b] = 1; order[++no] = n SUBSEP b } }

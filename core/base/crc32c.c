@@ -307,6 +307,18 @@ WIDE_TARGET static uint32_t wide_copy(uint32_t c, uint8_t *d, const uint8_t *s, 
   WIDE_BODY(COPY_STEP);
 }
 #undef COPY_STEP
+/* d 64-byte aligned: the copy by non-temporal stores (the caller fences) */
+#define COPY_STEP(o, v0, v1, v2, v3)                 \
+  do {                                              \
+    _mm512_stream_si512((void *)(d + (o)), v0);       \
+    _mm512_stream_si512((void *)(d + (o) + 64), v1);  \
+    _mm512_stream_si512((void *)(d + (o) + 128), v2); \
+    _mm512_stream_si512((void *)(d + (o) + 192), v3); \
+  } while (0)
+WIDE_TARGET static uint32_t wide_copy_nt(uint32_t c, uint8_t *d, const uint8_t *s, size_t len, size_t *done) {
+  WIDE_BODY(COPY_STEP);
+}
+#undef COPY_STEP
 
 #define RED_ONE(f, v)                                                                \
   do {                                                                              \
@@ -324,6 +336,18 @@ WIDE_TARGET static uint32_t wide_copy(uint32_t c, uint8_t *d, const uint8_t *s, 
   } while (0)
 WIDE_TARGET static uint32_t wide_reduce(uint32_t c, float *dst, float *save, const uint8_t *s, size_t len,
                                         size_t *done) {
+  WIDE_BODY(RED_STEP);
+}
+#undef RED_ONE
+/* save 64-byte aligned: saved by non-temporal stores (the caller fences) */
+#define RED_ONE(f, v)                                                                \
+  do {                                                                              \
+    __m512 t_ = _mm512_loadu_ps(dst + (f));                                         \
+    _mm512_stream_ps(save + (f), t_);                                               \
+    _mm512_storeu_ps(dst + (f), _mm512_add_ps(t_, _mm512_castsi512_ps(v)));         \
+  } while (0)
+WIDE_TARGET static uint32_t wide_reduce_nt(uint32_t c, float *dst, float *save, const uint8_t *s, size_t len,
+                                           size_t *done) {
   WIDE_BODY(RED_STEP);
 }
 #undef RED_STEP
@@ -458,35 +482,56 @@ static void fused_init(void) {
 }
 static pthread_once_t fused_once = PTHREAD_ONCE_INIT;
 
-uint32_t tr_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) {
+/* Bytes up to the next 64-byte boundary of p (at most len). */
+static size_t to_line(const void *p, size_t len) {
+  size_t k = (64 - ((uintptr_t)p & 63)) & 63;
+  return k < len ? k : len;
+}
+
+/* nt: dst by non-temporal stores on the AVX-512 path, from its first
+ * 64-byte boundary (the bytes before it through crc32q). */
+static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, int nt) {
   pthread_once(&crc_once, crc_init);
   pthread_once(&fused_once, fused_init);
 #ifdef CRC_HAVE_X86
   int path = crc_path();
   if (path == 2 && len >= WIDE_MIN) {
-    size_t done;
-    uint32_t c = wide_copy(~crc, dst, src, len, &done);
-    return crc_copy_hw(~c, (uint8_t *)dst + done, (const uint8_t *)src + done, len - done);
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    size_t head = nt ? to_line(d, len) : 0, done;
+    if (head) crc = crc_copy_hw(crc, d, s, head);
+    uint32_t c = nt ? wide_copy_nt(~crc, d + head, s + head, len - head, &done)
+                    : wide_copy(~crc, d + head, s + head, len - head, &done);
+    if (nt) _mm_sfence();
+    done += head;
+    return crc_copy_hw(~c, d + done, s + done, len - done);
   }
   if (path >= 1 && fused_hw) return crc_copy_hw(crc, dst, src, len);
 #endif
+  (void)nt;
   memcpy(dst, src, len);
   return tr_crc32c(crc, src, len);
 }
 
-uint32_t tr_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n) {
+static uint32_t crc_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n, int nt) {
   pthread_once(&crc_once, crc_init);
   pthread_once(&fused_once, fused_init);
 #ifdef CRC_HAVE_X86
   int path = crc_path();
   if (path == 2 && n * sizeof(float) >= WIDE_MIN) {
-    size_t done;
-    uint32_t c = wide_reduce(~crc, dst, save, (const uint8_t *)src, n * sizeof(float), &done);
-    size_t f = done / sizeof(float);
+    size_t head = nt ? to_line(save, n * sizeof(float)) / sizeof(float) : 0, done;
+    if (head) crc = crc_reduce_hw(crc, dst, save, src, head);
+    uint32_t c = nt ? wide_reduce_nt(~crc, dst + head, save + head, (const uint8_t *)(src + head),
+                                     (n - head) * sizeof(float), &done)
+                    : wide_reduce(~crc, dst + head, save + head, (const uint8_t *)(src + head),
+                                  (n - head) * sizeof(float), &done);
+    if (nt) _mm_sfence();
+    size_t f = head + done / sizeof(float);
     return crc_reduce_hw(~c, dst + f, save + f, src + f, n - f);
   }
   if (path >= 1 && fused_hw) return crc_reduce_hw(crc, dst, save, src, n);
 #endif
+  (void)nt;
   crc = tr_crc32c(crc, src, n * sizeof(float));
   for (size_t k = 0; k < n; k++) {
     float t = dst[k];
@@ -494,6 +539,17 @@ uint32_t tr_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *sr
     dst[k] = t + src[k];
   }
   return crc;
+}
+
+uint32_t tr_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) { return crc_copy(crc, dst, src, len, 0); }
+uint32_t tr_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len) {
+  return crc_copy(crc, dst, src, len, 1);
+}
+uint32_t tr_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n) {
+  return crc_reduce(crc, dst, save, src, n, 0);
+}
+uint32_t tr_crc32c_reduce_nt(uint32_t crc, float *dst, float *save, const float *src, size_t n) {
+  return crc_reduce(crc, dst, save, src, n, 1);
 }
 
 static int crc_path(void) {

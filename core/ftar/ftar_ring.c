@@ -152,6 +152,7 @@ typedef struct {
   int no_stall;           /* no "peer stalled" limit (ftar_pass) */
   float div;              /* ftar_pass.div */
   float *save;            /* where overwritten input is saved (NULL: nowhere) */
+  int save_nt;            /* ... by non-temporal stores (a big collective: see SAVE_NT_MIN) */
   int cross;              /* our downstream is on another host */
   float *buf;
   size_t n, Fmax;
@@ -425,7 +426,7 @@ static void prep_data(ring *g, undo_log *u) {
   float *x = g->buf + off;
   uint32_t pcrc;
   if (g->ss == 0 && g->rsteps > 0 && g->save && !g->exch) { /* our own segment, overwritten by the all-gather later: save it */
-    pcrc = tr_crc32c_copy(0, g->save + off, x, len * sizeof(float));
+    pcrc = (g->save_nt ? tr_crc32c_copy_nt : tr_crc32c_copy)(0, g->save + off, x, len * sizeof(float));
     *undo_at(u, g->sb, c) += len;
   } else {
     if (g->ss == g->p - 1 && ((g->op == FTAR_MEAN && g->kind == FTAR_PASS_RING) || g->div != 0)) {
@@ -466,6 +467,66 @@ static void prep_token(ring *g) {
 }
 
 static int same_host(const ftar_member *m, const peer *p) { return strcmp(p->host, m->data_host) == 0; }
+
+/* --- the saved input: plain or non-temporal stores ---
+ * The input a collective overwrites is saved (save: in_copy) and read back
+ * only to undo an aborted attempt. Plain stores keep it in the cache: cheap
+ * while everything fits. Once the machine's ranks hold more per collective
+ * than its last-level cache, the save evicts the data read next and every
+ * save store first reads its line from memory; then non-temporal stores
+ * (tr_crc32c_*_nt). What a rank holds: its buffer and the save, 2n floats;
+ * over TCP the sockets' buffers about as much again (4n). Ranks: this
+ * level's members on this machine (the same advertised host, or both on
+ * loopback). Measured before choosing (2 ranks, busbw non-temporal/plain,
+ * means of 8-10 interleaved runs, cores sharing a cache): TCP 1 MiB 0.87x,
+ * 3 MiB 0.98x, 4 MiB 1.10x-1.16x, 16 MiB 1.11x, 64 MiB 1.06x; shared memory
+ * 4 MiB 0.78x, 6 MiB 1.00x, 8 MiB 1.12x, 16 MiB 1.13x, 64 MiB 1.27x; 4 ranks
+ * on 2 cores, shared memory: 2 MiB 1.05x, 4 MiB 1.24x, 16 MiB 1.27x. The
+ * rule puts the switch at 4 MiB (TCP), 8 MiB (shared memory, 2 ranks) and
+ * 4 MiB (4 ranks) with this machine's 32 MiB. TRANSOM_FTAR_SAVE_NT=0 or 1
+ * forces either (A/B benches). */
+static size_t llc_bytes = 32u << 20; /* when sysfs says nothing */
+static int save_nt_env = -1;
+static pthread_once_t save_nt_once = PTHREAD_ONCE_INIT;
+
+/* The largest cache of cpu0 from sysfs ("32768K"); glibc's sysconf figure
+ * is wrong in some VMs (320 MiB on this one's 32). */
+static void save_nt_read(void) {
+  const char *v = getenv("TRANSOM_FTAR_SAVE_NT");
+  if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)) save_nt_env = v[0] - '0';
+  size_t best = 0;
+  for (int i = 0; i < 8; i++) {
+    char path[96], txt[32] = "";
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    if (fgets(txt, sizeof txt, f)) {
+      char *end;
+      unsigned long long k = strtoull(txt, &end, 10);
+      size_t b = (size_t)k * (*end == 'K' ? 1024u : *end == 'M' ? 1024u * 1024u : 1u);
+      if (b > best) best = b;
+    }
+    fclose(f);
+  }
+  if (best >= ((size_t)1 << 20)) llc_bytes = best;
+}
+
+static int loopback(const char *host) { return strncmp(host, "127.", 4) == 0 || strcmp(host, "localhost") == 0; }
+
+static int save_nt_for(const ftar_member *m, const ftar_links *L, size_t n) {
+  pthread_once(&save_nt_once, save_nt_read);
+  if (save_nt_env >= 0) return save_nt_env;
+  size_t local = 0;
+  int shm = 0;
+  for (int i = 0; i < L->n; i++) {
+    const peer *p = &L->mem[i];
+    int same = same_host(m, p);
+    if (same || (loopback(p->host) && loopback(m->data_host))) local++;
+    if (same && i != L->r && m->o.shm) shm = 1;
+  }
+  size_t held = n * sizeof(float) * (shm ? 2 : 4) * (local ? local : 1);
+  return held >= llc_bytes;
+}
 
 static void prep_connect(ring *g) {
   ftar_member *m = g->m;
@@ -737,8 +798,8 @@ static int recv_header_tcp(ring *g) {
 /* dst += src over n floats, dst's old values saved into save (NULL: not
  * saved); returns the CRC of src continued from crc. The same float adds
  * either way. */
-static uint32_t reduce_crc(uint32_t crc, float *dst, float *save, const float *src, size_t n) {
-  if (save) return tr_crc32c_reduce(crc, dst, save, src, n);
+static uint32_t reduce_crc(const ring *g, uint32_t crc, float *dst, float *save, const float *src, size_t n) {
+  if (save) return (g->save_nt ? tr_crc32c_reduce_nt : tr_crc32c_reduce)(crc, dst, save, src, n);
   crc = tr_crc32c(crc, src, n * sizeof(float));
   for (size_t k = 0; k < n; k++) dst[k] = dst[k] + src[k];
   return crc;
@@ -771,7 +832,7 @@ static int recv_payload_shm(ring *g, undo_log *u) {
   if (rx_reducing(g)) { /* timed for the sender's choice of stores (ftar_shm.c) */
     size_t f0 = off + g->r_got / 4;
     double t0 = k >= SHM_TIMED ? tr_now() : 0;
-    g->r_crc = reduce_crc(g->r_crc, g->buf + f0, g->save ? g->save + f0 : NULL, (const float *)(const void *)src, k / 4);
+    g->r_crc = reduce_crc(g, g->r_crc, g->buf + f0, g->save ? g->save + f0 : NULL, (const float *)(const void *)src, k / 4);
     if (t0 > 0) ftar_shm_read_took(g->L, k, tr_now() - t0);
     *undo_at(u, g->rb, c) += k / 4;
   } else {
@@ -817,7 +878,7 @@ static int finish_frame(ring *g, undo_log *u) {
     pcrc = g->r_crc;
   } else if (rx_reducing(g)) {
     size_t len = g->rh.len / 4;
-    pcrc = reduce_crc(0, g->buf + off, g->save ? g->save + off : NULL, m->stage, len);
+    pcrc = reduce_crc(g, 0, g->buf + off, g->save ? g->save + off : NULL, m->stage, len);
     *undo_at(u, g->rb, c) += len;
   } else {
     pcrc = g->rh.len ? tr_crc32c(0, g->r_dst, g->rh.len) : 0;
@@ -1042,6 +1103,7 @@ static int ring_init(ftar_member *m, ring *g, undo_log *u, const ftar_pass *a, u
   g->no_stall = a->no_stall;
   g->div = a->kind == FTAR_PASS_REDUCE ? a->div : 0;
   g->save = a->save;
+  g->save_nt = save_nt_for(m, L, a->n);
   g->ep = m->run_ep;
   g->seq = seq;
   g->sF = g->rF = bucket_F(g, 0);

@@ -474,11 +474,11 @@ static void slots_expected(char *out, size_t n, const int *slots, int k) {
 /* --- unit: wire format --- */
 
 /* Every CRC path this CPU has (AVX-512 folding, SSE4.2 + AVX2, table), the
- * plain CRC and both fused passes, against the table CRC and a plain copy /
+ * plain CRC and both fused passes (plain and non-temporal stores), against the table CRC and a plain copy /
  * add: lengths around the paths' block sizes, odd offsets, a running value. */
 static void test_crc_paths(const uint8_t *b, size_t big) {
   size_t lens[] = {0, 3, 8, 252, 256, 1020, 1024, 1028, 1280, 1536, 4096, 8191, 65536, 65540, 100000};
-  size_t nmax = 100000 + 64;
+  size_t nmax = 100000 + 128;
   uint8_t *d = malloc(nmax);
   float *dst = malloc(nmax), *ref = malloc(nmax), *save = malloc(nmax);
   int top = tr_crc32c_level(2), mism = 0;
@@ -492,6 +492,9 @@ static void test_crc_paths(const uint8_t *b, size_t big) {
         uint32_t want = tr_crc32c_sw(0x5a5a5a5au, src, len);
         int bad = tr_crc32c(0x5a5a5a5au, src, len) != want;
         bad |= tr_crc32c_copy(0x5a5a5a5au, d + 1 + off % 7, src, len) != want || memcmp(d + 1 + off % 7, src, len) != 0;
+        /* non-temporal: from dst's first 64-byte boundary, so every misalignment */
+        uint8_t *dn = d + (li * 5 + off) % 64;
+        bad |= tr_crc32c_copy_nt(0x5a5a5a5au, dn, src, len) != want || memcmp(dn, src, len) != 0;
         if (off % 4) {
           if (bad && !mism) fprintf(stderr, "  crc32c path %d wrong at len %zu off %zu\n", lv, len, off);
           mism += bad;
@@ -500,13 +503,16 @@ static void test_crc_paths(const uint8_t *b, size_t big) {
         size_t n = len / 4;
         const float *fs = (const float *)(const void *)(b + 8 + off); /* 4-aligned: b is malloc'd */
         uint32_t fwant = tr_crc32c_sw(7, fs, n * 4);
-        for (size_t k = 0; k < n; k++) dst[k] = ref[k] = (float)(k % 97) * 0.25f - 3.0f;
-        bad |= tr_crc32c_reduce(7, dst, save, fs, n) != fwant;
-        for (size_t k = 0; k < n; k++) {
-          float sk;
-          memcpy(&sk, b + 8 + off + 4 * k, 4);
-          float sum = ref[k] + sk;
-          if (memcmp(&dst[k], &sum, 4) != 0 || save[k] != ref[k]) bad = 1;
+        for (int nt = 0; nt < 2; nt++) { /* the non-temporal save at every float misalignment */
+          float *sv = nt ? save + (li + off) % 16 : save;
+          for (size_t k = 0; k < n; k++) dst[k] = ref[k] = (float)(k % 97) * 0.25f - 3.0f;
+          bad |= (nt ? tr_crc32c_reduce_nt : tr_crc32c_reduce)(7, dst, sv, fs, n) != fwant;
+          for (size_t k = 0; k < n; k++) {
+            float sk;
+            memcpy(&sk, b + 8 + off + 4 * k, 4);
+            float sum = ref[k] + sk;
+            if (memcmp(&dst[k], &sum, 4) != 0 || sv[k] != ref[k]) bad = 1;
+          }
         }
         if (bad && !mism) fprintf(stderr, "  crc32c path %d wrong at len %zu off %zu\n", lv, len, off);
         mism += bad;

@@ -18,6 +18,13 @@ uint32_t tr_crc32c_sw(uint32_t crc, const void *buf, size_t len);
  * src's bytes. SSE4.2 + AVX2 when the CPU has them. */
 uint32_t tr_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 uint32_t tr_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *src, size_t n);
+/* The same two with the copy's dst / the reduce's save written by
+ * non-temporal stores where the AVX-512 path runs (plain stores on the
+ * others): for bytes written now and read seldom, which then take no cache
+ * from the data read next (FTAR's saved input, read only to undo an aborted
+ * collective). Same results. */
+uint32_t tr_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len);
+uint32_t tr_crc32c_reduce_nt(uint32_t crc, float *dst, float *save, const float *src, size_t n);
 /* For tests and benches: use at most path `level` (2 AVX-512 + VPCLMULQDQ,
  * 1 SSE4.2 + AVX2, 0 the table); returns the path now used (the CPU may
  * lack the wider ones). Not thread-safe: call while no CRC runs. */
