@@ -493,7 +493,7 @@ static void test_crc_paths(const uint8_t *b, size_t big) {
         int bad = tr_crc32c(0x5a5a5a5au, src, len) != want;
         bad |= tr_crc32c_copy(0x5a5a5a5au, d + 1 + off % 7, src, len) != want || memcmp(d + 1 + off % 7, src, len) != 0;
         /* non-temporal: from dst's first 64-byte boundary, so every misalignment */
-        uint8_t *dn = d + (li * 5 + off) % 64;
+        uint8_t *dn = d + (li + off * 5) % 64; /* all 64 over the lengths (1024 up) that reach it */
         bad |= tr_crc32c_copy_nt(0x5a5a5a5au, dn, src, len) != want || memcmp(dn, src, len) != 0;
         if (off % 4) {
           if (bad && !mism) fprintf(stderr, "  crc32c path %d wrong at len %zu off %zu\n", lv, len, off);
