@@ -326,6 +326,13 @@ end]])
     assert.truthy(log:find("pipeline 1: started again %(1 of 3%); its workers catch up from pipeline 0"), log)
     local at = tonumber(log:match("pipeline 1 rejoined at step (%d+): 2 pipelines train"))
     assert.truthy(at and at < 2000, log)
+    -- and RUN/events.jsonl says so, in order, as the operator's do for a replica
+    local ev = S.read(rd .. "/events.jsonl") or ""
+    local lost = ev:find('"worker":%-1,"kind":"pipeline_lost","detail":"pipeline 1 lost: pipeline stage %d %(worker 3%)')
+    local again = ev:find('"kind":"pipeline_rebuilt","detail":"pipeline 1: started again %(1 of 3%)')
+    local back = ev:find('"step":' .. at .. ',"worker":%-1,"kind":"pipeline_rejoined","detail":"pipeline 1 rejoined at step '
+      .. at)
+    assert.truthy(lost and again and back and lost < again and again < back, ev)
     assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":2'), "the last step averaged both")
     -- from the step it entered at, each stage of the rebuilt pipeline holds
     -- exactly the parameters of the same stage of the live one
@@ -348,6 +355,11 @@ end]])
     assert.are.equal(0, rc, log)
     assert.truthy(log:find("pipeline 1 lost: pipeline stage %d %(worker 3%) was killed by signal 9"), log)
     assert.truthy(log:find("pipeline 1: not started again (pipeline.rebuilds = 0)", 1, true), log)
+    local ev = S.read(rd .. "/events.jsonl") or ""
+    assert.truthy(ev:find('"kind":"pipeline_lost","detail":"pipeline 1 lost:', 1, true), ev)
+    assert.truthy(ev:find('"kind":"pipeline_not_rebuilt","detail":"pipeline 1: not started again (pipeline.rebuilds = 0)"',
+      1, true), ev)
+    assert.falsy(ev:find('"pipeline_rebuilt"', 1, true), ev)
     assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":1'), "one pipeline left")
     assert.truthy(S.exists(rd .. "/model.safetensors"))
   end)

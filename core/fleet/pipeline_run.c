@@ -443,10 +443,18 @@ static int rebuild(launch *l, int p) {
   l->lost[p] = 0;
   printf("pipeline %d: started again (%d of %lld); its workers catch up from pipeline %d\n", p, l->rebuilt[p],
          (long long)l->rebuilds, q);
+  run_event(l->events, -1, "pipeline_rebuilt", "pipeline %d: started again (%d of %lld); its workers catch up from "
+            "pipeline %d", p, l->rebuilt[p], (long long)l->rebuilds, q);
   return TR_OK;
 }
 
 /* --- waiting --- */
+
+/* Pipeline p stays lost: a line on stdout and in RUN/events.jsonl. */
+static void not_rebuilt(launch *l, int p, const char *why) {
+  printf("pipeline %d: not started again: %s\n", p, why);
+  run_event(l->events, -1, "pipeline_not_rebuilt", "pipeline %d: not started again: %s", p, why);
+}
 
 /* One line from worker w: its donor's port, or (a rebuilt pipeline's
  * first stage) the step it entered at. A closed socket is closed here. */
@@ -465,6 +473,8 @@ static void read_control(launch *l, int w) {
     for (int q = 0; q < l->R; q++) alive += !l->lost[q];
     printf("pipeline %d rejoined at step %lld: %d pipelines train\n", w / l->S, (long long)atoll(v + 5), alive);
     fflush(stdout);
+    run_event(l->events, atoll(v + 5), "pipeline_rejoined", "pipeline %d rejoined at step %lld: %d pipelines train",
+              w / l->S, (long long)atoll(v + 5), alive);
   }
 }
 
@@ -485,15 +495,19 @@ static int reaped(launch *l, pid_t pid, int st) {
   stop_some(l, p, 1.0);
   failure(l, p);
   printf("pipeline %d lost: %s; the other %d pipeline(s) train on\n", p, tr_error(), alive);
-  if (l->stopping) printf("pipeline %d: not started again: the run is stopping\n", p);
+  run_event(l->events, -1, "pipeline_lost", "pipeline %d lost: %s; the other %d pipeline(s) train on", p, tr_error(),
+            alive);
+  if (l->stopping) not_rebuilt(l, p, "the run is stopping");
   else if (WIFEXITED(st) && WEXITSTATUS(st) == PIPE_EXIT_LATE)
-    printf("pipeline %d: not started again: the live pipelines end before it could enter\n", p);
-  else if (l->rebuilt[p] >= l->rebuilds) printf("pipeline %d: not started again (pipeline.rebuilds = %lld)\n", p,
-                                           (long long)l->rebuilds);
-  else if (donor_pipeline(l, p) < 0 && donor_pending(l, p)) {
+    not_rebuilt(l, p, "the live pipelines end before it could enter");
+  else if (l->rebuilt[p] >= l->rebuilds) {
+    printf("pipeline %d: not started again (pipeline.rebuilds = %lld)\n", p, (long long)l->rebuilds);
+    run_event(l->events, -1, "pipeline_not_rebuilt", "pipeline %d: not started again (pipeline.rebuilds = %lld)", p,
+              (long long)l->rebuilds);
+  } else if (donor_pipeline(l, p) < 0 && donor_pending(l, p)) {
     l->owed[p] = 1;
     printf("pipeline %d: started again once a live pipeline's donors are known\n", p);
-  } else if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
+  } else if (rebuild(l, p)) not_rebuilt(l, p, tr_error());
   fflush(stdout);
   return 0;
 }
@@ -503,11 +517,11 @@ static void rebuild_owed(launch *l) {
   for (int p = 0; p < l->R; p++)
     if (l->owed[p] && l->stopping) {
       l->owed[p] = 0;
-      printf("pipeline %d: not started again: the run is stopping\n", p);
+      not_rebuilt(l, p, "the run is stopping");
       fflush(stdout);
     } else if (l->owed[p] && l->lost[p] && donor_pipeline(l, p) >= 0) {
       l->owed[p] = 0;
-      if (rebuild(l, p)) printf("pipeline %d: not started again: %s\n", p, tr_error());
+      if (rebuild(l, p)) not_rebuilt(l, p, tr_error());
       fflush(stdout);
     }
 }
