@@ -571,6 +571,42 @@ return {
     has(out, "resumed from step " .. steps)
   end)
 
+  it("refuses an operator started while a lone run starts in the same directory, after waiting for it", function()
+    -- A start looks for a live job, then claims the directory (a lone run: RUN/run.lock). The lone run is held
+    -- between the two (TRANSOM_TEST_START_PAUSE_MS) while an operator starts: it waits at the start gate, saying
+    -- for whom, then finds the lone run. (Before: an operator takes no lock, found nothing, and trained beside it.)
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local log = run_dir .. ".log"
+    local pid, rc_of = S.spawn_rc("env TRANSOM_TEST_START_PAUSE_MS=" .. math.floor(S.T(3) * 1000) .. " " .. q(BIN) ..
+      " run " .. q(path) .. " --set max_steps=20", log)
+    local ok, err = pcall(function()
+      assert.is_truthy(S.wait_for(function() return (S.read(log) or ""):find("start paused", 1, true) end, 60),
+        S.read(log))
+      local code, out, e = transom(dir, "run", path, "--replicas", "2", "--set", "max_steps=20")
+      assert.are.equal(2, code, e .. out)
+      has(e, "another transom (pid " .. pid .. ") is starting in " .. run_dir .. ": waiting for it")
+      -- refused as in use (the lone run holds RUN/run.lock now), or as a run's directory (its job.lua came too)
+      assert.is_truthy(e:find(run_dir .. " is in use by a running transom (pid " .. pid, 1, true) or
+        e:find("run directory " .. run_dir .. " already holds a run", 1, true), e)
+      assert.are.equal(0, S.wait_rc(rc_of, 120), S.read(log))
+    end)
+    S.cleanup()
+    assert(ok, err)
+    has(read(log), "step 20/20")
+    assert.is_false(exists(run_dir .. "/operator.addr"), "the operator started")
+    assert.is_false(exists(run_dir .. "/secret"), "the operator started")
+  end)
+
+  it("removes a new run directory it made when the start is refused after its checks begin", function()
+    -- the start gate makes RUN to lock it; a start refused after that (here: hosts without MASTER_ADDR, checked
+    -- before anything is written) leaves no directory behind, parents it made included
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR .. '/a/b',\n" .. tiny .. "}\n")
+    local code, out, e = transom(dir, "run", path, "--replicas", "2", "--set", "hosts=2")
+    assert.are.equal(2, code, e .. out)
+    has(e, "MASTER_ADDR")
+    assert.is_false(exists(run_dir), "a refused start left " .. run_dir)
+  end)
+
   it("runs, with one warning, where the filesystem has no locks (flock: ENOSYS, ENOLCK, EOPNOTSUPP, EINVAL)", function()
     -- (before: "cannot lock RUN/run.lock: Function not implemented", and no lone run could start on Lustre
     -- without flock or NFSv3 without lockd)

@@ -727,6 +727,37 @@ describe("operator (3 replicas)", function()
     went_on_alone(run, before, steps)
   end)
 
+  -- Two starts into one new run directory at once: an operator (it takes
+  -- no lock: a hung one must stay possible to take over) and a lone run.
+  -- A start looks for a live job, then claims the directory; the operator
+  -- is held between the two (TRANSOM_TEST_START_PAUSE_MS) while the lone
+  -- run starts. The lone start waits at the start gate (saying for whom),
+  -- then finds the operator's run: exit 2, and the operator's job trains
+  -- alone. (Before: both found nothing, and both trained in the directory.)
+  it("a lone run started while an operator starts in the same directory waits for it and is refused", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, steps = tmp .. "/startrace", 60
+    local op, op_rc = spawn_rc("env TRANSOM_TEST_START_PAUSE_MS=" .. math.floor(T(3) * 1000) .. " " .. job(run, "--replicas 2 --set max_steps=" ..
+      steps), tmp .. "/startrace.log")
+    assert.is_truthy(S.wait_for(function() return (read(tmp .. "/startrace.log") or ""):find("start paused", 1, true) end,
+      T(60)), read(tmp .. "/startrace.log"))
+    local lone = job(run, "--replicas 1 --set max_steps=" .. steps):gsub("%-%-set deadline=%S+", "")
+    local _, rc_of = spawn_rc(lone, tmp .. "/startrace2.log")
+    local rc = S.wait_rc(rc_of, T(60))
+    local said = read(tmp .. "/startrace2.log") or ""
+    assert.equal(2, rc, said)
+    assert.matches("another transom (pid " .. op .. ") is starting in " .. run .. ": waiting for it", said, 1, true)
+    assert.matches("run directory " .. run .. " already holds a run", said, 1, true)
+    assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/startrace.log"))
+    assert.is_nil(read(run .. "/run.lock"), "a lone run took the directory's lock")
+    local by = steps_by_worker(run)
+    for w = 0, 1 do
+      assert.equal(steps, #by[w], "worker " .. w)
+      for i = 1, steps do assert.equal(i, by[w][i], "worker " .. w .. " line " .. i) end
+    end
+    assert.is_nil(by[2], "a third writer in metrics.jsonl")
+  end)
+
   -- The operator stopped (SIGSTOP: hung, as far as anyone can tell), a
   -- --resume started meanwhile: it adopts the workers. Then the old one runs
   -- again. It finds RUN/operator.addr written by the new one and stands down:

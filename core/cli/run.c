@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -84,6 +85,8 @@ typedef struct {
   char dir[PATH_MAX - 64];
   FILE *metrics, *events;
   int lock_fd; /* RUN/run.lock (take_lock), never closed: held until the process ends */
+  int gate_fd; /* RUN itself, flock'd while this start checks and claims it (gate_take); -1: not held */
+  char made[PATH_MAX - 64]; /* the topmost directory of RUN's path that gate_take made ("": none) */
   int pad_ms;  /* TRANSOM_TEST_STEP_MS (tests): every step sleeps this long first, as a worker's do */
   /* the hooks' figures */
   double sum_time, sum_tokens;
@@ -92,6 +95,7 @@ typedef struct {
 } run_ctx;
 
 static int take_lock(run_ctx *r); /* RUN/run.lock: "another job in the run directory" below */
+static void gate_release(run_ctx *r);
 
 /* --- the run directory's logs --- */
 
@@ -237,7 +241,7 @@ done:
 /* A pipelined --resume is checked (the stores against the job's stages,
  * the saved plan) before job.lua takes the --set values: a refused one
  * leaves the run as it was. */
-static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
+static int run_replicas(lua_State *L, run_ctx *r, const char *dump, int resume, int pipeline) {
   char path[PATH_MAX];
   pipeline_resume pr;
   if (pipeline && resume && pipeline_resume_check(&r->cfg, r->dir, &pr)) {
@@ -246,15 +250,14 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
     r->t = NULL;
     return 1;
   }
-  char *dump = job_dump(L, &r->cfg);
-  int rc = dump ? tr_mkdirs(r->dir) : TR_ENOMEM; /* without a checkpoint the operator starts from step 0 */
+  int rc = tr_mkdirs(r->dir); /* without a checkpoint the operator starts from step 0 */
   if (!rc && pipeline) rc = take_lock(r); /* one launcher: no takeover (an operator is probed: check_in_use) */
+  if (pipeline) gate_release(r); /* later starts see the lock */
   if (!rc) {
     path_in(r, "job.lua", path, sizeof path);
     rc = tr_write_file_atomic(path, dump, strlen(dump));
   }
   if (!rc && !resume) rc = trainer_save(r->t, r->dir); /* vocabulary, initial weights */
-  free(dump);
   trainer_free(r->t); /* the operator does not train: the workers do */
   r->t = NULL;
   if (rc) {
@@ -263,8 +266,10 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
   }
   printf("transom %s | job %s | run %s\n", TRANSOM_VERSION, r->cfg.path, r->dir);
   int stopped = 0;
+  int gate = r->gate_fd;
+  r->gate_fd = -1; /* the operator lets it go once RUN/control.sock listens */
   rc = pipeline ? pipeline_run(L, &r->cfg, r->dir, resume ? &pr : NULL, &stopped)
-                : operator_run(L, &r->cfg, r->dir, resume, &stopped);
+                : operator_run(L, &r->cfg, r->dir, resume, gate, &stopped);
   if (rc) fprintf(stderr, "transom: %s\n", tr_error());
   const job_config *c = &r->cfg;
   if (!rc && !stopped && c->sample_tokens > 0) { /* as a lone run's, from the weights the leader (stage 0) saved */
@@ -280,6 +285,7 @@ static int run_replicas(lua_State *L, run_ctx *r, int resume, int pipeline) {
 /* --- the command --- */
 
 static void close_run(run_ctx *r) {
+  gate_release(r);
   ckpt_close(r->ck);
   if (r->metrics) fclose(r->metrics);
   if (r->events) fclose(r->events);
@@ -585,6 +591,149 @@ static int take_lock(run_ctx *r) {
   return 0;
 }
 
+/* --- the start gate ---
+ * check_in_use looks for a live job in RUN; only afterwards does a start
+ * take what later starts look for (RUN/run.lock; an operator's
+ * RUN/control.sock). Another start that looked in between saw nothing
+ * either, and went on too: two jobs in one run directory (an operator
+ * takes no lock, so an operator beside a lone run, or two operators). So
+ * each start holds an exclusive flock on the directory RUN itself from
+ * before check_new_dir until that claim is visible: a lone run or a
+ * pipeline's launcher lets it go once it holds RUN/run.lock, an operator
+ * once RUN/control.sock listens (operator_run); the kernel lets it go
+ * however the process ends. A start finding it held waits (another may be
+ * probing a hung operator: up to PROBE_S + PROBE_MORE_S), then looks.
+ * Nothing is written for it: a new RUN is made first (and removed again,
+ * if still empty, when the start is refused). */
+#define GATE_WAIT_S 30.0
+
+/* The pid that holds an flock on the file or directory fd (/proc/locks;
+ * 0 when it cannot say). */
+static int flock_holder(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return 0;
+  FILE *f = fopen("/proc/locks", "r");
+  if (!f) return 0;
+  char line[256];
+  int pid = 0;
+  while (!pid && fgets(line, sizeof line, f)) {
+    int who;
+    unsigned maj, min;
+    unsigned long long ino;
+    char *p = strstr(line, "FLOCK");
+    if (p && sscanf(p, "FLOCK %*s %*s %d %x:%x:%llu", &who, &maj, &min, &ino) == 4 && ino == (unsigned long long)st.st_ino &&
+        makedev(maj, min) == st.st_dev)
+      pid = who;
+  }
+  fclose(f);
+  return pid;
+}
+
+/* Test hook TRANSOM_TEST_START_PAUSE_MS: a start sleeps this long after
+ * its checks, before it claims RUN, so a test can run a second start into
+ * that window. */
+static void test_start_pause(void) {
+  const char *v = getenv("TRANSOM_TEST_START_PAUSE_MS");
+  long long ms = 0;
+  if (!v || !*v || tr_parse_int(v, 0, 600000, &ms) != 0 || ms == 0) return;
+  fprintf(stderr, "transom: test: start paused for %lld ms\n", ms);
+  usleep((useconds_t)(ms * 1000));
+}
+
+/* Makes r->dir, remembering in r->made the topmost directory of its path
+ * that did not exist. */
+static int make_dir(run_ctx *r) {
+  char path[sizeof r->dir];
+  snprintf(path, sizeof path, "%s", r->dir);
+  r->made[0] = 0;
+  for (char *p = path + 1;; p++) {
+    if (*p != '/' && *p != 0) continue;
+    char c = *p;
+    *p = 0;
+    int missing = access(path, F_OK) != 0;
+    if (missing) snprintf(r->made, sizeof r->made, "%s", path);
+    *p = c;
+    if (missing || !c) break;
+  }
+  return tr_mkdirs(r->dir);
+}
+
+/* Takes the gate of r->dir (made first unless resume). Waits while
+ * another start holds it, up to GATE_WAIT_S; 0, or TR_EINVAL / TR_EIO
+ * (message set). A filesystem without flock: no gate (take_lock warns
+ * about it for the runs that take one). */
+static int gate_take(run_ctx *r, int resume) {
+  r->gate_fd = -1;
+  r->made[0] = 0;
+  if (!resume && access(r->dir, F_OK) != 0) {
+    int rc = make_dir(r);
+    if (rc) return rc;
+  }
+  double t0 = tr_now();
+  int said = 0;
+  for (;;) {
+    int fd = open(r->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return tr_fail(TR_EIO, "cannot open the run directory %s: %s", r->dir, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int e = errno;
+      if (no_locks(e)) {
+        close(fd);
+        return 0;
+      }
+      if (e != EWOULDBLOCK) {
+        close(fd);
+        return tr_fail(TR_EIO, "cannot lock the run directory %s: %s", r->dir, strerror(e));
+      }
+      int pid = flock_holder(fd);
+      close(fd);
+      double waited = tr_now() - t0;
+      if (waited > GATE_WAIT_S)
+        return tr_fail(TR_EINVAL, "%s: another transom%s%.0d has been starting in it for %.0f s and has not "
+                       "finished its start (stopped?): try again, or stop it first", r->dir, pid > 0 ? " (pid " : "",
+                       pid, waited);
+      if (!said && waited > 1.0) {
+        fprintf(stderr, "transom: another transom%s%.0d%s is starting in %s: waiting for it (up to %.0f s)\n",
+                pid > 0 ? " (pid " : "", pid, pid > 0 ? ")" : "", r->dir, GATE_WAIT_S);
+        said = 1;
+      }
+      usleep(20000);
+      continue;
+    }
+    /* still the directory at that path (not one a refused start removed and another made again)? */
+    struct stat a, b;
+    if (fstat(fd, &a) == 0 && stat(r->dir, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+      r->gate_fd = fd;
+      return 0;
+    }
+    close(fd);
+    if (!resume && access(r->dir, F_OK) != 0) {
+      int rc = make_dir(r);
+      if (rc) return rc;
+    }
+  }
+}
+
+static void gate_release(run_ctx *r) {
+  if (r->gate_fd < 0) return;
+  close(r->gate_fd);
+  r->gate_fd = -1;
+}
+
+/* A refused start: the gate let go, and what gate_take made of RUN's path
+ * removed again, leaf first, while empty (rmdir refuses otherwise). */
+static void gate_refused(run_ctx *r) {
+  size_t top = strlen(r->made);
+  char path[sizeof r->dir];
+  snprintf(path, sizeof path, "%s", r->dir);
+  while (top && strlen(path) >= top && rmdir(path) == 0) {
+    char *slash = strrchr(path, '/');
+    if (!slash || slash == path) break;
+    *slash = 0;
+  }
+  r->made[0] = 0;
+  gate_release(r);
+}
+
 /* Is a live job writing into r->dir? A lone run holds RUN/run.lock, and
  * this run is refused. An operator (a replicated run) is asked on
  * RUN/control.sock: one that answers is live, and this run is refused;
@@ -669,14 +818,14 @@ static int write_job(const run_ctx *r, const char *dump) {
  * a store without one; a resume keeps its job.lua until the checkpoint has
  * loaded (write_run). Returns 0 or the exit status (with the error
  * printed). */
-static int open_run(lua_State *L, run_ctx *r, char **dump, int *resume) {
-  *dump = job_dump(L, &r->cfg);
-  int rc = *dump ? tr_mkdirs(r->dir) : TR_ENOMEM, asked = *resume;
+static int open_run(run_ctx *r, const char *dump, int *resume) {
+  int rc = tr_mkdirs(r->dir), asked = *resume;
   if (!rc && take_lock(r)) { /* another start got here first */
     fprintf(stderr, "transom: %s\n", tr_error());
     return 2;
   }
-  if (!rc && !asked) rc = write_job(r, *dump);
+  gate_release(r); /* later starts see the lock */
+  if (!rc && !asked) rc = write_job(r, dump);
   if (!rc) rc = open_ckpt(r);
   if (!rc && *resume && !r->ck) rc = tr_fail(TR_EINVAL, "checkpoints are off in this job: nothing to resume from");
   if (!rc && *resume) {
@@ -799,32 +948,49 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
   run_args a = {.sets = sets};
   int done, rc = parse_args(L, &a, argc, argv, &done);
   if (rc || done) return rc;
-  run_ctx r = {0};
+  run_ctx r = {.gate_fd = -1};
   if (job_load(L, a.job_path, a.sets, a.nsets, &r.cfg) || make_trainer(L, &r)) {
     fprintf(stderr, "transom: %s\n", tr_error());
     return 2;
   }
   choose_dir(&r);
   int resume = a.resume != NULL;
-  if ((!resume && check_new_dir(&r)) || check_in_use(&r)) { /* a new run into a run's directory: refused at once */
+  char *dump = job_dump(L, &r.cfg); /* what RUN/job.lua will hold: a job that cannot be written so makes no RUN */
+  if (!dump) {
+    fprintf(stderr, "transom: %s: %s\n", resume ? "resume" : "run directory", tr_error());
+    close_run(&r);
+    return resume ? 1 : 2;
+  }
+  if (gate_take(&r, resume) || (!resume && check_new_dir(&r)) ||
+      check_in_use(&r)) { /* a new run into a run's directory: refused at once */
     fprintf(stderr, "transom: %s\n", tr_error());
+    gate_refused(&r);
+    free(dump);
     close_run(&r);
     return 2;
   }
   if (resume && r.cfg.ckpt_every_steps == 0 && r.cfg.ckpt_every_seconds == 0) {
     fprintf(stderr, "transom: resume: checkpoints are off in this job (%s): nothing to resume from\n", r.cfg.path);
+    gate_refused(&r);
+    free(dump);
     close_run(&r);
     return 2;
   }
   int pipeline = r.cfg.pipe_stages > 1 || r.cfg.pipe_micro_batches > 1;
   if (check_start(&r, &a, r.cfg.replicas > 1 && !pipeline)) {
     fprintf(stderr, "transom: %s\n", tr_error());
+    gate_refused(&r);
+    free(dump);
     close_run(&r);
     return 2;
   }
-  if (r.cfg.replicas > 1 || pipeline) return run_replicas(L, &r, resume, pipeline);
-  char *dump;
-  if ((rc = open_run(L, &r, &dump, &resume))) {
+  test_start_pause();
+  if (r.cfg.replicas > 1 || pipeline) {
+    rc = run_replicas(L, &r, dump, resume, pipeline);
+    free(dump);
+    return rc;
+  }
+  if ((rc = open_run(&r, dump, &resume))) {
     free(dump);
     close_run(&r);
     return rc;

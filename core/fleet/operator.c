@@ -1483,7 +1483,7 @@ static void teardown(operator_state *o) {
   free(o->chaos_fired);
 }
 
-int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume, int *stopped) {
+int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume, int start_gate, int *stopped) {
   *stopped = 0;
   operator_state o = {.cfg = cfg, .L = L, .dir = dir, .exit_code = 0, .resume = resume};
   char self[PATH_MAX];
@@ -1497,6 +1497,7 @@ int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume, int
   o.width = snprintf(NULL, 0, "%lld", (long long)cfg->max_steps);
   o.chaos_fired = calloc((size_t)cfg->nchaos + 1, sizeof(int));
   int rc = o.chaos_fired ? start(&o) : tr_fail(TR_ENOMEM, "out of memory");
+  if (start_gate >= 0) close(start_gate); /* a probe finds us on RUN/control.sock now */
   if (rc) {
     teardown(&o);
     return rc;

@@ -9,10 +9,12 @@
 /* Runs the job with cfg->replicas worker processes until it finishes or is
  * stopped; dir exists and holds job.lua (transom run writes it once
  * operator_check_env passed). resume: workers start from the
- * newest checkpoint. Returns 0 when the job finished or was stopped cleanly
+ * newest checkpoint. start_gate: an fd (-1: none) closed once
+ * dir/control.sock listens, or the start failed: transom run's start gate
+ * (run.c), which other starts wait on until a probe can find us. Returns 0 when the job finished or was stopped cleanly
  * (a checkpoint can resume it; *stopped set to 1 then), else a negative
  * error. Main thread only. */
-int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume, int *stopped);
+int operator_run(lua_State *L, job_config *cfg, const char *dir, int resume, int start_gate, int *stopped);
 
 /* What operator_run needs of its environment, for a check before anything
  * is written: hosts > 0 needs MASTER_ADDR (where the agents reach the
