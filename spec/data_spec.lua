@@ -202,6 +202,39 @@ describe("token shards", function()
     assert.equal(shards, names(tmp .. "/shared"))
   end)
 
+  it("two transom prepares into one DIR at once: both finish, DIR holds the later one's output whole", function()
+    -- The first is held inside its swap (TRANSOM_TEST_PREPARE_PAUSE_MS: its old output gone, its new not yet in)
+    -- while the second starts, tokenizes and swaps. (Before: the second took the first's live .prepare-* for a
+    -- killed prepare's and removed it, so the first failed; and two swaps could interleave, leaving one's
+    -- tokenizer beside the other's shards.) The second waits for the first's swap, then replaces it whole.
+    write(tmp .. "/c1.txt", text:sub(1, 8000))
+    write(tmp .. "/c2.txt", text:sub(8001, 20000))
+    local function prepare(o, src, vocab, shard, env, log)
+      local cmd = (env or "") .. BIN .. " prepare " .. tmp .. "/" .. src .. " -o " .. o .. " --vocab " .. vocab ..
+        " --shard-tokens " .. shard
+      if log then return S.spawn_rc(cmd, log) end
+      return S.sh(cmd .. " 2>&1")
+    end
+    -- what each makes alone
+    local out, rc = prepare(tmp .. "/alone1", "c1.txt", 300, 1000)
+    assert.equal(0, rc, out)
+    out, rc = prepare(tmp .. "/alone2", "c2.txt", 400, 3000)
+    assert.equal(0, rc, out)
+    local want = files_of(tmp .. "/alone2")
+    assert.is_truthy(want["tokenizer.bpe"] and want["train_000000.bin"], out)
+    local d, log1, log2 = tmp .. "/both", tmp .. "/both1.log", tmp .. "/both2.log"
+    local _, rc1 = prepare(d, "c1.txt", 300, 1000, "env TRANSOM_TEST_PREPARE_PAUSE_MS=" ..
+      math.floor(S.T(3) * 1000) .. " ", log1)
+    assert.is_truthy(S.wait_for(function() return (read(log1) or ""):find("swap paused", 1, true) end, S.T(60)),
+      read(log1))
+    local _, rc2 = prepare(d, "c2.txt", 400, 3000, nil, log2)
+    assert.equal(0, S.wait_rc(rc1, S.T(60)), read(log1))
+    assert.equal(0, S.wait_rc(rc2, S.T(60)), read(log2))
+    assert.matches("another transom prepare is writing into '" .. d .. "': waiting for it", read(log2), 1, true)
+    -- the second's output, whole: no shard of the first beside it, no temporary directory left
+    assert.same(want, files_of(d))
+  end)
+
   it("transom prepare refuses an empty text, a --val that leaves no val token, and --vocab with --tokenizer", function()
     write(tmp .. "/empty.txt", "")
     local out, rc = S.sh(BIN .. " prepare " .. tmp .. "/empty.txt -o " .. tmp .. "/none 2>&1")

@@ -577,7 +577,7 @@ return {
     -- for whom, then finds the lone run. (Before: an operator takes no lock, found nothing, and trained beside it.)
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
     local log = run_dir .. ".log"
-    local pid, rc_of = S.spawn_rc("env TRANSOM_TEST_START_PAUSE_MS=" .. math.floor(S.T(3) * 1000) .. " " .. q(BIN) ..
+    local pid, rc_of = S.spawn_rc("env TRANSOM_TEST_START_PAUSE_MS=" .. math.floor(S.T(4) * 1000) .. " " .. q(BIN) ..
       " run " .. q(path) .. " --set max_steps=20", log)
     local ok, err = pcall(function()
       assert.is_truthy(S.wait_for(function() return (S.read(log) or ""):find("start paused", 1, true) end, 60),
@@ -597,14 +597,30 @@ return {
     assert.is_false(exists(run_dir .. "/secret"), "the operator started")
   end)
 
-  it("removes a new run directory it made when the start is refused after its checks begin", function()
-    -- the start gate makes RUN to lock it; a start refused after that (here: hosts without MASTER_ADDR, checked
-    -- before anything is written) leaves no directory behind, parents it made included
-    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR .. '/a/b',\n" .. tiny .. "}\n")
-    local code, out, e = transom(dir, "run", path, "--replicas", "2", "--set", "hosts=2")
-    assert.are.equal(2, code, e .. out)
-    has(e, "MASTER_ADDR")
-    assert.is_false(exists(run_dir), "a refused start left " .. run_dir)
+  it("removes a new run directory, and the parents it made, when the start is refused after its checks begin", function()
+    -- the start gate makes RUN for its lock file (RUN/start.lock); a start refused after that (here: hosts without
+    -- MASTER_ADDR, checked before anything is written) leaves nothing behind: not RUN, not the parents it made, not
+    -- a directory that was there before it (only its lock file goes)
+    local function refused(run_dir)
+      local path = job_file("return {\n  data = DATA, run_dir = " .. string.format("%q", run_dir) .. ",\n" .. tiny .. "}\n")
+      local _, how, code = os.execute(string.format("env -u MASTER_ADDR -u MASTER_PORT %s run %s --replicas 2 --set hosts=2 "
+        .. ">%s 2>%s", q(BIN), q(path), q(dir .. "/stdout"), q(dir .. "/stderr")))
+      assert(how == "exit")
+      local e = read(dir .. "/stderr")
+      assert.are.equal(2, code, e)
+      has(e, "MASTER_ADDR")
+    end
+    refused(dir .. "/made/a/b")
+    assert.is_false(exists(dir .. "/made"), "a refused start left " .. dir .. "/made")
+    refused(dir .. "/made2/a/b/") -- a trailing slash
+    assert.is_false(exists(dir .. "/made2"), "a refused start left " .. dir .. "/made2")
+    assert(os.execute("mkdir -p " .. q(dir .. "/mine")))
+    refused(dir .. "/mine/run")
+    assert.is_true(exists(dir .. "/mine"), "a refused start removed a directory it did not make")
+    assert.is_false(exists(dir .. "/mine/run"), "a refused start left " .. dir .. "/mine/run")
+    refused(dir .. "/mine/../mine/x") -- "..": only the leaf it made goes
+    assert.is_true(exists(dir .. "/mine"))
+    assert.is_false(exists(dir .. "/mine/x"))
   end)
 
   it("runs, with one warning, where the filesystem has no locks (flock: ENOSYS, ENOLCK, EOPNOTSUPP, EINVAL)", function()

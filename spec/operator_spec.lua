@@ -737,7 +737,7 @@ describe("operator (3 replicas)", function()
   it("a lone run started while an operator starts in the same directory waits for it and is refused", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run, steps = tmp .. "/startrace", 60
-    local op, op_rc = spawn_rc("env TRANSOM_TEST_START_PAUSE_MS=" .. math.floor(T(3) * 1000) .. " " .. job(run, "--replicas 2 --set max_steps=" ..
+    local op, op_rc = spawn_rc("env TRANSOM_TEST_START_PAUSE_MS=" .. math.floor(T(4) * 1000) .. " " .. job(run, "--replicas 2 --set max_steps=" ..
       steps), tmp .. "/startrace.log")
     assert.is_truthy(S.wait_for(function() return (read(tmp .. "/startrace.log") or ""):find("start paused", 1, true) end,
       T(60)), read(tmp .. "/startrace.log"))

@@ -12,15 +12,22 @@
  * prepare output there (tokenizer.bpe, train_/val_NNNNNN.bin; no other
  * file) goes first, tokenizer.bpe last in both directions. DIR itself is
  * never replaced: its mode, group, ACLs and other files stay, and it may be
- * ".", a symbolic link or a mount point. Called from main.c only; it
- * returns an exit status and never exits itself.
+ * ".", a symbolic link or a mount point. Two prepares into one DIR at
+ * once do not mix: each holds an flock on its own DIR/.prepare-XXXXXX for
+ * its life (a leftover is only one nobody holds: a killed prepare's), and
+ * one on DIR itself while it swaps its output in; the later swap replaces
+ * the earlier whole.
+ * Called from main.c only; it returns an exit status and never exits
+ * itself.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -170,31 +177,102 @@ static int is_prepare_file(const char *name) {
 
 #define TMP_PREFIX ".prepare-"
 
+/* --- locks: two prepares into one DIR --- */
+
+/* Whether flock's errno e means this filesystem cannot lock the file (no
+ * locks at all; a directory over NFS, locked through a read-only fd): then
+ * nothing is locked, and a leftover is any .prepare-*, as before locks. */
+static int no_locks(int e) { return e != EWOULDBLOCK && e != EINTR; }
+
+/* An exclusive flock on directory path, waited for (saying so once, after
+ * a second); the fd, -1 where the filesystem cannot lock it, or -2
+ * (message set). */
+static int lock_dir(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
+    return -2;
+  }
+  double t0 = tr_now();
+  int said = 0;
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (no_locks(errno)) {
+      close(fd);
+      return -1;
+    }
+    if (!said && tr_now() - t0 > 1.0) {
+      fprintf(stderr, "transom prepare: another transom prepare is writing into '%s': waiting for it\n", path);
+      said = 1;
+    }
+    usleep(20000);
+  }
+  return fd;
+}
+
+static void unlock_dir(int fd) {
+  if (fd >= 0) close(fd);
+}
+
+/* Whether the .prepare-* directory at path is a live prepare's: it holds
+ * the directory's flock (taken and let go at once otherwise). */
+static int tmp_live(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  int live = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  close(fd);
+  return live;
+}
+
 /* Removes the DIR/.prepare-* directories a killed prepare left (flat: the
- * files in them, then them). Best effort. */
+ * files in them, then them), not a live one's. Best effort. */
 static void remove_leftovers(const char *dir) {
   DIR *d = opendir(dir);
   char path[PATH_MAX];
   for (struct dirent *e; d && (e = readdir(d));)
     if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0 &&
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path && !tmp_live(path))
       tr_remove_flat(path);
   if (d) closedir(d);
 }
 
+/* A fresh DIR/.prepare-XXXXXX in tmp, locked (*fd; -1 without locks). One
+ * that another prepare's remove_leftovers took before we locked it (it
+ * was unlocked for an instant) is gone by then: a new one is made. */
+static int make_tmp(const char *dir, char *tmp, size_t ntmp, int *fd) {
+  for (int tries = 0; tries < 16; tries++) {
+    if (snprintf(tmp, ntmp, "%s/" TMP_PREFIX "XXXXXX", dir) >= (int)ntmp)
+      return tr_fail(TR_EINVAL, "'%s': path too long", dir);
+    if (!mkdtemp(tmp)) return tr_fail(TR_EIO, "cannot create a directory in '%s': %s", dir, strerror(errno));
+    if ((*fd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) continue;
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+      if (no_locks(errno)) {
+        close(*fd);
+        *fd = -1;
+        return TR_OK;
+      }
+      close(*fd);
+      continue;
+    }
+    struct stat a, b;
+    if (fstat(*fd, &a) == 0 && stat(tmp, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) return TR_OK;
+    close(*fd);
+  }
+  *fd = -1;
+  return tr_fail(TR_EIO, "cannot keep a directory in '%s': another prepare removes each one made", dir);
+}
+
 /* DIR made if absent (*created then set: a failure removes it again), the
  * leftovers of a killed prepare removed, and a fresh DIR/.prepare-XXXXXX
- * made in tmp: DIR is known to be writable before hours of tokenizing. */
-static int open_out(const char *dir, char *tmp, size_t ntmp, int *created) {
+ * made in tmp and locked (*tmp_fd) for as long as this prepare runs: DIR
+ * is known to be writable before hours of tokenizing. */
+static int open_out(const char *dir, char *tmp, size_t ntmp, int *created, int *tmp_fd) {
   struct stat st;
+  *tmp_fd = -1;
   *created = stat(dir, &st) != 0 && errno == ENOENT;
   int rc = tr_mkdirs(dir);
   if (rc) return rc;
   remove_leftovers(dir);
-  if (snprintf(tmp, ntmp, "%s/" TMP_PREFIX "XXXXXX", dir) >= (int)ntmp)
-    return tr_fail(TR_EINVAL, "'%s': path too long", dir);
-  if (!mkdtemp(tmp)) return tr_fail(TR_EIO, "cannot create a directory in '%s': %s", dir, strerror(errno));
-  return TR_OK;
+  return make_tmp(dir, tmp, ntmp, tmp_fd);
 }
 
 /* Unlinks dir's files of an earlier prepare: tokenizer first (or only it). */
@@ -228,16 +306,28 @@ static int move_in(const char *tmp, const char *dir, int tokenizer) {
   return rc;
 }
 
+/* Test hook TRANSOM_TEST_PREPARE_PAUSE_MS: the swap sleeps this long once
+ * the old output is gone, before the new comes in, so a test can run a
+ * second prepare into that window. */
+static void test_pause(void) {
+  const char *v = getenv("TRANSOM_TEST_PREPARE_PAUSE_MS");
+  long long ms = 0;
+  if (!v || !*v || tr_parse_int(v, 0, 600000, &ms) != 0 || ms == 0) return;
+  fprintf(stderr, "transom prepare: test: swap paused for %lld ms\n", ms);
+  usleep((useconds_t)(ms * 1000));
+}
+
 /* The finished output in tmp takes the place of dir's earlier one: the old
  * tokenizer.bpe goes, then the old shards; the new shards come in, then the
  * new tokenizer.bpe; dir is synced between, so after a crash dir never
  * holds a tokenizer beside shards it did not make. A failure here leaves
  * no tokenizer.bpe in dir and says to run prepare again. */
-static int swap_in(const char *tmp, const char *dir) {
+static int swap_locked(const char *tmp, const char *dir) {
   int rc = remove_old(dir, 1);
   if (rc) return rc; /* dir is as it was (but for a tokenizer.bpe.tmp left by an older build) */
   rc = tr_sync_dir(dir);
   if (!rc) rc = remove_old(dir, 0);
+  if (!rc) test_pause();
   if (!rc) rc = move_in(tmp, dir, 0);
   if (!rc) rc = tr_sync_dir(dir);
   if (!rc) rc = move_in(tmp, dir, 1);
@@ -250,6 +340,15 @@ static int swap_in(const char *tmp, const char *dir) {
   }
   rmdir(tmp);
   return TR_OK;
+}
+
+/* swap_locked under DIR's lock. */
+static int swap_in(const char *tmp, const char *dir) {
+  int dfd = lock_dir(dir); /* another's swap ends first: this one replaces it whole */
+  if (dfd == -2) return TR_EIO;
+  int rc = swap_locked(tmp, dir);
+  unlock_dir(dfd);
+  return rc;
 }
 
 /* --- the command --- */
@@ -291,7 +390,7 @@ int prepare_main(int argc, char **argv) {
   long vocab = 4096;
   const char *tokfile = NULL;
   double val = 0.1;
-  int nfiles = 0, created = 0;
+  int nfiles = 0, created = 0, tmp_fd = -1;
   int rc = files && ends ? parse_args(argc, argv, files, &nfiles, &o, &vocab, &tokfile, &val)
                          : tr_fail(TR_ENOMEM, "out of memory");
   if (!rc) { /* DIR as given, less its trailing slashes (for the hint printed at the end) */
@@ -300,9 +399,10 @@ int prepare_main(int argc, char **argv) {
     if (k >= sizeof dir) rc = tr_fail(TR_EINVAL, "-o %s: path too long", o.dir);
     else snprintf(dir, sizeof dir, "%.*s", (int)k, o.dir);
   }
-  if (!rc && (rc = open_out(dir, tmp, sizeof tmp, &created))) tr_fail_prefix(rc, "-o %s", dir);
+  if (!rc && (rc = open_out(dir, tmp, sizeof tmp, &created, &tmp_fd))) tr_fail_prefix(rc, "-o %s", dir);
   if (rc) {
     fprintf(stderr, "transom prepare: %s\n", tr_error());
+    unlock_dir(tmp_fd);
     free(files);
     free(ends);
     return 2;
@@ -332,6 +432,7 @@ int prepare_main(int argc, char **argv) {
            len, (long long)n, (double)len / (double)n, o.next[0], o.next[1], (long long)bpe_vocab_size(b), dir, dir,
            dir, (long long)bpe_vocab_size(b));
   else fprintf(stderr, "transom prepare: %s\n", tr_error());
+  unlock_dir(tmp_fd);
   bpe_free(b);
   free(ids);
   free(all);

@@ -85,7 +85,7 @@ typedef struct {
   char dir[PATH_MAX - 64];
   FILE *metrics, *events;
   int lock_fd; /* RUN/run.lock (take_lock), never closed: held until the process ends */
-  int gate_fd; /* RUN itself, flock'd while this start checks and claims it (gate_take); -1: not held */
+  int gate_fd; /* RUN/start.lock, flock'd while this start checks and claims RUN (gate_take); -1: not held */
   char made[PATH_MAX - 64]; /* the topmost directory of RUN's path that gate_take made ("": none) */
   int pad_ms;  /* TRANSOM_TEST_STEP_MS (tests): every step sleeps this long first, as a worker's do */
   /* the hooks' figures */
@@ -597,36 +597,59 @@ static int take_lock(run_ctx *r) {
  * RUN/control.sock). Another start that looked in between saw nothing
  * either, and went on too: two jobs in one run directory (an operator
  * takes no lock, so an operator beside a lone run, or two operators). So
- * each start holds an exclusive flock on the directory RUN itself from
- * before check_new_dir until that claim is visible: a lone run or a
- * pipeline's launcher lets it go once it holds RUN/run.lock, an operator
- * once RUN/control.sock listens (operator_run); the kernel lets it go
- * however the process ends. A start finding it held waits (another may be
- * probing a hung operator: up to PROBE_S + PROBE_MORE_S), then looks.
- * Nothing is written for it: a new RUN is made first (and removed again,
- * if still empty, when the start is refused). */
+ * each start holds an exclusive flock on RUN/start.lock from before
+ * check_new_dir until that claim is visible: a lone run or a pipeline's
+ * launcher lets it go once it holds RUN/run.lock, an operator once
+ * RUN/control.sock listens (operator_run); the kernel lets it go however
+ * the process ends. A start that finds it held waits while the holder runs
+ * (it may be probing a hung operator, or saving a big model's first
+ * weights), at most GATE_MAX_S; GATE_WAIT_S for a holder that is stopped
+ * or cannot be told. A new RUN is made for the lock file, and removed
+ * again (with the parents the start made) when the start is refused; the
+ * lock file is never removed otherwise (a start waiting on a removed one
+ * sees it is gone and opens the new one). A filesystem whose flock fails
+ * (no locks; a directory over NFS) has no gate: take_lock warns there. */
+#define START_LOCK "start.lock"
 #define GATE_WAIT_S 30.0
+#define GATE_MAX_S 600.0
 
-/* The pid that holds an flock on the file or directory fd (/proc/locks;
- * 0 when it cannot say). */
+/* The pid that holds an flock on fd's file (/proc/locks; 0 when it cannot
+ * say). The device must match too, unless only the inode does (btrfs
+ * shows a subvolume's device in stat, the superblock's in /proc/locks). */
 static int flock_holder(int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0) return 0;
   FILE *f = fopen("/proc/locks", "r");
   if (!f) return 0;
   char line[256];
-  int pid = 0;
+  int pid = 0, by_ino = 0;
   while (!pid && fgets(line, sizeof line, f)) {
     int who;
     unsigned maj, min;
     unsigned long long ino;
     char *p = strstr(line, "FLOCK");
-    if (p && sscanf(p, "FLOCK %*s %*s %d %x:%x:%llu", &who, &maj, &min, &ino) == 4 && ino == (unsigned long long)st.st_ino &&
-        makedev(maj, min) == st.st_dev)
-      pid = who;
+    if (line[strspn(line, "0123456789: ")] == '-' || !p || /* "-> FLOCK": a waiter, not the holder */
+        sscanf(p, "FLOCK %*s %*s %d %x:%x:%llu", &who, &maj, &min, &ino) != 4 || ino != (unsigned long long)st.st_ino)
+      continue;
+    if (makedev(maj, min) == st.st_dev) pid = who;
+    else if (!by_ino) by_ino = who;
   }
   fclose(f);
-  return pid;
+  return pid ? pid : by_ino;
+}
+
+/* Whether process pid is alive and not stopped (/proc/PID/stat). */
+static int pid_running(int pid) {
+  char path[64], text[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  const char *rp = strrchr(text, ')'); /* the name may hold spaces and parentheses */
+  char st = rp && rp[1] == ' ' ? rp[2] : 0;
+  return st && st != 'T' && st != 't' && st != 'Z' && st != 'X';
 }
 
 /* Test hook TRANSOM_TEST_START_PAUSE_MS: a start sleeps this long after
@@ -640,76 +663,78 @@ static void test_start_pause(void) {
   usleep((useconds_t)(ms * 1000));
 }
 
-/* Makes r->dir, remembering in r->made the topmost directory of its path
- * that did not exist. */
+/* Makes r->dir; the first time, r->made takes the topmost directory of its
+ * path that did not exist. */
 static int make_dir(run_ctx *r) {
-  char path[sizeof r->dir];
-  snprintf(path, sizeof path, "%s", r->dir);
-  r->made[0] = 0;
-  for (char *p = path + 1;; p++) {
-    if (*p != '/' && *p != 0) continue;
-    char c = *p;
-    *p = 0;
-    int missing = access(path, F_OK) != 0;
-    if (missing) snprintf(r->made, sizeof r->made, "%s", path);
-    *p = c;
-    if (missing || !c) break;
+  if (!r->made[0]) {
+    char path[sizeof r->dir];
+    snprintf(path, sizeof path, "%s", r->dir);
+    for (char *p = path + 1;; p++) {
+      if (*p != '/' && *p != 0) continue;
+      char c = *p;
+      *p = 0;
+      int missing = access(path, F_OK) != 0;
+      if (missing) snprintf(r->made, sizeof r->made, "%s", path);
+      *p = c;
+      if (missing || !c) break;
+    }
   }
-  return tr_mkdirs(r->dir);
+  int rc = tr_mkdirs(r->dir);
+  return rc ? tr_fail_prefix(rc, "run directory") : 0;
 }
 
-/* Takes the gate of r->dir (made first unless resume). Waits while
- * another start holds it, up to GATE_WAIT_S; 0, or TR_EINVAL / TR_EIO
- * (message set). A filesystem without flock: no gate (take_lock warns
- * about it for the runs that take one). */
+/* Takes RUN/start.lock (RUN made first unless resume), waiting while
+ * another start holds it; 0 (r->gate_fd -1 where the filesystem cannot
+ * lock), or TR_EINVAL / TR_EIO (message set). */
 static int gate_take(run_ctx *r, int resume) {
   r->gate_fd = -1;
   r->made[0] = 0;
-  if (!resume && access(r->dir, F_OK) != 0) {
-    int rc = make_dir(r);
-    if (rc) return rc;
-  }
-  double t0 = tr_now();
+  char path[PATH_MAX];
+  path_in(r, START_LOCK, path, sizeof path);
+  double t0 = tr_now(), t_look = t0 + 1.0;
   int said = 0;
   for (;;) {
-    int fd = open(r->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return tr_fail(TR_EIO, "cannot open the run directory %s: %s", r->dir, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      int e = errno;
-      if (no_locks(e)) {
-        close(fd);
-        return 0;
-      }
-      if (e != EWOULDBLOCK) {
-        close(fd);
-        return tr_fail(TR_EIO, "cannot lock the run directory %s: %s", r->dir, strerror(e));
-      }
-      int pid = flock_holder(fd);
-      close(fd);
-      double waited = tr_now() - t0;
-      if (waited > GATE_WAIT_S)
-        return tr_fail(TR_EINVAL, "%s: another transom%s%.0d has been starting in it for %.0f s and has not "
-                       "finished its start (stopped?): try again, or stop it first", r->dir, pid > 0 ? " (pid " : "",
-                       pid, waited);
-      if (!said && waited > 1.0) {
-        fprintf(stderr, "transom: another transom%s%.0d%s is starting in %s: waiting for it (up to %.0f s)\n",
-                pid > 0 ? " (pid " : "", pid, pid > 0 ? ")" : "", r->dir, GATE_WAIT_S);
-        said = 1;
-      }
-      usleep(20000);
-      continue;
-    }
-    /* still the directory at that path (not one a refused start removed and another made again)? */
-    struct stat a, b;
-    if (fstat(fd, &a) == 0 && stat(r->dir, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
-      r->gate_fd = fd;
-      return 0;
-    }
-    close(fd);
     if (!resume && access(r->dir, F_OK) != 0) {
       int rc = make_dir(r);
       if (rc) return rc;
     }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      if (errno == ENOENT && !resume && tr_now() - t0 < GATE_MAX_S) continue; /* RUN removed meanwhile: again */
+      return tr_fail(TR_EIO, "run directory: cannot open %s: %s", path, strerror(errno));
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      struct stat a, b; /* still the file at that path (not one a refused start removed)? */
+      if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+        r->gate_fd = fd;
+        return 0;
+      }
+      close(fd);
+      continue;
+    }
+    int e = errno;
+    if (e != EWOULDBLOCK && e != EINTR) { /* no locks here: no gate */
+      close(fd);
+      return 0;
+    }
+    double now = tr_now();
+    if (now >= t_look) {
+      int pid = flock_holder(fd);
+      t_look = now + 1.0;
+      char who[32] = "";
+      if (pid > 0) snprintf(who, sizeof who, " (pid %d)", pid);
+      if (!said)
+        fprintf(stderr, "transom: another transom%s is starting in %s: waiting for it\n", who, r->dir);
+      said = 1;
+      if (now - t0 > GATE_MAX_S || (now - t0 > GATE_WAIT_S && !(pid > 0 && pid_running(pid)))) {
+        close(fd);
+        r->made[0] = 0; /* never held: nothing here is ours to remove */
+        return tr_fail(TR_EINVAL, "%s: another transom%s has been starting in it for %.0f s%s: stop it, or try "
+                       "again", r->dir, who, now - t0, pid > 0 && !pid_running(pid) ? " and is stopped" : "");
+      }
+    }
+    close(fd);
+    usleep(20000);
   }
 }
 
@@ -719,18 +744,40 @@ static void gate_release(run_ctx *r) {
   r->gate_fd = -1;
 }
 
-/* A refused start: the gate let go, and what gate_take made of RUN's path
- * removed again, leaf first, while empty (rmdir refuses otherwise). */
-static void gate_refused(run_ctx *r) {
-  size_t top = strlen(r->made);
-  char path[sizeof r->dir];
-  snprintf(path, sizeof path, "%s", r->dir);
-  while (top && strlen(path) >= top && rmdir(path) == 0) {
-    char *slash = strrchr(path, '/');
-    if (!slash || slash == path) break;
-    *slash = 0;
+/* Whether a component of path is "." or "..": then its parents are not
+ * what its prefixes name. */
+static int has_dots(const char *path) {
+  for (const char *c = path; *c;) {
+    size_t n = strcspn(c, "/");
+    if ((n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.')) return 1;
+    c += n;
+    c += strspn(c, "/");
   }
-  r->made[0] = 0;
+  return 0;
+}
+
+/* A refused start: what gate_take made of RUN's path removed again (the
+ * lock file, then the directories, leaf first, while empty: rmdir
+ * refuses otherwise; only the leaf where the path holds "." or ".."),
+ * then the gate let go. */
+static void gate_refused(run_ctx *r) {
+  if (r->made[0]) {
+    char path[sizeof r->dir + 16];
+    path_in(r, START_LOCK, path, sizeof path);
+    unlink(path); /* a start waiting on it sees it gone once we let go */
+    snprintf(path, sizeof r->dir, "%s", r->dir);
+    size_t top = strlen(r->made), k = strlen(path);
+    while (k > 1 && path[k - 1] == '/') path[--k] = 0;
+    int leaf_only = has_dots(path);
+    while (rmdir(path) == 0 && !leaf_only) {
+      char *slash = strrchr(path, '/');
+      if (!slash || slash == path) break;
+      while (slash > path && slash[-1] == '/') slash--;
+      *slash = 0;
+      if (strlen(path) < top || strncmp(path, r->made, top) != 0) break;
+    }
+    r->made[0] = 0;
+  }
   gate_release(r);
 }
 
