@@ -203,8 +203,9 @@ describe("token shards", function()
   end)
 
   it("two transom prepares into one DIR at once: both finish, DIR holds the later one's output whole", function()
-    -- The first is held inside its swap (TRANSOM_TEST_PREPARE_PAUSE_MS: its old output gone, its new not yet in)
-    -- while the second starts, tokenizes and swaps. (Before: the second took the first's live .prepare-* for a
+    -- The first is held inside its swap (TRANSOM_TEST_PREPARE_PAUSE: its old output gone, its new not yet in;
+    -- until a file exists) while the second starts, tokenizes and comes to its swap, and let go once the second
+    -- says it waits. (Before: the second took the first's live .prepare-* for a
     -- killed prepare's and removed it, so the first failed; and two swaps could interleave, leaving one's
     -- tokenizer beside the other's shards.) The second waits for the first's swap, then replaces it whole.
     write(tmp .. "/c1.txt", text:sub(1, 8000))
@@ -222,15 +223,18 @@ describe("token shards", function()
     assert.equal(0, rc, out)
     local want = files_of(tmp .. "/alone2")
     assert.is_truthy(want["tokenizer.bpe"] and want["train_000000.bin"], out)
-    local d, log1, log2 = tmp .. "/both", tmp .. "/both1.log", tmp .. "/both2.log"
-    local _, rc1 = prepare(d, "c1.txt", 300, 1000, "env TRANSOM_TEST_PREPARE_PAUSE_MS=" ..
-      math.floor(S.T(3) * 1000) .. " ", log1)
+    local d, log1, log2, go = tmp .. "/both", tmp .. "/both1.log", tmp .. "/both2.log", tmp .. "/both.go"
+    local _, rc1 = prepare(d, "c1.txt", 300, 1000, "env TRANSOM_TEST_PREPARE_PAUSE=" .. q(go) .. " ", log1)
     assert.is_truthy(S.wait_for(function() return (read(log1) or ""):find("swap paused", 1, true) end, S.T(60)),
       read(log1))
     local _, rc2 = prepare(d, "c2.txt", 400, 3000, nil, log2)
+    local waited = S.wait_for(function() return (read(log2) or ""):find("waiting for it", 1, true) end, S.T(60))
+    write(go, "")
+    assert.is_truthy(waited, read(log2))
     assert.equal(0, S.wait_rc(rc1, S.T(60)), read(log1))
     assert.equal(0, S.wait_rc(rc2, S.T(60)), read(log2))
-    assert.matches("another transom prepare is writing into '" .. d .. "': waiting for it", read(log2), 1, true)
+    assert.matches("another transom prepare %(pid %d+%) is writing into '" .. d:gsub("%p", "%%%0") .. "': waiting for it",
+      read(log2))
     -- the second's output, whole: no shard of the first beside it, no temporary directory left
     assert.same(want, files_of(d))
   end)

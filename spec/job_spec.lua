@@ -573,23 +573,29 @@ return {
 
   it("refuses an operator started while a lone run starts in the same directory, after waiting for it", function()
     -- A start looks for a live job, then claims the directory (a lone run: RUN/run.lock). The lone run is held
-    -- between the two (TRANSOM_TEST_START_PAUSE_MS) while an operator starts: it waits at the start gate, saying
-    -- for whom, then finds the lone run. (Before: an operator takes no lock, found nothing, and trained beside it.)
+    -- between the two (TRANSOM_TEST_START_PAUSE: until a file exists) while an operator starts, and let go once
+    -- the operator says it waits at the start gate; the operator then finds the lone run. (Before: an operator
+    -- takes no lock, found nothing, and trained beside it.)
     local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
-    local log = run_dir .. ".log"
-    local pid, rc_of = S.spawn_rc("env TRANSOM_TEST_START_PAUSE_MS=" .. math.floor(S.T(4) * 1000) .. " " .. q(BIN) ..
-      " run " .. q(path) .. " --set max_steps=20", log)
+    local log, log2, go = run_dir .. ".log", run_dir .. ".log2", run_dir .. ".go"
+    local pid, rc_of = S.spawn_rc("env TRANSOM_TEST_START_PAUSE=" .. q(go) .. " " .. q(BIN) .. " run " .. q(path) ..
+      " --set max_steps=20", log)
     local ok, err = pcall(function()
       assert.is_truthy(S.wait_for(function() return (S.read(log) or ""):find("start paused", 1, true) end, 60),
         S.read(log))
-      local code, out, e = transom(dir, "run", path, "--replicas", "2", "--set", "max_steps=20")
-      assert.are.equal(2, code, e .. out)
+      local _, op_rc = S.spawn_rc(q(BIN) .. " run " .. q(path) .. " --replicas 2 --set max_steps=20", log2)
+      local waited = S.wait_for(function() return (S.read(log2) or ""):find("waiting for it", 1, true) end, 60)
+      write(go, "")
+      local code, e = S.wait_rc(op_rc, 60), S.read(log2) or ""
+      assert.is_truthy(waited, e)
+      assert.are.equal(2, code, e)
       has(e, "another transom (pid " .. pid .. ") is starting in " .. run_dir .. ": waiting for it")
       -- refused as in use (the lone run holds RUN/run.lock now), or as a run's directory (its job.lua came too)
       assert.is_truthy(e:find(run_dir .. " is in use by a running transom (pid " .. pid, 1, true) or
         e:find("run directory " .. run_dir .. " already holds a run", 1, true), e)
       assert.are.equal(0, S.wait_rc(rc_of, 120), S.read(log))
     end)
+    write(go, "")
     S.cleanup()
     assert(ok, err)
     has(read(log), "step 20/20")
@@ -618,9 +624,9 @@ return {
     refused(dir .. "/mine/run")
     assert.is_true(exists(dir .. "/mine"), "a refused start removed a directory it did not make")
     assert.is_false(exists(dir .. "/mine/run"), "a refused start left " .. dir .. "/mine/run")
-    refused(dir .. "/mine/../mine/x") -- "..": only the leaf it made goes
-    assert.is_true(exists(dir .. "/mine"))
-    assert.is_false(exists(dir .. "/mine/x"))
+    -- "..": its prefixes are not the directories made, so nothing goes (T/new/../mine would take mine)
+    refused(dir .. "/new/../mine")
+    assert.is_true(exists(dir .. "/mine"), "a refused start removed a directory it did not make")
   end)
 
   it("runs, with one warning, where the filesystem has no locks (flock: ENOSYS, ENOLCK, EOPNOTSUPP, EINVAL)", function()

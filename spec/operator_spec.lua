@@ -730,25 +730,30 @@ describe("operator (3 replicas)", function()
   -- Two starts into one new run directory at once: an operator (it takes
   -- no lock: a hung one must stay possible to take over) and a lone run.
   -- A start looks for a live job, then claims the directory; the operator
-  -- is held between the two (TRANSOM_TEST_START_PAUSE_MS) while the lone
-  -- run starts. The lone start waits at the start gate (saying for whom),
-  -- then finds the operator's run: exit 2, and the operator's job trains
-  -- alone. (Before: both found nothing, and both trained in the directory.)
+  -- is held between the two (TRANSOM_TEST_START_PAUSE: until a file
+  -- exists) while the lone run starts, and let go once the lone start says
+  -- it waits at the start gate, naming the operator. The lone start then
+  -- finds the operator's run: exit 2, and the operator's job trains alone.
+  -- (Before: both found nothing, and both trained in the directory.)
   it("a lone run started while an operator starts in the same directory waits for it and is refused", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
-    local run, steps = tmp .. "/startrace", 60
-    local op, op_rc = spawn_rc("env TRANSOM_TEST_START_PAUSE_MS=" .. math.floor(T(4) * 1000) .. " " .. job(run, "--replicas 2 --set max_steps=" ..
-      steps), tmp .. "/startrace.log")
-    assert.is_truthy(S.wait_for(function() return (read(tmp .. "/startrace.log") or ""):find("start paused", 1, true) end,
-      T(60)), read(tmp .. "/startrace.log"))
+    local run, steps, go = tmp .. "/startrace", 60, tmp .. "/startrace.go"
+    local log1, log2 = tmp .. "/startrace.log", tmp .. "/startrace2.log"
+    local op, op_rc = spawn_rc("env TRANSOM_TEST_START_PAUSE=" .. go .. " " .. job(run, "--replicas 2 --set max_steps="
+      .. steps), log1)
+    assert.is_truthy(S.wait_for(function() return (read(log1) or ""):find("start paused", 1, true) end, T(60)),
+      read(log1))
     local lone = job(run, "--replicas 1 --set max_steps=" .. steps):gsub("%-%-set deadline=%S+", "")
-    local _, rc_of = spawn_rc(lone, tmp .. "/startrace2.log")
+    local _, rc_of = spawn_rc(lone, log2)
+    local waited = S.wait_for(function() return (read(log2) or ""):find("waiting for it", 1, true) end, T(60))
+    write(go, "")
     local rc = S.wait_rc(rc_of, T(60))
-    local said = read(tmp .. "/startrace2.log") or ""
+    local said = read(log2) or ""
+    assert.is_truthy(waited, said)
     assert.equal(2, rc, said)
     assert.matches("another transom (pid " .. op .. ") is starting in " .. run .. ": waiting for it", said, 1, true)
     assert.matches("run directory " .. run .. " already holds a run", said, 1, true)
-    assert.equal(0, S.wait_rc(op_rc, T(120)), read(tmp .. "/startrace.log"))
+    assert.equal(0, S.wait_rc(op_rc, T(120)), read(log1))
     assert.is_nil(read(run .. "/run.lock"), "a lone run took the directory's lock")
     local by = steps_by_worker(run)
     for w = 0, 1 do

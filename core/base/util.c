@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -305,4 +306,39 @@ int tr_jsonl_keep_until(const char *path, int64_t step, int *dropped) {
   free(text);
   if (dropped) *dropped = gone;
   return rc;
+}
+
+int tr_flock_holder(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return 0;
+  FILE *f = fopen("/proc/locks", "r");
+  if (!f) return 0;
+  char line[256];
+  int pid = 0;
+  while (!pid && fgets(line, sizeof line, f)) {
+    /* "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; a waiter's is "1: -> FLOCK ..." */
+    const char *p = line + strspn(line, "0123456789: ");
+    int who;
+    unsigned maj, min;
+    unsigned long long ino;
+    if (strncmp(p, "FLOCK", 5) == 0 && sscanf(p, "FLOCK %*s %*s %d %x:%x:%llu", &who, &maj, &min, &ino) == 4 &&
+        ino == (unsigned long long)st.st_ino && makedev(maj, min) == st.st_dev)
+      pid = who;
+  }
+  fclose(f);
+  return pid;
+}
+
+int tr_pid_running(int pid) {
+  if (pid <= 0) return 0;
+  char path[64], text[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  const char *rp = strrchr(text, ')'); /* the name may hold spaces and parentheses */
+  char st = rp && rp[1] == ' ' ? rp[2] : 0;
+  return st && st != 'T' && st != 't' && st != 'Z' && st != 'X';
 }

@@ -13,10 +13,10 @@
  * file) goes first, tokenizer.bpe last in both directions. DIR itself is
  * never replaced: its mode, group, ACLs and other files stay, and it may be
  * ".", a symbolic link or a mount point. Two prepares into one DIR at
- * once do not mix: each holds an flock on its own DIR/.prepare-XXXXXX for
- * its life (a leftover is only one nobody holds: a killed prepare's), and
- * one on DIR itself while it swaps its output in; the later swap replaces
- * the earlier whole.
+ * once do not mix: each holds an flock on its own DIR/.prepare-XXXXXX/.lock
+ * for its life (a leftover is only one nobody holds: a killed prepare's),
+ * and one on DIR/.prepare.lock (removed again) while it swaps its output
+ * in; the later swap replaces the earlier whole.
  * Called from main.c only; it returns an exit status and never exits
  * itself.
  */
@@ -177,87 +177,93 @@ static int is_prepare_file(const char *name) {
 
 #define TMP_PREFIX ".prepare-"
 
-/* --- locks: two prepares into one DIR --- */
+/* --- locks: two prepares into one DIR ---
+ * Lock files, not the directories: an flock on a directory fails over NFS
+ * (it is taken through a read-only fd), and a user's own `flock DIR ...`
+ * around prepare would deadlock with one on DIR. */
+#define TMP_LOCK ".lock"            /* in DIR/.prepare-XXXXXX: held by its prepare for its life */
+#define SWAP_LOCK ".prepare.lock"   /* in DIR: held while a prepare swaps its output in */
+#define SWAP_WAIT_S 30.0            /* for a holder that is stopped or cannot be seen */
+#define SWAP_MAX_S 600.0            /* for one that runs */
 
-/* Whether flock's errno e means this filesystem cannot lock the file (no
- * locks at all; a directory over NFS, locked through a read-only fd): then
- * nothing is locked, and a leftover is any .prepare-*, as before locks. */
-static int no_locks(int e) { return e != EWOULDBLOCK && e != EINTR; }
-
-/* An exclusive flock on directory path, waited for (saying so once, after
- * a second); the fd, -1 where the filesystem cannot lock it, or -2
- * (message set). */
-static int lock_dir(const char *path) {
-  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
-    return -2;
-  }
-  double t0 = tr_now();
-  int said = 0;
-  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (no_locks(errno)) {
-      close(fd);
-      return -1;
-    }
-    if (!said && tr_now() - t0 > 1.0) {
-      fprintf(stderr, "transom prepare: another transom prepare is writing into '%s': waiting for it\n", path);
-      said = 1;
-    }
-    usleep(20000);
-  }
-  return fd;
+/* Test hook TRANSOM_TEST_PREPARE_PAUSE=FILE: the swap says "swap paused"
+ * once the old output is gone, before the new comes in, and waits (up to
+ * 120 s) until FILE exists, so a test can run a second prepare into that
+ * window. */
+static void test_pause(void) {
+  const char *v = getenv("TRANSOM_TEST_PREPARE_PAUSE");
+  if (!v || !*v) return;
+  fprintf(stderr, "transom prepare: test: swap paused until %s exists\n", v);
+  for (int i = 0; i < 12000 && access(v, F_OK) != 0; i++) usleep(10000);
 }
 
-static void unlock_dir(int fd) {
-  if (fd >= 0) close(fd);
-}
-
-/* Whether the .prepare-* directory at path is a live prepare's: it holds
- * the directory's flock (taken and let go at once otherwise). */
-static int tmp_live(const char *path) {
-  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  int live = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-  close(fd);
-  return live;
+/* The .prepare-* directory at path, a killed prepare's (nobody holds its
+ * lock file, or it has none: killed before it made one), locked (*fd, -1:
+ * no lock file) so that nobody takes it while it is removed: 1; 0 when a
+ * live prepare holds it. */
+static int take_leftover(const char *path, int *fd) {
+  char lock[PATH_MAX];
+  *fd = -1;
+  if (snprintf(lock, sizeof lock, "%s/" TMP_LOCK, path) >= (int)sizeof lock) return 0;
+  *fd = open(lock, O_RDWR | O_CLOEXEC);
+  if (*fd < 0) return 1;
+  if (flock(*fd, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK) return 1; /* (a filesystem without locks: as before) */
+  close(*fd);
+  *fd = -1;
+  return 0;
 }
 
 /* Removes the DIR/.prepare-* directories a killed prepare left (flat: the
- * files in them, then them), not a live one's. Best effort. */
+ * files in them, then them), holding each one's lock meanwhile; a live
+ * prepare's stays. Best effort. */
 static void remove_leftovers(const char *dir) {
   DIR *d = opendir(dir);
   char path[PATH_MAX];
-  for (struct dirent *e; d && (e = readdir(d));)
-    if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0 &&
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path && !tmp_live(path))
-      tr_remove_flat(path);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    int fd;
+    if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) != 0 ||
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path || !take_leftover(path, &fd))
+      continue;
+    tr_remove_flat(path);
+    if (fd >= 0) close(fd);
+  }
   if (d) closedir(d);
 }
 
-/* A fresh DIR/.prepare-XXXXXX in tmp, locked (*fd; -1 without locks). One
- * that another prepare's remove_leftovers took before we locked it (it
- * was unlocked for an instant) is gone by then: a new one is made. */
+/* A fresh DIR/.prepare-XXXXXX in tmp, its lock file made and held (*fd;
+ * -1 without locks). One that another prepare's remove_leftovers took
+ * before the lock was held is gone by then: another is made. */
 static int make_tmp(const char *dir, char *tmp, size_t ntmp, int *fd) {
+  char lock[PATH_MAX];
+  *fd = -1;
   for (int tries = 0; tries < 16; tries++) {
-    if (snprintf(tmp, ntmp, "%s/" TMP_PREFIX "XXXXXX", dir) >= (int)ntmp)
+    if (snprintf(tmp, ntmp, "%s/" TMP_PREFIX "XXXXXX", dir) >= (int)ntmp ||
+        snprintf(lock, sizeof lock, "%s/" TMP_PREFIX "XXXXXX/" TMP_LOCK, dir) >= (int)sizeof lock)
       return tr_fail(TR_EINVAL, "'%s': path too long", dir);
     if (!mkdtemp(tmp)) return tr_fail(TR_EIO, "cannot create a directory in '%s': %s", dir, strerror(errno));
-    if ((*fd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) continue;
-    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
-      if (no_locks(errno)) {
-        close(*fd);
-        *fd = -1;
+    snprintf(lock, sizeof lock, "%s/" TMP_LOCK, tmp);
+    int f = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (f < 0) {
+      if (errno == ENOENT) continue; /* taken for a leftover already */
+      int e = errno;
+      rmdir(tmp);
+      return tr_fail(TR_EIO, "cannot create '%s': %s", lock, strerror(e));
+    }
+    if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK) { /* a filesystem without locks */
+        close(f);
         return TR_OK;
       }
-      close(*fd);
+      close(f); /* taken for a leftover meanwhile: gone next */
       continue;
     }
     struct stat a, b;
-    if (fstat(*fd, &a) == 0 && stat(tmp, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) return TR_OK;
-    close(*fd);
+    if (fstat(f, &a) == 0 && stat(lock, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+      *fd = f;
+      return TR_OK;
+    }
+    close(f);
   }
-  *fd = -1;
   return tr_fail(TR_EIO, "cannot keep a directory in '%s': another prepare removes each one made", dir);
 }
 
@@ -273,6 +279,55 @@ static int open_out(const char *dir, char *tmp, size_t ntmp, int *created, int *
   if (rc) return rc;
   remove_leftovers(dir);
   return make_tmp(dir, tmp, ntmp, tmp_fd);
+}
+
+/* DIR/.prepare.lock, made and held (the fd; -1 where the filesystem
+ * cannot lock): another prepare's swap ends first. Waited for while its
+ * holder runs (up to SWAP_MAX_S; SWAP_WAIT_S for one stopped or out of
+ * sight), saying so once after a second; TR_EINVAL past that (message
+ * set). The holder removes the file when done (swap_in), so one taken
+ * once it was removed is let go and made again. */
+static int lock_swap(const char *dir, int *fd) {
+  char path[PATH_MAX];
+  *fd = -1;
+  if (snprintf(path, sizeof path, "%s/" SWAP_LOCK, dir) >= (int)sizeof path)
+    return tr_fail(TR_EINVAL, "'%s': path too long", dir);
+  double t0 = tr_now(), t_look = t0 + 1.0;
+  int said = 0;
+  for (;; usleep(20000)) {
+    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (f < 0) return tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
+    if (flock(f, LOCK_EX | LOCK_NB) == 0) {
+      struct stat a, b;
+      if (fstat(f, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+        *fd = f;
+        return TR_OK;
+      }
+      close(f); /* removed by the prepare that held it: again */
+      continue;
+    }
+    if (errno != EWOULDBLOCK && errno != EINTR) { /* a filesystem without locks */
+      close(f);
+      unlink(path);
+      return TR_OK;
+    }
+    double now = tr_now();
+    if (now >= t_look) {
+      int pid = tr_flock_holder(f), running = tr_pid_running(pid);
+      t_look = now + 1.0;
+      char who[32] = "";
+      if (pid > 0) snprintf(who, sizeof who, " (pid %d)", pid);
+      if (!said)
+        fprintf(stderr, "transom prepare: another transom prepare%s is writing into '%s': waiting for it\n", who, dir);
+      said = 1;
+      if (now - t0 > SWAP_MAX_S || (now - t0 > SWAP_WAIT_S && !running)) {
+        close(f);
+        return tr_fail(TR_EINVAL, "another transom prepare%s has held %s for %.0f s%s: stop it, then run this one "
+                       "again", who, path, now - t0, pid > 0 && !running ? " and is stopped" : "");
+      }
+    }
+    close(f);
+  }
 }
 
 /* Unlinks dir's files of an earlier prepare: tokenizer first (or only it). */
@@ -306,17 +361,6 @@ static int move_in(const char *tmp, const char *dir, int tokenizer) {
   return rc;
 }
 
-/* Test hook TRANSOM_TEST_PREPARE_PAUSE_MS: the swap sleeps this long once
- * the old output is gone, before the new comes in, so a test can run a
- * second prepare into that window. */
-static void test_pause(void) {
-  const char *v = getenv("TRANSOM_TEST_PREPARE_PAUSE_MS");
-  long long ms = 0;
-  if (!v || !*v || tr_parse_int(v, 0, 600000, &ms) != 0 || ms == 0) return;
-  fprintf(stderr, "transom prepare: test: swap paused for %lld ms\n", ms);
-  usleep((useconds_t)(ms * 1000));
-}
-
 /* The finished output in tmp takes the place of dir's earlier one: the old
  * tokenizer.bpe goes, then the old shards; the new shards come in, then the
  * new tokenizer.bpe; dir is synced between, so after a crash dir never
@@ -338,16 +382,24 @@ static int swap_locked(const char *tmp, const char *dir) {
     return tr_fail(rc, "%s (%s now holds no tokenizer.bpe, and part of the shards: run transom prepare again)", why,
                    dir);
   }
+  char lock[PATH_MAX];
+  if (snprintf(lock, sizeof lock, "%s/" TMP_LOCK, tmp) < (int)sizeof lock) unlink(lock);
   rmdir(tmp);
   return TR_OK;
 }
 
-/* swap_locked under DIR's lock. */
+/* swap_locked under DIR/.prepare.lock, removed again before it is let go
+ * (a waiter then sees it gone and makes it anew: lock_swap). */
 static int swap_in(const char *tmp, const char *dir) {
-  int dfd = lock_dir(dir); /* another's swap ends first: this one replaces it whole */
-  if (dfd == -2) return TR_EIO;
-  int rc = swap_locked(tmp, dir);
-  unlock_dir(dfd);
+  int fd, rc = lock_swap(dir, &fd);
+  if (rc) return rc;
+  rc = swap_locked(tmp, dir);
+  if (fd >= 0) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/" SWAP_LOCK, dir);
+    unlink(path);
+    close(fd);
+  }
   return rc;
 }
 
@@ -402,7 +454,7 @@ int prepare_main(int argc, char **argv) {
   if (!rc && (rc = open_out(dir, tmp, sizeof tmp, &created, &tmp_fd))) tr_fail_prefix(rc, "-o %s", dir);
   if (rc) {
     fprintf(stderr, "transom prepare: %s\n", tr_error());
-    unlock_dir(tmp_fd);
+    if (tmp_fd >= 0) close(tmp_fd);
     free(files);
     free(ends);
     return 2;
@@ -432,7 +484,7 @@ int prepare_main(int argc, char **argv) {
            len, (long long)n, (double)len / (double)n, o.next[0], o.next[1], (long long)bpe_vocab_size(b), dir, dir,
            dir, (long long)bpe_vocab_size(b));
   else fprintf(stderr, "transom prepare: %s\n", tr_error());
-  unlock_dir(tmp_fd);
+  if (tmp_fd >= 0) close(tmp_fd);
   bpe_free(b);
   free(ids);
   free(all);

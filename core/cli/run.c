@@ -33,7 +33,6 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -607,103 +606,70 @@ static int take_lock(run_ctx *r) {
  * or cannot be told. A new RUN is made for the lock file, and removed
  * again (with the parents the start made) when the start is refused; the
  * lock file is never removed otherwise (a start waiting on a removed one
- * sees it is gone and opens the new one). A filesystem whose flock fails
- * (no locks; a directory over NFS) has no gate: take_lock warns there. */
+ * sees it is gone and opens the new one), nor where the path holds "."
+ * or "..". A filesystem without locks has no gate: take_lock warns there,
+ * and gate_take for an operator's start (which takes no run.lock). */
 #define START_LOCK "start.lock"
 #define GATE_WAIT_S 30.0
 #define GATE_MAX_S 600.0
 
-/* The pid that holds an flock on fd's file (/proc/locks; 0 when it cannot
- * say). The device must match too, unless only the inode does (btrfs
- * shows a subvolume's device in stat, the superblock's in /proc/locks). */
-static int flock_holder(int fd) {
-  struct stat st;
-  if (fstat(fd, &st) != 0) return 0;
-  FILE *f = fopen("/proc/locks", "r");
-  if (!f) return 0;
-  char line[256];
-  int pid = 0, by_ino = 0;
-  while (!pid && fgets(line, sizeof line, f)) {
-    int who;
-    unsigned maj, min;
-    unsigned long long ino;
-    char *p = strstr(line, "FLOCK");
-    if (line[strspn(line, "0123456789: ")] == '-' || !p || /* "-> FLOCK": a waiter, not the holder */
-        sscanf(p, "FLOCK %*s %*s %d %x:%x:%llu", &who, &maj, &min, &ino) != 4 || ino != (unsigned long long)st.st_ino)
-      continue;
-    if (makedev(maj, min) == st.st_dev) pid = who;
-    else if (!by_ino) by_ino = who;
-  }
-  fclose(f);
-  return pid ? pid : by_ino;
-}
-
-/* Whether process pid is alive and not stopped (/proc/PID/stat). */
-static int pid_running(int pid) {
-  char path[64], text[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  size_t n = fread(text, 1, sizeof text - 1, f);
-  fclose(f);
-  text[n] = 0;
-  const char *rp = strrchr(text, ')'); /* the name may hold spaces and parentheses */
-  char st = rp && rp[1] == ' ' ? rp[2] : 0;
-  return st && st != 'T' && st != 't' && st != 'Z' && st != 'X';
-}
-
-/* Test hook TRANSOM_TEST_START_PAUSE_MS: a start sleeps this long after
- * its checks, before it claims RUN, so a test can run a second start into
- * that window. */
+/* Test hook TRANSOM_TEST_START_PAUSE=FILE: a start says "start paused"
+ * after its checks, before it claims RUN, and waits (up to 120 s) until
+ * FILE exists, so a test can run a second start into that window. */
 static void test_start_pause(void) {
-  const char *v = getenv("TRANSOM_TEST_START_PAUSE_MS");
-  long long ms = 0;
-  if (!v || !*v || tr_parse_int(v, 0, 600000, &ms) != 0 || ms == 0) return;
-  fprintf(stderr, "transom: test: start paused for %lld ms\n", ms);
-  usleep((useconds_t)(ms * 1000));
+  const char *v = getenv("TRANSOM_TEST_START_PAUSE");
+  if (!v || !*v) return;
+  fprintf(stderr, "transom: test: start paused until %s exists\n", v);
+  for (int i = 0; i < 12000 && access(v, F_OK) != 0; i++) usleep(10000);
 }
 
-/* Makes r->dir; the first time, r->made takes the topmost directory of its
- * path that did not exist. */
+/* Makes r->dir one directory at a time; the first time, r->made takes the
+ * topmost one this call created (mkdir succeeded: not one another start
+ * made meanwhile). */
 static int make_dir(run_ctx *r) {
-  if (!r->made[0]) {
-    char path[sizeof r->dir];
-    snprintf(path, sizeof path, "%s", r->dir);
-    for (char *p = path + 1;; p++) {
-      if (*p != '/' && *p != 0) continue;
-      char c = *p;
-      *p = 0;
-      int missing = access(path, F_OK) != 0;
-      if (missing) snprintf(r->made, sizeof r->made, "%s", path);
-      *p = c;
-      if (missing || !c) break;
+  char path[sizeof r->dir];
+  snprintf(path, sizeof path, "%s", r->dir);
+  int first = !r->made[0];
+  for (char *p = path + 1;; p++) {
+    if (*p != '/' && *p != 0) continue;
+    char c = *p;
+    *p = 0;
+    if (mkdir(path, 0755) == 0) {
+      if (first && !r->made[0]) snprintf(r->made, sizeof r->made, "%s", path);
+    } else if (errno != EEXIST) {
+      return tr_fail(TR_EIO, "run directory: cannot create directory '%s': %s", path, strerror(errno));
     }
+    *p = c;
+    if (!c) break;
   }
-  int rc = tr_mkdirs(r->dir);
+  int rc = tr_mkdirs(r->dir); /* is a writable directory */
   return rc ? tr_fail_prefix(rc, "run directory") : 0;
 }
 
 /* Takes RUN/start.lock (RUN made first unless resume), waiting while
  * another start holds it; 0 (r->gate_fd -1 where the filesystem cannot
- * lock), or TR_EINVAL / TR_EIO (message set). */
-static int gate_take(run_ctx *r, int resume) {
+ * lock: a warning then if warn, the starts that take no run.lock), or
+ * TR_EINVAL / TR_EIO (message set). */
+static int gate_take(run_ctx *r, int resume, int warn) {
   r->gate_fd = -1;
   r->made[0] = 0;
   char path[PATH_MAX];
   path_in(r, START_LOCK, path, sizeof path);
   double t0 = tr_now(), t_look = t0 + 1.0;
   int said = 0;
-  for (;;) {
+  for (;; usleep(20000)) {
+    double now = tr_now();
+    if (now - t0 > GATE_MAX_S) break;
     if (!resume && access(r->dir, F_OK) != 0) {
       int rc = make_dir(r);
       if (rc) return rc;
     }
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
-      if (errno == ENOENT && !resume && tr_now() - t0 < GATE_MAX_S) continue; /* RUN removed meanwhile: again */
+      if (errno == ENOENT && !resume) continue; /* RUN removed meanwhile (a refused start's): again */
       return tr_fail(TR_EIO, "run directory: cannot open %s: %s", path, strerror(errno));
     }
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    if (lock_ex(fd) == 0) {
       struct stat a, b; /* still the file at that path (not one a refused start removed)? */
       if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
         r->gate_fd = fd;
@@ -713,29 +679,33 @@ static int gate_take(run_ctx *r, int resume) {
       continue;
     }
     int e = errno;
-    if (e != EWOULDBLOCK && e != EINTR) { /* no locks here: no gate */
+    if (e != EWOULDBLOCK && e != EINTR) { /* no locks here (NFS without lockd, ...): no gate */
       close(fd);
+      if (warn)
+        fprintf(stderr, "transom: warning: %s: this filesystem has no locks (%s): two starts at once in %s are not "
+                "prevented\n", path, strerror(e), r->dir);
       return 0;
     }
-    double now = tr_now();
     if (now >= t_look) {
-      int pid = flock_holder(fd);
+      int pid = tr_flock_holder(fd), running = tr_pid_running(pid);
       t_look = now + 1.0;
       char who[32] = "";
       if (pid > 0) snprintf(who, sizeof who, " (pid %d)", pid);
-      if (!said)
-        fprintf(stderr, "transom: another transom%s is starting in %s: waiting for it\n", who, r->dir);
+      if (!said) fprintf(stderr, "transom: another transom%s is starting in %s: waiting for it\n", who, r->dir);
       said = 1;
-      if (now - t0 > GATE_MAX_S || (now - t0 > GATE_WAIT_S && !(pid > 0 && pid_running(pid)))) {
+      if (now - t0 > GATE_WAIT_S && !running) {
         close(fd);
         r->made[0] = 0; /* never held: nothing here is ours to remove */
-        return tr_fail(TR_EINVAL, "%s: another transom%s has been starting in it for %.0f s%s: stop it, or try "
-                       "again", r->dir, who, now - t0, pid > 0 && !pid_running(pid) ? " and is stopped" : "");
+        return tr_fail(TR_EINVAL, "%s: another transom%s has been starting in it for %.0f s and %s: try again once "
+                       "it has started (or ended)", r->dir, who, now - t0,
+                       pid > 0 ? "is stopped (kill -CONT it, or kill it)" : "cannot be seen from here");
       }
     }
     close(fd);
-    usleep(20000);
   }
+  r->made[0] = 0;
+  return tr_fail(TR_EINVAL, "%s: another transom has been starting in it for %.0f s: try again once it has started "
+                 "(or ended)", r->dir, GATE_MAX_S);
 }
 
 static void gate_release(run_ctx *r) {
@@ -758,26 +728,26 @@ static int has_dots(const char *path) {
 
 /* A refused start: what gate_take made of RUN's path removed again (the
  * lock file, then the directories, leaf first, while empty: rmdir
- * refuses otherwise; only the leaf where the path holds "." or ".."),
- * then the gate let go. */
+ * refuses otherwise), then the gate let go. Not where the path holds "."
+ * or "..": its prefixes are not the directories made. */
 static void gate_refused(run_ctx *r) {
-  if (r->made[0]) {
-    char path[sizeof r->dir + 16];
-    path_in(r, START_LOCK, path, sizeof path);
-    unlink(path); /* a start waiting on it sees it gone once we let go */
-    snprintf(path, sizeof r->dir, "%s", r->dir);
+  char path[sizeof r->dir + 16];
+  snprintf(path, sizeof r->dir, "%s", r->dir);
+  if (r->made[0] && !has_dots(path)) {
     size_t top = strlen(r->made), k = strlen(path);
     while (k > 1 && path[k - 1] == '/') path[--k] = 0;
-    int leaf_only = has_dots(path);
-    while (rmdir(path) == 0 && !leaf_only) {
+    char lock[sizeof path + 16];
+    snprintf(lock, sizeof lock, "%s/" START_LOCK, path);
+    unlink(lock); /* a start waiting on it sees it gone once we let go */
+    while (rmdir(path) == 0) {
       char *slash = strrchr(path, '/');
       if (!slash || slash == path) break;
       while (slash > path && slash[-1] == '/') slash--;
       *slash = 0;
       if (strlen(path) < top || strncmp(path, r->made, top) != 0) break;
     }
-    r->made[0] = 0;
   }
+  r->made[0] = 0;
   gate_release(r);
 }
 
@@ -1008,7 +978,8 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
     close_run(&r);
     return resume ? 1 : 2;
   }
-  if (gate_take(&r, resume) || (!resume && check_new_dir(&r)) ||
+  int pipeline = r.cfg.pipe_stages > 1 || r.cfg.pipe_micro_batches > 1;
+  if (gate_take(&r, resume, r.cfg.replicas > 1 && !pipeline) || (!resume && check_new_dir(&r)) ||
       check_in_use(&r)) { /* a new run into a run's directory: refused at once */
     fprintf(stderr, "transom: %s\n", tr_error());
     gate_refused(&r);
@@ -1023,7 +994,6 @@ static int run_job(lua_State *L, const char **sets, int argc, char **argv) {
     close_run(&r);
     return 2;
   }
-  int pipeline = r.cfg.pipe_stages > 1 || r.cfg.pipe_micro_batches > 1;
   if (check_start(&r, &a, r.cfg.replicas > 1 && !pipeline)) {
     fprintf(stderr, "transom: %s\n", tr_error());
     gate_refused(&r);
