@@ -329,7 +329,7 @@ int tr_flock_holder(int fd) {
   return pid;
 }
 
-int tr_pid_running(int pid) {
+char tr_proc_state(int pid) {
   if (pid <= 0) return 0;
   char path[64], text[512];
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -339,6 +339,10 @@ int tr_pid_running(int pid) {
   fclose(f);
   text[n] = 0;
   const char *rp = strrchr(text, ')'); /* the name may hold spaces and parentheses */
-  char st = rp && rp[1] == ' ' ? rp[2] : 0;
+  return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
+int tr_pid_running(int pid) {
+  char st = tr_proc_state(pid);
   return st && st != 'T' && st != 't' && st != 'Z' && st != 'X';
 }

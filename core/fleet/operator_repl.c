@@ -748,21 +748,6 @@ struct evconnlistener *operator_ctl_listen(operator_state *o) {
 
 /* --- the probe: a live operator, before a run starts in its directory --- */
 
-/* The state letter of process pid (/proc/PID/stat), or 0 when it is gone
- * (or unknown: no pid). */
-static char proc_state(int pid) {
-  if (pid <= 0) return 0;
-  char path[64], text[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  size_t n = fread(text, 1, sizeof text - 1, f);
-  fclose(f);
-  text[n] = 0;
-  const char *rp = strrchr(text, ')'); /* the name may hold spaces and parentheses */
-  return rp && rp[1] == ' ' ? rp[2] : 0;
-}
-
 #define PROBE_MORE_S 10.0 /* a live but slow operator (a loop blocked a while) is waited for this long more */
 
 operator_presence operator_probe(const char *dir, double timeout_s, int *pid, int *uid) {
@@ -795,13 +780,13 @@ operator_presence operator_probe(const char *dir, double timeout_s, int *pid, in
   ssize_t sent = send(fd, ask, sizeof ask - 1, MSG_NOSIGNAL);
   if (sent < 0 && (errno == EPIPE || errno == ECONNRESET)) { /* closed before our request: as a close unanswered */
     if (*uid >= 0 && *uid != (int)getuid()) p = OPERATOR_REFUSED; /* another user's: ctl_accept closes */
-    else if (*pid > 0 && proc_state(*pid) != 0) p = OPERATOR_REFUSED;
+    else if (*pid > 0 && tr_proc_state(*pid) != 0) p = OPERATOR_REFUSED;
   }
   if (sent == (ssize_t)(sizeof ask - 1)) {
     double until = tr_now() + timeout_s, more = 1;
     for (double left = timeout_s;; left = until - tr_now()) {
       if (left <= 0) { /* no answer yet: stopped or gone is silent; running (slow) gets PROBE_MORE_S more, once */
-        char st = *pid > 0 ? proc_state(*pid) : 'R'; /* a pid we cannot see: as a running one */
+        char st = *pid > 0 ? tr_proc_state(*pid) : 'R'; /* a pid we cannot see: as a running one */
         if (!more || st == 0 || st == 'T' || st == 't' || st == 'Z' || st == 'X') break;
         more = 0;
         until = tr_now() + PROBE_MORE_S;
@@ -816,7 +801,7 @@ operator_presence operator_probe(const char *dir, double timeout_s, int *pid, in
       if (r < 0 && (errno == ECONNRESET || errno == EPIPE)) r = 0; /* closed with our request unread: a close too */
       if (r > 0) p = OPERATOR_ANSWERS;
       if (r == 0 && *uid >= 0 && *uid != (int)getuid()) p = OPERATOR_REFUSED; /* another user's: ctl_accept closes */
-      else if (r == 0 && *pid > 0 && proc_state(*pid) != 0) p = OPERATOR_REFUSED; /* closed unanswered by a live one */
+      else if (r == 0 && *pid > 0 && tr_proc_state(*pid) != 0) p = OPERATOR_REFUSED; /* closed unanswered by a live one */
       if (r >= 0 || (errno != EINTR && errno != EAGAIN)) break; /* 0 from one now gone: silent (dying) */
     }
   }

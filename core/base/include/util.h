@@ -82,12 +82,14 @@ int tr_mkdirs(const char *path);
  * dir). Best effort. */
 void tr_remove_flat(const char *dir);
 
-/* Advisory locks, for messages and deadlines: the pid that holds an flock
- * on fd's file (a holder line of /proc/locks for the same device and
- * inode; 0 when none is seen, or another pid namespace or filesystem
- * hides it), and whether process pid is alive and not stopped
- * (/proc/PID/stat). */
+/* Advisory locks and processes, for messages and deadlines: the pid that
+ * holds an flock on fd's file (a holder line of /proc/locks for the same
+ * device and inode; 0 when none is seen, or another pid namespace or
+ * filesystem hides it); process pid's state letter (/proc/PID/stat: 'R',
+ * 'S', 'T', ...; 0 when it is gone or cannot be seen); and whether it is
+ * alive and not stopped. */
 int tr_flock_holder(int fd);
+char tr_proc_state(int pid);
 int tr_pid_running(int pid);
 
 /* Runs `gnuplot SCRIPT` and waits for it (transom plot, transom sim). TR_OK
