@@ -665,8 +665,12 @@ static int gate_take(run_ctx *r, int resume, int warn) {
       if (rc) return rc;
     }
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS))
+      fd = open(path, O_RDONLY | O_CLOEXEC); /* another user's RUN: flock needs no write access */
     if (fd < 0) {
-      if (errno == ENOENT && !resume) continue; /* RUN removed meanwhile (a refused start's): again */
+      if (errno == ENOENT && !resume && access(r->dir, F_OK) != 0) continue; /* RUN removed meanwhile: again */
+      if (errno == ENOENT || errno == EACCES || errno == EPERM || errno == EROFS)
+        return 0; /* no gate to take here: the checks that follow say what is wrong with RUN */
       return tr_fail(TR_EIO, "run directory: cannot open %s: %s", path, strerror(errno));
     }
     if (lock_ex(fd) == 0) {
