@@ -224,17 +224,22 @@ describe("token shards", function()
     local want = files_of(tmp .. "/alone2")
     assert.is_truthy(want["tokenizer.bpe"] and want["train_000000.bin"], out)
     local d, log1, log2, go = tmp .. "/both", tmp .. "/both1.log", tmp .. "/both2.log", tmp .. "/both.go"
-    local _, rc1 = prepare(d, "c1.txt", 300, 1000, "env TRANSOM_TEST_PREPARE_PAUSE=" .. q(go) .. " ", log1)
-    assert.is_truthy(S.wait_for(function() return (read(log1) or ""):find("swap paused", 1, true) end, S.T(60)),
-      read(log1))
-    local _, rc2 = prepare(d, "c2.txt", 400, 3000, nil, log2)
-    local waited = S.wait_for(function() return (read(log2) or ""):find("waiting for it", 1, true) end, S.T(60))
+    local ok, err = pcall(function()
+      local _, rc1 = prepare(d, "c1.txt", 300, 1000, "env TRANSOM_TEST_PREPARE_PAUSE=" .. q(go) .. " ", log1)
+      assert.is_truthy(S.wait_for(function() return (read(log1) or ""):find("swap paused", 1, true) end, S.T(60)),
+        read(log1))
+      local _, rc2 = prepare(d, "c2.txt", 400, 3000, nil, log2)
+      local waited = S.wait_for(function() return (read(log2) or ""):find("waiting for it", 1, true) end, S.T(60))
+      write(go, "")
+      assert.is_truthy(waited, read(log2))
+      assert.equal(0, S.wait_rc(rc1, S.T(60)), read(log1))
+      assert.equal(0, S.wait_rc(rc2, S.T(60)), read(log2))
+      assert.matches("another transom prepare %(pid %d+%) is writing into '" .. d:gsub("%p", "%%%0") .. "': waiting for it",
+        read(log2))
+    end)
     write(go, "")
-    assert.is_truthy(waited, read(log2))
-    assert.equal(0, S.wait_rc(rc1, S.T(60)), read(log1))
-    assert.equal(0, S.wait_rc(rc2, S.T(60)), read(log2))
-    assert.matches("another transom prepare %(pid %d+%) is writing into '" .. d:gsub("%p", "%%%0") .. "': waiting for it",
-      read(log2))
+    S.cleanup() -- a failed case leaves no prepare behind
+    assert(ok, err)
     -- the second's output, whole: no shard of the first beside it, no temporary directory left
     assert.same(want, files_of(d))
   end)
