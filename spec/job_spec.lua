@@ -603,6 +603,28 @@ return {
     assert.is_false(exists(run_dir .. "/secret"), "the operator started")
   end)
 
+  it("a start killed (kill -9) while it holds the start gate holds nothing: the next start goes on at once", function()
+    -- the gate is an flock, which the kernel lets go however its holder ends; the killed start had made RUN
+    -- (and start.lock) but written nothing else, so the next new run into RUN is no second run there
+    local path, run_dir = job_file("return {\n  data = DATA, run_dir = RUN_DIR,\n" .. tiny .. "}\n")
+    local log, go = run_dir .. ".log", run_dir .. ".go"
+    local pid = S.spawn_rc("env TRANSOM_TEST_START_PAUSE=" .. q(go) .. " " .. q(BIN) .. " run " .. q(path), log)
+    local ok, err = pcall(function()
+      assert.is_truthy(S.wait_for(function() return (S.read(log) or ""):find("start paused", 1, true) end, 60),
+        S.read(log))
+      assert.is_true(exists(run_dir .. "/start.lock"))
+      os.execute("kill -9 " .. pid)
+      assert.is_truthy(S.wait_for(function() return not S.alive(pid) end, 60), "the start outlived kill -9")
+      local code, out, e = transom(dir, "run", path, "--set", "max_steps=3")
+      assert.are.equal(0, code, e .. out)
+      has(out, "step 3/3")
+      assert.is_nil(e:find("waiting for it", 1, true), e)
+    end)
+    write(go, "")
+    S.cleanup()
+    assert(ok, err)
+  end)
+
   it("removes a new run directory, and the parents it made, when the start is refused after its checks begin", function()
     -- the start gate makes RUN for its lock file (RUN/start.lock); a start refused after that (here: hosts without
     -- MASTER_ADDR, checked before anything is written) leaves nothing behind: not RUN, not the parents it made, not

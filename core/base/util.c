@@ -329,6 +329,11 @@ int tr_flock_holder(int fd) {
   return pid;
 }
 
+int tr_fd_at_path(int fd, const char *path) {
+  struct stat a, b;
+  return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
 char tr_proc_state(int pid) {
   if (pid <= 0) return 0;
   char path[64], text[512];

@@ -257,8 +257,7 @@ static int make_tmp(const char *dir, char *tmp, size_t ntmp, int *fd) {
       close(f); /* taken for a leftover meanwhile: gone next */
       continue;
     }
-    struct stat a, b;
-    if (fstat(f, &a) == 0 && stat(lock, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+    if (tr_fd_at_path(f, lock)) {
       *fd = f;
       return TR_OK;
     }
@@ -298,8 +297,7 @@ static int lock_swap(const char *dir, int *fd) {
     int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (f < 0) return tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
     if (flock(f, LOCK_EX | LOCK_NB) == 0) {
-      struct stat a, b;
-      if (fstat(f, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+      if (tr_fd_at_path(f, path)) {
         *fd = f;
         return TR_OK;
       }

@@ -674,8 +674,7 @@ static int gate_take(run_ctx *r, int resume, int warn) {
       return tr_fail(TR_EIO, "run directory: cannot open %s: %s", path, strerror(errno));
     }
     if (lock_ex(fd) == 0) {
-      struct stat a, b; /* still the file at that path (not one a refused start removed)? */
-      if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+      if (tr_fd_at_path(fd, path)) { /* not one a refused start removed */
         r->gate_fd = fd;
         return 0;
       }

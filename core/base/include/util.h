@@ -89,6 +89,10 @@ void tr_remove_flat(const char *dir);
  * 'S', 'T', ...; 0 when it is gone or cannot be seen); and whether it is
  * alive and not stopped. */
 int tr_flock_holder(int fd);
+/* Whether fd's file is still the one at path (not removed or replaced
+ * since fd was opened): a lock taken on a file another process then
+ * removed is no lock on what the path names now. */
+int tr_fd_at_path(int fd, const char *path);
 char tr_proc_state(int pid);
 int tr_pid_running(int pid);
 
