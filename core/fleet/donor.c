@@ -1,7 +1,10 @@
 /* donor.c — state snapshot + gradient history for joining replicas (see
- * donor.h). One thread serves one joiner at a time; connections that have
- * not proved the job secret yet wait beside it (challenged, bounded), so a
- * silent one never holds the port. */
+ * donor.h). Two threads: the listener accepts and challenges connections
+ * (several at once, bounded, so a silent one never holds the port) and
+ * queues those that proved the job secret; the session thread serves the
+ * queue one joiner at a time, oldest first. The listener keeps answering
+ * while a session runs, so a joiner queued behind another is challenged at
+ * once and only waits for its snapshot. */
 #include "auth.h"
 #include "donor.h"
 
@@ -19,13 +22,19 @@
 #include "proto.h"
 #include "util.h"
 
+#define DONOR_QUEUE_MAX 8
+
 struct donor {
   trainer *t;
   auth_secret secret; /* every joiner proves it first (len 0: none asked) */
   int64_t n; /* parameters */
   int lfd;
-  pthread_t th;
+  pthread_t th, session_th;
   pthread_mutex_t mu;
+  /* connections that proved the secret, oldest first, waiting for the
+   * session thread (under mu) */
+  int queue[DONOR_QUEUE_MAX];
+  int nq;
   pthread_cond_t cv;
   atomic_int stop; /* set under mu (for the waits on cv), read anywhere */
   /* snapshot */
@@ -149,7 +158,10 @@ static void outrun_wait(donor *d, int64_t from) {
 }
 
 /* Serves one joiner connection until it leaves. */
-#define SNAP_WAIT_S 60.0 /* the joiner's wait for the SNAP reply (donor_fetch_snapshot) */
+#define SNAP_WAIT_S 60.0 /* the donor's wait for a step boundary to snapshot at */
+/* The joiner's wait for the SNAP reply: the donor's own wait, and a
+ * session ahead of ours in its queue (a joiner loading its snapshot). */
+#define JOINER_SNAP_WAIT_S (3 * SNAP_WAIT_S)
 static void serve(donor *d, int fd) {
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
@@ -162,8 +174,8 @@ static void serve(donor *d, int fd) {
       pthread_mutex_lock(&d->mu);
       d->snap_req = 1;
       d->snap_ready = 0;
-      /* the joiner reads for SNAP_WAIT_S: a donor whose loop is held
-       * longer (its operator lost, say) frees the session for the next */
+      /* a donor whose loop is held longer than this (its operator lost,
+       * say) ends the session and frees itself for the next joiner */
       for (double end = tr_now() + SNAP_WAIT_S; !d->snap_ready && !d->stop && tr_now() < end;) cv_wait_10ms(d);
       int ready = d->snap_ready;
       pthread_mutex_unlock(&d->mu);
@@ -225,16 +237,28 @@ typedef struct {
 
 static void pending_drop(pending_conn *pc, int *np, int i, const char *why) {
   if (why) fprintf(stderr, "donor: refused a connection: %s\n", why);
-  close(pc[i].fd);
+  if (pc[i].fd >= 0) close(pc[i].fd);
   pc[i] = pc[--*np];
 }
 
+/* Hands a connection that proved the secret to the session thread. */
+static void enqueue(donor *d, int fd) {
+  pthread_mutex_lock(&d->mu);
+  int full = d->nq == DONOR_QUEUE_MAX;
+  if (!full) d->queue[d->nq++] = fd;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+  if (full) {
+    fprintf(stderr, "donor: refused a connection: %d joiners already wait for a catch-up\n", DONOR_QUEUE_MAX);
+    close(fd);
+  }
+}
+
 /* A new connection: challenged at once (20 bytes fit any fresh socket
- * buffer); with no secret it is served straight away. */
+ * buffer); with no secret it is queued straight away. */
 static void take_conn(donor *d, pending_conn *pc, int *np, int fd) {
   if (d->secret.len == 0) {
-    serve(d, fd);
-    close(fd);
+    enqueue(d, fd);
     return;
   }
   if (*np == PENDING_MAX) pending_drop(pc, np, 0, "too many connections waiting to answer the challenge");
@@ -245,7 +269,7 @@ static void take_conn(donor *d, pending_conn *pc, int *np, int fd) {
     pending_drop(pc, np, *np - 1, "could not send the challenge");
 }
 
-/* Reads what pending connection i sent; serves it once it proved the secret. */
+/* Reads what pending connection i sent; queues it once it proved the secret. */
 static void pending_read(donor *d, pending_conn *pc, int *np, int i) {
   pending_conn *c = &pc[i];
   ssize_t k = recv(c->fd, c->mac + c->got, AUTH_MAC - c->got, MSG_DONTWAIT);
@@ -261,11 +285,12 @@ static void pending_read(donor *d, pending_conn *pc, int *np, int i) {
     return;
   }
   int fd = c->fd;
-  pc[i] = pc[--*np];
-  serve(d, fd);
-  close(fd);
+  pc[i].fd = -1; /* now the queue's */
+  pending_drop(pc, np, i, NULL);
+  enqueue(d, fd);
 }
 
+/* The listener thread. */
 static void *donor_main(void *arg) {
   donor *d = arg;
   pending_conn pc[PENDING_MAX];
@@ -285,6 +310,27 @@ static void *donor_main(void *arg) {
     }
   }
   while (np > 0) pending_drop(pc, &np, 0, NULL);
+  return NULL;
+}
+
+/* The session thread: serves the queued joiners in the order they proved
+ * the secret, one at a time (the snapshot and history are one session's). */
+static void *session_main(void *arg) {
+  donor *d = arg;
+  pthread_mutex_lock(&d->mu);
+  while (!d->stop) {
+    if (d->nq == 0) {
+      pthread_cond_wait(&d->cv, &d->mu);
+      continue;
+    }
+    int fd = d->queue[0];
+    memmove(d->queue, d->queue + 1, sizeof(int) * (size_t)--d->nq);
+    pthread_mutex_unlock(&d->mu);
+    serve(d, fd);
+    close(fd);
+    pthread_mutex_lock(&d->mu);
+  }
+  pthread_mutex_unlock(&d->mu);
   return NULL;
 }
 
@@ -311,14 +357,24 @@ donor *donor_start(const char *host, trainer *t, int history, int *port, const a
   }
   d->lfd = net_listen(host, 0, port);
   if (d->lfd < 0) goto fail;
+  if (pthread_create(&d->session_th, NULL, session_main, d) != 0) {
+    tr_fail(TR_ENOMEM, "cannot start the donor's session thread");
+    goto fail;
+  }
   if (pthread_create(&d->th, NULL, donor_main, d) != 0) {
     tr_fail(TR_ENOMEM, "cannot start the donor thread");
-    close(d->lfd);
-    d->lfd = -1;
+    pthread_mutex_lock(&d->mu);
+    d->stop = 1;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    pthread_join(d->session_th, NULL);
     goto fail;
   }
   return d;
 fail:
+  if (d->lfd >= 0) close(d->lfd);
+  pthread_mutex_destroy(&d->mu);
+  pthread_cond_destroy(&d->cv);
   tr_free_aligned(d->snap);
   free(d->ring);
   free(d->ring_step);
@@ -333,6 +389,8 @@ void donor_stop(donor *d) {
   pthread_cond_broadcast(&d->cv);
   pthread_mutex_unlock(&d->mu);
   pthread_join(d->th, NULL);
+  pthread_join(d->session_th, NULL);
+  for (int i = 0; i < d->nq; i++) close(d->queue[i]);
   close(d->lfd);
   for (int i = 0; i < d->cap; i++) free(d->ring[i]);
   free(d->ring);
@@ -346,22 +404,31 @@ void donor_stop(donor *d) {
 /* --- joiner side --- */
 
 int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fdp, const auth_secret *secret) {
-  /* the donor listened before the operator named it: a refusal that lasts
-   * means it is gone, and the joiner had better fail fast so that the
-   * restart policy picks another donor (not 10 s of retries) */
-  int fd = net_connect(host, port, 1.0);
-  if (fd < 0) return fd;
-  if (auth_client(fd, secret, 10.0)) {
-    close(fd);
-    return tr_fail_prefix(TR_EIO, "donor %s:%d", host, port);
+  int fd = *fdp;
+  *fdp = -1;
+  if (fd < 0) {
+    /* the donor listened before the operator named it: a refusal that
+     * lasts means it is gone, and the joiner had better fail fast so that
+     * the restart policy picks another donor (not 10 s of retries) */
+    fd = net_connect(host, port, 1.0);
+    if (fd < 0) return fd;
+    if (auth_client(fd, secret, 10.0)) {
+      close(fd);
+      return tr_fail_prefix(TR_EIO, "donor %s:%d", host, port);
+    }
   }
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
   trainer_buffers b;
   trainer_buffers_get(t, &b);
   int rc = proto_send(fd, "SNAP");
-  if (!rc && proto_read(&r, line, sizeof line, (int)(SNAP_WAIT_S * 1000)) != 1)
-    rc = tr_fail(TR_EIO, "donor: no snapshot within %.0f s", SNAP_WAIT_S);
+  if (!rc) {
+    /* the donor serves one joiner at a time: this wait may include a
+     * session ahead of ours */
+    int got = proto_read(&r, line, sizeof line, (int)(JOINER_SNAP_WAIT_S * 1000));
+    if (got == 0) rc = tr_fail(TR_EIO, "donor %s:%d closed the connection before sending a snapshot", host, port);
+    else if (got < 0) rc = tr_fail_prefix(TR_EIO, "donor %s:%d: no snapshot", host, port);
+  }
   if (!rc && (!proto_is(line, "SNAP") || proto_int(line, "n", -1) != b.n))
     rc = tr_fail(TR_EFORMAT, "donor: unexpected reply '%.80s' (model size %lld)", line, (long long)b.n);
   /* the reader may hold the first bytes of the payload */

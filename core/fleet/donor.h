@@ -11,6 +11,9 @@
  * without the others ever waiting for it. "BYE" (or a closed connection)
  * ends the recording.
  *
+ * A donor serves one joiner at a time, the others wait in its queue in the
+ * order they proved the job secret.
+ *
  * Wire format (after a text header line): raw little-endian float32 arrays.
  * Threads: donor_record/donor_boundary from the training thread only; the
  * rest runs on the donor's own thread.
@@ -39,8 +42,10 @@ void donor_boundary(donor *d);
 
 /* --- the joiner's side --- */
 
-/* Loads a snapshot from the donor at host:port into t. Keeps the connection
- * open in *fd for donor_fetch. */
+/* Loads a snapshot from the donor at host:port into t. *fd < 0: connects
+ * (and proves the secret); else asks again over that session (a newer
+ * snapshot). Leaves the connection open in *fd for donor_catch_up; on an
+ * error it is closed and *fd is -1. */
 int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fd, const auth_secret *secret);
 /* Replays the donor's recorded gradients after t's step: with until > 0 up
  * to exactly step `until` (waiting for the donor to get there), else until

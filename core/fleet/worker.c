@@ -742,11 +742,9 @@ static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *d
    * snapshot (a slow device, a loaded host): then a fresh snapshot, which is
    * closer to the group, until the replay fits */
   for (int attempt = 0; applied == TR_ESTATE && attempt < JOIN_SNAPSHOTS; attempt++) {
-    if (attempt > 0) {
-      fprintf(stderr, "worker %d: %s; fetching a newer snapshot\n", w->slot, tr_error());
-      donor_close(w->donor_fd);
-      w->donor_fd = -1;
-    }
+    /* a newer snapshot comes over the same session: a new connection
+     * would queue behind other joiners of this donor */
+    if (attempt > 0) fprintf(stderr, "worker %d: %s; fetching a newer snapshot\n", w->slot, tr_error());
     if ((rc = donor_fetch_snapshot(dh, dp, t, &w->donor_fd, &w->secret))) return rc;
     const char *delay = getenv("TRANSOM_TEST_CATCHUP_DELAY_MS"); /* widens the window for fault tests */
     if (delay && attempt == 0) usleep((useconds_t)atoi(delay) * 1000);
