@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
@@ -173,43 +174,102 @@ char *tr_read_file(const char *path, size_t *len) {
   return buf;
 }
 
+/* How long tr_write_file_atomic waits for another writer of the same path:
+ * while it runs (a big file on a slow disk), and once it is stopped or
+ * cannot be seen (as the start gate and prepare's swap wait). */
+#define WRITE_MAX_S 600.0
+#define WRITE_WAIT_S 30.0
+
+/* Opens path.tmp, emptied, for a writer that holds it alone: an exclusive
+ * flock, taken on the file still at that name (a writer before us may have
+ * renamed it meanwhile: then the name is opened anew). Two writers of one
+ * path (two exports into one directory) would otherwise truncate and fill
+ * the same file, and one could rename a mix of both. A filesystem without
+ * locks goes on unlocked, as before. fd, or a negative code. */
+static int open_tmp_locked(const char *tmp) {
+  double t0 = tr_now(), t_look = t0 + 1.0;
+  int said = 0;
+  for (;;) {
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return tr_fail(TR_EIO, "cannot create '%s': %s", tmp, strerror(errno));
+    int rc = flock(fd, LOCK_EX | LOCK_NB), busy = rc != 0 && (errno == EWOULDBLOCK || errno == EINTR);
+    if (!busy && (rc != 0 || tr_fd_at_path(fd, tmp))) { /* ours (or no locks on this filesystem) */
+      if (ftruncate(fd, 0) == 0) return fd;
+      int e = errno;
+      close(fd);
+      return tr_fail(TR_EIO, "cannot truncate '%s': %s", tmp, strerror(e));
+    }
+    if (!busy) { /* renamed away by the writer before us: the name anew */
+      close(fd);
+      continue;
+    }
+    double now = tr_now();
+    if (now >= t_look) {
+      int pid = tr_flock_holder(fd), running = tr_pid_running(pid);
+      t_look = now + 1.0;
+      char who[32] = "";
+      if (pid > 0) snprintf(who, sizeof who, " (pid %d)", pid);
+      if (!said) fprintf(stderr, "transom: '%s' is being written by another process%s: waiting for it\n", tmp, who);
+      said = 1;
+      if (now - t0 > WRITE_MAX_S || (now - t0 > WRITE_WAIT_S && !running)) {
+        close(fd);
+        return tr_fail(TR_EIO, "'%s' has been written by another process%s for %.0f s%s: stop it, then try again",
+                       tmp, who, now - t0, pid > 0 && !running ? " (it is stopped)" : "");
+      }
+    }
+    close(fd);
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+int tr_tmp_open(const char *path, char *tmp, size_t n) {
+  if (snprintf(tmp, n, "%s.tmp", path) >= (int)n) return tr_fail(TR_EINVAL, "path too long: %s", path);
+  return open_tmp_locked(tmp);
+}
+
+void tr_tmp_abandon(int fd, const char *tmp) {
+  unlink(tmp); /* before the close: the lock is ours until then */
+  close(fd);
+}
+
+int tr_tmp_commit(int fd, const char *tmp, const char *path) {
+  /* the lock is held (fd open) until after the rename: a writer that
+   * locked the file before it is renamed would truncate what we rename */
+  int rc = TR_OK;
+  if (fsync(fd) != 0) rc = tr_fail(TR_EIO, "cannot sync '%s': %s", tmp, strerror(errno));
+  if (!rc && rename(tmp, path) != 0) rc = tr_fail(TR_EIO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+  if (rc) {
+    tr_tmp_abandon(fd, tmp);
+    return rc;
+  }
+  close(fd); /* after fsync, a close error loses nothing */
+  /* the rename itself is durable only once the directory is synced */
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash == dir) dir[1] = 0;
+  else if (slash) *slash = 0;
+  else snprintf(dir, sizeof dir, ".");
+  return tr_sync_dir(dir);
+}
+
 int tr_write_file_atomic(const char *path, const void *buf, size_t len) {
   char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-    return tr_fail(TR_EINVAL, "path too long: %s", path);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return tr_fail(TR_EIO, "cannot create '%s': %s", tmp, strerror(errno));
+  int fd = tr_tmp_open(path, tmp, sizeof tmp);
+  if (fd < 0) return fd;
   const char *p = buf;
   size_t left = len;
   while (left > 0) {
     ssize_t w = write(fd, p, left);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      close(fd);
-      unlink(tmp);
-      return tr_fail(TR_EIO, "cannot write '%s': %s", tmp, strerror(e));
+    if (w < 0 && errno != EINTR) {
+      int rc = tr_fail(TR_EIO, "cannot write '%s': %s", tmp, strerror(errno));
+      tr_tmp_abandon(fd, tmp);
+      return rc;
     }
-    p += w;
-    left -= (size_t)w;
+    if (w > 0) p += w, left -= (size_t)w;
   }
-  int bad = fsync(fd) != 0, e = errno; /* closed either way: a failed fsync leaked the descriptor */
-  if (close(fd) != 0 && !bad) bad = 1, e = errno;
-  if (bad) {
-    unlink(tmp);
-    return tr_fail(TR_EIO, "cannot sync '%s': %s", tmp, strerror(e));
-  }
-  if (rename(tmp, path) != 0) {
-    e = errno;
-    unlink(tmp);
-    return tr_fail(TR_EIO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(e));
-  }
-  /* the rename itself is durable only once the directory is synced */
-  const char *slash = strrchr(tmp, '/');
-  if (slash == tmp) tmp[1] = 0;
-  else if (slash) tmp[slash - tmp] = 0;
-  else snprintf(tmp, sizeof tmp, ".");
-  return tr_sync_dir(tmp);
+  return tr_tmp_commit(fd, tmp, path);
 }
 
 int tr_sync_dir(const char *dir) {

@@ -98,11 +98,10 @@ int safetensors_write(const char *path, const st_tensor *t, int n, const char *c
     return tr_fail(TR_ENOMEM, "out of memory writing '%s'", path);
   }
   char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int fd = tr_tmp_open(path, tmp, sizeof tmp);
   if (fd < 0) {
     free(h.p);
-    return tr_fail(TR_EIO, "cannot create '%s': %s", tmp, strerror(errno));
+    return fd;
   }
   uint8_t len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)h.n >> (8 * i)); /* little-endian */
@@ -112,20 +111,14 @@ int safetensors_write(const char *path, const st_tensor *t, int n, const char *c
     for (int d = 0; d < t[i].ndim; d++) size *= t[i].dim[d];
     bad = write_all(fd, t[i].data, 4 * (size_t)size);
   }
+  int e = errno;
   free(h.p);
-  if (bad || fsync(fd) != 0) {
-    int e = errno;
-    close(fd);
-    unlink(tmp);
-    return tr_fail(TR_EIO, "cannot write '%s': %s", tmp, strerror(e));
+  if (bad) {
+    int rc = tr_fail(TR_EIO, "cannot write '%s': %s", tmp, strerror(e));
+    tr_tmp_abandon(fd, tmp);
+    return rc;
   }
-  close(fd);
-  if (rename(tmp, path) != 0) {
-    int e = errno;
-    unlink(tmp);
-    return tr_fail(TR_EIO, "cannot rename '%s': %s", tmp, strerror(e));
-  }
-  return TR_OK;
+  return tr_tmp_commit(fd, tmp, path);
 }
 
 /* --- reader: a small JSON scanner for the header's fixed structure --- */

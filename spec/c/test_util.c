@@ -4,7 +4,11 @@
  * (this process, also while a child waits for it; then the child, once it
  * has it), 0 for a file nobody locks and 0 once the holder is gone;
  * tr_proc_state / tr_pid_running follow the child through running,
- * stopped (SIGSTOP), running again and gone, and say 0 for no pid. */
+ * stopped (SIGSTOP), running again and gone, and say 0 for no pid.
+ * tr_write_file_atomic: a second writer of one path waits for the first
+ * (which holds path.tmp locked from its open to its rename) instead of
+ * writing into the same file, and a killed writer's leftover path.tmp is
+ * written over. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -97,12 +101,80 @@ static void holder(const char *path, const char *other) {
   close(free_fd);
 }
 
+#define MIB (1 << 20)
+
+/* Whether the file at fd holds n bytes, all c. */
+static int all_of(int fd, size_t n, char c) {
+  static char buf[MIB];
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (size_t)st.st_size != n || n > sizeof buf) return 0;
+  if (pread(fd, buf, n, 0) != (ssize_t)n) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != c) return 0;
+  return 1;
+}
+
+static void writers(const char *dir) {
+  char path[128], tmp[140];
+  snprintf(path, sizeof path, "%s/out", dir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  static char mine[MIB], theirs[MIB];
+  memset(mine, 'p', sizeof mine);
+  memset(theirs, 'c', sizeof theirs);
+
+  /* a killed writer's leftover (nobody holds it) */
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  CHECK(fd >= 0 && write(fd, "junk", 4) == 4, "a leftover: %s", strerror(errno));
+  close(fd);
+  CHECK(tr_write_file_atomic(path, theirs, 100) == 0, "over a leftover .tmp: %s", tr_error());
+  fd = open(path, O_RDONLY);
+  CHECK(fd >= 0 && all_of(fd, 100, 'c'), "over a leftover .tmp: not the 100 bytes written");
+  close(fd);
+  CHECK(access(tmp, F_OK) != 0, "the .tmp left behind");
+
+  /* this process is a writer in the middle of its write, as
+   * tr_write_file_atomic holds it; a child writes the same path */
+  fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  CHECK(fd >= 0 && flock(fd, LOCK_EX) == 0, "the first writer's lock: %s", strerror(errno));
+  CHECK(write(fd, mine, sizeof mine) == (ssize_t)sizeof mine, "the first writer's bytes: %s", strerror(errno));
+  int go[2];
+  CHECK(pipe(go) == 0, "pipe: %s", strerror(errno));
+  fflush(NULL);
+  pid_t child = fork();
+  if (child == 0) {
+    close(fd);
+    close(go[0]);
+    if (write(go[1], "w", 1) != 1) _exit(2);
+    _exit(tr_write_file_atomic(path, theirs, sizeof theirs) == 0 ? 0 : 1);
+  }
+  CHECK(child > 0, "fork: %s", strerror(errno));
+  if (child <= 0) return;
+  close(go[1]);
+  char c;
+  CHECK(read(go[0], &c, 1) == 1, "the child never started its write");
+  close(go[0]);
+  usleep((useconds_t)(300000 * test_time_scale())); /* its write would land in this window */
+  CHECK(all_of(fd, sizeof mine, 'p'), "the second writer wrote into the first one's file before its rename");
+  int status = -1;
+  CHECK(waitpid(child, &status, WNOHANG) == 0, "the second writer finished while the first held the file");
+  CHECK(fsync(fd) == 0 && rename(tmp, path) == 0, "the first writer's rename: %s", strerror(errno));
+  close(fd); /* its lock goes: the child opens the name anew */
+  CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "the second writer failed (status %d)", status);
+  fd = open(path, O_RDONLY);
+  CHECK(fd >= 0 && all_of(fd, sizeof theirs, 'c'), "the path does not hold the second writer's bytes alone");
+  close(fd);
+  CHECK(access(tmp, F_OK) != 0, "the .tmp left behind after two writers");
+  unlink(path);
+}
+
 int main(void) {
   char dir[] = "/tmp/test_util.XXXXXX", path[64], other[64];
   CHECK(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
   snprintf(path, sizeof path, "%s/lock", dir);
   snprintf(other, sizeof other, "%s/other", dir);
   holder(path, other);
+  writers(dir);
   unlink(path);
   unlink(other);
   rmdir(dir);

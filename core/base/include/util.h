@@ -65,8 +65,20 @@ size_t tr_current_rss(void);
  * NUL). Caller frees. Returns NULL with tr_error() set on failure. */
 char *tr_read_file(const char *path, size_t *len);
 /* Writes buf to path atomically and durably: path.tmp, fsync, rename, fsync
- * of the directory. */
+ * of the directory (tr_tmp_open, then tr_tmp_commit). */
 int tr_write_file_atomic(const char *path, const void *buf, size_t len);
+/* A file written in place of path, for writers that stream it: opens
+ * path.tmp (its name into tmp, n bytes), emptied and flocked until the
+ * commit or abandon, so writers of one path take turns and never mix
+ * their bytes; each waits for the one before it while that one runs (up
+ * to 10 min; 30 s once it is stopped or unseen), saying so on stderr after
+ * 1 s. A filesystem without locks goes unlocked. fd, or a negative code.
+ * tr_tmp_commit: fsync, rename over path, fsync of the directory; fd is
+ * closed and, on failure, tmp removed. tr_tmp_abandon: tmp removed, fd
+ * closed. */
+int tr_tmp_open(const char *path, char *tmp, size_t n);
+int tr_tmp_commit(int fd, const char *tmp, const char *path);
+void tr_tmp_abandon(int fd, const char *tmp);
 /* fsync of the directory dir: the renames, creations and removals in it
  * made so far are durable once it returns TR_OK (a file system that cannot
  * sync a directory counts as done). TR_EIO naming dir otherwise. */
