@@ -128,6 +128,24 @@ local function survivors_never_go_back(run, killed)
   end
 end
 
+-- the slots in the ring as of the last membership event: "[0,1,2]"
+local function members_now(run)
+  local members
+  for m in events(run):gmatch("members (%[[%d,]*%])") do members = m end
+  return members
+end
+
+-- SIGTERM to an operator whose slots are all in: it stops them and exits 0
+local function stop_all_in(op, exit_status)
+  os.execute("kill -TERM " .. op)
+  assert.is_true(wait_exit(op, 180))
+  for _ = 1, N(200) do
+    if exit_status() ~= nil then break end
+    sleep(0.05)
+  end
+  assert.equal(0, exit_status())
+end
+
 local function assert_agree(run, out, steps)
   assert.matches("replicas_agree", events(run), 1, true)
   assert.matches('3 replicas finished with parameter crc32c', events(run), 1, true)
@@ -185,9 +203,8 @@ describe("operator (3 replicas)", function()
     local p1, p2 = pid_of(run, 1), pid_of(run, 2)
     os.execute("kill -9 " .. p1 .. " " .. p2)
     local function all_in()
-      local ev, members = events(run), nil
-      for m in ev:gmatch("members (%[[%d,]*%])") do members = m end
-      return members == "[0,1,2]" and ev:find("replica 1 ready at step %d+ %(join") and
+      local ev = events(run)
+      return members_now(run) == "[0,1,2]" and ev:find("replica 1 ready at step %d+ %(join") and
         ev:find("replica 2 ready at step %d+ %(join")
     end
     local ok = false
@@ -197,13 +214,7 @@ describe("operator (3 replicas)", function()
       sleep(0.05)
     end
     assert.is_truthy(ok, "the two replacements never both got in: " .. events(run))
-    os.execute("kill -TERM " .. op)
-    assert.is_true(wait_exit(op, 180))
-    for _ = 1, N(200) do
-      if exit_status() ~= nil then break end
-      sleep(0.05)
-    end
-    assert.equal(0, exit_status())
+    stop_all_in(op, exit_status)
     local ev = events(run)
     assert.matches("3 replicas finished with parameter crc32c", ev, 1, true)
     assert.matches("replica 1 killed", ev, 1, true)
@@ -250,11 +261,7 @@ describe("operator (3 replicas)", function()
     end
     -- and the killed donor's replacement gets in too (it may catch up from
     -- the same donor, before or after slot 1): the job ends with all three
-    local function all_in()
-      local members
-      for m in events(run):gmatch("members (%[[%d,]*%])") do members = m end
-      return members == "[0,1,2]"
-    end
+    local function all_in() return members_now(run) == "[0,1,2]" end
     local ok, full = false, false
     for _ = 1, N(1200) do
       ok = ok or switched()
@@ -264,13 +271,7 @@ describe("operator (3 replicas)", function()
     end
     assert.is_true(ok, "slot 1 never switched donors: " .. events(run))
     assert.is_true(full, "the three slots were never all in after the switch: " .. events(run))
-    os.execute("kill -TERM " .. op)
-    assert.is_true(wait_exit(op, 180))
-    for _ = 1, N(200) do
-      if exit_status() ~= nil then break end
-      sleep(0.05)
-    end
-    assert.equal(0, exit_status())
+    stop_all_in(op, exit_status)
     local ev = events(run)
     assert.matches("replicas_agree", ev, 1, true)
     assert.matches("3 replicas finished with parameter crc32c", ev, 1, true)

@@ -187,8 +187,8 @@ char *tr_read_file(const char *path, size_t *len) {
  * the same file, and one could rename a mix of both. A filesystem without
  * locks goes on unlocked, as before. fd, or a negative code. */
 static int open_tmp_locked(const char *tmp) {
-  double t0 = tr_now(), t_look = t0 + 1.0;
-  int said = 0;
+  tr_lock_wait w;
+  tr_lock_wait_init(&w);
   for (;;) {
     int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return tr_fail(TR_EIO, "cannot create '%s': %s", tmp, strerror(errno));
@@ -203,19 +203,12 @@ static int open_tmp_locked(const char *tmp) {
       close(fd);
       continue;
     }
-    double now = tr_now();
-    if (now >= t_look) {
-      int pid = tr_flock_holder(fd), running = tr_pid_running(pid);
-      t_look = now + 1.0;
-      char who[32] = "";
-      if (pid > 0) snprintf(who, sizeof who, " (pid %d)", pid);
-      if (!said) fprintf(stderr, "transom: '%s' is being written by another process%s: waiting for it\n", tmp, who);
-      said = 1;
-      if (now - t0 > WRITE_MAX_S || (now - t0 > WRITE_WAIT_S && !running)) {
-        close(fd);
-        return tr_fail(TR_EIO, "'%s' has been written by another process%s for %.0f s%s: stop it, then try again",
-                       tmp, who, now - t0, pid > 0 && !running ? " (it is stopped)" : "");
-      }
+    int step = tr_lock_wait_step(&w, fd, WRITE_WAIT_S, WRITE_MAX_S);
+    if (step == TR_WAIT_SAY) fprintf(stderr, "transom: '%s' is being written by another process%s: waiting for it\n", tmp, w.who);
+    if (step == TR_WAIT_GIVE_UP) {
+      close(fd);
+      return tr_fail(TR_EIO, "'%s' has been written by another process%s for %.0f s%s: stop it, then try again", tmp,
+                     w.who, w.waited, w.stopped ? " (it is stopped)" : "");
     }
     close(fd);
     struct timespec ts = {0, 10 * 1000 * 1000};
@@ -410,4 +403,25 @@ char tr_proc_state(int pid) {
 int tr_pid_running(int pid) {
   char st = tr_proc_state(pid);
   return st && st != 'T' && st != 't' && st != 'Z' && st != 'X';
+}
+
+void tr_lock_wait_init(tr_lock_wait *w) {
+  memset(w, 0, sizeof *w);
+  w->t0 = tr_now();
+  w->t_look = w->t0 + 1.0;
+}
+
+int tr_lock_wait_step(tr_lock_wait *w, int fd, double wait_s, double max_s) {
+  double now = tr_now();
+  if (now < w->t_look) return TR_WAIT_ON;
+  w->t_look = now + 1.0;
+  w->waited = now - w->t0;
+  int pid = tr_flock_holder(fd), running = tr_pid_running(pid);
+  w->stopped = pid > 0 && !running;
+  w->who[0] = 0;
+  if (pid > 0) snprintf(w->who, sizeof w->who, " (pid %d)", pid);
+  if (w->waited > max_s || (w->waited > wait_s && !running)) return TR_WAIT_GIVE_UP;
+  if (w->said) return TR_WAIT_ON;
+  w->said = 1;
+  return TR_WAIT_SAY;
 }

@@ -291,8 +291,8 @@ static int lock_swap(const char *dir, int *fd) {
   *fd = -1;
   if (snprintf(path, sizeof path, "%s/" SWAP_LOCK, dir) >= (int)sizeof path)
     return tr_fail(TR_EINVAL, "'%s': path too long", dir);
-  double t0 = tr_now(), t_look = t0 + 1.0;
-  int said = 0;
+  tr_lock_wait w;
+  tr_lock_wait_init(&w);
   for (;; usleep(20000)) {
     int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (f < 0) return tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
@@ -309,22 +309,13 @@ static int lock_swap(const char *dir, int *fd) {
       unlink(path);
       return TR_OK;
     }
-    double now = tr_now();
-    if (now >= t_look) {
-      int pid = tr_flock_holder(f), running = tr_pid_running(pid);
-      t_look = now + 1.0;
-      char who[32] = "";
-      if (pid > 0) snprintf(who, sizeof who, " (pid %d)", pid);
-      if (!said)
-        fprintf(stderr, "transom prepare: another transom prepare%s is writing into '%s': waiting for it\n", who, dir);
-      said = 1;
-      if (now - t0 > SWAP_MAX_S || (now - t0 > SWAP_WAIT_S && !running)) {
-        close(f);
-        return tr_fail(TR_EINVAL, "another transom prepare%s has held %s for %.0f s%s: stop it, then run this one "
-                       "again", who, path, now - t0, pid > 0 && !running ? " and is stopped" : "");
-      }
-    }
+    int step = tr_lock_wait_step(&w, f, SWAP_WAIT_S, SWAP_MAX_S);
+    if (step == TR_WAIT_SAY)
+      fprintf(stderr, "transom prepare: another transom prepare%s is writing into '%s': waiting for it\n", w.who, dir);
     close(f);
+    if (step == TR_WAIT_GIVE_UP)
+      return tr_fail(TR_EINVAL, "another transom prepare%s has held %s for %.0f s%s: stop it, then run this one "
+                     "again", w.who, path, w.waited, w.stopped ? " and is stopped" : "");
   }
 }
 

@@ -655,11 +655,10 @@ static int gate_take(run_ctx *r, int resume, int warn) {
   r->made[0] = 0;
   char path[PATH_MAX];
   path_in(r, START_LOCK, path, sizeof path);
-  double t0 = tr_now(), t_look = t0 + 1.0;
-  int said = 0;
+  tr_lock_wait w;
+  tr_lock_wait_init(&w);
   for (;; usleep(20000)) {
-    double now = tr_now();
-    if (now - t0 > GATE_MAX_S) break;
+    if (tr_now() - w.t0 > GATE_MAX_S) break;
     if (!resume && access(r->dir, F_OK) != 0) {
       int rc = make_dir(r);
       if (rc) return rc;
@@ -689,22 +688,16 @@ static int gate_take(run_ctx *r, int resume, int warn) {
                 "prevented\n", path, strerror(e), r->dir);
       return 0;
     }
-    if (now >= t_look) {
-      int pid = tr_flock_holder(fd), running = tr_pid_running(pid);
-      t_look = now + 1.0;
-      char who[32] = "";
-      if (pid > 0) snprintf(who, sizeof who, " (pid %d)", pid);
-      if (!said) fprintf(stderr, "transom: another transom%s is starting in %s: waiting for it\n", who, r->dir);
-      said = 1;
-      if (now - t0 > GATE_WAIT_S && !running) {
-        close(fd);
-        r->made[0] = 0; /* never held: nothing here is ours to remove */
-        return tr_fail(TR_EINVAL, "%s: another transom%s has been starting in it for %.0f s and %s: try again once "
-                       "it has started (or ended)", r->dir, who, now - t0,
-                       pid > 0 ? "is stopped (kill -CONT it, or kill it)" : "cannot be seen from here");
-      }
-    }
+    /* a running holder: the loop's own GATE_MAX_S check ends the wait */
+    int step = tr_lock_wait_step(&w, fd, GATE_WAIT_S, 1e30);
+    if (step == TR_WAIT_SAY) fprintf(stderr, "transom: another transom%s is starting in %s: waiting for it\n", w.who, r->dir);
     close(fd);
+    if (step == TR_WAIT_GIVE_UP) {
+      r->made[0] = 0; /* never held: nothing here is ours to remove */
+      return tr_fail(TR_EINVAL, "%s: another transom%s has been starting in it for %.0f s and %s: try again once "
+                     "it has started (or ended)", r->dir, w.who, w.waited,
+                     w.who[0] ? "is stopped (kill -CONT it, or kill it)" : "cannot be seen from here");
+    }
   }
   r->made[0] = 0;
   return tr_fail(TR_EINVAL, "%s: another transom has been starting in it for %.0f s: try again once it has started "

@@ -5,6 +5,8 @@
  * has it), 0 for a file nobody locks and 0 once the holder is gone;
  * tr_proc_state / tr_pid_running follow the child through running,
  * stopped (SIGSTOP), running again and gone, and say 0 for no pid.
+ * tr_lock_wait_step, the wait all three share, says whom it waits for once
+ * and gives up past max_s, or past wait_s only once the holder is stopped.
  * tr_write_file_atomic: a second writer of one path waits for the first
  * (which holds path.tmp locked from its open to its rename) instead of
  * writing into the same file, and a killed writer's leftover path.tmp is
@@ -86,9 +88,33 @@ static void holder(const char *path, const char *other) {
 
   /* the child's state: running (sleeping in pause), stopped, running, gone */
   CHECK(tr_pid_running(child), "a sleeping child counts as running (state %c)", tr_proc_state(child));
+  /* a wait for it (each look forced now, not a second on): said once, with
+   * its pid; given up past max_s; not past wait_s while it runs */
+  char who[32];
+  snprintf(who, sizeof who, " (pid %d)", (int)child);
+  tr_lock_wait w;
+  tr_lock_wait_init(&w);
+  w.t_look = w.t0;
+  CHECK(tr_lock_wait_step(&w, fd2, 0, 100) == TR_WAIT_SAY && strcmp(w.who, who) == 0 && !w.stopped,
+        "a running holder past wait_s: not said, or who '%s'", w.who);
+  CHECK(tr_lock_wait_step(&w, fd2, 0, 100) == TR_WAIT_ON, "looked again within the second");
+  w.t_look = w.t0;
+  CHECK(tr_lock_wait_step(&w, fd2, 0, 100) == TR_WAIT_ON, "said twice");
+  tr_lock_wait_init(&w);
+  w.t_look = w.t0;
+  usleep(1000);
+  CHECK(tr_lock_wait_step(&w, fd2, 100, 0) == TR_WAIT_GIVE_UP && !w.stopped && w.waited > 0,
+        "a running holder past max_s: not given up");
   kill(child, SIGSTOP);
   CHECK(wait_until(is_stopped, child), "never seen stopped (state %c)", tr_proc_state(child));
   CHECK(!tr_pid_running(child), "a stopped child counts as running");
+  tr_lock_wait_init(&w);
+  w.t_look = w.t0;
+  usleep(1000);
+  CHECK(tr_lock_wait_step(&w, fd2, 100, 1000) == TR_WAIT_SAY && w.stopped, "a stopped holder within wait_s");
+  w.t_look = w.t0;
+  CHECK(tr_lock_wait_step(&w, fd2, 0, 1000) == TR_WAIT_GIVE_UP && w.stopped && strcmp(w.who, who) == 0,
+        "a stopped holder past wait_s: not given up");
   kill(child, SIGCONT);
   CHECK(wait_until(is_running, child), "never seen running again (state %c)", tr_proc_state(child));
   kill(child, SIGKILL);

@@ -101,6 +101,22 @@ void tr_remove_flat(const char *dir);
  * 'S', 'T', ...; 0 when it is gone or cannot be seen); and whether it is
  * alive and not stopped. */
 int tr_flock_holder(int fd);
+/* Waiting for another process's flock, said and bounded alike everywhere
+ * (the start gate, prepare's swap, an atomic write's .tmp): after each
+ * busy try on fd, tr_lock_wait_step looks up the holder once a second
+ * (the first time 1 s after init) and returns TR_WAIT_SAY that first time
+ * (the caller says whom it waits for: who is " (pid N)" or ""),
+ * TR_WAIT_GIVE_UP past max_s, or past wait_s while the holder is stopped
+ * (then stopped is 1) or cannot be seen, else TR_WAIT_ON. waited: seconds
+ * since init, as of the last look. */
+typedef struct {
+  double t0, t_look, waited;
+  int said, stopped;
+  char who[32];
+} tr_lock_wait;
+enum { TR_WAIT_ON, TR_WAIT_SAY, TR_WAIT_GIVE_UP };
+void tr_lock_wait_init(tr_lock_wait *w);
+int tr_lock_wait_step(tr_lock_wait *w, int fd, double wait_s, double max_s);
 /* Whether fd's file is still the one at path (not removed or replaced
  * since fd was opened): a lock taken on a file another process then
  * removed is no lock on what the path names now. */
