@@ -194,11 +194,15 @@ describe("operator (3 replicas)", function()
   -- joiner waits for the donor's challenge (10 s), so the second one gets
   -- in on its first try only if the donor challenges it while the first
   -- one's session runs and keeps it queued (not if it sits unanswered).
-  it("two workers killed at once: the survivor goes on, both are replaced, each on its first try", function()
+  -- min_replicas = 3: the survivor waits for both, so the first joiner,
+  -- caught up and in the ring, waits for the second and never asks its
+  -- donor again; its session must make way for the queued one (not hold
+  -- the donor for its 120 s idle limit).
+  it("two workers killed at once with min_replicas = 3: the survivor waits, both are replaced, each on its first try", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/kill2"
-    local op, exit_status = spawn_rc("env TRANSOM_TEST_CATCHUP_DELAY_MS=11000 " .. job(run, "--set max_steps=1000000"),
-      tmp .. "/kill2.log")
+    local op, exit_status = spawn_rc("env TRANSOM_TEST_CATCHUP_DELAY_MS=11000 " ..
+      job(run, "--set max_steps=1000000 --set min_replicas=3"), tmp .. "/kill2.log")
     assert.is_true(wait_step(run, 80))
     local p1, p2 = pid_of(run, 1), pid_of(run, 2)
     os.execute("kill -9 " .. p1 .. " " .. p2)
@@ -224,6 +228,8 @@ describe("operator (3 replicas)", function()
       assert.equal(1, joins, "slot " .. slot .. " was started " .. joins .. " times to join: " .. ev)
     end
     assert.not_matches("replica_error", ev, 1, true)
+    -- the first joiner's session made way for the second
+    assert.matches("another waits: its session ends", read(run .. "/worker-0.log") or "", 1, true)
     survivors_never_go_back(run, { [1] = true, [2] = true })
   end)
 

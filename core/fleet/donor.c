@@ -127,16 +127,38 @@ static void end_session(donor *d) {
 /* The joiner's next request, waiting in short polls (so that donor_stop is
  * seen) up to DONOR_IDLE_S between requests: a joiner may load the snapshot
  * into a device, or be paused, for a while before it asks for gradients.
- * Returns 1 with a line, 0 when the joiner left or went silent. */
+ * A joiner that has caught up (its last reply held at most one step: it is
+ * entering the ring) keeps the session only for a late step it may still
+ * miss; once another joiner waits in the queue, DONOR_YIELD_S of silence
+ * ends it. Below min_replicas the group waits for that other joiner, and
+ * the one in the ring never asks again (it would hold the donor for
+ * DONOR_IDLE_S). Returns 1 with a line, 0 when the joiner left or went
+ * silent. */
 #define DONOR_IDLE_S 120.0
-static int next_request(donor *d, proto_reader *r, char *line, size_t n) {
-  double idle_end = tr_now() + DONOR_IDLE_S;
+#define DONOR_YIELD_S 10.0
+static int next_request(donor *d, proto_reader *r, char *line, size_t n, int caught_up) {
+  double t0 = tr_now(), idle_end = t0 + DONOR_IDLE_S;
   while (!d->stop && tr_now() < idle_end) {
     struct pollfd p = {r->fd, POLLIN, 0};
-    if (r->len == 0 && poll(&p, 1, 200) == 0) continue;
+    if (r->len == 0 && poll(&p, 1, 200) == 0) {
+      if (!caught_up || tr_now() - t0 < DONOR_YIELD_S) continue;
+      pthread_mutex_lock(&d->mu);
+      int waiting = d->nq;
+      pthread_mutex_unlock(&d->mu);
+      if (!waiting) continue;
+      fprintf(stderr, "donor: the joiner caught up %.0f s ago and another waits: its session ends\n", DONOR_YIELD_S);
+      return 0;
+    }
     return proto_read(r, line, n, 10000) == 1; /* the rest of a started line comes promptly */
   }
   return 0;
+}
+
+/* Whether the joiner closed its end (its request still buffered): one that
+ * gave up while it waited in the queue gets no snapshot. */
+static int peer_gone(int fd) {
+  char c;
+  return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 /* Under d->mu: one short wait on d->cv (a recorded step, a snapshot, a
@@ -166,10 +188,16 @@ static void serve(donor *d, int fd) {
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
   int after_snap = 0; /* the next GRADS is the joiner's first after its snapshot */
-  while (next_request(d, &r, line, sizeof line)) {
+  int caught_up = 0;  /* the last GRADS reply held at most one step */
+  while (next_request(d, &r, line, sizeof line, caught_up)) {
     int first_grads = after_snap;
     after_snap = 0;
+    caught_up = 0;
     if (proto_is(line, "SNAP")) {
+      if (r.len == 0 && peer_gone(fd)) {
+        fprintf(stderr, "donor: the joiner left before its turn: no snapshot\n");
+        break;
+      }
       after_snap = 1;
       pthread_mutex_lock(&d->mu);
       d->snap_req = 1;
@@ -208,6 +236,7 @@ static void serve(donor *d, int fd) {
         continue;
       }
       int64_t count = from <= last ? last - from + 1 : 0;
+      caught_up = count <= 1;
       int bad = proto_send(fd, "GRADS first=%lld count=%lld", (long long)from, (long long)count) != 0;
       for (int64_t s = from; s <= last && !bad; s++) /* pinned: donor_record leaves these slots alone */
         bad = net_send_all(fd, d->ring[s % d->cap], sizeof(float) * (size_t)d->n) != 0;
@@ -487,7 +516,9 @@ int donor_catch_up(int fd, trainer *t, int64_t until) {
       have -= take;
       if ((rc = net_recv_all(fd, (char *)g + take, bytes - take))) return rc;
       step_stats st = {0};
-      if ((rc = trainer_grads_put(t, g)) || (rc = trainer_apply_grads(t, &st))) return rc;
+      /* TR_ESTATE means GONE alone (the stream in step: get_state asks for
+       * a newer snapshot over it); a replay that fails midway is TR_EIO */
+      if ((rc = trainer_grads_put(t, g)) || (rc = trainer_apply_grads(t, &st))) return rc == TR_ESTATE ? TR_EIO : rc;
       applied++;
       if (until > 0 && st.step >= until) {
         /* drain the rest of this reply so the stream stays in step (the

@@ -12,11 +12,12 @@
  * ends the recording.
  *
  * A donor serves one joiner at a time, the others wait in its queue in the
- * order they proved the job secret.
+ * order they proved the job secret; a joiner that has caught up yields its
+ * session after 10 s of silence when another waits.
  *
  * Wire format (after a text header line): raw little-endian float32 arrays.
  * Threads: donor_record/donor_boundary from the training thread only; the
- * rest runs on the donor's own thread.
+ * rest runs on the donor's two threads (the listener, the session).
  */
 #ifndef TRANSOM_DONOR_H
 #define TRANSOM_DONOR_H
@@ -50,8 +51,9 @@ int donor_fetch_snapshot(const char *host, int port, trainer *t, int *fd, const 
 /* Replays the donor's recorded gradients after t's step: with until > 0 up
  * to exactly step `until` (waiting for the donor to get there), else until
  * t is within one step of the donor. Returns the number of steps applied,
- * or a negative error (TR_ESTATE if the donor's history no longer reaches
- * back to t's step: fetch a new snapshot). */
+ * or a negative error (TR_ESTATE only if the donor's history no longer
+ * reaches back to t's step: the connection is in step, fetch a newer
+ * snapshot over it). */
 int donor_catch_up(int fd, trainer *t, int64_t until);
 void donor_close(int fd);
 

@@ -150,7 +150,7 @@ static void writers(const char *dir) {
 
   /* a killed writer's leftover (nobody holds it) */
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  CHECK(fd >= 0 && write(fd, "junk", 4) == 4, "a leftover: %s", strerror(errno));
+  CHECK(fd >= 0 && write(fd, mine, 200) == 200, "a leftover: %s", strerror(errno)); /* longer than what follows */
   close(fd);
   CHECK(tr_write_file_atomic(path, theirs, 100) == 0, "over a leftover .tmp: %s", tr_error());
   fd = open(path, O_RDONLY);
