@@ -570,6 +570,43 @@ end]])
     end)
   end
 
+  -- Two pipelines: the launcher's STOP reaches them one after the other,
+  -- so one may read it a step later than the other (the test hook makes
+  -- pipeline 1 vote a step after it read it, every time). Their stages
+  -- still stop after one step: the stop vote rides on the first stage's
+  -- collective over the pipelines. Until this round each pipeline agreed
+  -- within itself: pipeline 0 stopped a step early, pipeline 1 ran the
+  -- last step alone (its record says 1 replica) and metrics.jsonl ended a
+  -- step before the checkpoint.
+  it("SIGTERM to 2 pipelines asked at different steps: both stop after the same step, which every store holds", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local job, rd, log = dir .. "/stop2.lua", dir .. "/stop2", dir .. "/stop2.log"
+    write(job, job_text(data, "replicas = 2, pipeline = { stages = 2, micro_batches = 2 }, max_steps = 100000, "
+      .. "eval_interval = 0,"))
+    local pid, rc = S.spawn_rc("env TRANSOM_TEST_STOP_LATE=1 TRANSOM_TEST_STEP_MS=" .. math.floor(S.T(5)) .. " "
+      .. q(S.BIN) .. " run " .. q(job) .. " --set run_dir=" .. q(rd) .. " --set checkpoint.every_steps=100000 "
+      .. "--set sample_tokens=0", log)
+    local function lines() return #((S.read(rd .. "/metrics.jsonl") or ""):gsub("[^\n]", "")) end
+    assert.truthy(S.wait_for(function() return lines() >= 10 or rc() end, 60) and not rc(), S.read(log))
+    os.execute("kill -TERM " .. pid)
+    S.wait_rc(rc, 60)
+    local out = S.read(log)
+    assert.are.equal(0, rc(), out)
+    local at = tonumber(out:match("\nstopped at step (%d+) %(checkpointed%)"))
+    assert.truthy(at and at >= 10, out)
+    assert.are.equal(tostring(at), list(steps_of(rd .. "/ckpt-stage-0")), out)
+    assert.are.equal(tostring(at), list(steps_of(rd .. "/ckpt-stage-1")), out)
+    -- each pipeline's last step is the stop step, averaged over both
+    for _, f in ipairs({ "metrics.jsonl", "pipeline-1-stage-0.jsonl" }) do
+      local last
+      for line in (S.read(rd .. "/" .. f) or ""):gmatch("[^\n]+") do
+        if line:find('^{"step":') then last = line end
+      end
+      assert.truthy(last and last:find('^{"step":' .. at .. ','), f .. " ends at: " .. tostring(last))
+      assert.truthy(last:find('"replicas":2', 1, true), f .. "'s last step: " .. last)
+    end
+  end)
+
   -- every file of a run directory but LMDB's lock files (readers write
   -- those), with its checksum: a refused resume must leave it all as it was
   local function files_of(rd)

@@ -150,8 +150,19 @@ static int stage_poll(void *ud, loop_control *ctl) {
   pipe_stage *s = ud;
   char line[64];
   (void)ctl;
-  for (struct pollfd p = {.fd = s->ctl, .events = POLLIN}; !s->stop_asked && poll(&p, 1, 0) > 0;)
-    if (pipe_read_line(s->ctl, line, sizeof line, 1.0) || strcmp(line, "STOP") == 0) s->stop_asked = 1;
+  if (s->stop_late) { /* the test hook below: a step later than read */
+    s->stop_asked = 1;
+    return 0;
+  }
+  for (struct pollfd p = {.fd = s->ctl, .events = POLLIN}; !s->stop_asked && !s->stop_late && poll(&p, 1, 0) > 0;)
+    if (pipe_read_line(s->ctl, line, sizeof line, 1.0) || strcmp(line, "STOP") == 0) {
+      /* TRANSOM_TEST_STOP_LATE=P: the stages of pipeline P vote a step
+       * after they read STOP, so the pipelines are asked at different
+       * steps (their agreement is what a test checks) */
+      const char *late = getenv("TRANSOM_TEST_STOP_LATE");
+      if (late && atoi(late) == s->p) s->stop_late = 1;
+      else s->stop_asked = 1;
+    }
   return 0;
 }
 

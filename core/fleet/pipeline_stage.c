@@ -174,7 +174,7 @@ uint64_t pipe_stage_max_stream(const pipe_stage *s) {
 uint64_t pipe_stage_max_message(const pipe_stage *s) {
   uint64_t m = pipe_stage_max_stream(s);
   uint64_t vec = sizeof(double) * (uint64_t)s->vec_doubles + sizeof(float) * (uint64_t)s->vec_floats;
-  uint64_t tied = sizeof(float) * (uint64_t)s->tied_n, params = sizeof(float) * (uint64_t)graph_nparams(s->g);
+  uint64_t tied = sizeof(float) * (uint64_t)(s->tied_n + 1), params = sizeof(float) * (uint64_t)graph_nparams(s->g);
   if (vec > m) m = vec;
   if (tied > m) m = tied;
   return params > m ? params : m;

@@ -87,6 +87,7 @@ typedef struct {
                         first stage's view, down the chain every step (pipeline_step.c) */
   int vote;          /* this step's vote: 1 wants a snapshot, 2 its engine is busy, 4 asked to stop */
   int stop_asked;    /* the launcher said STOP (it caught SIGINT/SIGTERM): voted until agreed */
+  int stop_late;     /* TRANSOM_TEST_STOP_LATE: STOP read, voted from the next step on */
   int64_t stop_step; /* the step every stage agreed to stop after (0: none): its boundary gathers
                         the parameters into stage 0, as the last step's does */
   int lowest_seen;   /* the lowest slot among this stage's latest replicas' all-reduce's contributors */

@@ -146,8 +146,12 @@ static int replicas_mean(pipe_stage *s, int64_t step, float *grads, int64_t n, l
  * vector. With replicas, the first stage alone averages them over the
  * pipelines (one FTAR group: every stage of a pipeline gets the same
  * replicas' mean, even at the step a pipeline is lost) and sends them down
- * the chain. */
-static int combine_tied(pipe_stage *s, float inv, int64_t step, loop_exchange *x) {
+ * the chain. One more float rides along: this pipeline's stop vote (*stop),
+ * whose mean over the pipelines is above 0 when any pipeline was asked; so
+ * every pipeline stops after the same step, although the launcher's STOP
+ * reaches each at its own step (also for a model with no tied weights:
+ * then the float alone). */
+static int combine_tied(pipe_stage *s, float inv, int64_t step, loop_exchange *x, int *stop) {
   float *all = s->tied_all;
   for (int j = 0, off = 0; j < s->ntied; off += (int)s->tied[j].size, j++) {
     pipe_tied *tp = &s->tied[j];
@@ -160,17 +164,19 @@ static int combine_tied(pipe_stage *s, float inv, int64_t step, loop_exchange *x
     for (int64_t i = 0; i < tp->size; i++) sum[i] *= inv;
   }
   int rc = TR_OK;
-  if (s->fm && s->tied_n) {
+  if (s->fm) {
     pl_header h;
     void *p = NULL;
-    uint64_t seq = (uint64_t)step * PIPE_SEQ_PER_STEP + 1;
-    if (s->k == 0) rc = mean_of(s, all, s->tied_n, seq, x);
-    else if (!(rc = pl_recv(s->prev, PL_TIED, step, -1, s->timeout, &h, &p)) && h.bytes == 4 * (uint64_t)s->tied_n)
+    uint64_t seq = (uint64_t)step * PIPE_SEQ_PER_STEP + 1, bytes = 4 * (uint64_t)(s->tied_n + 1);
+    all[s->tied_n] = *stop ? 1.0f : 0.0f;
+    if (s->k == 0) rc = mean_of(s, all, s->tied_n + 1, seq, x);
+    else if (!(rc = pl_recv(s->prev, PL_TIED, step, -1, s->timeout, &h, &p)) && h.bytes == bytes)
       memcpy(all, p, h.bytes);
     else if (!rc) rc = tr_fail(TR_EIO, "the tied gradients from the previous stage have the wrong size");
     free(p);
-    pl_header d = {.kind = PL_TIED, .step = step, .bytes = 4 * (uint64_t)s->tied_n};
+    pl_header d = {.kind = PL_TIED, .step = step, .bytes = bytes};
     if (!rc && s->next) rc = pl_send(s->next, &d, all);
+    if (!rc) *stop = all[s->tied_n] > 0;
   }
   for (int j = 0, off = 0; j < s->ntied && !rc; off += (int)s->tied[j].size, j++) {
     vec_sums(s)[s->tied[j].p] = sumsq(all + off, s->tied[j].size);
@@ -190,7 +196,16 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
   int rc = replicas_mean(s, next, grads, n, x);
   if (!rc) rc = gather_chain(s, next);
   if (rc) return rc;
-  if ((rc = combine_tied(s, inv, next, x))) return rc;
+  int want = 0, busy = 0, stop = 0; /* a snapshot this step: some stage wants one (or a stop) and every
+                                       * stage's engine is ready; a stop: some stage was asked (of any
+                                       * pipeline: combine_tied) */
+  for (int k = 0; k < s->S; k++) {
+    int v = (int)vec_sums(s)[graph_ntensors(s->g) + s->S + k];
+    want |= v & 1;
+    busy |= v & 2;
+    stop |= v & 4;
+  }
+  if ((rc = combine_tied(s, inv, next, x, &stop))) return rc;
   double total = 0;
   for (int t = 0; t < graph_ntensors(s->g); t++) {
     tensor_desc d;
@@ -210,14 +225,6 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
     if (s->bwd.residual) memset(s->bwd.residual, 0, sizeof(float) * (size_t)s->xin_n);
   } else if (s->clip > 0 && norm > (float)s->clip) be->scale(grads, n, (float)s->clip / (norm + 1e-6f));
   s->global_norm = norm;
-  int want = 0, busy = 0, stop = 0; /* a snapshot this step: some stage wants one (or a stop) and every
-                                       * stage's engine is ready; a stop: some stage was asked */
-  for (int k = 0; k < s->S; k++) {
-    int v = (int)vec_sums(s)[graph_ntensors(s->g) + s->S + k];
-    want |= v & 1;
-    busy |= v & 2;
-    stop |= v & 4;
-  }
   x->ckpt_agreed = (want || stop) && !busy; /* busy at a stop: the loop's finish snapshots it, on every stage */
   x->stop = stop != 0;
   if (stop) s->stop_step = next;
