@@ -26,6 +26,7 @@
  * its arrival (sent_at: when its last byte would have left) beyond the
  * message's own time on the wire. */
 #define PL_SENT_AT_SLACK 0.01
+#define PL_GRACE_MAX 3600.0 /* the most a PL_WAIT may widen a wait by (s) */
 
 typedef struct msg {
   pl_header h;
@@ -51,6 +52,8 @@ struct pl_link {
   uint64_t sent, received;
   double rate, delay, busy_until, send_s; /* emulation (pl_link_shape); time in pl_send */
   double send_timeout;                     /* pl_link_send_timeout, for the message */
+  double grace_until; /* tr_now() until which the peer said it may be held (PL_WAIT) */
+  pthread_mutex_t send_mu; /* pl_send from the stage and its herald (pl_herald) */
 };
 
 /* --- the socket --- */
@@ -116,6 +119,15 @@ static void *reader_main(void *arg) {
       reader_stop(l, r == 0 ? "the peer closed the link" : r < 0 ? "the link broke" : bad);
       return NULL;
     }
+    if (m->h.kind == PL_WAIT && m->h.bytes == 0) { /* not a message for the stage: it widens its waits */
+      double v = m->h.value, g = tr_now() + (v > 0 && v < PL_GRACE_MAX ? v : v >= PL_GRACE_MAX ? PL_GRACE_MAX : 0);
+      free(m);
+      pthread_mutex_lock(&l->mu);
+      if (g > l->grace_until) l->grace_until = g;
+      l->received += sizeof(pl_header);
+      pthread_mutex_unlock(&l->mu);
+      continue;
+    }
     pthread_mutex_lock(&l->mu); /* a full queue: read no more until the stage takes one */
     while (!l->stopping && (l->queued >= PL_QUEUE_DEPTH ||
                             (l->queued > 0 && l->queued_bytes + m->h.bytes > l->queue_max)))
@@ -174,8 +186,10 @@ pl_link *pl_link_create(int fd, const char *peer_name, uint64_t max_bytes, uint6
   pthread_cond_init(&l->cv, &ca);
   pthread_condattr_destroy(&ca);
   pthread_cond_init(&l->room, NULL);
+  pthread_mutex_init(&l->send_mu, NULL);
   if (pthread_create(&l->reader, NULL, reader_main, l)) {
     close(fd);
+    pthread_mutex_destroy(&l->send_mu);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     pthread_cond_destroy(&l->room);
@@ -200,6 +214,7 @@ void pl_link_free(pl_link *l) {
     free(m->payload);
     free(m);
   }
+  pthread_mutex_destroy(&l->send_mu);
   pthread_mutex_destroy(&l->mu);
   pthread_cond_destroy(&l->cv);
   pthread_cond_destroy(&l->room);
@@ -232,7 +247,7 @@ void pl_link_send_timeout(pl_link *l, double timeout_s) {
   l->send_timeout = timeout_s;
 }
 
-int pl_send(pl_link *l, const pl_header *h, const void *payload) {
+static int send_locked(pl_link *l, const pl_header *h, const void *payload) {
   double t0 = tr_now();
   pl_header hh = *h;
   hh.magic = PL_MAGIC;
@@ -252,17 +267,24 @@ int pl_send(pl_link *l, const pl_header *h, const void *payload) {
   return TR_OK;
 }
 
+int pl_send(pl_link *l, const pl_header *h, const void *payload) {
+  pthread_mutex_lock(&l->send_mu);
+  int rc = send_locked(l, h, payload);
+  pthread_mutex_unlock(&l->send_mu);
+  return rc;
+}
+
 /* pl_recv and pl_recv_encoded: any_codec says whether the caller decodes. */
 static int take(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, int any_codec, pl_header *h,
                 void **payload) {
-  struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until); /* the condition's clock (pl_link_create) */
-  double end = (double)until.tv_sec + until.tv_nsec * 1e-9 + (timeout_s > 0 ? timeout_s : 0);
-  until.tv_sec = (time_t)end;
-  until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
+  double t0 = tr_now(), end = t0 + (timeout_s > 0 ? timeout_s : 0); /* tr_now: the condition's clock */
   pthread_mutex_lock(&l->mu);
-  int rc = 0;
-  while (!l->head && !l->closed && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&l->cv, &l->mu, &until);
+  for (;;) {
+    double e = end > l->grace_until ? end : l->grace_until; /* a grace announced meanwhile counts */
+    if (l->head || l->closed || tr_now() >= e) break;
+    struct timespec until = {(time_t)e, (long)((e - (double)(time_t)e) * 1e9)};
+    pthread_cond_timedwait(&l->cv, &l->mu, &until);
+  }
   msg *m = l->head;
   if (m) {
     l->head = m->next;
@@ -277,7 +299,7 @@ static int take(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_
   pthread_mutex_unlock(&l->mu);
   if (!m)
     return closed ? tr_fail(TR_EIO, "waiting for %s: %s", l->peer, why)
-                     : tr_fail(TR_EIO, "waiting for %s: nothing in %.0f s", l->peer, timeout_s);
+                     : tr_fail(TR_EIO, "waiting for %s: nothing in %.0f s", l->peer, tr_now() - t0);
   if (kind && (m->h.kind != kind || m->h.step != step || (mb >= 0 && m->h.mb != mb))) {
     tr_fail(TR_EIO, "from %s: expected message %u (step %lld, micro-batch %d), got %u (step %lld, micro-batch %d)",
             l->peer, kind, (long long)step, mb, m->h.kind, (long long)m->h.step, m->h.mb);
@@ -311,6 +333,100 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
 int pl_recv_encoded(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h,
                     void **payload) {
   return take(l, kind, step, mb, timeout_s, 1, h, payload);
+}
+
+int pl_link_grace(pl_link *l, double seconds) {
+  pl_header h = {.kind = PL_WAIT, .value = seconds};
+  return pl_send(l, &h, NULL);
+}
+
+/* --- the herald --- */
+
+#define HERALD_GRACE 1.0   /* s each notice lasts: a stopped stage's ends that soon after its last */
+#define HERALD_PERIOD 0.25 /* s between notices */
+
+struct pl_herald {
+  pl_link *l[2];
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int on, stop;
+};
+
+/* A notice on each link that can take one now: one the peer does not read
+ * (a stopped stage) waits, not the herald (nor, through send_mu, the
+ * stage's next message on it). */
+static void herald_tell(pl_herald *h) {
+  for (int i = 0; i < 2; i++) {
+    struct pollfd p = {.fd = h->l[i] ? h->l[i]->fd : -1, .events = POLLOUT};
+    if (h->l[i] && poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) (void)pl_link_grace(h->l[i], HERALD_GRACE);
+  }
+}
+
+static void *herald_main(void *arg) {
+  pl_herald *h = arg;
+  pthread_mutex_lock(&h->mu);
+  while (!h->stop) {
+    if (!h->on) {
+      pthread_cond_wait(&h->cv, &h->mu);
+      continue;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)(HERALD_PERIOD * 1e9);
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+    if (!h->on || h->stop) continue;
+    pthread_mutex_unlock(&h->mu);
+    herald_tell(h);
+    pthread_mutex_lock(&h->mu);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return NULL;
+}
+
+pl_herald *pl_herald_start(pl_link *a, pl_link *b) {
+  pl_herald *h = calloc(1, sizeof *h);
+  if (!h) return NULL;
+  h->l[0] = a;
+  h->l[1] = b;
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_cond_init(&h->cv, NULL);
+  if (pthread_create(&h->th, NULL, herald_main, h)) {
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h);
+    return NULL;
+  }
+  return h;
+}
+
+void pl_herald_on(pl_herald *h) {
+  if (!h) return;
+  herald_tell(h); /* the first notice before the caller blocks: not left to the thread's timing */
+  pthread_mutex_lock(&h->mu);
+  h->on = 1;
+  pthread_cond_signal(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+}
+
+void pl_herald_off(pl_herald *h) {
+  if (!h) return;
+  pthread_mutex_lock(&h->mu);
+  h->on = 0;
+  pthread_mutex_unlock(&h->mu);
+}
+
+void pl_herald_stop(pl_herald *h) {
+  if (!h) return;
+  pthread_mutex_lock(&h->mu);
+  h->stop = 1;
+  pthread_cond_signal(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  pthread_join(h->th, NULL);
+  pthread_mutex_destroy(&h->mu);
+  pthread_cond_destroy(&h->cv);
+  free(h);
 }
 
 const char *pl_link_peer(const pl_link *l) { return l->peer; }

@@ -34,6 +34,8 @@ enum {
   PL_DONE,
   PL_TIED,       /* replicas: the tied gradients the first stage averaged, down the chain */
   PL_JOIN,       /* a rebuilt pipeline: the step its stages enter at (`value`), up then down the chain */
+  PL_WAIT,       /* the sender enters a collective with its replicas: a wait on this link may last `value` s
+                  * longer (taken by the reader, never queued: pl_link_grace) */
 };
 
 typedef struct {
@@ -87,7 +89,8 @@ int pl_send(pl_link *l, const pl_header *h, const void *payload);
  * step and mb are not checked; mb < 0: any) and raw (codec 0): anything
  * else is an error naming the link (and the message is dropped). The
  * payload (malloc'd, the caller frees) and the header come back. Waits at
- * most timeout_s (on the monotonic clock), plus an emulated delay
+ * most timeout_s (on the monotonic clock), or until the grace the peer
+ * last announced ends (pl_link_grace) if that is later, plus an emulated delay
  * (pl_link_shape) counted from the header's sent_at, which is believed
  * only up to now plus the message's own time on the wire. */
 int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h, void **payload);
@@ -95,6 +98,25 @@ int pl_recv(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, p
  * activations and gradients): the caller checks h->codec. */
 int pl_recv_encoded(pl_link *l, uint32_t kind, int64_t step, int mb, double timeout_s, pl_header *h,
                     void **payload);
+/* Tells the peer that this side is alive and held (in a collective with
+ * its replicas): the peer's waits on this link (pl_recv) last until
+ * `seconds` from now at least. */
+int pl_link_grace(pl_link *l, double seconds);
+/* The herald of a stage blocked in its replicas' all-reduce: between
+ * pl_herald_on and pl_herald_off a thread renews a 1 s grace (above) on
+ * both of the stage's links every 0.25 s (the first notice goes out in
+ * pl_herald_on itself). Such a stage waits for a replica whose own
+ * pipeline mate hangs; its pipeline mates must not give up on it before
+ * that replica gives up on the hung one (they raced, with equal timeouts:
+ * one stopped worker could end the healthy pipeline too). A stopped stage
+ * renews nothing, so waits on it end 1 s after its last notice or at their
+ * own timeout. Links may be NULL; pl_herald_start NULL: no herald (the
+ * calls below take NULL). pl_herald_stop before the links are freed. */
+typedef struct pl_herald pl_herald;
+pl_herald *pl_herald_start(pl_link *a, pl_link *b);
+void pl_herald_on(pl_herald *h);
+void pl_herald_off(pl_herald *h);
+void pl_herald_stop(pl_herald *h);
 /* The peer's name (pl_link_create's), for errors. */
 const char *pl_link_peer(const pl_link *l);
 

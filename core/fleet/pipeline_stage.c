@@ -197,6 +197,8 @@ void pipe_stage_free(pipe_stage *s) {
   free(s->scratch);
   free(s->enc);
   free(s->bwd.residual);
+  pl_herald_stop(s->herald); /* it sends on the links */
+  s->herald = NULL;
   pl_link_free(s->prev);
   pl_link_free(s->next);
 }

@@ -78,6 +78,7 @@ typedef struct {
   pl_link *prev, *next;
   int R, p;          /* pipelines (replicas of every stage), this one */
   ftar_member *fm;   /* R > 1: this stage's replicas average gradients through FTAR */
+  pl_herald *herald; /* with fm: tells the links' peers we are alive while in its all-reduce */
   donor *dn;         /* R > 1: serves a rebuilt pipeline's worker of this stage (pipeline_rejoin.c) */
   int donor_fd;      /* a rebuilt worker: its donor, until its first step with the others (else -1) */
   int64_t join_step; /* a rebuilt worker: the step it enters its replicas' group at */

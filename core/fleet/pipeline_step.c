@@ -107,10 +107,17 @@ static int gather_chain(pipe_stage *s, int64_t step) {
 
 /* --- replicas of the stage (pipelines x replicas) --- */
 
-/* One FTAR all-reduce (mean) with the same stage of the other pipelines. */
+/* One FTAR all-reduce (mean) with the same stage of the other pipelines.
+ * It may wait for a replica that waits on a hung mate of its own
+ * pipeline: meanwhile our herald tells our pipeline mates we are alive
+ * (pl_herald), or they gave up on us first and the healthy pipeline was
+ * lost too. Without a herald (no thread) the mates wait as before. */
 static int mean_of(pipe_stage *s, float *buf, int64_t n, uint64_t seq, loop_exchange *x) {
+  if (!s->herald && (s->prev || s->next)) s->herald = pl_herald_start(s->prev, s->next);
+  pl_herald_on(s->herald);
   ftar_result res;
   int rc = ftar_allreduce(s->fm, buf, (size_t)n, FTAR_MEAN, seq, &res);
+  pl_herald_off(s->herald);
   if (rc == FTAR_ESEQ && s->join_step > 0 && seq / PIPE_SEQ_PER_STEP == (uint64_t)s->join_step)
     return tr_fail(rc, "stage %d: its replicas were past step %lld (at step %lld) when this rebuilt pipeline "
                    "registered to enter there (the launcher tries again further ahead)", s->k,

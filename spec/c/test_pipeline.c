@@ -486,6 +486,50 @@ static void test_link_max_message(void) {
   close(sv[1]);
 }
 
+/* A grace the peer announced (pl_link_grace: it enters a collective with
+ * its replicas) outlasts the wait's own timeout: a message sent 0.6 s
+ * later still arrives within a 0.2 s wait. A grace that has ended, or a
+ * malformed one (NaN, negative), widens nothing: the wait times out. The
+ * notice itself is never handed to the stage. */
+static void *send_late(void *arg) {
+  pl_link *a = arg;
+  struct timespec ts = {0, 600 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  pl_header h = {.kind = PL_ACT, .step = 7, .mb = 0};
+  (void)pl_send(a, &h, NULL);
+  return NULL;
+}
+
+static void test_link_grace(void) {
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  pl_link *a = pl_link_create(sv[0], "stage b", 4096, 4096), *b = pl_link_create(sv[1], "stage a", 4096, 4096);
+  CHECK(a && b, "links: %s", tr_error());
+  if (!a || !b) return;
+  pl_header h;
+  void *p = NULL;
+  CHECK(pl_link_grace(a, 30.0) == 0, "the notice: %s", tr_error());
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, send_late, a) == 0, "thread");
+  int rc = pl_recv(b, PL_ACT, 7, 0, 0.2, &h, &p);
+  CHECK(rc == 0 && h.kind == PL_ACT, "within the grace: %s", rc ? tr_error() : "");
+  free(p);
+  p = NULL;
+  pthread_join(th, NULL);
+  double bad[] = {NAN, -5.0, 0.1};
+  for (int i = 0; i < 3; i++) {
+    CHECK(pl_link_grace(a, bad[i]) == 0, "the notice: %s", tr_error());
+    struct timespec ts = {0, 300 * 1000 * 1000}; /* a 0.1 s grace ends meanwhile */
+    nanosleep(&ts, NULL);
+    rc = pl_recv(b, PL_ACT, 8, 0, 0.2, &h, &p);
+    CHECK(rc < 0 && strstr(tr_error(), "nothing in"), "grace %g: %s", bad[i], rc ? tr_error() : "a message came");
+    free(p);
+    p = NULL;
+  }
+  pl_link_free(a);
+  pl_link_free(b);
+}
+
 /* A peer that floods the link meets a bounded queue: the reader stops
  * taking from the socket (the peer's sends block), and nothing is lost.
  * The peer sends until the socket takes nothing more in a round of 50 ms
@@ -796,6 +840,7 @@ int main(void) {
   test_policy_answer();
   test_plan_restore();
   test_link_max_message();
+  test_link_grace();
   test_link_queue_bound();
   test_link_queue_bytes(512 * 1024);
   test_link_queue_bytes((uint64_t)32 << 20);
