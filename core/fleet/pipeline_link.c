@@ -342,24 +342,44 @@ int pl_link_grace(pl_link *l, double seconds) {
 
 /* --- the herald --- */
 
-#define HERALD_GRACE 1.0   /* s each notice lasts: a stopped stage's ends that soon after its last */
+#define HERALD_GRACE 2.0   /* s each notice lasts: a stopped stage's end that soon after its last */
 #define HERALD_PERIOD 0.25 /* s between notices */
 
 struct pl_herald {
   pl_link *l[2];
+  double cap; /* s a stretch of on lasts at most (pl_herald_start) */
   pthread_t th;
   pthread_mutex_t mu;
-  pthread_cond_t cv;
+  pthread_cond_t cv; /* CLOCK_MONOTONIC */
   int on, stop;
+  double on_since;
 };
 
-/* A notice on each link that can take one now: one the peer does not read
- * (a stopped stage) waits, not the herald (nor, through send_mu, the
- * stage's next message on it). */
-static void herald_tell(pl_herald *h) {
+/* Whether l's peer holds a grace now: it, or a stage beyond it, is held. */
+static int grace_live(pl_link *l) {
+  if (!l) return 0;
+  pthread_mutex_lock(&l->mu);
+  int live = l->grace_until > tr_now();
+  pthread_mutex_unlock(&l->mu);
+  return live;
+}
+
+/* A notice on link i when this stage is held (in its collective, within
+ * the cap) or the stage beyond its other link is (the notice goes on down
+ * the chain, away from where it came: two stages cannot keep each other
+ * alive). Only when the link takes it now, and nobody else is sending on
+ * it: the herald never waits on a peer that does not read (a stopped one),
+ * nor holds the stage's next message back. */
+static void herald_tell(pl_herald *h, int held) {
   for (int i = 0; i < 2; i++) {
-    struct pollfd p = {.fd = h->l[i] ? h->l[i]->fd : -1, .events = POLLOUT};
-    if (h->l[i] && poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) (void)pl_link_grace(h->l[i], HERALD_GRACE);
+    pl_link *l = h->l[i];
+    if (!l || !(held || grace_live(h->l[1 - i])) || pthread_mutex_trylock(&l->send_mu) != 0) continue;
+    struct pollfd p = {.fd = l->fd, .events = POLLOUT};
+    if (poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) {
+      pl_header g = {.kind = PL_WAIT, .value = HERALD_GRACE};
+      (void)send_locked(l, &g, NULL);
+    }
+    pthread_mutex_unlock(&l->send_mu);
   }
 }
 
@@ -367,31 +387,31 @@ static void *herald_main(void *arg) {
   pl_herald *h = arg;
   pthread_mutex_lock(&h->mu);
   while (!h->stop) {
-    if (!h->on) {
-      pthread_cond_wait(&h->cv, &h->mu);
-      continue;
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)(HERALD_PERIOD * 1e9);
-    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    double e = tr_now() + HERALD_PERIOD;
+    struct timespec ts = {(time_t)e, (long)((e - (double)(time_t)e) * 1e9)};
     pthread_cond_timedwait(&h->cv, &h->mu, &ts);
-    if (!h->on || h->stop) continue;
+    if (h->stop) break;
+    int held = h->on && tr_now() - h->on_since < h->cap;
     pthread_mutex_unlock(&h->mu);
-    herald_tell(h);
+    herald_tell(h, held);
     pthread_mutex_lock(&h->mu);
   }
   pthread_mutex_unlock(&h->mu);
   return NULL;
 }
 
-pl_herald *pl_herald_start(pl_link *a, pl_link *b) {
+pl_herald *pl_herald_start(pl_link *a, pl_link *b, double cap_s) {
   pl_herald *h = calloc(1, sizeof *h);
   if (!h) return NULL;
   h->l[0] = a;
   h->l[1] = b;
+  h->cap = cap_s;
   pthread_mutex_init(&h->mu, NULL);
-  pthread_cond_init(&h->cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* tr_now's clock: a wall-clock step stalls nothing */
+  pthread_cond_init(&h->cv, &ca);
+  pthread_condattr_destroy(&ca);
   if (pthread_create(&h->th, NULL, herald_main, h)) {
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
@@ -403,10 +423,10 @@ pl_herald *pl_herald_start(pl_link *a, pl_link *b) {
 
 void pl_herald_on(pl_herald *h) {
   if (!h) return;
-  herald_tell(h); /* the first notice before the caller blocks: not left to the thread's timing */
+  herald_tell(h, 1); /* the first notice before the caller blocks: not left to the thread's timing */
   pthread_mutex_lock(&h->mu);
   h->on = 1;
-  pthread_cond_signal(&h->cv);
+  h->on_since = tr_now();
   pthread_mutex_unlock(&h->mu);
 }
 
@@ -432,8 +452,10 @@ void pl_herald_stop(pl_herald *h) {
 const char *pl_link_peer(const pl_link *l) { return l->peer; }
 
 void pl_link_bytes(const pl_link *l, uint64_t *sent, uint64_t *received) {
-  pthread_mutex_lock((pthread_mutex_t *)&l->mu);
+  pthread_mutex_lock((pthread_mutex_t *)&l->send_mu);
   *sent = l->sent;
+  pthread_mutex_unlock((pthread_mutex_t *)&l->send_mu);
+  pthread_mutex_lock((pthread_mutex_t *)&l->mu);
   *received = l->received;
   pthread_mutex_unlock((pthread_mutex_t *)&l->mu);
 }

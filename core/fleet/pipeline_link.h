@@ -102,18 +102,21 @@ int pl_recv_encoded(pl_link *l, uint32_t kind, int64_t step, int mb, double time
  * its replicas): the peer's waits on this link (pl_recv) last until
  * `seconds` from now at least. */
 int pl_link_grace(pl_link *l, double seconds);
-/* The herald of a stage blocked in its replicas' all-reduce: between
- * pl_herald_on and pl_herald_off a thread renews a 1 s grace (above) on
- * both of the stage's links every 0.25 s (the first notice goes out in
- * pl_herald_on itself). Such a stage waits for a replica whose own
- * pipeline mate hangs; its pipeline mates must not give up on it before
- * that replica gives up on the hung one (they raced, with equal timeouts:
- * one stopped worker could end the healthy pipeline too). A stopped stage
- * renews nothing, so waits on it end 1 s after its last notice or at their
- * own timeout. Links may be NULL; pl_herald_start NULL: no herald (the
- * calls below take NULL). pl_herald_stop before the links are freed. */
+/* The herald of a stage: a thread that, every 0.25 s, renews a 2 s grace
+ * (above) on each of the stage's links while the stage is held, between
+ * pl_herald_on and pl_herald_off (at most cap_s of each stretch), or while
+ * the peer of its other link holds one (the stage beyond is held: the
+ * notice is passed on down the chain, never back). The first notice goes
+ * out in pl_herald_on itself. A stage in its replicas' all-reduce may wait
+ * for a replica whose own pipeline mate hangs; its pipeline mates, and
+ * theirs, must not give up on it before that replica gives up on the hung
+ * one (with equal timeouts they raced: one stopped worker could end the
+ * healthy pipeline too). A stopped stage renews nothing, so waits on it end
+ * 2 s after its last notice or at their own timeout. Links may be NULL;
+ * pl_herald_start NULL: no herald (the calls below take NULL).
+ * pl_herald_stop before the links are freed. */
 typedef struct pl_herald pl_herald;
-pl_herald *pl_herald_start(pl_link *a, pl_link *b);
+pl_herald *pl_herald_start(pl_link *a, pl_link *b, double cap_s);
 void pl_herald_on(pl_herald *h);
 void pl_herald_off(pl_herald *h);
 void pl_herald_stop(pl_herald *h);

@@ -107,13 +107,21 @@ static int gather_chain(pipe_stage *s, int64_t step) {
 
 /* --- replicas of the stage (pipelines x replicas) --- */
 
+/* With replicas, the stage's herald (pl_herald), from its first exchange:
+ * every stage has one, so a grace is passed on along the whole chain (also
+ * through a stage that averages nothing itself). Held at most as long as
+ * the group's timeout and a heartbeat's lapse. */
+static void herald_ensure(pipe_stage *s) {
+  if (s->fm && !s->herald && (s->prev || s->next))
+    s->herald = pl_herald_start(s->prev, s->next, 2 * s->cfg->hang_seconds + s->cfg->deadline);
+}
+
 /* One FTAR all-reduce (mean) with the same stage of the other pipelines.
  * It may wait for a replica that waits on a hung mate of its own
  * pipeline: meanwhile our herald tells our pipeline mates we are alive
  * (pl_herald), or they gave up on us first and the healthy pipeline was
  * lost too. Without a herald (no thread) the mates wait as before. */
 static int mean_of(pipe_stage *s, float *buf, int64_t n, uint64_t seq, loop_exchange *x) {
-  if (!s->herald && (s->prev || s->next)) s->herald = pl_herald_start(s->prev, s->next);
   pl_herald_on(s->herald);
   ftar_result res;
   int rc = ftar_allreduce(s->fm, buf, (size_t)n, FTAR_MEAN, seq, &res);
@@ -176,7 +184,8 @@ static int combine_tied(pipe_stage *s, float inv, int64_t step, loop_exchange *x
     void *p = NULL;
     uint64_t seq = (uint64_t)step * PIPE_SEQ_PER_STEP + 1, bytes = 4 * (uint64_t)(s->tied_n + 1);
     all[s->tied_n] = *stop ? 1.0f : 0.0f;
-    if (s->k == 0) rc = mean_of(s, all, s->tied_n + 1, seq, x);
+    loop_exchange tx = *x; /* the record keeps the first collective's replicas and epoch, as every stage's */
+    if (s->k == 0 && !(rc = mean_of(s, all, s->tied_n + 1, seq, &tx))) x->redos = tx.redos;
     else if (!(rc = pl_recv(s->prev, PL_TIED, step, -1, s->timeout, &h, &p)) && h.bytes == bytes)
       memcpy(all, p, h.bytes);
     else if (!rc) rc = tr_fail(TR_EIO, "the tied gradients from the previous stage have the wrong size");
@@ -200,6 +209,7 @@ int pipe_exchange(void *ud, int64_t next, loop_exchange *x) {
   float inv = 1.0f / (float)s->M;
   be->scale(grads, n, inv); /* the mean over micro-batches (the tied ones' slots are overwritten below) */
   s->vote = (x->ckpt_want ? 1 : 0) | (x->ckpt_ready ? 0 : 2) | (s->stop_asked ? 4 : 0);
+  herald_ensure(s);
   int rc = replicas_mean(s, next, grads, n, x);
   if (!rc) rc = gather_chain(s, next);
   if (rc) return rc;
