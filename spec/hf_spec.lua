@@ -7,7 +7,8 @@
 -- own exports edited here (config.json as text, model.safetensors rewritten
 -- by st_write): what init_from refuses and how it says so (config.json read
 -- by its top-level keys, a Conv1D weight in (out, in), a faulty tensor), and
--- export's reading of vocab.json.
+-- export's reading of vocab.json, and two exports into one directory
+-- taking turns.
 --
 -- Needs a Python with torch and transformers: $TRANSOM_HF_PYTHON, else
 -- ~/.cache/transom/hfvenv/bin/python (./test.sh makes it from PyPI, once per machine). Without
@@ -197,6 +198,7 @@ local function need_py()
 end
 
 describe("Hugging Face round trip", function()
+  after_each(function() S.cleanup() end) -- a failed case leaves no holder behind
   teardown(function() os.execute("rm -rf " .. q(tmp)) end)
 
   it("export --hf: GPT2LMHeadModel loads it and computes transom's logits", function()
@@ -400,6 +402,30 @@ describe("Hugging Face round trip", function()
       "wpe", "'transformer%.wpe%.weight' has 8 rows, fewer than the job's block_size = 16")
     refused(cut("transformer.wte.weight", { 300, 16 }), "wte",
       "tensor 'transformer%.wte%.weight' is %[300, 16%], expected %[300, 32%] %(vocab_size rows of n_embd = 32%)")
+  end)
+
+  it("two exports into one directory take turns: nothing is written while another holds it", function()
+    -- no Python. Another export's hold is flock(1) on the directory (what
+    -- export holds from before its weights to after config.json), kept
+    -- until this export says it waits (bounded): the directory must then
+    -- still be empty, and the export finish once the hold ends
+    local e = tiny_export("turns")
+    local dir, mark = tmp .. "/turns_two", tmp .. "/turns_mark"
+    assert.equal(0, select(2, S.sh("mkdir -p " .. q(dir) .. " " .. q(mark))))
+    local log = mark .. "/export.log"
+    local hold = string.format("flock -x %s sh -c 'touch %s/held; i=0; while ! grep -q \"waiting for it\" %s "
+      .. "&& [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); done; ls %s > %s/seen'", q(dir), q(mark), q(log),
+      S.N(300), q(dir), q(mark))
+    local holder = S.spawn(hold, mark .. "/holder.log")
+    assert.is_true(S.wait_for(function() return S.exists(mark .. "/held") end, S.T(10)) == true, "flock never held")
+    local _, rc = S.sh(BIN .. " export " .. e.run .. " --hf " .. q(dir) .. " > " .. q(log) .. " 2>&1")
+    local out = read(log)
+    assert.equal(0, rc, out)
+    assert.matches("'" .. dir:gsub("%p", "%%%0") .. "' is being written by another process %(pid %d+%): waiting for it", out)
+    assert.equal("", read(mark .. "/seen"), "export wrote into the directory while another held it")
+    assert.is_true(S.wait_gone(holder, S.T(10)))
+    assert.equal(e.cfg, read(dir .. "/config.json"))
+    assert.is_not_nil(read(dir .. "/model.safetensors"))
   end)
 
   it("export reads vocab.json's own top-level keys: not one nested, not one twice, each of its type, tokens each a byte", function()

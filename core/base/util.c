@@ -216,6 +216,43 @@ static int open_tmp_locked(const char *tmp) {
   }
 }
 
+int tr_dir_lock(const char *dir, int *fd_out) {
+  tr_lock_wait w;
+  tr_lock_wait_init(&w);
+  *fd_out = -1;
+  for (int waited = 0;; waited = 1) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+      return tr_fail(TR_EIO, "cannot open '%s': %s%s", dir, strerror(errno),
+                     waited ? " (it went while this process waited for it)" : "");
+    int rc = flock(fd, LOCK_EX | LOCK_NB), busy = rc != 0 && (errno == EWOULDBLOCK || errno == EINTR);
+    if (!busy && rc != 0) { /* a filesystem without locks */
+      close(fd);
+      return TR_OK;
+    }
+    if (!busy && tr_fd_at_path(fd, dir)) {
+      *fd_out = fd;
+      return TR_OK;
+    }
+    if (busy) {
+      int step = tr_lock_wait_step(&w, fd, WRITE_WAIT_S, WRITE_MAX_S);
+      if (step == TR_WAIT_SAY) fprintf(stderr, "transom: '%s' is being written by another process%s: waiting for it\n", dir, w.who);
+      if (step == TR_WAIT_GIVE_UP) {
+        close(fd);
+        return tr_fail(TR_EIO, "'%s' has been written by another process%s for %.0f s%s: stop it, then try again", dir,
+                       w.who, w.waited, w.stopped ? " (it is stopped)" : "");
+      }
+      struct timespec ts = {0, 10 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+    close(fd); /* busy, or locked a directory since removed or replaced: the name anew */
+  }
+}
+
+void tr_dir_unlock(int fd) {
+  if (fd >= 0) close(fd);
+}
+
 int tr_tmp_open(const char *path, char *tmp, size_t n) {
   if (snprintf(tmp, n, "%s.tmp", path) >= (int)n) return tr_fail(TR_EINVAL, "path too long: %s", path);
   return open_tmp_locked(tmp);

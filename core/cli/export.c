@@ -30,8 +30,8 @@ static const char export_usage[] =
     "Every tensor must match the model RUN/job.lua and RUN/vocab.json make.\n"
     "DIR must not be RUN; it is created if absent, and other files in it stay\n"
     "(tokenizer.json, README.md, .git of a model repository). The two files are\n"
-    "each replaced atomically, the weights first. A job starts from such a\n"
-    "directory with init_from = DIR.\n";
+    "each replaced atomically, the weights first; two exports into one DIR take\n"
+    "turns. A job starts from such a directory with init_from = DIR.\n";
 
 int export_main(int argc, char **argv) {
   static const char *const value_flags[] = {"--hf", NULL};

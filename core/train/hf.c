@@ -151,9 +151,12 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
   /* inside dir, each file replaced atomically (its .tmp, fsync, rename) and the other files left alone;
    * the weights first: the large write, the one a full disk or a size limit stops, fails before
    * config.json changes, so that failure leaves the earlier pair. Only one between the two renames
-   * leaves the new weights beside the earlier config.json. */
-  int created = !rc && access(dir, F_OK) != 0;
+   * leaves the new weights beside the earlier config.json. Two exports into one dir take turns (the
+   * directory's lock, held from before the weights to after config.json): one's weights never sit
+   * beside the other's config.json. */
+  int created = !rc && access(dir, F_OK) != 0, lock = -1;
   if (!rc) rc = tr_mkdirs(dir);
+  if (!rc) rc = tr_dir_lock(dir, &lock);
   if (!rc && snprintf(path, sizeof path, "%s/model.safetensors", dir) >= (int)sizeof path)
     rc = tr_fail(TR_EINVAL, "'%s': path too long", dir);
   const char *meta[] = {"transom.export", "hf-gpt2", NULL};
@@ -161,6 +164,7 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
   if (!rc) rc = tr_sync_dir(dir);
   if (!rc) rc = write_config(dir, s, n_positions);
   if (rc && created) rmdir(dir); /* only while empty: a failed first export leaves no directory */
+  tr_dir_unlock(lock);
   for (int i = 0; i < nt; i++) free(bufs[i]);
   free(bufs);
   free(dims);
