@@ -282,9 +282,13 @@ end]])
   -- rebuild on a loaded machine. Returns the log, the exit status and the
   -- run directory.
   -- a 2 x 2 run whose worker 3 (pipeline 1, stage 1) gets signal sig (default KILL) at step 20; top: more job keys
-  local function kill_one(name, extra, sig, top)
+  -- 2 pipelines (of `stages` stages, default 2) train; worker `worker`
+  -- (default 3: pipeline 1's last stage with 2 stages) gets signal sig
+  -- (default KILL) after 20 steps; the run's log, exit status and directory
+  local function kill_one(name, extra, sig, top, stages, worker)
     local job = dir .. "/" .. name .. ".lua"
-    write(job, job_text(data, "replicas = 2, pipeline = { stages = 2, micro_batches = 2" .. (extra or "") .. " }, "
+    write(job, job_text(data, "replicas = 2, pipeline = { stages = " .. (stages or 2) .. ", micro_batches = 2"
+      .. (extra or "") .. " }, "
       .. "max_steps = 2000, eval_interval = 0, checksum_interval = 1," .. (top or "")))
     local rd = dir .. "/" .. name
     local log = dir .. "/" .. name .. ".log"
@@ -296,8 +300,8 @@ end]])
       S.sleep(0.05)
     end
     assert.truthy(lines() >= 20 and not rc(), S.read(log))
-    local w3 = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker 3 "))
-    os.execute("kill -" .. (sig or "KILL") .. " " .. assert(tonumber(w3:match("(%d+)")), w3))
+    local w = S.sh("pgrep -f -- " .. q("[s]tage --run " .. rd .. " --worker " .. (worker or 3) .. " "))
+    os.execute("kill -" .. (sig or "KILL") .. " " .. assert(tonumber(w:match("(%d+)")), w))
     for _ = 1, S.N(1800) do
       if rc() then break end
       S.sleep(0.05)
@@ -411,6 +415,34 @@ return {
       " hang_seconds = " .. S.T(3) .. ", deadline = " .. S.T(1) .. ",")
     assert.are.equal(0, rc, log)
     assert.truthy(log:find("pipeline 1 lost: pipeline stage %d %(worker 3%) was killed by signal 9"), log)
+    assert.falsy(log:find("pipeline 0 lost", 1, true), log)
+    assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":1'), "one pipeline left")
+  end)
+
+  -- 3 stages, the middle one a lone gelu (no parameter: it joins no
+  -- all-reduce); the stopped worker is pipeline 1's last stage: its group
+  -- of last stages times it out after `deadline`, pipeline 1's other
+  -- stages wait on their links for hang_seconds, pipeline 0's first stage
+  -- in the all-reduce with pipeline 1's as long, and pipeline 0's middle
+  -- and last stages on their links meanwhile. Pipeline 0 must not be lost
+  -- with it. Here pipeline 1's stages nearest the stopped one give up
+  -- first, so this run passed also without the herald (session 20, 3 of 3):
+  -- it covers 3 stages end to end; the herald's grace and its relay along
+  -- a chain are checked on their own in test_pipeline.
+  it("a last stage stopped (SIGSTOP) with 3 stages: its pipeline is lost, the other pipeline's 3 train on", function()
+    if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
+    local policy = dir .. "/gelu_middle.lua"
+    write(policy, [[
+return function(plan)
+  local g
+  for i, op in ipairs(plan.ops) do if op.name == "gelu" then g = g or i - 1 end end
+  return { cuts = { 0, g, g + 1, #plan.ops }, order = { 0, 1, 2 } }
+end]])
+    local log, rc, rd = kill_one("stopped3", string.format(", rebuilds = 0, probe = false, placement = %q", policy),
+      "STOP", " hang_seconds = " .. S.T(3) .. ", deadline = " .. S.T(1) .. ",", 3, 5)
+    assert.are.equal(0, rc, log)
+    assert.truthy(log:find("\n%s+1%s+1%s+%S+%s+%d+%s+[%d.]+%s+%d+%.%.%d+ %(gelu%.%.gelu%)"), log)
+    assert.truthy(log:find("pipeline 1 lost: pipeline stage 2 %(worker 5%) was killed by signal 9"), log)
     assert.falsy(log:find("pipeline 0 lost", 1, true), log)
     assert.truthy(S.read(rd .. "/metrics.jsonl"):find('"step":2000,[^\n]*"replicas":1'), "one pipeline left")
   end)
