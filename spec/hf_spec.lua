@@ -405,27 +405,30 @@ describe("Hugging Face round trip", function()
   end)
 
   it("two exports into one directory take turns: nothing is written while another holds it", function()
-    -- no Python. Another export's hold is flock(1) on the directory (what
-    -- export holds from before its weights to after config.json), kept
+    -- no Python. Another export's hold is flock(1) on DIR/.transom-export.lock
+    -- (what export holds from before its weights to after config.json), kept
     -- until this export says it waits (bounded): the directory must then
-    -- still be empty, and the export finish once the hold ends
+    -- still hold nothing but the lock, and the export finish once the hold
+    -- ends, removing the lock file
     local e = tiny_export("turns")
     local dir, mark = tmp .. "/turns_two", tmp .. "/turns_mark"
+    local lock = dir .. "/.transom-export.lock"
     assert.equal(0, select(2, S.sh("mkdir -p " .. q(dir) .. " " .. q(mark))))
     local log = mark .. "/export.log"
     local hold = string.format("flock -x %s sh -c 'touch %s/held; i=0; while ! grep -q \"waiting for it\" %s "
-      .. "&& [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); done; ls %s > %s/seen'", q(dir), q(mark), q(log),
+      .. "&& [ $i -lt %d ]; do sleep 0.1; i=$((i+1)); done; ls -A %s > %s/seen'", q(lock), q(mark), q(log),
       S.N(300), q(dir), q(mark))
     local holder = S.spawn(hold, mark .. "/holder.log")
     assert.is_true(S.wait_for(function() return S.exists(mark .. "/held") end, S.T(10)) == true, "flock never held")
     local _, rc = S.sh(BIN .. " export " .. e.run .. " --hf " .. q(dir) .. " > " .. q(log) .. " 2>&1")
     local out = read(log)
     assert.equal(0, rc, out)
-    assert.matches("'" .. dir:gsub("%p", "%%%0") .. "' is being written by another process %(pid %d+%): waiting for it", out)
-    assert.equal("", read(mark .. "/seen"), "export wrote into the directory while another held it")
+    assert.matches("'" .. lock:gsub("%p", "%%%0") .. "' is held by another process %(pid %d+%): waiting for it", out)
+    assert.equal(".transom-export.lock\n", read(mark .. "/seen"), "export wrote into the directory while another held it")
     assert.is_true(S.wait_gone(holder, S.T(10)))
     assert.equal(e.cfg, read(dir .. "/config.json"))
     assert.is_not_nil(read(dir .. "/model.safetensors"))
+    assert.equal("config.json\nmodel.safetensors\n", S.sh("LC_ALL=C ls -A " .. q(dir)), "the lock file left behind")
   end)
 
   it("export reads vocab.json's own top-level keys: not one nested, not one twice, each of its type, tokens each a byte", function()

@@ -277,14 +277,25 @@ end]])
     assert.are.equal(weights[1], weights[2])
   end)
 
-  -- 2 pipelines x 2 stages, worker 3 (pipeline 1's second) killed with -9
-  -- mid-run; steps padded (TRANSOM_TEST_STEP_MS) so the run outlasts the
-  -- rebuild on a loaded machine. Returns the log, the exit status and the
-  -- run directory.
-  -- a 2 x 2 run whose worker 3 (pipeline 1, stage 1) gets signal sig (default KILL) at step 20; top: more job keys
-  -- 2 pipelines (of `stages` stages, default 2) train; worker `worker`
-  -- (default 3: pipeline 1's last stage with 2 stages) gets signal sig
-  -- (default KILL) after 20 steps; the run's log, exit status and directory
+  -- A placement policy (its path) that cuts 3 stages, the middle one the
+  -- first gelu alone: a stage that holds no parameter.
+  local function gelu_alone()
+    local policy = dir .. "/gelu_alone.lua"
+    write(policy, [[
+return function(plan)
+  local g
+  for i, op in ipairs(plan.ops) do if op.name == "gelu" then g = g or i - 1 end end
+  return { cuts = { 0, g, g + 1, #plan.ops }, order = { 0, 1, 2 } }
+end]])
+    return policy
+  end
+
+  -- 2 pipelines of `stages` stages (default 2) train 2000 steps, padded
+  -- (TRANSOM_TEST_STEP_MS) so the run outlasts a rebuild on a loaded
+  -- machine; after 20 steps worker `worker` (default 3: pipeline 1's last
+  -- stage of 2) gets signal sig (default KILL). extra: more pipeline keys;
+  -- top: more job keys. Returns the log, the exit status and the run
+  -- directory.
   local function kill_one(name, extra, sig, top, stages, worker)
     local job = dir .. "/" .. name .. ".lua"
     write(job, job_text(data, "replicas = 2, pipeline = { stages = " .. (stages or 2) .. ", micro_batches = 2"
@@ -426,18 +437,12 @@ return {
   -- in the all-reduce with pipeline 1's as long, and pipeline 0's middle
   -- and last stages on their links meanwhile. Pipeline 0 must not be lost
   -- with it. Here pipeline 1's stages nearest the stopped one give up
-  -- first, so this run passed also without the herald (session 20, 3 of 3):
-  -- it covers 3 stages end to end; the herald's grace and its relay along
-  -- a chain are checked on their own in test_pipeline.
+  -- first, so the herald's grace is not what this run turns on (its grace
+  -- and its relay along a chain are checked in test_pipeline): it covers
+  -- 3 stages end to end.
   it("a last stage stopped (SIGSTOP) with 3 stages: its pipeline is lost, the other pipeline's 3 train on", function()
     if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
-    local policy = dir .. "/gelu_middle.lua"
-    write(policy, [[
-return function(plan)
-  local g
-  for i, op in ipairs(plan.ops) do if op.name == "gelu" then g = g or i - 1 end end
-  return { cuts = { 0, g, g + 1, #plan.ops }, order = { 0, 1, 2 } }
-end]])
+    local policy = gelu_alone()
     local log, rc, rd = kill_one("stopped3", string.format(", rebuilds = 0, probe = false, placement = %q", policy),
       "STOP", " hang_seconds = " .. S.T(3) .. ", deadline = " .. S.T(1) .. ",", 3, 5)
     assert.are.equal(0, rc, log)
@@ -453,13 +458,7 @@ end]])
   -- waiting for pipeline 0, and a resume found no step every store held)
   it("a stage that reads no parameter still checkpoints once pipeline 0 is lost", function()
     if not data then return pending("no ../shared/data/tinyshakespeare.txt") end
-    local policy = dir .. "/gelu_alone.lua"
-    write(policy, [[
-return function(plan)
-  local g
-  for i, op in ipairs(plan.ops) do if op.name == "gelu" then g = g or i - 1 end end
-  return { cuts = { 0, g, g + 1, #plan.ops }, order = { 0, 1, 2 } }
-end]])
+    local policy = gelu_alone()
     local job = dir .. "/paramless.lua"
     write(job, job_text(data, string.format("replicas = 2, pipeline = { stages = 3, micro_batches = 2, probe = false, "
       .. "rebuilds = 0, placement = %q }, max_steps = 120, eval_interval = 0,", policy)))

@@ -180,76 +180,67 @@ char *tr_read_file(const char *path, size_t *len) {
 #define WRITE_MAX_S 600.0
 #define WRITE_WAIT_S 30.0
 
-/* Opens path.tmp, emptied, for a writer that holds it alone: an exclusive
- * flock, taken on the file still at that name (a writer before us may have
- * renamed it meanwhile: then the name is opened anew). Two writers of one
- * path (two exports into one directory) would otherwise truncate and fill
- * the same file, and one could rename a mix of both. A filesystem without
- * locks goes on unlocked, as before. fd, or a negative code. */
-static int open_tmp_locked(const char *tmp) {
-  tr_lock_wait w;
-  tr_lock_wait_init(&w);
-  for (;;) {
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return tr_fail(TR_EIO, "cannot create '%s': %s", tmp, strerror(errno));
-    int rc = flock(fd, LOCK_EX | LOCK_NB), busy = rc != 0 && (errno == EWOULDBLOCK || errno == EINTR);
-    if (!busy && (rc != 0 || tr_fd_at_path(fd, tmp))) { /* ours (or no locks on this filesystem) */
-      if (ftruncate(fd, 0) == 0) return fd;
-      int e = errno;
-      close(fd);
-      return tr_fail(TR_EIO, "cannot truncate '%s': %s", tmp, strerror(e));
-    }
-    if (!busy) { /* renamed away by the writer before us: the name anew */
-      close(fd);
-      continue;
-    }
-    int step = tr_lock_wait_step(&w, fd, WRITE_WAIT_S, WRITE_MAX_S);
-    if (step == TR_WAIT_SAY) fprintf(stderr, "transom: '%s' is being written by another process%s: waiting for it\n", tmp, w.who);
-    if (step == TR_WAIT_GIVE_UP) {
-      close(fd);
-      return tr_fail(TR_EIO, "'%s' has been written by another process%s for %.0f s%s: stop it, then try again", tmp,
-                     w.who, w.waited, w.stopped ? " (it is stopped)" : "");
-    }
-    close(fd);
-    struct timespec ts = {0, 10 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-}
-
-int tr_dir_lock(const char *dir, int *fd_out) {
+/* An exclusive flock on the file at path, opened with oflags (O_CREAT
+ * among them), taken on the file still at that name: the holder before us
+ * may have renamed it (a .tmp committed) or removed it (a lock file let
+ * go) meanwhile, and a lock on that file is no lock on the name; then the
+ * name is opened anew. A busy lock is retried on the same file until its
+ * holder lets go (tr_lock_wait_step bounds the wait and names the holder;
+ * what_now / what_since word the message and the error: "is being
+ * written" / "has been written"). *fd: the locked file, or -1 where the
+ * filesystem has no locks (the caller goes on unlocked, as before). */
+static int lock_at_name(const char *path, int oflags, const char *what_now, const char *what_since, int *fd_out) {
   tr_lock_wait w;
   tr_lock_wait_init(&w);
   *fd_out = -1;
-  for (int waited = 0;; waited = 1) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-      return tr_fail(TR_EIO, "cannot open '%s': %s%s", dir, strerror(errno),
-                     waited ? " (it went while this process waited for it)" : "");
+  for (int fd = -1;;) {
+    if (fd < 0 && (fd = open(path, oflags | O_CLOEXEC, 0644)) < 0)
+      return tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
     int rc = flock(fd, LOCK_EX | LOCK_NB), busy = rc != 0 && (errno == EWOULDBLOCK || errno == EINTR);
     if (!busy && rc != 0) { /* a filesystem without locks */
       close(fd);
       return TR_OK;
     }
-    if (!busy && tr_fd_at_path(fd, dir)) {
+    if (!busy && tr_fd_at_path(fd, path)) {
       *fd_out = fd;
       return TR_OK;
     }
-    if (busy) {
-      int step = tr_lock_wait_step(&w, fd, WRITE_WAIT_S, WRITE_MAX_S);
-      if (step == TR_WAIT_SAY) fprintf(stderr, "transom: '%s' is being written by another process%s: waiting for it\n", dir, w.who);
-      if (step == TR_WAIT_GIVE_UP) {
-        close(fd);
-        return tr_fail(TR_EIO, "'%s' has been written by another process%s for %.0f s%s: stop it, then try again", dir,
-                       w.who, w.waited, w.stopped ? " (it is stopped)" : "");
-      }
-      struct timespec ts = {0, 10 * 1000 * 1000};
-      nanosleep(&ts, NULL);
+    if (!busy) { /* ours, but the name went to another file meanwhile: the name anew */
+      close(fd);
+      fd = -1;
+      continue;
     }
-    close(fd); /* busy, or locked a directory since removed or replaced: the name anew */
+    int step = tr_lock_wait_step(&w, fd, WRITE_WAIT_S, WRITE_MAX_S);
+    if (step == TR_WAIT_SAY) fprintf(stderr, "transom: '%s' %s by another process%s: waiting for it\n", path, what_now, w.who);
+    if (step == TR_WAIT_GIVE_UP) {
+      close(fd);
+      return tr_fail(TR_EIO, "'%s' %s by another process%s for %.0f s%s: stop it, then try again", path, what_since,
+                     w.who, w.waited, w.stopped ? " (it is stopped)" : "");
+    }
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
   }
 }
 
-void tr_dir_unlock(int fd) {
+/* Opens path.tmp, emptied, for a writer that holds it alone (see
+ * tr_tmp_open). Two writers of one path (two exports into one directory)
+ * would otherwise truncate and fill the same file, and one could rename a
+ * mix of both. fd, or a negative code. */
+static int open_tmp_locked(const char *tmp) {
+  int fd, rc = lock_at_name(tmp, O_WRONLY | O_CREAT, "is being written", "has been written", &fd);
+  if (rc) return rc;
+  if (fd < 0 && (fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) < 0) /* no locks here: unlocked */
+    return tr_fail(TR_EIO, "cannot create '%s': %s", tmp, strerror(errno));
+  if (ftruncate(fd, 0) == 0) return fd;
+  int e = errno;
+  close(fd);
+  return tr_fail(TR_EIO, "cannot truncate '%s': %s", tmp, strerror(e));
+}
+
+int tr_lock_file(const char *path, int *fd) { return lock_at_name(path, O_RDWR | O_CREAT, "is held", "has been held", fd); }
+
+void tr_unlock_file(int fd, const char *path) {
+  unlink(path); /* before the close: a waiter that locks the removed file opens the name anew */
   if (fd >= 0) close(fd);
 }
 

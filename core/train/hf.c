@@ -134,6 +134,22 @@ static int hf_tensors(const st_file *f, const hf_shape *s, st_tensor *ts, int64_
   return TR_OK;
 }
 
+/* The lock two exports into one directory take turns on (tr_lock_file):
+ * removed when the export ends. */
+#define EXPORT_LOCK ".transom-export.lock"
+
+/* dir made if absent (*created: by this call), then its export lock taken
+ * (*fd, see tr_lock_file); made and taken again if dir went meanwhile (an
+ * export that made it failed and removed it while this one waited). */
+static int take_dir(const char *dir, const char *lock_path, int *created, int *fd) {
+  for (int i = 0;; i++) {
+    *created = access(dir, F_OK) != 0;
+    int rc = tr_mkdirs(dir);
+    if (!rc) rc = tr_lock_file(lock_path, fd);
+    if (!rc || i == 2 || access(dir, F_OK) == 0) return rc;
+  }
+}
+
 int hf_export(const char *weights, const graph *g, const hf_shape *s, const char *dir) {
   char path[PATH_MAX];
   int rc = check_out_dir(weights, dir);
@@ -152,19 +168,21 @@ int hf_export(const char *weights, const graph *g, const hf_shape *s, const char
    * the weights first: the large write, the one a full disk or a size limit stops, fails before
    * config.json changes, so that failure leaves the earlier pair. Only one between the two renames
    * leaves the new weights beside the earlier config.json. Two exports into one dir take turns (the
-   * directory's lock, held from before the weights to after config.json): one's weights never sit
-   * beside the other's config.json. */
-  int created = !rc && access(dir, F_OK) != 0, lock = -1;
-  if (!rc) rc = tr_mkdirs(dir);
-  if (!rc) rc = tr_dir_lock(dir, &lock);
-  if (!rc && snprintf(path, sizeof path, "%s/model.safetensors", dir) >= (int)sizeof path)
+   * lock file, held from before the weights to after config.json): one's weights never sit beside the
+   * other's config.json. */
+  char lock_path[PATH_MAX];
+  int created = 0, lock = -1, locked = 0;
+  if (!rc && snprintf(lock_path, sizeof lock_path, "%s/" EXPORT_LOCK, dir) >= (int)sizeof lock_path)
     rc = tr_fail(TR_EINVAL, "'%s': path too long", dir);
+  if (!rc) rc = take_dir(dir, lock_path, &created, &lock);
+  locked = !rc;
+  if (!rc) snprintf(path, sizeof path, "%s/model.safetensors", dir); /* shorter than lock_path */
   const char *meta[] = {"transom.export", "hf-gpt2", NULL};
   if (!rc) rc = safetensors_write(path, ts, nt, meta);
   if (!rc) rc = tr_sync_dir(dir);
   if (!rc) rc = write_config(dir, s, n_positions);
-  if (rc && created) rmdir(dir); /* only while empty: a failed first export leaves no directory */
-  tr_dir_unlock(lock);
+  if (locked) tr_unlock_file(lock, lock_path);
+  if (rc && locked && created) rmdir(dir); /* only while empty: a failed first export leaves no directory */
   for (int i = 0; i < nt; i++) free(bufs[i]);
   free(bufs);
   free(dims);

@@ -10,8 +10,8 @@
  * tr_write_file_atomic: a second writer of one path waits for the first
  * (which holds path.tmp locked from its open to its rename) instead of
  * writing into the same file, and a killed writer's leftover path.tmp is
- * written over. tr_dir_lock: a second writer of a directory waits for the
- * first, and locks the directory at that name once the first let go. */
+ * written over. tr_lock_file: a second taker waits for the first, and locks
+ * the file then at that name (the first removes its own as it lets go). */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -195,45 +195,43 @@ static void writers(const char *dir) {
   unlink(path);
 }
 
-/* tr_dir_lock: a second writer of a directory waits for the first (one
- * export's weights never beside another's config.json); one that waited on
- * a directory since replaced locks the new one. */
-static void dir_writers(const char *base) {
-  char dir[128], gone[140];
-  snprintf(dir, sizeof dir, "%s/export", base);
-  snprintf(gone, sizeof gone, "%s/export.old", base);
-  CHECK(mkdir(dir, 0755) == 0, "mkdir %s: %s", dir, strerror(errno));
+/* tr_lock_file: a second taker waits for the first (one export's weights
+ * never beside another's config.json); the first removes the file as it
+ * lets go, so the second, which waited on that file, must open the name
+ * anew and lock the file now there; a clean end leaves no file. */
+static void lock_files(const char *dir) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/export.lock", dir);
   int lock = -1;
-  CHECK(tr_dir_lock(dir, &lock) == 0 && lock >= 0, "the first lock: %s", tr_error());
+  CHECK(tr_lock_file(path, &lock) == 0 && lock >= 0, "the first lock: %s", tr_error());
   int res[2];
   CHECK(pipe(res) == 0, "pipe: %s", strerror(errno));
   fflush(NULL);
   pid_t child = fork();
-  if (child == 0) { /* locks dir, then says whether it holds the directory at that name now */
+  if (child == 0) { /* takes it, says whether it holds the file at that name, lets go */
     close(lock);
     close(res[0]);
     int fd = -1;
     if (write(res[1], "s", 1) != 1) _exit(2);
-    char ok = tr_dir_lock(dir, &fd) == 0 && fd >= 0 && tr_fd_at_path(fd, dir) ? 'y' : 'n';
+    char ok = tr_lock_file(path, &fd) == 0 && fd >= 0 && tr_fd_at_path(fd, path) ? 'y' : 'n';
+    tr_unlock_file(fd, path);
     _exit(write(res[1], &ok, 1) == 1 ? 0 : 2);
   }
   CHECK(child > 0, "fork: %s", strerror(errno));
   if (child <= 0) return;
   close(res[1]);
   char ok = 0;
-  CHECK(read(res[0], &ok, 1) == 1 && ok == 's', "the second writer never started");
+  CHECK(read(res[0], &ok, 1) == 1 && ok == 's', "the second taker never started");
   usleep((useconds_t)(300000 * test_time_scale())); /* its lock would land in this window */
   int status = -1;
-  CHECK(waitpid(child, &status, WNOHANG) == 0, "the second writer went on while the first held the directory");
-  /* the first writer replaces the directory, then lets go */
-  CHECK(rename(dir, gone) == 0 && mkdir(dir, 0755) == 0, "replace %s: %s", dir, strerror(errno));
-  tr_dir_unlock(lock);
+  CHECK(waitpid(child, &status, WNOHANG) == 0, "the second taker went on while the first held the lock");
+  tr_unlock_file(lock, path);
   ok = 0;
-  CHECK(read(res[0], &ok, 1) == 1 && ok == 'y', "the second writer did not lock the directory now at '%s' (%c)", dir, ok);
+  CHECK(read(res[0], &ok, 1) == 1 && ok == 'y', "the second taker holds a removed file, not the one at '%s' (%c)", path,
+        ok);
   close(res[0]);
   CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
-  rmdir(dir);
-  rmdir(gone);
+  CHECK(access(path, F_OK) != 0, "the lock file left behind");
 }
 
 int main(void) {
@@ -243,7 +241,7 @@ int main(void) {
   snprintf(other, sizeof other, "%s/other", dir);
   holder(path, other);
   writers(dir);
-  dir_writers(dir);
+  lock_files(dir);
   unlink(path);
   unlink(other);
   rmdir(dir);

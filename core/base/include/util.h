@@ -79,16 +79,17 @@ int tr_write_file_atomic(const char *path, const void *buf, size_t len);
 int tr_tmp_open(const char *path, char *tmp, size_t n);
 int tr_tmp_commit(int fd, const char *tmp, const char *path);
 void tr_tmp_abandon(int fd, const char *tmp);
-/* A directory written by one process at a time, for writers of several
- * files that belong together (an export's weights and config.json): an
- * exclusive flock on dir itself (no lock file is left in it), waited for
- * as tr_tmp_open waits (said on stderr after 1 s; 10 min while the holder
- * runs, 30 s once it is stopped or unseen). dir must exist. *fd: the lock,
- * for tr_dir_unlock (-1 on a filesystem without locks: unlocked, as
- * tr_tmp_open goes). TR_OK, or TR_EIO naming dir (also when dir was
- * removed while this process waited). */
-int tr_dir_lock(const char *dir, int *fd);
-void tr_dir_unlock(int fd);
+/* A lock file, for writers of several files that belong together (an
+ * export's weights and config.json): an exclusive flock on path (created,
+ * opened for writing, as NFS's emulation of flock needs), taken on the
+ * file still at that name, waited for as tr_tmp_open waits (said on
+ * stderr after 1 s; 10 min while the holder runs, 30 s once it is stopped
+ * or unseen). *fd: the lock, or -1 on a filesystem without locks
+ * (unlocked, as tr_tmp_open goes). TR_OK, or TR_EIO naming path.
+ * tr_unlock_file removes path, then lets go (a waiter that then takes the
+ * removed file opens the name anew), so a clean run leaves no lock file. */
+int tr_lock_file(const char *path, int *fd);
+void tr_unlock_file(int fd, const char *path);
 /* fsync of the directory dir: the renames, creations and removals in it
  * made so far are durable once it returns TR_OK (a file system that cannot
  * sync a directory counts as done). TR_EIO naming dir otherwise. */
