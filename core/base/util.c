@@ -211,7 +211,8 @@ static int lock_at_name(const char *path, int oflags, const char *what_now, cons
       continue;
     }
     int step = tr_lock_wait_step(&w, fd, WRITE_WAIT_S, WRITE_MAX_S);
-    if (step == TR_WAIT_SAY) fprintf(stderr, "transom: '%s' %s by another process%s: waiting for it\n", path, what_now, w.who);
+    if (step == TR_WAIT_SAY)
+      fprintf(stderr, "transom: '%s' %s by another process%s: waiting for it\n", path, what_now, w.who);
     if (step == TR_WAIT_GIVE_UP) {
       close(fd);
       return tr_fail(TR_EIO, "'%s' %s by another process%s for %.0f s%s: stop it, then try again", path, what_since,
@@ -237,7 +238,9 @@ static int open_tmp_locked(const char *tmp) {
   return tr_fail(TR_EIO, "cannot truncate '%s': %s", tmp, strerror(e));
 }
 
-int tr_lock_file(const char *path, int *fd) { return lock_at_name(path, O_RDWR | O_CREAT, "is held", "has been held", fd); }
+int tr_lock_file(const char *path, int *fd) {
+  return lock_at_name(path, O_RDWR | O_CREAT, "is held", "has been held", fd);
+}
 
 void tr_unlock_file(int fd, const char *path) {
   unlink(path); /* before the close: a waiter that locks the removed file opens the name anew */
