@@ -234,8 +234,8 @@ describe("token shards", function()
       assert.is_truthy(waited, read(log2))
       assert.equal(0, S.wait_rc(rc1, S.T(60)), read(log1))
       assert.equal(0, S.wait_rc(rc2, S.T(60)), read(log2))
-      assert.matches("another transom prepare %(pid %d+%) is writing into '" .. d:gsub("%p", "%%%0") .. "': waiting for it",
-        read(log2))
+      assert.matches("'" .. (d .. "/.prepare.lock"):gsub("%p", "%%%0") .. "' is held by another process %(pid %d+%): "
+        .. "waiting for it", read(log2))
     end)
     write(go, "")
     S.cleanup() -- a failed case leaves no prepare behind

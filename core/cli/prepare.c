@@ -183,8 +183,6 @@ static int is_prepare_file(const char *name) {
  * around prepare would deadlock with one on DIR. */
 #define TMP_LOCK ".lock"            /* in DIR/.prepare-XXXXXX: held by its prepare for its life */
 #define SWAP_LOCK ".prepare.lock"   /* in DIR: held while a prepare swaps its output in */
-#define SWAP_WAIT_S 30.0            /* for a holder that is stopped or cannot be seen */
-#define SWAP_MAX_S 600.0            /* for one that runs */
 
 /* Test hook TRANSOM_TEST_PREPARE_PAUSE=FILE: the swap says "swap paused"
  * once the old output is gone, before the new comes in, and waits (up to
@@ -280,45 +278,6 @@ static int open_out(const char *dir, char *tmp, size_t ntmp, int *created, int *
   return make_tmp(dir, tmp, ntmp, tmp_fd);
 }
 
-/* DIR/.prepare.lock, made and held (the fd; -1 where the filesystem
- * cannot lock): another prepare's swap ends first. Waited for while its
- * holder runs (up to SWAP_MAX_S; SWAP_WAIT_S for one stopped or out of
- * sight), saying so once after a second; TR_EINVAL past that (message
- * set). The holder removes the file when done (swap_in), so one taken
- * once it was removed is let go and made again. */
-static int lock_swap(const char *dir, int *fd) {
-  char path[PATH_MAX];
-  *fd = -1;
-  if (snprintf(path, sizeof path, "%s/" SWAP_LOCK, dir) >= (int)sizeof path)
-    return tr_fail(TR_EINVAL, "'%s': path too long", dir);
-  tr_lock_wait w;
-  tr_lock_wait_init(&w);
-  for (;; usleep(20000)) {
-    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (f < 0) return tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
-    if (flock(f, LOCK_EX | LOCK_NB) == 0) {
-      if (tr_fd_at_path(f, path)) {
-        *fd = f;
-        return TR_OK;
-      }
-      close(f); /* removed by the prepare that held it: again */
-      continue;
-    }
-    if (errno != EWOULDBLOCK && errno != EINTR) { /* a filesystem without locks */
-      close(f);
-      unlink(path);
-      return TR_OK;
-    }
-    int step = tr_lock_wait_step(&w, f, SWAP_WAIT_S, SWAP_MAX_S);
-    if (step == TR_WAIT_SAY)
-      fprintf(stderr, "transom prepare: another transom prepare%s is writing into '%s': waiting for it\n", w.who, dir);
-    close(f);
-    if (step == TR_WAIT_GIVE_UP)
-      return tr_fail(TR_EINVAL, "another transom prepare%s has held %s for %.0f s%s: stop it, then run this one "
-                     "again", w.who, path, w.waited, w.stopped ? " and is stopped" : "");
-  }
-}
-
 /* Unlinks dir's files of an earlier prepare: tokenizer first (or only it). */
 static int remove_old(const char *dir, int tokenizer_only) {
   DIR *d = opendir(dir);
@@ -377,18 +336,16 @@ static int swap_locked(const char *tmp, const char *dir) {
   return TR_OK;
 }
 
-/* swap_locked under DIR/.prepare.lock, removed again before it is let go
- * (a waiter then sees it gone and makes it anew: lock_swap). */
+/* swap_locked under DIR/.prepare.lock (tr_lock_file: another prepare's
+ * swap ends first; removed again as it is let go). */
 static int swap_in(const char *tmp, const char *dir) {
-  int fd, rc = lock_swap(dir, &fd);
+  char path[PATH_MAX];
+  if (snprintf(path, sizeof path, "%s/" SWAP_LOCK, dir) >= (int)sizeof path)
+    return tr_fail(TR_EINVAL, "'%s': path too long", dir);
+  int fd, rc = tr_lock_file(path, &fd);
   if (rc) return rc;
   rc = swap_locked(tmp, dir);
-  if (fd >= 0) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/" SWAP_LOCK, dir);
-    unlink(path);
-    close(fd);
-  }
+  tr_unlock_file(fd, path);
   return rc;
 }
 
