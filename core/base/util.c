@@ -184,18 +184,24 @@ char *tr_read_file(const char *path, size_t *len) {
  * among them), taken on the file still at that name: the holder before us
  * may have renamed it (a .tmp committed) or removed it (a lock file let
  * go) meanwhile, and a lock on that file is no lock on the name; then the
- * name is opened anew. A busy lock is retried on the same file until its
- * holder lets go (tr_lock_wait_step bounds the wait and names the holder;
+ * name is opened anew (a file made with mode, before the umask). A busy
+ * lock is retried on the same file until its holder lets go, or the file
+ * leaves the name (tr_lock_wait_step bounds the wait and names the holder;
  * what_now / what_since word the message and the error: "is being
  * written" / "has been written"). *fd: the locked file, or -1 where the
- * filesystem has no locks (the caller goes on unlocked, as before). */
-static int lock_at_name(const char *path, int oflags, const char *what_now, const char *what_since, int *fd_out) {
+ * filesystem has no locks (the caller goes on unlocked, as before). A lock
+ * file another user made and this one may not write is locked read-only
+ * (enough for flock on a local filesystem). */
+static int lock_at_name(const char *path, int oflags, mode_t mode, const char *what_now, const char *what_since,
+                        int *fd_out) {
   tr_lock_wait w;
   tr_lock_wait_init(&w);
   *fd_out = -1;
   for (int fd = -1;;) {
-    if (fd < 0 && (fd = open(path, oflags | O_CLOEXEC, 0644)) < 0)
-      return tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0) fd = open(path, oflags | O_CLOEXEC, mode);
+    if (fd < 0 && errno == EACCES && (oflags & O_ACCMODE) == O_RDWR)
+      fd = open(path, O_RDONLY | O_CLOEXEC); /* another user's lock file: flock needs no write access (NFS does) */
+    if (fd < 0) return tr_fail(TR_EIO, "cannot open '%s': %s", path, strerror(errno));
     int rc = flock(fd, LOCK_EX | LOCK_NB), busy = rc != 0 && (errno == EWOULDBLOCK || errno == EINTR);
     if (!busy && rc != 0) { /* a filesystem without locks */
       close(fd);
@@ -218,6 +224,10 @@ static int lock_at_name(const char *path, int oflags, const char *what_now, cons
       return tr_fail(TR_EIO, "'%s' %s by another process%s for %.0f s%s: stop it, then try again", path, what_since,
                      w.who, w.waited, w.stopped ? " (it is stopped)" : "");
     }
+    if (!tr_fd_at_path(fd, path)) { /* the holder renamed or removed it, and holds it still (stopped?): the name */
+      close(fd);
+      fd = -1;
+    }
     struct timespec ts = {0, 10 * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
@@ -228,7 +238,7 @@ static int lock_at_name(const char *path, int oflags, const char *what_now, cons
  * would otherwise truncate and fill the same file, and one could rename a
  * mix of both. fd, or a negative code. */
 static int open_tmp_locked(const char *tmp) {
-  int fd, rc = lock_at_name(tmp, O_WRONLY | O_CREAT, "is being written", "has been written", &fd);
+  int fd, rc = lock_at_name(tmp, O_WRONLY | O_CREAT, 0644, "is being written", "has been written", &fd);
   if (rc) return rc;
   if (fd < 0 && (fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) < 0) /* no locks here: unlocked */
     return tr_fail(TR_EIO, "cannot create '%s': %s", tmp, strerror(errno));
@@ -239,11 +249,13 @@ static int open_tmp_locked(const char *tmp) {
 }
 
 int tr_lock_file(const char *path, int *fd) {
-  return lock_at_name(path, O_RDWR | O_CREAT, "is held", "has been held", fd);
+  return lock_at_name(path, O_RDWR | O_CREAT, 0666, "is held", "has been held", fd); /* others may share it */
 }
 
 void tr_unlock_file(int fd, const char *path) {
-  unlink(path); /* before the close: a waiter that locks the removed file opens the name anew */
+  /* ours only: a file someone put at the name meanwhile may be another's lock. Removed before the
+   * close: a waiter that then locks the removed file opens the name anew. */
+  if (fd < 0 || tr_fd_at_path(fd, path)) unlink(path);
   if (fd >= 0) close(fd);
 }
 
