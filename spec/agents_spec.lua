@@ -14,8 +14,11 @@
 -- operator's host gone silent under external workers (their blocked sends
 -- end after operator_grace, a restarted operator adopts them), the
 -- operator frozen with its workers' sends stuck while a new one starts
--- (they follow RUN/operator.addr at once and are adopted), and the
--- job-file errors of `hosts`.
+-- (they follow RUN/operator.addr at once and are adopted), the operator
+-- killed under agents (they keep their workers and register again with
+-- the restarted one, which adopts them; with one worker killed too, the
+-- lost replica joins from the adopted one), and the job-file errors of
+-- `hosts`.
 -- Each case injects the fault for real and asserts what survived. Skipped
 -- with a message only where network namespaces cannot be made (not root).
 -- Runs inside the transom binary (`transom test spec`); spawns $TRANSOM_BIN.
@@ -178,6 +181,8 @@ describe("replicas across hosts (transom agent on test hosts)", function()
   -- buffers full: the agent gives up on it once it has taken none of the
   -- agent's bytes for operator_grace, on its own, and it never waits in
   -- send meanwhile (before: a probe blocked in send, SO_SNDTIMEO 10 s).
+  -- It then tries another grace to register again (the stopped operator's
+  -- port takes the connection but never answers) and exits.
   it("an agent whose operator stops reading gives up after operator_grace, never blocked in send", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
@@ -426,6 +431,93 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     every_step_once(run, steps) -- the replayed STEP lines fill what the frozen operator never took
   end)
 
+  -- The operator killed (kill -9) while its replicas run on two agents'
+  -- hosts. Before, each agent stopped its workers and exited 1 when its
+  -- operator's connection closed: a restart had to start agents again and
+  -- resume from the newest checkpoint, the steps since lost. Now the agents
+  -- keep their workers and register again with the operator restarted at
+  -- the same address (`transom run --resume`), naming them (AGENT live=);
+  -- the workers say HELLO live=1 naming their agent: both adopted, no
+  -- replacement, every step once; at the end the operator tells the
+  -- agents (END) and they exit 0 at once, not after operator_grace.
+  it("the operator killed: the agents keep their workers and register again, the restarted operator adopts them", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    local run, steps, grace = tmp .. "/rejoin", 200, math.ceil(T(10))
+    local opid = S.spawn_rc(job(run, "--set max_steps=" .. steps .. " --set operator_grace=" .. grace), run .. ".out")
+    local agents = {}
+    for k = 2, 3 do agents[k] = select(2, agent(k, run)) end
+    assert(wait_step(run, 40), "no progress")
+    local function alog(k) return read(run .. "-agent" .. k .. ".log") or "" end
+    local wpid = {}
+    for k = 2, 3 do wpid[k] = alog(k):match("started %(pid (%d+)%)") end
+    assert(wpid[2] and wpid[3], alog(2) .. alog(3))
+    sh("kill -KILL " .. opid)
+    assert(S.wait_for(function()
+      return alog(2):find("keeping our 1 worker", 1, true) and alog(3):find("keeping our 1 worker", 1, true)
+    end, T(20)), "an agent did not keep its worker:\n" .. alog(2) .. alog(3))
+    local before = #events(run)
+    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 env MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. PORT ..
+      " TRANSOM_TEST_STEP_MS=40 " .. BIN .. " run --resume " .. run, run .. ".out2")
+    local rc = wait_exit(rc_of, T(120))
+    assert.equal(0, rc, (read(run .. ".out2") or "") .. alog(2) .. alog(3))
+    local ev = events(run):sub(before + 1)
+    assert.matches("2 of 2 replicas adopted live", ev, 1, true)
+    assert.is_nil(ev:find('"kind":"spawn"', 1, true), ev)
+    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
+    assert.is_nil(ev:find("stale_worker", 1, true), ev)
+    assert.equal(2, select(2, ev:gsub("1 worker%(s%) it kept are ours", "")), ev)
+    for k = 2, 3 do
+      -- the very process its agent started before the kill, adopted as that agent's
+      assert.matches("adopted at step %d+ %(pid " .. wpid[k] .. " on host h" .. k .. "%)", ev)
+      assert.matches("registered again", alog(k), 1, true)
+      assert.equal(1, select(2, alog(k):gsub("replica %d started", "")), alog(k))
+      -- END: it exits 0 as the job ends, well before its grace would run out
+      assert.equal(0, wait_exit(agents[k], T(8)), alog(k))
+      assert.matches("the operator ended the job", alog(k), 1, true)
+    end
+    every_step_once(run, steps) -- the replayed STEP lines fill what the killed operator never logged
+  end)
+
+  -- The operator and one worker killed together: its agent registers again
+  -- with no worker to name; the restarted operator adopts the other
+  -- replica and starts the lost one on that host, joining from the adopted
+  -- one (no checkpoint reload): the survivor records every step once.
+  it("the operator and a worker killed together: the survivor is adopted, the lost replica joins from it", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    local run, steps, grace = tmp .. "/rejoin1", 200, math.ceil(T(10))
+    local opid = S.spawn_rc(job(run, "--set max_steps=" .. steps .. " --set operator_grace=" .. grace), run .. ".out")
+    for k = 2, 3 do agent(k, run) end
+    assert(wait_step(run, 40), "no progress")
+    local function alog(k) return read(run .. "-agent" .. k .. ".log") or "" end
+    local victim = alog(3):match("replica (%d) started %(pid (%d+)%)")
+    local vpid = select(2, alog(3):match("replica (%d) started %(pid (%d+)%)"))
+    assert(vpid, alog(3))
+    sh("kill -KILL " .. opid .. " " .. vpid)
+    assert(S.wait_for(function() return alog(3):find("exited, status 0x9", 1, true) end, T(20)), alog(3))
+    local before = #events(run)
+    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 env MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. PORT ..
+      " TRANSOM_TEST_STEP_MS=40 " .. BIN .. " run --resume " .. run, run .. ".out2")
+    local rc = wait_exit(rc_of, T(120))
+    assert.equal(0, rc, (read(run .. ".out2") or "") .. alog(2) .. alog(3))
+    local ev = events(run):sub(before + 1)
+    local survivor = 1 - tonumber(victim)
+    assert.matches("1 of 2 replicas adopted live at step %d+; 1 to start", ev)
+    assert.matches("replica " .. survivor .. " adopted", ev, 1, true)
+    assert.matches("replica " .. victim .. " placed on host h3 %([^)]*join", ev)
+    assert.matches("replica_ready[^\n]*replica " .. victim .. " ready[^\n]*join", ev)
+    assert.is_nil(ev:find("stale_worker", 1, true), ev)
+    assert.matches("replicas_agree", ev, 1, true)
+    assert.matches("registered again", alog(3), 1, true)
+    assert.equal(2, select(2, alog(3):gsub("replica %d started", "")), alog(3)) -- the first, and the one that joined
+    local by = steps_by_worker(run) -- the survivor: every step once, in order
+    for i = 2, #by[survivor] do assert.equal(by[survivor][i - 1].step + 1, by[survivor][i].step) end
+    assert.equal(steps, by[survivor][#by[survivor]].step)
+  end)
+
   it("a host's link cut in the middle of an all-reduce: replaced on the spare, fenced when restored", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
@@ -468,6 +560,9 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     -- replaced on the spare, not back on the cut host
     assert.matches("replica " .. v .. " placed on host h4", ev, 1, true)
     assert.is_nil(ev:match("replica " .. v .. " placed on host h2[^\n]*join"))
+    -- its agent, back in touch, registered again naming the cut-off worker:
+    -- not this operator's any more (replaced), so it was told to kill it
+    assert.matches("stale_worker[^\n]*host h2 kept a worker for replica " .. v, ev)
     -- the survivor finished the step among itself and never stopped: every step once, in order
     local by = steps_by_worker(run)
     for i = 2, #by[other] do assert.equal(by[other][i - 1].step + 1, by[other][i].step) end

@@ -13,10 +13,17 @@
  * Started by hand, by `srun` (one task per node) or anything else; the
  * operator never needs ssh. The operator lost (its connection closed or
  * reset, or none of our bytes taken for operator_grace seconds, which its
- * WELCOME says): the agent stops its workers and exits 1 (a restarted
- * operator needs agents started again); SIGTERM or SIGINT: the same, exit 0,
- * once the lines queued for the operator (the stopped workers' EXITED among
- * them) are taken, STOP_FLUSH_S at most.
+ * WELCOME says): the agent keeps its workers (they wait the same grace for
+ * a restarted operator themselves) and registers again with whatever
+ * listens at RUN/operator.addr (RUN: --secret-file's directory, where
+ * our workers look too) or --operator, naming them (AGENT
+ * live=SLOT:GEN:PID,...): a
+ * restarted operator (`transom run --resume`) adopts them, another one
+ * kills the ones it does not want (KILL). None within the grace: it stops
+ * its workers and exits 1. END (the job is over, the operator exits) or
+ * SIGTERM / SIGINT: it stops its workers and exits 0, once the lines
+ * queued for the operator (the stopped workers' EXITED among them) are
+ * taken, STOP_FLUSH_S at most.
  * An operator that stalls (SIGSTOP, a long REPL expression) and resumes
  * within the grace is not lost: once registered, lines go out through a
  * buffer of our own without blocking, and while earlier bytes are still
@@ -82,6 +89,8 @@ int agent_main(int argc, char **argv);
 typedef struct {
   char op[300], name[64], addr[64], self[PATH_MAX];
   int op_port, nslots, cores, gpus;
+  char at[300];       /* the operator we are registered with (--operator, or where RUN/operator.addr sent us) */
+  int at_port;
   int fd;
   proto_reader rd;
   pid_t pids[AGENT_SLOTS]; /* per worker: its pid */
@@ -96,6 +105,7 @@ typedef struct {
   size_t owed;        /* bytes owed at the last look: out_len + the socket's send queue */
   double taken_at;    /* when the operator last took some (or nothing was owed) */
   char lost[160];     /* why the operator is lost (a failed send, the grace run out); "" while it is not */
+  int ended;          /* the operator said END: the job is over */
 } agent;
 
 static const char agent_usage[] =
@@ -114,7 +124,11 @@ static const char agent_usage[] =
     "job's secret (RUN/secret, made by the operator; or TRANSOM_SECRET=hex,\n"
     "TRANSOM_SECRET_FILE=path): the operator refuses an agent without it.\n"
     "MASTER_ADDR/MASTER_PORT stand in for --operator (srun, one task per node).\n"
-    "Exit status: 0 stopped (SIGTERM/SIGINT), 1 the operator was lost or refused us, 2 usage.\n";
+    "The operator lost: the workers go on while the agent registers again with a\n"
+    "restarted one (`transom run --resume RUN`, at the same address) for\n"
+    "operator_grace seconds, which adopts them.\n"
+    "Exit status: 0 stopped (SIGTERM/SIGINT, or the job ended), 1 the operator was lost\n"
+    "(none came back within operator_grace) or refused us, 2 usage.\n";
 
 static int pipe_fds[2] = {-1, -1};
 static volatile sig_atomic_t stop_sig;
@@ -333,7 +347,7 @@ static void start_worker(agent *a, const char *line) {
     send_line(a, "EXITED slot=%d gen=%u pid=0 status=%d", k, gen, 0x100);
     return;
   }
-  snprintf(op, sizeof op, "%s:%d", a->op, a->op_port);
+  snprintf(op, sizeof op, "%s:%d", a->at, a->at_port);
   snprintf(ks, sizeof ks, "%d", k);
   snprintf(ts, sizeof ts, "%d", threads);
   fflush(NULL);
@@ -350,6 +364,10 @@ static void start_worker(agent *a, const char *line) {
     if (a->secret.len) setenv("TRANSOM_SECRET", a->secret_hex, 1);
     unsetenv("TRANSOM_SECRET_FILE");
     setenv("TRANSOM_LOCAL_RANK", ks, 1);
+    char gs[16]; /* who started it, for its HELLO to a restarted operator: it adopts the worker as ours */
+    snprintf(gs, sizeof gs, "%u", gen);
+    setenv("TRANSOM_AGENT", a->name, 1);
+    setenv("TRANSOM_AGENT_GEN", gs, 1);
     unsetenv("MASTER_ADDR"); /* --operator says where; RANK etc. must not override the slot */
     unsetenv("MASTER_PORT");
     unsetenv("RANK");
@@ -405,37 +423,129 @@ static void stop_workers(agent *a) {
 
 /* --- the operator --- */
 
-static int hello(agent *a) {
-  for (double t0 = tr_now(); (a->fd = net_connect(a->op, a->op_port, 2.0)) < 0;) {
-    if (tr_now() - t0 > 60 || stop_sig) return tr_fail(TR_EIO, "cannot reach the operator at %s:%d", a->op, a->op_port);
+/* Our workers for AGENT live=: SLOT:GEN:PID,... ("" when none). */
+static void live_list(const agent *a, char *out, size_t n) {
+  size_t len = 0;
+  out[0] = 0;
+  for (int i = 0; i < a->n && len + 40 < n; i++)
+    len += (size_t)snprintf(out + len, n - len, "%s%d:%u:%d", i ? "," : "", a->slots[i], a->gens[i], (int)a->pids[i]);
+}
+
+/* Registers with the operator: connects (tries for connect_s seconds),
+ * proves the secret, says AGENT (with our live workers), reads WELCOME;
+ * each answer waited for answer_s at most. */
+static int hello(agent *a, const char *op, int port, double connect_s, double answer_s) {
+  for (double t0 = tr_now(); (a->fd = net_connect(op, port, 2.0)) < 0;) {
+    if (tr_now() - t0 > connect_s || stop_sig) return tr_fail(TR_EIO, "cannot reach the operator at %s:%d", op, port);
     usleep(200000);
   }
   local_addr(a);
-  a->rd.fd = a->fd;
+  a->rd = (proto_reader){.fd = a->fd};
   struct timeval tv = {REGISTER_SEND_S, 0};
   if (setsockopt(a->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
     return tr_fail(TR_EIO, "setsockopt(SO_SNDTIMEO): %s", strerror(errno));
-  if (auth_client(a->fd, &a->secret, 30.0)) {
+  if (auth_client(a->fd, &a->secret, answer_s)) {
     char why[512]; /* tr_fail writes the buffer tr_error() reads */
     snprintf(why, sizeof why, "%s", tr_error());
-    return tr_fail(TR_EIO, "the operator at %s:%d: %s (is --secret-file RUN/secret given?)", a->op, a->op_port, why);
+    return tr_fail(TR_EIO, "the operator at %s:%d: %s (is --secret-file RUN/secret given?)", op, port, why);
   }
-  char line[PROTO_LINE_MAX];
-  if (proto_send(a->fd, "AGENT name=%s addr=%s cores=%d gpus=%d slots=%d pid=%d", a->name, a->addr, a->cores,
-                 a->gpus, a->nslots, (int)getpid()))
+  char line[PROTO_LINE_MAX], live[PROTO_LINE_MAX - 256];
+  live_list(a, live, sizeof live);
+  if (proto_send(a->fd, "AGENT name=%s addr=%s cores=%d gpus=%d slots=%d pid=%d%s%s", a->name, a->addr, a->cores,
+                 a->gpus, a->nslots, (int)getpid(), live[0] ? " live=" : "", live))
     return tr_fail(TR_EIO, "operator: %s", strerror(errno));
-  int rc = proto_read(&a->rd, line, sizeof line, 30000);
+  int rc = proto_read(&a->rd, line, sizeof line, (int)(answer_s * 1000));
   char why[300];
   if (rc > 0 && proto_is(line, "REFUSE") && proto_get(line, "why", why, sizeof why))
-    return tr_fail(TR_EIO, "the operator at %s:%d refused us: %s", a->op, a->op_port, why);
+    return tr_fail(TR_EIO, "the operator at %s:%d refused us: %s", op, port, why);
   if (rc <= 0 || !proto_is(line, "WELCOME"))
-    return tr_fail(TR_EIO, "the operator at %s:%d %s: %s", a->op, a->op_port, rc > 0 ? "refused us" : "did not answer",
+    return tr_fail(TR_EIO, "the operator at %s:%d %s: %s", op, port, rc > 0 ? "refused us" : "did not answer",
                    rc > 0 ? line : "");
   a->grace = proto_num(line, "grace", GRACE_DEFAULT_S);
   if (!(a->grace > 0)) a->grace = GRACE_DEFAULT_S;
-  fprintf(stderr, "agent %s: registered with the operator at %s:%d as %s (%d slots, %d cores; grace %.0f s)\n",
-          a->name, a->op, a->op_port, a->addr, a->nslots, a->cores, a->grace);
+  snprintf(a->at, sizeof a->at, "%s", op);
+  a->at_port = port;
+  fprintf(stderr, "agent %s: registered with the operator at %s:%d as %s (%d slots, %d cores; grace %.0f s)%s%s\n",
+          a->name, op, port, a->addr, a->nslots, a->cores, a->grace, live[0] ? "; our workers: " : "", live);
   return 0;
+}
+
+/* The connection to a lost operator, gone: what was queued for it too. */
+static void forget_operator(agent *a) {
+  if (a->fd >= 0) close(a->fd);
+  a->fd = -1;
+  a->out_len = a->owed = 0;
+  a->lost[0] = 0;
+  a->rd = (proto_reader){.fd = -1};
+}
+
+/* Reaps what exited (SIGCHLD's self-pipe): with no operator to hear it,
+ * the worker is only forgotten. */
+static void reap_pending(agent *a, int wait_ms) {
+  struct pollfd p = {.fd = pipe_fds[0], .events = POLLIN};
+  if (poll(&p, 1, wait_ms) > 0) {
+    char buf[64];
+    while (read(pipe_fds[0], buf, sizeof buf) > 0) {
+    }
+  }
+  reap(a);
+}
+
+/* How long one try at a restarted operator waits for each answer. */
+#define REJOIN_ANSWER_S 3.0
+
+/* Where a restarted operator may listen other than --operator: the
+ * address in RUN/operator.addr (RUN: the secret file's directory), which
+ * our workers follow too; 0 when there is one that differs. */
+static int run_addr(const agent *a, char *host, size_t n, int *port) {
+  const char *sf = getenv("TRANSOM_SECRET_FILE");
+  char run[PATH_MAX], text[300];
+  opaddr_id id;
+  if (!sf || snprintf(run, sizeof run, "%s", sf) >= (int)sizeof run) return -1;
+  char *slash = strrchr(run, '/');
+  if (slash) *slash = 0;
+  else snprintf(run, sizeof run, ".");
+  if (opaddr_read(run, &id, text, sizeof text) || net_split(text, host, n, port)) return -1;
+  return strcmp(host, a->op) == 0 && *port == a->op_port ? -1 : 0;
+}
+
+/* One try at registering again: at RUN/operator.addr's address if it
+ * names another, then at --operator. */
+static int rejoin_try(agent *a, double answer_s) {
+  char host[300];
+  int port;
+  if (run_addr(a, host, sizeof host, &port) == 0) {
+    if (hello(a, host, port, 0, answer_s) == 0) return 0;
+    forget_operator(a);
+  }
+  return hello(a, a->op, a->op_port, 0, answer_s);
+}
+
+/* The operator was lost: our workers go on (they wait for a restarted
+ * operator themselves); for the grace we register again with whatever
+ * listens at --operator, naming them. 0: registered; else given up (or
+ * stopped: stop_sig). */
+static int rejoin(agent *a, const char *why) {
+  fprintf(stderr, "agent %s: lost the operator: %s; keeping our %d worker(s), waiting up to %.0f s for a restarted one\n",
+          a->name, why, a->n, a->grace);
+  fflush(stderr);
+  forget_operator(a);
+  double t0 = tr_now();
+  char last[512] = "";
+  while (!stop_sig) {
+    double left = a->grace - (tr_now() - t0);
+    if (left <= 0) break;
+    if (rejoin_try(a, left < REJOIN_ANSWER_S ? left : REJOIN_ANSWER_S) == 0) {
+      fprintf(stderr, "agent %s: registered again after %.1f s\n", a->name, tr_now() - t0);
+      return 0;
+    }
+    if (strcmp(last, tr_error()) != 0) fprintf(stderr, "agent %s: %s; trying again\n", a->name, tr_error());
+    snprintf(last, sizeof last, "%s", tr_error());
+    forget_operator(a);
+    reap_pending(a, 250);
+  }
+  if (stop_sig) return TR_OK;
+  return tr_fail(TR_EIO, "no operator came back within %.0f s (operator_grace)", a->grace);
 }
 
 /* The whole lines buffered so far (never waits). */
@@ -445,6 +555,7 @@ static void handle_lines(agent *a) {
   while (memchr(r->buf, '\n', r->len) && proto_read(r, line, sizeof line, 0) > 0) {
     if (proto_is(line, "SPAWN")) start_worker(a, line);
     else if (proto_is(line, "KILL")) kill_worker(a, line);
+    else if (proto_is(line, "END")) a->ended = 1;
   }
 }
 
@@ -460,16 +571,18 @@ static void probe(agent *a) {
 
 /* Heartbeats and probes go out only when nothing is owed: behind bytes
  * the operator has not taken (a busy link, a stalled operator) they would
- * say nothing new and only pile up. */
+ * say nothing new and only pile up. Returns 0 when stopped (a signal, or
+ * the operator's END), 1 when the operator is lost (why in a->lost), or an
+ * error. */
 static int serve(agent *a) {
   double next_hb = 0, next_probe = tr_now() + PROBE_INTERVAL;
   a->taken_at = tr_now();
   handle_lines(a); /* what came with WELCOME */
-  while (!stop_sig) {
+  while (!stop_sig && !a->ended) {
     double now = tr_now();
     flush(a);
     size_t q = look_owed(a, now);
-    if (a->lost[0]) return tr_fail(TR_EIO, "lost the operator: %s", a->lost);
+    if (a->lost[0]) return 1;
     if (now >= next_hb) {
       if (q == 0) send_line(a, "HB n=%d", a->n);
       next_hb = now + HB_INTERVAL;
@@ -490,8 +603,11 @@ static int serve(agent *a) {
     if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     proto_reader *r = &a->rd;
     ssize_t got = recv(a->fd, r->buf + r->len, sizeof r->buf - r->len, MSG_DONTWAIT);
-    if (got == 0) return tr_fail(TR_EIO, "lost the operator: it closed the connection");
-    if (got < 0 && errno != EINTR && errno != EAGAIN) return tr_fail(TR_EIO, "lost the operator: recv: %s", strerror(errno));
+    if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
+      snprintf(a->lost, sizeof a->lost, "%s%s", got == 0 ? "it closed the connection" : "recv: ",
+               got == 0 ? "" : strerror(errno));
+      return 1;
+    }
     if (got > 0) r->len += (size_t)got;
     handle_lines(a);
     if (r->len >= PROTO_LINE_MAX) return tr_fail(TR_EFORMAT, "a control line longer than %d bytes", PROTO_LINE_MAX);
@@ -513,11 +629,17 @@ int agent_main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
-  rc = hello(&a);
-  if (!rc) rc = serve(&a);
+  rc = hello(&a, a.op, a.op_port, 60, 30);
+  while (!rc && (rc = serve(&a)) == 1) {
+    char why[sizeof a.lost];
+    snprintf(why, sizeof why, "%s", a.lost);
+    rc = rejoin(&a, why);
+    if (!rc && a.fd < 0) break; /* stopped while no operator was there */
+  }
   if (rc) fprintf(stderr, "transom agent %s: %s; stopping its workers\n", a.name, tr_error());
+  else if (a.ended) fprintf(stderr, "agent %s: the operator ended the job\n", a.name);
   stop_workers(&a);
-  if (!rc) drain(&a); /* stopped, not lost: the operator hears what we queued */
+  if (!rc && a.fd >= 0) drain(&a); /* stopped, not lost: the operator hears what we queued */
   if (a.fd >= 0) close(a.fd);
   close(pipe_fds[0]);
   close(pipe_fds[1]);

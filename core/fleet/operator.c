@@ -161,6 +161,7 @@ static void make_nonce(operator_state *o) {
 void operator_spawn(operator_state *o, int k, const char *mode) {
   slot *s = &o->slots[k];
   if (superseded_now(o)) return; /* the operator that replaced us starts the slots */
+  s->ours = 1;
   if (o->cfg->hosts > 0) { /* the agents start them */
     hosts_place(o, k, mode);
     return;
@@ -194,6 +195,7 @@ void operator_spawn(operator_state *o, int k, const char *mode) {
   s->pid = pid;
   s->host = -1;
   s->adopted = 0;
+  s->agent[0] = 0;
   s->state = SLOT_STARTING;
   s->started = tr_now();
   s->done = 0;
@@ -231,7 +233,12 @@ static void replace_cb(evutil_socket_t fd, short what, void *arg) {
   (void)what;
   slot *s = arg;
   operator_state *o = s->o;
-  if (o->stopping || o->finished) return;
+  if (o->stopping || o->finished || s->state != SLOT_WAITING) return;
+  if (o->adopting) { /* a worker of the previous operator may still claim the slot: after the window */
+    struct timeval tv = {0, 200000};
+    evtimer_add(s->timer, &tv);
+    return;
+  }
   operator_count_restart(o, s);
   operator_spawn(o, s->slot, pick_donor(o, s->slot) ? "join" : "resume");
 }
@@ -699,19 +706,48 @@ static void on_step(operator_state *o, slot *s, const char *line) {
   fflush(o->metrics);
 }
 
+/* The pid a HELLO live=1 names, where it is ours to kill: a worker on
+ * this machine (a previous operator's child). An agent's worker (agent=)
+ * is its agent's to kill; an external one on another host (host= is not
+ * our host name) has a pid of another machine: 0. */
+static pid_t adopted_pid(const char *line) {
+  char host[256], me[256] = "";
+  if (proto_get(line, "agent", host, sizeof host)) return 0;
+  if (proto_get(line, "host", host, sizeof host) && (gethostname(me, sizeof me) != 0 || strcmp(host, me) != 0)) return 0;
+  return (pid_t)proto_int(line, "pid", 0);
+}
+
 /* HELLO live=1: a worker of a previous operator, holding its state and
  * step. It is running from here on: no checkpoint reload, nothing started
- * for its slot. Refused when the slot already has a worker. */
+ * for its slot. Refused when the slot already has a worker. An agent's
+ * worker (agent= gen=) is that agent's once it registers again and names
+ * it (operator_hosts.c, claim_live); until then the connection is its
+ * life. */
 static slot *adopt(operator_state *o, slot *s, struct bufferevent *bev, const char *line) {
   struct evbuffer *out = bufferevent_get_output(bev);
-  if (s->state == SLOT_STARTING || s->state == SLOT_RUNNING || o->stopping || o->finished) {
+  char agent[sizeof s->agent] = "";
+  unsigned gen = (unsigned)proto_int(line, "gen", 0);
+  proto_get(line, "agent", agent, sizeof agent);
+  int claimed = s->host >= 0; /* its agent came first: it must be the worker that agent named */
+  if (s->state == SLOT_STARTING || s->state == SLOT_RUNNING || o->stopping || o->finished ||
+      (claimed && (strcmp(agent, o->hosts[s->host].name) != 0 || gen != s->gen))) {
     evbuffer_add_printf(out, "REFUSE why=slot%%20has%%20a%%20worker\n");
+    return NULL;
+  }
+  if (s->ours) { /* we started or adopted one since: this one was let go (its state is stale) */
+    evbuffer_add_printf(out, "REFUSE why=this%%20operator%%20has%%20started%%20the%%20slot%%20anew\n");
     return NULL;
   }
   if (s->timer) evtimer_del(s->timer);
   s->bev = bev;
-  s->pid = (pid_t)proto_int(line, "pid", 0);
+  if (!claimed) {
+    s->pid = adopted_pid(line);
+    snprintf(s->agent, sizeof s->agent, "%s", agent);
+    if (agent[0]) s->gen = gen;
+  }
   s->adopted = 1;
+  s->ours = 1;
+  s->unplaced = 0;
   s->done = 0;
   s->state = SLOT_RUNNING;
   s->step = proto_int(line, "step", 0);
@@ -724,8 +760,8 @@ static slot *adopt(operator_state *o, slot *s, struct bufferevent *bev, const ch
   proto_escape(o->dir, run, sizeof run); /* a run directory may hold a space */
   evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=adopt\n", run, o->adv_host, ftar_coord_port(o->coord));
   operator_event(o, s->step, s->slot, "adopted",
-                 "replica %d adopted at step %lld (pid %d): live state, no checkpoint reload", s->slot,
-                 (long long)s->step, (int)s->pid);
+                 "replica %d adopted at step %lld (pid %d%s%s): live state, no checkpoint reload", s->slot,
+                 (long long)s->step, (int)proto_int(line, "pid", 0), agent[0] ? " on host " : "", agent);
   send_chaos(o, s);
   return s;
 }
@@ -747,6 +783,7 @@ static slot *on_hello(operator_state *o, struct bufferevent *bev, const char *li
   }
   if (proto_int(line, "live", 0)) return adopt(o, s, bev, line);
   s->bev = bev;
+  s->ours = 1;
   if (s->pid <= 0 && s->host < 0) { /* started by an external launcher */
     s->pid = 0;
     s->state = SLOT_STARTING;
@@ -1355,16 +1392,22 @@ static void adopt_tick(evutil_socket_t fd, short what, void *arg) {
   if (superseded(o)) return;
   double t = tr_now() - o->adopt_t0;
   int adopted = 0, running = 0; /* an adopted replica may have finished already (its DONE came with the adoption) */
+  int named = 0; /* slots whose agent named a live worker that has not said HELLO yet: worth waiting for */
   for (int i = 0; i < o->nslots; i++) {
     const slot *s = &o->slots[i];
     running += s->adopted && s->state == SLOT_RUNNING;
     adopted += s->adopted && (s->state == SLOT_RUNNING || s->state == SLOT_DONE);
+    named += s->state == SLOT_WAITING && !s->adopted && s->host >= 0;
   }
   if (t < ADOPT_WINDOW && adopted < o->nslots) return;
+  if (named && t < ADOPT_WINDOW + ADOPT_REGISTER) return;
   if (ftar_coord_registered(o->coord) < running && t < ADOPT_WINDOW + ADOPT_REGISTER) return;
   evtimer_del(o->adopt_ev);
   o->adopting = 0;
   ftar_coord_hold(o->coord, 0);
+  for (int i = 0; i < o->nslots; i++) /* named by its agent, never back itself: started anew below */
+    if (o->slots[i].state == SLOT_WAITING && !o->slots[i].adopted) hosts_unclaim(o, &o->slots[i]);
+  if (adopted) o->placing = 1; /* the slots are started one by one below, never all again (an agent coming later) */
   if (o->stopping) {
     check_finished(o);
     return;
@@ -1459,6 +1502,7 @@ static void teardown(operator_state *o) {
     snprintf(path, sizeof path, "%s/operator.addr", o->dir);
     (void)tr_write_file_atomic(path, ended, (size_t)n);
   }
+  if (o->base && !o->superseded) hosts_end(o); /* the agents exit now (superseded: they are the new one's) */
   while (o->conns) conn_free(o->conns); /* the agents' and workers' still open: before the base they live on */
   for (int i = 0; i < o->nhosts; i++) o->hosts[i].bev = NULL;
   for (int i = 0; i < o->nslots; i++) o->slots[i].bev = NULL;

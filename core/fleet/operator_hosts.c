@@ -227,6 +227,8 @@ static int pick_host(operator_state *o, const slot *s) {
 void hosts_place(operator_state *o, int k, const char *mode) {
   slot *s = &o->slots[k];
   snprintf(s->mode, sizeof s->mode, "%s", mode);
+  s->ours = 1;
+  if (s->state == SLOT_WAITING) hosts_unclaim(o, s); /* a worker its agent named and we did not adopt */
   int h = pick_host(o, s);
   if (h < 0) {
     if (!s->unplaced)
@@ -248,6 +250,7 @@ void hosts_place(operator_state *o, int k, const char *mode) {
   r->used++;
   s->pid = 0;
   s->adopted = 0;
+  s->agent[0] = 0;
   s->done = 0;
   s->unplaced = 0;
   s->state = SLOT_STARTING;
@@ -292,6 +295,77 @@ static void on_probe_end(operator_state *o, int h, double bytes) {
 
 /* --- the agents' lines --- */
 
+/* AGENT live=SLOT:GEN:PID,...: the workers an agent kept while it had no
+ * operator (ours died, or the link to us broke). Each becomes its slot's
+ * worker on host h where we may take it: in our adoption window a slot
+ * nobody holds yet (its own HELLO live=1 follows), or a slot whose worker
+ * we adopted before its agent came back (it named this agent and
+ * generation). Any other we did not start and will not have (replaced
+ * meanwhile, fenced while its host was cut off): KILL. Returns how many
+ * were kept. */
+static int claim_live(operator_state *o, int h, const char *live) {
+  host_rec *r = &o->hosts[h];
+  int kept = 0, k, pid, used;
+  unsigned gen;
+  for (const char *p = live; *p && sscanf(p, "%d:%u:%d%n", &k, &gen, &pid, &used) == 3;) {
+    p += used + (p[used] == ',');
+    slot *s = k >= 0 && k < o->nslots ? &o->slots[k] : NULL;
+    int waiting = s && o->adopting && s->state == SLOT_WAITING && !s->ours && s->host < 0;
+    int named = s && s->adopted && s->host < 0 && (s->state == SLOT_RUNNING || s->state == SLOT_DONE) &&
+                strcmp(s->agent, r->name) == 0 && s->gen == gen;
+    if (!waiting && !named) {
+      evbuffer_add_printf(bufferevent_get_output(r->bev), "KILL slot=%d gen=%u sig=%d\n", k, gen, SIGKILL);
+      operator_event(o, o->best_step, s ? k : -1, "stale_worker",
+                     "host %s kept a worker for replica %d (pid %d) that is not this operator's: killed", r->name, k,
+                     pid);
+      if (s && !s->adopted && s->host < 0 && s->gen < gen) s->gen = gen; /* our next SPAWN there is newer */
+      continue;
+    }
+    s->host = h;
+    r->used += s->state != SLOT_DONE; /* a finished one's EXITED frees nothing (on_exited) */
+    s->gen = gen;
+    s->pid = pid;
+    s->agent[0] = 0; /* (not ours until its HELLO: adopt() checks it is the one named here) */
+    s->unplaced = 0;
+    kept++;
+  }
+  return kept;
+}
+
+void hosts_unclaim(operator_state *o, slot *s) {
+  if (s->host < 0) return;
+  host_rec *r = &o->hosts[s->host];
+  if (r->bev) evbuffer_add_printf(bufferevent_get_output(r->bev), "KILL slot=%d gen=%u sig=%d\n", s->slot, s->gen, SIGKILL);
+  operator_event(o, o->best_step, s->slot, "stale_worker",
+                 "host %s kept a worker for replica %d (pid %d) that never came back to us itself: killed", r->name,
+                 s->slot, (int)s->pid);
+  r->used--;
+  s->host = -1;
+  s->pid = 0;
+}
+
+void hosts_end(operator_state *o) {
+  for (int i = 0; i < o->nhosts; i++) {
+    struct bufferevent *bev = o->hosts[i].bev;
+    if (!o->hosts[i].alive || !bev) continue;
+    struct evbuffer *out = bufferevent_get_output(bev);
+    evutil_socket_t fd = bufferevent_getfd(bev);
+    evbuffer_add_printf(out, "END\n");
+    /* now, the connections close right after; libevent keeps the start of
+     * a bufferevent's output frozen outside its own writes: thawed for it */
+    evbuffer_unfreeze(out, 1);
+    (void)evbuffer_write(out, fd);
+    evbuffer_freeze(out, 1);
+    /* the agent's unread bytes (a heartbeat, a probe) would turn our close
+     * into a reset, which may drop END before the agent reads it: read
+     * them, and end our side in order */
+    char sink[4096];
+    for (int n = 0; n < 64 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; n++) {
+    }
+    shutdown(fd, SHUT_WR);
+  }
+}
+
 static void on_agent(operator_state *o, int *hp, struct bufferevent *bev, const char *line) {
   struct evbuffer *out = bufferevent_get_output(bev);
   char name[64], addr[64];
@@ -329,8 +403,13 @@ static void on_agent(operator_state *o, int *hp, struct bufferevent *bev, const 
   /* grace: how long the agent waits on us when we take none of its bytes
    * (stopped, a long REPL expression) before it gives up on us */
   evbuffer_add_printf(out, "WELCOME host=%s grace=%g\n", name, o->cfg->operator_grace);
-  operator_event(o, o->best_step, -1, "host_joined", "host %s (%s): %d cores, %d GPUs, %d slots%s", name, addr,
-                 r->cores, r->gpus, r->nslots, r->cordoned ? " (cordoned)" : "");
+  char live[PROTO_LINE_MAX], kept[64] = "";
+  if (proto_get(line, "live", live, sizeof live)) {
+    int n = claim_live(o, h, live);
+    snprintf(kept, sizeof kept, "; %d worker(s) it kept are ours", n);
+  }
+  operator_event(o, o->best_step, -1, "host_joined", "host %s (%s): %d cores, %d GPUs, %d slots%s%s", name, addr,
+                 r->cores, r->gpus, r->nslots, r->cordoned ? " (cordoned)" : "", kept);
   if (!o->placing && alive_hosts(o) >= o->cfg->hosts && !o->stopping) {
     o->placing = 1;
     if (!o->adopting) operator_spawn_all(o); /* else the adoption window's end starts them */
@@ -431,6 +510,9 @@ void hosts_tick(operator_state *o) {
     for (int i = 0; i < o->nhosts; i++)
       if (o->hosts[i].cordoned) ask_policy(o, i, "tick");
   }
-  for (int i = 0; i < o->nslots; i++)
-    if (o->slots[i].unplaced && o->slots[i].state == SLOT_WAITING) hosts_place(o, i, o->slots[i].mode);
+  for (int i = 0; i < o->nslots; i++) {
+    slot *s = &o->slots[i];
+    int backoff = s->timer && evtimer_pending(s->timer, NULL); /* its replacement's timer places it */
+    if (s->unplaced && s->state == SLOT_WAITING && !backoff && !o->adopting) hosts_place(o, i, s->mode);
+  }
 }

@@ -63,6 +63,10 @@ typedef struct {
   unsigned gen;     /* its latest SPAWN to an agent: the agent's STARTED / EXITED / KILL name it, so an older
                        worker's late word is never taken for the new one's */
   const char *lost; /* why it is gone when no exit status says it ("host_lost") */
+  char agent[64];   /* adopted before its agent registered again: that agent's name (its gen in gen), until the
+                       agent names it (operator_hosts.c, claim_live); "" otherwise */
+  int ours;         /* this operator started, placed or adopted a worker for it: a HELLO live=1 for it now is
+                       from a worker it already let go (replaced, fenced): refused */
 } slot;
 
 /* A host with a `transom agent` (operator_hosts.c). */
@@ -220,6 +224,12 @@ void hosts_place(operator_state *o, int k, const char *mode);
  * every agent gets a fresh lapse); hosts.lua may uncordon; the unplaced
  * slots are placed where they now fit. */
 void hosts_tick(operator_state *o);
+/* The end of an adoption window: slot s's worker, named by its agent
+ * (AGENT live=) but never adopted itself, is killed and its host slot freed. */
+void hosts_unclaim(operator_state *o, slot *s);
+/* The job is over: every agent is told (END), so it exits now instead of
+ * waiting operator_grace for a restarted operator. */
+void hosts_end(operator_state *o);
 /* A worker on host h failed (counted for hosts.lua). */
 void hosts_failure(operator_state *o, int h, const char *reason);
 /* hosts.lua on the restart policy's engine; TR_ELUA naming file:line. */

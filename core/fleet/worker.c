@@ -216,17 +216,19 @@ static void lock_link(worker *w) {
   })
 
 /* Where a restarted operator listens: MASTER_ADDR/MASTER_PORT under an
- * external launcher, else RUN/operator.addr (written by every operator);
- * *id: which operator.addr that was (known = 0: none read). */
+ * external launcher, else RUN/operator.addr (written by every operator),
+ * else (RUN not on this host: an agent's worker with no shared file
+ * system, or the file gone) --operator's address, where a restarted
+ * operator with the same MASTER_PORT listens again; *id: which
+ * operator.addr that was (known = 0: none read). */
 static int operator_addr(worker *w, char *host, size_t n, int *port, opaddr_id *id) {
   char text[300];
   int have = opaddr_read(w->run, id, text, sizeof text) == 0;
-  if (w->addr_from_env) {
-    snprintf(host, n, "%s", w->op_host);
-    *port = w->op_port;
-    return 0;
-  }
-  return have ? net_split(text, host, n, port) : -1;
+  if (!w->addr_from_env && have && net_split(text, host, n, port) == 0) return 0;
+  if (!w->addr_from_env) id->known = 0; /* not that file's operator ("ended", unreadable): none to compare with */
+  snprintf(host, n, "%s", w->op_host);
+  *port = w->op_port;
+  return 0;
 }
 
 /* A send on the operator's connection fd fails once the operator has taken
@@ -261,8 +263,11 @@ static int link_try(worker *w) {
   gethostname(me, sizeof me);
   proto_reader rd = {.fd = fd};
   if (auth_client(fd, &w->secret, 3.0)) goto fail;
-  if (proto_send(fd, "HELLO slot=%d pid=%d host=%s live=1 step=%lld donor=%s", w->slot, (int)getpid(), me,
-                 (long long)w->cur_step, w->me_donor[0] ? w->me_donor : "-"))
+  const char *agent = getenv("TRANSOM_AGENT"), *gen = getenv("TRANSOM_AGENT_GEN"); /* started by an agent */
+  char by[128] = "";
+  if (agent && gen) snprintf(by, sizeof by, " agent=%s gen=%s", agent, gen);
+  if (proto_send(fd, "HELLO slot=%d pid=%d host=%s live=1 step=%lld donor=%s%s", w->slot, (int)getpid(), me,
+                 (long long)w->cur_step, w->me_donor[0] ? w->me_donor : "-", by))
     goto fail;
   for (;;) {
     if (proto_read(&rd, line, sizeof line, 3000) <= 0) goto fail; /* a listener nobody accepts on: a dead one */
