@@ -458,7 +458,9 @@ describe("replicas across hosts (transom agent on test hosts)", function()
       return alog(2):find("keeping our 1 worker", 1, true) and alog(3):find("keeping our 1 worker", 1, true)
     end, T(20)), "an agent did not keep its worker:\n" .. alog(2) .. alog(3))
     local before = #events(run)
-    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 env MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. PORT ..
+    -- on another port: agents and workers find it through RUN/operator.addr
+    -- (the next case restarts it at the agents' --operator address)
+    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 env MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. (PORT + 1) ..
       " TRANSOM_TEST_STEP_MS=40 " .. BIN .. " run --resume " .. run, run .. ".out2")
     local rc = wait_exit(rc_of, T(120))
     assert.equal(0, rc, (read(run .. ".out2") or "") .. alog(2) .. alog(3))
@@ -471,6 +473,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     for k = 2, 3 do
       -- the very process its agent started before the kill, adopted as that agent's
       assert.matches("adopted at step %d+ %(pid " .. wpid[k] .. " on host h" .. k .. "%)", ev)
+      assert.matches("registered with the operator at 10.77.0.1:" .. (PORT + 1), alog(k), 1, true)
       assert.matches("registered again", alog(k), 1, true)
       assert.equal(1, select(2, alog(k):gsub("replica %d started", "")), alog(k))
       -- END: it exits 0 as the job ends, well before its grace would run out
