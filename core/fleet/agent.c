@@ -499,13 +499,12 @@ static void reap_pending(agent *a, int wait_ms) {
  * our workers follow too; 0 when there is one that differs. */
 static int run_addr(const agent *a, char *host, size_t n, int *port) {
   const char *sf = getenv("TRANSOM_SECRET_FILE");
-  char run[PATH_MAX], text[300];
-  opaddr_id id;
+  char run[PATH_MAX], text[300], nonce[64];
   if (!sf || snprintf(run, sizeof run, "%s", sf) >= (int)sizeof run) return -1;
   char *slash = strrchr(run, '/');
   if (slash) *slash = 0;
   else snprintf(run, sizeof run, ".");
-  if (opaddr_read(run, &id, text, sizeof text) || net_split(text, host, n, port)) return -1;
+  if (opaddr_read_nonce(run, text, sizeof text, nonce, sizeof nonce) || net_split(text, host, n, port)) return -1;
   return strcmp(host, a->op) == 0 && *port == a->op_port ? -1 : 0;
 }
 

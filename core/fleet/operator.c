@@ -758,7 +758,8 @@ static slot *adopt(operator_state *o, slot *s, struct bufferevent *bev, const ch
   if (s->step > o->best_step) o->best_step = s->step;
   char run[PATH_MAX * 3];
   proto_escape(o->dir, run, sizeof run); /* a run directory may hold a space */
-  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=adopt\n", run, o->adv_host, ftar_coord_port(o->coord));
+  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=adopt nonce=%s\n", run, o->adv_host,
+                      ftar_coord_port(o->coord), o->nonce);
   operator_event(o, s->step, s->slot, "adopted",
                  "replica %d adopted at step %lld (pid %d%s%s): live state, no checkpoint reload", s->slot,
                  (long long)s->step, (int)proto_int(line, "pid", 0), agent[0] ? " on host " : "", agent);
@@ -782,6 +783,12 @@ static slot *on_hello(operator_state *o, struct bufferevent *bev, const char *li
     return NULL;
   }
   if (proto_int(line, "live", 0)) return adopt(o, s, bev, line);
+  char agent[64];
+  if (proto_get(line, "agent", agent, sizeof agent) && /* an agent's worker: the one we asked that agent for */
+      (s->host < 0 || strcmp(o->hosts[s->host].name, agent) != 0 || proto_int(line, "gen", -1) != (int64_t)s->gen)) {
+    evbuffer_add_printf(out, "REFUSE why=not%%20started%%20by%%20this%%20operator\n");
+    return NULL;
+  }
   s->bev = bev;
   s->ours = 1;
   if (s->pid <= 0 && s->host < 0) { /* started by an external launcher */
@@ -799,9 +806,9 @@ static slot *on_hello(operator_state *o, struct bufferevent *bev, const char *li
   char run[PATH_MAX * 3];
   proto_escape(o->dir, run, sizeof run); /* a run directory may hold a space */
   evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=%s donor=%s threads=%d batch_skips=%s "
-                      "resume_step=%lld lr=%s skips=%s\n",
+                      "resume_step=%lld nonce=%s lr=%s skips=%s\n",
                       run, o->adv_host, ftar_coord_port(o->coord), s->mode, d ? d->donor : "-", o->threads,
-                      batches, (long long)s->resume_step, o->lr_changes, o->skips);
+                      batches, (long long)s->resume_step, o->nonce, o->lr_changes, o->skips);
   s->resume_step = -1; /* a rollback's target applies to the start it asked for only */
   if (d)
     operator_event(o, o->best_step, k, "replica_joining", "replica %d catches up from replica %d (at step %lld)", k,
@@ -1016,8 +1023,10 @@ static void conn_gone(conn *c, struct bufferevent *bev) {
   slot *s = c->s;
   if (s && s->bev == bev) {
     s->bev = NULL;
-    /* external or adopted: the connection is its life (an agent's worker: the agent reports its exit) */
-    if (s->host < 0 && (s->pid == 0 || s->adopted) && s->state == SLOT_RUNNING) {
+    /* external or adopted: the connection is its life (an agent's worker: the agent reports its exit),
+     * also before it was ready (an external one has no exit we would hear otherwise) */
+    int external = s->host < 0 && (s->pid == 0 || s->adopted);
+    if (external && (s->state == SLOT_RUNNING || (s->state == SLOT_STARTING && s->pid == 0))) {
       if (s->adopted && !s->done && s->pid > 0) kill(s->pid, SIGKILL); /* not our child: make sure it is gone */
       s->state = s->done ? SLOT_DONE : SLOT_DEAD;
       if (!s->done) operator_slot_exited(c->o, s, 0x100 /* exit code 1 */);
@@ -1273,6 +1282,12 @@ static int start_listeners(operator_state *o) {
   o->port = ntohs(sa.sin_port);
   o->ctl = operator_ctl_listen(o);
   o->ctl_made = o->ctl != NULL; /* RUN/control.sock is ours to remove */
+  /* test hook TRANSOM_TEST_ADDR_DELAY_MS: listening, RUN/operator.addr not
+   * yet ours for this long (a worker looking for us meanwhile reads the
+   * dead operator's file, reaches us at the same address, and must still
+   * take us for the new one). Unset: nothing. */
+  const char *delay = getenv("TRANSOM_TEST_ADDR_DELAY_MS");
+  if (delay && atoi(delay) > 0 && atoi(delay) <= 10000) usleep((useconds_t)atoi(delay) * 1000);
   /* where waiting workers of a killed operator find the next one */
   char path[PATH_MAX], addr[300];
   char nonce[sizeof o->nonce];
@@ -1452,8 +1467,14 @@ static void start_adoption(operator_state *o) {
   ftar_coord_hold(o->coord, 1);
   o->adopt_ev = event_new(o->base, -1, EV_PERSIST, adopt_tick, o);
   struct timeval tv = {0, 100000};
-  if (o->adopt_ev) evtimer_add(o->adopt_ev, &tv);
-  else operator_spawn_all(o);
+  if (o->adopt_ev) {
+    evtimer_add(o->adopt_ev, &tv);
+    return;
+  }
+  o->adopting = 0; /* no window: start them all */
+  ftar_coord_hold(o->coord, 0);
+  for (int i = 0; i < o->nslots; i++) o->slots[i].state = SLOT_EMPTY;
+  operator_spawn_all(o);
 }
 
 /* Do the finished replicas hold the same parameters? And what the run did. */

@@ -321,13 +321,17 @@ static int claim_live(operator_state *o, int h, const char *live) {
       if (s && !s->adopted && s->host < 0 && s->gen < gen) s->gen = gen; /* our next SPAWN there is newer */
       continue;
     }
+    kept++;
+    if (s->state == SLOT_DONE) { /* finished: it only exits now, nothing to track */
+      s->agent[0] = 0;
+      continue;
+    }
     s->host = h;
-    r->used += s->state != SLOT_DONE; /* a finished one's EXITED frees nothing (on_exited) */
+    r->used++;
     s->gen = gen;
     s->pid = pid;
     s->agent[0] = 0; /* (not ours until its HELLO: adopt() checks it is the one named here) */
     s->unplaced = 0;
-    kept++;
   }
   return kept;
 }
@@ -424,6 +428,12 @@ static void on_exited(operator_state *o, int h, const char *line) {
   slot *s = &o->slots[k];
   if (s->host != h || proto_int(line, "gen", -1) != (int64_t)s->gen) return; /* an older worker of the slot */
   if (s->pid != pid && s->pid != 0 && pid != 0) return;
+  if (s->state == SLOT_WAITING) { /* named by its agent (claim_live), gone before its HELLO: no longer worth waiting for */
+    o->hosts[h].used--;
+    s->host = -1;
+    s->pid = 0;
+    return;
+  }
   if (s->state != SLOT_STARTING && s->state != SLOT_RUNNING) return;
   s->pid = 0;
   /* its connection stays to operator_slot_exited: the lines already here

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -250,32 +249,6 @@ int net_recv_all(int fd, void *buf, size_t n) {
 }
 
 /* --- RUN/operator.addr --- */
-
-int opaddr_read(const char *run, opaddr_id *id, char *text, size_t n) {
-  char path[1100];
-  snprintf(path, sizeof path, "%s/operator.addr", run);
-  id->known = 0;
-  int fd = run[0] ? open(path, O_RDONLY | O_CLOEXEC) : -1;
-  if (fd < 0) return run[0] && errno == ENOENT ? 1 : -1;
-  struct stat st;
-  ssize_t got = 0;
-  int ok = fstat(fd, &st) == 0;
-  while (ok && n > 0 && (got = read(fd, text, n - 1)) < 0 && errno == EINTR) {
-  }
-  close(fd);
-  if (!ok || got < 0 || (n > 0 && got == 0)) return -1;
-  if (n > 0) {
-    text[got] = 0;
-    text[strcspn(text, "\r\n")] = 0;
-  }
-  *id = (opaddr_id){.dev = st.st_dev, .ino = st.st_ino, .mtime = st.st_mtim, .known = 1};
-  return 0;
-}
-
-int opaddr_same(const opaddr_id *a, const opaddr_id *b) {
-  return a->dev == b->dev && a->ino == b->ino && a->mtime.tv_sec == b->mtime.tv_sec &&
-         a->mtime.tv_nsec == b->mtime.tv_nsec;
-}
 
 int opaddr_read_nonce(const char *run, char *addr, size_t an, char *nonce, size_t nn) {
   char path[1100], text[512];

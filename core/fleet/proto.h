@@ -61,29 +61,13 @@ int net_split(const char *hostport, char *host, size_t n, int *port);
 
 /* RUN/operator.addr, where the run's operator listens ("host:port\n",
  * then the operator's nonce on a second line; "ended" for an address once
- * it has ended).
- * Every operator writes it anew when it starts (tr_write_file_atomic: a
- * rename, so a new inode) and rewrites it as "ended" when it ends, so the file's
- * identity says which operator wrote it: one that is no longer ours names
- * an operator started since (a worker follows it, worker.c; the operator
- * it replaced stands down, operator.c). known = 0: none was read. */
-typedef struct {
-  dev_t dev;
-  ino_t ino;
-  struct timespec mtime;
-  int known;
-} opaddr_id;
-/* RUN/operator.addr: its identity into *id and (n > 0) its first line into
- * text; both come from one open file, so they belong together. 0; 1 when
- * the file does not exist; -1 when it cannot be read (an empty one too).
- * id->known = 0 unless 0 is returned. Any thread. */
-int opaddr_read(const char *run, opaddr_id *id, char *text, size_t n);
-/* Whether a and b (both read) are one writing of the file. */
-int opaddr_same(const opaddr_id *a, const opaddr_id *b);
-/* The second line of RUN/operator.addr: the nonce of the operator that
- * wrote it (operator.c: each operator's own, random; workers read the
- * first line only), into nonce ("" when the file has none), and its first
- * line into addr. 0; 1 when the file does not exist; -1 when it cannot be
+ * it has ended). Every operator writes it anew when it starts (its own
+ * random nonce, which its WELCOME also carries) and rewrites it as "ended"
+ * when it ends, so a nonce that is not ours names an operator started
+ * since (a worker follows it, worker.c; the operator it replaced stands
+ * down, operator.c).
+ * Its first line into addr, its second (the nonce; "" when it has none)
+ * into nonce. 0; 1 when the file does not exist; -1 when it cannot be
  * read. Any thread. */
 int opaddr_read_nonce(const char *run, char *addr, size_t an, char *nonce, size_t nn);
 

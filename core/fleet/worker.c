@@ -98,12 +98,12 @@ typedef struct {
   double down_since;
   int addr_from_env;       /* MASTER_ADDR/MASTER_PORT: a restarted operator is there too */
   char run[1024];          /* the run directory (RUN/operator.addr) */
-  /* opfd and op_id change under send_mu and id_mu both; a thread waiting
+  /* opfd and op_nonce change under send_mu and id_mu both; a thread waiting
    * for send_mu reads them under id_mu alone (lock_link) */
   pthread_mutex_t id_mu;
-  opaddr_id op_id;         /* the operator.addr of the operator we are linked to (proto.h; unknown: an
-                            * external worker that does not see RUN learns of a restart only when its
-                            * link fails) */
+  char op_nonce[64];       /* the nonce of the operator we are linked to (its WELCOME's; RUN/operator.addr's second
+                            * line names the newest operator's; "": unknown, and a worker that does not see RUN
+                            * learns of a restart only when its link fails) */
   atomic_int superseded;   /* a restarted operator was seen: the link to the old one is shut down */
   char me_donor[300];      /* our donor service, host:port, for HELLO live=1 */
   volatile int64_t cur_step; /* the latest step reported (the link thread's HELLO) */
@@ -163,9 +163,9 @@ static void link_down(worker *w, const char *why) {
  * without the file (proto.c refuses "ended" as an address). send_mu or
  * id_mu held. */
 static int operator_replaced(const worker *w) {
-  opaddr_id now;
-  if (!w->op_id.known || opaddr_read(w->run, &now, NULL, 0)) return 0;
-  return !opaddr_same(&now, &w->op_id);
+  char addr[300], nonce[64];
+  if (!w->op_nonce[0] || opaddr_read_nonce(w->run, addr, sizeof addr, nonce, sizeof nonce)) return 0;
+  return nonce[0] && strcmp(nonce, w->op_nonce) != 0;
 }
 
 /* Ends the link to an operator a restarted one replaced: shut down, a send
@@ -218,17 +218,15 @@ static void lock_link(worker *w) {
 /* Where a restarted operator listens: MASTER_ADDR/MASTER_PORT under an
  * external launcher, else RUN/operator.addr (written by every operator),
  * else (RUN not on this host: an agent's worker with no shared file
- * system, or the file gone) --operator's address, where a restarted
- * operator with the same MASTER_PORT listens again; *id: which
- * operator.addr that was (known = 0: none read). */
-static int operator_addr(worker *w, char *host, size_t n, int *port, opaddr_id *id) {
-  char text[300];
-  int have = opaddr_read(w->run, id, text, sizeof text) == 0;
-  if (!w->addr_from_env && have && net_split(text, host, n, port) == 0) return 0;
-  if (!w->addr_from_env) id->known = 0; /* not that file's operator ("ended", unreadable): none to compare with */
+ * system, or the file gone or "ended") --operator's address, where a
+ * restarted operator with the same MASTER_PORT listens again. */
+static void operator_addr(const worker *w, char *host, size_t n, int *port) {
+  char text[300], nonce[64];
+  if (!w->addr_from_env && opaddr_read_nonce(w->run, text, sizeof text, nonce, sizeof nonce) == 0 &&
+      net_split(text, host, n, port) == 0)
+    return;
   snprintf(host, n, "%s", w->op_host);
   *port = w->op_port;
-  return 0;
 }
 
 /* A send on the operator's connection fd fails once the operator has taken
@@ -247,14 +245,15 @@ static void bound_sends(const worker *w, int fd) {
     fprintf(stderr, "worker %d: sends to the operator are not bounded: %s\n", w->slot, strerror(errno));
 }
 
+static void agent_words(char *out, size_t n);
+
 /* One try at a restarted operator: HELLO live=1 with our step, its WELCOME
  * (the new coordinator), FTAR re-registered, then the link swapped in and
  * our last STEP lines replayed before any new one. 0 when back. */
 static int link_try(worker *w) {
   char host[256], line[PROTO_LINE_MAX], coord[300], ch[256];
   int port, cp;
-  opaddr_id id;
-  if (operator_addr(w, host, sizeof host, &port, &id)) return -1;
+  operator_addr(w, host, sizeof host, &port);
   int fd = net_connect(host, port, 1.0);
   if (fd < 0) return -1;
   bound_sends(w, fd);
@@ -263,9 +262,8 @@ static int link_try(worker *w) {
   gethostname(me, sizeof me);
   proto_reader rd = {.fd = fd};
   if (auth_client(fd, &w->secret, 3.0)) goto fail;
-  const char *agent = getenv("TRANSOM_AGENT"), *gen = getenv("TRANSOM_AGENT_GEN"); /* started by an agent */
-  char by[128] = "";
-  if (agent && gen) snprintf(by, sizeof by, " agent=%s gen=%s", agent, gen);
+  char by[128];
+  agent_words(by, sizeof by);
   if (proto_send(fd, "HELLO slot=%d pid=%d host=%s live=1 step=%lld donor=%s%s", w->slot, (int)getpid(), me,
                  (long long)w->cur_step, w->me_donor[0] ? w->me_donor : "-", by))
     goto fail;
@@ -286,7 +284,10 @@ static int link_try(worker *w) {
   pthread_mutex_lock(&w->id_mu);
   if (w->opfd >= 0) close(w->opfd);
   w->opfd = fd;
-  w->op_id = id;
+  /* its own nonce, from its WELCOME: not the file read before we
+   * connected, which may still have named the dead one (a restarted
+   * operator listens before it writes the file) */
+  proto_get(line, "nonce", w->op_nonce, sizeof w->op_nonce);
   w->superseded = 0;
   pthread_mutex_unlock(&w->id_mu);
   w->rd = rd; /* with whatever came after the WELCOME */
@@ -466,10 +467,19 @@ static void apply_chaos(worker *w, int64_t step) {
   }
 }
 
+/* " agent=NAME gen=G" when an agent started us (its SPAWN): an operator
+ * takes us only as the worker it asked that agent for; "" otherwise. */
+static void agent_words(char *out, size_t n) {
+  const char *agent = getenv("TRANSOM_AGENT"), *gen = getenv("TRANSOM_AGENT_GEN");
+  out[0] = 0;
+  if (agent && gen) snprintf(out, n, " agent=%s gen=%s", agent, gen);
+}
+
 static int welcome(worker *w, char *line, size_t n) {
-  char host[256];
+  char host[256], by[128];
   gethostname(host, sizeof host);
-  int rc = proto_send(w->opfd, "HELLO slot=%d pid=%d host=%s", w->slot, (int)getpid(), host);
+  agent_words(by, sizeof by);
+  int rc = proto_send(w->opfd, "HELLO slot=%d pid=%d host=%s%s", w->slot, (int)getpid(), host, by);
   if (rc) return rc;
   for (;;) {
     rc = proto_read(&w->rd, line, n, 120000);
@@ -863,7 +873,7 @@ int worker_main(int argc, char **argv) {
   w.rd.fd = w.opfd;
   if (w.opfd < 0 || (rc = auth_client(w.opfd, &w.secret, 30.0)) || (rc = welcome(&w, line, sizeof line))) goto fail;
   proto_get(line, "run", run, sizeof w.run);
-  opaddr_read(run, &w.op_id, NULL, 0); /* this operator's: a newer one is a restart */
+  proto_get(line, "nonce", w.op_nonce, sizeof w.op_nonce); /* this operator's: a newer one is a restart */
   proto_get(line, "coord", coord, sizeof coord);
   proto_get(line, "mode", mode, sizeof mode);
   proto_get(line, "donor", donor_addr, sizeof donor_addr);
