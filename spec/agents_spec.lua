@@ -431,6 +431,25 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     every_step_once(run, steps) -- the replayed STEP lines fill what the frozen operator never took
   end)
 
+  -- A 200-step job with one replica on each of hosts 2 and 3 (agents),
+  -- trained to step 40: its run directory, the operator's pid, each
+  -- agent's exit status reader, and a reader of agent k's log.
+  local function agents_job(name)
+    up(3)
+    local run = tmp .. "/" .. name
+    local opid = S.spawn_rc(job(run, "--set max_steps=200 --set operator_grace=" .. math.ceil(T(10))), run .. ".out")
+    local agents = {}
+    for k = 2, 3 do agents[k] = select(2, agent(k, run)) end
+    assert(wait_step(run, 40), "no progress")
+    return run, opid, agents, function(k) return read(run .. "-agent" .. k .. ".log") or "" end
+  end
+
+  -- `transom run --resume RUN` on host 1 with MASTER_PORT port: its exit status reader.
+  local function resume_on_h1(run, port, envs)
+    return select(2, S.spawn_rc(TH .. " exec " .. NAME .. " 1 env MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. port ..
+      " TRANSOM_TEST_STEP_MS=40 " .. (envs or "") .. " " .. BIN .. " run --resume " .. run, run .. ".out2"))
+  end
+
   -- The operator killed (kill -9) while its replicas run on two agents'
   -- hosts. Before, each agent stopped its workers and exited 1 when its
   -- operator's connection closed: a restart had to start agents again and
@@ -443,13 +462,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
   it("the operator killed: the agents keep their workers and register again, the restarted operator adopts them", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
-    up(3)
-    local run, steps, grace = tmp .. "/rejoin", 200, math.ceil(T(10))
-    local opid = S.spawn_rc(job(run, "--set max_steps=" .. steps .. " --set operator_grace=" .. grace), run .. ".out")
-    local agents = {}
-    for k = 2, 3 do agents[k] = select(2, agent(k, run)) end
-    assert(wait_step(run, 40), "no progress")
-    local function alog(k) return read(run .. "-agent" .. k .. ".log") or "" end
+    local run, opid, agents, alog = agents_job("rejoin")
     local wpid = {}
     for k = 2, 3 do wpid[k] = alog(k):match("started %(pid (%d+)%)") end
     assert(wpid[2] and wpid[3], alog(2) .. alog(3))
@@ -460,9 +473,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     local before = #events(run)
     -- on another port: agents and workers find it through RUN/operator.addr
     -- (the next case restarts it at the agents' --operator address)
-    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 env MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. (PORT + 1) ..
-      " TRANSOM_TEST_STEP_MS=40 " .. BIN .. " run --resume " .. run, run .. ".out2")
-    local rc = wait_exit(rc_of, T(120))
+    local rc = wait_exit(resume_on_h1(run, PORT + 1), T(120))
     assert.equal(0, rc, (read(run .. ".out2") or "") .. alog(2) .. alog(3))
     local ev = events(run):sub(before + 1)
     assert.matches("2 of 2 replicas adopted live", ev, 1, true)
@@ -480,7 +491,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
       assert.equal(0, wait_exit(agents[k], T(8)), alog(k))
       assert.matches("the operator ended the job", alog(k), 1, true)
     end
-    every_step_once(run, steps) -- the replayed STEP lines fill what the killed operator never logged
+    every_step_once(run, 200) -- the replayed STEP lines fill what the killed operator never logged
   end)
 
   -- The operator and one worker killed together: its agent registers again
@@ -490,12 +501,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
   it("the operator and a worker killed together: the survivor is adopted, the lost replica joins from it", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
-    up(3)
-    local run, steps, grace = tmp .. "/rejoin1", 200, math.ceil(T(10))
-    local opid = S.spawn_rc(job(run, "--set max_steps=" .. steps .. " --set operator_grace=" .. grace), run .. ".out")
-    for k = 2, 3 do agent(k, run) end
-    assert(wait_step(run, 40), "no progress")
-    local function alog(k) return read(run .. "-agent" .. k .. ".log") or "" end
+    local run, opid, _, alog = agents_job("rejoin1")
     local victim = alog(3):match("replica (%d) started %(pid (%d+)%)")
     local vpid = select(2, alog(3):match("replica (%d) started %(pid (%d+)%)"))
     assert(vpid, alog(3))
@@ -506,9 +512,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     -- hook, 1 s): the survivor reaches it while the file still names the
     -- dead operator, and must not take the file's rewrite a moment later
     -- for yet another operator (before: it left, was refused, restarted)
-    local _, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 env MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. PORT ..
-      " TRANSOM_TEST_STEP_MS=40 TRANSOM_TEST_ADDR_DELAY_MS=1000 " .. BIN .. " run --resume " .. run, run .. ".out2")
-    local rc = wait_exit(rc_of, T(120))
+    local rc = wait_exit(resume_on_h1(run, PORT, "TRANSOM_TEST_ADDR_DELAY_MS=1000"), T(120))
     assert.equal(0, rc, (read(run .. ".out2") or "") .. alog(2) .. alog(3))
     local ev = events(run):sub(before + 1)
     local survivor = 1 - tonumber(victim)
@@ -523,7 +527,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.equal(2, select(2, alog(3):gsub("replica %d started", "")), alog(3)) -- the first, and the one that joined
     local by = steps_by_worker(run) -- the survivor: every step once, in order
     for i = 2, #by[survivor] do assert.equal(by[survivor][i - 1].step + 1, by[survivor][i].step) end
-    assert.equal(steps, by[survivor][#by[survivor]].step)
+    assert.equal(200, by[survivor][#by[survivor]].step)
   end)
 
   it("a host's link cut in the middle of an all-reduce: replaced on the spare, fenced when restored", function()
