@@ -494,6 +494,34 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     every_step_once(run, 200) -- the replayed STEP lines fill what the killed operator never logged
   end)
 
+  -- The operator frozen (SIGSTOP, never continued: hung) under agents, and
+  -- a new one started on another port with --resume. The agents watch
+  -- RUN/operator.addr as their workers do: both leave the frozen operator
+  -- at once (not after operator_grace), register with the new one and are
+  -- adopted with their workers: no spawn, every step once, END at the end.
+  it("the operator frozen under agents, a new one started: agents and workers leave it at once and are adopted", function()
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    local run, opid, agents, alog = agents_job("rejoinf")
+    sh("kill -STOP " .. opid)
+    local before = #events(run)
+    local rc = wait_exit(resume_on_h1(run, PORT + 1), T(120))
+    sh("kill -KILL " .. opid)
+    assert.equal(0, rc, (read(run .. ".out2") or "") .. alog(2) .. alog(3))
+    local ev = events(run):sub(before + 1)
+    assert.matches("2 of 2 replicas adopted live", ev, 1, true)
+    assert.is_nil(ev:find('"kind":"spawn"', 1, true), ev)
+    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
+    assert.is_nil(ev:find("stale_worker", 1, true), ev)
+    for k = 2, 3 do
+      assert.matches("lost the operator: RUN/operator.addr names a restarted operator", alog(k), 1, true)
+      assert.matches("registered with the operator at 10.77.0.1:" .. (PORT + 1), alog(k), 1, true)
+      assert.equal(1, select(2, alog(k):gsub("replica %d started", "")), alog(k))
+      assert.equal(0, wait_exit(agents[k], T(8)), alog(k))
+    end
+    every_step_once(run, 200)
+  end)
+
   -- The operator and one worker killed together: its agent registers again
   -- with no worker to name; the restarted operator adopts the other
   -- replica and starts the lost one on that host, joining from the adopted

@@ -105,6 +105,7 @@ typedef struct {
   size_t owed;        /* bytes owed at the last look: out_len + the socket's send queue */
   double taken_at;    /* when the operator last took some (or nothing was owed) */
   char lost[160];     /* why the operator is lost (a failed send, the grace run out); "" while it is not */
+  char nonce[64];     /* our operator's (its WELCOME's): RUN/operator.addr naming another is a restarted one */
   int ended;          /* the operator said END: the job is over */
 } agent;
 
@@ -465,6 +466,7 @@ static int hello(agent *a, const char *op, int port, double connect_s, double an
   if (!(a->grace > 0)) a->grace = GRACE_DEFAULT_S;
   snprintf(a->at, sizeof a->at, "%s", op);
   a->at_port = port;
+  proto_get(line, "nonce", a->nonce, sizeof a->nonce);
   fprintf(stderr, "agent %s: registered with the operator at %s:%d as %s (%d slots, %d cores; grace %.0f s)%s%s\n",
           a->name, op, port, a->addr, a->nslots, a->cores, a->grace, live[0] ? "; our workers: " : "", live);
   return 0;
@@ -476,6 +478,7 @@ static void forget_operator(agent *a) {
   a->fd = -1;
   a->out_len = a->owed = 0;
   a->lost[0] = 0;
+  a->nonce[0] = 0;
   a->rd = (proto_reader){.fd = -1};
 }
 
@@ -491,20 +494,39 @@ static void reap_pending(agent *a, int wait_ms) {
   reap(a);
 }
 
+/* How often a registered agent looks at RUN/operator.addr. */
+#define RUN_LOOK_S 0.25
+
 /* How long one try at a restarted operator waits for each answer. */
 #define REJOIN_ANSWER_S 3.0
+
+/* RUN/operator.addr (RUN: the secret file's directory): its address and
+ * its writer's nonce (proto.h). 0, or -1 when there is none to read. */
+static int run_file(char *addr, size_t an, char *nonce, size_t nn) {
+  const char *sf = getenv("TRANSOM_SECRET_FILE");
+  char run[PATH_MAX];
+  if (!sf || snprintf(run, sizeof run, "%s", sf) >= (int)sizeof run) return -1;
+  char *slash = strrchr(run, '/');
+  if (slash) *slash = 0;
+  else snprintf(run, sizeof run, ".");
+  return opaddr_read_nonce(run, addr, an, nonce, nn) == 0 ? 0 : -1;
+}
+
+/* Has an operator started since ours? RUN/operator.addr names another
+ * nonce than our operator's WELCOME did (our workers leave it for the new
+ * one at once; so do we, instead of waiting for its grace). */
+static int operator_replaced(const agent *a) {
+  char addr[300], nonce[64];
+  return a->nonce[0] && run_file(addr, sizeof addr, nonce, sizeof nonce) == 0 && nonce[0] &&
+         strcmp(nonce, a->nonce) != 0;
+}
 
 /* Where a restarted operator may listen other than --operator: the
  * address in RUN/operator.addr (RUN: the secret file's directory), which
  * our workers follow too; 0 when there is one that differs. */
 static int run_addr(const agent *a, char *host, size_t n, int *port) {
-  const char *sf = getenv("TRANSOM_SECRET_FILE");
-  char run[PATH_MAX], text[300], nonce[64];
-  if (!sf || snprintf(run, sizeof run, "%s", sf) >= (int)sizeof run) return -1;
-  char *slash = strrchr(run, '/');
-  if (slash) *slash = 0;
-  else snprintf(run, sizeof run, ".");
-  if (opaddr_read_nonce(run, text, sizeof text, nonce, sizeof nonce) || net_split(text, host, n, port)) return -1;
+  char text[300], nonce[64];
+  if (run_file(text, sizeof text, nonce, sizeof nonce) || net_split(text, host, n, port)) return -1;
   return strcmp(host, a->op) == 0 && *port == a->op_port ? -1 : 0;
 }
 
@@ -574,13 +596,17 @@ static void probe(agent *a) {
  * the operator's END), 1 when the operator is lost (why in a->lost), or an
  * error. */
 static int serve(agent *a) {
-  double next_hb = 0, next_probe = tr_now() + PROBE_INTERVAL;
+  double next_hb = 0, next_probe = tr_now() + PROBE_INTERVAL, next_look = 0;
   a->taken_at = tr_now();
   handle_lines(a); /* what came with WELCOME */
   while (!stop_sig && !a->ended) {
     double now = tr_now();
     flush(a);
     size_t q = look_owed(a, now);
+    if (now >= next_look) {
+      next_look = now + RUN_LOOK_S;
+      if (operator_replaced(a)) snprintf(a->lost, sizeof a->lost, "RUN/operator.addr names a restarted operator");
+    }
     if (a->lost[0]) return 1;
     if (now >= next_hb) {
       if (q == 0) send_line(a, "HB n=%d", a->n);

@@ -406,7 +406,7 @@ static void on_agent(operator_state *o, int *hp, struct bufferevent *bev, const 
   *hp = h;
   /* grace: how long the agent waits on us when we take none of its bytes
    * (stopped, a long REPL expression) before it gives up on us */
-  evbuffer_add_printf(out, "WELCOME host=%s grace=%g\n", name, o->cfg->operator_grace);
+  evbuffer_add_printf(out, "WELCOME host=%s grace=%g nonce=%s\n", name, o->cfg->operator_grace, o->nonce);
   char live[PROTO_LINE_MAX], kept[64] = "";
   if (proto_get(line, "live", live, sizeof live)) {
     int n = claim_live(o, h, live);

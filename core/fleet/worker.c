@@ -69,7 +69,11 @@
 int worker_main(int argc, char **argv);
 
 #define MAX_CHAOS 64
-#define REPLAY 16 /* STEP lines kept to replay to a restarted operator */
+/* STEP lines kept to replay to a restarted operator (the operator drops
+ * those metrics.jsonl holds): about 1 MB, more than a stalled operator's
+ * socket buffers took before it was replaced (16 lost the steps trained
+ * meanwhile from metrics.jsonl). */
+#define REPLAY 2048
 
 typedef struct {
   int64_t at; /* the step it fires at; 0: the next one (`transom chaos`) */
@@ -107,7 +111,7 @@ typedef struct {
   atomic_int superseded;   /* a restarted operator was seen: the link to the old one is shut down */
   char me_donor[300];      /* our donor service, host:port, for HELLO live=1 */
   volatile int64_t cur_step; /* the latest step reported (the link thread's HELLO) */
-  char (*replay)[PROTO_LINE_MAX]; /* the last REPLAY STEP lines, a ring */
+  char **replay;           /* the last REPLAY STEP lines, a ring (malloc'd; NULL: none, or no memory) */
   int nreplay;
   pthread_t hb;
   atomic_int hb_stop;
@@ -293,7 +297,8 @@ static int link_try(worker *w) {
   w->rd = rd; /* with whatever came after the WELCOME */
   w->down = 0;
   int n = w->nreplay < REPLAY ? w->nreplay : REPLAY;
-  for (int i = w->nreplay - n; i < w->nreplay; i++) proto_send(fd, "%s", w->replay[i % REPLAY]);
+  for (int i = w->nreplay - n; i < w->nreplay; i++)
+    if (w->replay[i % REPLAY]) proto_send(fd, "%s", w->replay[i % REPLAY]);
   pthread_cond_broadcast(&w->link_cv);
   pthread_mutex_unlock(&w->send_mu);
   fprintf(stderr, "worker %d: adopted by the operator at %s:%d at step %lld\n", w->slot, host, port,
@@ -605,12 +610,16 @@ static int hook_report(void *ud, const step_record *r) {
   worker *w = ud;
   char body[PROTO_LINE_MAX - 64];
   if (step_record_line(body, sizeof body, r) < 0) return tr_fail(TR_EINVAL, "step record too long");
+  char line[PROTO_LINE_MAX];
+  snprintf(line, sizeof line, "STEP slot=%d %s", w->slot, body);
   lock_link(w); /* kept for a restarted operator, in order with the replay */
-  snprintf(w->replay[w->nreplay % REPLAY], PROTO_LINE_MAX, "STEP slot=%d %s", w->slot, body);
+  char **kept = &w->replay[w->nreplay % REPLAY];
+  free(*kept);
+  *kept = strdup(line);
   w->nreplay++;
   w->cur_step = r->step;
   pthread_mutex_unlock(&w->send_mu);
-  return SEND(w, "%s", w->replay[(w->nreplay - 1) % REPLAY]);
+  return SEND(w, "%s", line);
 }
 
 static int hook_eval(void *ud, int64_t step, float val) {
@@ -865,7 +874,7 @@ int worker_main(int argc, char **argv) {
   w.pad_ms = pad ? atoi(pad) : 0;
 
   char line[PROTO_LINE_MAX], *run = w.run, coord[300], donor_addr[300], mode[16];
-  if (!(w.replay = calloc(REPLAY, PROTO_LINE_MAX))) return 1;
+  if (!(w.replay = calloc(REPLAY, sizeof *w.replay))) return 1;
   lua_State *L = NULL;
   ckpt_engine *ck = NULL;
   if ((rc = auth_secret_from_env(&w.secret))) goto fail;
@@ -931,6 +940,7 @@ done:
   trainer_free(w.t);
   lua_host_close(L);
   if (w.opfd >= 0) close(w.opfd);
+  for (int i = 0; i < REPLAY; i++) free(w.replay[i]);
   free(w.replay);
   return exit_code;
 }
