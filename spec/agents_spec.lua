@@ -52,14 +52,14 @@ end
 
 -- an agent on host k, given the job's secret (made by the operator at its
 -- start): its pid, and a function that reads its exit status (nil while it runs)
-local function agent(k, run, extra, envs)
+local function agent(k, run, extra, envs, secret)
   for _ = 1, N(300) do
     if S.exists(run .. "/secret") then break end
     sleep(0.05)
   end
   return S.spawn_rc(TH .. " exec " .. NAME .. " " .. k .. " env TRANSOM_TEST_STEP_MS=40 " .. (envs or "") .. " " ..
-    BIN .. " agent --operator 10.77.0.1:" .. PORT .. " --secret-file " .. run .. "/secret --name h" .. k ..
-    " --cores 1 " .. (extra or ""), run .. "-agent" .. k .. ".log")
+    BIN .. " agent --operator 10.77.0.1:" .. PORT .. " --secret-file " .. (secret or run .. "/secret") .. " --name h" ..
+    k .. " --cores 1 " .. (extra or ""), run .. "-agent" .. k .. ".log")
 end
 
 local events = S.events
@@ -433,13 +433,20 @@ describe("replicas across hosts (transom agent on test hosts)", function()
 
   -- A 200-step job with one replica on each of hosts 2 and 3 (agents),
   -- trained to step 40: its run directory, the operator's pid, each
-  -- agent's exit status reader, and a reader of agent k's log.
-  local function agents_job(name)
+  -- agent's exit status reader, and a reader of agent k's log. Agent
+  -- stale_k (if given) reads the secret from a copy beside a stale
+  -- operator.addr (another operator's nonce, the address the agents know).
+  local function agents_job(name, stale_k)
     up(3)
     local run = tmp .. "/" .. name
     local opid = S.spawn_rc(job(run, "--set max_steps=200 --set operator_grace=" .. math.ceil(T(10))), run .. ".out")
-    local agents = {}
-    for k = 2, 3 do agents[k] = select(2, agent(k, run)) end
+    local agents, copy = {}, tmp .. "/" .. name .. "-copy"
+    if stale_k then
+      assert(S.wait_for(function() return S.exists(run .. "/secret") end, 15), "no secret")
+      sh("mkdir -p " .. copy .. " && cp -p " .. run .. "/secret " .. copy .. "/secret")
+      S.write(copy .. "/operator.addr", "10.77.0.1:" .. PORT .. "\n0123456789abcdef01234567\n")
+    end
+    for k = 2, 3 do agents[k] = select(2, agent(k, run, nil, nil, k == stale_k and copy .. "/secret" or nil)) end
     assert(wait_step(run, 40), "no progress")
     return run, opid, agents, function(k) return read(run .. "-agent" .. k .. ".log") or "" end
   end
@@ -529,7 +536,9 @@ describe("replicas across hosts (transom agent on test hosts)", function()
   it("the operator and a worker killed together: the survivor is adopted, the lost replica joins from it", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
-    local run, opid, _, alog = agents_job("rejoin1")
+    -- host 2's agent reads its secret beside a stale copy of operator.addr:
+    -- not news of a restarted operator, before the kill or after it
+    local run, opid, _, alog = agents_job("rejoin1", 2)
     local victim = alog(3):match("replica (%d) started %(pid (%d+)%)")
     local vpid = select(2, alog(3):match("replica (%d) started %(pid (%d+)%)"))
     assert(vpid, alog(3))
@@ -551,6 +560,8 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.is_nil(ev:find("stale_worker", 1, true), ev)
     assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
     assert.matches("replicas_agree", ev, 1, true)
+    assert.is_nil(events(run):find("host_lost", 1, true), events(run))
+    assert.is_nil(alog(2):find("names a restarted operator", 1, true), alog(2))
     assert.matches("registered again", alog(3), 1, true)
     assert.equal(2, select(2, alog(3):gsub("replica %d started", "")), alog(3)) -- the first, and the one that joined
     local by = steps_by_worker(run) -- the survivor: every step once, in order

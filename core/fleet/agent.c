@@ -106,6 +106,7 @@ typedef struct {
   double taken_at;    /* when the operator last took some (or nothing was owed) */
   char lost[160];     /* why the operator is lost (a failed send, the grace run out); "" while it is not */
   char nonce[64];     /* our operator's (its WELCOME's): RUN/operator.addr naming another is a restarted one */
+  char file_nonce[64]; /* and the file's when we registered (a stale copy is no restarted operator) */
   int ended;          /* the operator said END: the job is over */
 } agent;
 
@@ -424,6 +425,18 @@ static void stop_workers(agent *a) {
 
 /* --- the operator --- */
 
+/* RUN/operator.addr (RUN: the secret file's directory): its address and
+ * its writer's nonce (proto.h). 0, or -1 when there is none to read. */
+static int run_file(char *addr, size_t an, char *nonce, size_t nn) {
+  const char *sf = getenv("TRANSOM_SECRET_FILE");
+  char run[PATH_MAX];
+  if (!sf || snprintf(run, sizeof run, "%s", sf) >= (int)sizeof run) return -1;
+  char *slash = strrchr(run, '/');
+  if (slash) *slash = 0;
+  else snprintf(run, sizeof run, ".");
+  return opaddr_read_nonce(run, addr, an, nonce, nn) == 0 ? 0 : -1;
+}
+
 /* Our workers for AGENT live=: SLOT:GEN:PID,... ("" when none). */
 static void live_list(const agent *a, char *out, size_t n) {
   size_t len = 0;
@@ -467,6 +480,8 @@ static int hello(agent *a, const char *op, int port, double connect_s, double an
   snprintf(a->at, sizeof a->at, "%s", op);
   a->at_port = port;
   proto_get(line, "nonce", a->nonce, sizeof a->nonce);
+  char addr[300];
+  if (run_file(addr, sizeof addr, a->file_nonce, sizeof a->file_nonce)) a->file_nonce[0] = 0;
   fprintf(stderr, "agent %s: registered with the operator at %s:%d as %s (%d slots, %d cores; grace %.0f s)%s%s\n",
           a->name, op, port, a->addr, a->nslots, a->cores, a->grace, live[0] ? "; our workers: " : "", live);
   return 0;
@@ -500,25 +515,13 @@ static void reap_pending(agent *a, int wait_ms) {
 /* How long one try at a restarted operator waits for each answer. */
 #define REJOIN_ANSWER_S 3.0
 
-/* RUN/operator.addr (RUN: the secret file's directory): its address and
- * its writer's nonce (proto.h). 0, or -1 when there is none to read. */
-static int run_file(char *addr, size_t an, char *nonce, size_t nn) {
-  const char *sf = getenv("TRANSOM_SECRET_FILE");
-  char run[PATH_MAX];
-  if (!sf || snprintf(run, sizeof run, "%s", sf) >= (int)sizeof run) return -1;
-  char *slash = strrchr(run, '/');
-  if (slash) *slash = 0;
-  else snprintf(run, sizeof run, ".");
-  return opaddr_read_nonce(run, addr, an, nonce, nn) == 0 ? 0 : -1;
-}
-
 /* Has an operator started since ours? RUN/operator.addr names another
  * nonce than our operator's WELCOME did (our workers leave it for the new
  * one at once; so do we, instead of waiting for its grace). */
 static int operator_replaced(const agent *a) {
   char addr[300], nonce[64];
   return a->nonce[0] && run_file(addr, sizeof addr, nonce, sizeof nonce) == 0 && nonce[0] &&
-         strcmp(nonce, a->nonce) != 0;
+         strcmp(nonce, a->nonce) != 0 && strcmp(nonce, a->file_nonce) != 0;
 }
 
 /* Where a restarted operator may listen other than --operator: the

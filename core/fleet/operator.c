@@ -685,6 +685,12 @@ static void on_step(operator_state *o, slot *s, const char *line) {
   step_record_parse(line, &r);
   r.worker = s->slot; /* the connection says who it is */
   if (s->adopted && r.step <= s->logged) return; /* replayed, and the previous operator logged it */
+  if (s->adopted && r.step <= s->replayed_to) { /* replayed: for the record only (the detector's history, the
+                                                 * console's lines went with the previous operator) */
+    step_record_json(o->metrics, &r);
+    fflush(o->metrics);
+    return;
+  }
   s->step = r.step;
   s->last = r;
   if (r.step > o->best_step) o->best_step = r.step;
@@ -750,7 +756,7 @@ static slot *adopt(operator_state *o, slot *s, struct bufferevent *bev, const ch
   s->unplaced = 0;
   s->done = 0;
   s->state = SLOT_RUNNING;
-  s->step = proto_int(line, "step", 0);
+  s->step = s->replayed_to = proto_int(line, "step", 0);
   s->started = s->ready_at = tr_now();
   proto_get(line, "donor", s->donor, sizeof s->donor);
   if (strcmp(s->donor, "-") == 0) s->donor[0] = 0;
@@ -758,8 +764,9 @@ static slot *adopt(operator_state *o, slot *s, struct bufferevent *bev, const ch
   if (s->step > o->best_step) o->best_step = s->step;
   char run[PATH_MAX * 3];
   proto_escape(o->dir, run, sizeof run); /* a run directory may hold a space */
-  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=adopt nonce=%s\n", run, o->adv_host,
-                      ftar_coord_port(o->coord), o->nonce);
+  /* logged: the worker replays its STEP lines after it (metrics.jsonl has the rest) */
+  evbuffer_add_printf(out, "WELCOME run=%s coord=%s:%d mode=adopt nonce=%s logged=%lld\n", run, o->adv_host,
+                      ftar_coord_port(o->coord), o->nonce, (long long)s->logged);
   operator_event(o, s->step, s->slot, "adopted",
                  "replica %d adopted at step %lld (pid %d%s%s): live state, no checkpoint reload", s->slot,
                  (long long)s->step, (int)proto_int(line, "pid", 0), agent[0] ? " on host " : "", agent);

@@ -57,6 +57,7 @@ typedef struct {
   step_record last; /* its latest step report */
   int adopted;      /* a live worker of a previous operator (not our child: its connection is its life) */
   int64_t logged;   /* the last step metrics.jsonl holds for it (a replay drops what is older) */
+  int64_t replayed_to; /* adopted: the step it said HELLO at; its STEP lines up to it are a replay */
   int host;         /* the agent's host it runs on (operator_hosts.c), -1: this host (our child) */
   int last_host;    /* the host it last failed on: a replacement goes elsewhere first */
   int unplaced;     /* waiting for a free slot on a healthy host */

@@ -105,6 +105,8 @@ typedef struct {
   /* opfd and op_nonce change under send_mu and id_mu both; a thread waiting
    * for send_mu reads them under id_mu alone (lock_link) */
   pthread_mutex_t id_mu;
+  char file_nonce[64];     /* RUN/operator.addr's nonce when we linked (a stale copy of the file, or the dead
+                            * operator's not yet rewritten, is no newer operator) */
   char op_nonce[64];       /* the nonce of the operator we are linked to (its WELCOME's; RUN/operator.addr's second
                             * line names the newest operator's; "": unknown, and a worker that does not see RUN
                             * learns of a restart only when its link fails) */
@@ -112,6 +114,7 @@ typedef struct {
   char me_donor[300];      /* our donor service, host:port, for HELLO live=1 */
   volatile int64_t cur_step; /* the latest step reported (the link thread's HELLO) */
   char **replay;           /* the last REPLAY STEP lines, a ring (malloc'd; NULL: none, or no memory) */
+  int64_t *replay_step;    /* and their steps */
   int nreplay;
   pthread_t hb;
   atomic_int hb_stop;
@@ -169,7 +172,14 @@ static void link_down(worker *w, const char *why) {
 static int operator_replaced(const worker *w) {
   char addr[300], nonce[64];
   if (!w->op_nonce[0] || opaddr_read_nonce(w->run, addr, sizeof addr, nonce, sizeof nonce)) return 0;
-  return nonce[0] && strcmp(nonce, w->op_nonce) != 0;
+  return nonce[0] && strcmp(nonce, w->op_nonce) != 0 && strcmp(nonce, w->file_nonce) != 0;
+}
+
+/* The nonce RUN/operator.addr holds now ("" when none): what it says as we
+ * link is not news of a newer operator (operator_replaced). */
+static void note_file_nonce(worker *w) {
+  char addr[300];
+  if (opaddr_read_nonce(w->run, addr, sizeof addr, w->file_nonce, sizeof w->file_nonce)) w->file_nonce[0] = 0;
 }
 
 /* Ends the link to an operator a restarted one replaced: shut down, a send
@@ -251,6 +261,21 @@ static void bound_sends(const worker *w, int fd) {
 
 static void agent_words(char *out, size_t n);
 
+/* Our STEP lines after step `logged` (what RUN/metrics.jsonl holds for us,
+ * the restarted operator's WELCOME says), oldest first (send_mu held). A
+ * failed send is the link lost again: the lines stay for the next one. */
+static void replay_steps(worker *w, int64_t logged) {
+  int n = w->nreplay < REPLAY ? w->nreplay : REPLAY;
+  for (int i = w->nreplay - n; i < w->nreplay; i++) {
+    const char *line = w->replay[i % REPLAY];
+    if (!line || w->replay_step[i % REPLAY] <= logged) continue;
+    if (proto_send(w->opfd, "%s", line)) {
+      link_down(w, tr_error());
+      return;
+    }
+  }
+}
+
 /* One try at a restarted operator: HELLO live=1 with our step, its WELCOME
  * (the new coordinator), FTAR re-registered, then the link swapped in and
  * our last STEP lines replayed before any new one. 0 when back. */
@@ -292,13 +317,12 @@ static int link_try(worker *w) {
    * connected, which may still have named the dead one (a restarted
    * operator listens before it writes the file) */
   proto_get(line, "nonce", w->op_nonce, sizeof w->op_nonce);
+  note_file_nonce(w);
   w->superseded = 0;
   pthread_mutex_unlock(&w->id_mu);
   w->rd = rd; /* with whatever came after the WELCOME */
   w->down = 0;
-  int n = w->nreplay < REPLAY ? w->nreplay : REPLAY;
-  for (int i = w->nreplay - n; i < w->nreplay; i++)
-    if (w->replay[i % REPLAY]) proto_send(fd, "%s", w->replay[i % REPLAY]);
+  replay_steps(w, proto_int(line, "logged", -1));
   pthread_cond_broadcast(&w->link_cv);
   pthread_mutex_unlock(&w->send_mu);
   fprintf(stderr, "worker %d: adopted by the operator at %s:%d at step %lld\n", w->slot, host, port,
@@ -612,14 +636,18 @@ static int hook_report(void *ud, const step_record *r) {
   if (step_record_line(body, sizeof body, r) < 0) return tr_fail(TR_EINVAL, "step record too long");
   char line[PROTO_LINE_MAX];
   snprintf(line, sizeof line, "STEP slot=%d %s", w->slot, body);
-  lock_link(w); /* kept for a restarted operator, in order with the replay */
+  /* kept for a restarted operator and sent in one hold of the link: a
+   * relink in between would replay it and we would send it again */
+  lock_link(w);
   char **kept = &w->replay[w->nreplay % REPLAY];
   free(*kept);
   *kept = strdup(line);
+  w->replay_step[w->nreplay % REPLAY] = r->step;
   w->nreplay++;
   w->cur_step = r->step;
+  if (!w->down && proto_send(w->opfd, "%s", line)) link_down(w, tr_error()); /* waited for at the step boundary */
   pthread_mutex_unlock(&w->send_mu);
-  return SEND(w, "%s", line);
+  return TR_OK;
 }
 
 static int hook_eval(void *ud, int64_t step, float val) {
@@ -874,7 +902,10 @@ int worker_main(int argc, char **argv) {
   w.pad_ms = pad ? atoi(pad) : 0;
 
   char line[PROTO_LINE_MAX], *run = w.run, coord[300], donor_addr[300], mode[16];
-  if (!(w.replay = calloc(REPLAY, sizeof *w.replay))) return 1;
+  if (!(w.replay = calloc(REPLAY, sizeof *w.replay)) || !(w.replay_step = calloc(REPLAY, sizeof *w.replay_step))) {
+    free(w.replay);
+    return 1;
+  }
   lua_State *L = NULL;
   ckpt_engine *ck = NULL;
   if ((rc = auth_secret_from_env(&w.secret))) goto fail;
@@ -883,6 +914,7 @@ int worker_main(int argc, char **argv) {
   if (w.opfd < 0 || (rc = auth_client(w.opfd, &w.secret, 30.0)) || (rc = welcome(&w, line, sizeof line))) goto fail;
   proto_get(line, "run", run, sizeof w.run);
   proto_get(line, "nonce", w.op_nonce, sizeof w.op_nonce); /* this operator's: a newer one is a restart */
+  note_file_nonce(&w);
   proto_get(line, "coord", coord, sizeof coord);
   proto_get(line, "mode", mode, sizeof mode);
   proto_get(line, "donor", donor_addr, sizeof donor_addr);
@@ -942,5 +974,6 @@ done:
   if (w.opfd >= 0) close(w.opfd);
   for (int i = 0; i < REPLAY; i++) free(w.replay[i]);
   free(w.replay);
+  free(w.replay_step);
   return exit_code;
 }
