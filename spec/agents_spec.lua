@@ -789,6 +789,52 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert.equal(0, wait_exit(rc_of, T(60)), read(run .. ".out"))
   end)
 
+  -- ./test.sh --long: the operator killed 4 times in a 600-step job on two
+  -- agents' hosts, each time restarted with --resume (at the agents'
+  -- address, or at another port found through RUN/operator.addr), and a
+  -- worker killed between restarts. The job finishes, the replicas agree,
+  -- every restart adopted live workers, and metrics.jsonl holds every step.
+  it("soak: the operator killed 4 times under agents, workers killed between (TRANSOM_LONG=1)", function()
+    if os.getenv("TRANSOM_LONG") ~= "1" then return pending("the soak runs with ./test.sh --long (TRANSOM_LONG=1)") end
+    if not have_ns then pending(probe) return end
+    if not have_corpus then pending("no corpus at " .. CORPUS) return end
+    up(3)
+    local run, STEPS = tmp .. "/asoak", 600
+    local opid = S.spawn_rc(job(run, "--set max_steps=" .. STEPS .. " --set operator_grace=" .. math.ceil(T(20))),
+      run .. ".out")
+    for k = 2, 3 do agent(k, run) end
+    math.randomseed(os.time())
+    local rc_of, kills = nil, 0
+    local function count(pattern) return select(2, events(run):gsub(pattern, "")) end
+    for round = 1, 4 do
+      assert(wait_step(run, round * 110 + math.random(0, 30)), "no progress in round " .. round)
+      if round > 1 then -- a worker killed first, while this operator lives: replaced, joins
+        local joins = count("replica_ready[^\n]*join")
+        local pid = sh(BIN .. " chaos " .. run .. " status"):match("running pid (%d+)")
+        if pid then sh("kill -9 " .. pid) kills = kills + 1 end
+        assert(S.wait_for(function() return count("replica_ready[^\n]*join") > joins end, T(30)), events(run))
+        assert(wait_step(run, best_step(run) + 10), "no progress after the worker kill in round " .. round)
+      end
+      sh("kill -9 " .. opid)
+      sleep(0.2 + math.random() * 1.5)
+      local adoptions = count('"kind":"adoption"')
+      -- at the agents' --operator address, or at another port (RUN/operator.addr)
+      opid, rc_of = S.spawn_rc(TH .. " exec " .. NAME .. " 1 env MASTER_ADDR=10.77.0.1 MASTER_PORT=" ..
+        (round % 2 == 0 and PORT or PORT + 1) .. " TRANSOM_TEST_STEP_MS=40 " .. BIN .. " run --resume " .. run,
+        run .. ".out" .. round)
+      assert(S.wait_for(function() return count('"kind":"adoption"') > adoptions end, T(30)), events(run))
+    end
+    assert.equal(0, wait_exit(rc_of, T(300)), read(run .. ".out4"))
+    local ev = events(run)
+    assert.matches("replicas_agree", ev, 1, true)
+    assert.equal(4, count('"kind":"adoption"'), ev) -- each restart adopted live workers (none: no adoption event)
+    local seen = {}
+    for step in (read(run .. "/metrics.jsonl") or ""):gmatch('{"step":(%d+),"worker"') do seen[tonumber(step)] = true end
+    for step = 1, STEPS do assert(seen[step], "step " .. step .. " is missing from metrics.jsonl") end
+    print(string.format("\n  agents soak: 4 operator kills, %d worker kills, %d adoptions", kills,
+      select(2, ev:gsub('"kind":"adopted"', ""))))
+  end)
+
   it("SIGTERM to the operator while a host is cut off: a checkpoint and exit 0, bounded", function()
     if not have_ns then pending(probe) return end
     if not have_corpus then pending("no corpus at " .. CORPUS) return end
