@@ -451,6 +451,15 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     return run, opid, agents, function(k) return read(run .. "-agent" .. k .. ".log") or "" end
   end
 
+  -- A restarted operator's events ev: both replicas adopted live, nothing
+  -- started, failed or killed.
+  local function adopted_both(ev)
+    assert.matches("2 of 2 replicas adopted live", ev, 1, true)
+    assert.is_nil(ev:find('"kind":"spawn"', 1, true), ev)
+    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
+    assert.is_nil(ev:find("stale_worker", 1, true), ev)
+  end
+
   -- `transom run --resume RUN` on host 1 with MASTER_PORT port: its exit status reader.
   local function resume_on_h1(run, port, envs)
     return select(2, S.spawn_rc(TH .. " exec " .. NAME .. " 1 env MASTER_ADDR=10.77.0.1 MASTER_PORT=" .. port ..
@@ -483,10 +492,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     local rc = wait_exit(resume_on_h1(run, PORT + 1), T(120))
     assert.equal(0, rc, (read(run .. ".out2") or "") .. alog(2) .. alog(3))
     local ev = events(run):sub(before + 1)
-    assert.matches("2 of 2 replicas adopted live", ev, 1, true)
-    assert.is_nil(ev:find('"kind":"spawn"', 1, true), ev)
-    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
-    assert.is_nil(ev:find("stale_worker", 1, true), ev)
+    adopted_both(ev)
     assert.equal(2, select(2, ev:gsub("1 worker%(s%) it kept are ours", "")), ev)
     for k = 2, 3 do
       -- the very process its agent started before the kill, adopted as that agent's
@@ -516,10 +522,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     sh("kill -KILL " .. opid)
     assert.equal(0, rc, (read(run .. ".out2") or "") .. alog(2) .. alog(3))
     local ev = events(run):sub(before + 1)
-    assert.matches("2 of 2 replicas adopted live", ev, 1, true)
-    assert.is_nil(ev:find('"kind":"spawn"', 1, true), ev)
-    assert.is_nil(ev:find('"kind":"replica_failed"', 1, true), ev)
-    assert.is_nil(ev:find("stale_worker", 1, true), ev)
+    adopted_both(ev)
     for k = 2, 3 do
       assert.matches("lost the operator: RUN/operator.addr names a restarted operator", alog(k), 1, true)
       assert.matches("registered with the operator at 10.77.0.1:" .. (PORT + 1), alog(k), 1, true)
