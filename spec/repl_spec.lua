@@ -68,8 +68,19 @@ local function assert_aligned(lines, first_col)
   end
 end
 
+-- The REPL in a new tmux session. Its stderr and exit status go to
+-- tmp/attach.err: an attach that ends at once takes the session and the
+-- tmux server with it ("server exited unexpectedly"), and says why there.
 local function attach(run)
-  assert(os.execute(TMUX .. " new-session -d -s repl -x 200 -y 60 " .. q(BIN .. " attach " .. run)))
+  local err = tmp .. "/attach.err"
+  local cmd = BIN .. " attach " .. q(run) .. " 2>>" .. q(err) .. "; echo \"attach exited: $?\" >>" .. q(err)
+  local ok = os.execute(TMUX .. " new-session -d -s repl -x 200 -y 60 " .. q(cmd))
+  if not ok then
+    local alive = select(2, sh("test -S " .. q(run .. "/control.sock"))) == 0
+    error(string.format("tmux could not start the REPL session; %s:\n%s\ncontrol.sock %s; the job's log ends:\n%s",
+      err, S.read(err) or "(nothing)", alive and "exists" or "is gone",
+      (S.read(tmp .. "/op.log") or ""):sub(-3000)))
+  end
   wait_screen("transom>$", "the prompt")
 end
 
