@@ -127,7 +127,8 @@ static const char agent_usage[] =
     "TRANSOM_SECRET_FILE=path): the operator refuses an agent without it.\n"
     "MASTER_ADDR/MASTER_PORT stand in for --operator (srun, one task per node).\n"
     "The operator lost: the workers go on while the agent registers again with a\n"
-    "restarted one (`transom run --resume RUN`, at the same address) for\n"
+    "restarted one (`transom run --resume RUN`: at the address RUN/operator.addr\n"
+    "names, RUN being --secret-file's directory, else at --operator) for\n"
     "operator_grace seconds, which adopts them.\n"
     "Exit status: 0 stopped (SIGTERM/SIGINT, or the job ended), 1 the operator was lost\n"
     "(none came back within operator_grace) or refused us, 2 usage.\n";
@@ -546,8 +547,8 @@ static int rejoin_try(agent *a, double answer_s) {
 }
 
 /* The operator was lost: our workers go on (they wait for a restarted
- * operator themselves); for the grace we register again with whatever
- * listens at --operator, naming them. 0: registered; else given up (or
+ * operator themselves); for the grace we register again, naming them
+ * (rejoin_try: RUN/operator.addr's address, then --operator). 0: registered; else given up (or
  * stopped: stop_sig). */
 static int rejoin(agent *a, const char *why) {
   fprintf(stderr, "agent %s: lost the operator: %s; keeping our %d worker(s), waiting up to %.0f s for a restarted one\n",
