@@ -470,8 +470,9 @@ describe("replicas across hosts (transom agent on test hosts)", function()
   -- hosts. Before, each agent stopped its workers and exited 1 when its
   -- operator's connection closed: a restart had to start agents again and
   -- resume from the newest checkpoint, the steps since lost. Now the agents
-  -- keep their workers and register again with the operator restarted at
-  -- the same address (`transom run --resume`), naming them (AGENT live=);
+  -- keep their workers and register again with the operator restarted on
+  -- another port (`transom run --resume`; they find it through
+  -- RUN/operator.addr), naming them (AGENT live=);
   -- the workers say HELLO live=1 naming their agent: both adopted, no
   -- replacement, every step once; at the end the operator tells the
   -- agents (END) and they exit 0 at once, not after operator_grace.
