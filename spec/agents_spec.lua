@@ -86,6 +86,20 @@ local function wait_step(run, n)
   return false
 end
 
+-- the job at run has logged step n (within 30 s, scaled); else an error
+-- that shows the operator's output, its last events and the workers' logs
+local function progress(run, n)
+  if wait_step(run, n) then return end
+  local function tail(f) return ((read(f) or ""):sub(-1500)) end
+  local msg = { "no progress to step " .. n .. " (best " .. best_step(run) .. ")",
+    "--- operator " .. run .. ".out:", tail(run .. ".out"), "--- events:", tail(run .. "/events.jsonl") }
+  for f in sh("ls " .. run .. "-*.log " .. run .. "/worker-*.log 2>/dev/null"):gmatch("[^\n]+") do
+    msg[#msg + 1] = "--- " .. f .. ":"
+    msg[#msg + 1] = tail(f)
+  end
+  error(table.concat(msg, "\n"), 2)
+end
+
 -- per worker, its steps in order, and the replicas each step averaged
 local function steps_by_worker(run)
   local by = {}
@@ -237,7 +251,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     local opid = S.spawn_rc(job(run), run .. ".out")
     local apid, arc = agent(2, run)
     agent(3, run)
-    assert(wait_step(run, 20), "no progress")
+    progress(run, 20)
     local v = events(run):match("replica (%d) placed on host h2")
     assert(v, events(run))
     sh("kill -STOP " .. opid)
@@ -290,7 +304,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     local run, steps, pad = tmp .. "/paused", long and 500 or 400, "TRANSOM_TEST_STEP_MS=100"
     local opid, rc_of = S.spawn_rc(job(run, "--set max_steps=" .. steps), run .. ".out")
     local agents = { { k = 2, pid = agent(2, run, nil, pad) }, { k = 3, pid = agent(3, run, nil, pad) } }
-    assert(wait_step(run, 40), "no progress")
+    progress(run, 40)
     local workers = {}
     for k = 2, 3 do workers[k] = tonumber((read(run .. "-agent" .. k .. ".log") or ""):match("started %(pid (%d+)%)")) end
     local STUCK_S = long and 35 or 12 -- none of an agent's bytes taken this long (os.time: whole seconds)
@@ -355,7 +369,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
         PORT .. " TRANSOM_SECRET_FILE=" .. run .. "/secret TRANSOM_TEST_STEP_MS=40 " .. BIN .. " worker",
         run .. "-w" .. r .. ".log")
     end
-    assert(wait_step(run, 40), "no progress")
+    progress(run, 40)
     sh(TH .. " cut " .. NAME .. " 1")
     sh("kill -KILL " .. opid)
     local function wlog(r) return read(run .. "-w" .. r .. ".log") or "" end
@@ -400,7 +414,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     small_buffers({ 1 }, 4096)
     local run, steps = tmp .. "/frozen", 150
     local opid = S.spawn_rc(job(run, "--set hosts=0 --set max_steps=" .. steps), run .. ".out")
-    assert(wait_step(run, 40), "no progress")
+    progress(run, 40)
     local wpid = {}
     local status = sh(BIN .. " chaos " .. run .. " status")
     for r = 0, 1 do wpid[r] = tonumber(status:match("replica " .. r .. ": running pid (%d+)")) end
@@ -447,7 +461,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
       S.write(copy .. "/operator.addr", "10.77.0.1:" .. PORT .. "\n0123456789abcdef01234567\n")
     end
     for k = 2, 3 do agents[k] = select(2, agent(k, run, nil, nil, k == stale_k and copy .. "/secret" or nil)) end
-    assert(wait_step(run, 40), "no progress")
+    progress(run, 40)
     return run, opid, agents, function(k) return read(run .. "-agent" .. k .. ".log") or "" end
   end
 
@@ -592,7 +606,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert(v, events(run))
     local other = 1 - v
     local wpid
-    assert(wait_step(run, 50), "no progress")
+    progress(run, 50)
     wpid = tonumber(sh(BIN .. " chaos " .. run .. " status"):match("replica " .. v .. ": running pid (%d+)"))
     assert(wpid, "no pid for replica " .. v)
     local stopped = false
@@ -696,7 +710,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert(wait_event(run, "cordon[^\n]*host h4 %(10.77.0.4%) cordoned[^\n]*from attach"), events(run))
     out = sh(BIN .. " attach " .. run .. " -e 'cordon(\"h9\")'")
     assert.matches("no such host", out, 1, true)
-    assert(wait_step(run, 60), "no progress")
+    progress(run, 60)
     local first = events(run):match('replica 1 placed on host h(%d)')
     sh(TH .. " kill " .. NAME .. " " .. first)
     -- the only free host is cordoned: the replacement waits
@@ -720,7 +734,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     assert(wait_event(run, '"kind":"start"'), events(run))
     agent(4, run)
     assert(wait_event(run, "host_joined[^\n]*host h4"), events(run))
-    assert(wait_step(run, 60), "no progress")
+    progress(run, 60)
     local first = events(run):match('replica 1 placed on host h(%d)')
     sh(TH .. " kill " .. NAME .. " " .. first) -- agent and workers at once
     assert(wait_event(run, "host_lost[^\n]*host h" .. first, T(30)), events(run))
@@ -754,7 +768,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     -- the spare advertises loopback: its workers' ports are unreachable from h2 and h3
     agent(4, run, "--addr 127.0.0.1")
     assert(wait_event(run, "host_joined[^\n]*host h4"), events(run))
-    assert(wait_step(run, 60), "no progress")
+    progress(run, 60)
     local first = events(run):match('replica 1 placed on host h(%d)')
     sh(TH .. " kill " .. NAME .. " " .. first)
     assert(wait_event(run, "replica 1 placed on host h4", T(30)), events(run))
@@ -781,7 +795,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     local pid, rc_of = S.spawn_rc(job(run), run .. ".out")
     agent(2, run)
     agent(3, run)
-    assert(wait_step(run, 30), "no progress")
+    progress(run, 30)
     local slowed = events(run):match('replica 1 placed on host h(%d)')
     local out, rc = sh(TH .. " slow " .. NAME .. " " .. slowed .. " 10mbit")
     assert(rc == 0, out)
@@ -847,7 +861,7 @@ describe("replicas across hosts (transom agent on test hosts)", function()
     local pid, rc_of = S.spawn_rc(job(run, "--set checkpoint.every_steps=1000"), run .. ".out")
     agent(2, run)
     agent(3, run)
-    assert(wait_step(run, 60), "no progress")
+    progress(run, 60)
     sh(TH .. " cut " .. NAME .. " 3")
     sh("kill -TERM " .. pid)
     local rc = wait_exit(rc_of, T(60))
