@@ -4,7 +4,12 @@
  * queues those that proved the job secret; the session thread serves the
  * queue one joiner at a time, oldest first. The listener keeps answering
  * while a session runs, so a joiner queued behind another is challenged at
- * once and only waits for its snapshot. */
+ * once and only waits for its snapshot. A joiner that has caught up makes
+ * way for the next one at once but keeps its connection ("parked"): in the
+ * ring, its first collective may still find the group a step ahead
+ * (FTAR_ESEQ: the survivors held that step's full result when they lost
+ * their peers), and the session thread answers such a late request between
+ * its other work, from the same history. */
 #include "auth.h"
 #include "donor.h"
 
@@ -23,6 +28,7 @@
 #include "util.h"
 
 #define DONOR_QUEUE_MAX 8
+#define DONOR_PARKED_MAX 8
 
 struct donor {
   trainer *t;
@@ -54,6 +60,15 @@ struct donor {
    * held until the group could overwrite its first slot, and then sends
    * what it recorded meanwhile; once a process */
   int outrun_hook;
+  /* caught-up joiners whose session made way for another: their late
+   * GRADS requests are answered from the history, which stays on while
+   * any is parked (the session thread's alone) */
+  struct {
+    proto_reader r;
+    double last; /* their last request (or when parked) */
+  } parked[DONOR_PARKED_MAX];
+  int npark;
+  int in_session; /* the session thread serves a joiner (its own) */
 };
 
 int donor_wants(donor *d, int64_t step) {
@@ -107,47 +122,110 @@ void donor_boundary(donor *d) {
       d->snap_step = b.step;
       d->snap_opt = b.opt_steps;
       d->snap_ready = 1;
+      /* a history recorded up to here goes on (a parked joiner may still
+       * need its first steps); otherwise it starts after the snapshot */
+      if (!d->hist_on || d->last != b.step) {
+        d->first = b.step + 1;
+        d->last = b.step;
+      }
       d->hist_on = 1;
-      d->first = b.step + 1;
-      d->last = b.step;
       pthread_cond_broadcast(&d->cv);
     }
   }
   pthread_mutex_unlock(&d->mu);
 }
 
+/* The history stops once no joiner can ask for it: no session, none parked. */
 static void end_session(donor *d) {
   pthread_mutex_lock(&d->mu);
   d->snap_req = d->snap_ready = 0;
-  d->hist_on = 0;
+  if (d->npark == 0) d->hist_on = 0;
   d->pin_on = 0;
   pthread_mutex_unlock(&d->mu);
 }
 
-/* The joiner's next request, waiting in short polls (so that donor_stop is
- * seen) up to DONOR_IDLE_S between requests: a joiner may load the snapshot
- * into a device, or be paused, for a while before it asks for gradients.
- * A joiner that has caught up (its last reply held at most one step: it is
- * entering the ring) keeps the session only for a late step it may still
- * miss; once another joiner waits in the queue, DONOR_YIELD_S of silence
- * ends it. Below min_replicas the group waits for that other joiner, and
- * the one in the ring never asks again (it would hold the donor for
- * DONOR_IDLE_S). Returns 1 with a line, 0 when the joiner left or went
- * silent. */
+static int answer_grads(donor *d, int fd, int64_t from, int first_grads, int *caught_up);
+
+/* Parks a caught-up joiner's connection (its reader holds nothing yet). */
+static void park(donor *d, int fd) {
+  if (d->npark == DONOR_PARKED_MAX) {
+    fprintf(stderr, "donor: %d caught-up joiners parked already: this one's session ends\n", DONOR_PARKED_MAX);
+    close(fd);
+    return;
+  }
+  pthread_mutex_lock(&d->mu); /* npark is read under mu by end_session's callers */
+  d->parked[d->npark].r = (proto_reader){.fd = fd};
+  d->parked[d->npark].last = tr_now();
+  d->npark++;
+  pthread_mutex_unlock(&d->mu);
+}
+
+static void unpark(donor *d, int i) {
+  close(d->parked[i].r.fd);
+  pthread_mutex_lock(&d->mu);
+  d->parked[i] = d->parked[--d->npark];
+  if (d->npark == 0 && !d->in_session) d->hist_on = 0;
+  pthread_mutex_unlock(&d->mu);
+}
+
+/* One request from parked joiner i, whose bytes are waiting: GRADS is
+ * answered, anything else (BYE: it is in the ring) or a closed connection
+ * ends it. */
+static void parked_request(donor *d, int i) {
+  char line[PROTO_LINE_MAX];
+  int caught_up;
+  if (proto_read(&d->parked[i].r, line, sizeof line, 10000) != 1 || !proto_is(line, "GRADS") ||
+      answer_grads(d, d->parked[i].r.fd, proto_int(line, "from", -1), 0, &caught_up)) {
+    unpark(d, i);
+    return;
+  }
+  d->parked[i].last = tr_now();
+}
+
+/* Waits up to timeout_ms for fd (-1: none) to be readable, answering the
+ * parked joiners' requests meanwhile; those silent for DONOR_IDLE_S are let
+ * go. 1 when fd is readable, else 0. */
 #define DONOR_IDLE_S 120.0
-#define DONOR_YIELD_S 10.0
+static int wait_readable(donor *d, int fd, int timeout_ms) {
+  struct pollfd p[1 + DONOR_PARKED_MAX];
+  int np = d->npark, buffered = 0;
+  p[0] = (struct pollfd){fd, POLLIN, 0};
+  for (int i = 0; i < np; i++) {
+    p[1 + i] = (struct pollfd){d->parked[i].r.fd, POLLIN, 0};
+    buffered |= d->parked[i].r.len > 0;
+  }
+  if (poll(p, (nfds_t)(1 + np), buffered ? 0 : timeout_ms) < 0) return 0;
+  double now = tr_now();
+  for (int i = np - 1; i >= 0; i--) { /* from the end: an unpark moves the last entry into i */
+    if (p[1 + i].revents || d->parked[i].r.len > 0) parked_request(d, i);
+    else if (now - d->parked[i].last > DONOR_IDLE_S) {
+      fprintf(stderr, "donor: a parked joiner silent for %.0f s: its connection ends\n", DONOR_IDLE_S);
+      unpark(d, i);
+    }
+  }
+  return fd >= 0 && p[0].revents != 0;
+}
+
+/* The joiner's next request, waiting in short polls (so that donor_stop is
+ * seen; parked joiners are answered meanwhile) up to DONOR_IDLE_S between
+ * requests: a joiner may load the snapshot into a device, or be paused, for
+ * a while before it asks for gradients. A joiner that has caught up (its
+ * last reply held at most one step: it is entering the ring) is parked as
+ * soon as another joiner waits in the queue: below min_replicas the group
+ * waits for that other joiner, and the one in the ring asks again only if
+ * its first collective finds the group ahead. Returns 1 with a line, 2 to
+ * park the connection, 0 when the joiner left or went silent. */
 static int next_request(donor *d, proto_reader *r, char *line, size_t n, int caught_up) {
-  double t0 = tr_now(), idle_end = t0 + DONOR_IDLE_S;
+  double idle_end = tr_now() + DONOR_IDLE_S;
   while (!d->stop && tr_now() < idle_end) {
-    struct pollfd p = {r->fd, POLLIN, 0};
-    if (r->len == 0 && poll(&p, 1, 200) == 0) {
-      if (!caught_up || tr_now() - t0 < DONOR_YIELD_S) continue;
+    if (r->len == 0 && !wait_readable(d, r->fd, 200)) {
+      if (!caught_up) continue;
       pthread_mutex_lock(&d->mu);
       int waiting = d->nq;
       pthread_mutex_unlock(&d->mu);
       if (!waiting) continue;
-      fprintf(stderr, "donor: the joiner caught up %.0f s ago and another waits: its session ends\n", DONOR_YIELD_S);
-      return 0;
+      fprintf(stderr, "donor: the joiner caught up and another waits: it is parked, its session ends\n");
+      return 2;
     }
     return proto_read(r, line, n, 10000) == 1; /* the rest of a started line comes promptly */
   }
@@ -179,17 +257,49 @@ static void outrun_wait(donor *d, int64_t from) {
     cv_wait_10ms(d);
 }
 
-/* Serves one joiner connection until it leaves. */
+/* Answers GRADS from=`from`: the steps recorded from there on, or GONE
+ * when the history does not reach back to it. *caught_up: the reply held
+ * at most one step. 0, or nonzero when the connection failed. */
+static int answer_grads(donor *d, int fd, int64_t from, int first_grads, int *caught_up) {
+  pthread_mutex_lock(&d->mu);
+  /* wait briefly for the step to be recorded: the group may be mid-step */
+  double t_end = tr_now() + 0.2;
+  while (d->hist_on && from > d->last && tr_now() < t_end && !d->stop) cv_wait_10ms(d);
+  int gone = !d->hist_on || from < d->first;
+  int64_t first = d->first, last = d->last;
+  if (!gone) d->pin_on = 1, d->pin = from;
+  if (!gone && first_grads && d->outrun_hook) {
+    d->outrun_hook = 0;
+    outrun_wait(d, from);
+    last = d->last; /* what the group recorded meanwhile: all pinned */
+  }
+  pthread_mutex_unlock(&d->mu);
+  *caught_up = 0;
+  if (gone) return proto_send(fd, "GONE first=%lld", (long long)first) != 0;
+  int64_t count = from <= last ? last - from + 1 : 0;
+  *caught_up = count <= 1;
+  int bad = proto_send(fd, "GRADS first=%lld count=%lld", (long long)from, (long long)count) != 0;
+  for (int64_t s = from; s <= last && !bad; s++) /* pinned: donor_record leaves these slots alone */
+    bad = net_send_all(fd, d->ring[s % d->cap], sizeof(float) * (size_t)d->n) != 0;
+  pthread_mutex_lock(&d->mu);
+  d->pin_on = 0;
+  pthread_mutex_unlock(&d->mu);
+  return bad;
+}
+
+/* Serves one joiner connection until it leaves (0: close it) or is parked
+ * (1: the connection is the parked list's now). */
 #define SNAP_WAIT_S 60.0 /* the donor's wait for a step boundary to snapshot at */
 /* The joiner's wait for the SNAP reply: the donor's own wait, and a
  * session ahead of ours in its queue (a joiner loading its snapshot). */
 #define JOINER_SNAP_WAIT_S (3 * SNAP_WAIT_S)
-static void serve(donor *d, int fd) {
+static int serve(donor *d, int fd) {
   proto_reader r = {.fd = fd};
   char line[PROTO_LINE_MAX];
   int after_snap = 0; /* the next GRADS is the joiner's first after its snapshot */
   int caught_up = 0;  /* the last GRADS reply held at most one step */
-  while (next_request(d, &r, line, sizeof line, caught_up)) {
+  int got, parked = 0;
+  while ((got = next_request(d, &r, line, sizeof line, caught_up)) == 1) {
     int first_grads = after_snap;
     after_snap = 0;
     caught_up = 0;
@@ -203,8 +313,18 @@ static void serve(donor *d, int fd) {
       d->snap_req = 1;
       d->snap_ready = 0;
       /* a donor whose loop is held longer than this (its operator lost,
-       * say) ends the session and frees itself for the next joiner */
-      for (double end = tr_now() + SNAP_WAIT_S; !d->snap_ready && !d->stop && tr_now() < end;) cv_wait_10ms(d);
+       * say) ends the session and frees itself for the next joiner; parked
+       * joiners are answered meanwhile (the group may wait for one of them
+       * before it reaches the boundary we wait for) */
+      for (double end = tr_now() + SNAP_WAIT_S; !d->snap_ready && !d->stop && tr_now() < end;) {
+        if (d->npark == 0) {
+          cv_wait_10ms(d);
+          continue;
+        }
+        pthread_mutex_unlock(&d->mu);
+        wait_readable(d, -1, 10);
+        pthread_mutex_lock(&d->mu);
+      }
       int ready = d->snap_ready;
       pthread_mutex_unlock(&d->mu);
       if (d->stop) break;
@@ -217,38 +337,17 @@ static void serve(donor *d, int fd) {
           net_send_all(fd, d->snap, sizeof(float) * 3 * (size_t)d->n))
         break;
     } else if (proto_is(line, "GRADS")) {
-      int64_t from = proto_int(line, "from", -1);
-      pthread_mutex_lock(&d->mu);
-      /* wait briefly for the step to be recorded: the group may be mid-step */
-      double t_end = tr_now() + 0.2;
-      while (d->hist_on && from > d->last && tr_now() < t_end && !d->stop) cv_wait_10ms(d);
-      int gone = !d->hist_on || from < d->first;
-      int64_t first = d->first, last = d->last;
-      if (!gone) d->pin_on = 1, d->pin = from;
-      if (!gone && first_grads && d->outrun_hook) {
-        d->outrun_hook = 0;
-        outrun_wait(d, from);
-        last = d->last; /* what the group recorded meanwhile: all pinned */
-      }
-      pthread_mutex_unlock(&d->mu);
-      if (gone) {
-        if (proto_send(fd, "GONE first=%lld", (long long)first)) break;
-        continue;
-      }
-      int64_t count = from <= last ? last - from + 1 : 0;
-      caught_up = count <= 1;
-      int bad = proto_send(fd, "GRADS first=%lld count=%lld", (long long)from, (long long)count) != 0;
-      for (int64_t s = from; s <= last && !bad; s++) /* pinned: donor_record leaves these slots alone */
-        bad = net_send_all(fd, d->ring[s % d->cap], sizeof(float) * (size_t)d->n) != 0;
-      pthread_mutex_lock(&d->mu);
-      d->pin_on = 0;
-      pthread_mutex_unlock(&d->mu);
-      if (bad) break;
+      if (answer_grads(d, fd, proto_int(line, "from", -1), first_grads, &caught_up)) break;
     } else if (proto_is(line, "BYE")) {
       break;
     }
   }
+  if (got == 2) {
+    park(d, fd);
+    parked = 1;
+  }
   end_session(d);
+  return parked;
 }
 
 /* Connections that have been challenged and not answered yet: several at
@@ -348,16 +447,23 @@ static void *session_main(void *arg) {
   donor *d = arg;
   pthread_mutex_lock(&d->mu);
   while (!d->stop) {
-    if (d->nq == 0) {
+    if (d->nq == 0 && d->npark == 0) {
       pthread_cond_wait(&d->cv, &d->mu);
+      continue;
+    }
+    if (d->nq == 0) { /* only parked joiners: answer them, look at the queue every 200 ms */
+      pthread_mutex_unlock(&d->mu);
+      wait_readable(d, -1, 200);
+      pthread_mutex_lock(&d->mu);
       continue;
     }
     int fd = d->queue[0];
     memmove(d->queue, d->queue + 1, sizeof(int) * (size_t)--d->nq);
+    d->in_session = 1;
     pthread_mutex_unlock(&d->mu);
-    serve(d, fd);
-    close(fd);
+    if (!serve(d, fd)) close(fd);
     pthread_mutex_lock(&d->mu);
+    d->in_session = 0;
   }
   pthread_mutex_unlock(&d->mu);
   return NULL;
@@ -420,6 +526,7 @@ void donor_stop(donor *d) {
   pthread_join(d->th, NULL);
   pthread_join(d->session_th, NULL);
   for (int i = 0; i < d->nq; i++) close(d->queue[i]);
+  for (int i = 0; i < d->npark; i++) close(d->parked[i].r.fd);
   close(d->lfd);
   for (int i = 0; i < d->cap; i++) free(d->ring[i]);
   free(d->ring);

@@ -592,8 +592,13 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
   }
   set_phase(w, 0);
   if (rc == FTAR_ESEQ && w->donor_fd >= 0 && res.seq > (uint64_t)next) {
+    /* a joiner whose first collective found the group ahead: the steps it
+     * missed come from its donor, then it computes the group's step */
     int applied = donor_catch_up(w->donor_fd, t, (int64_t)res.seq - 1);
-    return applied < 0 ? applied : LOOP_RECOMPUTE;
+    if (applied < 0) return applied;
+    fprintf(stderr, "worker %d: the group was at step %llu: replayed %d step(s) from the donor\n", w->slot,
+            (unsigned long long)res.seq, applied);
+    return LOOP_RECOMPUTE;
   }
   if (rc < 0) return rc;
   if (donor_wants(w->dn, next)) { /* a joiner is catching up: keep the reduced gradients for it */

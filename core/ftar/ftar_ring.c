@@ -47,6 +47,7 @@
  * its passes through ftar_ring_pass).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -69,14 +70,20 @@
 #define POLL_MS 50
 
 /* --- a fault at an exact point, for tests ---
- * TRANSOM_TEST_FTAR_FAULT="kill|stop:SEQ:FRAMES[:SLOT]": this process raises
- * SIGKILL or SIGSTOP on itself once it has received FRAMES data frames of
- * collective SEQ, so a fault test lands mid-collective every time (a signal
- * from outside may land between collectives). With SLOT, only the member
- * of that slot does (a job's workers all inherit the variable). Read once;
- * unset: nothing. */
+ * TRANSOM_TEST_FTAR_FAULT="kill|stop:SEQ:FRAMES[:SLOT[,SLOT...]]": this
+ * process raises SIGKILL or SIGSTOP on itself once it has received FRAMES
+ * data frames of collective SEQ (FRAMES 0: once it has sent and received
+ * all its data, before its first commit token: its peers hold the full
+ * result and cannot return), so a fault test lands mid-collective every
+ * time (a signal from outside may land between collectives). With SLOTs
+ * (0..63), only the members of those slots do (a job's workers all inherit
+ * the variable). With TRANSOM_TEST_FTAR_FAULT_ONCE=DIR as well, a slot's
+ * fault fires only in the first process that creates DIR/ftar-fault-SLOT
+ * (a replacement, which inherits both, redoes that collective unharmed).
+ * Read once; unset: nothing. */
 static struct {
-  int sig, slot;
+  int sig;
+  uint64_t slots; /* bit s: slot s faults (all ones: every slot) */
   uint64_t seq;
   uint32_t frames;
 } test_fault;
@@ -87,17 +94,42 @@ static void test_fault_read(void) {
   char what[8];
   unsigned long long seq;
   unsigned frames;
-  int slot = -1, k = v ? sscanf(v, "%7[a-z]:%llu:%u:%d", what, &seq, &frames, &slot) : 0;
-  if (k >= 3 && frames > 0) {
-    test_fault.slot = k == 4 ? slot : -1;
-    test_fault.sig = strcmp(what, "kill") == 0 ? SIGKILL : strcmp(what, "stop") == 0 ? SIGSTOP : 0;
-    test_fault.seq = seq;
-    test_fault.frames = frames;
+  int used = 0, k = v ? sscanf(v, "%7[a-z]:%llu:%u%n", what, &seq, &frames, &used) : 0;
+  if (k < 3) return;
+  uint64_t slots = ~(uint64_t)0;
+  if (v[used] == ':') {
+    slots = 0;
+    for (const char *p = v + used + 1; *p;) {
+      char *end;
+      long s = strtol(p, &end, 10);
+      if (end == p || s < 0 || s > 63) return; /* malformed: no fault */
+      slots |= (uint64_t)1 << s;
+      p = *end == ',' ? end + 1 : end;
+      if (*end && *end != ',') return;
+    }
   }
+  test_fault.slots = slots;
+  test_fault.sig = strcmp(what, "kill") == 0 ? SIGKILL : strcmp(what, "stop") == 0 ? SIGSTOP : 0;
+  test_fault.seq = seq;
+  test_fault.frames = frames;
+}
+
+/* Whether this process is the first to fault as `slot` (no _ONCE: always). */
+static int test_fault_first(int slot) {
+  const char *dir = getenv("TRANSOM_TEST_FTAR_FAULT_ONCE");
+  if (!dir) return 1;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/ftar-fault-%d", dir, slot);
+  int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) return 0;
+  close(fd);
+  return 1;
 }
 
 static void test_fault_check(int slot, uint64_t seq, uint32_t frames) {
-  if (test_fault.sig && (test_fault.slot < 0 || test_fault.slot == slot) && seq == test_fault.seq && frames == test_fault.frames) raise(test_fault.sig);
+  if (test_fault.sig && slot >= 0 && slot < 64 && (test_fault.slots >> slot & 1) && seq == test_fault.seq &&
+      frames == test_fault.frames && test_fault_first(slot))
+    raise(test_fault.sig);
 }
 
 /* --- ring state, frame geometry --- */
@@ -454,6 +486,7 @@ static void prep_data(ring *g, undo_log *u) {
 }
 
 static void prep_token(ring *g) {
+  if (g->tok_sent == 0) test_fault_check(g->m->slot, g->seq, 0);
   ftar_hdr h = {.type = FT_TOKEN,
                 .flags = (uint16_t)(g->flags & 0xff00),
                 .epoch = g->ep,
