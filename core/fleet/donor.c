@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "proto.h"
@@ -29,6 +30,7 @@
 
 #define DONOR_QUEUE_MAX 8
 #define DONOR_PARKED_MAX 8
+#define DONOR_SEND_TIMEOUT_S 60 /* the joiner's own wait for a GRADS reply */
 
 struct donor {
   trainer *t;
@@ -65,7 +67,7 @@ struct donor {
    * any is parked (the session thread's alone) */
   struct {
     proto_reader r;
-    double last; /* their last request (or when parked) */
+    int64_t next; /* the step its next GRADS would ask from */
   } parked[DONOR_PARKED_MAX];
   int npark;
   int in_session; /* the session thread serves a joiner (its own) */
@@ -144,18 +146,19 @@ static void end_session(donor *d) {
   pthread_mutex_unlock(&d->mu);
 }
 
-static int answer_grads(donor *d, int fd, int64_t from, int first_grads, int *caught_up);
+static int answer_grads(donor *d, int fd, int64_t from, int first_grads, int *caught_up, int64_t *next);
 
-/* Parks a caught-up joiner's connection (its reader holds nothing yet). */
-static void park(donor *d, int fd) {
+/* Parks a caught-up joiner's connection (its reader holds nothing yet);
+ * next: the step its next GRADS would ask from. */
+static void park(donor *d, int fd, int64_t next) {
   if (d->npark == DONOR_PARKED_MAX) {
     fprintf(stderr, "donor: %d caught-up joiners parked already: this one's session ends\n", DONOR_PARKED_MAX);
     close(fd);
     return;
   }
-  pthread_mutex_lock(&d->mu); /* npark is read under mu by end_session's callers */
+  pthread_mutex_lock(&d->mu); /* written under mu: session_main and end_session read it there */
   d->parked[d->npark].r = (proto_reader){.fd = fd};
-  d->parked[d->npark].last = tr_now();
+  d->parked[d->npark].next = next;
   d->npark++;
   pthread_mutex_unlock(&d->mu);
 }
@@ -174,18 +177,30 @@ static void unpark(donor *d, int i) {
 static void parked_request(donor *d, int i) {
   char line[PROTO_LINE_MAX];
   int caught_up;
+  int64_t next = d->parked[i].next;
   if (proto_read(&d->parked[i].r, line, sizeof line, 10000) != 1 || !proto_is(line, "GRADS") ||
-      answer_grads(d, d->parked[i].r.fd, proto_int(line, "from", -1), 0, &caught_up)) {
+      answer_grads(d, d->parked[i].r.fd, proto_int(line, "from", -1), 0, &caught_up, &next)) {
     unpark(d, i);
     return;
   }
-  d->parked[i].last = tr_now();
+  d->parked[i].next = next;
+}
+
+/* Whether the history can still answer parked joiner i: it is recorded and
+ * reaches back to the step the joiner would ask from (else it could only
+ * be told GONE, so it is let go, and the history may stop). */
+static int parked_servable(donor *d, int i) {
+  pthread_mutex_lock(&d->mu);
+  int ok = d->hist_on && d->first <= d->parked[i].next;
+  pthread_mutex_unlock(&d->mu);
+  return ok;
 }
 
 /* Waits up to timeout_ms for fd (-1: none) to be readable, answering the
- * parked joiners' requests meanwhile; those silent for DONOR_IDLE_S are let
- * go. 1 when fd is readable, else 0. */
-#define DONOR_IDLE_S 120.0
+ * parked joiners' requests meanwhile, and letting go of those the history
+ * no longer reaches. A parked joiner is silent by design (it waits in its
+ * first collective for the group to be whole, however long the other
+ * joiners take): no idle limit. 1 when fd is readable, else 0. */
 static int wait_readable(donor *d, int fd, int timeout_ms) {
   struct pollfd p[1 + DONOR_PARKED_MAX];
   int np = d->npark, buffered = 0;
@@ -195,11 +210,11 @@ static int wait_readable(donor *d, int fd, int timeout_ms) {
     buffered |= d->parked[i].r.len > 0;
   }
   if (poll(p, (nfds_t)(1 + np), buffered ? 0 : timeout_ms) < 0) return 0;
-  double now = tr_now();
   for (int i = np - 1; i >= 0; i--) { /* from the end: an unpark moves the last entry into i */
     if (p[1 + i].revents || d->parked[i].r.len > 0) parked_request(d, i);
-    else if (now - d->parked[i].last > DONOR_IDLE_S) {
-      fprintf(stderr, "donor: a parked joiner silent for %.0f s: its connection ends\n", DONOR_IDLE_S);
+    else if (!parked_servable(d, i)) {
+      fprintf(stderr, "donor: the history no longer holds step %lld for a parked joiner: its connection ends\n",
+              (long long)d->parked[i].next);
       unpark(d, i);
     }
   }
@@ -211,13 +226,17 @@ static int wait_readable(donor *d, int fd, int timeout_ms) {
  * requests: a joiner may load the snapshot into a device, or be paused, for
  * a while before it asks for gradients. A joiner that has caught up (its
  * last reply held at most one step: it is entering the ring) is parked as
- * soon as another joiner waits in the queue: below min_replicas the group
- * waits for that other joiner, and the one in the ring asks again only if
- * its first collective finds the group ahead. Returns 1 with a line, 2 to
- * park the connection, 0 when the joiner left or went silent. */
+ * soon as another joiner waits in the queue, or at DONOR_IDLE_S: below
+ * min_replicas the group waits for the other joiners, and the one in the
+ * ring asks again only if its first collective finds the group ahead.
+ * Returns 1 with a line, 2 to park the connection, 0 when the joiner left
+ * or went silent. */
+#define DONOR_IDLE_S 120.0
 static int next_request(donor *d, proto_reader *r, char *line, size_t n, int caught_up) {
   double idle_end = tr_now() + DONOR_IDLE_S;
-  while (!d->stop && tr_now() < idle_end) {
+  for (;;) {
+    if (d->stop) return 0;
+    if (tr_now() >= idle_end) return caught_up ? 2 : 0;
     if (r->len == 0 && !wait_readable(d, r->fd, 200)) {
       if (!caught_up) continue;
       pthread_mutex_lock(&d->mu);
@@ -229,7 +248,6 @@ static int next_request(donor *d, proto_reader *r, char *line, size_t n, int cau
     }
     return proto_read(r, line, n, 10000) == 1; /* the rest of a started line comes promptly */
   }
-  return 0;
 }
 
 /* Whether the joiner closed its end (its request still buffered): one that
@@ -259,8 +277,9 @@ static void outrun_wait(donor *d, int64_t from) {
 
 /* Answers GRADS from=`from`: the steps recorded from there on, or GONE
  * when the history does not reach back to it. *caught_up: the reply held
- * at most one step. 0, or nonzero when the connection failed. */
-static int answer_grads(donor *d, int fd, int64_t from, int first_grads, int *caught_up) {
+ * at most one step; *next: the step the joiner's next request would start
+ * at. 0, or nonzero when the connection failed. */
+static int answer_grads(donor *d, int fd, int64_t from, int first_grads, int *caught_up, int64_t *next) {
   pthread_mutex_lock(&d->mu);
   /* wait briefly for the step to be recorded: the group may be mid-step */
   double t_end = tr_now() + 0.2;
@@ -278,6 +297,7 @@ static int answer_grads(donor *d, int fd, int64_t from, int first_grads, int *ca
   if (gone) return proto_send(fd, "GONE first=%lld", (long long)first) != 0;
   int64_t count = from <= last ? last - from + 1 : 0;
   *caught_up = count <= 1;
+  *next = from + count;
   int bad = proto_send(fd, "GRADS first=%lld count=%lld", (long long)from, (long long)count) != 0;
   for (int64_t s = from; s <= last && !bad; s++) /* pinned: donor_record leaves these slots alone */
     bad = net_send_all(fd, d->ring[s % d->cap], sizeof(float) * (size_t)d->n) != 0;
@@ -298,6 +318,7 @@ static int serve(donor *d, int fd) {
   char line[PROTO_LINE_MAX];
   int after_snap = 0; /* the next GRADS is the joiner's first after its snapshot */
   int caught_up = 0;  /* the last GRADS reply held at most one step */
+  int64_t next = 0;   /* where the joiner's next GRADS would start */
   int got, parked = 0;
   while ((got = next_request(d, &r, line, sizeof line, caught_up)) == 1) {
     int first_grads = after_snap;
@@ -337,13 +358,13 @@ static int serve(donor *d, int fd) {
           net_send_all(fd, d->snap, sizeof(float) * 3 * (size_t)d->n))
         break;
     } else if (proto_is(line, "GRADS")) {
-      if (answer_grads(d, fd, proto_int(line, "from", -1), first_grads, &caught_up)) break;
+      if (answer_grads(d, fd, proto_int(line, "from", -1), first_grads, &caught_up, &next)) break;
     } else if (proto_is(line, "BYE")) {
       break;
     }
   }
   if (got == 2) {
-    park(d, fd);
+    park(d, fd, next);
     parked = 1;
   }
   end_session(d);
@@ -385,6 +406,11 @@ static void enqueue(donor *d, int fd) {
 /* A new connection: challenged at once (20 bytes fit any fresh socket
  * buffer); with no secret it is queued straight away. */
 static void take_conn(donor *d, pending_conn *pc, int *np, int fd) {
+  /* a joiner that stops reading (SIGSTOP, a hung host) fails our send
+   * after the time it would itself wait for a reply, instead of holding
+   * the session thread, the queue and the parked joiners for ever */
+  struct timeval tv = {.tv_sec = DONOR_SEND_TIMEOUT_S};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   if (d->secret.len == 0) {
     enqueue(d, fd);
     return;
@@ -442,7 +468,8 @@ static void *donor_main(void *arg) {
 }
 
 /* The session thread: serves the queued joiners in the order they proved
- * the secret, one at a time (the snapshot and history are one session's). */
+ * the secret, one at a time (the snapshot buffer is one session's; the
+ * history is shared with the parked joiners), and answers the parked. */
 static void *session_main(void *arg) {
   donor *d = arg;
   pthread_mutex_lock(&d->mu);

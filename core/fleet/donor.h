@@ -5,15 +5,17 @@
  * AdamW moments, step) into a side buffer at the next step boundary — one
  * memcpy, the only work the training thread does for the joiner — and from
  * then on records each step's all-reduced gradient in a bounded history. The
- * listener thread streams the snapshot and then, on "GRADS from=S", the
+ * session thread streams the snapshot and then, on "GRADS from=S", the
  * recorded gradients from step S on. The joiner replays them (clip + AdamW
  * are deterministic), so it reaches the group's parameters bit for bit
  * without the others ever waiting for it. "BYE" (or a closed connection)
- * ends the recording.
+ * ends its session; the recording stops once no joiner is served or parked.
  *
  * A donor serves one joiner at a time, the others wait in its queue in the
- * order they proved the job secret; a joiner that has caught up yields its
- * session after 10 s of silence when another waits.
+ * order they proved the job secret; a joiner that has caught up is parked
+ * as soon as another waits (or its session idles out): it keeps its
+ * connection, and a late GRADS from it (its first collective found the
+ * group a step ahead) is answered between the other sessions' requests.
  *
  * Wire format (after a text header line): raw little-endian float32 arrays.
  * Threads: donor_record/donor_boundary from the training thread only; the

@@ -72,9 +72,10 @@
 /* --- a fault at an exact point, for tests ---
  * TRANSOM_TEST_FTAR_FAULT="kill|stop:SEQ:FRAMES[:SLOT[,SLOT...]]": this
  * process raises SIGKILL or SIGSTOP on itself once it has received FRAMES
- * data frames of collective SEQ (FRAMES 0: once it has sent and received
- * all its data, before its first commit token: its peers hold the full
- * result and cannot return), so a fault test lands mid-collective every
+ * data frames of collective SEQ (FRAMES 0, meant for the flat ring: once
+ * it has sent and received all its data, before its first commit token:
+ * its peers hold the full result and cannot return), so a fault test lands
+ * mid-collective every
  * time (a signal from outside may land between collectives). With SLOTs
  * (0..63), only the members of those slots do (a job's workers all inherit
  * the variable). With TRANSOM_TEST_FTAR_FAULT_ONCE=DIR as well, a slot's
@@ -99,14 +100,18 @@ static void test_fault_read(void) {
   uint64_t slots = ~(uint64_t)0;
   if (v[used] == ':') {
     slots = 0;
-    for (const char *p = v + used + 1; *p;) {
+    const char *p = v + used + 1;
+    for (;;) {
       char *end;
       long s = strtol(p, &end, 10);
-      if (end == p || s < 0 || s > 63) return; /* malformed: no fault */
+      if (end == p || s < 0 || s > 63) return; /* malformed (an empty list too): no fault */
       slots |= (uint64_t)1 << s;
-      p = *end == ',' ? end + 1 : end;
-      if (*end && *end != ',') return;
+      if (*end == 0) break;
+      if (*end != ',') return;
+      p = end + 1;
     }
+  } else if (v[used]) {
+    return; /* trailing junk: no fault */
   }
   test_fault.slots = slots;
   test_fault.sig = strcmp(what, "kill") == 0 ? SIGKILL : strcmp(what, "stop") == 0 ? SIGSTOP : 0;
@@ -121,8 +126,12 @@ static int test_fault_first(int slot) {
   char path[4096];
   snprintf(path, sizeof path, "%s/ftar-fault-%d", dir, slot);
   int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
-  if (fd < 0) return 0;
-  close(fd);
+  if (fd >= 0) {
+    close(fd);
+    return 1;
+  }
+  if (errno == EEXIST) return 0;
+  fprintf(stderr, "TRANSOM_TEST_FTAR_FAULT_ONCE: cannot create %s (%s): the fault fires anyway\n", path, strerror(errno));
   return 1;
 }
 
