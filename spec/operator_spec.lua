@@ -280,6 +280,72 @@ describe("operator (3 replicas)", function()
     assert.equal(clean_crc, ev:match("3 replicas finished with parameter crc32c (%x+)"), ev)
   end)
 
+  -- SIGTERM while the survivors wait below min_replicas (a policy that
+  -- does not replace: the pause lasts): their pending step can never
+  -- finish. Each winds its FTAR member down: the coordinator decides on
+  -- the collective without quorum, nothing more runs, the loop stops at
+  -- the last boundary, the lowest live slot checkpoints it and saves the
+  -- weights, and the operator exits 0 at once. Before, the stop waited for
+  -- that step until the operator killed the replicas 60 s later, with no
+  -- final checkpoint. Returns the step the survivors stopped at and the
+  -- first survivor's log.
+  local function stop_while_paused(name, fault)
+    local pol, run = tmp .. "/" .. name .. "-policies", tmp .. "/" .. name
+    assert(os.execute("mkdir -p " .. pol .. " && cp " .. ROOT .. "/lua/policies/*.lua " .. pol))
+    write(pol .. "/restart.lua", "local M = {}\n" ..
+      "function M.on_failure(ev) return 'none' end\n" ..
+      "function M.on_all_dead(ev) return 'stop' end\n" ..
+      "return M\n")
+    local op, exit_status = spawn_rc((fault and "env " .. fault .. " " or "") ..
+      job(run, "--set max_steps=1000000 --set min_replicas=3 --set policies=" .. pol), run .. ".log")
+    if not fault then
+      assert.is_true(wait_step(run, 30))
+      os.execute("kill -9 " .. pid_of(run, 2))
+    end
+    local paused = false
+    for _ = 1, N(600) do
+      paused = events(run):find('"kind":"paused"', 1, true) ~= nil
+      if paused then break end
+      sleep(0.05)
+    end
+    assert(paused, "no pause below min_replicas: " .. events(run))
+    sleep(0.5) -- the survivors wait in their pending step's all-reduce
+    os.execute("kill -TERM " .. op)
+    assert.is_true(wait_exit(op, 180))
+    local out = read(run .. ".log") or ""
+    assert.equal(0, exit_status(), out)
+    local ev = events(run)
+    assert.not_matches("stop_timeout", ev, 1, true)
+    assert.matches("the replicas wait below min_replicas: they call their pending step off", ev, 1, true)
+    -- the step they stopped at, checkpointed by slot 0 as the job stopped
+    local at = tonumber(out:match("stopped at step (%d+) %(checkpointed%)"))
+    assert(at, out)
+    assert.matches('"step":' .. at .. ',"worker":0,"kind":"checkpoint","detail":"committed', ev, 1, true)
+    -- both survivors stopped on the same parameters
+    assert.matches("2 replicas finished with parameter crc32c", ev, 1, true)
+    return at, read(run .. "/worker-0.log") or "", read(run .. "/worker-1.log") or ""
+  end
+
+  it("SIGTERM while paused below min_replicas: the step in flight is called off, the last one checkpointed, exit 0", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local at, w0, w1 = stop_while_paused("pausestop")
+    assert.matches("stopped at step " .. at .. ": step " .. (at + 1) ..
+      " could not finish below min_replicas; this replica checkpoints it", w0, 1, true)
+    assert.matches("stopped at step " .. at .. ": step " .. (at + 1) .. " could not finish below min_replicas\n", w1, 1, true)
+  end)
+
+  -- The same with the survivors holding the full result of the step their
+  -- peer died in (slot 2 killed by the FTAR hook before its commit tokens):
+  -- winding down, they take the coordinator's COMMIT of it, and both stop
+  -- on that step (one that returned it and one that did not would
+  -- otherwise stop a step apart).
+  it("SIGTERM while paused, the survivors holding their step's full result: it is committed, both stop on it", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local at, w0, w1 = stop_while_paused("pausefull", "TRANSOM_TEST_FTAR_FAULT=kill:40:0:2")
+    for _, log in ipairs({ w0, w1 }) do assert.matches("seq 40 aborted in epoch %d+ %b(); holding the full result", log) end
+    assert.equal(40, at)
+  end)
+
   it("the donor killed during a catch-up: the joiner gets another donor", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/donor"

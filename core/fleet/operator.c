@@ -631,13 +631,23 @@ void operator_stop_all(operator_state *o, const char *why) {
   if (o->stopping) return;
   o->stopping = 1;
   o->stop_at = o->best_step + 1;
-  operator_event(o, o->best_step, -1, "stopping", "%s: every replica finishes step %lld, the leader checkpoints it", why,
-            (long long)o->stop_at);
+  o->stop_lead = -1;
+  for (int i = 0; i < o->nslots && o->stop_lead < 0; i++)
+    if (o->slots[i].state == SLOT_RUNNING) o->stop_lead = i;
+  if (o->cfg->min_replicas > 1 && o->ring_n < (int)o->cfg->min_replicas) /* its pending step never finishes */
+    operator_event(o, o->best_step, -1, "stopping",
+                   "%s: the replicas wait below min_replicas: they call their pending step off and stop at the "
+                   "last one they finished, replica %d checkpoints it",
+                   why, o->stop_lead);
+  else
+    operator_event(o, o->best_step, -1, "stopping", "%s: every replica finishes step %lld, the leader checkpoints it",
+                   why, (long long)o->stop_at);
   for (int i = 0; i < o->nslots; i++) {
     slot *s = &o->slots[i];
     if (s->timer) evtimer_del(s->timer);
     if (s->state == SLOT_WAITING) s->state = SLOT_DEAD;
-    if (s->bev) evbuffer_add_printf(bufferevent_get_output(s->bev), "STOP at=%lld\n", (long long)o->stop_at);
+    if (s->bev)
+      evbuffer_add_printf(bufferevent_get_output(s->bev), "STOP at=%lld lead=%d\n", (long long)o->stop_at, o->stop_lead);
   }
   struct timeval tv = {60, 0};
   event_base_once(o->base, -1, EV_TIMEOUT, kill_stragglers, o, &tv);
@@ -832,7 +842,8 @@ static void on_ready(operator_state *o, slot *s, struct bufferevent *bev, const 
                  "replica %d ready at step %lld (%s, state in %.2f s, %.2f s since spawn)", s->slot,
                  (long long)s->step, s->mode, proto_num(line, "state_s", 0), s->ready_at - s->started);
   send_chaos(o, s);
-  if (o->stopping) evbuffer_add_printf(bufferevent_get_output(bev), "STOP at=%lld\n", (long long)o->stop_at);
+  if (o->stopping)
+    evbuffer_add_printf(bufferevent_get_output(bev), "STOP at=%lld lead=%d\n", (long long)o->stop_at, o->stop_lead);
 }
 
 static void on_heartbeat(operator_state *o, slot *s, const char *line) {
@@ -1208,6 +1219,7 @@ static void on_change(void *ud, const ftar_change *c) {
     k += (size_t)snprintf(list + k, sizeof list - k, i ? ",%d" : "%d", c->slots[i]);
   operator_event(o, o->best_step, c->slot, "membership", "epoch %llu: %s slot %d; members [%s]",
             (unsigned long long)c->epoch, kinds[c->kind], c->slot, list);
+  o->ring_n = c->n_members;
   int finishing = 0;
   for (int i = 0; i < o->nslots; i++) finishing |= o->slots[i].done;
   /* a member lost (not one still missing at the start) */

@@ -90,6 +90,8 @@ typedef struct {
   chaos chaos[MAX_CHAOS];
   int nchaos;
   int64_t stop_at; /* finish this step, then stop (0 = no stop asked) */
+  int stop_lead;   /* the STOP's lead=: the lowest live slot as the operator stopped (-1: not said) */
+  int stop_paused; /* the stop came while the group waited below min_replicas: the step is called off */
   int ckpt_now;    /* the operator asked for a checkpoint */
   trainer *t;
   const job_config *cfg;
@@ -444,6 +446,7 @@ static int poll_commands(worker *w) {
     if (rc < 0) return overlong ? rc : TR_OK; /* else nothing waiting */
     if (proto_is(line, "STOP")) {
       w->stop_at = proto_int(line, "at", 1);
+      w->stop_lead = (int)proto_int(line, "lead", -1);
     } else if (proto_is(line, "CKPT_NOW")) {
       w->ckpt_now = 1;
     } else if (proto_is(line, "SKIP") && w->t) {
@@ -591,6 +594,12 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
     rc = ftar_allreduce_dev(w->fm, be, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)next, &res);
   }
   set_phase(w, 0);
+  if (w->stop_paused && (rc == FTAR_ECANCELED || rc == FTAR_ESEQ)) { /* the step called off: stop where we are */
+    x->leader = x->snapshots = w->stop_lead == w->slot;
+    fprintf(stderr, "worker %d: stopped at step %lld: step %lld could not finish below min_replicas%s\n", w->slot,
+            (long long)(next - 1), (long long)next, x->leader ? "; this replica checkpoints it" : "");
+    return LOOP_STOPPED;
+  }
   if (rc == FTAR_ESEQ && w->donor_fd >= 0 && res.seq > (uint64_t)next) {
     /* a joiner whose first collective found the group ahead: the steps it
      * missed come from its donor, then it computes the group's step */
@@ -608,6 +617,8 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
   }
   x->replicas = res.contributors;
   x->leader = res.contributors <= 1 || res.slots[0] == w->slot;
+  if (w->stop_paused) x->leader = w->stop_lead == w->slot; /* a result held, committed as we stop: its
+                                                              * lowest contributor may be gone */
   x->epoch = (int64_t)res.epoch;
   x->redos = res.redos;
   return 0;
@@ -815,6 +826,30 @@ static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *d
   return 0;
 }
 
+/* Whether the link to the operator is down (its commands cannot be read
+ * without waiting for a restarted one). */
+static int link_is_down(worker *w) {
+  lock_link(w);
+  int down = w->down;
+  pthread_mutex_unlock(&w->send_mu);
+  return down;
+}
+
+/* In a collective that waits for quorum (the group below min_replicas):
+ * the operator's commands are read here too, and a STOP winds the member
+ * down (the step could not finish before replacements come): the group
+ * takes the coordinator's decision on the collective without quorum (a
+ * result every survivor may hold, because one of them returned it, is
+ * committed, so all end on the same step), runs nothing more, and the loop
+ * stops at the last boundary, which the STOP's lead (the lowest live slot)
+ * checkpoints. Before, the stop waited for a step that never came until
+ * the operator killed the replicas 60 s later, without a final checkpoint. */
+static void stop_while_paused(worker *w) {
+  if (w->stop_paused || !w->fm || link_is_down(w) || poll_commands(w) || w->stop_at <= 0) return;
+  w->stop_paused = 1;
+  ftar_member_wind_down(w->fm);
+}
+
 /* Below min_replicas a collective waits for quorum in the middle of a step,
  * before its update: the parameters are still those of the last boundary,
  * so a joiner's snapshot request is served from here (the training thread),
@@ -822,6 +857,7 @@ static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *d
 static void on_quorum_wait(void *ud) {
   worker *w = ud;
   donor_boundary(w->dn);
+  stop_while_paused(w);
 }
 
 /* The address peers reach us at: TRANSOM_HOST (an agent sets it), else the

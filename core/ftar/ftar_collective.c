@@ -51,7 +51,8 @@ static int sync_epoch(ftar_member *m, uint64_t cur_seq, int full, int fresh, dou
       rc = tr_fail(m->failed, "ftar: %s", m->fail_msg);
       goto out;
     }
-    if (in_members(m->ep_mem, m->ep_n, m->uid) >= 0 && m->ep_n >= m->o.min_members) break;
+    /* winding down: the decision on the collective in flight needs no quorum */
+    if (in_members(m->ep_mem, m->ep_n, m->uid) >= 0 && (m->ep_n >= m->o.min_members || m->winding)) break;
     if (tr_now() >= t_end) {
       rc = tr_fail(FTAR_ETIMEOUT, "ftar: no quorum: %d member(s), need %d", m->ep_n, m->o.min_members);
       goto out;
@@ -196,6 +197,11 @@ static int enter_epoch(ftar_member *m, ftar_plane *pl, call *c) {
     c->res_ep = c->full_ep;
     return STEP_DONE;
   }
+  pthread_mutex_lock(&m->mu);
+  int winding = m->winding;
+  pthread_mutex_unlock(&m->mu);
+  if (winding && dec == FT_GO_RUN) /* no commit to take: the collective is not run; the caller restores the input */
+    return tr_fail(FTAR_ECANCELED, "ftar: wound down: seq %llu not run", (unsigned long long)c->seq);
   if (dec != FT_GO_RUN || ((!c->fresh || m->o.strict_seq) && go_seq != c->seq)) {
     if (c->res) c->res->seq = go_seq;
     return tr_fail(FTAR_ESEQ, "ftar: seq %llu is out of step with the group (%llu)", (unsigned long long)c->seq,
@@ -285,6 +291,10 @@ int ftar_collective(ftar_member *m, ftar_plane *pl, size_t n, ftar_op op, uint64
   int rc = check_call(m, pl, n, op, seq, res);
   if (rc) return rc;
   if (res) memset(res, 0, sizeof *res);
+  pthread_mutex_lock(&m->mu);
+  int winding = m->winding;
+  pthread_mutex_unlock(&m->mu);
+  if (winding) return tr_fail(FTAR_ECANCELED, "ftar: wound down: seq %llu not run", (unsigned long long)seq);
   call c = {.res = res, .t_end = tr_now() + m->o.timeout, .seq = seq, .fresh = !m->completed_any};
   for (;;) {
     pthread_mutex_lock(&m->mu);

@@ -420,6 +420,15 @@ void ftar_member_fail(ftar_member *m, int code, const char *why) {
 
 void ftar_member_abandon(ftar_member *m, const char *why) { ftar_member_fail(m, FTAR_ECOORD, why); }
 
+void ftar_member_wind_down(ftar_member *m) {
+  if (!m) return;
+  pthread_mutex_lock(&m->mu);
+  m->winding = 1;
+  pthread_cond_broadcast(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  ftar_wake_fd(m->wake[1]);
+}
+
 /* --- start and stop --- */
 
 int ftar_ctl_start(ftar_member *m, int *cfd) {

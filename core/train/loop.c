@@ -209,6 +209,13 @@ int loop_run(const loop_opts *o, const loop_hooks *h, loop_result *res) {
       rc = 0;
       continue;
     }
+    if (rc == LOOP_STOPPED) { /* the step called off: stop at the last boundary, its writer checkpoints it */
+      L.ctl.stop = 1;
+      L.leader = x.leader;
+      L.writer = x.snapshots;
+      rc = 0;
+      break;
+    }
     if (rc || (rc = after_step(&L, &st, &x, wall))) break;
   }
   if (h->grads_ready) trainer_set_grads_ready(o->t, NULL, NULL);

@@ -58,6 +58,12 @@ typedef struct {
 /* An exchange that returns LOOP_RECOMPUTE changed the trainer's state (a
  * joiner replayed steps it missed): the loop recomputes from there. */
 #define LOOP_RECOMPUTE 1
+/* An exchange that returns LOOP_STOPPED called its step off: a stop was
+ * asked while the step could not finish (the group waits below
+ * min_replicas for replacements). Nothing was applied: the loop stops at
+ * the last boundary as after a finished step, and the exchange's leader
+ * and snapshots fields say who writes that state. */
+#define LOOP_STOPPED 2
 
 /* Hooks; any may be NULL. Each returns 0, or a negative error that ends the
  * loop (tr_error() says why). ud is the hooks' own state. */
