@@ -346,6 +346,50 @@ describe("operator (3 replicas)", function()
     assert.equal(40, at)
   end)
 
+  -- SIGTERM after two losses, the survivor holding the full result of the
+  -- step its peers died in, one replacement in the ring (fresh: a step
+  -- behind the survivor's commit) and the other still catching up. Winding
+  -- down, the survivor commits the step; the joiner in the ring finds the
+  -- group a step ahead, replays it from its donor and stops on it too; the
+  -- one catching up is stopped with the job. The survivor checkpoints
+  -- (the joiner has trained no step yet), the two agree, exit 0.
+  it("SIGTERM below min_replicas with a joiner in the ring and the survivor holding the step: both stop on it", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run, once = tmp .. "/pausejoin", tmp .. "/pausejoin-once"
+    assert(os.execute("mkdir -p " .. once))
+    local op, exit_status = spawn_rc("env TRANSOM_TEST_FTAR_FAULT=kill:60:0:1 TRANSOM_TEST_FTAR_FAULT_ONCE=" .. once ..
+      " TRANSOM_TEST_CATCHUP_DELAY_MS=" .. math.floor(T(4000)) .. " " ..
+      job(run, "--set max_steps=1000000 --set min_replicas=3"), run .. ".log")
+    local p2 = pid_of(run, 2)
+    local seen = false
+    for _ = 1, N(600) do
+      seen = events(run):find("replica 1 killed", 1, true) ~= nil
+      if seen then break end
+      sleep(0.01)
+    end
+    assert(seen, "the hook did not kill slot 1 in collective 60: " .. events(run))
+    os.execute("kill -9 " .. p2)
+    local first
+    for _ = 1, N(600) do
+      first = tonumber(events(run):match("replica (%d) ready at step %d+ %(join"))
+      if first then break end
+      sleep(0.05)
+    end
+    assert(first, "no replacement got in: " .. events(run))
+    os.execute("kill -TERM " .. op)
+    assert.is_true(wait_exit(op, 180))
+    local out = read(run .. ".log") or ""
+    assert.equal(0, exit_status(), out)
+    local ev = events(run)
+    assert.not_matches("stop_timeout", ev, 1, true)
+    assert.matches("replica " .. (3 - first) .. " was catching up: stopped with the job", ev, 1, true)
+    local wj = read(run .. "/worker-" .. first .. ".log") or ""
+    assert.matches("the group was at step 61: replayed 1 step(s) from the donor", wj, 1, true)
+    assert.matches('"step":60,"worker":0,"kind":"checkpoint","detail":"committed', ev, 1, true)
+    assert.matches("stopped at step 60 (checkpointed)", out, 1, true)
+    assert.matches("2 replicas finished with parameter crc32c", ev, 1, true)
+  end)
+
   it("the donor killed during a catch-up: the joiner gets another donor", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/donor"

@@ -627,13 +627,26 @@ static void kill_stragglers(evutil_socket_t fd, short what, void *arg) {
   check_finished(o);
 }
 
+/* Who checkpoints a step called off below min_replicas: the lowest running
+ * member of the group's latest epoch that has trained a step since it was
+ * ready (a joiner that has not may stop a step behind), else the lowest
+ * running member; -1: none. */
+static int pick_stop_lead(const operator_state *o) {
+  int any = -1;
+  for (int i = 0; i < o->nslots; i++) {
+    const slot *s = &o->slots[i];
+    if (s->state != SLOT_RUNNING || !s->in_ring) continue;
+    if (s->stepped) return i;
+    if (any < 0) any = i;
+  }
+  return any;
+}
+
 void operator_stop_all(operator_state *o, const char *why) {
   if (o->stopping) return;
   o->stopping = 1;
   o->stop_at = o->best_step + 1;
-  o->stop_lead = -1;
-  for (int i = 0; i < o->nslots && o->stop_lead < 0; i++)
-    if (o->slots[i].state == SLOT_RUNNING) o->stop_lead = i;
+  o->stop_lead = pick_stop_lead(o);
   if (o->cfg->min_replicas > 1 && o->ring_n < (int)o->cfg->min_replicas) /* its pending step never finishes */
     operator_event(o, o->best_step, -1, "stopping",
                    "%s: the replicas wait below min_replicas: they call their pending step off and stop at the "
@@ -646,6 +659,12 @@ void operator_stop_all(operator_state *o, const char *why) {
     slot *s = &o->slots[i];
     if (s->timer) evtimer_del(s->timer);
     if (s->state == SLOT_WAITING) s->state = SLOT_DEAD;
+    if (s->state == SLOT_STARTING && strcmp(s->mode, "join") == 0 && operator_slot_has_process(s)) {
+      /* still catching up: it holds nothing of its own, and it would come
+       * into a group that stops (below min_replicas: a step behind it) */
+      operator_event(o, s->step, i, "replacement_cancelled", "replica %d was catching up: stopped with the job", i);
+      operator_kill_slot(o, s, SIGKILL);
+    }
     if (s->bev)
       evbuffer_add_printf(bufferevent_get_output(s->bev), "STOP at=%lld lead=%d\n", (long long)o->stop_at, o->stop_lead);
   }
@@ -702,6 +721,7 @@ static void on_step(operator_state *o, slot *s, const char *line) {
     return;
   }
   s->step = r.step;
+  s->stepped = 1;
   s->last = r;
   if (r.step > o->best_step) o->best_step = r.step;
   step_record_json(o->metrics, &r);
@@ -837,6 +857,7 @@ static void on_ready(operator_state *o, slot *s, struct bufferevent *bev, const 
   proto_get(line, "donor", s->donor, sizeof s->donor);
   s->step = proto_int(line, "step", 0);
   s->state = SLOT_RUNNING;
+  s->stepped = 0;
   s->ready_at = tr_now();
   operator_event(o, s->step, s->slot, "replica_ready",
                  "replica %d ready at step %lld (%s, state in %.2f s, %.2f s since spawn)", s->slot,
@@ -1220,6 +1241,9 @@ static void on_change(void *ud, const ftar_change *c) {
   operator_event(o, o->best_step, c->slot, "membership", "epoch %llu: %s slot %d; members [%s]",
             (unsigned long long)c->epoch, kinds[c->kind], c->slot, list);
   o->ring_n = c->n_members;
+  for (int i = 0; i < o->nslots; i++) o->slots[i].in_ring = 0;
+  for (int i = 0; i < c->n_members; i++)
+    if (c->slots[i] >= 0 && c->slots[i] < o->nslots) o->slots[c->slots[i]].in_ring = 1;
   int finishing = 0;
   for (int i = 0; i < o->nslots; i++) finishing |= o->slots[i].done;
   /* a member lost (not one still missing at the start) */

@@ -68,6 +68,8 @@ typedef struct {
                        agent names it (operator_hosts.c, claim_live); "" otherwise */
   int ours;         /* this operator started, placed or adopted a worker for it: a HELLO live=1 for it now is
                        from a worker it already let go (replaced, fenced): refused */
+  int in_ring;      /* a member of the FTAR group's latest epoch */
+  int stepped;      /* reported a step since it was ready (a joiner that did not may be a step behind) */
 } slot;
 
 /* A host with a `transom agent` (operator_hosts.c). */

@@ -428,14 +428,18 @@ static void test_done_gate(const worker *w) {
 }
 
 /* Reads the operator's commands that are waiting (never blocks, unless the
- * operator is gone: then it waits for a restarted one). */
-static int poll_commands(worker *w) {
+ * operator is gone and `wait`: then it waits for a restarted one). */
+static int poll_commands(worker *w, int wait) {
   char line[PROTO_LINE_MAX];
   for (;;) {
     lock_link(w);
     int rc = w->down ? 0 : proto_read(&w->rd, line, sizeof line, 0);
     if (rc == 0) {
       link_down(w, "its connection closed");
+      if (!wait) { /* the link thread looks for a restarted operator */
+        pthread_mutex_unlock(&w->send_mu);
+        return TR_OK;
+      }
       rc = await_operator(w);
       pthread_mutex_unlock(&w->send_mu);
       if (rc) return rc;
@@ -529,7 +533,7 @@ static int welcome(worker *w, char *line, size_t n) {
 
 static int hook_poll(void *ud, loop_control *c) {
   worker *w = ud;
-  int rc = poll_commands(w);
+  int rc = poll_commands(w, 1);
   c->stop_at = w->stop_at;
   c->ckpt_now |= w->ckpt_now;
   w->ckpt_now = 0;
@@ -594,12 +598,6 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
     rc = ftar_allreduce_dev(w->fm, be, g, (size_t)trainer_grads_size(t), FTAR_MEAN, (uint64_t)next, &res);
   }
   set_phase(w, 0);
-  if (w->stop_paused && (rc == FTAR_ECANCELED || rc == FTAR_ESEQ)) { /* the step called off: stop where we are */
-    x->leader = x->snapshots = w->stop_lead == w->slot;
-    fprintf(stderr, "worker %d: stopped at step %lld: step %lld could not finish below min_replicas%s\n", w->slot,
-            (long long)(next - 1), (long long)next, x->leader ? "; this replica checkpoints it" : "");
-    return LOOP_STOPPED;
-  }
   if (rc == FTAR_ESEQ && w->donor_fd >= 0 && res.seq > (uint64_t)next) {
     /* a joiner whose first collective found the group ahead: the steps it
      * missed come from its donor, then it computes the group's step */
@@ -608,6 +606,12 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
     fprintf(stderr, "worker %d: the group was at step %llu: replayed %d step(s) from the donor\n", w->slot,
             (unsigned long long)res.seq, applied);
     return LOOP_RECOMPUTE;
+  }
+  if (w->stop_paused && (rc == FTAR_ECANCELED || rc == FTAR_ESEQ)) { /* the step called off: stop where we are */
+    x->leader = x->snapshots = w->stop_lead == w->slot;
+    fprintf(stderr, "worker %d: stopped at step %lld: step %lld could not finish below min_replicas%s\n", w->slot,
+            (long long)(next - 1), (long long)next, x->leader ? "; this replica checkpoints it" : "");
+    return LOOP_STOPPED;
   }
   if (rc < 0) return rc;
   if (donor_wants(w->dn, next)) { /* a joiner is catching up: keep the reduced gradients for it */
@@ -826,15 +830,6 @@ static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *d
   return 0;
 }
 
-/* Whether the link to the operator is down (its commands cannot be read
- * without waiting for a restarted one). */
-static int link_is_down(worker *w) {
-  lock_link(w);
-  int down = w->down;
-  pthread_mutex_unlock(&w->send_mu);
-  return down;
-}
-
 /* In a collective that waits for quorum (the group below min_replicas):
  * the operator's commands are read here too, and a STOP winds the member
  * down (the step could not finish before replacements come): the group
@@ -843,9 +838,12 @@ static int link_is_down(worker *w) {
  * committed, so all end on the same step), runs nothing more, and the loop
  * stops at the last boundary, which the STOP's lead (the lowest live slot)
  * checkpoints. Before, the stop waited for a step that never came until
- * the operator killed the replicas 60 s later, without a final checkpoint. */
+ * the operator killed the replicas 60 s later, without a final checkpoint.
+ * Reading commands mid-step is safe: SKIP, SET and CHAOS name later steps
+ * (the operator schedules them a few steps past the best one). The read
+ * does not wait for a lost operator. */
 static void stop_while_paused(worker *w) {
-  if (w->stop_paused || !w->fm || link_is_down(w) || poll_commands(w) || w->stop_at <= 0) return;
+  if (w->stop_paused || !w->fm || poll_commands(w, 0) || w->stop_at <= 0) return;
   w->stop_paused = 1;
   ftar_member_wind_down(w->fm);
 }

@@ -130,8 +130,8 @@ static void fill_record(const loop_state *L, const step_stats *st, const loop_ex
 }
 
 /* Computes, exchanges and applies step L->step + 1. Returns 0,
- * LOOP_RECOMPUTE (state changed under it: start the step again) or an
- * error. */
+ * LOOP_RECOMPUTE (state changed under it: start the step again),
+ * LOOP_STOPPED (the step called off, nothing applied) or an error. */
 static int one_step(loop_state *L, step_stats *st, loop_exchange *x, double *wall) {
   trainer *t = L->o->t;
   double t0 = tr_now();
@@ -210,6 +210,8 @@ int loop_run(const loop_opts *o, const loop_hooks *h, loop_result *res) {
       continue;
     }
     if (rc == LOOP_STOPPED) { /* the step called off: stop at the last boundary, its writer checkpoints it */
+      trainer_get_state(o->t, &ts);
+      L.step = ts.step;
       L.ctl.stop = 1;
       L.leader = x.leader;
       L.writer = x.snapshots;

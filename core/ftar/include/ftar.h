@@ -271,7 +271,7 @@ void ftar_member_free(ftar_member *m);
  * contributors, redos and slots.
  * Returns FTAR_OK, FTAR_RESHAPED (done, but the epoch differs from the
  * previous collective's or it had to be redone), or negative: FTAR_ETIMEOUT,
- * FTAR_ECOORD, FTAR_EEVICTED, FTAR_ESEQ, TR_EINVAL, TR_ENOMEM. On a negative
+ * FTAR_ECOORD, FTAR_EEVICTED, FTAR_ESEQ, FTAR_ECANCELED, TR_EINVAL, TR_ENOMEM. On a negative
  * return buf holds the caller's input again.
  * With one member no data moves: contributors = 1, buf untouched.
  * One thread at a time per member; buf must not be touched meanwhile. */

@@ -80,7 +80,7 @@ typedef struct {
   void (*grads_ready)(void *ud, int64_t from);
   /* After the gradients of step `next` exist: reduce them with peers and say
    * how. Without it the process is alone and leads. May return
-   * LOOP_RECOMPUTE. */
+   * LOOP_RECOMPUTE or LOOP_STOPPED. */
   int (*exchange)(void *ud, int64_t next, loop_exchange *x);
   /* After the update of `step`, before anything else sees it (the donor's
    * consistent point). */
