@@ -128,6 +128,24 @@ local function survivors_never_go_back(run, killed)
   end
 end
 
+-- waits (bounded: 30 s, scaled) until the run's events hold `text`
+local function wait_event(run, text)
+  for _ = 1, N(600) do
+    if events(run):find(text, 1, true) then return true end
+    sleep(0.05)
+  end
+  return false
+end
+
+-- waits (bounded: 30 s, scaled) until the file at path matches the Lua pattern
+local function wait_log(path, pattern)
+  for _ = 1, N(600) do
+    if (read(path) or ""):find(pattern) then return true end
+    sleep(0.05)
+  end
+  return false
+end
+
 -- the slots in the ring as of the last membership event: "[0,1,2]"
 local function members_now(run)
   local members
@@ -233,11 +251,30 @@ describe("operator (3 replicas)", function()
     survivors_never_go_back(run, { [1] = true, [2] = true })
   end)
 
+  -- Slots 1 and 2 lost in collective 60 with slot 0 holding its full
+  -- result: the FTAR hook stops slot 1 (SIGSTOP) once it has sent and
+  -- received all its data, before its commit tokens, so the others get all
+  -- theirs and wait for tokens that never come, until the stall deadline
+  -- (or slot 1's eviction) aborts them holding the full result, which
+  -- slot 0's log says; then slots 1 and 2 are killed (kill -9). (Killed at
+  -- the hook instead, slot 1 let slot 0 see the abort before its last frame
+  -- came, now and then.) A replacement, which inherits the hook, is spared
+  -- (_ONCE). env: more of the operator's environment. The operator's pid
+  -- and its exit-status reader.
+  local function lose_two_holding(run, env, extra, log)
+    local once = run .. "-once"
+    assert(os.execute("mkdir -p " .. once))
+    local op, exit_status = spawn_rc("env TRANSOM_TEST_FTAR_FAULT=stop:60:0:1 TRANSOM_TEST_FTAR_FAULT_ONCE=" .. once .. " " ..
+      env .. " " .. job(run, extra .. " --set min_replicas=3"), log)
+    local p1, p2 = pid_of(run, 1), pid_of(run, 2)
+    assert(wait_log(run .. "/worker-0.log", "seq 60 aborted [^\n]*; holding the full result"),
+      "slot 0 never held collective 60's full result: " .. (read(run .. "/worker-0.log") or ""))
+    os.execute("kill -9 " .. p1 .. " " .. p2)
+    return op, exit_status
+  end
+
   -- The same two losses where the survivor holds the full result of the
-  -- collective they died in: slot 1 killed by the FTAR hook once it has
-  -- sent and received all its data of collective 60, before its commit
-  -- tokens (slot 0 has the full result then, and cannot return), slot 2 by
-  -- kill -9 once the operator saw that. Both replacements catch up from
+  -- collective they died in (lose_two_holding). Both replacements catch up from
   -- slot 0 to step 59; when the group is whole again, slot 0 commits step
   -- 60 from the result it held, so each joiner's first collective finds
   -- the group a step ahead (FTAR_ESEQ) and replays step 60 from the donor:
@@ -250,19 +287,8 @@ describe("operator (3 replicas)", function()
     local clean_out, clean_rc = sh(job(tmp .. "/kill2full-clean", "--set max_steps=" .. steps .. " --set min_replicas=3"))
     assert.equal(0, clean_rc, clean_out)
     local clean_crc = events(tmp .. "/kill2full-clean"):match("parameter crc32c (%x+)")
-    local run, once = tmp .. "/kill2full", tmp .. "/kill2full-once"
-    assert(os.execute("mkdir -p " .. once))
-    local op, exit_status = spawn_rc("env TRANSOM_TEST_FTAR_FAULT=kill:60:0:1 TRANSOM_TEST_FTAR_FAULT_ONCE=" .. once .. " " ..
-      job(run, "--set max_steps=" .. steps .. " --set min_replicas=3"), tmp .. "/kill2full.log")
-    local p2 = pid_of(run, 2)
-    local seen = false
-    for _ = 1, N(600) do
-      seen = events(run):find("replica 1 killed", 1, true) ~= nil
-      if seen then break end
-      sleep(0.01)
-    end
-    assert(seen, "the hook did not kill slot 1 in collective 60: " .. events(run))
-    os.execute("kill -9 " .. p2)
+    local run = tmp .. "/kill2full"
+    local op, exit_status = lose_two_holding(run, "", "--set max_steps=" .. steps, tmp .. "/kill2full.log")
     assert.is_true(wait_exit(op, 180))
     assert.equal(0, exit_status(), read(tmp .. "/kill2full.log"))
     local ev, w0 = events(run), read(run .. "/worker-0.log") or ""
@@ -298,17 +324,17 @@ describe("operator (3 replicas)", function()
       "return M\n")
     local op, exit_status = spawn_rc((fault and "env " .. fault .. " " or "") ..
       job(run, "--set max_steps=1000000 --set min_replicas=3 --set policies=" .. pol), run .. ".log")
-    if not fault then
+    local p2 = pid_of(run, 2)
+    if fault then -- it stops slot 2 before its commit tokens: the others abort holding the full result
+      for w = 0, 1 do
+        assert(wait_log(run .. "/worker-" .. w .. ".log", "aborted [^\n]*; holding the full result"),
+          "slot " .. w .. " never held the full result: " .. (read(run .. "/worker-" .. w .. ".log") or ""))
+      end
+    else
       assert.is_true(wait_step(run, 30))
-      os.execute("kill -9 " .. pid_of(run, 2))
     end
-    local paused = false
-    for _ = 1, N(600) do
-      paused = events(run):find('"kind":"paused"', 1, true) ~= nil
-      if paused then break end
-      sleep(0.05)
-    end
-    assert(paused, "no pause below min_replicas: " .. events(run))
+    os.execute("kill -9 " .. p2)
+    assert(wait_event(run, '"kind":"paused"'), "no pause below min_replicas: " .. events(run))
     sleep(0.5) -- the survivors wait in their pending step's all-reduce
     os.execute("kill -TERM " .. op)
     assert.is_true(wait_exit(op, 180))
@@ -335,13 +361,14 @@ describe("operator (3 replicas)", function()
   end)
 
   -- The same with the survivors holding the full result of the step their
-  -- peer died in (slot 2 killed by the FTAR hook before its commit tokens):
+  -- peer died in (slot 2 stopped by the FTAR hook before its commit tokens,
+  -- the others aborted holding the full result, then slot 2 killed):
   -- winding down, they take the coordinator's COMMIT of it, and both stop
   -- on that step (one that returned it and one that did not would
   -- otherwise stop a step apart).
   it("SIGTERM while paused, the survivors holding their step's full result: it is committed, both stop on it", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
-    local at, w0, w1 = stop_while_paused("pausefull", "TRANSOM_TEST_FTAR_FAULT=kill:40:0:2")
+    local at, w0, w1 = stop_while_paused("pausefull", "TRANSOM_TEST_FTAR_FAULT=stop:40:0:2")
     for _, log in ipairs({ w0, w1 }) do assert.matches("seq 40 aborted in epoch %d+ %b(); holding the full result", log) end
     assert.equal(40, at)
   end)
@@ -355,20 +382,9 @@ describe("operator (3 replicas)", function()
   -- (the joiner has trained no step yet), the two agree, exit 0.
   it("SIGTERM below min_replicas with a joiner in the ring and the survivor holding the step: both stop on it", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
-    local run, once = tmp .. "/pausejoin", tmp .. "/pausejoin-once"
-    assert(os.execute("mkdir -p " .. once))
-    local op, exit_status = spawn_rc("env TRANSOM_TEST_FTAR_FAULT=kill:60:0:1 TRANSOM_TEST_FTAR_FAULT_ONCE=" .. once ..
-      " TRANSOM_TEST_CATCHUP_DELAY_MS=" .. math.floor(T(4000)) .. " " ..
-      job(run, "--set max_steps=1000000 --set min_replicas=3"), run .. ".log")
-    local p2 = pid_of(run, 2)
-    local seen = false
-    for _ = 1, N(600) do
-      seen = events(run):find("replica 1 killed", 1, true) ~= nil
-      if seen then break end
-      sleep(0.01)
-    end
-    assert(seen, "the hook did not kill slot 1 in collective 60: " .. events(run))
-    os.execute("kill -9 " .. p2)
+    local run = tmp .. "/pausejoin"
+    local op, exit_status = lose_two_holding(run, "TRANSOM_TEST_CATCHUP_DELAY_MS=" .. math.floor(T(4000)),
+      "--set max_steps=1000000", run .. ".log")
     local first
     for _ = 1, N(600) do
       first = tonumber(events(run):match("replica (%d) ready at step %d+ %(join"))
