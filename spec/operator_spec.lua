@@ -306,6 +306,18 @@ describe("operator (3 replicas)", function()
     assert.equal(clean_crc, ev:match("3 replicas finished with parameter crc32c (%x+)"), ev)
   end)
 
+  -- SIGTERM to the job's operator (its output in run.log): it exits 0 and
+  -- gave up on no replica (stop_timeout). Its output and events.
+  local function sigterm_clean(op, exit_status, run)
+    os.execute("kill -TERM " .. op)
+    assert.is_true(wait_exit(op, 180))
+    local out = read(run .. ".log") or ""
+    assert.equal(0, exit_status(), out)
+    local ev = events(run)
+    assert.not_matches("stop_timeout", ev, 1, true)
+    return out, ev
+  end
+
   -- SIGTERM while the survivors wait below min_replicas (a policy that
   -- does not replace: the pause lasts): their pending step can never
   -- finish. Each winds its FTAR member down: the coordinator decides on
@@ -314,7 +326,7 @@ describe("operator (3 replicas)", function()
   -- weights, and the operator exits 0 at once. Before, the stop waited for
   -- that step until the operator killed the replicas 60 s later, with no
   -- final checkpoint. Returns the step the survivors stopped at and the
-  -- first survivor's log.
+  -- two survivors' logs.
   local function stop_while_paused(name, fault)
     local pol, run = tmp .. "/" .. name .. "-policies", tmp .. "/" .. name
     assert(os.execute("mkdir -p " .. pol .. " && cp " .. ROOT .. "/lua/policies/*.lua " .. pol))
@@ -336,12 +348,7 @@ describe("operator (3 replicas)", function()
     os.execute("kill -9 " .. p2)
     assert(wait_event(run, '"kind":"paused"'), "no pause below min_replicas: " .. events(run))
     sleep(0.5) -- the survivors wait in their pending step's all-reduce
-    os.execute("kill -TERM " .. op)
-    assert.is_true(wait_exit(op, 180))
-    local out = read(run .. ".log") or ""
-    assert.equal(0, exit_status(), out)
-    local ev = events(run)
-    assert.not_matches("stop_timeout", ev, 1, true)
+    local out, ev = sigterm_clean(op, exit_status, run)
     assert.matches("the replicas wait below min_replicas: they call their pending step off", ev, 1, true)
     -- the step they stopped at, checkpointed by slot 0 as the job stopped
     local at = tonumber(out:match("stopped at step (%d+) %(checkpointed%)"))
@@ -392,12 +399,7 @@ describe("operator (3 replicas)", function()
       sleep(0.05)
     end
     assert(first, "no replacement got in: " .. events(run))
-    os.execute("kill -TERM " .. op)
-    assert.is_true(wait_exit(op, 180))
-    local out = read(run .. ".log") or ""
-    assert.equal(0, exit_status(), out)
-    local ev = events(run)
-    assert.not_matches("stop_timeout", ev, 1, true)
+    local out, ev = sigterm_clean(op, exit_status, run)
     assert.matches("replica " .. (3 - first) .. " was catching up: stopped with the job", ev, 1, true)
     local wj = read(run .. "/worker-" .. first .. ".log") or ""
     assert.matches("the group was at step 61: replayed 1 step(s) from the donor", wj, 1, true)
