@@ -647,12 +647,15 @@ void operator_stop_all(operator_state *o, const char *why) {
   o->stopping = 1;
   o->stop_at = o->best_step + 1;
   o->stop_lead = pick_stop_lead(o);
-  if (o->cfg->min_replicas > 1 && o->ring_n < (int)o->cfg->min_replicas) /* its pending step never finishes */
+  if (o->cfg->min_replicas > 1 && o->ring_n < (int)o->cfg->min_replicas) { /* its pending step never finishes */
+    char who[64];
+    if (o->stop_lead >= 0) snprintf(who, sizeof who, "replica %d checkpoints it", o->stop_lead);
+    else snprintf(who, sizeof who, "no replica of the group is running to checkpoint it");
     operator_event(o, o->best_step, -1, "stopping",
                    "%s: the replicas wait below min_replicas: they call their pending step off and stop at the "
-                   "last one they finished, replica %d checkpoints it",
-                   why, o->stop_lead);
-  else
+                   "last one they finished, %s",
+                   why, who);
+  } else
     operator_event(o, o->best_step, -1, "stopping", "%s: every replica finishes step %lld, the leader checkpoints it",
                    why, (long long)o->stop_at);
   for (int i = 0; i < o->nslots; i++) {
