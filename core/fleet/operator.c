@@ -642,12 +642,19 @@ static int pick_stop_lead(const operator_state *o) {
   return any;
 }
 
+/* The STOP every replica gets (now, or as it becomes ready). */
+static void send_stop(const operator_state *o, struct bufferevent *bev) {
+  evbuffer_add_printf(bufferevent_get_output(bev), "STOP at=%lld lead=%d\n", (long long)o->stop_at, o->stop_lead);
+}
+
 void operator_stop_all(operator_state *o, const char *why) {
   if (o->stopping) return;
   o->stopping = 1;
   o->stop_at = o->best_step + 1;
   o->stop_lead = pick_stop_lead(o);
-  if (o->cfg->min_replicas > 1 && o->ring_n < (int)o->cfg->min_replicas) { /* its pending step never finishes */
+  int ring_n = 0;
+  for (int i = 0; i < o->nslots; i++) ring_n += o->slots[i].in_ring;
+  if (o->cfg->min_replicas > 1 && ring_n < (int)o->cfg->min_replicas) { /* its pending step never finishes */
     char who[64];
     if (o->stop_lead >= 0) snprintf(who, sizeof who, "replica %d checkpoints it", o->stop_lead);
     else snprintf(who, sizeof who, "no replica of the group is running to checkpoint it");
@@ -668,8 +675,7 @@ void operator_stop_all(operator_state *o, const char *why) {
       operator_event(o, s->step, i, "replacement_cancelled", "replica %d was catching up: stopped with the job", i);
       operator_kill_slot(o, s, SIGKILL);
     }
-    if (s->bev)
-      evbuffer_add_printf(bufferevent_get_output(s->bev), "STOP at=%lld lead=%d\n", (long long)o->stop_at, o->stop_lead);
+    if (s->bev) send_stop(o, s->bev);
   }
   struct timeval tv = {60, 0};
   event_base_once(o->base, -1, EV_TIMEOUT, kill_stragglers, o, &tv);
@@ -866,8 +872,7 @@ static void on_ready(operator_state *o, slot *s, struct bufferevent *bev, const 
                  "replica %d ready at step %lld (%s, state in %.2f s, %.2f s since spawn)", s->slot,
                  (long long)s->step, s->mode, proto_num(line, "state_s", 0), s->ready_at - s->started);
   send_chaos(o, s);
-  if (o->stopping)
-    evbuffer_add_printf(bufferevent_get_output(bev), "STOP at=%lld lead=%d\n", (long long)o->stop_at, o->stop_lead);
+  if (o->stopping) send_stop(o, bev);
 }
 
 static void on_heartbeat(operator_state *o, slot *s, const char *line) {
@@ -1243,7 +1248,6 @@ static void on_change(void *ud, const ftar_change *c) {
     k += (size_t)snprintf(list + k, sizeof list - k, i ? ",%d" : "%d", c->slots[i]);
   operator_event(o, o->best_step, c->slot, "membership", "epoch %llu: %s slot %d; members [%s]",
             (unsigned long long)c->epoch, kinds[c->kind], c->slot, list);
-  o->ring_n = c->n_members;
   for (int i = 0; i < o->nslots; i++) o->slots[i].in_ring = 0;
   for (int i = 0; i < c->n_members; i++)
     if (c->slots[i] >= 0 && c->slots[i] < o->nslots) o->slots[c->slots[i]].in_ring = 1;

@@ -118,7 +118,6 @@ struct operator_state {
   double restart_at[RESTART_TIMES_JOB]; /* every slot's restarts and full restarts, a ring (times as a slot's) */
   int64_t best_step, stop_at, last_ckpt;
   int stop_lead; /* at a stop: the lowest running slot, which checkpoints a step called off below min_replicas */
-  int ring_n;    /* members of the FTAR group's latest epoch */
   char adv_host[256]; /* the coordinator's address as workers see it */
   int *chaos_fired;
   step_acc acc[STEP_RING];
