@@ -327,14 +327,14 @@ describe("operator (3 replicas)", function()
   -- that step until the operator killed the replicas 60 s later, with no
   -- final checkpoint. Returns the step the survivors stopped at and the
   -- two survivors' logs.
-  local function stop_while_paused(name, fault)
+  local function stop_while_paused(name, fault, env)
     local pol, run = tmp .. "/" .. name .. "-policies", tmp .. "/" .. name
     assert(os.execute("mkdir -p " .. pol .. " && cp " .. ROOT .. "/lua/policies/*.lua " .. pol))
     write(pol .. "/restart.lua", "local M = {}\n" ..
       "function M.on_failure(ev) return 'none' end\n" ..
       "function M.on_all_dead(ev) return 'stop' end\n" ..
       "return M\n")
-    local op, exit_status = spawn_rc((fault and "env " .. fault .. " " or "") ..
+    local op, exit_status = spawn_rc("env " .. (fault or "") .. " " .. (env or "") .. " " ..
       job(run, "--set max_steps=1000000 --set min_replicas=3 --set policies=" .. pol), run .. ".log")
     local p2 = pid_of(run, 2)
     if fault then -- it stops slot 2 before its commit tokens: the others abort holding the full result
@@ -365,6 +365,21 @@ describe("operator (3 replicas)", function()
     assert.matches("stopped at step " .. at .. ": step " .. (at + 1) ..
       " could not finish below min_replicas; this replica checkpoints it", w0, 1, true)
     assert.matches("stopped at step " .. at .. ": step " .. (at + 1) .. " could not finish below min_replicas\n", w1, 1, true)
+  end)
+
+  -- The same where the operator's STOP never reaches slot 1 (a test hook
+  -- drops it): slot 0's wind-down goes through the FTAR coordinator to
+  -- slot 1, which stops on the same step at once, without checkpointing.
+  -- Before, slot 0 waited for slot 1 in the coordinator's decision, and the
+  -- operator killed both after 60 s (stop_timeout).
+  it("SIGTERM while paused, one survivor's STOP lost: the group's wind-down stops it on the same step", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local at, w0, w1 = stop_while_paused("pauselost", nil, "TRANSOM_TEST_LOSE_STOP=1")
+    assert.matches("the operator's STOP dropped (test hook)", w1, 1, true)
+    assert.matches("stopped at step " .. at .. ": step " .. (at + 1) ..
+      " could not finish below min_replicas; this replica checkpoints it", w0, 1, true)
+    assert.matches("stopped at step " .. at .. ": step " .. (at + 1) ..
+      " could not finish below min_replicas (the group wound down: the job stops)\n", w1, 1, true)
   end)
 
   -- The same with the survivors holding the full result of the step their

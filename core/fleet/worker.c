@@ -427,6 +427,16 @@ static void test_done_gate(const worker *w) {
   for (int i = 0; i < 600 && access(gate, F_OK) != 0; i++) usleep(100000);
 }
 
+/* Test hook TRANSOM_TEST_LOSE_STOP=SLOT: that replica never sees the
+ * operator's STOP (as if its link had lost it), so a test can check that
+ * the others' stop reaches it through FTAR. Unset: nothing. */
+static int test_lose_stop(const worker *w) {
+  const char *v = getenv("TRANSOM_TEST_LOSE_STOP");
+  if (!v || !*v || atoi(v) != w->slot) return 0;
+  fprintf(stderr, "worker %d: the operator's STOP dropped (test hook)\n", w->slot);
+  return 1;
+}
+
 /* Reads the operator's commands that are waiting (never blocks, unless the
  * operator is gone and `wait`: then it waits for a restarted one). */
 static int poll_commands(worker *w, int wait) {
@@ -449,6 +459,7 @@ static int poll_commands(worker *w, int wait) {
     pthread_mutex_unlock(&w->send_mu);
     if (rc < 0) return overlong ? rc : TR_OK; /* else nothing waiting */
     if (proto_is(line, "STOP")) {
+      if (test_lose_stop(w)) continue;
       w->stop_at = proto_int(line, "at", 1);
       w->stop_lead = (int)proto_int(line, "lead", -1);
     } else if (proto_is(line, "CKPT_NOW")) {
@@ -607,10 +618,14 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
             (unsigned long long)res.seq, applied);
     return LOOP_RECOMPUTE;
   }
-  if (w->stop_paused && (rc == FTAR_ECANCELED || rc == FTAR_ESEQ)) { /* the step called off: stop where we are */
+  /* the step called off: stop where we are. FTAR_ECANCELED without our
+   * STOP: another replica's stop wound the group down (the operator's STOP
+   * has not reached us); the STOP's lead checkpoints, not us */
+  if (rc == FTAR_ECANCELED || (w->stop_paused && rc == FTAR_ESEQ)) {
     x->leader = x->snapshots = w->stop_lead == w->slot;
-    fprintf(stderr, "worker %d: stopped at step %lld: step %lld could not finish below min_replicas%s\n", w->slot,
-            (long long)(next - 1), (long long)next, x->leader ? "; this replica checkpoints it" : "");
+    fprintf(stderr, "worker %d: stopped at step %lld: step %lld could not finish below min_replicas%s%s\n", w->slot,
+            (long long)(next - 1), (long long)next, w->stop_paused ? "" : " (the group wound down: the job stops)",
+            x->leader ? "; this replica checkpoints it" : "");
     return LOOP_STOPPED;
   }
   if (rc < 0) return rc;
@@ -832,7 +847,8 @@ static int get_state(worker *w, ckpt_engine *ck, const char *mode, const char *d
 
 /* In a collective that waits for quorum (the group below min_replicas):
  * the operator's commands are read here too, and a STOP winds the member
- * down (the step could not finish before replacements come): the group
+ * down, and through the coordinator every other member, whether or not its
+ * own STOP came (the step could not finish before replacements come): the group
  * takes the coordinator's decision on the collective without quorum (a
  * result every survivor may hold, because one of them returned it, is
  * committed, so all end on the same step), runs nothing more, and the loop
@@ -930,7 +946,7 @@ static int train(worker *w, ckpt_engine *ck, const char *run) {
 }
 
 int worker_main(int argc, char **argv) {
-  worker w = {.slot = -1, .opfd = -1, .donor_fd = -1, .send_mu = PTHREAD_MUTEX_INITIALIZER,
+  worker w = {.slot = -1, .opfd = -1, .donor_fd = -1, .stop_lead = -1, .send_mu = PTHREAD_MUTEX_INITIALIZER,
               .link_cv = PTHREAD_COND_INITIALIZER, .id_mu = PTHREAD_MUTEX_INITIALIZER};
   int done, rc = parse_args(&w, argc, argv, &done), exit_code = 1, startup = 0;
   if (rc || done) return rc;

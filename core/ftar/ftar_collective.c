@@ -11,9 +11,10 @@
  * input the plane puts back; a full result is remembered, since the
  * coordinator may decide COMMIT. On any failed return the input is back in
  * buf, or the member has failed for good (the plane could not put it back).
- * A member wound down (ftar_member_wind_down) syncs without quorum, takes a
- * COMMIT as usual and returns FTAR_ECANCELED where it would run; a call it
- * starts after that returns FTAR_ECANCELED at once.
+ * A member wound down (ftar_member_wind_down, or the coordinator's WIND
+ * when another member did) syncs without quorum, takes a COMMIT as usual
+ * and returns FTAR_ECANCELED on the coordinator's CANCEL; a call it starts
+ * after that returns FTAR_ECANCELED at once.
  * This is the one place that decides what survivors return.
  *
  * Not here: moving bytes (ftar_ring.c, ftar_hier.c, ftar_dev.c), how the coordinator
@@ -182,8 +183,8 @@ static int restore_input(ftar_member *m, ftar_plane *pl) {
 /* Leaves run_ep at a collective boundary, syncs the latest epoch and takes
  * the coordinator's decision: COMMIT of the full result held (STEP_DONE),
  * RUN (STEP_NEXT, buf holds the input again), a newer epoch first
- * (STEP_AGAIN), a seq out of step (FTAR_ESEQ), or RUN while wound down
- * (FTAR_ECANCELED). */
+ * (STEP_AGAIN), a seq out of step (FTAR_ESEQ), or CANCEL, the group wound
+ * down (FTAR_ECANCELED). */
 static int enter_epoch(ftar_member *m, ftar_plane *pl, call *c) {
   uint64_t ep = 0, go_seq = 0;
   int dec = 0;
@@ -201,17 +202,17 @@ static int enter_epoch(ftar_member *m, ftar_plane *pl, call *c) {
     c->res_ep = c->full_ep;
     return STEP_DONE;
   }
-  if (dec != FT_GO_RUN || ((!c->fresh || m->o.strict_seq) && go_seq != c->seq)) {
+  int cancel = dec == FT_GO_CANCEL;
+  if ((dec != FT_GO_RUN && !cancel) || ((!c->fresh || m->o.strict_seq) && go_seq != c->seq)) {
     if (c->res) c->res->seq = go_seq;
     return tr_fail(FTAR_ESEQ, "ftar: seq %llu is out of step with the group (%llu)", (unsigned long long)c->seq,
                    (unsigned long long)go_seq);
   }
-  /* winding down: a collective that would run is not (after the seq check:
-   * a joiner the group committed a step ahead of first catches up to it) */
-  pthread_mutex_lock(&m->mu);
-  int winding = m->winding;
-  pthread_mutex_unlock(&m->mu);
-  if (winding) /* the caller restores the input */
+  /* the group winds down: what would run does not (after the seq check: a
+   * joiner the group committed a step ahead of first catches up to it). A
+   * RUN runs even if this member wound down since it synced: the
+   * coordinator decided it for every member before it knew. */
+  if (cancel) /* the caller restores the input */
     return tr_fail(FTAR_ECANCELED, "ftar: wound down: seq %llu not run", (unsigned long long)c->seq);
   if (c->fresh) c->seq = go_seq;
   int rr = restore_input(m, pl);

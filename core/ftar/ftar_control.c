@@ -144,6 +144,18 @@ static void ctl_on_bye(ftar_member *m, const ftar_hdr *h) {
   ctl_fail(m, FTAR_EEVICTED, msg);
 }
 
+/* WIND: the group winds down (some member's ftar_member_wind_down). */
+static void ctl_on_wind(ftar_member *m) {
+  pthread_mutex_lock(&m->mu);
+  int was = m->winding;
+  m->winding = 1;
+  atomic_fetch_add(&m->gen, 1);
+  pthread_cond_broadcast(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  if (!was) ftar_member_log(m, "the group winds down: no collective runs from now on");
+  ftar_wake_fd(m->wake[1]);
+}
+
 /* A checked frame from the coordinator, payload in ctl_buf. -1 once the
  * member failed (stop reading). */
 static int ctl_on_frame(ftar_member *m, const ftar_hdr *h) {
@@ -160,6 +172,9 @@ static int ctl_on_frame(ftar_member *m, const ftar_hdr *h) {
     return 0;
   case FT_COMMID:
     return ctl_on_commid(m, h);
+  case FT_WIND:
+    ctl_on_wind(m);
+    return 0;
   default: /* BYE, REJECT */
     ctl_on_bye(m, h);
     return -1;
@@ -179,7 +194,7 @@ static void ctl_read_cb(struct bufferevent *bev, void *arg) {
     ftar_hdr_decode(hb, &h);
     int bad = ftar_hdr_check(&h, 0, why, sizeof why) != 0;
     if (!bad && h.type != FT_EPOCH && h.type != FT_GO && h.type != FT_BYE && h.type != FT_REJECT &&
-        h.type != FT_COMMID) {
+        h.type != FT_COMMID && h.type != FT_WIND) {
       snprintf(why, sizeof why, "unexpected %s frame", ftar_type_name(h.type));
       bad = 1;
     }
@@ -260,14 +275,18 @@ static void ctl_cmd_cb(evutil_socket_t fd, short what, void *arg) {
   ftar_drain_fd(fd);
   pthread_mutex_lock(&m->mu);
   int sync = m->q_sync, abrt = m->q_abort, quit = m->q_quit, cid = m->q_commid, nfd = m->q_fd;
+  /* a winding member tells a new coordinator too */
+  int wind = m->q_wind || (nfd >= 0 && m->winding);
   m->q_fd = -1;
   ftar_hdr sh = m->sync_h, ah = m->abort_h, ch = m->commid_h;
+  ftar_hdr wh = {.type = FT_WIND, .epoch = m->ep, .index = (uint32_t)m->slot};
   uint8_t cpay[FTAR_COMMID_LEN];
   memcpy(cpay, m->commid_pay, sizeof cpay);
-  m->q_sync = m->q_abort = m->q_commid = 0;
+  m->q_sync = m->q_abort = m->q_commid = m->q_wind = 0;
   pthread_mutex_unlock(&m->mu);
   if (nfd >= 0) ctl_adopt_fd(m, nfd);
   if (abrt) ctl_send(m, &ah);
+  if (wind) ctl_send(m, &wh); /* before the SYNC: the coordinator decides that epoch knowing it */
   if (sync) ctl_send(m, &sh);
   if (cid) ctl_send_pay(m, &ch, cpay, FTAR_COMMID_LEN);
   if (quit) event_base_loopbreak(m->base);
@@ -423,9 +442,11 @@ void ftar_member_abandon(ftar_member *m, const char *why) { ftar_member_fail(m, 
 void ftar_member_wind_down(ftar_member *m) {
   if (!m) return;
   pthread_mutex_lock(&m->mu);
+  if (!m->winding) m->q_wind = 1; /* WIND to the coordinator, which tells the others */
   m->winding = 1;
   pthread_cond_broadcast(&m->cv);
   pthread_mutex_unlock(&m->mu);
+  ftar_wake_fd(m->cmd[1]);
   ftar_wake_fd(m->wake[1]);
 }
 

@@ -19,7 +19,15 @@
  *           already returned, or that every survivor holds: return it as is;
  *   RUN     (re)run the group's collective in this epoch (a fresh joiner
  *           adopts the group's seq);
- *   ESEQ    its seq is not the group's: the caller is out of step.
+ *   ESEQ    its seq is not the group's: the caller is out of step;
+ *   CANCEL  instead of RUN once the group winds down.
+ * Wind-down: a member that stops while the group waits below its quorum
+ * (ftar_member_wind_down) sends WIND; from then on the coordinator decides
+ * CANCEL where it would decide RUN, and it passes WIND on to every member
+ * (and to any that registers later), so members whose own stop has not
+ * come stop waiting for quorum too: every member syncs, the decision comes,
+ * and all end on the same step, with no member running a collective the
+ * others called off.
  * A join at seq J is pending until that epoch's GO: members keep one
  * epoch, the latest, so nothing else can be published in between without
  * putting the joiner into the group early, where the group would wait for
@@ -127,6 +135,7 @@ struct ftar_coord {
   int n;
   uint64_t epoch, next_uid;
   int go_sent;
+  int winding; /* a member wound down (WIND): the group runs no collective from now on */
   int cid_set; /* the current epoch's communicator id, once its rank 0 offered it */
   uint8_t cid[FTAR_COMMID_LEN];
   uint8_t epoch_buf[4 + FTAR_ENTRY_LEN * FTAR_MAX_MEMBERS];
@@ -442,7 +451,7 @@ static void maybe_go(ftar_coord *c) {
       h.index = FT_GO_COMMIT;
       h.seq = k->sync_seq;
     } else if (fresh || k->sync_seq == run) {
-      h.index = FT_GO_RUN;
+      h.index = c->winding ? FT_GO_CANCEL : FT_GO_RUN;
       h.seq = run;
     } else {
       h.index = FT_GO_ESEQ;
@@ -541,6 +550,10 @@ static int on_hello(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   c->join_from = at;
   publish(c, FTAR_CHANGE_JOIN, slot, 0);
   c->join_from = 0;
+  if (c->winding) { /* it winds down with the group */
+    ftar_hdr wh = {.type = FT_WIND, .epoch = c->epoch};
+    conn_send(k, &wh, NULL);
+  }
   return 0;
 }
 
@@ -611,6 +624,14 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
     member_drop(k, FTAR_CHANGE_CLOSED, "left", !mid);
     return 1;
   }
+  case FT_WIND:
+    if (!c->winding) {
+      ftar_hdr wh = {.type = FT_WIND, .epoch = c->epoch};
+      c->winding = 1;
+      clog_(c, "slot %d winds the group down: no collective runs from now on", k->slot);
+      for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &wh, NULL);
+    }
+    break;
   case FT_ABORT:
     if (h->epoch == c->epoch && c->go_sent && !(c->abort_ev && evtimer_pending(c->abort_ev, NULL))) {
       clog_(c, "slot %d aborted seq %llu in epoch %llu", k->slot, (unsigned long long)h->seq,
@@ -650,7 +671,7 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
       return;
     }
     if (h.type != FT_HELLO && h.type != FT_HEARTBEAT && h.type != FT_SYNC && h.type != FT_ABORT &&
-        h.type != FT_LEAVE && h.type != FT_COMMID) {
+        h.type != FT_LEAVE && h.type != FT_COMMID && h.type != FT_WIND) {
       snprintf(why, sizeof why, "unexpected %s frame", ftar_type_name(h.type));
       conn_fail(k, why);
       return;

@@ -178,12 +178,13 @@ struct ftar_member {
   int sync_n; /* the member list of the epoch we last sent SYNC for */
   peer sync_mem[FTAR_MAX_MEMBERS];
   int failed; /* FTAR_ECOORD / FTAR_EEVICTED once the control link is gone */
-  int winding; /* ftar_member_wind_down: no quorum wait, no collective run (under mu) */
+  int winding; /* wound down (ftar_member_wind_down, or the coordinator's WIND): no quorum
+                * wait, no new collective (under mu) */
   int coord_lost; /* survive_coord_loss: the link is gone, waiting for ftar_member_reconnect */
   int q_fd;       /* a new coordinator connection for the control thread (-1: none) */
   int leave_abort; /* ftar_member_leave with a collective in flight: its LEAVE calls that collective off */
   char fail_msg[256];
-  int q_sync, q_abort, q_quit, q_commid;
+  int q_sync, q_abort, q_quit, q_commid, q_wind;
   ftar_hdr sync_h, abort_h, commid_h;
   uint8_t commid_pay[FTAR_COMMID_LEN];
   uint64_t cid_ep; /* latest epoch whose communicator id arrived (COMMID) */

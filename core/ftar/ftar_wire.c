@@ -64,6 +64,7 @@ const char *ftar_type_name(unsigned type) {
   case FT_ABORT: return "ABORT";
   case FT_LEAVE: return "LEAVE";
   case FT_COMMID: return "COMMID";
+  case FT_WIND: return "WIND";
   case FT_CONNECT: return "CONNECT";
   case FT_DATA: return "DATA";
   case FT_TOKEN: return "TOKEN";
@@ -88,6 +89,7 @@ int ftar_hdr_check(const ftar_hdr *h, uint32_t data_max, char *why, size_t why_l
   case FT_GO:
   case FT_ABORT:
   case FT_LEAVE:
+  case FT_WIND:
   case FT_TOKEN: max = 0; break;
   case FT_CONNECT: max = FTAR_CONNECT_LEN; break;
   case FT_COMMID: max = FTAR_COMMID_LEN; break;

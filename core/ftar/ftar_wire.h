@@ -34,7 +34,8 @@
  *                  a chosen seq; 0: the next); u32 n, n x 64-byte entries:
  *                  u32 slot, u16 port, u16 hostlen, u64 uid, host[48]
  *   SYNC     m->c  epoch, seq = the collective it is in, flags FTF_FULL|FTF_FRESH
- *   GO       c->m  epoch, seq, index = FT_GO_RUN / FT_GO_COMMIT / FT_GO_ESEQ
+ *   GO       c->m  epoch, seq, index = FT_GO_RUN / FT_GO_COMMIT / FT_GO_ESEQ /
+ *                  FT_GO_CANCEL (the group winds down: what would run does not)
  *   ABORT    m->c  epoch, seq of the collective that failed
  *   LEAVE    m->c  seq = its last completed collective: a clean exit at a
  *                  collective boundary (no abort, unlike a closed connection);
@@ -48,6 +49,10 @@
  *                  epoch, and forgets it when it publishes the next; an id
  *                  for an older epoch (a collective still running there
  *                  after a join or clean leave) is passed on, not kept
+ *   WIND     m->c  index = slot: the member winds down (ftar_member_wind_down)
+ *                  and so does the group, from now on
+ *            c->m  the group winds down: every member, and one that registers
+ *                  later, gets it once (no payload)
  * Data frames (member -> its downstream neighbour):
  *   CONNECT  first frame of a link: epoch, index = sender slot, aux = receiver
  *            slot; u64 sender uid, u32 pid, u32 memfd, u32 ring bytes, u32 ring
@@ -95,13 +100,14 @@ enum {
   FT_ABORT = 9,
   FT_LEAVE = 10,
   FT_COMMID = 11,
+  FT_WIND = 12,
   FT_CONNECT = 32,
   FT_DATA = 33,
   FT_TOKEN = 34,
 };
 
 enum { FTF_ABORT_PREV = 1, FTF_FULL = 2, FTF_FRESH = 4, FTF_SHM = 8 };
-enum { FT_GO_RUN = 1, FT_GO_COMMIT = 2, FT_GO_ESEQ = 3 };
+enum { FT_GO_RUN = 1, FT_GO_COMMIT = 2, FT_GO_ESEQ = 3, FT_GO_CANCEL = 4 };
 
 typedef struct {
   uint32_t magic;

@@ -2308,6 +2308,117 @@ static void test_member_leave_go(void) {
   drv_stop(&d);
 }
 
+/* Collectives back to back, min_members 3, until one fails: the last seq
+ * done, the code, whether the input was back in the buffer, and how often
+ * the call waited for quorum. */
+typedef struct {
+  ftar_member *m;
+  int slot;
+  uint64_t last; /* stop after this seq (0: never) */
+  _Atomic uint64_t seq;
+  _Atomic int waits;
+  int rc, restored;
+} thr_wind;
+
+static void on_quorum_wait(void *ud) {
+  thr_wind *a = ud;
+  a->waits++;
+}
+
+static void *thr_wind_run(void *p) {
+  thr_wind *a = p;
+  float buf[1000];
+  uint64_t seq = 1;
+  for (;;) {
+    for (int i = 0; i < 1000; i++) buf[i] = 1.0f + (float)a->slot;
+    ftar_result r;
+    int rc = ftar_allreduce(a->m, buf, 1000, FTAR_SUM, seq, &r);
+    if (rc < 0) {
+      a->rc = rc;
+      a->restored = buf[0] == 1.0f + (float)a->slot && buf[999] == buf[0];
+      return NULL;
+    }
+    a->seq = r.seq;
+    if (a->last && r.seq >= a->last) return NULL;
+    seq = r.seq + 1;
+  }
+}
+
+static thr_wind *wind_member(thr_wind *a, int port, int slot, ftar_member_opts *mo) {
+  mo->quorum_ud = a;
+  a->slot = slot;
+  a->m = ftar_member_create("127.0.0.1", port, slot, mo);
+  return a->m ? a : NULL;
+}
+
+/* The job stops while the group waits below min_members: one member winds
+ * down, and the coordinator winds down the rest (their own stop may never
+ * come: the operator's link to them down). Slot 2 of three leaves after
+ * seq 10; slots 0 and 1 wait for quorum in seq 11; only slot 0 winds down.
+ * Both return FTAR_ECANCELED with their input back and seq 10 done, long
+ * before their timeout (before: slot 1 waited for quorum until then, and
+ * slot 0 for a decision that needs slot 1's SYNC). A member that registers
+ * after it (its first call waits for quorum alone) is wound down too. */
+static void test_wind_down(void) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(30);
+  mo.min_members = 3;
+  mo.log = churn_log;
+  mo.quorum_wait = on_quorum_wait;
+  thr_wind a[3] = {{.last = 0}, {.last = 0}, {.last = 10}}, late = {0};
+  pthread_t th[3];
+  int ok = 1;
+  for (int i = 0; i < 3; i++) ok &= wind_member(&a[i], port, i, &mo) != NULL;
+  CHECK(ok && ftar_member_wait(a[0].m, 3, T(10)) == 0, "wind down: members: %s", tr_error());
+  if (ok) {
+    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, thr_wind_run, &a[i]);
+    pthread_join(th[2], NULL);
+    CHECK(a[2].rc == 0 && a[2].seq == 10, "wind down: slot 2 did seq %llu (%d)", (unsigned long long)a[2].seq,
+          a[2].rc);
+    ftar_member_free(a[2].m); /* leaves: two stay, below min_members */
+    a[2].m = NULL;
+    double end = tr_now() + T(10);
+    while ((!a[0].waits || !a[1].waits) && tr_now() < end) usleep(2000);
+    CHECK(a[0].waits && a[1].waits, "wind down: slots 0 and 1 did not wait for quorum (%d, %d)", (int)a[0].waits,
+          (int)a[1].waits);
+    double t_wind = tr_now();
+    ftar_member_wind_down(a[0].m);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    double took = tr_now() - t_wind;
+    for (int i = 0; i < 2; i++)
+      CHECK(a[i].rc == FTAR_ECANCELED && a[i].restored && a[i].seq == 10,
+            "wind down: slot %d returned %d (input %s) after seq %llu, %.1f s after slot 0 wound down", i, a[i].rc,
+            a[i].restored ? "back" : "not back", (unsigned long long)a[i].seq, took);
+    int told = coord_log_has("slot 0 winds the group down");
+    CHECK(told, "wind down: the coordinator did not hear of it");
+    if (!told || a[1].rc != FTAR_ECANCELED) coord_log_dump("wind down");
+    printf("  wind down: both called off %.0f ms after one member wound down\n", took * 1e3);
+    for (int i = 0; i < 2; i++) {
+      ftar_member_free(a[i].m);
+      a[i].m = NULL;
+    }
+    /* a member registering now is wound down with the group */
+    if (wind_member(&late, port, 3, &mo)) {
+      double t_late = tr_now();
+      thr_wind_run(&late);
+      CHECK(late.rc == FTAR_ECANCELED && late.restored && late.seq == 0,
+            "wind down: a member registered after it returned %d after seq %llu in %.1f s", late.rc,
+            (unsigned long long)late.seq, tr_now() - t_late);
+    } else {
+      CHECK(0, "wind down: a late member: %s", tr_error());
+    }
+  }
+  for (int i = 0; i < 3; i++) ftar_member_free(a[i].m);
+  ftar_member_free(late.m);
+  printf("  wind down: %.1f s\n", tr_now() - t0);
+  ftar_coord_free(c);
+}
+
 /* Epoch churn through the hierarchy: slots 0, 1 on host .1, slot 2 on .2
  * stay; slot 3 (on .2) joins and leaves, rounds times: every epoch is
  * hierarchical, its links (shared memory within a host, TCP between the
@@ -2767,6 +2878,7 @@ int main(void) {
     test_joiner_leaves_after_go();
     test_member_leave();
     test_member_leave_go();
+    test_wind_down();
     return check_report("test_ftar");
   }
   if (only && strcmp(only, "closing") == 0) {
@@ -2843,6 +2955,7 @@ int main(void) {
   test_joiner_leaves_after_go();
   test_member_leave();
   test_member_leave_go();
+  test_wind_down();
   test_garbage();
   test_soak();
   printf("  total %.1f s\n", tr_now() - t0);

@@ -45,7 +45,8 @@ static size_t reader_cap(unsigned type, uint32_t data_max) {
   case FT_GO: return MEMBER_CTL_BUF; /* coordinator -> member */
   case FT_BYE:
   case FT_REJECT: return FTAR_REASON_MAX; /* ctl_on_bye, handshake(): reason[FTAR_REASON_MAX + 1], NUL after it */
-  case FT_COMMID: return COORD_PAY < MEMBER_CTL_BUF ? COORD_PAY : MEMBER_CTL_BUF; /* both ways */
+  case FT_COMMID:
+  case FT_WIND: return COORD_PAY < MEMBER_CTL_BUF ? COORD_PAY : MEMBER_CTL_BUF; /* both ways */
   case FT_HELLO:
   case FT_HEARTBEAT:
   case FT_SYNC:

@@ -73,7 +73,7 @@ enum {
   FTAR_ECOORD = -21,   /* the coordinator refused us or its connection was lost */
   FTAR_EEVICTED = -22, /* the coordinator removed this member (lapse, evict) */
   FTAR_ESEQ = -23,     /* seq out of step with the group (res->seq = the group's) */
-  FTAR_ECANCELED = -24, /* wound down (ftar_member_wind_down): the collective was not run */
+  FTAR_ECANCELED = -24, /* the group wound down (ftar_member_wind_down): the collective was not run */
 };
 
 typedef enum { FTAR_SUM = 0, FTAR_MEAN = 1 } ftar_op;
@@ -400,14 +400,17 @@ int ftar_member_reconnect(ftar_member *m, const char *host, int port, double tim
  * ftar_allreduce returns (input restored). For a host that gives up on
  * every coordinator. Any thread. */
 void ftar_member_abandon(ftar_member *m, const char *why);
-/* The member runs no more collectives (the job stops while the group waits
- * below min_members for members that will not come in time): a call waiting
- * for quorum stops waiting and takes the coordinator's decision on its
- * collective: a result the members held is committed and returned as
+/* The group runs no more collectives (the job stops while the group waits
+ * below min_members for members that will not come in time). The
+ * coordinator is told and tells every member (and any that registers
+ * later), so the others wind down too without a call of their own: a call
+ * waiting for quorum stops waiting and takes the coordinator's decision on
+ * its collective: a result the members held is committed and returned as
  * usual, so every member ends on the same step; where the collective would
- * have to run (again), and for any later call, it returns FTAR_ECANCELED
- * with its input restored. The decision waits for every member of the
- * epoch to sync, so each must wind down. Any thread. */
+ * have to run (again) it is called off for every member (FTAR_ECANCELED,
+ * input restored), and any later call returns FTAR_ECANCELED at once. A
+ * decision to run that the coordinator made before it knew is run. Any
+ * thread. */
 void ftar_member_wind_down(ftar_member *m);
 /* Leaves the group now, for a caller that cannot go on (its compute
  * failed): a collective in flight (ftar_allreduce_start) fails with its
