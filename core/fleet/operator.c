@@ -1241,7 +1241,7 @@ static void on_change(void *ud, const ftar_change *c) {
   operator_state *o = ud;
   if (superseded_now(o)) return;
   watch_aborts(o, c);
-  static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted"};
+  static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted", "wound down"};
   char list[512] = "";
   size_t k = 0;
   for (int i = 0; i < c->n_members && k + 8 < sizeof list; i++)

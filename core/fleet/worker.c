@@ -584,6 +584,17 @@ static void hook_grads_ready(void *ud, int64_t from) {
   if (w->inflight) ftar_allreduce_ready(w->fm, (size_t)from);
 }
 
+/* The group wound down before the operator's STOP reached us: it comes
+ * at about the same time to every replica, and names the one that
+ * checkpoints (perhaps us), so wait for it a little (2 s at most). Its
+ * link down, we stop without it, and do not checkpoint. */
+static void await_stop(worker *w) {
+  for (int i = 0; i < 40 && w->stop_at <= 0; i++) {
+    if (poll_commands(w, 0)) return;
+    if (w->stop_at <= 0) usleep(50 * 1000);
+  }
+}
+
 /* The gradients of step `next`, all-reduced (mean) in place on the backend
  * through FTAR (finished here when hook_exchange_start started it); a
  * joiner the group outran replays what it missed. */
@@ -618,13 +629,13 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
             (unsigned long long)res.seq, applied);
     return LOOP_RECOMPUTE;
   }
-  /* the step called off: stop where we are. FTAR_ECANCELED without our
-   * STOP: another replica's stop wound the group down (the operator's STOP
-   * has not reached us); the STOP's lead checkpoints, not us */
+  /* the step called off: stop where we are. FTAR_ECANCELED before our
+   * STOP: another replica's stop wound the group down */
   if (rc == FTAR_ECANCELED || (w->stop_paused && rc == FTAR_ESEQ)) {
+    if (w->stop_at <= 0) await_stop(w);
     x->leader = x->snapshots = w->stop_lead == w->slot;
     fprintf(stderr, "worker %d: stopped at step %lld: step %lld could not finish below min_replicas%s%s\n", w->slot,
-            (long long)(next - 1), (long long)next, w->stop_paused ? "" : " (the group wound down: the job stops)",
+            (long long)(next - 1), (long long)next, w->stop_at > 0 ? "" : " (the group wound down: the job stops)",
             x->leader ? "; this replica checkpoints it" : "");
     return LOOP_STOPPED;
   }

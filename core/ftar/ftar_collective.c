@@ -13,8 +13,11 @@
  * buf, or the member has failed for good (the plane could not put it back).
  * A member wound down (ftar_member_wind_down, or the coordinator's WIND
  * when another member did) syncs without quorum, takes a COMMIT as usual
- * and returns FTAR_ECANCELED on the coordinator's CANCEL; a call it starts
- * after that returns FTAR_ECANCELED at once.
+ * and returns FTAR_ECANCELED on the coordinator's CANCEL. Once it has taken
+ * a decision of a winding group (GO flagged FTF_WIND: no member of that
+ * epoch runs anything in it), a call it starts returns FTAR_ECANCELED at
+ * once; before that, its calls sync as usual (the coordinator's epoch at
+ * the wind-down's boundary makes them).
  * This is the one place that decides what survivors return.
  *
  * Not here: moving bytes (ftar_ring.c, ftar_hier.c, ftar_dev.c), how the coordinator
@@ -43,10 +46,10 @@ static int in_members(const peer *mem, int n, uint64_t uid) {
 }
 
 /* Sends SYNC for the latest epoch and waits for its GO. Returns 0 with
- * *ep/dec/go_seq set, 1 if a newer epoch came first (sync again), or an
+ * *ep/dec/wind/go_seq set, 1 if a newer epoch came first (sync again), or an
  * error code. */
 static int sync_epoch(ftar_member *m, uint64_t cur_seq, int full, int fresh, double t_end, uint64_t *ep_out,
-                      int *dec, uint64_t *go_seq) {
+                      int *dec, int *wind, uint64_t *go_seq) {
   int rc = 0;
   pthread_mutex_lock(&m->mu);
   /* quorum, and our own registration visible */
@@ -89,6 +92,7 @@ static int sync_epoch(ftar_member *m, uint64_t cur_seq, int full, int fresh, dou
     if (m->go_ep == ep) {
       *ep_out = ep;
       *dec = m->go_dec;
+      *wind = m->go_wind;
       *go_seq = m->go_seq;
       m->run_n = m->sync_n;
       memcpy(m->run_mem, m->sync_mem, (size_t)m->sync_n * sizeof m->sync_mem[0]);
@@ -187,16 +191,17 @@ static int restore_input(ftar_member *m, ftar_plane *pl) {
  * down (FTAR_ECANCELED). */
 static int enter_epoch(ftar_member *m, ftar_plane *pl, call *c) {
   uint64_t ep = 0, go_seq = 0;
-  int dec = 0;
+  int dec = 0, wind = 0;
   /* close run_ep's links now, so peers that started a collective there see
    * EOF and move on too */
   pl->leave_epoch(pl, m);
-  int s = sync_epoch(m, c->seq, c->full, c->fresh, c->t_end, &ep, &dec, &go_seq);
+  int s = sync_epoch(m, c->seq, c->full, c->fresh, c->t_end, &ep, &dec, &wind, &go_seq);
   if (s == 1) return STEP_AGAIN;
   if (s) return s;
   pl->leave_epoch(pl, m);
   m->run_ep = ep;
   m->run_aborted = 0;
+  m->wound |= wind; /* no member runs anything in this epoch: later calls are called off at once */
   if (dec == FT_GO_COMMIT && c->full && go_seq == c->seq) {
     fill_result(c->res, c->full_ep, c->seq, c->redos, c->full_mem, c->full_n);
     c->res_ep = c->full_ep;
@@ -298,10 +303,7 @@ int ftar_collective(ftar_member *m, ftar_plane *pl, size_t n, ftar_op op, uint64
   int rc = check_call(m, pl, n, op, seq, res);
   if (rc) return rc;
   if (res) memset(res, 0, sizeof *res);
-  pthread_mutex_lock(&m->mu);
-  int winding = m->winding;
-  pthread_mutex_unlock(&m->mu);
-  if (winding) return tr_fail(FTAR_ECANCELED, "ftar: wound down: seq %llu not run", (unsigned long long)seq);
+  if (m->wound) return tr_fail(FTAR_ECANCELED, "ftar: wound down: seq %llu not run", (unsigned long long)seq);
   call c = {.res = res, .t_end = tr_now() + m->o.timeout, .seq = seq, .fresh = !m->completed_any};
   for (;;) {
     pthread_mutex_lock(&m->mu);

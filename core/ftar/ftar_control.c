@@ -106,6 +106,7 @@ static void ctl_on_go(ftar_member *m, const ftar_hdr *h) {
   if (h->epoch >= m->go_ep) {
     m->go_ep = h->epoch;
     m->go_dec = (int)h->index;
+    m->go_wind = (h->flags & FTF_WIND) != 0;
     m->go_seq = h->seq;
     atomic_fetch_add(&m->gen, 1);
     pthread_cond_broadcast(&m->cv);

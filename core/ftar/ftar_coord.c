@@ -23,11 +23,12 @@
  *   CANCEL  instead of RUN once the group winds down.
  * Wind-down: a member that stops while the group waits below its quorum
  * (ftar_member_wind_down) sends WIND; from then on the coordinator decides
- * CANCEL where it would decide RUN, and it passes WIND on to every member
- * (and to any that registers later), so members whose own stop has not
- * come stop waiting for quorum too: every member syncs, the decision comes,
- * and all end on the same step, with no member running a collective the
- * others called off.
+ * CANCEL where it would decide RUN (every GO flagged FTF_WIND), passes WIND
+ * on to every member (and to any that registers later), so members whose
+ * own stop has not come stop waiting for quorum too, and publishes an
+ * epoch at the next collective boundary, so every member syncs before its
+ * next collective: all end on the same step, with no member running a
+ * collective the others called off.
  * A join at seq J is pending until that epoch's GO: members keep one
  * epoch, the latest, so nothing else can be published in between without
  * putting the joiner into the group early, where the group would wait for
@@ -318,6 +319,7 @@ static const char *change_name(ftar_change_kind k) {
   case FTAR_CHANGE_LAPSED: return "lapsed";
   case FTAR_CHANGE_EVICTED: return "evicted";
   case FTAR_CHANGE_ABORTED: return "aborted";
+  case FTAR_CHANGE_WOUND_DOWN: return "wound down";
   }
   return "?";
 }
@@ -368,9 +370,9 @@ static void publish(ftar_coord *c, ftar_change_kind kind, int slot, int clean) {
     memcpy(e + 16, k->host, hl);
     k->synced = 0;
   }
-  /* a join or a clean leave happens at a collective boundary: members finish
-   * the collective in flight first; any other change aborts it */
-  int boundary = kind == FTAR_CHANGE_JOIN || clean;
+  /* a join, a clean leave or a wind-down happens at a collective boundary:
+   * members finish the collective in flight first; any other change aborts it */
+  int boundary = kind == FTAR_CHANGE_JOIN || kind == FTAR_CHANGE_WOUND_DOWN || clean;
   ftar_hdr h = {.type = FT_EPOCH, .flags = boundary ? 0 : FTF_ABORT_PREV, .epoch = c->epoch,
                 .seq = kind == FTAR_CHANGE_JOIN ? c->join_from : 0};
   h.len = (uint32_t)(4 + (size_t)c->n * FTAR_ENTRY_LEN);
@@ -413,8 +415,8 @@ static void member_drop(cconn *k, ftar_change_kind kind, const char *why, int cl
   publish(c, kind, slot, clean);
 }
 
-/* Every member synced: decide COMMIT / RUN / ESEQ for each (see the file
- * comment) and send GO. "old" members are those that completed a collective
+/* Every member synced: decide COMMIT / RUN (CANCEL once the group winds
+ * down) / ESEQ for each (see the file comment) and send GO. "old" members are those that completed a collective
  * before or hold a full result; a fresh joiner adopts the group's seq. */
 static void maybe_go(ftar_coord *c) {
   if (c->go_sent || c->n == 0) return;
@@ -446,7 +448,7 @@ static void maybe_go(ftar_coord *c) {
     cconn *k = c->mem[i];
     int full = (k->sync_flags & FTF_FULL) != 0;
     int fresh = (k->sync_flags & FTF_FRESH) && !full;
-    ftar_hdr h = {.type = FT_GO, .epoch = c->epoch};
+    ftar_hdr h = {.type = FT_GO, .epoch = c->epoch, .flags = c->winding ? FTF_WIND : 0};
     if (full && (k->sync_seq < smax || (k->sync_seq == smax && commit_max))) {
       h.index = FT_GO_COMMIT;
       h.seq = k->sync_seq;
@@ -626,10 +628,15 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   }
   case FT_WIND:
     if (!c->winding) {
+      /* WIND first: members waiting for quorum stop waiting and sync (on
+       * the epoch that follows); then an epoch at the next boundary, so
+       * every member syncs before its next collective and takes a decision
+       * made knowing it, none running a collective the others call off */
       ftar_hdr wh = {.type = FT_WIND, .epoch = c->epoch};
       c->winding = 1;
       clog_(c, "slot %d winds the group down: no collective runs from now on", k->slot);
       for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &wh, NULL);
+      publish(c, FTAR_CHANGE_WOUND_DOWN, k->slot, 0);
     }
     break;
   case FT_ABORT:

@@ -174,12 +174,14 @@ struct ftar_member {
   peer ep_mem[FTAR_MAX_MEMBERS];
   uint64_t abort_ep; /* latest epoch that aborts the collectives of older ones */
   uint64_t go_ep, go_seq;
-  int go_dec;
+  int go_dec, go_wind; /* go_wind: FTF_WIND, decided while the group winds down */
   int sync_n; /* the member list of the epoch we last sent SYNC for */
   peer sync_mem[FTAR_MAX_MEMBERS];
   int failed; /* FTAR_ECOORD / FTAR_EEVICTED once the control link is gone */
   int winding; /* wound down (ftar_member_wind_down, or the coordinator's WIND): no quorum
-                * wait, no new collective (under mu) */
+                * wait (under mu) */
+  int wound;   /* took a decision of a winding group: every later call is called off
+                * (the calling thread's) */
   int coord_lost; /* survive_coord_loss: the link is gone, waiting for ftar_member_reconnect */
   int q_fd;       /* a new coordinator connection for the control thread (-1: none) */
   int leave_abort; /* ftar_member_leave with a collective in flight: its LEAVE calls that collective off */

@@ -35,7 +35,9 @@
  *                  u32 slot, u16 port, u16 hostlen, u64 uid, host[48]
  *   SYNC     m->c  epoch, seq = the collective it is in, flags FTF_FULL|FTF_FRESH
  *   GO       c->m  epoch, seq, index = FT_GO_RUN / FT_GO_COMMIT / FT_GO_ESEQ /
- *                  FT_GO_CANCEL (the group winds down: what would run does not)
+ *                  FT_GO_CANCEL (the group winds down: what would run does not);
+ *                  flags FTF_WIND: decided while the group winds down (no
+ *                  member of the epoch runs a collective in it)
  *   ABORT    m->c  epoch, seq of the collective that failed
  *   LEAVE    m->c  seq = its last completed collective: a clean exit at a
  *                  collective boundary (no abort, unlike a closed connection);
@@ -50,9 +52,11 @@
  *                  for an older epoch (a collective still running there
  *                  after a join or clean leave) is passed on, not kept
  *   WIND     m->c  index = slot: the member winds down (ftar_member_wind_down)
- *                  and so does the group, from now on
+ *                  and so does the group, from now on: the coordinator
+ *                  publishes a boundary epoch (no FTF_ABORT_PREV), so every
+ *                  member syncs before its next collective
  *            c->m  the group winds down: every member, and one that registers
- *                  later, gets it once (no payload)
+ *                  later, gets it (no payload)
  * Data frames (member -> its downstream neighbour):
  *   CONNECT  first frame of a link: epoch, index = sender slot, aux = receiver
  *            slot; u64 sender uid, u32 pid, u32 memfd, u32 ring bytes, u32 ring
@@ -106,7 +110,7 @@ enum {
   FT_TOKEN = 34,
 };
 
-enum { FTF_ABORT_PREV = 1, FTF_FULL = 2, FTF_FRESH = 4, FTF_SHM = 8 };
+enum { FTF_ABORT_PREV = 1, FTF_FULL = 2, FTF_FRESH = 4, FTF_SHM = 8, FTF_WIND = 16 };
 enum { FT_GO_RUN = 1, FT_GO_COMMIT = 2, FT_GO_ESEQ = 3, FT_GO_CANCEL = 4 };
 
 typedef struct {

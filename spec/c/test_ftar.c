@@ -2314,9 +2314,9 @@ static void test_member_leave_go(void) {
 typedef struct {
   ftar_member *m;
   int slot;
-  uint64_t last; /* stop after this seq (0: never) */
+  _Atomic uint64_t last; /* stop after this seq (0: never) */
   _Atomic uint64_t seq;
-  _Atomic int waits;
+  _Atomic int waits, ended;
   int rc, restored;
 } thr_wind;
 
@@ -2336,12 +2336,14 @@ static void *thr_wind_run(void *p) {
     if (rc < 0) {
       a->rc = rc;
       a->restored = buf[0] == 1.0f + (float)a->slot && buf[999] == buf[0];
-      return NULL;
+      break;
     }
     a->seq = r.seq;
-    if (a->last && r.seq >= a->last) return NULL;
+    if (a->last && r.seq >= a->last) break;
     seq = r.seq + 1;
   }
+  a->ended = 1;
+  return NULL;
 }
 
 static thr_wind *wind_member(thr_wind *a, int port, int slot, ftar_member_opts *mo) {
@@ -2359,6 +2361,8 @@ static thr_wind *wind_member(thr_wind *a, int port, int slot, ftar_member_opts *
  * before their timeout (before: slot 1 waited for quorum until then, and
  * slot 0 for a decision that needs slot 1's SYNC). A member that registers
  * after it (its first call waits for quorum alone) is wound down too. */
+static void test_wind_down_running(void);
+
 static void test_wind_down(void) {
   double t0 = tr_now();
   ftar_coord *c = coord_start();
@@ -2416,6 +2420,70 @@ static void test_wind_down(void) {
   for (int i = 0; i < 3; i++) ftar_member_free(a[i].m);
   ftar_member_free(late.m);
   printf("  wind down: %.1f s\n", tr_now() - t0);
+  ftar_coord_free(c);
+  test_wind_down_running();
+}
+
+/* A member winds down between two collectives while the other already
+ * waits in the next for its data (nobody waits for quorum): both stop on
+ * the same seq with their input back, the one that wound down and the one
+ * that only heard of it. The coordinator's epoch at the wind-down's
+ * boundary makes both sync before their next collective (the one in
+ * flight may still complete), where it calls that off for both. (A member
+ * that called its next collective off on the spot left the other waiting
+ * in it for its data until its timeout.) Slot 0 runs on a thread, slot 1
+ * here. */
+static void test_wind_down_running(void) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  ftar_member_opts mo;
+  ftar_member_opts_default(&mo);
+  mo.timeout = T(30);
+  mo.min_members = 2;
+  mo.log = churn_log;
+  thr_wind a = {.last = 0};
+  ftar_member *m1 = ftar_member_create("127.0.0.1", port, 1, &mo);
+  int ok = wind_member(&a, port, 0, &mo) && m1;
+  CHECK(ok && ftar_member_wait(m1, 2, T(10)) == 0, "wind down, running: members: %s", tr_error());
+  if (ok) {
+    pthread_t th;
+    pthread_create(&th, NULL, thr_wind_run, &a);
+    float buf[1000];
+    ftar_result r;
+    uint64_t last = 0;
+    int rc = 0;
+    while (last < 20 && rc >= 0) {
+      for (int i = 0; i < 1000; i++) buf[i] = 2.0f;
+      if ((rc = ftar_allreduce(m1, buf, 1000, FTAR_SUM, last + 1, &r)) >= 0) last = r.seq;
+    }
+    CHECK(rc >= 0, "wind down, running: slot 1: %s", tr_error());
+    usleep(20 * 1000); /* slot 0 waits in the next collective */
+    double t_wind = tr_now();
+    ftar_member_wind_down(m1);
+    for (int k = 0; k < 1000 && rc >= 0; k++) { /* the collective in flight may still complete */
+      for (int i = 0; i < 1000; i++) buf[i] = 2.0f;
+      if ((rc = ftar_allreduce(m1, buf, 1000, FTAR_SUM, last + 1, &r)) >= 0) last = r.seq;
+    }
+    int restored = buf[0] == 2.0f && buf[999] == 2.0f;
+    double end = tr_now() + T(10);
+    while (!a.ended && tr_now() < end) usleep(2000);
+    if (!a.ended) a.last = a.seq + 1; /* between collectives: stop it (the check below fails) */
+    pthread_join(th, NULL);
+    double took = tr_now() - t_wind;
+    CHECK(rc == FTAR_ECANCELED && restored && a.rc == FTAR_ECANCELED && a.restored && a.seq == last,
+          "wind down, running: slot 1 returned %d (input %s) after seq %llu, slot 0 %d (input %s) after seq %llu, "
+          "%.1f s after slot 1 wound down",
+          rc, restored ? "back" : "not back", (unsigned long long)last, a.rc, a.restored ? "back" : "not back",
+          (unsigned long long)a.seq, took);
+    if (a.rc != FTAR_ECANCELED || a.seq != last) coord_log_dump("wind down, running");
+    printf("  wind down, running: both stopped after seq %llu, %.0f ms after one wound down\n",
+           (unsigned long long)last, took * 1e3);
+  }
+  ftar_member_free(a.m);
+  ftar_member_free(m1);
+  printf("  wind down, running: %.1f s\n", tr_now() - t0);
   ftar_coord_free(c);
 }
 

@@ -45,8 +45,7 @@ static size_t reader_cap(unsigned type, uint32_t data_max) {
   case FT_GO: return MEMBER_CTL_BUF; /* coordinator -> member */
   case FT_BYE:
   case FT_REJECT: return FTAR_REASON_MAX; /* ctl_on_bye, handshake(): reason[FTAR_REASON_MAX + 1], NUL after it */
-  case FT_COMMID:
-  case FT_WIND: return COORD_PAY < MEMBER_CTL_BUF ? COORD_PAY : MEMBER_CTL_BUF; /* both ways */
+  case FT_COMMID: return COORD_PAY < MEMBER_CTL_BUF ? COORD_PAY : MEMBER_CTL_BUF; /* both ways */
   case FT_HELLO:
   case FT_HEARTBEAT:
   case FT_SYNC:
@@ -55,6 +54,7 @@ static size_t reader_cap(unsigned type, uint32_t data_max) {
   case FT_WELCOME: return FTAR_REASON_MAX + 1; /* ftar_control.c handshake(): pay[FTAR_REASON_MAX + 1] */
   case FT_CONNECT: return PORT_PAY;
   case FT_DATA: return data_max; /* the ring reads into the segment it expects */
+  case FT_WIND: /* both ways, no payload */
   case FT_TOKEN: return 0;
   default: return 0;
   }

@@ -111,6 +111,8 @@ typedef enum {
   FTAR_CHANGE_LAPSED,  /* slot's heartbeats lapsed past the deadline */
   FTAR_CHANGE_EVICTED, /* the host evicted slot (ftar_coord_evict) */
   FTAR_CHANGE_ABORTED, /* slot reported an aborted collective: same members, new epoch */
+  FTAR_CHANGE_WOUND_DOWN, /* slot wound the group down (ftar_member_wind_down): same members,
+                             new epoch at the next collective boundary */
 } ftar_change_kind;
 
 typedef struct {
@@ -409,8 +411,10 @@ void ftar_member_abandon(ftar_member *m, const char *why);
  * usual, so every member ends on the same step; where the collective would
  * have to run (again) it is called off for every member (FTAR_ECANCELED,
  * input restored), and any later call returns FTAR_ECANCELED at once. A
- * decision to run that the coordinator made before it knew is run. Any
- * thread. */
+ * collective running, or decided to run before the coordinator knew,
+ * completes; every member's next one is called off. A member that adopts a
+ * new coordinator (ftar_member_reconnect) while wound down winds that
+ * coordinator's group down too. Any thread. */
 void ftar_member_wind_down(ftar_member *m);
 /* Leaves the group now, for a caller that cannot go on (its compute
  * failed): a collective in flight (ftar_allreduce_start) fails with its
