@@ -1242,6 +1242,7 @@ static void on_change(void *ud, const ftar_change *c) {
   if (superseded_now(o)) return;
   watch_aborts(o, c);
   static const char *kinds[] = {"join", "closed", "lapsed", "evicted", "aborted", "wound down"};
+  _Static_assert(sizeof kinds / sizeof kinds[0] == FTAR_CHANGE_WOUND_DOWN + 1, "a name for every ftar_change_kind");
   char list[512] = "";
   size_t k = 0;
   for (int i = 0; i < c->n_members && k + 8 < sizeof list; i++)
@@ -1254,7 +1255,8 @@ static void on_change(void *ud, const ftar_change *c) {
   int finishing = 0;
   for (int i = 0; i < o->nslots; i++) finishing |= o->slots[i].done;
   /* a member lost (not one still missing at the start) */
-  if (c->kind != FTAR_CHANGE_JOIN && c->n_members < (int)o->cfg->min_replicas && !o->stopping && !finishing &&
+  if (c->kind != FTAR_CHANGE_JOIN && c->kind != FTAR_CHANGE_WOUND_DOWN && c->n_members < (int)o->cfg->min_replicas &&
+      !o->stopping && !finishing &&
       !o->rollback_pending)
     operator_event(o, o->best_step, -1, "paused", "%d live replicas < min_replicas %lld: waiting for replacements",
               c->n_members, (long long)o->cfg->min_replicas);

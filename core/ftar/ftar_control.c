@@ -287,7 +287,7 @@ static void ctl_cmd_cb(evutil_socket_t fd, short what, void *arg) {
   pthread_mutex_unlock(&m->mu);
   if (nfd >= 0) ctl_adopt_fd(m, nfd);
   if (abrt) ctl_send(m, &ah);
-  if (wind) ctl_send(m, &wh); /* before the SYNC: the coordinator decides that epoch knowing it */
+  if (wind) ctl_send(m, &wh); /* before the SYNC: the coordinator decides knowing it */
   if (sync) ctl_send(m, &sh);
   if (cid) ctl_send_pay(m, &ch, cpay, FTAR_COMMID_LEN);
   if (quit) event_base_loopbreak(m->base);

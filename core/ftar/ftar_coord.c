@@ -9,6 +9,10 @@
  *   clean leave (LEAVE frame) -> the same: the leaver completed its part
  *                                (a LEAVE with FTF_ABORT_PREV, from a member
  *                                whose collective was in flight: as a close)
+ *   wind-down (WIND frame)    -> the same, same members (when the epoch's
+ *                                GO went out; see Wind-down below)
+ *   (any of these while an ABORT of the epoch is held back by the rate
+ *   limit: FTF_ABORT_PREV, the abort is not lost)
  *   close / lapse / evict     -> FTF_ABORT_PREV: every member aborts the
  *   / a member's ABORT           collective in flight and resynchronises
  * Before a member runs a collective in a new epoch it sends SYNC (the seq it
@@ -51,7 +55,7 @@
  * offers a communicator id (COMMID); the coordinator keeps it for that epoch
  * and sends it to every member, and forgets it when it publishes the next
  * epoch. An id for an older epoch is passed on to the members, not kept:
- * after a join or a clean leave the collective in flight still finishes in
+ * after a join, a clean leave or a wind-down the collective in flight still finishes in
  * the epoch it started in.
  *
  * Not here: the member and its data plane (ftar_member.c and the files it
@@ -353,6 +357,12 @@ static void publish(ftar_coord *c, ftar_change_kind kind, int slot, int clean) {
     return;
   }
   if (!(kind == FTAR_CHANGE_JOIN && c->join_from)) cancel_pending_join(c, clean ? "a clean leave" : change_name(kind));
+  /* an ABORT held back by the rate limit is owed for this epoch: this one
+   * aborts (else a boundary change would swallow it, abort_cb finding the
+   * epoch moved on, and a member still in the failed collective would wait
+   * for it until its deadline) */
+  int owed_abort = c->abort_ev && evtimer_pending(c->abort_ev, NULL) && c->abort_epoch == c->epoch;
+  if (owed_abort) evtimer_del(c->abort_ev);
   c->epoch++;
   c->go_sent = 0;
   c->cid_set = 0;
@@ -372,7 +382,7 @@ static void publish(ftar_coord *c, ftar_change_kind kind, int slot, int clean) {
   }
   /* a join, a clean leave or a wind-down happens at a collective boundary:
    * members finish the collective in flight first; any other change aborts it */
-  int boundary = kind == FTAR_CHANGE_JOIN || kind == FTAR_CHANGE_WOUND_DOWN || clean;
+  int boundary = (kind == FTAR_CHANGE_JOIN || kind == FTAR_CHANGE_WOUND_DOWN || clean) && !owed_abort;
   ftar_hdr h = {.type = FT_EPOCH, .flags = boundary ? 0 : FTF_ABORT_PREV, .epoch = c->epoch,
                 .seq = kind == FTAR_CHANGE_JOIN ? c->join_from : 0};
   h.len = (uint32_t)(4 + (size_t)c->n * FTAR_ENTRY_LEN);
@@ -611,7 +621,7 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
       memcpy(c->cid, pay, FTAR_COMMID_LEN);
       for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &ch, c->cid);
     } else if (h->epoch < c->epoch) {
-      /* a collective that began before a join or a clean leave finishes in
+      /* a collective that began before a join, a clean leave or a wind-down finishes in
        * its own epoch: pass the id on; members not of that epoch ignore it */
       for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &ch, pay);
     }
@@ -628,15 +638,18 @@ static int on_frame(cconn *k, const ftar_hdr *h, const uint8_t *pay) {
   }
   case FT_WIND:
     if (!c->winding) {
-      /* WIND first: members waiting for quorum stop waiting and sync (on
-       * the epoch that follows); then an epoch at the next boundary, so
-       * every member syncs before its next collective and takes a decision
-       * made knowing it, none running a collective the others call off */
+      /* WIND first: members waiting for quorum stop waiting and sync. If
+       * the current epoch's GO went out, members may run collectives in it:
+       * an epoch at the next boundary, so every member syncs before its
+       * next collective and takes a decision made knowing it, none running
+       * a collective the others call off. Else every member syncs this
+       * epoch anyway (a pending joiner stays in) */
       ftar_hdr wh = {.type = FT_WIND, .epoch = c->epoch};
       c->winding = 1;
       clog_(c, "slot %d winds the group down: no collective runs from now on", k->slot);
       for (int i = 0; i < c->n; i++) conn_send(c->mem[i], &wh, NULL);
-      publish(c, FTAR_CHANGE_WOUND_DOWN, k->slot, 0);
+      if (c->go_sent) publish(c, FTAR_CHANGE_WOUND_DOWN, k->slot, 0);
+      return k->state != CS_MEMBER;
     }
     break;
   case FT_ABORT:

@@ -181,7 +181,8 @@ struct ftar_member {
   int winding; /* wound down (ftar_member_wind_down, or the coordinator's WIND): no quorum
                 * wait (under mu) */
   int wound;   /* took a decision of a winding group: every later call is called off
-                * (the calling thread's) */
+                * (the thread running ftar_collective: the caller's, or the
+                * communication thread's on the async path) */
   int coord_lost; /* survive_coord_loss: the link is gone, waiting for ftar_member_reconnect */
   int q_fd;       /* a new coordinator connection for the control thread (-1: none) */
   int leave_abort; /* ftar_member_leave with a collective in flight: its LEAVE calls that collective off */

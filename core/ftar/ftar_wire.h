@@ -50,7 +50,7 @@
  *                  offered it. The coordinator keeps one id, for its current
  *                  epoch, and forgets it when it publishes the next; an id
  *                  for an older epoch (a collective still running there
- *                  after a join or clean leave) is passed on, not kept
+ *                  after a join, clean leave or wind-down) is passed on, not kept
  *   WIND     m->c  index = slot: the member winds down (ftar_member_wind_down)
  *                  and so does the group, from now on: the coordinator
  *                  publishes a boundary epoch (no FTF_ABORT_PREV), so every

@@ -2654,6 +2654,112 @@ static size_t frame(uint8_t *out, int type, uint64_t epoch, uint32_t index, uint
   return FTAR_HDR + len;
 }
 
+/* --- the coordinator's epochs, through raw control connections --- */
+
+/* Sends one control frame on fd. */
+static void ctl_put(int fd, int type, uint64_t epoch, uint64_t seq, uint16_t flags, uint32_t index, const void *pay,
+                    uint32_t len) {
+  uint8_t f[FTAR_HDR + FTAR_HELLO_LEN];
+  ftar_hdr h = {.type = (uint16_t)type, .epoch = epoch, .seq = seq, .flags = flags, .index = index, .len = len};
+  ftar_frame_build(f, &h, pay);
+  if (len) memcpy(f + FTAR_HDR, pay, len);
+  ssize_t w = send(fd, f, FTAR_HDR + len, MSG_NOSIGNAL);
+  (void)w;
+}
+
+/* Reads frames from fd until one of `type` (others skipped) within
+ * `seconds`: 0 with its header in *h, or -1. */
+static int ctl_expect(int fd, int type, ftar_hdr *h, double seconds) {
+  double end = tr_now() + seconds;
+  uint8_t b[FTAR_HDR + 4 + FTAR_ENTRY_LEN * FTAR_MAX_MEMBERS];
+  for (;;) {
+    size_t got = 0, want = FTAR_HDR;
+    while (got < want) {
+      struct pollfd pf = {.fd = fd, .events = POLLIN};
+      double left = end - tr_now();
+      if (left <= 0 || poll(&pf, 1, (int)(left * 1000) + 1) <= 0) return -1;
+      ssize_t r = recv(fd, b + got, want - got, 0);
+      if (r <= 0) return -1;
+      got += (size_t)r;
+      if (got == FTAR_HDR) {
+        ftar_hdr_decode(b, h);
+        if (h->len > sizeof b - FTAR_HDR) return -1;
+        want = FTAR_HDR + h->len;
+      }
+    }
+    if (h->type == type) return 0;
+  }
+}
+
+/* A raw member of slot `slot`: HELLO, then its WELCOME and first EPOCH.
+ * The fd, or -1. */
+static int raw_member(int port, int slot) {
+  int fd = tcp_connect(port);
+  if (fd < 0) return -1;
+  uint8_t hello[FTAR_HELLO_LEN] = {0};
+  ftw_put32(hello, FTAR_VERSION);
+  ftw_put16(hello + 4, (uint16_t)(40000 + slot)); /* a data port nobody dials: no GO to run here */
+  ftw_put16(hello + 6, 9);
+  memcpy(hello + 8, "127.0.0.1", 9);
+  ctl_put(fd, FT_HELLO, 0, 0, 0, (uint32_t)slot, hello, FTAR_HELLO_LEN);
+  ftar_hdr h;
+  if (ctl_expect(fd, FT_WELCOME, &h, T(5)) || ctl_expect(fd, FT_EPOCH, &h, T(5))) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* An ABORT held back by the coordinator's rate limit (aborts in a row)
+ * and a join before it is published: the join's epoch aborts the
+ * collective in flight (FTF_ABORT_PREV). Before, the join's boundary epoch
+ * swallowed the abort (the held-back one found the epoch moved on), and a
+ * member still in the failed collective (on the device plane: nothing
+ * tells it) waited for it until its deadline. Members are raw control
+ * connections: slots 0 and 1 sync, get GO, slot 0 reports an abort, eight
+ * times in a row (the limit's gap doubles up to deadline/4), then slot 2
+ * registers while the last abort is held back. */
+static void test_owed_abort(void) {
+  double t0 = tr_now();
+  ftar_coord *c = coord_start();
+  if (!c) return;
+  int port = ftar_coord_port(c);
+  int a = raw_member(port, 0), b = a >= 0 ? raw_member(port, 1) : -1;
+  CHECK(a >= 0 && b >= 0, "owed abort: raw members did not register");
+  ftar_hdr h;
+  int ok = a >= 0 && b >= 0, held = 0;
+  for (int k = 0; ok && k < 9; k++) {
+    uint64_t ep = 0;
+    ftar_coord_members(c, &ep, NULL, 0);
+    ctl_put(a, FT_SYNC, ep, 1, FTF_FRESH, 0, NULL, 0);
+    ctl_put(b, FT_SYNC, ep, 1, FTF_FRESH, 1, NULL, 0);
+    ok = ctl_expect(a, FT_GO, &h, T(5)) == 0 && h.epoch == ep && ctl_expect(b, FT_GO, &h, T(5)) == 0;
+    CHECK(ok, "owed abort: no GO for epoch %llu", (unsigned long long)ep);
+    if (!ok) break;
+    ctl_put(a, FT_ABORT, ep, 1, 0, 0, NULL, 0);
+    if (k < 8) { /* the aborted epoch, at once or after the gap */
+      ok = ctl_expect(a, FT_EPOCH, &h, T(5)) == 0 && h.epoch == ep + 1 && (h.flags & FTF_ABORT_PREV);
+      CHECK(ok, "owed abort: abort %d: no aborting epoch %llu", k, (unsigned long long)ep + 1);
+      continue;
+    }
+    /* held back (the gap is now deadline/4): a join comes first */
+    usleep(20 * 1000);
+    int j = raw_member(port, 2);
+    CHECK(j >= 0, "owed abort: slot 2 did not register");
+    held = ctl_expect(a, FT_EPOCH, &h, T(5)) == 0;
+    CHECK(held && h.epoch == ep + 1 && (h.flags & FTF_ABORT_PREV),
+          "owed abort: the join's epoch %llu (after %llu, whose abort was held back) came with flags %u: %s",
+          (unsigned long long)h.epoch, (unsigned long long)ep, (unsigned)h.flags,
+          held ? "the abort was lost" : "none came");
+    if (j >= 0) close(j);
+  }
+  if (!held) coord_log_dump("owed abort");
+  if (a >= 0) close(a);
+  if (b >= 0) close(b);
+  printf("  owed abort: %.1f s\n", tr_now() - t0);
+  ftar_coord_free(c);
+}
+
 /* --- closing connections --- */
 
 /* A BYE queued just before the coordinator is freed still reaches the
@@ -2947,6 +3053,7 @@ int main(void) {
     test_member_leave();
     test_member_leave_go();
     test_wind_down();
+    test_owed_abort();
     return check_report("test_ftar");
   }
   if (only && strcmp(only, "closing") == 0) {
@@ -3024,6 +3131,7 @@ int main(void) {
   test_member_leave();
   test_member_leave_go();
   test_wind_down();
+  test_owed_abort();
   test_garbage();
   test_soak();
   printf("  total %.1f s\n", tr_now() - t0);

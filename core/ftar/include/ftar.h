@@ -111,8 +111,10 @@ typedef enum {
   FTAR_CHANGE_LAPSED,  /* slot's heartbeats lapsed past the deadline */
   FTAR_CHANGE_EVICTED, /* the host evicted slot (ftar_coord_evict) */
   FTAR_CHANGE_ABORTED, /* slot reported an aborted collective: same members, new epoch */
-  FTAR_CHANGE_WOUND_DOWN, /* slot wound the group down (ftar_member_wind_down): same members,
-                             new epoch at the next collective boundary */
+  FTAR_CHANGE_WOUND_DOWN, /* slot wound the group down (ftar_member_wind_down) while the
+                             group's collectives could run: same members, new epoch at the
+                             next collective boundary (one owed while the coordinator is held
+                             comes at the release, reported as a join) */
 } ftar_change_kind;
 
 typedef struct {
