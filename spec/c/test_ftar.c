@@ -2361,7 +2361,13 @@ static thr_wind *wind_member(thr_wind *a, int port, int slot, ftar_member_opts *
  * before their timeout (before: slot 1 waited for quorum until then, and
  * slot 0 for a decision that needs slot 1's SYNC). A member that registers
  * after it (its first call waits for quorum alone) is wound down too. */
-static void test_wind_down_running(void);
+/* Member options for the wind-down tests: quorum min, a 30 s timeout. */
+static void wind_opts(ftar_member_opts *mo, int min_members) {
+  ftar_member_opts_default(mo);
+  mo->timeout = T(30);
+  mo->min_members = min_members;
+  mo->log = churn_log;
+}
 
 static void test_wind_down(void) {
   double t0 = tr_now();
@@ -2369,10 +2375,7 @@ static void test_wind_down(void) {
   if (!c) return;
   int port = ftar_coord_port(c);
   ftar_member_opts mo;
-  ftar_member_opts_default(&mo);
-  mo.timeout = T(30);
-  mo.min_members = 3;
-  mo.log = churn_log;
+  wind_opts(&mo, 3);
   mo.quorum_wait = on_quorum_wait;
   thr_wind a[3] = {{.last = 0}, {.last = 0}, {.last = 10}}, late = {0};
   pthread_t th[3];
@@ -2421,7 +2424,6 @@ static void test_wind_down(void) {
   ftar_member_free(late.m);
   printf("  wind down: %.1f s\n", tr_now() - t0);
   ftar_coord_free(c);
-  test_wind_down_running();
 }
 
 /* A member winds down between two collectives while the other already
@@ -2439,10 +2441,7 @@ static void test_wind_down_running(void) {
   if (!c) return;
   int port = ftar_coord_port(c);
   ftar_member_opts mo;
-  ftar_member_opts_default(&mo);
-  mo.timeout = T(30);
-  mo.min_members = 2;
-  mo.log = churn_log;
+  wind_opts(&mo, 2);
   thr_wind a = {.last = 0};
   ftar_member *m1 = ftar_member_create("127.0.0.1", port, 1, &mo);
   int ok = wind_member(&a, port, 0, &mo) && m1;
@@ -3053,6 +3052,7 @@ int main(void) {
     test_member_leave();
     test_member_leave_go();
     test_wind_down();
+    test_wind_down_running();
     test_owed_abort();
     return check_report("test_ftar");
   }
@@ -3131,6 +3131,7 @@ int main(void) {
   test_member_leave();
   test_member_leave_go();
   test_wind_down();
+  test_wind_down_running();
   test_owed_abort();
   test_garbage();
   test_soak();
