@@ -55,8 +55,8 @@
  * offers a communicator id (COMMID); the coordinator keeps it for that epoch
  * and sends it to every member, and forgets it when it publishes the next
  * epoch. An id for an older epoch is passed on to the members, not kept:
- * after a join, a clean leave or a wind-down the collective in flight still finishes in
- * the epoch it started in.
+ * after a join, a clean leave or a wind-down the collective in flight
+ * still finishes in the epoch it started in.
  *
  * Not here: the member and its data plane (ftar_member.c and the files it
  * names); any notion of training steps beyond the seq numbers members
@@ -426,8 +426,9 @@ static void member_drop(cconn *k, ftar_change_kind kind, const char *why, int cl
 }
 
 /* Every member synced: decide COMMIT / RUN (CANCEL once the group winds
- * down) / ESEQ for each (see the file comment) and send GO. "old" members are those that completed a collective
- * before or hold a full result; a fresh joiner adopts the group's seq. */
+ * down) / ESEQ for each (see the file comment) and send GO. "old" members
+ * are those that completed a collective before or hold a full result; a
+ * fresh joiner adopts the group's seq. */
 static void maybe_go(ftar_coord *c) {
   if (c->go_sent || c->n == 0) return;
   for (int i = 0; i < c->n; i++)
