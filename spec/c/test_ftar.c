@@ -2426,15 +2426,15 @@ static void test_wind_down(void) {
   ftar_coord_free(c);
 }
 
-/* A member winds down between two collectives while the other already
- * waits in the next for its data (nobody waits for quorum): both stop on
- * the same seq with their input back, the one that wound down and the one
- * that only heard of it. The coordinator's epoch at the wind-down's
- * boundary makes both sync before their next collective (the one in
- * flight may still complete), where it calls that off for both. (A member
- * that called its next collective off on the spot left the other waiting
- * in it for its data until its timeout.) Slot 0 runs on a thread, slot 1
- * here. */
+/* A member winds down between two collectives (after seq 20) while the
+ * other already waits in the next for its data (nobody waits for quorum):
+ * both stop after seq 20 with their input back, the one that wound down
+ * and the one that only heard of it. The coordinator's epoch at the
+ * wind-down's boundary makes both sync before their next collective (slot
+ * 0's attempt in the old epoch ends when slot 1 leaves it), where it calls
+ * that off for both. (A member that called its next collective off on the
+ * spot left the other waiting in it for its data until its timeout.) Slot 0
+ * runs on a thread, slot 1 here. */
 static void test_wind_down_running(void) {
   double t0 = tr_now();
   ftar_coord *c = coord_start();
@@ -2458,20 +2458,29 @@ static void test_wind_down_running(void) {
       if ((rc = ftar_allreduce(m1, buf, 1000, FTAR_SUM, last + 1, &r)) >= 0) last = r.seq;
     }
     CHECK(rc >= 0, "wind down, running: slot 1: %s", tr_error());
+    uint64_t ep0 = ftar_member_epoch(m1, NULL), ep = ep0;
     usleep(20 * 1000); /* slot 0 waits in the next collective */
-    double t_wind = tr_now();
+    double t_wind = tr_now(), end = t_wind + T(10);
     ftar_member_wind_down(m1);
-    for (int k = 0; k < 1000 && rc >= 0; k++) { /* the collective in flight may still complete */
+    /* the coordinator's epoch at the boundary reaches slot 1 before its next
+     * call (on a busy machine the two could otherwise run collectives in the
+     * old epoch for a while, both alike, before it comes) */
+    while (ep == ep0 && tr_now() < end) {
+      usleep(1000);
+      ep = ftar_member_epoch(m1, NULL);
+    }
+    CHECK(ep > ep0, "wind down, running: no epoch came after the wind-down (still %llu)", (unsigned long long)ep);
+    while (rc >= 0 && tr_now() < end) { /* (without that epoch: both go on until then) */
       for (int i = 0; i < 1000; i++) buf[i] = 2.0f;
       if ((rc = ftar_allreduce(m1, buf, 1000, FTAR_SUM, last + 1, &r)) >= 0) last = r.seq;
     }
     int restored = buf[0] == 2.0f && buf[999] == 2.0f;
-    double end = tr_now() + T(10);
+    end = tr_now() + T(10);
     while (!a.ended && tr_now() < end) usleep(2000);
     if (!a.ended) a.last = a.seq + 1; /* between collectives: stop it (the check below fails) */
     pthread_join(th, NULL);
     double took = tr_now() - t_wind;
-    CHECK(rc == FTAR_ECANCELED && restored && a.rc == FTAR_ECANCELED && a.restored && a.seq == last,
+    CHECK(rc == FTAR_ECANCELED && restored && a.rc == FTAR_ECANCELED && a.restored && a.seq == last && last == 20,
           "wind down, running: slot 1 returned %d (input %s) after seq %llu, slot 0 %d (input %s) after seq %llu, "
           "%.1f s after slot 1 wound down",
           rc, restored ? "back" : "not back", (unsigned long long)last, a.rc, a.restored ? "back" : "not back",
