@@ -423,6 +423,41 @@ describe("operator (3 replicas)", function()
     assert.matches("2 replicas finished with parameter crc32c", ev, 1, true)
   end)
 
+  -- Workers started by an external launcher (TRANSOM_EXTERNAL_WORKERS,
+  -- torchrun's RANK / MASTER_ADDR / MASTER_PORT) a moment apart: the first
+  -- is ready and waits (up to 30 s) for the others to start together; the
+  -- second, which said HELLO after that, is told to join from the first.
+  -- Its snapshot is served while the first waits, so it joins at step 0
+  -- and both start together. Before, the first served snapshots only from
+  -- its training loop: the second waited for one until the first gave up
+  -- 30 s later and trained alone (agents_spec's "no progress" in CI: its
+  -- launcher's second worker came late on a loaded machine).
+  it("external workers a moment apart: the later one joins at step 0 while the first waits for it", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/extlate"
+    local op, exit_status = spawn_rc("env TRANSOM_EXTERNAL_WORKERS=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=0 " ..
+      job(run, "--set max_steps=60"):gsub("%-%-replicas 3", "--replicas 2"), run .. ".log")
+    local port
+    for _ = 1, N(300) do
+      port = (read(run .. "/operator.addr") or ""):match("^127%.0%.0%.1:(%d+)")
+      if port then break end
+      sleep(0.05)
+    end
+    assert(port, "no RUN/operator.addr: " .. (read(run .. ".log") or ""))
+    local function worker(r)
+      S.spawn("env RANK=" .. r .. " MASTER_ADDR=127.0.0.1 MASTER_PORT=" .. port .. " TRANSOM_SECRET_FILE=" .. run ..
+        "/secret " .. BIN .. " worker", run .. "-w" .. r .. ".log")
+    end
+    worker(0)
+    assert(wait_event(run, "replica 0 ready at step 0"), "replica 0 never ready: " .. events(run))
+    worker(1)
+    assert.is_true(wait_exit(op, 120))
+    assert.equal(0, exit_status(), read(run .. ".log"))
+    local ev = events(run)
+    assert.matches("replica 1 ready at step 0 (join", ev, 1, true)
+    assert.matches("2 replicas finished with parameter crc32c", ev, 1, true)
+  end)
+
   it("the donor killed during a catch-up: the joiner gets another donor", function()
     if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
     local run = tmp .. "/donor"

@@ -898,6 +898,20 @@ static void reachable_addr(worker *w, char *out, size_t n) {
   else snprintf(out, n, "127.0.0.1");
 }
 
+/* A replica that starts (not joins) waits up to 30 s for the others to
+ * register, to start together. One that said HELLO after we were ready is
+ * told to join from a ready replica, perhaps us: its snapshot is served
+ * meanwhile (we are at our starting boundary), so it joins at our step and
+ * we start together. Before, it waited for the snapshot until we gave up
+ * waiting and trained alone, 30 s later (an external launcher's workers a
+ * moment apart on a loaded machine). */
+static void start_together(worker *w) {
+  for (double end = tr_now() + 30.0; tr_now() < end;) {
+    if (ftar_member_wait(w->fm, (int)w->cfg->replicas, 0.1) == 0) return;
+    donor_boundary(w->dn);
+  }
+}
+
 /* Serves joiners, enters FTAR, tells the operator it is ready, starts the
  * heartbeat. me: the address peers reach us at. */
 static int enter_ring(worker *w, const char *coord, const char *me, double state_s, int joining) {
@@ -928,7 +942,7 @@ static int enter_ring(worker *w, const char *coord, const char *me, double state
   if (rc) return rc;
   w->phase_since = tr_now();
   if (pthread_create(&w->hb, NULL, heartbeat_main, w) != 0) return tr_fail(TR_ENOMEM, "cannot start the heartbeat thread");
-  if (!joining) ftar_member_wait(w->fm, (int)w->cfg->replicas, 30.0); /* start together if we can */
+  if (!joining) start_together(w);
   return 0;
 }
 
