@@ -907,7 +907,7 @@ static void reachable_addr(worker *w, char *out, size_t n) {
  * moment apart on a loaded machine). */
 static void start_together(worker *w) {
   for (double end = tr_now() + 30.0; tr_now() < end;) {
-    if (ftar_member_wait(w->fm, (int)w->cfg->replicas, 0.1) == 0) return;
+    if (ftar_member_wait(w->fm, (int)w->cfg->replicas, 0.1) != FTAR_ETIMEOUT) return; /* all in, or failed */
     donor_boundary(w->dn);
   }
 }
