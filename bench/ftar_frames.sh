@@ -19,6 +19,11 @@
 #               the machine's ranks hold more than its last-level cache)
 #               against "plain", TCP and shared memory
 #               (TRANSOM_FTAR_SAVE_NT=1 / unset / 0)
+#   crc-path    the widest CRC32C path the frames' checksums may take
+#               (TRANSOM_CRC32C_LEVEL; build/crc_paths prints what each
+#               runs at here): 2 (AVX2 + VPCLMULQDQ folding) and 3
+#               (AVX-512) against 1 (three crc32q streams), TCP and shared
+#               memory; a path the CPU lacks runs the next one down
 # Shared-memory figures depend on whether the two ranks' cores share a
 # cache; on this project's 2-vCPU VMs that flips from minute to minute (the
 # hypervisor moves the vCPUs). Each run is tagged with the cache-line round
@@ -31,6 +36,7 @@
 #   KNOB=shm-stores RANKS=2 bench/ftar_frames.sh
 #   KNOB=shm-ring BASE=4194304 CHUNKS="1048576 2097152" bench/ftar_frames.sh
 #   KNOB=save-stores RANKS=2 SIZES=1M,4M,16M,64M bench/ftar_frames.sh
+#   KNOB=crc-path CHUNKS=2 RANKS=2 SIZES=1M,2M,4M bench/ftar_frames.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,7 +50,8 @@ case "$KNOB" in
   shm-ring) BASE=${BASE:-4194304} CHUNKS=${CHUNKS:-1048576} PLANES="shm" ;;
   shm-stores) BASE=${BASE:-cached} CHUNKS=${CHUNKS:-"stream auto"} PLANES="shm" ;;
   save-stores) BASE=${BASE:-plain} CHUNKS=${CHUNKS:-"stream auto"} PLANES="tcp shm" ;;
-  *) echo "ftar_frames.sh: KNOB must be chunk, shm-ring, shm-stores or save-stores, not '$KNOB'" >&2; exit 2 ;;
+  crc-path) BASE=${BASE:-1} CHUNKS=${CHUNKS:-"2 3"} PLANES="tcp shm" ;;
+  *) echo "ftar_frames.sh: KNOB must be chunk, shm-ring, shm-stores, save-stores or crc-path, not '$KNOB'" >&2; exit 2 ;;
 esac
 if [ ! -x "$BUILD/transom" ]; then
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -63,9 +70,11 @@ knob_args() {
     shm-stores) echo "--shm-stores $1" ;;
   esac
 }
-# ... and the environment (save-stores: ftar_ring.c reads it)
+# ... and the environment (save-stores: ftar_ring.c reads it; crc-path:
+# crc32c.c)
 knob_env() {
   case "$KNOB:$1" in
+    crc-path:*) echo "TRANSOM_CRC32C_LEVEL=$1" ;;
     save-stores:plain) echo "TRANSOM_FTAR_SAVE_NT=0" ;;
     save-stores:stream) echo "TRANSOM_FTAR_SAVE_NT=1" ;;
     *) echo "TRANSOM_FTAR_SAVE_NT=" ;;
