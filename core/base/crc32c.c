@@ -421,40 +421,39 @@ YMM_TARGET static uint32_t ymm_finish(const __m256i a[8]) {
 #define NO_STEP1(o, v) (void)0
 YMM_TARGET static uint32_t ymm_crc(uint32_t c, const uint8_t *s, size_t len, size_t *done) { YMM_BODY(NO_STEP1); }
 
-#define COPY_STEP1(o, v) _mm256_storeu_si256((__m256i *)(d + (o)), v)
+/* the copy's and the reduce's steps, their stores to d / save by STORE:
+ * plain, or non-temporal where d / save is 32-byte aligned (the caller
+ * fences) */
+#define COPY_WITH(STORE, o, v) STORE((__m256i *)(void *)(d + (o)), v)
+#define RED_WITH(STORE, o, v)                                                   \
+  do {                                                                          \
+    __m256 t_ = _mm256_loadu_ps(dst + (o) / 4);                                 \
+    STORE(save + (o) / 4, t_);                                                  \
+    _mm256_storeu_ps(dst + (o) / 4, _mm256_add_ps(t_, _mm256_castsi256_ps(v))); \
+  } while (0)
+#define COPY_STEP1(o, v) COPY_WITH(_mm256_storeu_si256, o, v)
+#define COPY_NT_STEP1(o, v) COPY_WITH(_mm256_stream_si256, o, v)
+#define RED_STEP1(o, v) RED_WITH(_mm256_storeu_ps, o, v)
+#define RED_NT_STEP1(o, v) RED_WITH(_mm256_stream_ps, o, v)
 YMM_TARGET static uint32_t ymm_copy(uint32_t c, uint8_t *d, const uint8_t *s, size_t len, size_t *done) {
   YMM_BODY(COPY_STEP1);
 }
-#undef COPY_STEP1
-/* d 32-byte aligned: the copy by non-temporal stores (the caller fences) */
-#define COPY_STEP1(o, v) _mm256_stream_si256((__m256i *)(void *)(d + (o)), v)
 YMM_TARGET static uint32_t ymm_copy_nt(uint32_t c, uint8_t *d, const uint8_t *s, size_t len, size_t *done) {
-  YMM_BODY(COPY_STEP1);
+  YMM_BODY(COPY_NT_STEP1);
 }
-#undef COPY_STEP1
-
-#define RED_STEP1(o, v)                                                  \
-  do {                                                                   \
-    __m256 t_ = _mm256_loadu_ps(dst + (o) / 4);                          \
-    _mm256_storeu_ps(save + (o) / 4, t_);                                \
-    _mm256_storeu_ps(dst + (o) / 4, _mm256_add_ps(t_, _mm256_castsi256_ps(v))); \
-  } while (0)
 YMM_TARGET static uint32_t ymm_reduce(uint32_t c, float *dst, float *save, const uint8_t *s, size_t len, size_t *done) {
   YMM_BODY(RED_STEP1);
 }
-#undef RED_STEP1
-/* save 32-byte aligned: saved by non-temporal stores (the caller fences) */
-#define RED_STEP1(o, v)                                                  \
-  do {                                                                   \
-    __m256 t_ = _mm256_loadu_ps(dst + (o) / 4);                          \
-    _mm256_stream_ps(save + (o) / 4, t_);                                \
-    _mm256_storeu_ps(dst + (o) / 4, _mm256_add_ps(t_, _mm256_castsi256_ps(v))); \
-  } while (0)
 YMM_TARGET static uint32_t ymm_reduce_nt(uint32_t c, float *dst, float *save, const uint8_t *s, size_t len,
                                          size_t *done) {
-  YMM_BODY(RED_STEP1);
+  YMM_BODY(RED_NT_STEP1);
 }
+#undef COPY_WITH
+#undef RED_WITH
+#undef COPY_STEP1
+#undef COPY_NT_STEP1
 #undef RED_STEP1
+#undef RED_NT_STEP1
 #undef NO_STEP1
 #endif
 
