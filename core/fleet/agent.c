@@ -23,7 +23,8 @@
  * its workers and exits 1. END (the job is over, the operator exits) or
  * SIGTERM / SIGINT: it stops its workers and exits 0, once the lines
  * queued for the operator (the stopped workers' EXITED among them) are
- * taken, STOP_FLUSH_S at most.
+ * taken, STOP_FLUSH_S at most; while it registers (a frozen operator takes
+ * the connection and never answers) at once (hello_fd).
  * An operator that stalls (SIGSTOP, a long REPL expression) and resumes
  * within the grace is not lost: once registered, lines go out through a
  * buffer of our own without blocking, and while earlier bytes are still
@@ -135,9 +136,19 @@ static const char agent_usage[] =
 
 static int pipe_fds[2] = {-1, -1};
 static volatile sig_atomic_t stop_sig;
+/* The connection being registered (hello), -1 when none: SIGTERM / SIGINT
+ * shut it down, so a wait for an operator's answer (30 s at the start, 3 s
+ * a try when registering again; a frozen operator's port takes the
+ * connection and never answers) ends at once rather than at its timeout.
+ * Set before stop_sig is checked and cleared before the descriptor is
+ * closed, so the handler never shuts down another file's. */
+static volatile sig_atomic_t hello_fd = -1;
 
 static void on_signal(int sig) {
-  if (sig == SIGTERM || sig == SIGINT) stop_sig = sig;
+  if (sig == SIGTERM || sig == SIGINT) {
+    stop_sig = sig;
+    if (hello_fd >= 0) shutdown(hello_fd, SHUT_RDWR); /* async-signal-safe */
+  }
   int e = errno;
   if (write(pipe_fds[1], "x", 1) < 0) { /* full: a wake-up is pending anyway */
   }
@@ -446,14 +457,9 @@ static void live_list(const agent *a, char *out, size_t n) {
     len += (size_t)snprintf(out + len, n - len, "%s%d:%u:%d", i ? "," : "", a->slots[i], a->gens[i], (int)a->pids[i]);
 }
 
-/* Registers with the operator: connects (tries for connect_s seconds),
- * proves the secret, says AGENT (with our live workers), reads WELCOME;
- * each answer waited for answer_s at most. */
-static int hello(agent *a, const char *op, int port, double connect_s, double answer_s) {
-  for (double t0 = tr_now(); (a->fd = net_connect(op, port, 2.0)) < 0;) {
-    if (tr_now() - t0 > connect_s || stop_sig) return tr_fail(TR_EIO, "cannot reach the operator at %s:%d", op, port);
-    usleep(200000);
-  }
+/* hello's registration on a connected a->fd (hello_fd set). */
+static int hello_connected(agent *a, const char *op, int port, double answer_s) {
+  if (stop_sig) return tr_fail(TR_EIO, "stopped before the operator at %s:%d answered", op, port);
   local_addr(a);
   a->rd = (proto_reader){.fd = a->fd};
   struct timeval tv = {REGISTER_SEND_S, 0};
@@ -486,6 +492,21 @@ static int hello(agent *a, const char *op, int port, double connect_s, double an
   fprintf(stderr, "agent %s: registered with the operator at %s:%d as %s (%d slots, %d cores; grace %.0f s)%s%s\n",
           a->name, op, port, a->addr, a->nslots, a->cores, a->grace, live[0] ? "; our workers: " : "", live);
   return 0;
+}
+
+/* Registers with the operator: connects (tries for connect_s seconds),
+ * proves the secret, says AGENT (with our live workers), reads WELCOME;
+ * each answer waited for answer_s at most, or until SIGTERM / SIGINT
+ * (hello_fd). On failure a->fd may be open: forget_operator closes it. */
+static int hello(agent *a, const char *op, int port, double connect_s, double answer_s) {
+  for (double t0 = tr_now(); (a->fd = net_connect(op, port, 2.0)) < 0;) {
+    if (tr_now() - t0 > connect_s || stop_sig) return tr_fail(TR_EIO, "cannot reach the operator at %s:%d", op, port);
+    usleep(200000);
+  }
+  hello_fd = a->fd;
+  int rc = hello_connected(a, op, port, answer_s);
+  hello_fd = -1;
+  return rc;
 }
 
 /* The connection to a lost operator, gone: what was queued for it too. */
@@ -542,6 +563,7 @@ static int rejoin_try(agent *a, double answer_s) {
   if (run_addr(a, host, sizeof host, &port) == 0) {
     if (hello(a, host, port, 0, answer_s) == 0) return 0;
     forget_operator(a);
+    if (stop_sig) return TR_EIO;
   }
   return hello(a, a->op, a->op_port, 0, answer_s);
 }
@@ -564,9 +586,10 @@ static int rejoin(agent *a, const char *why) {
       fprintf(stderr, "agent %s: registered again after %.1f s\n", a->name, tr_now() - t0);
       return 0;
     }
+    forget_operator(a);
+    if (stop_sig) break;
     if (strcmp(last, tr_error()) != 0) fprintf(stderr, "agent %s: %s; trying again\n", a->name, tr_error());
     snprintf(last, sizeof last, "%s", tr_error());
-    forget_operator(a);
     reap_pending(a, 250);
   }
   if (stop_sig) return TR_OK;
@@ -659,7 +682,13 @@ int agent_main(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
   rc = hello(&a, a.op, a.op_port, 60, 30);
-  while (!rc && (rc = serve(&a)) == 1) {
+  if (rc && stop_sig) { /* stopped before an operator took us: nothing to hand over */
+    fprintf(stderr, "agent %s: stopped (%s) before registering with the operator at %s:%d\n", a.name,
+            stop_sig == SIGINT ? "SIGINT" : "SIGTERM", a.op, a.op_port);
+    forget_operator(&a);
+    rc = 0;
+  }
+  while (!rc && a.fd >= 0 && (rc = serve(&a)) == 1) {
     char why[sizeof a.lost];
     snprintf(why, sizeof why, "%s", a.lost);
     rc = rejoin(&a, why);
