@@ -260,7 +260,10 @@ WIDE_TARGET static inline __m512i wide_fold(__m512i acc, __m512i k, __m512i data
   return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(acc, k, 0x00), _mm512_clmulepi64_epi128(acc, k, 0x11), data,
                                    0x96);
 }
-WIDE_TARGET static inline __m128i lane_fold(__m128i acc, const fold_k *k, __m128i data) {
+/* one 128-bit lane: both folding paths call it, so it takes only what both
+ * have (compiled for AVX-512 it could hold EVEX code the AVX2 path's CPUs
+ * lack) */
+__attribute__((target("pclmul,sse4.2"))) static inline __m128i lane_fold(__m128i acc, const fold_k *k, __m128i data) {
   __m128i kk = _mm_loadu_si128((const __m128i *)k->k);
   return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(acc, kk, 0x00), _mm_clmulepi64_si128(acc, kk, 0x11)), data);
 }

@@ -143,11 +143,15 @@ static volatile sig_atomic_t stop_sig;
  * Set before stop_sig is checked and cleared before the descriptor is
  * closed, so the handler never shuts down another file's. */
 static volatile sig_atomic_t hello_fd = -1;
+static volatile sig_atomic_t hello_cut; /* the handler shut hello_fd down (even after WELCOME came) */
 
 static void on_signal(int sig) {
   if (sig == SIGTERM || sig == SIGINT) {
     stop_sig = sig;
-    if (hello_fd >= 0) shutdown(hello_fd, SHUT_RDWR); /* async-signal-safe */
+    if (hello_fd >= 0) {
+      shutdown(hello_fd, SHUT_RDWR); /* async-signal-safe */
+      hello_cut = 1;
+    }
   }
   int e = errno;
   if (write(pipe_fds[1], "x", 1) < 0) { /* full: a wake-up is pending anyway */
@@ -503,9 +507,12 @@ static int hello(agent *a, const char *op, int port, double connect_s, double an
     if (tr_now() - t0 > connect_s || stop_sig) return tr_fail(TR_EIO, "cannot reach the operator at %s:%d", op, port);
     usleep(200000);
   }
+  hello_cut = 0;
   hello_fd = a->fd;
   int rc = hello_connected(a, op, port, answer_s);
   hello_fd = -1;
+  if (hello_cut) /* a registration the signal cut: a dead connection, not one to serve */
+    return tr_fail(TR_EIO, "stopped while registering with the operator at %s:%d", op, port);
   return rc;
 }
 

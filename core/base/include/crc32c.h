@@ -27,8 +27,11 @@ uint32_t tr_crc32c_reduce(uint32_t crc, float *dst, float *save, const float *sr
 uint32_t tr_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len);
 uint32_t tr_crc32c_reduce_nt(uint32_t crc, float *dst, float *save, const float *src, size_t n);
 /* For tests and benches: use at most path `level` (3 AVX-512 + VPCLMULQDQ,
- * 2 AVX2 + VPCLMULQDQ, 1 SSE4.2 + AVX2, 0 the table); returns the path now used (the CPU may
- * lack the wider ones). Not thread-safe: call while no CRC runs. */
+ * 2 AVX2 + VPCLMULQDQ, 1 SSE4.2 + AVX2, 0 the table); returns the path now
+ * used (the CPU may lack the wider ones). Not thread-safe: call while no
+ * CRC runs. The environment's TRANSOM_CRC32C_LEVEL=0..3 (any other value
+ * is ignored) caps the path the same way for a whole program, read at the
+ * first CRC; a later call here overrides it. */
 int tr_crc32c_level(int level);
 
 #endif
