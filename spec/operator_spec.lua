@@ -382,6 +382,20 @@ describe("operator (3 replicas)", function()
       " could not finish below min_replicas (the group wound down: the job stops)\n", w1, 1, true)
   end)
 
+  -- The same where the lead's STOP comes after the wind-down: slot 0 (the
+  -- lowest live slot, which checkpoints) takes its STOP only once slot 1's
+  -- wind-down has called its step off (a test hook holds it until then).
+  -- It waits a moment for its STOP before it stops, learns from it that it
+  -- is the lead and checkpoints the step; stopping at once, it would not
+  -- know, and nobody would checkpoint the job's last step.
+  it("SIGTERM while paused, the lead's STOP after the wind-down: it still checkpoints the step", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local at, w0 = stop_while_paused("pauselate", nil, "TRANSOM_TEST_LATE_STOP=0")
+    assert.matches("the operator's STOP held until the group winds down (test hook)", w0, 1, true)
+    assert.matches("stopped at step " .. at .. ": step " .. (at + 1) ..
+      " could not finish below min_replicas; this replica checkpoints it", w0, 1, true)
+  end)
+
   -- The same with the survivors holding the full result of the step their
   -- peer died in (slot 2 stopped by the FTAR hook before its commit tokens,
   -- the others aborted holding the full result, then slot 2 killed):

@@ -92,6 +92,10 @@ typedef struct {
   int64_t stop_at; /* finish this step, then stop (0 = no stop asked) */
   int stop_lead;   /* the STOP's lead=: the lowest live slot as the operator stopped (-1: not said) */
   int stop_paused; /* the stop came while the group waited below min_replicas: the step is called off */
+  int called_off;  /* a collective came back FTAR_ECANCELED: the group wound down */
+  int held_stop;   /* TRANSOM_TEST_LATE_STOP: a STOP held until called_off (held_at, held_lead) */
+  int64_t held_at;
+  int held_lead;
   int ckpt_now;    /* the operator asked for a checkpoint */
   trainer *t;
   const job_config *cfg;
@@ -437,10 +441,31 @@ static int test_lose_stop(const worker *w) {
   return 1;
 }
 
+/* Test hook TRANSOM_TEST_LATE_STOP=SLOT: that replica takes the
+ * operator's STOP only once its group has wound down without it (a
+ * collective called off: the others' stop reached it through FTAR first),
+ * so a test can check that a lead whose STOP comes after the wind-down
+ * still learns it is the lead (await_stop) and checkpoints. 1: held. */
+static int test_late_stop(worker *w, int64_t at, int lead) {
+  const char *v = getenv("TRANSOM_TEST_LATE_STOP");
+  if (!v || !*v || atoi(v) != w->slot || w->called_off) return 0;
+  if (!w->held_stop)
+    fprintf(stderr, "worker %d: the operator's STOP held until the group winds down (test hook)\n", w->slot);
+  w->held_stop = 1;
+  w->held_at = at;
+  w->held_lead = lead;
+  return 1;
+}
+
 /* Reads the operator's commands that are waiting (never blocks, unless the
  * operator is gone and `wait`: then it waits for a restarted one). */
 static int poll_commands(worker *w, int wait) {
   char line[PROTO_LINE_MAX];
+  if (w->held_stop && w->called_off) { /* the test hook's STOP, now */
+    w->held_stop = 0;
+    w->stop_at = w->held_at;
+    w->stop_lead = w->held_lead;
+  }
   for (;;) {
     lock_link(w);
     int rc = w->down ? 0 : proto_read(&w->rd, line, sizeof line, 0);
@@ -460,8 +485,11 @@ static int poll_commands(worker *w, int wait) {
     if (rc < 0) return overlong ? rc : TR_OK; /* else nothing waiting */
     if (proto_is(line, "STOP")) {
       if (test_lose_stop(w)) continue;
-      w->stop_at = proto_int(line, "at", 1);
-      w->stop_lead = (int)proto_int(line, "lead", -1);
+      int64_t at = proto_int(line, "at", 1);
+      int lead = (int)proto_int(line, "lead", -1);
+      if (test_late_stop(w, at, lead)) continue;
+      w->stop_at = at;
+      w->stop_lead = lead;
     } else if (proto_is(line, "CKPT_NOW")) {
       w->ckpt_now = 1;
     } else if (proto_is(line, "SKIP") && w->t) {
@@ -632,6 +660,7 @@ static int hook_exchange(void *ud, int64_t next, loop_exchange *x) {
   /* the step called off: stop where we are. FTAR_ECANCELED before our
    * STOP: another replica's stop wound the group down */
   if (rc == FTAR_ECANCELED || (w->stop_paused && rc == FTAR_ESEQ)) {
+    w->called_off = 1;
     if (w->stop_at <= 0) await_stop(w);
     x->leader = x->snapshots = w->stop_lead == w->slot;
     fprintf(stderr, "worker %d: stopped at step %lld: step %lld could not finish below min_replicas%s%s\n", w->slot,
