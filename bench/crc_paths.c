@@ -2,8 +2,11 @@
  * checksum and the fused copy and reduce (what FTAR runs on every frame),
  * GB/s per path and size, and each folding path's ratio to the three
  * crc32q streams (path 1) measured in the same run. Paths and sizes are
- * interleaved round by round and the best round kept (a shared machine's
- * load moves every number).
+ * interleaved round by round, in turn forwards and backwards, and the best
+ * round kept (a shared machine's load moves every number; on this
+ * project's VMs whichever path ran first in a round ran faster). Where a
+ * path runs the crc32q code itself (path 2's plain CRC from 512 KiB) its
+ * ratio is the noise floor.
  *
  *   cmake --build build --target crc_paths && build/crc_paths [ROUNDS]
  *
@@ -59,7 +62,8 @@ int main(int argc, char **argv) {
   int top = tr_crc32c_level(3);
   double best[4][NOPS][NSIZES] = {{{0}}};
   for (int r = 0; r < rounds; r++)
-    for (int lv = top; lv >= 1; lv--) {
+    for (int k = 0; k < top; k++) { /* paths top..1, then 1..top: neither always runs first */
+      int lv = r % 2 ? 1 + k : top - k;
       tr_crc32c_level(lv);
       for (int op = 0; op < NOPS; op++)
         for (size_t s = 0; s < NSIZES; s++) {

@@ -372,11 +372,20 @@ WIDE_TARGET static uint32_t wide_reduce_nt(uint32_t c, float *dst, float *save, 
  * they fold in a tree (x^1024, x^512, x^256, then lane into lane by x^128)
  * and the 128-bit value goes through crc32q as above. On a Zen 3 EPYC
  * (bench/crc_paths.c, 1 MiB in cache) against the three crc32q streams:
- * the plain CRC 1.02x (VPCLMULQDQ on 256 bits is no faster there than
- * crc32q), copy + CRC 1.14x, reduce + CRC 1.61x (the crc32q version
- * interleaves its scalar streams with the vector adds badly). */
+ * the plain CRC 0.98x-1.22x (VPCLMULQDQ on 256 bits is no faster there
+ * than crc32q; see YMM_MAX), copy + CRC 1.14x, reduce + CRC
+ * 1.6x-1.9x (the crc32q version interleaves its scalar streams with the
+ * vector adds badly). */
 
 #define YMM_TARGET __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2")))
+
+/* The plain CRC and the copy + CRC of a buffer this long or longer (out
+ * of cache, as a checkpoint's tensors are when they are staged or a load
+ * verifies them) run the crc32q streams instead: their three streams read
+ * memory faster there (Zen 3, 16 MiB, folding against them: plain
+ * 0.91x-0.94x, copy 0.90x-0.94x; 64 KiB: 1.1x, 1.2x). The reduce folds at
+ * every length (16 MiB: 1.06x-1.18x). */
+#define YMM_MAX ((size_t)512 * 1024)
 
 YMM_TARGET static inline __m256i ymm_k(const fold_k *k) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)k->k));
@@ -467,7 +476,7 @@ uint32_t tr_crc32c(uint32_t crc, const void *buf, size_t len) {
   pthread_once(&crc_once, crc_init);
 #ifdef CRC_HAVE_X86
   int path = crc_path();
-  if (path >= 2 && len >= WIDE_MIN) {
+  if (len >= WIDE_MIN && (path == 3 || (path == 2 && len < YMM_MAX))) {
     size_t done;
     uint32_t c = path == 3 ? wide_crc(~crc, buf, len, &done) : ymm_crc(~crc, buf, len, &done);
     return crc32c_hw(~c, (const uint8_t *)buf + done, len - done);
@@ -601,7 +610,7 @@ static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, i
   pthread_once(&fused_once, fused_init);
 #ifdef CRC_HAVE_X86
   int path = crc_path();
-  if (path >= 2 && len >= WIDE_MIN) {
+  if (len >= WIDE_MIN && (path == 3 || (path == 2 && len < YMM_MAX))) {
     uint8_t *d = dst;
     const uint8_t *s = src;
     size_t head = nt ? to_line(d, len) : 0, done;

@@ -1,8 +1,9 @@
 /* crc32c.h — CRC32C (Castagnoli), zlib-style running value: the CRC of a||b
  * is tr_crc32c(tr_crc32c(0, a), b). Folding by VPCLMULQDQ from 1 KiB (on
- * 512-bit vectors with AVX-512, else on 256-bit ones with AVX2), else SSE4.2
- * (and AVX2 for the fused passes) when the CPU has them, chosen at run
- * time; identical results either way.
+ * 512-bit vectors with AVX-512, else on 256-bit ones with AVX2: there the
+ * plain CRC and the copy only below 512 KiB), else SSE4.2 (and AVX2 for the
+ * fused passes) when the CPU has them, chosen at run time; identical
+ * results either way.
  * Thread-safe; no allocation; cannot fail.
  */
 #ifndef TRANSOM_CRC32C_H
