@@ -87,6 +87,9 @@ double proto_num(const char *line, const char *key, double dflt) {
 }
 
 int proto_read(proto_reader *r, char *out, size_t n, int timeout_ms) {
+  /* one deadline for the whole line: a signal (poll's EINTR) or a peer
+   * that trickles bytes without a newline does not start the wait again */
+  double t_end = timeout_ms > 0 ? tr_now() + timeout_ms / 1000.0 : 0;
   for (;;) {
     char *nl = memchr(r->buf, '\n', r->len);
     if (nl) {
@@ -101,7 +104,8 @@ int proto_read(proto_reader *r, char *out, size_t n, int timeout_ms) {
     if (r->len >= PROTO_LINE_MAX) return tr_fail(TR_EFORMAT, "control line longer than %d bytes", PROTO_LINE_MAX);
     if (timeout_ms >= 0) {
       struct pollfd p = {r->fd, POLLIN, 0};
-      int pr = poll(&p, 1, timeout_ms);
+      double left = timeout_ms > 0 ? t_end - tr_now() : 0;
+      int pr = poll(&p, 1, left > 0 ? (int)(left * 1000) + 1 : 0);
       if (pr == 0) return tr_fail(TR_EIO, "timed out waiting for a control line");
       if (pr < 0 && errno != EINTR) return tr_fail(TR_EIO, "poll: %s", strerror(errno));
       if (pr < 0) continue;

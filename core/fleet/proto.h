@@ -42,7 +42,9 @@ typedef struct {
   size_t len;
 } proto_reader;
 /* Reads the next line (without '\n') into out. Returns 1 for a line, 0 at
- * EOF, negative on error or an over-long line. timeout_ms < 0 waits forever. */
+ * EOF, negative on error or an over-long line. timeout_ms bounds the whole
+ * wait for the line (signals and partial lines meanwhile do not extend
+ * it); 0 takes only what is there; < 0 waits forever. */
 int proto_read(proto_reader *r, char *out, size_t n, int timeout_ms);
 
 /* TCP helpers. net_connect connects to host:port within timeout_s (> 0)

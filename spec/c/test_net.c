@@ -2,10 +2,15 @@
  * over loopback only: a listener answers; a closed port is refused after the
  * retries; a listener whose accept queue is full drops the SYNs, as a cut
  * link does, and the connect fails at its own timeout, saying so, instead of
- * waiting out the kernel's two minutes of SYN retries. */
+ * waiting out the kernel's two minutes of SYN retries. And proto_read's
+ * timeout bounds the whole wait for a line: neither signals arriving
+ * meanwhile nor a peer trickling bytes without a newline start it again. */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -60,9 +65,65 @@ static void test_syn_dropped(void) {
   close(lfd);
 }
 
+/* --- proto_read's deadline ---
+ * A helper thread disturbs a proto_read(400 ms) on the main thread BURST
+ * times, every 20 ms (2 s in all): signals (poll's EINTR) or single bytes
+ * without a newline. Each used to start the 400 ms wait again, so the read
+ * returned only after the burst. Now it times out with the burst still
+ * going: fewer than BURST disturbances were made by then (about 20; the
+ * margin is the rest of the 2 s, not a timing threshold). */
+#define BURST 100
+
+typedef struct {
+  pthread_t target; /* signals: the reading thread */
+  int fd;           /* bytes: our end of the pair (-1: signals) */
+  atomic_int made;
+} disturber;
+
+static void on_usr1(int sig) { (void)sig; }
+
+static void *disturb(void *arg) {
+  disturber *d = arg;
+  for (int i = 0; i < BURST; i++) {
+    usleep(20 * 1000);
+    if (d->fd >= 0) {
+      if (write(d->fd, "x", 1) != 1) break;
+    } else {
+      pthread_kill(d->target, SIGUSR1);
+    }
+    atomic_fetch_add(&d->made, 1);
+  }
+  return NULL;
+}
+
+static void read_while_disturbed(int by_bytes) {
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  struct sigaction sa = {.sa_handler = on_usr1}, old; /* no SA_RESTART: poll returns EINTR */
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, &old);
+  disturber d = {.target = pthread_self(), .fd = by_bytes ? sv[1] : -1};
+  pthread_t th;
+  pthread_create(&th, NULL, disturb, &d);
+  proto_reader r = {.fd = sv[0]};
+  char line[PROTO_LINE_MAX];
+  int rc = proto_read(&r, line, sizeof line, 400);
+  int made = atomic_load(&d.made);
+  pthread_join(th, NULL);
+  sigaction(SIGUSR1, &old, NULL);
+  const char *what = by_bytes ? "bytes without a newline" : "signals";
+  CHECK(rc < 0 && strstr(tr_error(), "timed out") != NULL, "%s: the read times out (rc %d: %s)", what, rc,
+        tr_error());
+  CHECK(made < BURST, "%s: the 400 ms read ended while they still came (%d of %d made)", what, made, BURST);
+  close(sv[0]);
+  close(sv[1]);
+}
+
 int main(void) {
   test_answered();
   test_refused();
   test_syn_dropped();
+  read_while_disturbed(0);
+  read_while_disturbed(1);
   return check_report("test_net");
 }
