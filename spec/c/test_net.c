@@ -104,12 +104,13 @@ static void read_while_disturbed(int by_bytes) {
   sigaction(SIGUSR1, &sa, &old);
   disturber d = {.target = pthread_self(), .fd = by_bytes ? sv[1] : -1};
   pthread_t th;
-  pthread_create(&th, NULL, disturb, &d);
+  int started = pthread_create(&th, NULL, disturb, &d) == 0;
+  CHECK(started, "the disturbing thread starts");
   proto_reader r = {.fd = sv[0]};
   char line[PROTO_LINE_MAX];
   int rc = proto_read(&r, line, sizeof line, 400);
   int made = atomic_load(&d.made);
-  pthread_join(th, NULL);
+  if (started) pthread_join(th, NULL);
   sigaction(SIGUSR1, &old, NULL);
   const char *what = by_bytes ? "bytes without a newline" : "signals";
   CHECK(rc < 0 && strstr(tr_error(), "timed out") != NULL, "%s: the read times out (rc %d: %s)", what, rc,
