@@ -468,9 +468,12 @@ int pl_connect(const char *host, int port, double timeout_s) { return net_connec
 
 int pl_accept(int lfd, double timeout_s) {
   struct pollfd p = {.fd = lfd, .events = POLLIN};
+  double t_end = tr_now() + timeout_s; /* one deadline: a signal does not start the wait again */
   int r;
-  do r = poll(&p, 1, (int)(timeout_s * 1000));
-  while (r < 0 && errno == EINTR);
+  do {
+    double left = t_end - tr_now();
+    r = left > 0 ? poll(&p, 1, (int)(left * 1000) + 1) : 0;
+  } while (r < 0 && errno == EINTR);
   if (r <= 0) return tr_fail(TR_EIO, "no stage connected in %.0f s", timeout_s);
   int fd = accept(lfd, NULL, NULL);
   if (fd < 0) return tr_fail(TR_EIO, "accept: %s", strerror(errno));

@@ -4,7 +4,8 @@
  * link does, and the connect fails at its own timeout, saying so, instead of
  * waiting out the kernel's two minutes of SYN retries. And proto_read's
  * timeout bounds the whole wait for a line: neither signals arriving
- * meanwhile nor a peer trickling bytes without a newline start it again. */
+ * meanwhile nor a peer trickling bytes without a newline start it again;
+ * nor do signals a pipeline stage's accept (pl_accept). */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "pipeline_link.h"
 #include "proto.h"
 #include "util.h"
 
@@ -96,6 +98,28 @@ static void *disturb(void *arg) {
   return NULL;
 }
 
+/* The same for a pipeline stage's accept (pl_accept, 400 ms), disturbed
+ * by signals while nobody connects. */
+static void accept_while_disturbed(void) {
+  int port = 0, lfd = listener(4, &port);
+  CHECK(lfd >= 0, "listener");
+  struct sigaction sa = {.sa_handler = on_usr1}, old;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, &old);
+  disturber d = {.target = pthread_self(), .fd = -1};
+  pthread_t th;
+  int started = pthread_create(&th, NULL, disturb, &d) == 0;
+  CHECK(started, "the disturbing thread starts");
+  int rc = pl_accept(lfd, 0.4);
+  int made = atomic_load(&d.made);
+  if (started) pthread_join(th, NULL);
+  sigaction(SIGUSR1, &old, NULL);
+  CHECK(rc < 0 && strstr(tr_error(), "no stage connected") != NULL, "the accept times out (rc %d: %s)", rc,
+        tr_error());
+  CHECK(made < BURST, "signals: the 400 ms accept ended while they still came (%d of %d made)", made, BURST);
+  close(lfd);
+}
+
 static void read_while_disturbed(int by_bytes) {
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
@@ -126,5 +150,6 @@ int main(void) {
   test_syn_dropped();
   read_while_disturbed(0);
   read_while_disturbed(1);
+  accept_while_disturbed();
   return check_report("test_net");
 }
