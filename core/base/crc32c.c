@@ -371,11 +371,11 @@ WIDE_TARGET static uint32_t wide_reduce_nt(uint32_t c, float *dst, float *save, 
  * the AVX-512 path's four, so the loop folds by the same x^2048; at the end
  * they fold in a tree (x^1024, x^512, x^256, then lane into lane by x^128)
  * and the 128-bit value goes through crc32q as above. On a Zen 3 EPYC
- * (bench/crc_paths.c, 1 MiB in cache) against the three crc32q streams:
- * the plain CRC 0.98x-1.22x (VPCLMULQDQ on 256 bits is no faster there
- * than crc32q; see YMM_MAX), copy + CRC 1.14x, reduce + CRC
- * 1.6x-1.9x (the crc32q version interleaves its scalar streams with the
- * vector adds badly). */
+ * (bench/crc_paths.c, 64 KiB-1 MiB in cache) against the three crc32q
+ * streams: the plain CRC 1.0x-1.2x (VPCLMULQDQ on 256 bits is hardly
+ * faster there than crc32q), copy + CRC 1.1x-1.4x, reduce + CRC 1.6x-2.2x
+ * (the crc32q version interleaves its scalar streams with the vector adds
+ * badly); out of cache see YMM_MAX. */
 
 #define YMM_TARGET __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2")))
 
