@@ -80,13 +80,17 @@ typedef struct {
   pthread_t target; /* signals: the reading thread */
   int fd;           /* bytes: our end of the pair (-1: signals) */
   atomic_int made;
+  atomic_int stop; /* the disturbed call returned: no more needed */
+  pthread_t th;
+  int started;
+  struct sigaction old; /* SIGUSR1's, restored at the end */
 } disturber;
 
 static void on_usr1(int sig) { (void)sig; }
 
 static void *disturb(void *arg) {
   disturber *d = arg;
-  for (int i = 0; i < BURST; i++) {
+  for (int i = 0; i < BURST && !atomic_load(&d->stop); i++) {
     usleep(20 * 1000);
     if (d->fd >= 0) {
       if (write(d->fd, "x", 1) != 1) break;
@@ -98,22 +102,36 @@ static void *disturb(void *arg) {
   return NULL;
 }
 
+/* Starts disturbing this thread: signals (fd -1; no SA_RESTART, so poll
+ * returns EINTR) or bytes written to fd. */
+static void disturb_start(disturber *d, int fd) {
+  struct sigaction sa = {.sa_handler = on_usr1};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, &d->old);
+  d->target = pthread_self();
+  d->fd = fd;
+  d->started = pthread_create(&d->th, NULL, disturb, d) == 0;
+  CHECK(d->started, "the disturbing thread starts");
+}
+
+/* The disturbed call returned: how many disturbances came before it. */
+static int disturb_end(disturber *d) {
+  int made = atomic_load(&d->made);
+  atomic_store(&d->stop, 1);
+  if (d->started) pthread_join(d->th, NULL);
+  sigaction(SIGUSR1, &d->old, NULL);
+  return made;
+}
+
 /* The same for a pipeline stage's accept (pl_accept, 400 ms), disturbed
  * by signals while nobody connects. */
 static void accept_while_disturbed(void) {
   int port = 0, lfd = listener(4, &port);
   CHECK(lfd >= 0, "listener");
-  struct sigaction sa = {.sa_handler = on_usr1}, old;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGUSR1, &sa, &old);
-  disturber d = {.target = pthread_self(), .fd = -1};
-  pthread_t th;
-  int started = pthread_create(&th, NULL, disturb, &d) == 0;
-  CHECK(started, "the disturbing thread starts");
+  disturber d = {0};
+  disturb_start(&d, -1);
   int rc = pl_accept(lfd, 0.4);
-  int made = atomic_load(&d.made);
-  if (started) pthread_join(th, NULL);
-  sigaction(SIGUSR1, &old, NULL);
+  int made = disturb_end(&d);
   CHECK(rc < 0 && strstr(tr_error(), "no stage connected") != NULL, "the accept times out (rc %d: %s)", rc,
         tr_error());
   CHECK(made < BURST, "signals: the 400 ms accept ended while they still came (%d of %d made)", made, BURST);
@@ -123,19 +141,12 @@ static void accept_while_disturbed(void) {
 static void read_while_disturbed(int by_bytes) {
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
-  struct sigaction sa = {.sa_handler = on_usr1}, old; /* no SA_RESTART: poll returns EINTR */
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGUSR1, &sa, &old);
-  disturber d = {.target = pthread_self(), .fd = by_bytes ? sv[1] : -1};
-  pthread_t th;
-  int started = pthread_create(&th, NULL, disturb, &d) == 0;
-  CHECK(started, "the disturbing thread starts");
+  disturber d = {0};
+  disturb_start(&d, by_bytes ? sv[1] : -1);
   proto_reader r = {.fd = sv[0]};
   char line[PROTO_LINE_MAX];
   int rc = proto_read(&r, line, sizeof line, 400);
-  int made = atomic_load(&d.made);
-  if (started) pthread_join(th, NULL);
-  sigaction(SIGUSR1, &old, NULL);
+  int made = disturb_end(&d);
   const char *what = by_bytes ? "bytes without a newline" : "signals";
   CHECK(rc < 0 && strstr(tr_error(), "timed out") != NULL, "%s: the read times out (rc %d: %s)", what, rc,
         tr_error());
