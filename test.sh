@@ -29,6 +29,16 @@ done
 jobs=${TRANSOM_JOBS:-$(nproc)}
 detector/test_deps.sh   # gnuplot (transom plot) and promtool (the /metrics check)
 spec/hosts/deps.sh || echo "=== slurm-wlm/munge not installed: spec/slurm_spec.lua will skip"
+# clang with libFuzzer, for the fuzz targets at the end (built beside the tests below)
+have_fuzz=0
+if [ "$quick" = 0 ]; then
+  spec/fuzz/deps.sh || echo "=== fuzz targets: could not install clang (spec/fuzz/deps.sh failed)"
+  if command -v clang >/dev/null 2>&1 &&
+    echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }' |
+    clang -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1; then
+    have_fuzz=1
+  fi
+fi
 export TRANSOM_REQUIRE_PROMTOOL=1 TRANSOM_REQUIRE_GNUPLOT=1
 
 # Python with safetensors + numpy, for the export test (from the package index)
@@ -66,28 +76,65 @@ fi
 # pool N JOB...: runs the jobs (each a command line, word-split) N at a time
 # in the order given (the longest first), each one's output to a file of its
 # own, printed whole under its name and time as it ends; 1 if any failed,
-# named again at the end.
+# named again at the end. Each job writes its own exit status (bash forgets
+# a job that a signal ended once it has said so; its status is then "none").
 pool() {
-  local n=$1 dir pid r failed=() i=0; shift
+  local n=$1 dir pid k r failed=() i=0; shift
   local -A job_of=() start_of=()
   dir=$(mktemp -d)
   while [ "$i" -lt "$#" ] || [ "${#job_of[@]}" -gt 0 ]; do
     if [ "$i" -lt "$#" ] && [ "${#job_of[@]}" -lt "$n" ]; then
       i=$((i + 1))
-      ${!i} >"$dir/$i" 2>&1 &
+      (r=0; ${!i} || r=$?; echo "$r" >"$dir/$i.rc") >"$dir/$i" 2>&1 &
       job_of[$!]=$i start_of[$!]=$SECONDS
       continue
     fi
-    r=0
-    wait -n -p pid "${!job_of[@]}" || r=$?
-    local k=${job_of[$pid]}
-    echo "--- ${!k} ($((SECONDS - start_of[$pid])) s$([ "$r" = 0 ] || echo ", FAILED: exit $r"))"
-    cat "$dir/$k"
-    [ "$r" = 0 ] || failed+=("${!k}")
-    unset "job_of[$pid]" "start_of[$pid]"
+    # (a job exits 0 unless a signal ended it; 127: none of them is ours any more)
+    wait -n "${!job_of[@]}" 2>/dev/null || { [ $? != 127 ] || sleep 0.5; }
+    for pid in "${!job_of[@]}"; do
+      ! kill -0 "$pid" 2>/dev/null || continue
+      k=${job_of[$pid]}
+      r=$(cat "$dir/$k.rc" 2>/dev/null || echo none)
+      echo "--- ${!k} ($((SECONDS - start_of[$pid])) s$([ "$r" = 0 ] || echo ", FAILED: exit status $r"))"
+      cat "$dir/$k"
+      [ "$r" = 0 ] || failed+=("${!k}")
+      unset "job_of[$pid]" "start_of[$pid]"
+    done
   done
   rm -rf "$dir"
   [ "${#failed[@]}" = 0 ] || { printf '=== failed: %s\n' "${failed[@]}" >&2; return 1; }
+}
+
+# The sanitizer builds (ASan + UBSan, then ThreadSanitizer, then the fuzz
+# targets) start now, at nice 19, beside the release tests: they take the
+# cores' idle time (the C tests leave ~60% of it, the specs ~10%, the ASan
+# C tests ~60%) and hardly any from the tests (a nice-19 process gets ~1.5%
+# of a core a nice-0 one wants, and gives it up when one wakes). The ASan
+# and TSan builds write their output and exit status under san_log, shown
+# when their pass needs it.
+tsan_tests=(test_ftar test_ftar_dev test_ckpt test_detector test_policy)
+if [ "$quick" = 0 ]; then
+  san_log=$(mktemp -d)
+  (
+    # the CUDA plugin is compiled (and its GPU tests run or skip) in the release build
+    r=0
+    { cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=ON -DTRANSOM_CUDA=OFF >/dev/null &&
+      nice -n 19 cmake --build build-asan -j"$jobs"; } >"$san_log/asan" 2>&1 || r=$?
+    echo "$r" >"$san_log/asan.rc"
+    r=0
+    { cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=thread -DTRANSOM_CUDA=OFF >/dev/null &&
+      nice -n 19 cmake --build build-tsan -j"$jobs" --target transom "${tsan_tests[@]}"; } >"$san_log/tsan" 2>&1 || r=$?
+    echo "$r" >"$san_log/tsan.rc"
+    [ "$have_fuzz" = 0 ] || JOBS=$jobs nice -n 19 spec/fuzz/run.sh build >/dev/null 2>&1 || true
+  ) &
+  san_pid=$!
+fi
+# san_build asan|tsan: waits (bounded: 1 h) for that background build, shows
+# its output, and fails if it failed
+san_build() {
+  for _ in $(seq 3600); do [ -f "$san_log/$1.rc" ] && break; sleep 1; done
+  cat "$san_log/$1"
+  [ "$(cat "$san_log/$1.rc" 2>/dev/null)" = 0 ] || { echo "=== the $1 build failed (above)" >&2; exit 1; }
 }
 
 echo "=== release build: the C tests one at a time, then the Lua specs four at a time"
@@ -95,10 +142,8 @@ echo "=== release build: the C tests one at a time, then the Lua specs four at a
   { ctest --output-on-failure -j4 -R '^spec_' || rc=1; } && exit $rc)
 
 if [ "$quick" = 0 ]; then
-  echo "=== sanitizer build (ASan + UBSan)"
-  # the CUDA plugin is compiled (and its GPU tests run or skip) in the release build
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=ON -DTRANSOM_CUDA=OFF >/dev/null
-  cmake --build build-asan -j"$jobs"
+  echo "=== sanitizer build (ASan + UBSan), started beside the release tests"
+  san_build asan
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   export LSAN_OPTIONS=suppressions=$PWD/spec/lsan.supp:print_suppressions=0
   # the C tests, one at a time
@@ -147,17 +192,16 @@ if [ "$quick" = 0 ]; then
     "asan_spec graph" || { echo "=== a sanitizer spec failed (above)" >&2; exit 1; }
   unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 
-  echo "=== ThreadSanitizer build: FTAR, checkpoint engine, detector, policy"
-  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=thread -DTRANSOM_CUDA=OFF >/dev/null
-  tsan_tests=(test_ftar test_ftar_dev test_ckpt test_detector test_policy)
-  cmake --build build-tsan -j"$jobs" --target transom "${tsan_tests[@]}"
+  echo "=== ThreadSanitizer build (started beside the release tests): FTAR, checkpoint engine, detector, policy"
+  san_build tsan
   # Every report of every process (test_ftar's ranks, the forked members
   # and writers) lands in its own file under tsan_log: any file fails the
   # pass, with its contents. No suppressions: no report so far came from a
   # library. OMP_NUM_THREADS=1: libgomp is not instrumented, its barriers
   # would read as races (these tests hardly use OpenMP anyway).
   # TRANSOM_TEST_SMALL: thread interactions, not throughput, are what this
-  # pass checks (spec/c/check.h); 1 to 2 minutes on 2 cores, the build 1 more.
+  # pass checks (spec/c/check.h); 1 to 2 minutes on 2 cores (the build ran
+  # beside the earlier passes).
   tsan_log=$(mktemp -d)
   tsan_rc=0
   (cd build-tsan && TSAN_OPTIONS="log_path=$tsan_log/tsan second_deadlock_stack=1" OMP_NUM_THREADS=1 \
@@ -193,12 +237,11 @@ EOF
   rm -rf "$tsan_log"
   [ "$tsan_rc" = 0 ] || exit 1
 
-  # the readers of untrusted bytes under libFuzzer (spec/fuzz/), 10 s each
-  spec/fuzz/deps.sh || echo "=== fuzz targets: could not install clang (spec/fuzz/deps.sh failed)"
-  if command -v clang >/dev/null 2>&1 &&
-    echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }' |
-    clang -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1; then
-    echo "=== fuzz targets (libFuzzer + ASan + UBSan, 10 s each)"
+  # the readers of untrusted bytes under libFuzzer (spec/fuzz/), 10 s each;
+  # run.sh builds what the background build did not (and shows its errors)
+  wait "$san_pid" || true
+  if [ "$have_fuzz" = 1 ]; then
+    echo "=== fuzz targets (libFuzzer + ASan + UBSan, 10 s each, one per core at a time)"
     JOBS=$jobs spec/fuzz/run.sh 10
   else
     echo "=== fuzz targets: SKIPPED (no clang with libFuzzer; spec/fuzz/deps.sh installs clang libclang-rt-dev libomp-dev)"
