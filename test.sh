@@ -109,32 +109,49 @@ pool() {
 # targets) start now, at nice 19, beside the release tests: they take the
 # cores' idle time (the C tests leave ~60% of it, the specs ~10%, the ASan
 # C tests ~60%) and hardly any from the tests (a nice-19 process gets ~1.5%
-# of a core a nice-0 one wants, and gives it up when one wakes). The ASan
-# and TSan builds write their output and exit status under san_log, shown
-# when their pass needs it.
+# of a core a nice-0 one wants, and gives it up when one wakes). Each build
+# writes its output and then its exit status under san_log, shown when its
+# pass needs it (san_build). They run in a process group of their own,
+# killed if test.sh ends first (a failed test, Ctrl-C).
 tsan_tests=(test_ftar test_ftar_dev test_ckpt test_detector test_policy)
 if [ "$quick" = 0 ]; then
   san_log=$(mktemp -d)
-  (
+  # san_step NAME CMD...: runs CMD into san_log/NAME, then writes NAME.rc whole
+  san_step() {
+    local name=$1 r=0; shift
+    "$@" >"$san_log/$name" 2>&1 </dev/null || r=$?
+    echo "$r" >"$san_log/$name.rc.tmp" && mv "$san_log/$name.rc.tmp" "$san_log/$name.rc"
+  }
+  san_asan() {
     # the CUDA plugin is compiled (and its GPU tests run or skip) in the release build
-    r=0
-    { cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=ON -DTRANSOM_CUDA=OFF >/dev/null &&
-      nice -n 19 cmake --build build-asan -j"$jobs"; } >"$san_log/asan" 2>&1 || r=$?
-    echo "$r" >"$san_log/asan.rc"
-    r=0
-    { cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=thread -DTRANSOM_CUDA=OFF >/dev/null &&
-      nice -n 19 cmake --build build-tsan -j"$jobs" --target transom "${tsan_tests[@]}"; } >"$san_log/tsan" 2>&1 || r=$?
-    echo "$r" >"$san_log/tsan.rc"
-    [ "$have_fuzz" = 0 ] || JOBS=$jobs nice -n 19 spec/fuzz/run.sh build >/dev/null 2>&1 || true
+    cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=ON -DTRANSOM_CUDA=OFF >/dev/null &&
+      cmake --build build-asan -j"$jobs"
+  }
+  san_tsan() {
+    cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRANSOM_SANITIZE=thread -DTRANSOM_CUDA=OFF >/dev/null &&
+      cmake --build build-tsan -j"$jobs" --target transom "${tsan_tests[@]}"
+  }
+  set -m # the builds get a process group of their own
+  (
+    renice -n 19 -p "$BASHPID" >/dev/null || true
+    san_step asan san_asan
+    san_step tsan san_tsan
+    [ "$have_fuzz" = 0 ] || san_step fuzz env JOBS="$jobs" spec/fuzz/run.sh build
   ) &
   san_pid=$!
+  set +m
+  trap 'kill -- -"$san_pid" 2>/dev/null || true; rm -rf "$san_log"' EXIT
 fi
-# san_build asan|tsan: waits (bounded: 1 h) for that background build, shows
-# its output, and fails if it failed
+# san_build asan|tsan|fuzz: waits (bounded: 1 h) for that background build,
+# shows its output, and fails if it failed
 san_build() {
-  for _ in $(seq 3600); do [ -f "$san_log/$1.rc" ] && break; sleep 1; done
+  for _ in $(seq 3600); do
+    [ -f "$san_log/$1.rc" ] || ! kill -0 "$san_pid" 2>/dev/null && break
+    sleep 1
+  done
+  [ -f "$san_log/$1.rc" ] || { echo "=== the $1 build did not end (within an hour)" >&2; exit 1; }
   cat "$san_log/$1"
-  [ "$(cat "$san_log/$1.rc" 2>/dev/null)" = 0 ] || { echo "=== the $1 build failed (above)" >&2; exit 1; }
+  [ "$(cat "$san_log/$1.rc")" = 0 ] || { echo "=== the $1 build failed (above)" >&2; exit 1; }
 }
 
 echo "=== release build: the C tests one at a time, then the Lua specs four at a time"
@@ -237,11 +254,11 @@ EOF
   rm -rf "$tsan_log"
   [ "$tsan_rc" = 0 ] || exit 1
 
-  # the readers of untrusted bytes under libFuzzer (spec/fuzz/), 10 s each;
-  # run.sh builds what the background build did not (and shows its errors)
-  wait "$san_pid" || true
+  # the readers of untrusted bytes under libFuzzer (spec/fuzz/), 10 s each,
+  # built beside the earlier passes
   if [ "$have_fuzz" = 1 ]; then
     echo "=== fuzz targets (libFuzzer + ASan + UBSan, 10 s each, one per core at a time)"
+    san_build fuzz
     JOBS=$jobs spec/fuzz/run.sh 10
   else
     echo "=== fuzz targets: SKIPPED (no clang with libFuzzer; spec/fuzz/deps.sh installs clang libclang-rt-dev libomp-dev)"

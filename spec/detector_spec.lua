@@ -102,7 +102,7 @@ describe("lua/policies/rules.lua", function()
     local f = assert(io.open(POLICIES .. "rules.lua"))
     local text = f:read("a")
     f:close()
-    for _, k in ipairs({ "SPIKE_Z", "STRAGGLER_K", "STRAGGLER_M", "HANG_T", "DEAD_T" }) do
+    for _, k in ipairs({ "SPIKE_Z", "STRAGGLER_K", "STRAGGLER_MIN_S", "STRAGGLER_M", "HANG_T", "DEAD_T" }) do
       assert.truthy(text:match("\nlocal " .. k .. " = [%d%.e]+"), k)
     end
   end)
@@ -136,6 +136,20 @@ describe("lua/policies/rules.lua", function()
     assert.equal("straggler", R.straggler(w, fl).kind)
     local blip = worker({ id = 1, step = 6, compute_s = 0.5, series = { compute_s = { 0.5, 0.5, 0.1, 0.5, 0.5, 0.5 } } })
     assert.is_nil(R.straggler(blip, fl))
+  end)
+
+  -- Steps of a few ms on a busy host: the scheduler holds one replica back
+  -- by tens of ms now and then, which is k x its steps but no straggler
+  -- (CI's operator specs saw a healthy replica evicted so: 0.044, 0.025,
+  -- 0.037, 0.136, 0.056 s against a median of 0.007). Slower by more than
+  -- STRAGGLER_MIN_S it is one.
+  it("straggler on fast steps needs to be slower by STRAGGLER_MIN_S, not only k x", function()
+    local fl = fleet({ size = 3, median = function(m, except) return 0.007 end })
+    local noisy = { 0.007, 0.044, 0.025, 0.037, 0.136, 0.056 }
+    assert.is_nil(R.straggler(worker({ id = 1, step = 6, compute_s = 0.056, series = { compute_s = noisy } }), fl))
+    local slowed = { 0.007, 0.09, 0.088, 0.095, 0.091, 0.09 } -- 80 ms added a step (eagle_spec's slow fault)
+    local a = R.straggler(worker({ id = 1, step = 6, compute_s = 0.09, series = { compute_s = slowed } }), fl)
+    assert.equal("straggler", a and a.kind)
   end)
 
   it("hang needs a live heartbeat; dead a lost one", function()

@@ -45,6 +45,9 @@ local GRAD_RATIO = 10         --   or this many times its median over
 local GRAD_WINDOW = 50        --   the last 50 steps
 local GRAD_WARMUP = 20        --   (after 20 steps)
 local STRAGGLER_K = 3.0       -- straggler: compute time above k x the others' median
+local STRAGGLER_MIN_S = 0.05  --   and at least this many seconds above it (a busy host's
+                              --   scheduler delays a process by tens of ms: with steps
+                              --   of a few ms that alone is k x, and no reason to evict)
 local STRAGGLER_M = 5         --   for m steps in a row
 local HANG_T = 60             -- hang: seconds without a step while the heartbeat lives
 local STARTUP_T = 600         --   (before its first step: loading, catching up)
@@ -103,7 +106,7 @@ function R.straggler(w, fleet)
   if w.step == nil or fleet.size < 2 then return nil end
   local med = fleet:median("compute_s", w.id)
   if not finite(med) or med <= 0 then return nil end
-  local run = w:run_above("compute_s", STRAGGLER_K * med)
+  local run = w:run_above("compute_s", math.max(STRAGGLER_K * med, med + STRAGGLER_MIN_S))
   if run >= STRAGGLER_M then
     return { kind = "straggler", severity = "warning",
              detail = fmt("compute %.3f s is %.1fx the others' median %.3f s, %d steps in a row",

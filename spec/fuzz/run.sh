@@ -9,7 +9,7 @@
 #
 #   spec/fuzz/run.sh [SECONDS] [TARGET...]   default 10 s; every target
 #   spec/fuzz/run.sh build                   only build them
-#   JOBS=N spec/fuzz/run.sh ...              build parallelism (default nproc)
+#   JOBS=N spec/fuzz/run.sh ...              build jobs and targets at a time (default nproc)
 #
 # Targets: ftar_frame proto job safetensors ckpt_manifest json_top (fuzz_<target>.c
 # says what each one fuzzes and checks).
@@ -64,20 +64,20 @@ fuzz_one() {
     mkdir -p "build-fuzz/crashes/$t"
     find "$work/$t/artifacts" -type f -exec cp {} "build-fuzz/crashes/$t/" \;
     echo "$t: ${runs:-?} runs in ${secs} s, $((crashes > 0 ? crashes : 1)) crash(es) (exit $rc); kept in build-fuzz/crashes/$t/:"
-    grep -v '^INFO:\|^#[0-9]' "$work/$t/log" | tail -40 | sed 's/^/  /'
+    grep -v '^INFO:\|^#[0-9]' "$work/$t/log" | tail -40 | sed 's/^/  /' || true
   else
     echo "$t: ${runs:-?} runs in ${secs} s, 0 crashes"
   fi
   touch "$work/$t.done"
 }
 
-# One target per core at a time (each fuzzer is one process on one core),
-# their lines printed in the targets' order once all have run.
+# One target per core at a time (each fuzzer is one process on one core;
+# JOBS caps it), their lines printed in the targets' order once all have run.
 for t in "${targets[@]}"; do
   [ -x "build-fuzz/fuzz_$t" ] || { echo "run.sh: no target '$t' (build-fuzz/fuzz_$t)" >&2; exit 2; }
 done
 for t in "${targets[@]}"; do
-  while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n || true; done
+  while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-$(nproc)}" ]; do wait -n || true; done
   fuzz_one "$t" >"$work/$t.report" 2>&1 &
 done
 wait
