@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # test.sh — the whole test suite: set-up, a release build with the C tests
 # and every Lua spec (ctest; the C tests one at a time, then the spec files
-# four at a time), then the C tests and the Lua specs again under
-# AddressSanitizer + UndefinedBehaviorSanitizer (the multi-process specs
-# less 10 cases, timing stretched; three at a time again), then the
-# threaded C tests (FTAR, the checkpoint engine, the detector, the policy
-# engine) and a short multi-replica job under ThreadSanitizer, then each
-# libFuzzer target for 10 s (spec/fuzz/run.sh; skipped without clang).
+# four at a time), then the sanitizer passes side by side, four jobs at a
+# time: the C tests and the Lua specs again under AddressSanitizer +
+# UndefinedBehaviorSanitizer (the multi-process specs less 10 cases, timing
+# stretched), the threaded C tests (FTAR, the checkpoint engine, the
+# detector, the policy engine) and a short multi-replica job under
+# ThreadSanitizer, and each libFuzzer target for 10 s (spec/fuzz/run.sh;
+# skipped without clang).
 #
 #   ./test.sh           everything (what CI runs)
 #   ./test.sh --quick   release build only, no sanitizer or fuzz pass
@@ -107,9 +108,9 @@ pool() {
 
 # The sanitizer builds (ASan + UBSan, then ThreadSanitizer, then the fuzz
 # targets) start now, at nice 19, beside the release tests: they take the
-# cores' idle time (the C tests leave ~60% of it, the specs ~10%, the ASan
-# C tests ~60%) and hardly any from the tests (a nice-19 process gets ~1.5%
-# of a core a nice-0 one wants, and gives it up when one wakes). Each build
+# cores' idle time (the C tests leave ~60% of it, the specs ~10%) and
+# hardly any from the tests (a nice-19 process gets ~1.5% of a core a
+# nice-0 one wants, and gives it up when one wakes). Each build
 # writes its output and then its exit status under san_log, shown when its
 # pass needs it (san_build). They run in a process group of their own,
 # killed if test.sh ends first (a failed test, Ctrl-C).
@@ -143,15 +144,15 @@ if [ "$quick" = 0 ]; then
   trap 'kill -- -"$san_pid" 2>/dev/null || true; rm -rf "$san_log"' EXIT
 fi
 # san_build asan|tsan|fuzz: waits (bounded: 1 h) for that background build,
-# shows its output, and fails if it failed
+# shows its output, and returns 1 if it failed
 san_build() {
   for _ in $(seq 3600); do
     [ -f "$san_log/$1.rc" ] || ! kill -0 "$san_pid" 2>/dev/null && break
     sleep 1
   done
-  [ -f "$san_log/$1.rc" ] || { echo "=== the $1 build did not end (within an hour)" >&2; exit 1; }
+  [ -f "$san_log/$1.rc" ] || { echo "=== the $1 build did not end (within an hour)" >&2; return 1; }
   cat "$san_log/$1"
-  [ "$(cat "$san_log/$1.rc")" = 0 ] || { echo "=== the $1 build failed (above)" >&2; exit 1; }
+  [ "$(cat "$san_log/$1.rc")" = 0 ] || { echo "=== the $1 build failed (above)" >&2; return 1; }
 }
 
 echo "=== release build: the C tests one at a time, then the Lua specs four at a time"
@@ -159,17 +160,30 @@ echo "=== release build: the C tests one at a time, then the Lua specs four at a
   { ctest --output-on-failure -j4 -R '^spec_' || rc=1; } && exit $rc)
 
 if [ "$quick" = 0 ]; then
-  echo "=== sanitizer build (ASan + UBSan), started beside the release tests"
-  san_build asan
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  export LSAN_OPTIONS=suppressions=$PWD/spec/lsan.supp:print_suppressions=0
-  # the C tests, one at a time
-  (cd build-asan && ctest --output-on-failure -j1 -E '^spec_')
-  # Then the Lua specs, three at a time (CMakeLists.txt says why they run
-  # side by side), the longest first: under ASan three keep the cores ~90%
-  # busy, ~430 s on 2 cores (~540 s in the two fixed lanes before). Each
-  # spec's output is printed whole as it ends.
-  #
+  # The sanitizer passes, one pool (four jobs at a time, the longest first):
+  # the C tests under ASan + UBSan, the Lua specs under it (file by file),
+  # the ThreadSanitizer pass and the fuzz targets. Each C-test pass leaves a
+  # core idle about half its time (its ranks wait on each other and on the
+  # deadlines of its fault cases), and the specs wait on the jobs' clocks:
+  # one after the other these passes took ~14 min on 2 cores, side by side
+  # the cores stay busy. So the C tests here run beside others, at time
+  # scale 3 like the specs (TRANSOM_TIME_SCALE stretches a test's own waits
+  # and the slack of its latency bounds, never a deadline it gives the
+  # product); the release build above runs them alone at scale 1, where
+  # those bounds are checked tight.
+  echo "=== sanitizer passes (built beside the release tests): ASan + UBSan C tests and Lua specs, ThreadSanitizer, fuzz targets; four at a time"
+  san_build asan || exit 1
+  san_build tsan || exit 1
+  # asan_env: the sanitizer options for a job of the ASan build (each pool
+  # job runs in a subshell of its own, so they stay there)
+  asan_env() {
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    export LSAN_OPTIONS=suppressions=$PWD/spec/lsan.supp:print_suppressions=0
+  }
+  asan_ctests() {
+    asan_env
+    cd build-asan && TRANSOM_TIME_SCALE=3 ctest --output-on-failure -j1 -E '^spec_'
+  }
   # The multi-process fault scenarios (operator, Eagle Eye, attach, REPL):
   # every process they spawn is the ASan binary, so a leak or a
   # use-after-free in a worker, the operator or the donor fails them.
@@ -184,12 +198,11 @@ if [ "$quick" = 0 ]; then
   # + --resume; checkpoint.every_seconds: a timing rule; the clean 500-step
   # run: every run's clean stretch; SIGSTOP: the hang case's eviction and
   # replacement; a policy saved broken: the reloads of test_policy and
-  # test_detector, under ASan above; the buckets' bit identity: two clean
+  # test_detector, under ASan too; the buckets' bit identity: two clean
   # runs, the code of the bucket kill case; the lead's STOP after the
   # wind-down: the wait for a STOP of the case whose STOP is lost). The
   # others (the soak is pending without --long) run here. The specs that
   # run in one process or a few short ones run whole, at time scale 1.
-  echo "=== sanitizer build (ASan + UBSan): Lua specs, three at a time; multi-process ones at time scale 3"
   asan_skip=("two workers killed at once" "chaos list kills a replica" "restart_all"
     "killed before its first checkpoint" "every_seconds" "a clean 500" "SIGSTOP: dead" "a policy saved broken"
     "in buckets while backward runs" "the lead's STOP after the wind")
@@ -197,71 +210,66 @@ if [ "$quick" = 0 ]; then
   # asan_spec NAME [scaled]: spec/NAME_spec.lua under the ASan binary; scaled:
   # at time scale 3, without the cases above
   asan_spec() {
+    asan_env
     if [ "${2:-}" = scaled ]; then
       TRANSOM_TIME_SCALE=3 TRANSOM_BIN=$asan_bin "$asan_bin" test "${asan_skip[@]/#/--filter-out=}" "spec/$1_spec.lua"
     else
       TRANSOM_BIN=$asan_bin "$asan_bin" test "spec/$1_spec.lua"
     fi
   }
-  pool 3 "asan_spec operator scaled" "asan_spec operator_stop scaled" "asan_spec pipeline" \
-    "asan_spec attach scaled" "asan_spec hf" "asan_spec eagle scaled" "asan_spec ckpt" "asan_spec device" \
-    "asan_spec e2e" "asan_spec job" "asan_spec data" "asan_spec repl scaled" "asan_spec detector" \
-    "asan_spec graph" || { echo "=== a sanitizer spec failed (above)" >&2; exit 1; }
-  unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
-
-  echo "=== ThreadSanitizer build (started beside the release tests): FTAR, checkpoint engine, detector, policy"
-  san_build tsan
-  # Every report of every process (test_ftar's ranks, the forked members
-  # and writers) lands in its own file under tsan_log: any file fails the
-  # pass, with its contents. No suppressions: no report so far came from a
-  # library. OMP_NUM_THREADS=1: libgomp is not instrumented, its barriers
-  # would read as races (these tests hardly use OpenMP anyway).
+  # tsan_pass: FTAR, the checkpoint engine, the detector and the policy
+  # engine's C tests, then a short fleet job, under ThreadSanitizer. Every
+  # report of every process (test_ftar's ranks, the forked members and
+  # writers) lands in its own file under its log folder: any file fails
+  # the pass, with its contents. No suppressions: no report so far came
+  # from a library. OMP_NUM_THREADS=1: libgomp is not instrumented, its
+  # barriers would read as races (these tests hardly use OpenMP anyway).
   # TRANSOM_TEST_SMALL: thread interactions, not throughput, are what this
-  # pass checks (spec/c/check.h); 1 to 2 minutes on 2 cores (the build ran
-  # beside the earlier passes).
-  tsan_log=$(mktemp -d)
-  tsan_rc=0
-  (cd build-tsan && TSAN_OPTIONS="log_path=$tsan_log/tsan second_deadlock_stack=1" OMP_NUM_THREADS=1 \
-    TRANSOM_TEST_SMALL=1 TRANSOM_TIME_SCALE=3 \
-    ctest --output-on-failure -j1 -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$") || tsan_rc=$?
-  # The fleet's threads (a worker's heartbeat and donor, FTAR's control
-  # thread, the checkpoint engine's copier and writer) run in no C test: a
-  # short 2-replica job where the chaos list kills replica 1 at step 30 and
-  # its replacement catches up from a donor (about 20 s); gradients go in
-  # small buckets, so FTAR's communication thread reduces them while the
-  # training thread's backward writes the rest.
-  corpus=$PWD/../shared/data/tinyshakespeare.txt
-  if [ -f "$corpus" ]; then
-    cat > "$tsan_log/job.lua" <<EOF
+  # pass checks (spec/c/check.h).
+  tsan_pass() {
+    local log rc=0 corpus=$PWD/../shared/data/tinyshakespeare.txt
+    log=$(mktemp -d)
+    export TSAN_OPTIONS="log_path=$log/tsan second_deadlock_stack=1" OMP_NUM_THREADS=1
+    (cd build-tsan && TRANSOM_TEST_SMALL=1 TRANSOM_TIME_SCALE=3 \
+      ctest --output-on-failure -j1 -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$") || rc=1
+    # The fleet's threads (a worker's heartbeat and donor, FTAR's control
+    # thread, the checkpoint engine's copier and writer) run in no C test:
+    # a short 2-replica job where the chaos list kills replica 1 at step 30
+    # and its replacement catches up from a donor (about 20 s); gradients go
+    # in small buckets, so FTAR's communication thread reduces them while
+    # the training thread's backward writes the rest.
+    if [ -f "$corpus" ]; then
+      cat > "$log/job.lua" <<EOF
 return { data = "$corpus", replicas = 2, max_steps = 80, warmup_steps = 10, n_layer = 2, n_head = 2, n_embd = 64,
   block_size = 32, batch_size = 8, eval_interval = 0, eval_steps = 5, sample_tokens = 0, log_interval = 20,
   checkpoint = { every_steps = 10 }, checksum_interval = 10, chaos = { { at_step = 30, replica = 1, fault = "kill" } },
   bucket_mb = 0.05 }
 EOF
-    TSAN_OPTIONS="log_path=$tsan_log/tsan second_deadlock_stack=1" OMP_NUM_THREADS=1 \
-      build-tsan/transom run "$tsan_log/job.lua" --set run_dir="$tsan_log/run" >"$tsan_log/run.log" 2>&1 ||
-      { tail -20 "$tsan_log/run.log"; tsan_rc=1; }
-    grep -q "catches up from replica" "$tsan_log/run/events.jsonl" 2>/dev/null ||
-      echo "(the TSan job's replacement did not catch up from a donor: the donor's serving went unchecked)"
-  else
-    echo "(no $corpus: the TSan fleet job is skipped)"
-  fi
-  if compgen -G "$tsan_log/tsan.*" >/dev/null; then
-    cat "$tsan_log"/tsan.*
-    echo "=== ThreadSanitizer reported the above" >&2
-    tsan_rc=1
-  fi
-  rm -rf "$tsan_log"
-  [ "$tsan_rc" = 0 ] || exit 1
-
+      build-tsan/transom run "$log/job.lua" --set run_dir="$log/run" >"$log/run.log" 2>&1 ||
+        { tail -20 "$log/run.log"; rc=1; }
+      grep -q "catches up from replica" "$log/run/events.jsonl" 2>/dev/null ||
+        echo "(the TSan job's replacement did not catch up from a donor: the donor's serving went unchecked)"
+    else
+      echo "(no $corpus: the TSan fleet job is skipped)"
+    fi
+    if compgen -G "$log/tsan.*" >/dev/null; then
+      cat "$log"/tsan.*
+      echo "=== ThreadSanitizer reported the above"
+      rc=1
+    fi
+    rm -rf "$log"
+    return $rc
+  }
   # the readers of untrusted bytes under libFuzzer (spec/fuzz/), 10 s each,
-  # built beside the earlier passes
-  if [ "$have_fuzz" = 1 ]; then
-    echo "=== fuzz targets (libFuzzer + ASan + UBSan, 10 s each, one per core at a time)"
-    san_build fuzz
-    JOBS=$jobs spec/fuzz/run.sh 10
-  else
+  # one at a time here (its build may still be ending when the pool starts)
+  fuzz_pass() { san_build fuzz && JOBS=1 spec/fuzz/run.sh 10; }
+  fuzz_job=()
+  [ "$have_fuzz" = 0 ] || fuzz_job=(fuzz_pass)
+  pool 4 "asan_spec operator_stop scaled" "asan_spec operator scaled" tsan_pass "asan_spec pipeline" \
+    asan_ctests "asan_spec attach scaled" "asan_spec hf" "asan_spec eagle scaled" "asan_spec ckpt" \
+    "asan_spec device" "${fuzz_job[@]}" "asan_spec e2e" "asan_spec job" "asan_spec data" "asan_spec repl scaled" \
+    "asan_spec detector" "asan_spec graph" || { echo "=== a sanitizer pass failed (above)" >&2; exit 1; }
+  [ "$have_fuzz" = 1 ] ||
     echo "=== fuzz targets: SKIPPED (no clang with libFuzzer; spec/fuzz/deps.sh installs clang libclang-rt-dev libomp-dev)"
-  fi
 fi
 echo "=== all tests passed"
