@@ -477,9 +477,15 @@ static void test_stale_reader(void) {
   }
 }
 
+/* test_kill9's tensor: 12 MiB, so commits take a while; 1 MiB under
+ * TRANSOM_TEST_SMALL (ThreadSanitizer: ten times slower, so its commits
+ * take as long, and the writer, at nice 19, gets little of a loaded
+ * machine's cores) */
+static int64_t kill9_floats(void) { return test_small() ? 1 << 18 : 3 << 20; }
+
 /* The child: snapshots forever, a new step every iteration. */
 static void writer_child(const char *dir, int64_t first) {
-  enum { N = 3 << 20 }; /* 12 MiB: commits take a while */
+  const int64_t N = kill9_floats();
   ckpt_opts o = {dir, 0, 3, 0, CKPT_COALESCE};
   ckpt_engine *e = ckpt_open(&o);
   if (!e) _exit(3);
@@ -497,7 +503,7 @@ static void writer_child(const char *dir, int64_t first) {
 static void test_kill9(void) {
   char dir[256];
   store_path(dir, sizeof dir, "kill");
-  enum { N = 3 << 20 };
+  const int64_t N = kill9_floats();
   float *a = malloc(sizeof(float) * N);
   unsigned seed = (unsigned)time(NULL);
   srand(seed);
