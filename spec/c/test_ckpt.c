@@ -507,7 +507,7 @@ static void test_kill9(void) {
   float *a = malloc(sizeof(float) * N);
   unsigned seed = (unsigned)time(NULL);
   srand(seed);
-  int kills = 0, verified = 0;
+  int kills = 0, verified = 0, own = 0;
   int64_t first = 1;
   for (int round = 0; round < 20; round++) {
     pid_t pid = fork();
@@ -522,6 +522,7 @@ static void test_kill9(void) {
     waitpid(pid, &status, 0);
     kills += WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
     int64_t last = newest(dir);
+    own += last >= first; /* else the wait above ran out: an earlier writer's step */
     if (last < 0) continue; /* killed before its first commit */
     ckpt_reader *r = ckpt_reader_open(dir);
     int rc = r ? ckpt_reader_verify(r, last) : -1;
@@ -535,6 +536,7 @@ static void test_kill9(void) {
   }
   CHECK(kills == 20, "20 kill -9 expected, %d", kills);
   CHECK(verified == 20, "every round has a committed checkpoint to check (%d of 20)", verified);
+  CHECK(own == 20, "in every round the killed writer had committed a step of its own (%d of 20)", own);
   printf("kill -9: %d rounds, %d newest checkpoints verified (seed %u)\n", kills, verified, seed);
   free(a);
 }
