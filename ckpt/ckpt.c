@@ -649,8 +649,13 @@ static int local_manifest(ckpt_engine *e, int64_t step, uint8_t **raw, size_t *l
  * short read transaction (a long one would pin LMDB's pages and grow the
  * store while the rate limit stretches the copy), pacing between chunks
  * and checking the bytes against the manifest's CRC: a step removed or
- * re-taken meanwhile is CKPT_GONE or a mismatch, never a wrong copy. */
-static int replicate_tensor(ckpt_engine *e, remote_file *f, int64_t step, int i, const ckpt_tensor_info *t) {
+ * re-taken meanwhile is CKPT_GONE or a mismatch, never a wrong copy. Each
+ * chunk is copied out of the map under map_mu and written to the remote
+ * after it is released: a slow or stuck remote (a hung network mount)
+ * never holds up the writer's local commits, which need map_mu too. *buf
+ * (capacity *cap) is the caller's, grown as needed. */
+static int replicate_tensor(ckpt_engine *e, remote_file *f, int64_t step, int i, const ckpt_tensor_info *t,
+                            uint8_t **buf, size_t *cap) {
   uint32_t crc = 0;
   uint64_t got = 0;
   for (uint32_t c = 0; got < t->bytes; c++) {
@@ -672,14 +677,20 @@ static int replicate_tensor(ckpt_engine *e, remote_file *f, int64_t step, int i,
     else if (v.mv_size == 0 || got + v.mv_size > t->bytes)
       rc = tr_fail(TR_EFORMAT, "replicating step %lld: tensor '%s' has more data than its manifest says",
                    (long long)step, t->name);
-    if (!rc) {
-      crc = tr_crc32c(crc, v.mv_data, v.mv_size);
-      rc = remote_write(f, v.mv_data, v.mv_size);
-      got += v.mv_size;
+    size_t n = rc ? 0 : v.mv_size;
+    if (n > *cap) {
+      uint8_t *b = realloc(*buf, n);
+      if (b) *buf = b, *cap = n;
+      else rc = tr_fail(TR_ENOMEM, "out of memory replicating step %lld", (long long)step);
     }
+    if (!rc) memcpy(*buf, v.mv_data, n);
     mdb_txn_abort(txn);
     pthread_mutex_unlock(&e->map_mu);
     if (rc) return rc;
+    crc = tr_crc32c(crc, *buf, n);
+    rc = remote_write(f, *buf, n);
+    if (rc) return rc;
+    got += n;
     remote_pace(f);
   }
   if (crc != t->crc)
@@ -701,7 +712,10 @@ static int replicate(ckpt_engine *e, int64_t step) {
   if (rc) return rc;
   remote_file f;
   rc = remote_begin(&f, e->remote, step, raw, rlen, e->remote_rate);
-  for (int i = 0; !rc && i < m.ntensors; i++) rc = replicate_tensor(e, &f, step, i, &tensors[i]);
+  uint8_t *buf = NULL;
+  size_t cap = 0;
+  for (int i = 0; !rc && i < m.ntensors; i++) rc = replicate_tensor(e, &f, step, i, &tensors[i], &buf, &cap);
+  free(buf);
   if (!rc) rc = remote_publish(&f);
   else if (f.fd >= 0) remote_abandon(&f);
   if (!rc) rc = remote_retain(e->remote, e->o.keep_last, e->o.keep_every);

@@ -29,17 +29,22 @@
  *   0 bytes): no checkpoint, not an unreadable store;
  * - a rollback's drop of the checkpoints after its target, in both levels;
  *   a drop that fails names its level (a remote step that cannot be
- *   removed; a local store LMDB refuses).
+ *   removed; a local store LMDB refuses);
+ * - a remote whose writes block (a FIFO nobody reads, where the replicator
+ *   writes its temporary): local commits go on meanwhile.
  */
 #define _GNU_SOURCE /* unshare, CLONE_NEWUTS */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <fcntl.h>
 #include <lmdb.h>
 #include <sched.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1435,7 +1440,82 @@ static void test_remote_size_wrap(void) {
   ckpt_reader_close(r);
 }
 
+typedef struct {
+  ckpt_engine *e;
+  atomic_int done;
+} flush_arg;
+
+static void *flush_thread(void *p) {
+  flush_arg *f = p;
+  ckpt_flush(f->e);
+  atomic_store(&f->done, 1);
+  return NULL;
+}
+
+/* A remote that stops taking bytes (a hung network mount): the
+ * replicator's temporary for step 1 is a FIFO this test opened and never
+ * reads, so its writes block once the pipe is full. Step 2 still commits
+ * to the local store meanwhile (ckpt_flush returns, the step is there);
+ * then the pipe is closed and the engine closes cleanly. */
+static void test_remote_stuck(void) {
+  char dir[256], remote[256], fifo[700], host[256];
+  store_path(dir, sizeof dir, "stuck-local");
+  store_path(remote, sizeof remote, "stuck-remote");
+  enum { N = 1 << 20 }; /* 4 MiB: more than a pipe holds */
+  float *a = malloc(sizeof(float) * N);
+  int64_t d[1] = {N};
+  ckpt_engine *e = open_remote_engine(dir, remote, 0, 3);
+  if (!e || !a) return;
+  ckpt_register(e, "param/a", CKPT_F32, 1, d, a);
+  host[0] = 0;
+  gethostname(host, sizeof host - 1);
+  host[sizeof host - 1] = 0;
+  for (char *c = host; *c; c++)
+    if (*c == '.' || *c == '/') *c = '_'; /* ckpt_remote.c's temporary names */
+  snprintf(fifo, sizeof fifo, "%s/.tmp-step-1.%s.%ld", remote, host, (long)getpid());
+  CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s: %s", fifo, strerror(errno));
+  int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+  CHECK(rd >= 0, "open %s: %s", fifo, strerror(errno));
+  fill(a, N, 1);
+  ckpt_state st = {.step = 1};
+  CHECK(ckpt_snapshot(e, &st) == 0, "snapshot 1: %s", tr_error());
+  ckpt_wait_copy(e);
+  ckpt_flush(e);
+  int queued = 0; /* the replicator has filled the pipe: its write blocks */
+  for (double end = tr_now() + 60; rd >= 0 && tr_now() < end; usleep(10000)) {
+    int q = 0;
+    if (ioctl(rd, FIONREAD, &q) == 0) queued = q;
+    if (queued > 4096) break; /* the tensor's bytes (header and manifest take less): they cannot all fit */
+  }
+  CHECK(queued > 4096, "the replicator writes the tensor into the FIFO (%d bytes queued)", queued);
+  fill(a, N, 2);
+  st.step = 2;
+  CHECK(ckpt_snapshot(e, &st) == 0, "snapshot 2: %s", tr_error());
+  ckpt_wait_copy(e);
+  flush_arg f = {.e = e};
+  pthread_t th;
+  pthread_create(&th, NULL, flush_thread, &f);
+  for (double end = tr_now() + 60; !atomic_load(&f.done) && tr_now() < end;) usleep(10000);
+  CHECK(atomic_load(&f.done), "step 2 commits locally while the remote is stuck (ckpt_flush returned)");
+  ckpt_reader *r = ckpt_engine_reader(e); /* (LMDB: one environment per store and process) */
+  int64_t steps[4];
+  int n = r ? ckpt_reader_steps(r, steps, 4) : -1;
+  CHECK(n == 2 && steps[1] == 2, "the local store holds steps 1 and 2 (%d steps)", n);
+  ckpt_reader_close(r);
+  if (rd >= 0) close(rd); /* the replicator's write fails (EPIPE); it goes on to step 2 */
+  pthread_join(th, NULL);
+  ckpt_close(e);
+  r = ckpt_reader_open(remote);
+  n = r ? ckpt_reader_steps(r, steps, 4) : -1;
+  CHECK(n >= 1 && steps[n - 1] == 2, "the remote gets step 2 once the FIFO is gone (%d steps): %s", n,
+        n < 0 ? tr_error() : "");
+  ckpt_reader_close(r);
+  unlink(fifo);
+  free(a);
+}
+
 int main(void) {
+  signal(SIGPIPE, SIG_IGN); /* test_remote_stuck closes the FIFO under a write */
   if (!mkdtemp(root)) return 1;
   test_map_grown_elsewhere();
   test_lazy_copy_and_retention();
@@ -1460,6 +1540,7 @@ int main(void) {
   test_many_steps();
   test_map_grows();
   test_remote_size_wrap();
+  test_remote_stuck();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", root);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
