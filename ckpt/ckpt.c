@@ -825,9 +825,10 @@ ckpt_engine *ckpt_open(const ckpt_opts *o) {
   }
   if (txn) mdb_txn_abort(txn); /* not left holding the write lock */
   if (rc) {
-    mdb_fail(rc, rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND
-                     ? "opening the checkpoint databases (the list of checkpoints is damaged)"
-                     : "opening the checkpoint databases");
+    char what[1200];
+    snprintf(what, sizeof what, "opening the checkpoint databases of '%s'%s", o->dir,
+             rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND ? " (the list of checkpoints is damaged)" : "");
+    mdb_fail(rc, what);
     goto fail;
   }
   return e;
@@ -1364,8 +1365,11 @@ static int local_steps(ckpt_reader *r, int64_t *steps, int cap) {
     if (k.mv_size == 8) steps[n++] = (int64_t)get_be64(k.mv_data);
   mdb_cursor_close(c);
   mdb_txn_abort(txn);
-  if (rc != 0 && rc != MDB_NOTFOUND) /* a damaged page: not "fewer checkpoints" */
-    return mdb_fail(rc, "reading checkpoints (the store's list of checkpoints is damaged)");
+  if (rc != 0 && rc != MDB_NOTFOUND) { /* a damaged page: not "fewer checkpoints" */
+    char what[1200];
+    snprintf(what, sizeof what, "reading the checkpoints of '%s' (the store's list of checkpoints is damaged)", r->dir);
+    return mdb_fail(rc, what);
+  }
   for (int i = 0; i < n / 2; i++) {
     int64_t x = steps[i];
     steps[i] = steps[n - 1 - i];

@@ -3,7 +3,8 @@
 -- holds their step's result, the donor during a catch-up, all of them),
 -- external workers started a moment apart, a catch-up reply the group
 -- outruns, gradient buckets in flight when a replica is killed or its step
--- fails, `transom chaos` and the job's chaos list, restart_all,
+-- fails, `transom chaos` and the job's chaos list, a STEP line with a
+-- negative step, restart_all,
 -- checkpoint.every_seconds, a rollback whose drop of the abandoned
 -- checkpoints fails in the remote level (chattr +i), a run directory with a
 -- space, a start-up error that repeats. Each case asserts what survived:
@@ -408,6 +409,28 @@ describe("operator (3 replicas)", function()
       assert.equal(2, r.replicas)
     end
     survivors_never_go_back(run, { [1] = true })
+  end)
+
+  -- A worker holds the job's secret, but a bug in it (or in whatever sends
+  -- for it) must not corrupt the operator: a STEP line whose step is
+  -- negative would index before the operator's ring of steps. It is
+  -- refused with an event, and the job goes on.
+  it("a STEP line with a negative step (test hook): the operator refuses it with an event and the job finishes", function()
+    if not have_corpus then return pending("no ../shared/data/tinyshakespeare.txt: operator spec skipped") end
+    local run = tmp .. "/badstep"
+    local op = spawn(job(run, "--set max_steps=40"), tmp .. "/badstep.log", "TRANSOM_TEST_BAD_STEP=1")
+    assert.is_true(wait_exit(op, 180), "the operator did not finish")
+    local out = read(tmp .. "/badstep.log")
+    assert.matches("finished at step 40 | 3 replicas finished", out, 1, true)
+    assert.matches("replicas_agree: 3 replicas finished with parameter crc32c", out, 1, true)
+    local ev = events(run)
+    assert.matches('"worker":1,"kind":"bad_line","detail":"replica 1 sent a STEP line without a step >= 0; ignored"',
+      ev, 1, true)
+    local m = read(run .. "/metrics.jsonl") or ""
+    assert.is_nil(m:find('"step":-', 1, true), "the refused line reached metrics.jsonl")
+    for w = 0, 2 do
+      assert.is_truthy(m:find('{"step":40,"worker":' .. w .. ',', 1, true), "replica " .. w .. " has no step 40")
+    end
   end)
 
   it("the job's chaos list kills a replica at its step; the job finishes", function()

@@ -146,6 +146,7 @@ static volatile sig_atomic_t hello_fd = -1;
 static volatile sig_atomic_t hello_cut; /* the handler shut hello_fd down (even after WELCOME came) */
 
 static void on_signal(int sig) {
+  int e = errno; /* the interrupted code's, kept from shutdown and write */
   if (sig == SIGTERM || sig == SIGINT) {
     stop_sig = sig;
     if (hello_fd >= 0) {
@@ -153,7 +154,6 @@ static void on_signal(int sig) {
       hello_cut = 1;
     }
   }
-  int e = errno;
   if (write(pipe_fds[1], "x", 1) < 0) { /* full: a wake-up is pending anyway */
   }
   errno = e;

@@ -720,7 +720,13 @@ static void observe_step(operator_state *o, const step_record *r) {
  * once every replica reported the step. */
 static void on_step(operator_state *o, slot *s, const char *line) {
   step_record r;
-  step_record_parse(line, &r);
+  char sv[32];
+  if (!proto_get(line, "step", sv, sizeof sv) || (step_record_parse(line, &r), r.step < 0)) {
+    /* (a negative step would index before the step ring) */
+    operator_event(o, o->best_step, s->slot, "bad_line", "replica %d sent a STEP line without a step >= 0; ignored",
+                   s->slot);
+    return;
+  }
   r.worker = s->slot; /* the connection says who it is */
   if (s->adopted && r.step <= s->logged) return; /* replayed, and the previous operator logged it */
   if (s->adopted && r.step <= s->replayed_to) { /* replayed: for the record only (the detector's history, the

@@ -705,6 +705,14 @@ static int hook_boundary(void *ud, int64_t step) {
   return 0;
 }
 
+/* Test hook TRANSOM_TEST_BAD_STEP=SLOT: that replica sends a STEP line
+ * with a negative step before its first real one (the operator must
+ * refuse it: it would index before its step ring). Unset: nothing. */
+static int test_bad_step(const worker *w) {
+  const char *v = getenv("TRANSOM_TEST_BAD_STEP");
+  return v && *v && atoi(v) == w->slot;
+}
+
 static int hook_report(void *ud, const step_record *r) {
   worker *w = ud;
   char body[PROTO_LINE_MAX - 64];
@@ -720,6 +728,9 @@ static int hook_report(void *ud, const step_record *r) {
   w->replay_step[w->nreplay % REPLAY] = r->step;
   w->nreplay++;
   w->cur_step = r->step;
+  if (w->nreplay == 1 && !w->down && test_bad_step(w) &&
+      proto_send(w->opfd, "STEP slot=%d step=-1000003 loss=1", w->slot))
+    link_down(w, tr_error());
   if (!w->down && proto_send(w->opfd, "%s", line)) link_down(w, tr_error()); /* waited for at the step boundary */
   pthread_mutex_unlock(&w->send_mu);
   return TR_OK;

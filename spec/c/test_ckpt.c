@@ -239,13 +239,14 @@ static void test_damaged_list(void) {
   ckpt_reader *r = ckpt_reader_open(dir);
   int64_t steps[8];
   int n = r ? ckpt_reader_steps(r, steps, 8) : -1;
-  CHECK(n < 0 && strstr(tr_error(), "damaged"), "listing a damaged list is an error, not %d checkpoint(s): %s", n,
-        tr_error());
+  CHECK(n < 0 && strstr(tr_error(), "damaged") && strstr(tr_error(), dir),
+        "listing a damaged list is an error naming the store, not %d checkpoint(s): %s", n, tr_error());
   ckpt_reader_close(r);
   CHECK(ckpt_store_damaged(dir) == 1, "ckpt_store_damaged sees the damaged list (so a remote level can take over)");
   ckpt_opts o = {dir, 0, 5, 0, CKPT_COALESCE};
   e = ckpt_open(&o);
-  CHECK(e == NULL && strstr(tr_error(), "damaged"), "opening the engine on it fails, saying why: %s", tr_error());
+  CHECK(e == NULL && strstr(tr_error(), "damaged") && strstr(tr_error(), dir),
+        "opening the engine on it fails, naming the store and saying why: %s", tr_error());
   ckpt_close(e);
 }
 
