@@ -453,8 +453,8 @@ static int put_manifest(ckpt_engine *e, MDB_txn *txn, const ckpt_state *s, const
 }
 
 /* Level 2, phase 3: retention inside the same txn: keep the newest
- * keep_last, and every keep_every-th step. */
-static int apply_retention(ckpt_engine *e, MDB_txn *txn) {
+ * keep_last, every keep_every-th step, and `just` (the step committed). */
+static int apply_retention(ckpt_engine *e, MDB_txn *txn, int64_t just) {
   MDB_cursor *c;
   int mrc = mdb_cursor_open(txn, e->man, &c), rc = TR_OK;
   if (mrc) return mdb_fail(mrc, "cursor");
@@ -478,6 +478,8 @@ static int apply_retention(ckpt_engine *e, MDB_txn *txn) {
   if (!rc && mrc != MDB_NOTFOUND) rc = mdb_fail(mrc, "listing checkpoints for retention"); /* a damaged page */
   for (int i = 0; i < n - e->o.keep_last && !rc; i++) {
     if (e->o.keep_every > 0 && steps[i] % e->o.keep_every == 0) continue;
+    if (steps[i] == just) continue; /* newer steps stay from before a resume (a damaged one skipped): the
+                                     * checkpoint being committed is never its own retention's victim */
     rc = delete_step(txn, e->man, e->data, steps[i]);
   }
   free(steps);
@@ -544,7 +546,7 @@ static int commit_once(ckpt_engine *e, stage_buf *b) {
   rc = delete_step(txn, e->man, e->data, b->st.step); /* a re-taken step replaces the old one */
   if (!rc) rc = put_tensors(e, txn, b, info);
   if (!rc) rc = put_manifest(e, txn, &b->st, info);
-  if (!rc) rc = apply_retention(e, txn);
+  if (!rc) rc = apply_retention(e, txn, b->st.step);
   free(info);
   if (rc) {
     mdb_txn_abort(txn);
@@ -718,7 +720,7 @@ static int replicate(ckpt_engine *e, int64_t step) {
   free(buf);
   if (!rc) rc = remote_publish(&f);
   else if (f.fd >= 0) remote_abandon(&f);
-  if (!rc) rc = remote_retain(e->remote, e->o.keep_last, e->o.keep_every);
+  if (!rc) rc = remote_retain(e->remote, e->o.keep_last, e->o.keep_every, step);
   free(raw);
   free(tensors);
   return rc;

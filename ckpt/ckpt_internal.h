@@ -53,8 +53,9 @@ void remote_abandon(remote_file *f);
 /* Published steps, ascending: the newest cap when there are more (count
  * <= cap; 0 for a missing dir), or an error. */
 int remote_steps(const char *dir, int64_t *steps, int cap);
-/* Removes all but the newest keep_last (and multiples of keep_every). */
-int remote_retain(const char *dir, int keep_last, int keep_every);
+/* Removes all but the newest keep_last (and multiples of keep_every, and
+ * just: the step just published). */
+int remote_retain(const char *dir, int keep_last, int keep_every, int64_t just);
 /* Removes the published steps after step; how many, or an error. */
 int remote_drop_after(const char *dir, int64_t step);
 

@@ -222,12 +222,13 @@ int remote_steps(const char *dir, int64_t *steps, int cap) {
   return n - from;
 }
 
-int remote_retain(const char *dir, int keep_last, int keep_every) {
+int remote_retain(const char *dir, int keep_last, int keep_every, int64_t just) {
   int64_t *steps;
   int n = remote_list(dir, &steps), rc = n < 0 ? n : TR_OK;
   int removed = 0;
   for (int i = 0; i < n - keep_last; i++) {
     if (keep_every > 0 && steps[i] % keep_every == 0) continue;
+    if (steps[i] == just) continue; /* just published, below a newer one left from before a resume */
     char path[2048];
     step_path(path, sizeof path, dir, steps[i]);
     if (unlink(path) != 0 && errno != ENOENT) rc = tr_fail(TR_EIO, "removing '%s': %s", path, strerror(errno));
