@@ -721,8 +721,12 @@ static void observe_step(operator_state *o, const step_record *r) {
 static void on_step(operator_state *o, slot *s, const char *line) {
   step_record r;
   char sv[32];
-  if (!proto_get(line, "step", sv, sizeof sv) || (step_record_parse(line, &r), r.step < 0)) {
-    /* (a negative step would index before the step ring) */
+  int ok = proto_get(line, "step", sv, sizeof sv);
+  if (ok) {
+    step_record_parse(line, &r);
+    ok = r.step >= 0; /* a negative step would index before the step ring */
+  }
+  if (!ok) {
     operator_event(o, o->best_step, s->slot, "bad_line", "replica %d sent a STEP line without a step >= 0; ignored",
                    s->slot);
     return;
